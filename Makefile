@@ -1,0 +1,58 @@
+# cpcache — build, test, demo. `make test` and `make demo` are the whole set-up on a fresh
+# Debian machine with Go installed: `deps` installs what is missing.
+SHELL := /bin/bash
+GO ?= go
+STATICCHECK_VERSION := v0.8.2
+GOBIN := $(shell $(GO) env GOPATH)/bin
+STATICCHECK := $(GOBIN)/staticcheck
+# Debian packages the build and the tests need.
+DEB_PACKAGES := libgloo-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps
+PKGS := ./...
+TEST_TIMEOUT ?= 40m
+
+.PHONY: all deps build test vet fmt-check staticcheck unit demo bench gpu-check clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	else echo "deps: Debian packages present"; fi
+	@if ! [ -x $(STATICCHECK) ] || ! $(STATICCHECK) -version 2>/dev/null | grep -q '$(STATICCHECK_VERSION:v%=%)\|$(STATICCHECK_VERSION)'; then \
+	  echo "deps: installing staticcheck $(STATICCHECK_VERSION)"; \
+	  $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
+	@$(GO) mod download
+
+build: deps
+	$(GO) build $(PKGS)
+	$(GO) build -o bin/cpcache ./cmd/cpcache
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt: these files need formatting:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+staticcheck:
+	$(STATICCHECK) $(PKGS)
+
+unit:
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
+
+test: deps fmt-check vet staticcheck unit
+
+demo: build
+	./bin/cpcache layout --world 16 --tp 16 --dp 2 --attn-cp 8 --ep 16 --dp-attention
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 200x $(PKGS)
+
+clean:
+	rm -rf bin gpu-bundle

@@ -1,0 +1,14 @@
+// Package local is an in-process dist.Group: N members in one process, one goroutine each.
+//
+// It behaves like a real backend so that everything above dist can be tested with many ranks
+// and no I/O: a member that never arrives makes the others fail at the deadline with
+// dist.ErrTimeout; a member that Closes makes the others fail with dist.ErrPeerLost; members
+// that call different collectives (or the same one with a different op, length or root) at
+// the same position in their operation sequence all fail with dist.ErrMismatch instead of
+// exchanging mismatched data. After any such error a member refuses further use with it.
+//
+// Usage:
+//
+//	members := local.World(8, local.Options{Timeout: time.Second})
+//	for _, m := range members { go run(m) } // each goroutine uses its own member
+package local

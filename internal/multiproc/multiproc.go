@@ -1,0 +1,150 @@
+// Package multiproc runs a test binary's own functions as separate processes ("ranks"), so
+// that multi-process code is tested with real processes and no extra binaries.
+//
+// In the package's TestMain call Main(m) first; register role functions with Register at
+// package init; a test calls Run to start N copies of the test binary that each run one role
+// with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) set.
+package multiproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const roleEnv = "CPCACHE_MULTIPROC_ROLE"
+
+var (
+	rolesMu sync.Mutex // protects roles
+	roles   = map[string]func() error{}
+)
+
+// Register makes fn runnable as role name. Call it from init or TestMain before Main.
+func Register(name string, fn func() error) {
+	rolesMu.Lock()
+	defer rolesMu.Unlock()
+	roles[name] = fn
+}
+
+// Main runs a registered role and exits when this process was started by Run; otherwise it
+// runs the tests. Use as: func TestMain(m *testing.M) { multiproc.Main(m) }.
+func Main(m *testing.M) {
+	name := os.Getenv(roleEnv)
+	if name == "" {
+		os.Exit(m.Run())
+	}
+	rolesMu.Lock()
+	fn := roles[name]
+	rolesMu.Unlock()
+	if fn == nil {
+		fmt.Fprintf(os.Stderr, "multiproc: unknown role %q\n", name)
+		os.Exit(3)
+	}
+	if err := fn(); err != nil {
+		fmt.Fprintf(os.Stderr, "rank %s: %v\n", os.Getenv("RANK"), err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// Result is one rank's outcome.
+type Result struct {
+	Rank   int
+	Err    error // nil when the process exited 0
+	Output string
+}
+
+// Spec describes a multi-process run.
+type Spec struct {
+	Role    string
+	N       int
+	Env     []string                // extra KEY=VALUE for every rank
+	RankEnv func(rank int) []string // extra KEY=VALUE per rank (optional)
+	Timeout time.Duration           // whole run; ranks are killed after it (default 2 min)
+	// Wrap, when set, returns the command line that starts rank's process given the test
+	// binary's argv (for example to run it inside a network namespace).
+	Wrap func(rank int, argv []string) []string
+}
+
+// Start starts the ranks and returns a function that waits for all of them.
+func Start(t testing.TB, s Spec) (wait func() []Result) {
+	t.Helper()
+	if s.Timeout <= 0 {
+		s.Timeout = 2 * time.Minute
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatalf("multiproc: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.Timeout)
+	results := make([]Result, s.N)
+	var wg sync.WaitGroup
+	for r := 0; r < s.N; r++ {
+		argv := []string{exe, "-test.run=^$"}
+		if s.Wrap != nil {
+			argv = s.Wrap(r, argv)
+		}
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.Env = append(os.Environ(), roleEnv+"="+s.Role,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(s.N),
+			"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(s.N))
+		cmd.Env = append(cmd.Env, s.Env...)
+		if s.RankEnv != nil {
+			cmd.Env = append(cmd.Env, s.RankEnv(r)...)
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			cancel()
+			t.Fatalf("multiproc: start rank %d: %v", r, err)
+		}
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			err := cmd.Wait()
+			if ctx.Err() != nil && err != nil {
+				err = fmt.Errorf("killed after %v: %w", s.Timeout, err)
+			}
+			results[r] = Result{Rank: r, Err: err, Output: out.String()}
+		}(r)
+	}
+	return func() []Result {
+		wg.Wait()
+		cancel()
+		return results
+	}
+}
+
+// Run starts the ranks, waits for them, and fails t with every failing rank's output.
+func Run(t testing.TB, s Spec) []Result {
+	t.Helper()
+	res := Start(t, s)()
+	var failed []int
+	for _, r := range res {
+		if r.Err != nil {
+			failed = append(failed, r.Rank)
+		}
+	}
+	sort.Ints(failed)
+	for _, r := range failed {
+		t.Errorf("rank %d failed: %v\n%s", r, res[r].Err, res[r].Output)
+	}
+	return res
+}
+
+// Rank returns this process's RANK and WORLD_SIZE (for role functions).
+func Rank() (rank, size int) {
+	rank, _ = strconv.Atoi(os.Getenv("RANK"))
+	size, _ = strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	return rank, size
+}
