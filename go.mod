@@ -2,7 +2,10 @@ module github.com/cpcache/cpcache
 
 go 1.26
 
-require github.com/stretchr/testify v1.12.1
+require (
+	github.com/stretchr/testify v1.12.1
+	golang.org/x/sys v0.50.0
+)
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
