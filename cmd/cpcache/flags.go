@@ -1,0 +1,51 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// newFlagSet returns a FlagSet that reports to stderr and prints usage with a description.
+func newFlagSet(name, synopsis, description string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: cpcache %s %s\n\n%s\n\nFlags:\n", name, synopsis, description)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args; it returns (exit status, done): done when help was printed or the
+// flags were bad.
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, true
+		}
+		return 2, true
+	}
+	return 0, false
+}
+
+// layoutFlags registers the parallel-layout flags shared by every multi-rank command.
+func layoutFlags(fs *flag.FlagSet, defaults dist.LayoutConfig) *dist.LayoutConfig {
+	cfg := defaults
+	fs.IntVar(&cfg.World, "world", defaults.World, "number of ranks")
+	fs.IntVar(&cfg.TP, "tp", defaults.TP, "tensor-parallel size (0: world)")
+	fs.IntVar(&cfg.DP, "dp", defaults.DP, "data-parallel size")
+	fs.IntVar(&cfg.AttnCP, "attn-cp", defaults.AttnCP, "attention context-parallel size")
+	fs.IntVar(&cfg.EP, "ep", defaults.EP, "expert-parallel size")
+	fs.BoolVar(&cfg.DPAttention, "dp-attention", defaults.DPAttention, "enable DP attention")
+	return &cfg
+}
+
+// fail prints a one-line error and returns status.
+func fail(stderr io.Writer, status int, err error) int {
+	fmt.Fprintf(stderr, "cpcache: %v\n", err)
+	return status
+}
