@@ -1,0 +1,110 @@
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// BlockTokens is the number of tokens behind one hash id in a Mooncake trace.
+const BlockTokens = 512
+
+// ErrBadTrace is wrapped by every trace parsing error.
+var ErrBadTrace = errors.New("workload: bad trace")
+
+// TraceOptions tune ReadTrace.
+type TraceOptions struct {
+	MaxRequests int // stop after this many requests (0: all)
+}
+
+type traceLine struct {
+	Timestamp    *int64   `json:"timestamp"`
+	InputLength  *int     `json:"input_length"`
+	OutputLength *int     `json:"output_length"`
+	HashIDs      []uint64 `json:"hash_ids"`
+}
+
+// ReadTraceFile reads a Mooncake JSONL trace from path.
+func ReadTraceFile(path string, opts TraceOptions) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("workload: open trace: %w", err)
+	}
+	defer f.Close()
+	reqs, err := ReadTrace(f, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+// ReadTrace parses a Mooncake trace: one JSON object per line with timestamp (ms),
+// input_length, output_length and hash_ids (ids of 512-token blocks; equal id means equal
+// prefix up to that block). Block k of a request holds the tokens derived from its id, and
+// the prompt is the first input_length tokens of its blocks. A bad line is an error that
+// names the line number; nothing is returned for a trace with a bad line among those read.
+func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	var reqs []Request
+	line := 0
+	for sc.Scan() {
+		line++
+		if opts.MaxRequests > 0 && len(reqs) >= opts.MaxRequests {
+			break
+		}
+		text := sc.Bytes()
+		if len(bytes.TrimSpace(text)) == 0 {
+			continue
+		}
+		req, err := parseTraceLine(text, len(reqs))
+		if err != nil {
+			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
+		}
+		reqs = append(reqs, req)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: after line %d: %v", ErrBadTrace, line, err)
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: no requests", ErrBadTrace)
+	}
+	return reqs, nil
+}
+
+func parseTraceLine(text []byte, id int) (Request, error) {
+	var tl traceLine // unknown extra fields are tolerated
+	if err := json.Unmarshal(text, &tl); err != nil {
+		return Request{}, fmt.Errorf("invalid JSON: %v", err)
+	}
+	switch {
+	case tl.Timestamp == nil:
+		return Request{}, errors.New(`missing "timestamp"`)
+	case tl.InputLength == nil:
+		return Request{}, errors.New(`missing "input_length"`)
+	case tl.OutputLength == nil:
+		return Request{}, errors.New(`missing "output_length"`)
+	case *tl.Timestamp < 0:
+		return Request{}, fmt.Errorf("timestamp %d is negative", *tl.Timestamp)
+	case *tl.InputLength <= 0:
+		return Request{}, fmt.Errorf("input_length %d must be positive", *tl.InputLength)
+	case *tl.OutputLength < 0:
+		return Request{}, fmt.Errorf("output_length %d is negative", *tl.OutputLength)
+	case len(tl.HashIDs) == 0:
+		return Request{}, errors.New(`missing or empty "hash_ids"`)
+	case *tl.InputLength > len(tl.HashIDs)*BlockTokens:
+		return Request{}, fmt.Errorf("input_length %d exceeds %d hash_ids × %d tokens", *tl.InputLength, len(tl.HashIDs), BlockTokens)
+	}
+	tokens := make([]int32, *tl.InputLength)
+	for i := range tokens {
+		tokens[i] = BlockToken(tl.HashIDs[i/BlockTokens], i%BlockTokens)
+	}
+	return Request{ID: id, ArrivalMs: *tl.Timestamp, Tokens: tokens, OutputLen: *tl.OutputLength, Client: -1}, nil
+}
+
+// BlockToken is token j of the block with the given trace hash id.
+func BlockToken(hashID uint64, j int) int32 { return token(1, hashID, uint64(j)) }

@@ -1,0 +1,95 @@
+package workload
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSyntheticTurnsExtendTheirHistory(t *testing.T) {
+	cfg := SyntheticConfig{Clients: 3, Rounds: 4, SystemTokens: 10, QuestionTokens: 5, AnswerTokens: 7, Seed: 9}
+	reqs, err := Synthetic(cfg)
+	require.NoError(t, err)
+	require.Len(t, reqs, 12)
+	byClient := map[int][]Request{}
+	for i, r := range reqs {
+		assert.Equal(t, i, r.ID)
+		byClient[r.Client] = append(byClient[r.Client], r)
+	}
+	for cl, turns := range byClient {
+		for r := 1; r < len(turns); r++ {
+			prev, cur := turns[r-1], turns[r]
+			history := append(slices.Clone(prev.Tokens), Answer(prev)...)
+			require.True(t, slices.Equal(history, cur.Tokens[:len(history)]), "client %d turn %d does not extend its history", cl, r)
+			assert.Len(t, cur.Tokens, len(history)+cfg.QuestionTokens)
+		}
+	}
+	// The system prompt is shared, questions are not.
+	assert.Equal(t, reqs[0].Tokens[:10], reqs[1].Tokens[:10])
+	assert.NotEqual(t, reqs[0].Tokens[10:], reqs[1].Tokens[10:])
+	again, _ := Synthetic(cfg)
+	assert.Equal(t, reqs, again, "deterministic")
+}
+
+func TestSyntheticRejectsBadConfig(t *testing.T) {
+	_, err := Synthetic(SyntheticConfig{Clients: 0, Rounds: 1, QuestionTokens: 1})
+	assert.ErrorContains(t, err, "clients 0")
+	_, err = Synthetic(SyntheticConfig{Clients: 1, Rounds: 1, QuestionTokens: 0})
+	assert.ErrorContains(t, err, "question tokens 0")
+}
+
+func TestTraceEqualBlockIDsGiveEqualPrefixes(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 1100, "output_length": 6, "hash_ids": [0, 1, 2]}
+{"timestamp": 5, "input_length": 700, "output_length": 4, "hash_ids": [0, 7]}
+
+{"timestamp": 9, "input_length": 1, "output_length": 0, "hash_ids": [3], "extra": true}
+`
+	reqs, err := ReadTrace(strings.NewReader(in), TraceOptions{})
+	require.NoError(t, err)
+	require.Len(t, reqs, 3)
+	assert.Len(t, reqs[0].Tokens, 1100)
+	assert.Equal(t, reqs[0].Tokens[:512], reqs[1].Tokens[:512])
+	assert.NotEqual(t, reqs[0].Tokens[512:700], reqs[1].Tokens[512:700])
+	assert.Equal(t, int64(5), reqs[1].ArrivalMs)
+	assert.Equal(t, 4, reqs[1].OutputLen)
+	cut, err := ReadTrace(strings.NewReader(in), TraceOptions{MaxRequests: 2})
+	require.NoError(t, err)
+	assert.Len(t, cut, 2)
+}
+
+func TestTraceCorruptLineIsNamed(t *testing.T) {
+	cases := map[string]string{
+		`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}` + "\n{oops\n": "line 2: invalid JSON",
+		`{"timestamp": 0, "output_length": 1, "hash_ids": [0]}`:                                   `line 1: missing "input_length"`,
+		`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0]}`:              "line 1: input_length 600 exceeds 1 hash_ids",
+		`{"timestamp": 0, "input_length": 6, "output_length": -1, "hash_ids": [0]}`:               "line 1: output_length -1 is negative",
+		`{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": []}`:                 `line 1: missing or empty "hash_ids"`,
+		"": "no requests",
+		`{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [0]}` + "\n" + `[1,2]`:                                                                     "line 2: invalid JSON",
+		`{"timestamp": "x", "input_length": 6, "output_length": 1, "hash_ids": [0]}`:                                                                                    "line 1: invalid JSON",
+		`{"timestamp": 1, "input_length": 6, "output_length": 1, "hash_ids": [0]}` + "\n" + `{"timestamp": -1, "input_length": 6, "output_length": 1, "hash_ids": [0]}`: "line 2: timestamp -1 is negative",
+	}
+	for in, want := range cases {
+		_, err := ReadTrace(strings.NewReader(in), TraceOptions{})
+		require.Error(t, err, in)
+		assert.ErrorIs(t, err, ErrBadTrace)
+		assert.Contains(t, err.Error(), want)
+	}
+	_, err := ReadTraceFile(filepath.Join(t.TempDir(), "missing.jsonl"), TraceOptions{})
+	assert.ErrorContains(t, err, "missing.jsonl")
+}
+
+func TestPublicTracesParse(t *testing.T) {
+	path := filepath.Join("..", "..", "shared", "data", "traces", "synthetic_trace.jsonl")
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("public trace not available at %s: %v", path, err)
+	}
+	reqs, err := ReadTraceFile(path, TraceOptions{MaxRequests: 300})
+	require.NoError(t, err)
+	assert.Len(t, reqs, 300)
+}
