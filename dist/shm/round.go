@@ -1,0 +1,231 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// Operation kinds recorded in slot descriptors.
+const (
+	kindAllReduce = 1 + iota
+	kindBroadcast
+	kindAllGather
+	kindBarrier
+)
+
+// desc is what must match across members for one operation: the kind, the reduce op or the
+// root, and the AllReduce length (0 for the other kinds, whose lengths may differ).
+type desc struct{ kind, arg, n uint32 }
+
+func (d desc) String() string {
+	switch d.kind {
+	case kindAllReduce:
+		return fmt.Sprintf("allreduce %s len %d", dist.ReduceOp(d.arg), d.n)
+	case kindBroadcast:
+		return fmt.Sprintf("broadcast root %d", d.arg)
+	case kindAllGather:
+		return "allgather"
+	case kindBarrier:
+		return "barrier"
+	}
+	return fmt.Sprintf("unknown operation %d", d.kind)
+}
+
+// Reasons published in the abort word: code<<56 | reporter<<32 | culprit+1.
+const (
+	abortTimeout = 1 // the reporter's deadline passed while culprit had not arrived
+	abortExited  = 2 // the culprit's process exited
+	abortClosed  = 3 // the culprit closed the group
+	abortFailed  = 4 // the reporter's operation failed otherwise (canceled, fallback error)
+)
+
+// opErr wraps err as the failure of operation op at position seq.
+func (g *Group) opErr(op string, seq uint64, err error) error {
+	return &dist.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err}
+}
+
+// round runs one shared-memory round for operation op: it writes this member's descriptor,
+// payload length and data (fill writes into the slot's data area), publishes the arrival,
+// waits for every member, and checks that every member called the same operation. It
+// returns the buffer parity of the round, whose slots stay intact until this member starts
+// its next round, and the deadline used. Called with g.mu held.
+func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint64, fill func(data []byte)) (p int, seq uint64, deadline time.Time, err error) {
+	seq = g.seq
+	if g.closing.Load() || g.mem == nil {
+		return 0, seq, deadline, g.opErr(op, seq, dist.ErrClosed)
+	}
+	if g.broken != nil {
+		return 0, seq, deadline, g.opErr(op, seq, g.broken)
+	}
+	deadline = dist.Deadline(ctx, g.opts.Timeout)
+	g.seq++
+	p = int(seq & 1)
+	off := g.l.slot(p, g.rank)
+	hdr := g.mem[off : off+slotHdrBytes]
+	binary.LittleEndian.PutUint32(hdr[slotKind:], d.kind)
+	binary.LittleEndian.PutUint32(hdr[slotArg:], d.arg)
+	binary.LittleEndian.PutUint32(hdr[slotN:], d.n)
+	binary.LittleEndian.PutUint64(hdr[slotLen:], length)
+	if fill != nil {
+		fill(g.slotData(p, g.rank))
+	}
+	// Publish: the slot writes above happen before these sequentially consistent stores.
+	atomic.StoreUint64(g.arrive[g.rank], seq+1)
+	if atomic.AddUint64(g.arrivals, 1) == (seq+1)*uint64(len(g.ranks)) {
+		g.ring()
+	}
+	if err := g.waitLocked(ctx, seq, deadline); err != nil {
+		g.broken = err
+		return 0, seq, deadline, g.opErr(op, seq, err)
+	}
+	d0 := g.slotDesc(p, 0)
+	for r := range g.ranks {
+		if dr := g.slotDesc(p, r); dr != d0 {
+			err := fmt.Errorf("%w: member 0 called %s, member %d called %s", dist.ErrMismatch, d0, r, dr)
+			g.broken = err
+			return 0, seq, deadline, g.opErr(op, seq, err)
+		}
+	}
+	return p, seq, deadline, nil
+}
+
+func (g *Group) slotData(p, r int) []byte {
+	off := g.l.slot(p, r) + slotHdrBytes
+	return g.mem[off : off+g.l.slotBytes]
+}
+
+func (g *Group) slotDesc(p, r int) desc {
+	hdr := g.mem[g.l.slot(p, r):]
+	d := desc{
+		kind: binary.LittleEndian.Uint32(hdr[slotKind:]),
+		arg:  binary.LittleEndian.Uint32(hdr[slotArg:]),
+		n:    binary.LittleEndian.Uint32(hdr[slotN:]),
+	}
+	return d
+}
+
+func (g *Group) slotLen(p, r int) uint64 {
+	return binary.LittleEndian.Uint64(g.mem[g.l.slot(p, r)+slotLen:])
+}
+
+// ring wakes every member sleeping on the bell. The bell changes before the waiter count is
+// read, so a waiter that registered too late to be woken sees the new bell value (its
+// futex wait returns at once) or the state that made us ring.
+func (g *Group) ring() {
+	atomic.AddUint32(g.bell, 1)
+	if atomic.LoadUint32(g.waiters) > 0 {
+		futexWakeAll(g.bell)
+	}
+}
+
+// waitLocked waits until every member has arrived at round seq, or fails.
+func (g *Group) waitLocked(ctx context.Context, seq uint64, deadline time.Time) error {
+	target := (seq + 1) * uint64(len(g.ranks))
+	for range g.opts.Spin {
+		if atomic.LoadUint64(g.arrivals) >= target {
+			return nil
+		}
+	}
+	slept := false
+	for {
+		atomic.AddUint32(g.waiters, 1)
+		bell := atomic.LoadUint32(g.bell)
+		if atomic.LoadUint64(g.arrivals) >= target {
+			atomic.AddUint32(g.waiters, ^uint32(0))
+			return nil
+		}
+		if err := g.checkLocked(ctx, seq, deadline, slept); err != nil {
+			atomic.AddUint32(g.waiters, ^uint32(0))
+			return err
+		}
+		futexWait(g.bell, bell, min(g.opts.PollInterval, time.Until(deadline)))
+		atomic.AddUint32(g.waiters, ^uint32(0))
+		slept = true
+	}
+}
+
+// checkLocked returns why round seq cannot complete, or nil to keep waiting: the group was
+// aborted by another member, this member is closing, a missing member closed the group or
+// exited (process checks only once we have slept: they cost system calls), the context
+// ended, or the deadline passed.
+func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time, checkProcs bool) error {
+	if a := atomic.LoadUint64(g.abort); a != 0 {
+		return g.abortErr(a)
+	}
+	if g.closing.Load() {
+		return dist.ErrClosed
+	}
+	var missing []int
+	for r := range g.ranks {
+		if atomic.LoadUint64(g.arrive[r]) < seq+1 {
+			missing = append(missing, r)
+		}
+	}
+	for _, r := range missing {
+		if atomic.LoadUint32(g.closedFlag[r]) != 0 {
+			g.publish(abortClosed, r)
+			return fmt.Errorf("%w: member %d (global rank %d) closed the group", dist.ErrPeerLost, r, g.ranks[r])
+		}
+	}
+	if checkProcs {
+		for _, r := range missing {
+			if g.peers[r].exited() {
+				g.publish(abortExited, r)
+				return fmt.Errorf("%w: member %d (global rank %d, pid %d) exited", dist.ErrPeerLost, r, g.ranks[r], g.peers[r].pid)
+			}
+		}
+	}
+	culprit := -1
+	if len(missing) > 0 {
+		culprit = missing[0]
+	}
+	if err := ctx.Err(); err != nil {
+		code := abortFailed
+		if err == context.DeadlineExceeded {
+			code = abortTimeout
+		}
+		g.publish(code, culprit)
+		return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, err, missing)
+	}
+	if now := time.Now(); !now.Before(deadline) {
+		g.publish(abortTimeout, culprit)
+		if d, ok := ctx.Deadline(); ok && !now.Before(d) {
+			return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, context.DeadlineExceeded, missing)
+		}
+		return fmt.Errorf("%w after %v: members %v had not arrived", dist.ErrTimeout, g.opts.Timeout, missing)
+	}
+	return nil
+}
+
+// publish records why the group failed, if no reason was recorded yet, and wakes everyone.
+func (g *Group) publish(code, culprit int) {
+	v := uint64(code)<<56 | uint64(g.rank)<<32 | uint64(uint32(culprit+1))
+	atomic.CompareAndSwapUint64(g.abort, 0, v)
+	g.ring()
+}
+
+// abortErr turns a published reason into this member's error.
+func (g *Group) abortErr(a uint64) error {
+	code, reporter, culprit := int(a>>56), int(a>>32)&0xffffff, int(uint32(a))-1
+	who := func(r int) string {
+		if r < 0 || r >= len(g.ranks) {
+			return "a member"
+		}
+		return fmt.Sprintf("member %d (global rank %d)", r, g.ranks[r])
+	}
+	switch code {
+	case abortTimeout:
+		return fmt.Errorf("%w: %s timed out waiting for %s", dist.ErrTimeout, who(reporter), who(culprit))
+	case abortExited:
+		return fmt.Errorf("%w: %s exited (reported by %s)", dist.ErrPeerLost, who(culprit), who(reporter))
+	case abortClosed:
+		return fmt.Errorf("%w: %s closed the group (reported by %s)", dist.ErrPeerLost, who(culprit), who(reporter))
+	default:
+		return fmt.Errorf("%w: %s abandoned the group after an error", dist.ErrPeerLost, who(reporter))
+	}
+}
