@@ -1,0 +1,40 @@
+package slab
+
+// The placement digest is the wrapping sum, over every used page, of a fixed 64-bit hash of
+// (slab, index, range, committed), plus a constant derived from the pool's shape. Addition is
+// commutative, so the digest depends only on the set of used pages and their owners, not on
+// the order of operations; each page change adds or subtracts one term, so maintenance is
+// O(1) per page. The hash has no per-process seed: equal states give equal digests on every
+// rank and in every run.
+
+// mix64 is the SplitMix64 / MurmurHash3 finaliser: a bijection on uint64 with full avalanche.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+const (
+	digestPageKey      = 0x9e3779b97f4a7c15
+	digestRangeKey     = 0xc2b2ae3d27d4eb4f
+	digestCommittedKey = 0x165667b19e3779f9
+	digestShapeKey     = 0xd6e8feb86659fd93
+)
+
+// pageTerm is the digest contribution of one used page.
+func pageTerm(p Page, id RangeID, committed bool) uint64 {
+	x := mix64(uint64(uint32(p.Slab))<<32 | uint64(uint32(p.Index)) + digestPageKey)
+	x ^= mix64(uint64(id) ^ digestRangeKey)
+	if committed {
+		x ^= digestCommittedKey
+	}
+	return mix64(x)
+}
+
+// freshDigest is the digest of an all-free pool of the given shape.
+func freshDigest(slabs, pagesPerSlab int) uint64 {
+	return mix64(mix64(uint64(slabs)+digestShapeKey) ^ uint64(pagesPerSlab))
+}

@@ -1,0 +1,54 @@
+// Package slab is the shared L2 of a context-parallel (CP) group: one memory slab per CP rank,
+// mapped by every rank (SlabSet), and the replicated page allocator that decides which pages of
+// those slabs hold which cache data (Allocator).
+//
+// # Replicated allocator
+//
+// An L2 page is addressed by Page{Slab, Index}. Every rank of the replica group holds its own
+// Allocator and applies the same calls, in the same order, driven only by replicated inputs
+// (the scheduler's decisions) and by the results of collectives. The replica rules:
+//
+//  1. Placement is a pure function of state. Reserve(id, start, k) puts page j of the range
+//     (sequence page start+j) in slab (start+j) mod C — the CP rank that holds it in L1 — at
+//     that slab's lowest free index. Two replicas with equal used sets pick equal pages,
+//     whatever their histories.
+//  2. All or nothing. A Reserve that does not fit changes nothing and returns ErrNoSpace (a
+//     normal result: evict, using FreeCounts/Shortfall, and retry). Bad use (k <= 0, a range
+//     larger than the pool, an unknown or duplicate id, a double free) returns a typed error
+//     wrapping a sentinel (ErrBadArgument, ErrTooLarge, ErrUnknownRange, ErrDoubleFree, ...)
+//     and never corrupts state.
+//  3. Reserve → agree → Commit or Abort. A range is reserved while its write is in flight; the
+//     group agrees (one consensus step) that the write completed on every rank, then every
+//     rank Commits it; if any rank disagrees every rank Aborts it. Free releases a committed
+//     range on eviction, once no rank has I/O in flight on it. Split follows a radix-node
+//     split without moving pages.
+//  4. The placement digest (Digest, DigestPair) is a fixed hash of the state — which pages are
+//     used, by which range, committed or not — maintained in O(1) per page change. Equal
+//     states give equal digests on every rank and in every run (no per-process seed). Check
+//     it at every consensus step of a group larger than one rank; a mismatch means a replica
+//     diverged, and L2 use must stop.
+//  5. Reset (on flush, when idle) restores exactly the freshly constructed state: all pages
+//     free, no ranges, nothing reserved or committed, the fresh digest.
+//
+// The Allocator is single-threaded, has no goroutines and no I/O.
+//
+// Usage loop, per scheduler step on every rank (hicache):
+//
+//	pages, err := alloc.Reserve(nodeID, pagesAbove, k) // ErrNoSpace: evict (alloc.Free), retry
+//	// ... start the writes of pages, by their owners ...
+//	d, negD := alloc.DigestPair()                       // into the step's MIN all-reduce
+//	// ... after the all-reduce: every rank saw the write done -> alloc.Commit(nodeID)
+//	//                           some rank failed             -> alloc.Abort(nodeID)
+//	//                           min(d) != -min(negD)         -> divergence: stop L2
+//
+// # Slabs
+//
+// OpenSet creates this rank's slab, exchanges specs and handles over the group (one
+// AllGather), maps every peer's slab, and agrees on the outcome (a second AllGather) so that
+// every rank succeeds or every rank fails with the same error, which names the odd ranks. The
+// backing shared-memory segments are created 0600 under unique names and unlinked once every
+// member has mapped them, so nothing remains in /dev/shm after setup, even if a rank crashes
+// later. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
+// hicache checks against its consensus group. Page access is bounds-checked by Page. Close
+// unmaps everything and is idempotent; slices handed out by the set are invalid after Close.
+package slab
