@@ -62,6 +62,11 @@ func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint6
 	if g.broken != nil {
 		return 0, seq, deadline, g.opErr(op, seq, g.broken)
 	}
+	if a := atomic.LoadUint64(g.abort); a != 0 {
+		// Another member failed: this round could only complete with stale peers.
+		g.broken = g.abortErr(a)
+		return 0, seq, deadline, g.opErr(op, seq, g.broken)
+	}
 	deadline = dist.Deadline(ctx, g.opts.Timeout)
 	g.seq++
 	p = int(seq & 1)
@@ -79,7 +84,11 @@ func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint6
 	if atomic.AddUint64(g.arrivals, 1) == (seq+1)*uint64(len(g.ranks)) {
 		g.ring()
 	}
-	if err := g.waitLocked(ctx, seq, deadline); err != nil {
+	err = g.waitLocked(ctx, seq, deadline)
+	if a := atomic.LoadUint64(g.abort); err == nil && a != 0 {
+		err = g.abortErr(a) // the round completed, but a member gave up on it
+	}
+	if err != nil {
 		g.broken = err
 		return 0, seq, deadline, g.opErr(op, seq, err)
 	}

@@ -1,0 +1,421 @@
+package shm_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
+	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/dist/shm"
+)
+
+// runAll runs fn(rank) on n goroutines and returns the errors by rank.
+func runAll(n int, fn func(rank int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = fn(r)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// newGroups creates an in-process shared-memory group of n members bootstrapped over a
+// dist/local group: each member maps the segment itself, as a process would.
+func newGroups(t testing.TB, n int, opts shm.Options) ([]*shm.Group, []*dist.Counted) {
+	t.Helper()
+	boots := local.World(n, local.Options{Timeout: 20 * time.Second})
+	counted := make([]*dist.Counted, n)
+	for r, b := range boots {
+		counted[r] = dist.Count(b)
+	}
+	gs := make([]*shm.Group, n)
+	errs := runAll(n, func(r int) error {
+		var err error
+		gs[r], err = shm.New(context.Background(), counted[r], opts)
+		return err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	t.Cleanup(func() {
+		for _, g := range gs {
+			assert.NoError(t, g.Close())
+		}
+	})
+	return gs, counted
+}
+
+func TestConformanceInProcess(t *testing.T) {
+	for _, n := range []int{1, 2, 8, 16} {
+		gs, counted := newGroups(t, n, shm.Options{Timeout: 20 * time.Second})
+		before := counted[0].Counts().Total()
+		errs := runAll(n, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+		for r, err := range errs {
+			assert.NoError(t, err, "n=%d rank %d", n, r)
+		}
+		// Every payload of the suite fits in the default slot: nothing went over the bootstrap.
+		assert.Equal(t, before, counted[0].Counts().Total(), "n=%d: bootstrap used after creation", n)
+		assert.Zero(t, gs[0].Fallbacks())
+	}
+}
+
+func TestConformanceWithSmallSlotsFallsBackToBootstrap(t *testing.T) {
+	// 64-byte slots: AllReduce of 64 elements, Broadcast of 100 and 4096 bytes and the larger
+	// AllGathers must go through the bootstrap group, decided alike on every member.
+	gs, counted := newGroups(t, 4, shm.Options{SlotBytes: 64, Timeout: 20 * time.Second})
+	before := counted[0].Counts()
+	errs := runAll(4, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+	for r, err := range errs {
+		assert.NoError(t, err, "rank %d", r)
+	}
+	after := counted[0].Counts()
+	assert.Equal(t, uint64(after.Total()-before.Total()), gs[0].Fallbacks())
+	assert.Equal(t, 3, after.AllReduce-before.AllReduce, "the three 64-element allreduces")
+	assert.Equal(t, 4*2, after.Broadcast-before.Broadcast, "100 and 4096 bytes from each root")
+	assert.Equal(t, 1, after.AllGather-before.AllGather, "scale 64 (up to 256 bytes)")
+	for _, c := range counted {
+		assert.Equal(t, after, c.Counts(), "all members fell back on the same operations")
+	}
+}
+
+func TestSoakInProcess(t *testing.T) {
+	for _, tc := range []struct{ n, iters int }{{2, 4000}, {8, 2000}, {16, 1000}} {
+		gs, _ := newGroups(t, tc.n, shm.Options{Timeout: 20 * time.Second})
+		errs := runAll(tc.n, func(r int) error { return grouptest.Soak(context.Background(), gs[r], tc.iters) })
+		for r, err := range errs {
+			assert.NoError(t, err, "n=%d rank %d", tc.n, r)
+		}
+	}
+}
+
+func TestNameRanksFromBootstrap(t *testing.T) {
+	boots := local.New([]int{8, 10, 12, 14}, local.Options{Kind: "attn_cp"})
+	gs := make([]*shm.Group, 4)
+	errs := runAll(4, func(r int) error {
+		var err error
+		gs[r], err = shm.New(context.Background(), boots[r], shm.Options{})
+		return err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		defer gs[r].Close()
+	}
+	assert.Equal(t, "attn_cp[8,10,12,14]", gs[2].Name())
+	assert.Equal(t, []int{8, 10, 12, 14}, gs[2].Ranks())
+	assert.Equal(t, 2, gs[2].Rank())
+	assert.Equal(t, 4, gs[2].Size())
+}
+
+func TestSegmentIsUnlinkedAfterCreation(t *testing.T) {
+	dir := t.TempDir()
+	newGroups(t, 3, shm.Options{Dir: dir})
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "segment left in %s", dir)
+}
+
+func TestMembersOnDifferentFilesystemsAreNotLocal(t *testing.T) {
+	// Two directories stand for two hosts: members that cannot see one segment directory
+	// cannot share memory.
+	dirs := []string{t.TempDir(), t.TempDir()}
+	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
+	errs := runAll(2, func(r int) error {
+		g, err := shm.New(context.Background(), boots[r], shm.Options{Dir: dirs[r]})
+		assert.Nil(t, g)
+		return err
+	})
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.ErrorIs(t, err, shm.ErrNotLocal)
+		assert.Contains(t, err.Error(), "shmdir")
+	}
+}
+
+func TestMismatchedSlotBytesFailsEverywhere(t *testing.T) {
+	boots := local.World(3, local.Options{Timeout: 10 * time.Second})
+	errs := runAll(3, func(r int) error {
+		sb := 4096
+		if r == 2 {
+			sb = 8192
+		}
+		g, err := shm.New(context.Background(), boots[r], shm.Options{SlotBytes: sb})
+		g.Close()
+		return err
+	})
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.Contains(t, err.Error(), "member 2")
+	}
+}
+
+func TestBadSlotBytesNamesValueOnEveryMember(t *testing.T) {
+	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
+	errs := runAll(2, func(r int) error {
+		opts := shm.Options{}
+		if r == 1 {
+			opts.SlotBytes = 100
+		}
+		_, err := shm.New(context.Background(), boots[r], opts)
+		return err
+	})
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.Contains(t, err.Error(), "SlotBytes 100")
+	}
+}
+
+func TestConsensusSelection(t *testing.T) {
+	pick := func(t *testing.T, n int, opts func(r int) shm.Options) ([]dist.Group, []string, []error) {
+		boots := local.World(n, local.Options{Timeout: 10 * time.Second})
+		gs := make([]dist.Group, n)
+		backends := make([]string, n)
+		errs := runAll(n, func(r int) error {
+			var err error
+			gs[r], backends[r], err = shm.Consensus(context.Background(), boots[r], opts(r))
+			return err
+		})
+		t.Cleanup(func() {
+			for r, g := range gs {
+				if g != nil {
+					assert.NoError(t, g.Close())
+				}
+				assert.NoError(t, boots[r].Close())
+			}
+		})
+		return gs, backends, errs
+	}
+	t.Run("auto local picks shm", func(t *testing.T) {
+		gs, backends, errs := pick(t, 3, func(int) shm.Options { return shm.Options{Backend: "auto"} })
+		for r := range 3 {
+			require.NoError(t, errs[r])
+			assert.Equal(t, shm.BackendShm, backends[r])
+			assert.IsType(t, &shm.Group{}, gs[r])
+		}
+	})
+	t.Run("gloo forces bootstrap", func(t *testing.T) {
+		gs, backends, errs := pick(t, 3, func(int) shm.Options { return shm.Options{Backend: "gloo"} })
+		for r := range 3 {
+			require.NoError(t, errs[r])
+			assert.Equal(t, shm.BackendBootstrap, backends[r])
+		}
+		errs = runAll(3, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+		for r := range 3 {
+			assert.NoError(t, errs[r])
+		}
+	})
+	t.Run("auto not local picks bootstrap", func(t *testing.T) {
+		dirs := []string{t.TempDir(), t.TempDir()}
+		_, backends, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Dir: dirs[r]} })
+		for r := range 2 {
+			require.NoError(t, errs[r])
+			assert.Equal(t, shm.BackendBootstrap, backends[r])
+		}
+	})
+	t.Run("shm not local fails", func(t *testing.T) {
+		dirs := []string{t.TempDir(), t.TempDir()}
+		_, _, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: "shm", Dir: dirs[r]} })
+		for r := range 2 {
+			assert.ErrorIs(t, errs[r], shm.ErrNotLocal)
+		}
+	})
+	t.Run("disagreement fails everywhere", func(t *testing.T) {
+		_, _, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: []string{"auto", "gloo"}[r]} })
+		for r := range 2 {
+			require.Error(t, errs[r])
+			assert.Contains(t, errs[r].Error(), `member 1 for "gloo"`)
+		}
+	})
+	t.Run("unknown backend named everywhere", func(t *testing.T) {
+		_, _, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: []string{"auto", "tcp"}[r]} })
+		for r := range 2 {
+			require.Error(t, errs[r])
+			assert.Contains(t, errs[r].Error(), `"tcp"`)
+		}
+	})
+}
+
+func TestConsensusBackendFromEnvironment(t *testing.T) {
+	t.Setenv(shm.EnvBackend, "gloo")
+	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
+	backends := make([]string, 2)
+	errs := runAll(2, func(r int) error {
+		g, b, err := shm.Consensus(context.Background(), boots[r], shm.Options{})
+		backends[r] = b
+		g.Close()
+		return err
+	})
+	for r := range 2 {
+		require.NoError(t, errs[r])
+		assert.Equal(t, shm.BackendBootstrap, backends[r])
+	}
+}
+
+func TestMissingMemberTimesOutOnEveryArrivedMember(t *testing.T) {
+	gs, _ := newGroups(t, 4, shm.Options{Timeout: time.Minute})
+	start := time.Now()
+	errs := runAll(3, func(r int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+		defer cancel()
+		return gs[r].AllReduce(ctx, dist.Min, []int64{1})
+	})
+	assert.Less(t, time.Since(start), 20*time.Second, "bounded completion")
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.ErrorIs(t, err, dist.ErrTimeout)
+		var opErr *dist.OpError
+		require.True(t, errors.As(err, &opErr))
+		assert.Equal(t, "allreduce", opErr.Op)
+		assert.Equal(t, "world[0..3]", opErr.Group)
+	}
+	// The group is now unusable with the same error, on the late member too.
+	assert.ErrorIs(t, gs[0].Barrier(context.Background()), dist.ErrTimeout)
+	assert.ErrorIs(t, gs[3].AllReduce(context.Background(), dist.Min, []int64{1}), dist.ErrTimeout)
+}
+
+func TestOneDeadlineFailsEveryWaiter(t *testing.T) {
+	// Member 0 has a short deadline, member 1 a long one, member 2 never comes: member 1
+	// fails when member 0 does, not at its own deadline.
+	gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Hour})
+	errs := runAll(2, func(r int) error {
+		d := []time.Duration{100 * time.Millisecond, time.Hour}[r]
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return gs[r].Barrier(ctx)
+	})
+	for r, err := range errs {
+		assert.ErrorIs(t, err, dist.ErrTimeout, "rank %d", r)
+	}
+	assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
+	assert.Contains(t, errs[1].Error(), "member 0 (global rank 0) timed out waiting for member 2")
+}
+
+func TestGroupTimeoutAppliesWithoutContextDeadline(t *testing.T) {
+	gs, _ := newGroups(t, 2, shm.Options{Timeout: 100 * time.Millisecond})
+	err := gs[0].Barrier(context.Background())
+	assert.ErrorIs(t, err, dist.ErrTimeout)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestClosedPeerFailsOthersWithPeerLost(t *testing.T) {
+	gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Minute})
+	done := make(chan error, 2)
+	for _, g := range gs[:2] {
+		go func() { done <- g.Barrier(context.Background()) }()
+	}
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, gs[2].Close())
+	require.NoError(t, gs[2].Close(), "Close is idempotent")
+	for range 2 {
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, dist.ErrPeerLost)
+			assert.Contains(t, err.Error(), "member 2")
+		case <-time.After(20 * time.Second):
+			t.Fatal("survivor did not fail after peer closed")
+		}
+	}
+	assert.ErrorIs(t, gs[0].Barrier(context.Background()), dist.ErrPeerLost)
+	assert.ErrorIs(t, gs[2].Barrier(context.Background()), dist.ErrClosed)
+	var nilGroup *shm.Group
+	assert.NoError(t, nilGroup.Close())
+}
+
+func TestPeerClosedBeforeOperationFailsIt(t *testing.T) {
+	gs, _ := newGroups(t, 2, shm.Options{Timeout: time.Minute})
+	require.NoError(t, gs[1].Close())
+	err := gs[0].AllReduce(context.Background(), dist.Sum, []int64{1})
+	assert.ErrorIs(t, err, dist.ErrPeerLost)
+}
+
+func TestCloseDuringOwnWaitFailsWithClosed(t *testing.T) {
+	gs, _ := newGroups(t, 2, shm.Options{Timeout: time.Minute})
+	done := make(chan error, 1)
+	go func() { done <- gs[0].Barrier(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, gs[0].Close())
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, dist.ErrClosed)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not end the member's own wait")
+	}
+}
+
+func TestCanceledContextFailsEveryone(t *testing.T) {
+	gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := runAll(2, func(r int) error {
+		if r == 0 {
+			time.AfterFunc(50*time.Millisecond, cancel)
+			return gs[r].Barrier(ctx)
+		}
+		return gs[r].Barrier(context.Background())
+	})
+	assert.ErrorIs(t, errs[0], context.Canceled)
+	assert.ErrorIs(t, errs[1], dist.ErrPeerLost)
+}
+
+func TestDifferentCollectivesAreReportedAsMismatch(t *testing.T) {
+	cases := map[string]func(g *shm.Group) error{
+		"reduce op": func(g *shm.Group) error {
+			return g.AllReduce(context.Background(), dist.ReduceOp(g.Rank()%2), []int64{1, 2})
+		},
+		"length": func(g *shm.Group) error {
+			return g.AllReduce(context.Background(), dist.Sum, make([]int64, 1+g.Rank()))
+		},
+		"root": func(g *shm.Group) error {
+			_, err := g.Broadcast(context.Background(), g.Rank(), []byte("x"))
+			return err
+		},
+		"kind": func(g *shm.Group) error {
+			if g.Rank() == 0 {
+				return g.Barrier(context.Background())
+			}
+			_, err := g.AllGather(context.Background(), []byte("x"))
+			return err
+		},
+	}
+	for name, call := range cases {
+		t.Run(name, func(t *testing.T) {
+			gs, _ := newGroups(t, 2, shm.Options{Timeout: 10 * time.Second})
+			errs := runAll(2, func(r int) error { return call(gs[r]) })
+			for r, err := range errs {
+				var opErr *dist.OpError
+				require.True(t, errors.As(err, &opErr), "rank %d: %v", r, err)
+				assert.ErrorIs(t, err, dist.ErrMismatch, "rank %d", r)
+			}
+			assert.ErrorIs(t, gs[0].Barrier(context.Background()), dist.ErrMismatch, "sticky")
+		})
+	}
+}
+
+func TestBadArguments(t *testing.T) {
+	gs, _ := newGroups(t, 2, shm.Options{})
+	_, err := gs[0].Broadcast(context.Background(), 5, nil)
+	assert.ErrorIs(t, err, dist.ErrBadArgument)
+	assert.Contains(t, err.Error(), "root 5")
+	assert.ErrorIs(t, gs[0].AllReduce(context.Background(), dist.ReduceOp(9), nil), dist.ErrBadArgument)
+	// Argument errors do not break the group.
+	errs := runAll(2, func(r int) error { return gs[r].Barrier(context.Background()) })
+	for _, err := range errs {
+		assert.NoError(t, err)
+	}
+}
+
+func TestNilBootstrap(t *testing.T) {
+	_, err := shm.New(context.Background(), nil, shm.Options{})
+	assert.ErrorContains(t, err, "nil bootstrap")
+}
