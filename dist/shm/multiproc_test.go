@@ -1,0 +1,229 @@
+package shm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
+	"github.com/cpcache/cpcache/dist/shm"
+	"github.com/cpcache/cpcache/internal/multiproc"
+)
+
+// Environment of the rank processes.
+const (
+	envDir     = "SHM_TEST_DIR"      // segment directory
+	envBootDir = "SHM_TEST_BOOT_DIR" // file bootstrap directory
+	envIters   = "SHM_TEST_ITERS"    // soak iterations / benchmark operations
+)
+
+func TestMain(m *testing.M) {
+	multiproc.Register("conformance", roleConformance)
+	multiproc.Register("peer-death", rolePeerDeath)
+	multiproc.Register("stall", roleStall)
+	multiproc.Register("bench", roleBench)
+	multiproc.Main(m)
+}
+
+// bootstrap is this rank process's bootstrap group.
+func bootstrap() dist.Group {
+	rank, size := multiproc.Rank()
+	return newFileGroup(os.Getenv(envBootDir), rank, size)
+}
+
+func newRankGroup(ctx context.Context, timeout time.Duration) (*shm.Group, dist.Group, error) {
+	boot := bootstrap()
+	g, err := shm.New(ctx, boot, shm.Options{Dir: os.Getenv(envDir), Timeout: timeout})
+	if err != nil {
+		boot.Close()
+		return nil, nil, err
+	}
+	return g, boot, nil
+}
+
+func roleConformance() error {
+	ctx := context.Background()
+	g, boot, err := newRankGroup(ctx, time.Minute)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	defer g.Close()
+	if err := grouptest.Conformance(ctx, g); err != nil {
+		return err
+	}
+	iters, _ := strconv.Atoi(os.Getenv(envIters))
+	if err := grouptest.Soak(ctx, g, iters); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(os.Getenv(envDir))
+	if err != nil {
+		return err
+	}
+	if len(entries) != 0 {
+		return fmt.Errorf("segment directory holds %d entries after creation, want none: %s", len(entries), entries[0].Name())
+	}
+	return g.Barrier(ctx)
+}
+
+// rolePeerDeath: member 3 arrives at a barrier that member 2 joins late and is killed
+// (SIGKILL) while it waits; the survivors' next collective must fail with ErrPeerLost
+// naming it, long before the group's one-minute timeout.
+func rolePeerDeath() error {
+	ctx := context.Background()
+	g, boot, err := newRankGroup(ctx, time.Minute)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	defer g.Close()
+	if err := g.Barrier(ctx); err != nil {
+		return err
+	}
+	switch g.Rank() {
+	case 3:
+		time.AfterFunc(100*time.Millisecond, func() { syscall.Kill(os.Getpid(), syscall.SIGKILL) })
+		g.Barrier(ctx)
+		select {} // killed
+	case 2:
+		time.Sleep(time.Second)
+	}
+	err = g.Barrier(ctx)
+	if err == nil {
+		err = g.AllReduce(ctx, dist.Sum, []int64{1})
+	}
+	if !errors.Is(err, dist.ErrPeerLost) || !strings.Contains(err.Error(), "member 3") {
+		return fmt.Errorf("want a peer-lost error naming member 3, got %v", err)
+	}
+	if err2 := g.Barrier(ctx); !errors.Is(err2, dist.ErrPeerLost) {
+		return fmt.Errorf("group not broken with the same error: %v", err2)
+	}
+	return nil
+}
+
+// roleStall: member 3 stalls; members 0 and 1 give up at their 500 ms deadline, member 2
+// (with a one-minute deadline) fails with them, and member 3, when it comes back, finds the
+// group failed.
+func roleStall() error {
+	ctx := context.Background()
+	g, boot, err := newRankGroup(ctx, time.Minute)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	defer g.Close()
+	if err := g.Barrier(ctx); err != nil {
+		return err
+	}
+	switch g.Rank() {
+	case 0, 1:
+		ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		if !errors.Is(err, dist.ErrTimeout) {
+			return fmt.Errorf("want a timeout, got %v", err)
+		}
+	case 2:
+		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		if !errors.Is(err, dist.ErrTimeout) || !strings.Contains(err.Error(), "waiting for member 3") {
+			return fmt.Errorf("want a timeout caused by member 3, got %v", err)
+		}
+	case 3:
+		time.Sleep(2 * time.Second)
+		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		if !errors.Is(err, dist.ErrTimeout) {
+			return fmt.Errorf("want the group's timeout after the stall, got %v", err)
+		}
+	}
+	return nil
+}
+
+// roleBench times AllReduce of 8 int64 MIN; rank 0 prints the median and p99.
+func roleBench() error {
+	ctx := context.Background()
+	g, boot, err := newRankGroup(ctx, time.Minute)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	defer g.Close()
+	n, _ := strconv.Atoi(os.Getenv(envIters))
+	vals := make([]int64, 8)
+	for range 200 {
+		if err := g.AllReduce(ctx, dist.Min, vals); err != nil {
+			return err
+		}
+	}
+	lat := make([]time.Duration, n)
+	start := time.Now()
+	for i := range n {
+		t0 := time.Now()
+		if err := g.AllReduce(ctx, dist.Min, vals); err != nil {
+			return err
+		}
+		lat[i] = time.Since(t0)
+	}
+	total := time.Since(start)
+	if g.Rank() == 0 {
+		slices.Sort(lat)
+		fmt.Printf("BENCH median_ns=%d p99_ns=%d total_ns=%d\n", lat[n/2], lat[n*99/100], total.Nanoseconds())
+	}
+	return nil
+}
+
+// segmentDir makes a private directory for this test's segments on the shared-memory
+// filesystem (where segments normally live), removed at the end.
+func segmentDir(t testing.TB) string {
+	base := shm.DefaultDir
+	if _, err := os.Stat(base); err != nil {
+		base = ""
+	}
+	dir, err := os.MkdirTemp(base, "cpcache-shm-test-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func rankEnv(t testing.TB, iters int) []string {
+	return []string{
+		envDir + "=" + segmentDir(t),
+		envBootDir + "=" + t.TempDir(),
+		envIters + "=" + strconv.Itoa(iters),
+	}
+}
+
+func TestMultiProcessConformanceAndSoak(t *testing.T) {
+	for _, n := range []int{2, 8, 16} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			multiproc.Run(t, multiproc.Spec{Role: "conformance", N: n, Env: rankEnv(t, 2000), Timeout: 3 * time.Minute})
+		})
+	}
+}
+
+func TestMultiProcessPeerDeath(t *testing.T) {
+	res := multiproc.Start(t, multiproc.Spec{Role: "peer-death", N: 4, Env: rankEnv(t, 0), Timeout: 2 * time.Minute})()
+	for _, r := range res[:3] {
+		assert.NoError(t, r.Err, "survivor %d:\n%s", r.Rank, r.Output)
+	}
+	var exit interface{ Sys() any }
+	require.Error(t, res[3].Err, "member 3 should have been killed")
+	if errors.As(res[3].Err, &exit) {
+		ws, ok := exit.Sys().(syscall.WaitStatus)
+		assert.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "member 3: %v", res[3].Err)
+	}
+}
+
+func TestMultiProcessStall(t *testing.T) {
+	multiproc.Run(t, multiproc.Spec{Role: "stall", N: 4, Env: rankEnv(t, 0), Timeout: 2 * time.Minute})
+}
