@@ -1,0 +1,51 @@
+// Package gloo implements dist.Group over Gloo (the library behind PyTorch's CPU process
+// groups) with its TCP transport, through the C ABI in csrc/gloo_shim.{h,cc}; it needs
+// Debian's libgloo-dev and libhiredis-dev (`make deps`) and no separate build step.
+//
+// # Rendezvous
+//
+// Ranks meet through a store given as a URL: file:///dir (Gloo's FileStore: one machine or a
+// shared filesystem) or redis://host:port[/prefix] (Gloo's RedisStore: several machines).
+// NewWorld first agrees on a fresh run id through the store (rank 0 publishes a random id;
+// every rank acknowledges it with its own nonce; rank 0 confirms the list of nonces), and
+// every key of the run lives under "<prefix>/<run id>/", so keys left by an earlier run in a
+// reused directory or a long-lived Redis are never read. Each group has its own sub-prefix.
+//
+// Each process listens on one address: Options.Iface / CPCACHE_GLOO_IFACE /
+// GLOO_SOCKET_IFNAME (an interface), else Options.Hostname / CPCACHE_GLOO_HOSTNAME, else
+// 127.0.0.1 when every rank is on this machine, else what the host name resolves to.
+//
+// # Groups
+//
+// NewWorld returns the world group; NewGroup(world, ranks) a group over a subset and
+// NewLayoutGroups(world, layout) this rank's group of every kind of a dist.Layout. Both are
+// collective over the world (every rank calls them in the same order, with the same
+// arguments, which is checked: a mismatch fails with dist.ErrMismatch). Non-members of a
+// NewGroup get nil. The world group owns the store and the TCP device; sub-groups stay
+// usable after it is closed, but no new group can be made from a closed world.
+//
+// # Failures
+//
+// Each collective has a deadline: the context's, or the group's timeout when that is
+// earlier (Options.Timeout, default dist.DefaultTimeout). A peer that exits or closes its
+// group makes the survivors' current or next collective fail promptly with an error wrapping
+// dist.ErrPeerLost: the member that sees the broken connection closes all of its own, so the
+// failure reaches every member. A stalled peer makes the others fail at their deadline with
+// dist.ErrTimeout (also wrapping context.DeadlineExceeded when the context's deadline was
+// the one that passed). Any such error is sticky: the group then refuses every call with the
+// same error (wrapped in a new dist.OpError). Cancelling a context without a deadline is only
+// observed before an operation starts. Gloo does not detect members that call different
+// collectives; that is the caller's contract (see dist.Group).
+//
+// # Usage
+//
+// One goroutine issues a group's collectives; a mutex serialises concurrent callers, but
+// their order across ranks is then undefined.
+//
+//	world, err := gloo.NewWorld(ctx, gloo.Options{}) // RANK/WORLD_SIZE/CPCACHE_STORE from the launcher
+//	defer world.Close()
+//	groups, err := gloo.NewLayoutGroups(world, layout)
+//	defer groups.Close()
+//	cp := groups.Group(dist.KindAttnCP)
+//	for step := range steps { err = cp.AllReduce(ctx, dist.Min, vec) }
+package gloo

@@ -1,0 +1,54 @@
+package gloo_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/internal/multiproc"
+)
+
+func fileStore(t testing.TB) string { return "file://" + t.TempDir() }
+
+func TestConformance(t *testing.T) {
+	for _, n := range []int{2, 8, 16} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			soak := 40
+			if n == 16 {
+				soak = 8
+			}
+			multiproc.Run(t, multiproc.Spec{Role: "conformance", N: n, Timeout: 3 * time.Minute,
+				Env: []string{"CPCACHE_STORE=" + fileStore(t), fmt.Sprintf("CPCACHE_TEST_SOAK=%d", soak)}})
+		})
+	}
+}
+
+func TestLayoutGroups(t *testing.T) {
+	// CP8 DP2 EP16 on 16 ranks: attention-CP groups {0..7},{8..15}, 16 single-rank
+	// attention-TP groups, one EP and one TP group of 16.
+	multiproc.Run(t, multiproc.Spec{Role: "layout", N: 16, Timeout: 3 * time.Minute,
+		Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_DP=2", "CPCACHE_TEST_CP=8", "CPCACHE_TEST_EP=16"}})
+}
+
+func TestPeerExit(t *testing.T) {
+	for _, how := range []string{"exit", "close"} {
+		for _, n := range []int{2, 8} {
+			t.Run(fmt.Sprintf("%s/ranks=%d", how, n), func(t *testing.T) {
+				// The group timeout is far beyond the run's limit: only prompt detection passes.
+				res := multiproc.Run(t, multiproc.Spec{Role: "peer-exit", N: n, Timeout: 90 * time.Second,
+					Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_EXIT=" + how, "CPCACHE_TEST_TIMEOUT=10m"}})
+				t.Logf("rank 0: %s", res[0].Output)
+			})
+		}
+	}
+}
+
+func TestPeerStall(t *testing.T) {
+	for _, mode := range []string{"ctx", "group"} {
+		t.Run(mode, func(t *testing.T) {
+			res := multiproc.Run(t, multiproc.Spec{Role: "peer-stall", N: 4, Timeout: 90 * time.Second,
+				Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_MODE=" + mode, "CPCACHE_TEST_TIMEOUT=2s"}})
+			t.Logf("rank 0: %s", res[0].Output)
+		})
+	}
+}

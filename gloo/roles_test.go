@@ -1,0 +1,207 @@
+package gloo_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/multiproc"
+)
+
+// Roles run in rank processes started by multiproc (or mpirun). Their parameters come from
+// CPCACHE_TEST_* variables set by the test.
+
+func TestMain(m *testing.M) { multiproc.Main(m) }
+
+func init() {
+	multiproc.Register("conformance", roleConformance)
+	multiproc.Register("layout", roleLayout)
+	multiproc.Register("peer-exit", rolePeerExit)
+	multiproc.Register("peer-stall", rolePeerStall)
+	multiproc.Register("bench", roleBench)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDur(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func joinWorld(ctx context.Context, timeout time.Duration) (*gloo.Group, error) {
+	return gloo.NewWorld(ctx, gloo.Options{Timeout: timeout})
+}
+
+// roleConformance runs the conformance suite and a soak on the world group.
+func roleConformance() error {
+	ctx := context.Background()
+	w, err := joinWorld(ctx, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := grouptest.Conformance(ctx, w); err != nil {
+		return fmt.Errorf("%s: %w", w.Name(), err)
+	}
+	if err := grouptest.Soak(ctx, w, envInt("CPCACHE_TEST_SOAK", 40)); err != nil {
+		return fmt.Errorf("%s soak: %w", w.Name(), err)
+	}
+	return w.Barrier(ctx)
+}
+
+// roleLayout creates every group of a layout and runs the suite on each, then a custom
+// sub-group over the even ranks.
+func roleLayout() error {
+	ctx := context.Background()
+	w, err := joinWorld(ctx, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	l, err := dist.NewLayout(dist.LayoutConfig{
+		World: w.Size(), TP: w.Size(), DP: envInt("CPCACHE_TEST_DP", 2),
+		AttnCP: envInt("CPCACHE_TEST_CP", 8), EP: envInt("CPCACHE_TEST_EP", w.Size()), DPAttention: true,
+	})
+	if err != nil {
+		return err
+	}
+	lg, err := gloo.NewLayoutGroups(w, l)
+	if err != nil {
+		return err
+	}
+	defer lg.Close()
+	for _, kind := range dist.AllKinds {
+		g := lg.Group(kind)
+		want := l.GroupOf(kind, w.Rank())
+		if fmt.Sprint(g.Ranks()) != fmt.Sprint(want) || g.Ranks()[g.Rank()] != w.Rank() {
+			return fmt.Errorf("%s group: ranks %v (me %d), want %v", kind, g.Ranks(), g.Rank(), want)
+		}
+		if g.Name() != dist.GroupName(kind.String(), want) {
+			return fmt.Errorf("%s group named %q, want %q", kind, g.Name(), dist.GroupName(kind.String(), want))
+		}
+		if err := grouptest.Conformance(ctx, g); err != nil {
+			return fmt.Errorf("%s: %w", g.Name(), err)
+		}
+	}
+	// The CP groups and the world interleave: values must not leak between them.
+	cp := lg.Group(dist.KindAttnCP)
+	for i := 0; i < 4; i++ {
+		if err := grouptest.Soak(ctx, cp, 4); err != nil {
+			return fmt.Errorf("%s: %w", cp.Name(), err)
+		}
+		if err := grouptest.Soak(ctx, w, 4); err != nil {
+			return fmt.Errorf("%s: %w", w.Name(), err)
+		}
+	}
+	var evens []int
+	for r := 0; r < w.Size(); r += 2 {
+		evens = append(evens, r)
+	}
+	g, err := gloo.NewGroup(w, evens)
+	if err != nil {
+		return err
+	}
+	if (w.Rank()%2 == 0) != (g != nil) {
+		return fmt.Errorf("NewGroup(%v) on rank %d returned %v", evens, w.Rank(), g)
+	}
+	if g != nil {
+		defer g.Close()
+		if err := grouptest.Conformance(ctx, g); err != nil {
+			return fmt.Errorf("%s: %w", g.Name(), err)
+		}
+	}
+	return w.Barrier(ctx)
+}
+
+// rolePeerExit: the last rank leaves after a barrier (by Close or by exiting); every other
+// rank's next collective must fail with dist.ErrPeerLost, and so must every later one.
+func rolePeerExit() error {
+	ctx := context.Background()
+	w, err := joinWorld(ctx, envDur("CPCACHE_TEST_TIMEOUT", 60*time.Second))
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Barrier(ctx); err != nil {
+		return err
+	}
+	if w.Rank() == w.Size()-1 {
+		if os.Getenv("CPCACHE_TEST_EXIT") == "close" {
+			return w.Close()
+		}
+		os.Exit(0) // no Close: the kernel closes the sockets
+	}
+	vals := []int64{int64(w.Rank())}
+	err = w.AllReduce(ctx, dist.Sum, vals)
+	if !errors.Is(err, dist.ErrPeerLost) {
+		return fmt.Errorf("allreduce after a peer left: got %v, want an error wrapping dist.ErrPeerLost", err)
+	}
+	var oe *dist.OpError
+	if !errors.As(err, &oe) || oe.Op != "allreduce" || oe.Group != w.Name() {
+		return fmt.Errorf("error %v is not an OpError naming allreduce on %s", err, w.Name())
+	}
+	if err2 := w.Barrier(ctx); !errors.Is(err2, dist.ErrPeerLost) {
+		return fmt.Errorf("barrier after the failure: got %v, want the sticky dist.ErrPeerLost", err2)
+	}
+	fmt.Printf("rank %d: %v\n", w.Rank(), err)
+	return nil
+}
+
+// rolePeerStall: the last rank stops calling collectives; the others' next collective must
+// fail with dist.ErrTimeout at the deadline: the context's (CPCACHE_TEST_MODE=ctx, group
+// timeout long) or the group's (mode=group).
+func rolePeerStall() error {
+	ctx := context.Background()
+	short := envDur("CPCACHE_TEST_TIMEOUT", 2*time.Second)
+	mode := os.Getenv("CPCACHE_TEST_MODE")
+	groupTimeout := 60 * time.Second
+	if mode == "group" {
+		groupTimeout = short
+	}
+	w, err := joinWorld(ctx, groupTimeout)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Barrier(ctx); err != nil {
+		return err
+	}
+	if w.Rank() == w.Size()-1 {
+		time.Sleep(short + time.Second) // stalled past everyone's deadline, then gone
+		return nil
+	}
+	opCtx := ctx
+	if mode == "ctx" {
+		var cancel context.CancelFunc
+		opCtx, cancel = context.WithTimeout(ctx, short)
+		defer cancel()
+	}
+	err = w.AllReduce(opCtx, dist.Min, []int64{1, 2, 3})
+	if !errors.Is(err, dist.ErrTimeout) {
+		return fmt.Errorf("allreduce with a stalled peer: got %v, want dist.ErrTimeout", err)
+	}
+	if mode == "ctx" && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("allreduce past the context's deadline: %v does not wrap context.DeadlineExceeded", err)
+	}
+	if _, err2 := w.Broadcast(ctx, 0, []byte("x")); !errors.Is(err2, dist.ErrTimeout) {
+		return fmt.Errorf("broadcast after the timeout: got %v, want the sticky dist.ErrTimeout", err2)
+	}
+	fmt.Printf("rank %d: %v\n", w.Rank(), err)
+	return nil
+}
+
+func roleBench() error { return nil }
