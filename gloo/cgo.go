@@ -216,5 +216,3 @@ const (
 	codeIO      = int(C.CPG_IO)
 	codeInvalid = int(C.CPG_INVALID)
 )
-
-
