@@ -30,6 +30,9 @@ var (
 	// ErrSpecMismatch: ranks of a group asked for slabs with different specs. Errors that wrap
 	// it name the odd ranks and are identical on every rank.
 	ErrSpecMismatch = errors.New("slab: spec mismatch")
+	// ErrSetup: some rank could not create or map a slab; the error names the ranks and is
+	// identical on every rank.
+	ErrSetup = errors.New("slab: set setup failed")
 	// ErrClosed: the set was closed.
 	ErrClosed = errors.New("slab: closed")
 	// ErrUnsupported: the backend is not available here (no CUDA driver, no device backend

@@ -1,0 +1,266 @@
+package slab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// Slab is one rank's slab as mapped in this process.
+type Slab struct {
+	owner   int          // group rank that created it
+	backend Backend      // Host or CUDAIPC
+	host    *hostRegion  // Host: the mapping
+	dev     DeviceRegion // CUDAIPC: the allocation (own) or opened handle (peer)
+	unpin   func() error // Host with PinHost: undoes the CUDA registration
+}
+
+// Owner is the group rank that created the slab.
+func (s *Slab) Owner() int { return s.owner }
+
+// Backend is where the slab's memory lives.
+func (s *Slab) Backend() Backend { return s.backend }
+
+// Pinned reports whether the slab's host memory is registered with CUDA in this process.
+func (s *Slab) Pinned() bool { return s.unpin != nil }
+
+func (s *Slab) close() error {
+	if s == nil {
+		return nil
+	}
+	var errs []error
+	if s.unpin != nil {
+		errs = append(errs, s.unpin())
+		s.unpin = nil
+	}
+	errs = append(errs, s.host.close())
+	if s.dev != nil {
+		errs = append(errs, s.dev.Close())
+		s.dev = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Set is the slabs of one group, one per rank, every one mapped in this process.
+type Set struct {
+	group dist.Group // the group the set was opened over (the slab group)
+	spec  Spec       // this rank's spec; its shared fields are equal on every rank
+
+	mu     sync.RWMutex // protects closed and the slabs' mappings (Close vs ReadPage/WritePage)
+	closed bool
+	slabs  []*Slab // slabs[r] was created by group rank r
+}
+
+// testHookAfterExchange, when set, runs after the handle exchange; a non-nil error makes
+// OpenSet return at once without any cleanup, as if the process had crashed there.
+var testHookAfterExchange func(rank int) error
+
+// OpenSet creates this rank's slab, exchanges specs and handles with every member of group,
+// maps every member's slab, and agrees on the outcome: it succeeds on every rank or fails on
+// every rank with the same error, which names the ranks at fault (a spec mismatch wraps
+// ErrSpecMismatch; a rank that could not create or map a slab, ErrSetup). Every member must
+// call it, with its own spec. It makes exactly two AllGathers on group.
+//
+// Host segments are unlinked as soon as every member has mapped them (after the second
+// AllGather), and on every failure path, so nothing of the set remains in the directory.
+// The caller keeps ownership of group, which must outlive the Set.
+func OpenSet(ctx context.Context, group dist.Group, spec Spec) (*Set, error) {
+	if group == nil {
+		return nil, fmt.Errorf("%w: nil group", ErrBadArgument)
+	}
+	rank, size := group.Rank(), group.Size()
+	be, pin := currentBackends()
+
+	own, handle, localErr := (*Slab)(nil), []byte(nil), spec.validate()
+	if localErr == nil {
+		own, handle, localErr = createSlab(spec, rank, be)
+	}
+	o := offer{Version: wireVersion, Spec: spec.shared(), Handle: handle}
+	if localErr != nil {
+		o.Err = localErr.Error()
+	}
+	raw, err := json.Marshal(o)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("slab: encode offer: %w", err), discard(own))
+	}
+	gathered, err := group.AllGather(ctx, raw)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("slab: open set on group %s: handle exchange: %w", group.Name(), err), discard(own))
+	}
+	offers, err := verdict(group.Name(), group.Ranks(), gathered)
+	if err != nil {
+		return nil, errors.Join(err, discard(own))
+	}
+	if hook := testHookAfterExchange; hook != nil {
+		if err := hook(rank); err != nil {
+			return nil, err
+		}
+	}
+
+	s := &Set{group: group, spec: spec, slabs: make([]*Slab, size)}
+	s.slabs[rank] = own
+	status := ""
+	for r := range size {
+		if r == rank {
+			continue
+		}
+		peer, err := openSlab(spec, r, offers[r].Handle, be)
+		if err != nil {
+			status = fmt.Sprintf("slab of rank %d: %v", r, err)
+			break
+		}
+		s.slabs[r] = peer
+	}
+	if status == "" && spec.Backend == Host && spec.PinHost && pin != nil {
+		for _, sl := range s.slabs {
+			if sl.unpin, err = pin.Pin(sl.host.mem); err != nil {
+				status = fmt.Sprintf("pin slab of rank %d: %v", sl.owner, err)
+				break
+			}
+		}
+	}
+	statuses, gatherErr := group.AllGather(ctx, []byte(status))
+	// Every member has mapped every slab (or given up, or died): the names can go. Every rank
+	// removes every name (a missing one is fine), so none is left when OpenSet returns on any
+	// rank, including the name of a member that died between the exchange and here.
+	var cleanup []error
+	if spec.Backend == Host {
+		for _, of := range offers {
+			if isSegmentPath(spec, string(of.Handle)) {
+				cleanup = append(cleanup, unlinkSegment(string(of.Handle)))
+			}
+		}
+	}
+	if gatherErr != nil {
+		s.closeAll()
+		return nil, errors.Join(append([]error{fmt.Errorf("slab: open set on group %s: mapping barrier: %w", group.Name(), gatherErr)}, cleanup...)...)
+	}
+	if err := mapVerdict(group.Name(), group.Ranks(), statuses); err != nil {
+		s.closeAll()
+		return nil, errors.Join(append([]error{err}, cleanup...)...)
+	}
+	// An unlink error other than "not found" cannot happen for a 0600 file we created in a
+	// directory we could create it in; failing here would fail this rank alone, so the set
+	// stays usable on every rank.
+	_ = cleanup
+	return s, nil
+}
+
+// createSlab creates this rank's slab and returns its handle.
+func createSlab(spec Spec, rank int, be DeviceBackend) (*Slab, []byte, error) {
+	switch spec.Backend {
+	case Host:
+		h, err := createHost(spec, rank)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &Slab{owner: rank, backend: Host, host: h}, []byte(h.path), nil
+	case CUDAIPC:
+		if be == nil {
+			return nil, nil, errNoDeviceBackend()
+		}
+		d, handle, err := be.Alloc(spec.Device, spec.Bytes())
+		if err != nil {
+			return nil, nil, fmt.Errorf("slab: allocate %d device bytes on device %d: %w", spec.Bytes(), spec.Device, err)
+		}
+		return &Slab{owner: rank, backend: CUDAIPC, dev: d}, handle, nil
+	}
+	return nil, nil, fmt.Errorf("%w: backend %q", ErrBadArgument, spec.Backend)
+}
+
+// openSlab maps the slab of peer rank r from its handle.
+func openSlab(spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) {
+	switch spec.Backend {
+	case Host:
+		h, err := openHost(spec, string(handle))
+		if err != nil {
+			return nil, err
+		}
+		return &Slab{owner: r, backend: Host, host: h}, nil
+	case CUDAIPC:
+		if be == nil {
+			return nil, errNoDeviceBackend()
+		}
+		d, err := be.Open(spec.Device, handle, spec.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("slab: open IPC handle of rank %d on device %d: %w", r, spec.Device, err)
+		}
+		return &Slab{owner: r, backend: CUDAIPC, dev: d}, nil
+	}
+	return nil, fmt.Errorf("%w: backend %q", ErrBadArgument, spec.Backend)
+}
+
+// discard unlinks and unmaps a slab this rank created, on a failure path.
+func discard(own *Slab) error {
+	if own == nil {
+		return nil
+	}
+	var err error
+	if own.host != nil {
+		err = unlinkSegment(own.host.path)
+	}
+	return errors.Join(err, own.close())
+}
+
+func (s *Set) closeAll() error {
+	var errs []error
+	for i, sl := range s.slabs {
+		errs = append(errs, sl.close())
+		s.slabs[i] = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Close unmaps (and frees, for this rank's device slab) every slab. Slices returned by Page
+// are invalid afterwards. It is nil-safe and idempotent; it does not close the group.
+func (s *Set) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.closeAll()
+}
+
+// Group is the group the set was opened over: the slab group.
+func (s *Set) Group() dist.Group { return s.group }
+
+// Ranks are the global ranks of the slab group, in group-rank order (slab r was created by
+// Ranks()[r]).
+func (s *Set) Ranks() []int { return s.group.Ranks() }
+
+// Rank is this process's group rank: the index of its own slab.
+func (s *Set) Rank() int { return s.group.Rank() }
+
+// Size is the number of slabs (the group size).
+func (s *Set) Size() int { return len(s.slabs) }
+
+// Spec is this rank's spec (Backend, PageSize, Pages and Layout are equal on every rank).
+func (s *Set) Spec() Spec { return s.spec }
+
+// PageSize is the size of a page in bytes.
+func (s *Set) PageSize() int { return s.spec.PageSize }
+
+// PagesPerSlab is the number of pages in each slab.
+func (s *Set) PagesPerSlab() int { return s.spec.Pages }
+
+// Slab returns slab r (created by group rank r).
+func (s *Set) Slab(r int) (*Slab, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if r < 0 || r >= len(s.slabs) {
+		return nil, fmt.Errorf("%w: slab %d outside 0..%d", ErrBadArgument, r, len(s.slabs)-1)
+	}
+	return s.slabs[r], nil
+}

@@ -1,0 +1,295 @@
+package slab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/local"
+)
+
+// runMembers runs fn on every member of a new in-process group of n ranks, concurrently, and
+// returns each member's error.
+func runMembers(n int, fn func(g dist.Group) error) []error {
+	members := local.World(n, local.Options{Timeout: 10 * time.Second, Kind: "attn_cp"})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer m.Close()
+			errs[i] = fn(m)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// uniqueTag returns a segment tag unique to this test run.
+func uniqueTag(t testing.TB) string {
+	return fmt.Sprintf("t%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+}
+
+// leftovers lists the segments with tag still present in dir.
+func leftovers(t testing.TB, dir, tag string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, SegmentPrefix+tag+"-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func hostSpec(tag string) Spec {
+	return Spec{Backend: Host, PageSize: 4096, Pages: 16, Layout: "kv bf16 L2 H4 D64", Tag: tag}
+}
+
+// pattern is the byte written at offset i of page idx of slab r.
+func pattern(r, idx, i int) byte { return byte(r*31 + idx*7 + i) }
+
+// writeOwnReadAll writes a pattern into every page of this rank's slab, waits for every rank,
+// then checks every page of every slab.
+func writeOwnReadAll(ctx context.Context, s *Set) error {
+	g := s.Group()
+	me := g.Rank()
+	buf := make([]byte, s.PageSize())
+	for idx := range s.PagesPerSlab() {
+		for i := range buf {
+			buf[i] = pattern(me, idx, i)
+		}
+		if err := s.WritePage(Page{me, idx}, buf); err != nil {
+			return err
+		}
+	}
+	if err := g.Barrier(ctx); err != nil {
+		return err
+	}
+	for r := range s.Size() {
+		for idx := range s.PagesPerSlab() {
+			b, err := s.Page(Page{r, idx})
+			if err != nil {
+				return err
+			}
+			for i, v := range b {
+				if v != pattern(r, idx, i) {
+					return fmt.Errorf("rank %d: slab %d page %d byte %d = %d, want %d", me, r, idx, i, v, pattern(r, idx, i))
+				}
+			}
+		}
+	}
+	return g.Barrier(ctx) // nobody closes while a peer still reads
+}
+
+func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
+	tag := uniqueTag(t)
+	ctx := context.Background()
+	errs := runMembers(4, func(g dist.Group) error {
+		s, err := OpenSet(ctx, g, hostSpec(tag))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
+			return fmt.Errorf("segments still named after OpenSet: %v", left)
+		}
+		if s.Group() != g || fmt.Sprint(s.Ranks()) != "[0 1 2 3]" || s.Rank() != g.Rank() || s.Size() != 4 {
+			return fmt.Errorf("set identity: group %v ranks %v rank %d size %d", s.Group().Name(), s.Ranks(), s.Rank(), s.Size())
+		}
+		if err := writeOwnReadAll(ctx, s); err != nil {
+			return err
+		}
+		if err := s.Close(); err != nil {
+			return err
+		}
+		if err := s.Close(); err != nil {
+			return fmt.Errorf("second close: %w", err)
+		}
+		if _, err := s.Page(Page{0, 0}); !errors.Is(err, ErrClosed) {
+			return fmt.Errorf("page after close: %v, want ErrClosed", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
+		t.Fatalf("segments left: %v", left)
+	}
+	var nilSet *Set
+	if err := nilSet.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// allFailAlike runs OpenSet with per-rank specs and checks every rank failed with the same
+// error, wrapping want and containing every fragment.
+func allFailAlike(t *testing.T, n int, spec func(rank int) Spec, want error, fragments ...string) {
+	t.Helper()
+	tag := spec(0).Tag
+	errs := runMembers(n, func(g dist.Group) error {
+		s, err := OpenSet(context.Background(), g, spec(g.Rank()))
+		if err == nil {
+			s.Close()
+			return errors.New("OpenSet succeeded")
+		}
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, want) {
+			t.Fatalf("rank %d: %v, want %v", r, err, want)
+		}
+		if err.Error() != errs[0].Error() {
+			t.Fatalf("rank %d error differs from rank 0's:\n%v\n%v", r, err, errs[0])
+		}
+	}
+	for _, f := range fragments {
+		if !strings.Contains(errs[0].Error(), f) {
+			t.Fatalf("error %q does not mention %q", errs[0], f)
+		}
+	}
+	if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
+		t.Fatalf("segments left: %v", left)
+	}
+}
+
+func TestMismatchedSpecFailsEveryRankNamingTheRank(t *testing.T) {
+	tag := uniqueTag(t)
+	cases := []struct {
+		name      string
+		odd       func(*Spec)
+		fragments []string
+	}{
+		{"page size", func(s *Spec) { s.PageSize = 8192 }, []string{"rank 2 (global 2)", "page size 8192 (majority 4096)"}},
+		{"pages", func(s *Spec) { s.Pages = 17 }, []string{"rank 2", "pages 17 (majority 16)"}},
+		{"layout", func(s *Spec) { s.Layout = "kv fp8" }, []string{"rank 2", `layout "kv fp8"`}},
+		{"backend", func(s *Spec) { s.Backend = CUDAIPC }, []string{"rank 2", `backend "cuda-ipc" (majority "host")`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			allFailAlike(t, 4, func(r int) Spec {
+				s := hostSpec(tag)
+				if r == 2 {
+					c.odd(&s)
+				}
+				return s
+			}, ErrSpecMismatch, append(c.fragments, "group attn_cp[0..3]")...)
+		})
+	}
+}
+
+func TestInvalidSpecOnOneRankFailsEveryRank(t *testing.T) {
+	tag := uniqueTag(t)
+	allFailAlike(t, 3, func(r int) Spec {
+		s := hostSpec(tag)
+		if r == 1 {
+			s.Tag = "bad/tag"
+		}
+		return s
+	}, ErrSetup, "rank 1 (global 1) could not create its slab", `tag "bad/tag"`)
+}
+
+func TestDeviceBackendWithoutDriverFailsEveryRankCleanly(t *testing.T) {
+	RegisterDeviceBackend(nil)
+	allFailAlike(t, 2, func(int) Spec {
+		return Spec{Backend: CUDAIPC, PageSize: 4096, Pages: 4, Tag: uniqueTag(t)}
+	}, ErrSetup, "rank 0", "rank 1", "needs a CUDA driver")
+}
+
+func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {
+	tag := uniqueTag(t)
+	const crasher = 1
+	testHookAfterExchange = func(rank int) error {
+		if rank == crasher {
+			return errors.New("simulated crash")
+		}
+		return nil
+	}
+	defer func() { testHookAfterExchange = nil }()
+	errs := runMembers(4, func(g dist.Group) error {
+		s, err := OpenSet(context.Background(), g, hostSpec(tag))
+		if err == nil {
+			s.Close()
+			return errors.New("OpenSet succeeded")
+		}
+		return err
+	})
+	for r, err := range errs {
+		want := error(dist.ErrPeerLost)
+		if r == crasher {
+			want = nil
+		}
+		if want != nil && !errors.Is(err, want) {
+			t.Errorf("rank %d: %v, want ErrPeerLost", r, err)
+		}
+	}
+	if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
+		t.Fatalf("segments left after a crash during setup: %v", left)
+	}
+}
+
+func TestPageAccessIsBoundsChecked(t *testing.T) {
+	tag := uniqueTag(t)
+	errs := runMembers(2, func(g dist.Group) error {
+		s, err := OpenSet(context.Background(), g, hostSpec(tag))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		for _, p := range []Page{{-1, 0}, {2, 0}, {0, -1}, {0, 16}} {
+			if _, err := s.Page(p); !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), p.String()) {
+				return fmt.Errorf("Page(%v): %v", p, err)
+			}
+			if err := s.WritePage(p, nil); !errors.Is(err, ErrBadArgument) {
+				return fmt.Errorf("WritePage(%v): %v", p, err)
+			}
+			if _, err := s.ReadPage(p, nil); !errors.Is(err, ErrBadArgument) {
+				return fmt.Errorf("ReadPage(%v): %v", p, err)
+			}
+		}
+		if err := s.WritePage(Page{0, 0}, make([]byte, 4097)); !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), "4097") {
+			return fmt.Errorf("oversize write: %v", err)
+		}
+		b, err := s.Page(Page{1, 15})
+		if err != nil || len(b) != 4096 || cap(b) != 4096 {
+			return fmt.Errorf("last page: len %d cap %d err %v", len(b), cap(b), err)
+		}
+		if _, err := s.DevicePtr(Page{0, 0}); !errors.Is(err, ErrUnsupported) {
+			return fmt.Errorf("DevicePtr on host: %v", err)
+		}
+		if _, err := s.Slab(2); !errors.Is(err, ErrBadArgument) {
+			return fmt.Errorf("Slab(2): %v", err)
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		// ReadPage sees what the peer wrote through WritePage.
+		me, peer := g.Rank(), 1-g.Rank()
+		if err := s.WritePage(Page{me, 3}, []byte{byte(me + 1), 9, 9}); err != nil {
+			return err
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		got := make([]byte, 3)
+		if n, err := s.ReadPage(Page{peer, 3}, got); err != nil || n != 3 || !bytes.Equal(got, []byte{byte(peer + 1), 9, 9}) {
+			return fmt.Errorf("ReadPage of peer: %v %d %v", got, n, err)
+		}
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
