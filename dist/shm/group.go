@@ -44,10 +44,14 @@ type Options struct {
 	// PollInterval is how often a sleeping waiter checks its deadline and its peers' health
 	// (default DefaultPollInterval).
 	PollInterval time.Duration
-	// Spin is how many times a waiter checks for completion before sleeping on the futex;
-	// 0 chooses (a few thousand when the group has no more members than CPUs, else a few
-	// dozen), a negative value never spins.
+	// Spin is how many times a waiter checks for completion in a busy loop before it
+	// yields; 0 chooses (a few hundred when the group has no more members than CPUs, else a
+	// few dozen), a negative value never spins.
 	Spin int
+	// Yields is how many times a waiter then yields the CPU (sched_yield), checking for
+	// completion after each, before it sleeps on the futex; 0 chooses (8), a negative value
+	// never yields. Spinning and yielding are bounded: a waiter never holds a CPU for long.
+	Yields int
 	// Backend overrides CPCACHE_CONSENSUS_BACKEND for Consensus ("auto", "shm", "gloo").
 	Backend string
 }
@@ -68,8 +72,11 @@ func (o Options) withDefaults(size int) Options {
 	if o.Spin == 0 {
 		o.Spin = 64
 		if size <= runtime.NumCPU() {
-			o.Spin = 4000
+			o.Spin = 256
 		}
+	}
+	if o.Yields == 0 {
+		o.Yields = 8
 	}
 	return o
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cpcache/cpcache/dist"
 )
 
@@ -132,13 +134,22 @@ func (g *Group) ring() {
 	}
 }
 
-// waitLocked waits until every member has arrived at round seq, or fails.
+// waitLocked waits until every member has arrived at round seq, or fails: it spins on the
+// arrival counter, then yields the CPU a few times (so that members not yet arrived can run
+// when there are more members than CPUs), then sleeps on the bell with a timeout of
+// PollInterval, checking for failures at every wake-up.
 func (g *Group) waitLocked(ctx context.Context, seq uint64, deadline time.Time) error {
 	target := (seq + 1) * uint64(len(g.ranks))
 	for range g.opts.Spin {
 		if atomic.LoadUint64(g.arrivals) >= target {
 			return nil
 		}
+	}
+	for range g.opts.Yields {
+		if atomic.LoadUint64(g.arrivals) >= target {
+			return nil
+		}
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 	slept := false
 	for {
