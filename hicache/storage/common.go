@@ -1,0 +1,103 @@
+package storage
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// base holds what every backend shares: identity for errors, namespace, counters, options.
+type base struct {
+	backend string
+	where   string
+	ns      [NamespaceSize]byte
+	opts    Options
+	stats   counters
+	closed  atomic.Bool
+}
+
+func (b *base) err(op string, kind, cause error) error {
+	return b.stats.fail(&OpError{Backend: b.backend, Where: b.where, Op: op, Kind: kind, Err: cause})
+}
+
+// begin checks the storage is open and the batch is well formed.
+func (b *base) begin(op string, keys []Key, bufs [][]byte, flags []bool) error {
+	if b.closed.Load() {
+		return b.err(op, ErrClosed, nil)
+	}
+	if err := checkBatch(b.backend, b.where, op, b.ns, keys, bufs, flags); err != nil {
+		return b.stats.fail(err)
+	}
+	return nil
+}
+
+// corrupt counts a value that failed verification and reports it to OnCorrupt.
+func (b *base) corrupt(key Key, reason error) {
+	b.stats.corrupt.Add(1)
+	if b.opts.OnCorrupt != nil {
+		b.opts.OnCorrupt(&OpError{Backend: b.backend, Where: b.where, Op: "get " + key.String(), Kind: ErrCorrupt, Err: reason})
+	}
+}
+
+func (b *base) Stats() Stats { return b.stats.snapshot() }
+
+// forEach runs fn(i) for i in [0,n) on up to workers goroutines and returns the first error.
+// If stopAfterMiss is set, fn returning ok=false at i tells the loop that indexes above i
+// need not run (they may still run if already started). fn is never called after an error
+// or after ctx is done; ctx's error is returned in that case.
+func forEach(ctx context.Context, n, workers int, stopAfterMiss bool, fn func(i int) (ok bool, err error)) error {
+	if n == 0 {
+		return ctx.Err()
+	}
+	workers = min(workers, n)
+	var (
+		next  atomic.Int64 // next index to claim
+		limit atomic.Int64 // indexes >= limit are skipped
+		mu    sync.Mutex   // protects first
+		first error
+	)
+	limit.Store(int64(n))
+	fail := func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+		limit.Store(-1)
+	}
+	work := func() {
+		for {
+			i := next.Add(1) - 1
+			if i >= limit.Load() {
+				return
+			}
+			if err := ctx.Err(); err != nil {
+				fail(err)
+				return
+			}
+			ok, err := fn(int(i))
+			if err != nil {
+				fail(err)
+				return
+			}
+			if !ok && stopAfterMiss {
+				for {
+					l := limit.Load()
+					if l <= i+1 || limit.CompareAndSwap(l, i+1) {
+						break
+					}
+				}
+			}
+		}
+	}
+	if workers <= 1 {
+		work()
+	} else {
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(work)
+		}
+		wg.Wait()
+	}
+	return first
+}

@@ -1,0 +1,296 @@
+package storage
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// dirStore is the directory backend. Layout under the root:
+//
+//	<root>/<namespace hex>/<first hash byte hex>/<hash hex>      one file per page
+//	<root>/<namespace hex>/<xx>/.tmp-*                           writes in progress
+//
+// A value is written to a temporary file in its final directory and renamed into place, so
+// a reader never sees a partial file under a page's name; a torn file left by a crash or a
+// foreign file is rejected by the header and checksums (format.go).
+type dirStore struct {
+	base
+	nsDir string // <root>/<namespace hex>
+}
+
+func openDir(root string, opts Options) (*dirStore, error) {
+	root = filepath.Clean(root)
+	s := &dirStore{base: base{backend: "file", where: root, ns: opts.Namespace.ID(), opts: opts}}
+	s.nsDir = filepath.Join(root, opts.Namespace.String())
+	if fi, err := os.Stat(root); err == nil && !fi.IsDir() {
+		return nil, &OpError{Backend: "file", Where: root, Op: "open", Kind: ErrBadArgument, Err: errors.New("not a directory")}
+	}
+	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
+		return nil, &OpError{Backend: "file", Where: root, Op: "open", Err: err}
+	}
+	return s, nil
+}
+
+// path returns the fan-out directory and the file name of key.
+func (s *dirStore) path(k Key) (dir, file string) {
+	h := k[NamespaceSize:]
+	var buf [2 * (KeySize - NamespaceSize)]byte
+	hex.Encode(buf[:], h)
+	dir = filepath.Join(s.nsDir, string(buf[:2]))
+	return dir, filepath.Join(dir, string(buf[:]))
+}
+
+func isMissing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
+	if err := s.begin("exists", keys, nil, present); err != nil {
+		return 0, err
+	}
+	flags := present
+	if flags == nil {
+		flags = make([]bool, len(keys))
+	} else {
+		clear(flags)
+	}
+	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	defer cancel()
+	err := forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
+		_, name := s.path(keys[i])
+		fi, err := os.Stat(name)
+		switch {
+		case err == nil:
+			flags[i] = fi.Mode().IsRegular() && fi.Size() >= HeaderSize
+			return flags[i], nil
+		case isMissing(err):
+			return false, nil
+		default:
+			return false, err
+		}
+	})
+	if err != nil {
+		return leading(flags), s.err("exists", kindOf(ctx, err), err)
+	}
+	return leading(flags), nil
+}
+
+func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
+	if dst == nil {
+		dst = [][]byte{}
+	}
+	if err := s.begin("get", keys, dst, found); err != nil {
+		return 0, err
+	}
+	flags := found
+	if flags == nil {
+		flags = make([]bool, len(keys))
+	} else {
+		clear(flags)
+	}
+	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	defer cancel()
+	err := forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
+		ok, err := s.getOne(keys[i], dst[i])
+		flags[i] = ok
+		return ok, err
+	})
+	if err != nil {
+		return leading(flags), s.err("get", kindOf(ctx, err), err)
+	}
+	return leading(flags), nil
+}
+
+// getOne reads one page into dst. A missing or corrupt file is (false, nil).
+func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
+	_, name := s.path(k)
+	f, err := os.Open(name)
+	if err != nil {
+		if isMissing(err) {
+			s.stats.misses.Add(1)
+			return false, nil
+		}
+		return false, err
+	}
+	defer f.Close()
+	var hdr [HeaderSize]byte
+	if _, err := io.ReadFull(f, hdr[:]); err != nil {
+		return s.readFailed(k, name, err, "header")
+	}
+	if err := checkHeader(hdr[:], k, len(dst)); err != nil {
+		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
+		return false, nil
+	}
+	if _, err := io.ReadFull(f, dst); err != nil {
+		return s.readFailed(k, name, err, "payload")
+	}
+	var extra [1]byte
+	if n, err := f.Read(extra[:]); n != 0 || err != io.EOF {
+		if n == 0 && err != nil {
+			return false, err
+		}
+		s.corrupt(k, fmt.Errorf("file %s: longer than header+payload", name))
+		return false, nil
+	}
+	if err := checkPayload(hdr[:], dst); err != nil {
+		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
+		return false, nil
+	}
+	s.stats.hits.Add(1)
+	s.stats.bytesRead.Add(uint64(len(dst)))
+	return true, nil
+}
+
+// readFailed classifies a short read (a torn file: corrupt, a miss) from an I/O error.
+func (s *dirStore) readFailed(k Key, name string, err error, what string) (bool, error) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		s.corrupt(k, fmt.Errorf("file %s: truncated %s", name, what))
+		return false, nil
+	}
+	return false, err
+}
+
+func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
+	if src == nil {
+		src = [][]byte{}
+	}
+	if err := s.begin("put", keys, src, nil); err != nil {
+		return err
+	}
+	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	defer cancel()
+	err := forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+		return true, s.putOne(keys[i], src[i])
+	})
+	if err != nil {
+		return s.err("put", kindOf(ctx, err), err)
+	}
+	return nil
+}
+
+func (s *dirStore) putOne(k Key, payload []byte) (err error) {
+	dir, name := s.path(k)
+	f, err := os.CreateTemp(dir, ".tmp-")
+	if isMissing(err) {
+		if err = os.MkdirAll(dir, 0o750); err == nil {
+			f, err = os.CreateTemp(dir, ".tmp-")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	var hdr [HeaderSize]byte
+	encodeHeader(&hdr, k, payload)
+	if _, err = f.Write(hdr[:]); err != nil {
+		return err
+	}
+	if _, err = f.Write(payload); err != nil {
+		return err
+	}
+	if s.opts.Fsync {
+		if err = f.Sync(); err != nil {
+			return err
+		}
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, name); err != nil {
+		return err
+	}
+	if s.opts.Fsync {
+		if err = syncDir(dir); err != nil {
+			return err
+		}
+	}
+	s.stats.puts.Add(1)
+	s.stats.bytesWritten.Add(uint64(len(payload)))
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
+	if err := s.begin("delete", keys, nil, nil); err != nil {
+		return err
+	}
+	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	defer cancel()
+	err := forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+		_, name := s.path(keys[i])
+		if err := os.Remove(name); err != nil && !isMissing(err) {
+			return false, err
+		}
+		s.stats.deletes.Add(1)
+		return true, nil
+	})
+	if err != nil {
+		return s.err("delete", kindOf(ctx, err), err)
+	}
+	return nil
+}
+
+// Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
+// it) and removes it. Other namespaces under the same root are untouched.
+func (s *dirStore) Clear(_ context.Context) error {
+	if err := s.begin("clear", nil, nil, nil); err != nil {
+		return err
+	}
+	trash, err := os.MkdirTemp(filepath.Dir(s.nsDir), ".trash-"+filepath.Base(s.nsDir)+"-")
+	if err != nil {
+		return s.err("clear", nil, err)
+	}
+	moved := filepath.Join(trash, "ns")
+	if err := os.Rename(s.nsDir, moved); err != nil && !isMissing(err) {
+		os.Remove(trash)
+		return s.err("clear", nil, err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return s.err("clear", nil, err)
+	}
+	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
+		return s.err("clear", nil, err)
+	}
+	return nil
+}
+
+func (s *dirStore) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.closed.Store(true)
+	return nil
+}
+
+// kindOf classifies an error of a file operation: the context ending is ErrUnavailable
+// (the call did not finish in time); anything else (permissions, a full disk) has no kind.
+func kindOf(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return ErrUnavailable
+	}
+	return nil
+}

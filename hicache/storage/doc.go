@@ -1,0 +1,62 @@
+// Package storage is cpcache's L3 tier: a page store below the shared L2, reached by URL.
+// Pages backed up to it survive L2 eviction and restarts and are shared by every serving
+// instance that uses the same store and namespace.
+//
+// # Keys and namespaces
+//
+// A Namespace is derived (SHA-256, fixed tags, no per-process seed) from an identity string
+// that must name everything that changes the bytes of a page: model, dtype, KV layout, page
+// size, parallel shape. A Key is the namespace ID (8 bytes) followed by a 128-bit hash of the
+// namespace and the page's chained prefix hash: NewKey(ns, h) for a 64-bit hash that already
+// covers the whole prefix (the radix tree's chained page hash), NewKeyBytes for wider ones,
+// ChainKeys to chain per-page hashes. Pages of different namespaces never collide, a storage
+// refuses keys of a namespace other than its own (ErrBadArgument), and Clear removes exactly
+// its own namespace. The key and value formats are fixed; the tests pin them with golden
+// values.
+//
+// # Backends
+//
+//	file:///dir[?fsync=true]          one file per page under dir/<ns>/<xx>/<hash>, written to
+//	                                  a temporary file in the same directory and renamed (and
+//	                                  fsynced, file and directory, with fsync=true)
+//	redis://[pass@]host:port/prefix   keys "<prefix>:<ns>:<hash>", pipelined MGET / SET /
+//	                                  EXISTS / UNLINK; optional ?ttl=, ?pool=, ?timeout=
+//	mem://name                        process memory, for tests
+//
+// Every value is stored as a 48-byte header (magic, version, key, length, CRC-32C of the
+// payload and of the header) followed by the payload. A value that is torn, foreign, stored
+// under another key, of the wrong length or failing its checksum is never loaded: Get treats
+// it as a miss, counts it in Stats.Corrupt and reports it to Options.OnCorrupt (an error
+// wrapping ErrCorrupt). A miss is not an error.
+//
+// # Errors and deadlines
+//
+// Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel
+// (ErrUnavailable, ErrBadArgument, ErrClosed; ErrCorrupt only through OnCorrupt) and the
+// cause. Every call is bounded by its context's deadline, or Options.Timeout when it has
+// none. The Redis backend never panics or hangs on a dead or stopped server: the call fails
+// with ErrUnavailable by the deadline, and later calls reconnect by themselves once the
+// server is back (idle connections are dropped after a failure, and one failure on a reused
+// connection is retried on a fresh one).
+//
+// # Ownership and usage
+//
+// A Storage is safe for concurrent use; the caller owns it and closes it (Close is nil-safe
+// and idempotent). Get reads into caller-provided buffers (L2 slab pages) without allocating
+// per page on the Redis backend; a buffer's contents are unspecified after a miss, so only
+// pages reported found may be published. Put does not retain its buffers. In cpcache the
+// group's I/O rank owns the Storage and drives it from the cache's backup and prefetch
+// queues; results take effect only through the consensus step. A typical loop:
+//
+//	ns, _ := storage.NewNamespace("model=llama3-8b;dtype=bf16;page_tokens=64;page_bytes=65536")
+//	st, err := storage.Open(ctx, "file:///var/cache/cpcache", storage.Options{Namespace: ns})
+//	if err != nil { ... }
+//	defer st.Close()
+//	keys := make([]storage.Key, len(chainedHashes))
+//	for i, h := range chainedHashes { keys[i] = storage.NewKey(ns, h) }
+//	n, err := st.Exists(ctx, keys, nil)         // how much of the prefix is stored
+//	n, err = st.Get(ctx, keys[:n], pages, nil)  // read into reserved slab pages
+//	err = st.Put(ctx, keys, pages)              // back up committed pages
+//
+// storagetest.Conformance is the contract every backend's tests run.
+package storage

@@ -1,0 +1,87 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// On-storage value format, shared by every backend: a fixed header followed by the payload.
+//
+//	off  size  field
+//	  0     4  magic "CPKV"
+//	  4     2  format version (1), little endian
+//	  6     2  flags, must be 0
+//	  8    24  key
+//	 32     8  payload length, little endian
+//	 40     4  CRC-32C of the payload
+//	 44     4  CRC-32C of bytes 0..43
+//	 48     -  payload
+//
+// A value is accepted only if every field checks out and the total length is exactly
+// HeaderSize+length: a torn write, a file written by something else, or a value stored
+// under the wrong key is a miss.
+const (
+	HeaderSize    = 48
+	formatVersion = 1
+	formatMagic   = "CPKV"
+	// MaxValueSize bounds a page (Redis bulk strings are limited to 512 MiB).
+	MaxValueSize = 256 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// encodeHeader fills hdr for payload stored under key.
+func encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+	copy(hdr[0:4], formatMagic)
+	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
+	binary.LittleEndian.PutUint16(hdr[6:8], 0)
+	copy(hdr[8:32], key[:])
+	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
+	binary.LittleEndian.PutUint32(hdr[40:44], checksum(payload))
+	binary.LittleEndian.PutUint32(hdr[44:48], checksum(hdr[:44]))
+}
+
+// checkHeader verifies hdr against the expected key and payload length. The returned error
+// says what is wrong (it is wrapped into an ErrCorrupt OpError by the caller).
+func checkHeader(hdr []byte, key Key, wantLen int) error {
+	if len(hdr) < HeaderSize {
+		return fmt.Errorf("value of %d bytes is shorter than the %d-byte header", len(hdr), HeaderSize)
+	}
+	if string(hdr[0:4]) != formatMagic {
+		return fmt.Errorf("bad magic %q", hdr[0:4])
+	}
+	if got, want := binary.LittleEndian.Uint32(hdr[44:48]), checksum(hdr[:44]); got != want {
+		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
+	}
+	if v := binary.LittleEndian.Uint16(hdr[4:6]); v != formatVersion {
+		return fmt.Errorf("format version %d, want %d", v, formatVersion)
+	}
+	if f := binary.LittleEndian.Uint16(hdr[6:8]); f != 0 {
+		return fmt.Errorf("unknown flags %#x", f)
+	}
+	if Key(hdr[8:32]) != key {
+		return fmt.Errorf("value holds key %s", Key(hdr[8:32]))
+	}
+	if n := binary.LittleEndian.Uint64(hdr[32:40]); n != uint64(wantLen) {
+		return fmt.Errorf("payload length %d, want %d", n, wantLen)
+	}
+	return nil
+}
+
+// checkPayload verifies payload against the checksum in a header that passed checkHeader.
+func checkPayload(hdr []byte, payload []byte) error {
+	if got, want := checksum(payload), binary.LittleEndian.Uint32(hdr[40:44]); got != want {
+		return fmt.Errorf("payload checksum %08x, header says %08x", got, want)
+	}
+	return nil
+}
+
+// storedLen returns the total stored size of a payload of n bytes.
+func storedLen(n int) int { return HeaderSize + n }
+
+func errLength(got, want int) error {
+	return fmt.Errorf("stored value has %d bytes, want %d (header + page)", got, want)
+}

@@ -1,0 +1,184 @@
+package storage
+
+import (
+	"context"
+	"sync"
+)
+
+// memStore is the process-local backend (mem://name), for tests and single-process use.
+// Every Open of the same name shares one table, as instances share a directory or a Redis.
+// Values are kept in the on-storage format, so corruption can be injected and is detected
+// exactly as on the other backends.
+type memStore struct {
+	base
+	table *memTable
+}
+
+type memTable struct {
+	mu   sync.Mutex     // protects vals
+	vals map[Key][]byte // header + payload
+}
+
+var (
+	memTablesMu sync.Mutex // protects memTables
+	memTables   = map[string]*memTable{}
+)
+
+func openMem(name string, opts Options) *memStore {
+	memTablesMu.Lock()
+	t := memTables[name]
+	if t == nil {
+		t = &memTable{vals: map[Key][]byte{}}
+		memTables[name] = t
+	}
+	memTablesMu.Unlock()
+	return &memStore{base: base{backend: "mem", where: name, ns: opts.Namespace.ID(), opts: opts}, table: t}
+}
+
+func (s *memStore) Exists(_ context.Context, keys []Key, present []bool) (int, error) {
+	if err := s.begin("exists", keys, nil, present); err != nil {
+		return 0, err
+	}
+	s.table.mu.Lock()
+	defer s.table.mu.Unlock()
+	n, prefix := 0, true
+	for i, k := range keys {
+		_, ok := s.table.vals[k]
+		if present != nil {
+			present[i] = ok
+		}
+		if prefix && ok {
+			n++
+		} else {
+			prefix = false
+			if present == nil {
+				break
+			}
+		}
+	}
+	return n, nil
+}
+
+func (s *memStore) Get(_ context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
+	if dst == nil {
+		dst = [][]byte{}
+	}
+	if err := s.begin("get", keys, dst, found); err != nil {
+		return 0, err
+	}
+	clear(found)
+	n, prefix := 0, true
+	for i, k := range keys {
+		ok := s.getOne(k, dst[i])
+		if found != nil {
+			found[i] = ok
+		}
+		if prefix && ok {
+			n++
+		} else {
+			prefix = false
+			if found == nil {
+				break
+			}
+		}
+	}
+	return n, nil
+}
+
+func (s *memStore) getOne(k Key, dst []byte) bool {
+	s.table.mu.Lock()
+	v, ok := s.table.vals[k]
+	s.table.mu.Unlock()
+	if !ok {
+		s.stats.misses.Add(1)
+		return false
+	}
+	if err := checkHeader(v, k, len(dst)); err != nil {
+		s.corrupt(k, err)
+		return false
+	}
+	if len(v) != storedLen(len(dst)) {
+		s.corrupt(k, errLength(len(v), storedLen(len(dst))))
+		return false
+	}
+	copy(dst, v[HeaderSize:])
+	if err := checkPayload(v[:HeaderSize], dst); err != nil {
+		s.corrupt(k, err)
+		return false
+	}
+	s.stats.hits.Add(1)
+	s.stats.bytesRead.Add(uint64(len(dst)))
+	return true
+}
+
+func (s *memStore) Put(_ context.Context, keys []Key, src [][]byte) error {
+	if src == nil {
+		src = [][]byte{}
+	}
+	if err := s.begin("put", keys, src, nil); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		v := make([]byte, storedLen(len(src[i])))
+		encodeHeader((*[HeaderSize]byte)(v), k, src[i])
+		copy(v[HeaderSize:], src[i])
+		s.table.mu.Lock()
+		s.table.vals[k] = v
+		s.table.mu.Unlock()
+		s.stats.puts.Add(1)
+		s.stats.bytesWritten.Add(uint64(len(src[i])))
+	}
+	return nil
+}
+
+func (s *memStore) Delete(_ context.Context, keys []Key) error {
+	if err := s.begin("delete", keys, nil, nil); err != nil {
+		return err
+	}
+	s.table.mu.Lock()
+	defer s.table.mu.Unlock()
+	for _, k := range keys {
+		delete(s.table.vals, k)
+		s.stats.deletes.Add(1)
+	}
+	return nil
+}
+
+func (s *memStore) Clear(_ context.Context) error {
+	if err := s.begin("clear", nil, nil, nil); err != nil {
+		return err
+	}
+	s.table.mu.Lock()
+	defer s.table.mu.Unlock()
+	for k := range s.table.vals {
+		if k.NamespaceID() == s.ns {
+			delete(s.table.vals, k)
+		}
+	}
+	return nil
+}
+
+func (s *memStore) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.closed.Store(true)
+	return nil
+}
+
+// corruptMem replaces the stored bytes of k in the mem table name (tests).
+func corruptMem(name string, k Key, mutate func(v []byte) []byte) bool {
+	memTablesMu.Lock()
+	t := memTables[name]
+	memTablesMu.Unlock()
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.vals[k]
+	if ok {
+		t.vals[k] = mutate(append([]byte(nil), v...))
+	}
+	return ok
+}

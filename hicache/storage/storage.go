@@ -1,0 +1,116 @@
+package storage
+
+import (
+	"context"
+	"time"
+)
+
+// Storage is one namespace of a page store (the L3 tier). Every method is safe for
+// concurrent use. Keys must belong to the namespace the storage was opened with. A value is
+// at most MaxValueSize bytes; within one namespace all pages have the same size.
+type Storage interface {
+	// Exists reports which keys are stored. If present is non-nil it must have len(keys)
+	// entries and every entry is set. It returns the number of leading keys present; with
+	// present == nil a backend may stop at the first missing key, which makes the common
+	// "how much of this prefix is stored" query cheap. Presence is not verification: a
+	// present value can still turn out corrupt on Get.
+	Exists(ctx context.Context, keys []Key, present []bool) (int, error)
+
+	// Get reads the value of keys[i] into dst[i], which must have the stored length (the page
+	// size). found, if non-nil, must have len(keys) entries and is set to whether dst[i] holds
+	// a verified copy. It returns the number of leading keys found; with found == nil a
+	// backend may stop at the first miss. A missing, torn, foreign or corrupt value is a miss,
+	// not an error (corrupt ones are counted in Stats.Corrupt). The contents of dst[i] for a
+	// miss are unspecified: a value may be read into dst[i] before its checksum fails. On
+	// error, the count and found still describe only verified hits.
+	Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error)
+
+	// Put stores src[i] under keys[i], replacing any previous value. Each value is written
+	// atomically (a reader sees the old value, the new one, or a miss; never a mix). On error
+	// some values may have been stored. Put does not retain src.
+	Put(ctx context.Context, keys []Key, src [][]byte) error
+
+	// Delete removes keys; missing keys are not an error.
+	Delete(ctx context.Context, keys []Key) error
+
+	// Clear removes every value of this storage's namespace, and nothing else.
+	Clear(ctx context.Context) error
+
+	// Stats returns a snapshot of the counters.
+	Stats() Stats
+
+	// Close releases the storage. It is nil-safe and idempotent; later calls return ErrClosed.
+	Close() error
+}
+
+// Options configure Open. Namespace is required; the rest have defaults.
+type Options struct {
+	// Namespace scopes every key and Clear. Required.
+	Namespace Namespace
+	// Timeout bounds each call whose context has no deadline (default DefaultTimeout).
+	Timeout time.Duration
+	// Fsync makes the directory backend fsync each file and its directory before Put returns
+	// (URL query "fsync=true"). Without it a crash may lose recent pages, never tear them.
+	Fsync bool
+	// Workers is how many files the directory backend reads or writes at once per batch
+	// (default 4).
+	Workers int
+	// PoolSize is how many idle connections the Redis backend keeps (default 4, URL "pool=").
+	PoolSize int
+	// TTL, if positive, makes Redis expire each page this long after it was written (URL
+	// "ttl=1h"); shared Redis instances then evict old pages by themselves.
+	TTL time.Duration
+	// OnCorrupt, if set, is called (from the calling goroutine) for each value that failed
+	// verification, with an error wrapping ErrCorrupt that names the key and the reason.
+	OnCorrupt func(error)
+}
+
+// DefaultTimeout bounds a call whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
+func (o Options) withDefaults() Options {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Workers <= 0 {
+		o.Workers = 4
+	}
+	if o.PoolSize <= 0 {
+		o.PoolSize = 4
+	}
+	return o
+}
+
+// callContext applies the default timeout to a context that has no deadline.
+func callContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, timeout)
+}
+
+// checkBatch validates the shapes shared by Exists, Get and Put.
+func checkBatch(backend, where, op string, ns [NamespaceSize]byte, keys []Key, bufs [][]byte, flags []bool) error {
+	if bufs != nil && len(bufs) != len(keys) {
+		return badArg(backend, where, op, "%d buffers for %d keys", len(bufs), len(keys))
+	}
+	if flags != nil && len(flags) != len(keys) {
+		return badArg(backend, where, op, "%d result flags for %d keys", len(flags), len(keys))
+	}
+	for i, b := range bufs {
+		if len(b) > MaxValueSize {
+			return badArg(backend, where, op, "buffer %d has %d bytes, more than the limit %d", i, len(b), MaxValueSize)
+		}
+	}
+	return checkKeys(backend, where, op, ns, keys)
+}
+
+// leading counts the leading true entries of flags.
+func leading(flags []bool) int {
+	for i, f := range flags {
+		if !f {
+			return i
+		}
+	}
+	return len(flags)
+}
