@@ -1,0 +1,248 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "cuda_api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// Stream is a CUDA stream (non-blocking with respect to the legacy default stream).
+// Asynchronous copies are enqueued in order; Synchronize or an Event tells when they ran.
+// Host memory given to an async copy must stay valid and unmodified (for HtoD) or untouched
+// (for DtoH) until the stream has passed the copy; for the copy to overlap with the caller it
+// must be pinned (HostBuffer or HostRegistration). Pageable Go memory is accepted: the driver
+// then stages it before returning (HtoD) or completes the copy before returning (DtoH).
+// A Stream is safe for concurrent use, but copies enqueued from several goroutines are
+// ordered only by the order of the calls.
+type Stream struct {
+	dev *Device
+	h   unsafe.Pointer // CUstream
+
+	mu     sync.Mutex // protects closed
+	closed bool
+}
+
+// NewStream creates a stream on the device.
+func (d *Device) NewStream() (*Stream, error) {
+	if err := d.live(); err != nil {
+		return nil, err
+	}
+	var h unsafe.Pointer
+	if err := check(C.cp_cuStreamCreate(d.ctx, &h, C.CP_CU_STREAM_NON_BLOCKING), callStreamCreate, d.detail()); err != nil {
+		return nil, err
+	}
+	return &Stream{dev: d, h: h}, nil
+}
+
+// Handle is the raw CUstream (== cudaStream_t), for other CUDA libraries such as NCCL.
+func (s *Stream) Handle() uintptr { return uintptr(s.h) }
+
+// Device is the stream's device.
+func (s *Stream) Device() *Device { return s.dev }
+
+// Close waits for the stream's work and destroys it. Nil-safe and idempotent.
+func (s *Stream) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	syncErr := check(C.cp_cuStreamSynchronize(s.dev.ctx, s.h), callStreamSync, s.dev.detail())
+	if err := check(C.cp_cuStreamDestroy(s.dev.ctx, s.h), callStreamDestroy, s.dev.detail()); err != nil {
+		return err
+	}
+	return syncErr
+}
+
+func (s *Stream) live() error {
+	if s == nil {
+		return fmt.Errorf("cuda: nil stream: %w", ErrClosed)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return fmt.Errorf("cuda: stream: %w", ErrClosed)
+	}
+	return s.dev.live()
+}
+
+// Synchronize blocks until all work enqueued so far has completed. It cannot be
+// interrupted; callers that need a deadline poll Query instead.
+func (s *Stream) Synchronize() error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuStreamSynchronize(s.dev.ctx, s.h), callStreamSync, s.dev.detail())
+}
+
+// Query reports whether all work enqueued so far has completed, without blocking.
+func (s *Stream) Query() (bool, error) {
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	rc := C.cp_cuStreamQuery(s.dev.ctx, s.h)
+	if Result(rc) == ErrorNotReady {
+		return false, nil
+	}
+	return rc == 0, check(rc, callStreamQuery, s.dev.detail())
+}
+
+// WaitEvent makes later work on s wait until e has completed (on any stream or process).
+func (s *Stream) WaitEvent(e *Event) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	if err := e.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuStreamWaitEvent(s.dev.ctx, s.h, e.h), callStreamWait, s.dev.detail())
+}
+
+// CopyHtoD enqueues a copy of src to device address dst.
+func (s *Stream) CopyHtoD(dst DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuMemcpyHtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.h),
+		callHtoDAsync, fmt.Sprintf("%s, %d bytes to %v", s.dev.detail(), len(src), dst))
+}
+
+// CopyDtoH enqueues a copy of len(dst) bytes from device address src into dst.
+func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuMemcpyDtoHAsync(s.dev.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst)), s.h),
+		callDtoHAsync, fmt.Sprintf("%s, %d bytes from %v", s.dev.detail(), len(dst), src))
+}
+
+// CopyDtoD enqueues a device-to-device copy of n bytes.
+func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
+	if n < 0 {
+		return fmt.Errorf("cuda: copy: negative size %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuMemcpyDtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
+		callDtoDAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+}
+
+// Copy enqueues a copy of n bytes between unified addresses in any direction (device
+// memory, or pinned host memory through HostBuffer/HostRegistration.DevicePtr).
+func (s *Stream) Copy(dst, src DevicePtr, n int) error {
+	if n < 0 {
+		return fmt.Errorf("cuda: copy: negative size %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuMemcpyAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
+		callMemcpyAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+}
+
+// Memset enqueues setting n bytes at dst to v.
+func (s *Stream) Memset(dst DevicePtr, v byte, n int) error {
+	if n < 0 {
+		return fmt.Errorf("cuda: memset: negative size %d", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuMemsetD8Async(s.dev.ctx, C.cp_CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.h),
+		callMemsetAsync, s.dev.detail())
+}
+
+// Copy1 is one copy of a batch: Size bytes from Src to Dst, unified addresses.
+type Copy1 struct {
+	Dst, Src DevicePtr
+	Size     int
+}
+
+// CopyBatch enqueues copies that may run in any order relative to each other (they must not
+// overlap or depend on one another); as a whole they run in stream order. With a driver
+// that has cuMemcpyBatchAsync (CUDA >= 12.8, see Driver.BatchCopyABI) the batch is one
+// driver call; otherwise each copy is enqueued with cuMemcpyAsync. It returns whether the
+// driver's batch call was used.
+func (s *Stream) CopyBatch(copies []Copy1) (batched bool, err error) {
+	if err := validBatch(copies); err != nil {
+		return false, err
+	}
+	if len(copies) == 0 {
+		return false, nil
+	}
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	abi := s.dev.drv.BatchCopyABI()
+	if abi == "" {
+		return false, s.CopyEach(copies)
+	}
+	n := len(copies)
+	// One C allocation for the three arrays: the driver reads them during the call only.
+	mem := C.malloc(C.size_t(3 * 8 * n))
+	defer C.free(mem)
+	arr := unsafe.Slice((*uint64)(mem), 3*n)
+	dsts, srcs, sizes := arr[:n], arr[n:2*n], arr[2*n:]
+	for i, c := range copies {
+		dsts[i], srcs[i], sizes[i] = uint64(c.Dst), uint64(c.Src), uint64(c.Size)
+	}
+	var fail C.size_t
+	rc := C.cp_cuMemcpyBatch(s.dev.ctx, (*C.cp_CUdeviceptr)(unsafe.Pointer(&dsts[0])),
+		(*C.cp_CUdeviceptr)(unsafe.Pointer(&srcs[0])), (*C.size_t)(unsafe.Pointer(&sizes[0])),
+		C.size_t(n), s.h, &fail)
+	detail := fmt.Sprintf("%s, %d copies", s.dev.detail(), n)
+	if rc != 0 && uint64(fail) < uint64(n) {
+		c := copies[fail]
+		detail += fmt.Sprintf(", failed at copy %d: %d bytes %v -> %v", uint64(fail), c.Size, c.Src, c.Dst)
+	}
+	return true, check(rc, abi, detail)
+}
+
+// CopyEach enqueues the copies one by one with cuMemcpyAsync (the batch fallback).
+func (s *Stream) CopyEach(copies []Copy1) error {
+	if err := validBatch(copies); err != nil {
+		return err
+	}
+	for i, c := range copies {
+		if err := s.Copy(c.Dst, c.Src, c.Size); err != nil {
+			return fmt.Errorf("cuda: batch copy %d of %d: %w", i, len(copies), err)
+		}
+	}
+	return nil
+}
+
+func validBatch(copies []Copy1) error {
+	for i, c := range copies {
+		if c.Size <= 0 {
+			return fmt.Errorf("cuda: batch copy %d: size %d must be positive", i, c.Size)
+		}
+	}
+	return nil
+}
