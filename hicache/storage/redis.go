@@ -242,24 +242,27 @@ func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (getResult, error,
 	if n < 0 {
 		return getMiss, nil, nil
 	}
-	corrupt := func(reason error, rest int64) (getResult, error, error) {
+	// corrupt skips the rest of the value: rest bytes, then the CRLF unless already read.
+	corrupt := func(reason error, rest int64, crlf bool) (getResult, error, error) {
 		if _, err := c.r.Discard(int(rest)); err != nil {
 			return 0, nil, err
 		}
-		if err := c.readCRLF(); err != nil {
-			return 0, nil, err
+		if crlf {
+			if err := c.readCRLF(); err != nil {
+				return 0, nil, err
+			}
 		}
 		return getCorrupt, &keyedError{k, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], reason)}, nil
 	}
 	if n != int64(storedLen(len(dst))) {
-		return corrupt(errLength(int(n), storedLen(len(dst))), n)
+		return corrupt(errLength(int(n), storedLen(len(dst))), n, true)
 	}
 	var hdr [HeaderSize]byte
 	if _, err := readFull(c, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	if err := checkHeader(hdr[:], k, len(dst)); err != nil {
-		return corrupt(err, n-HeaderSize)
+		return corrupt(err, n-HeaderSize, true)
 	}
 	if _, err := readFull(c, dst); err != nil {
 		return 0, nil, err
@@ -268,7 +271,7 @@ func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (getResult, error,
 		return 0, nil, err
 	}
 	if err := checkPayload(hdr[:], dst); err != nil {
-		return corrupt(err, 0)
+		return corrupt(err, 0, false)
 	}
 	return getHit, nil, nil
 }

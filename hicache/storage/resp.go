@@ -298,8 +298,13 @@ func runArmed(ctx context.Context, c *respConn, fn func(c *respConn) error) (cle
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
 	err = fn(c)
 	clean = stop()
-	if err != nil && ctx.Err() != nil {
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
 		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+	case isTimeout(err) && !time.Now().Before(dl):
+		// The connection's deadline is the context's; its timer may just not have fired yet.
+		err = fmt.Errorf("%w (%v)", context.DeadlineExceeded, err)
 	}
 	return clean, err
 }
