@@ -1,0 +1,83 @@
+package hicache
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cpcache/cpcache/slab"
+)
+
+// Node is one radix-tree node: a run of whole pages of one token prefix. The scheduler holds
+// *Node handles from Match and Insert to Lock, Unlock, LoadBack and WaitL1; a handle is valid
+// until the node is evicted or the cache is flushed (then calls taking it return
+// ErrBadArgument). Every field is replicated state: equal on every rank of the group.
+type Node struct {
+	id       uint64
+	gen      uint64 // Core.gen when created; a Flush invalidates older nodes
+	removed  bool
+	parent   *Node
+	children []*Node // in creation order (replicated)
+	depth    int     // pages above this node in its sequence
+	tokens   []int32 // pages × PageSize tokens
+	hashes   []uint64
+
+	l1     []int32     // L1 slot of each page; nil when not in L1
+	l2     []slab.Page // committed L2 page of each page; nil when not in L2
+	l1Kids int         // children holding L1 pages
+	stale  bool        // L1 slots allocated but a load-back failed on some rank: not servable
+
+	write           *writeOp // backup in flight (L2 range reserved, not committed)
+	load            *loadOp  // load-back in flight (L1 slots allocated, data arriving)
+	evictAfterWrite bool     // write-back eviction: free L1 once the backup commits
+
+	lockRef int
+	hits    int
+
+	list       int8 // inNoList, inL1List, inL2List
+	prev, next *Node
+}
+
+// ID is the node's replicated id (also its L2 range id in the slab allocator).
+func (n *Node) ID() uint64 { return n.id }
+
+// Pages is the number of pages the node holds.
+func (n *Node) Pages() int { return len(n.hashes) }
+
+// Depth is the number of pages above the node: its first page is sequence page Depth().
+func (n *Node) Depth() int { return n.depth }
+
+// PageHashes are the chained hashes of the node's pages (L3 keys). The caller must not
+// modify them.
+func (n *Node) PageHashes() []uint64 { return n.hashes }
+
+// InL1 reports whether the node holds L1 pages (possibly still loading).
+func (n *Node) InL1() bool { return n.l1 != nil }
+
+// InL2 reports whether the node has a committed L2 copy.
+func (n *Node) InL2() bool { return n.l2 != nil }
+
+// L1Slots returns the node's L1 page slots (nil when not in L1). The caller must not modify
+// them.
+func (n *Node) L1Slots() []int32 { return n.l1 }
+
+// L2Pages returns the node's committed L2 pages (nil when not in L2); page j lives in slab
+// (Depth()+j) mod C.
+func (n *Node) L2Pages() []slab.Page { return n.l2 }
+
+func (n *Node) busy() bool { return n.write != nil || n.load != nil || n.evictAfterWrite }
+
+func (n *Node) isRoot() bool { return n.parent == nil }
+
+func (n *Node) unlinkChild(c *Node) {
+	i := slices.Index(n.children, c)
+	n.children = slices.Delete(n.children, i, i+1)
+}
+
+// nodeTerm is a node's contribution to the O(1)-maintained tree digest.
+func nodeTerm(n *Node) uint64 {
+	return mix64(n.id*0x9e3779b97f4a7c15 ^ mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
+}
+
+func rangeID(id uint64) slab.RangeID { return slab.RangeID(id) }
+
+func fmtErr(format string, args ...any) error { return fmt.Errorf("hicache: "+format, args...) }

@@ -1,0 +1,173 @@
+package hicache
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cpcache/cpcache/slab"
+)
+
+// writeOp is a backup in flight: the node's L2 range is reserved, every owner copies its
+// pages, and the consensus step commits the range once every rank finished (or aborts it if
+// any rank failed).
+type writeOp struct {
+	seq   uint64
+	node  *Node
+	pages []slab.Page
+	// local completion on this rank (not replicated)
+	done bool
+	err  error
+}
+
+// loadOp is a load-back in flight: the node's L1 slots are allocated and every owner reads
+// its pages from its slab.
+type loadOp struct {
+	seq  uint64
+	node *Node
+	done bool
+	err  error
+}
+
+// backup reserves L2 for n (evicting L2-only nodes when the pool is full) and queues its
+// write. It returns false, changing nothing else, when no room could be made.
+func (c *Core) backup(n *Node) bool {
+	id, k := slab.RangeID(n.id), len(n.hashes)
+	pages, err := c.alloc.Reserve(id, n.depth, k)
+	if errors.Is(err, slab.ErrNoSpace) {
+		c.evictL2(1<<62, func() bool { return c.alloc.Fits(n.depth, k) })
+		pages, err = c.alloc.Reserve(id, n.depth, k)
+	}
+	if err != nil {
+		if !errors.Is(err, slab.ErrNoSpace) && !errors.Is(err, slab.ErrTooLarge) {
+			panic(fmt.Sprintf("hicache: reserve for node %d: %v (replica invariant broken)", n.id, err))
+		}
+		c.stats.SkippedBackups++
+		return false
+	}
+	op := &writeOp{seq: c.writeSeq, node: n, pages: pages}
+	c.writeSeq++
+	n.write = op
+	c.writes = append(c.writes, op)
+	t := Transfer{Kind: Write, Seq: op.seq, Node: n.id}
+	for j, p := range pages {
+		if p.Slab == c.cfg.CPRank {
+			t.Copies = append(t.Copies, Copy{L1: n.l1[j], L2: p})
+		}
+	}
+	c.out = append(c.out, t)
+	return true
+}
+
+// LoadResult says what a LoadBack started.
+type LoadResult struct {
+	Pages, Tokens int // pages (tokens) now loading into L1
+	Nodes         int // nodes loading
+}
+
+// LoadBack brings the L2-only part of the path to n into L1: it allocates L1 slots (evicting
+// if needed) and starts the loads; the pages count as device pages at once, and a layer must
+// WaitL1 before reading them. Nothing is loaded when the host part is shorter than
+// MinLoadPages, when the load quota is used up (a shorter prefix is loaded if it still
+// reaches MinLoadPages), or when L2 is disabled. ErrL1Full when L1 cannot make room.
+// Replicated: call it identically on every rank.
+func (c *Core) LoadBack(n *Node) (LoadResult, error) {
+	if n != nil && n.isRoot() || c.l2Off {
+		return LoadResult{}, nil
+	}
+	if err := c.check(n); err != nil {
+		return LoadResult{}, err
+	}
+	var todo []*Node
+	for _, x := range pathTo(n) {
+		if x.l1 == nil {
+			todo = append(todo, x)
+		}
+	}
+	pages := 0
+	for i, x := range todo {
+		if c.loadingPgs+pages+len(x.hashes) > c.cfg.LoadQuotaPages {
+			todo = todo[:i]
+			break
+		}
+		pages += len(x.hashes)
+	}
+	if pages == 0 || pages < c.cfg.MinLoadPages {
+		return LoadResult{}, nil
+	}
+	if pages > c.l1.available() {
+		c.lockPath(n, 1)
+		c.evictL1(pages - c.l1.available())
+		c.lockPath(n, -1)
+		if pages > c.l1.available() {
+			return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed", ErrL1Full, pages, c.l1.available())
+		}
+	}
+	for _, x := range todo {
+		slots := c.l1.alloc(len(x.hashes))
+		c.setL1(x, slots)
+		op := &loadOp{seq: c.loadSeq, node: x}
+		c.loadSeq++
+		x.load = op
+		c.loads = append(c.loads, op)
+		c.loadingPgs += len(x.hashes)
+		t := Transfer{Kind: Load, Seq: op.seq, Node: x.id}
+		for j, p := range x.l2 {
+			if p.Slab == c.cfg.CPRank {
+				t.Copies = append(t.Copies, Copy{L1: slots[j], L2: p})
+			}
+		}
+		c.out = append(c.out, t)
+	}
+	c.touch(n)
+	return LoadResult{Pages: pages, Tokens: pages * c.cfg.PageSize, Nodes: len(todo)}, nil
+}
+
+// Loading returns the seqs of the loads in flight on the path to n (what a layer must wait
+// for before reading n's prefix from L1).
+func (c *Core) Loading(n *Node) []uint64 {
+	var seqs []uint64
+	for ; n != nil && !n.isRoot(); n = n.parent {
+		if n.load != nil {
+			seqs = append(seqs, n.load.seq)
+		}
+	}
+	return seqs
+}
+
+// TakeTransfers returns the transfers to start and forgets them. The driver starts them in
+// order.
+func (c *Core) TakeTransfers() []Transfer {
+	out := c.out
+	c.out = nil
+	return out
+}
+
+// Completed records that this rank finished a transfer (err != nil: it failed). A local
+// event: it takes effect only through the next consensus step. Unknown seqs are ignored (a
+// transfer of an op dropped by a divergence).
+func (c *Core) Completed(kind Kind, seq uint64, err error) {
+	switch kind {
+	case Write:
+		if len(c.writes) == 0 || seq < c.writes[0].seq {
+			return
+		}
+		if i := int(seq - c.writes[0].seq); i < len(c.writes) {
+			c.writes[i].done, c.writes[i].err = true, err
+		}
+	case Load:
+		if len(c.loads) == 0 || seq < c.loads[0].seq {
+			return
+		}
+		if i := int(seq - c.loads[0].seq); i < len(c.loads) {
+			c.loads[i].done, c.loads[i].err = true, err
+		}
+	}
+}
+
+// HintEvict asks, from this rank only (e.g. local memory pressure), that the group evict
+// at least l1 L1 pages and l2 L2 pages. A local event: at the next consensus step every rank
+// evicts the largest amount any rank asked for.
+func (c *Core) HintEvict(l1, l2 int) {
+	c.hintL1 = max(c.hintL1, l1)
+	c.hintL2 = max(c.hintL2, l2)
+}
