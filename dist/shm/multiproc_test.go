@@ -18,14 +18,14 @@ import (
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/dist/shm"
+	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
 
 // Environment of the rank processes.
 const (
-	envDir     = "SHM_TEST_DIR"      // segment directory
-	envBootDir = "SHM_TEST_BOOT_DIR" // file bootstrap directory
-	envIters   = "SHM_TEST_ITERS"    // soak iterations / benchmark operations
+	envDir   = "SHM_TEST_DIR"   // segment directory
+	envIters = "SHM_TEST_ITERS" // soak iterations / benchmark operations
 )
 
 func TestMain(m *testing.M) {
@@ -36,14 +36,13 @@ func TestMain(m *testing.M) {
 	multiproc.Main(m)
 }
 
-// bootstrap is this rank process's bootstrap group.
-func bootstrap() dist.Group {
-	rank, size := multiproc.Rank()
-	return newFileGroup(os.Getenv(envBootDir), rank, size)
-}
-
+// newRankGroup joins the Gloo world of this rank process (store from CPCACHE_STORE) and
+// builds the shared-memory group over it.
 func newRankGroup(ctx context.Context, timeout time.Duration) (*shm.Group, dist.Group, error) {
-	boot := bootstrap()
+	boot, err := gloo.NewWorld(ctx, gloo.Options{Timeout: timeout})
+	if err != nil {
+		return nil, nil, err
+	}
 	g, err := shm.New(ctx, boot, shm.Options{Dir: os.Getenv(envDir), Timeout: timeout})
 	if err != nil {
 		boot.Close()
@@ -149,7 +148,9 @@ func roleStall() error {
 	return nil
 }
 
-// roleBench times AllReduce of 8 int64 MIN; rank 0 prints the median and p99.
+// roleBench times AllReduce of 8 int64 MIN on the Gloo world group and on the
+// shared-memory group built over it, in the same processes; rank 0 prints the median and
+// p99 of each.
 func roleBench() error {
 	ctx := context.Background()
 	g, boot, err := newRankGroup(ctx, time.Minute)
@@ -159,10 +160,31 @@ func roleBench() error {
 	defer boot.Close()
 	defer g.Close()
 	n, _ := strconv.Atoi(os.Getenv(envIters))
-	vals := make([]int64, 8)
-	for range 200 {
-		if err := g.AllReduce(ctx, dist.Min, vals); err != nil {
+	for _, b := range []struct {
+		name string
+		g    dist.Group
+	}{{"gloo", boot}, {"shm", g}} {
+		if err := boot.Barrier(ctx); err != nil {
 			return err
+		}
+		lat, total, err := timeAllReduce8(ctx, b.g, n)
+		if err != nil {
+			return err
+		}
+		if g.Rank() == 0 {
+			fmt.Printf("BENCH %s median_ns=%d p99_ns=%d total_ns=%d\n", b.name, lat[n/2], lat[n*99/100], total.Nanoseconds())
+		}
+	}
+	return nil
+}
+
+// timeAllReduce8 warms up, then returns the sorted latencies of n operations and their
+// total time.
+func timeAllReduce8(ctx context.Context, g dist.Group, n int) ([]time.Duration, time.Duration, error) {
+	vals := make([]int64, 8)
+	for range 50 {
+		if err := g.AllReduce(ctx, dist.Min, vals); err != nil {
+			return nil, 0, err
 		}
 	}
 	lat := make([]time.Duration, n)
@@ -170,16 +192,13 @@ func roleBench() error {
 	for i := range n {
 		t0 := time.Now()
 		if err := g.AllReduce(ctx, dist.Min, vals); err != nil {
-			return err
+			return nil, 0, err
 		}
 		lat[i] = time.Since(t0)
 	}
 	total := time.Since(start)
-	if g.Rank() == 0 {
-		slices.Sort(lat)
-		fmt.Printf("BENCH median_ns=%d p99_ns=%d total_ns=%d\n", lat[n/2], lat[n*99/100], total.Nanoseconds())
-	}
-	return nil
+	slices.Sort(lat)
+	return lat, total, nil
 }
 
 // segmentDir makes a private directory for this test's segments on the shared-memory
@@ -198,7 +217,7 @@ func segmentDir(t testing.TB) string {
 func rankEnv(t testing.TB, iters int) []string {
 	return []string{
 		envDir + "=" + segmentDir(t),
-		envBootDir + "=" + t.TempDir(),
+		gloo.EnvStore + "=file://" + t.TempDir(),
 		envIters + "=" + strconv.Itoa(iters),
 	}
 }
