@@ -54,7 +54,8 @@
 // carries large payloads) and is closed by the caller after the shm Group. Close unmaps the
 // segment and marks this member gone, so peers waiting for it fail with dist.ErrPeerLost;
 // it is nil-safe, idempotent, and may be called from another goroutine while a collective
-// waits (that collective then fails with dist.ErrClosed). Like every dist.Group, a Group runs
+// waits in shared memory (that collective then fails with dist.ErrClosed; one running
+// through the bootstrap group finishes or fails first). Like every dist.Group, a Group runs
 // one collective at a time; concurrent calls are serialised.
 //
 // Typical use, on every member:

@@ -200,6 +200,13 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 			}
 		}
 	}
+	expired := !time.Now().Before(deadline)
+	if ctx.Err() == nil && !expired {
+		return nil
+	}
+	if atomic.LoadUint64(g.arrivals) >= (seq+1)*uint64(len(g.ranks)) {
+		return nil // completed meanwhile: the caller's next look sees it
+	}
 	culprit := -1
 	if len(missing) > 0 {
 		culprit = missing[0]
@@ -212,9 +219,9 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 		g.publish(code, culprit)
 		return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, err, missing)
 	}
-	if now := time.Now(); !now.Before(deadline) {
+	if expired {
 		g.publish(abortTimeout, culprit)
-		if d, ok := ctx.Deadline(); ok && !now.Before(d) {
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
 			return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, context.DeadlineExceeded, missing)
 		}
 		return fmt.Errorf("%w after %v: members %v had not arrived", dist.ErrTimeout, g.opts.Timeout, missing)
