@@ -52,3 +52,13 @@ func TestPeerStall(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleStore reuses one store directory for consecutive runs: keys of the first run
+// (Gloo's FileStore refuses to overwrite them) must not disturb the second.
+func TestStaleStore(t *testing.T) {
+	store := fileStore(t)
+	for run := 0; run < 2; run++ {
+		multiproc.Run(t, multiproc.Spec{Role: "conformance", N: 3, Timeout: time.Minute,
+			Env: []string{"CPCACHE_STORE=" + store, "CPCACHE_TEST_SOAK=4"}})
+	}
+}

@@ -54,6 +54,9 @@ func roleConformance() error {
 		return err
 	}
 	defer w.Close()
+	if want := envInt("CPCACHE_TEST_WORLD", 0); want != 0 && w.Size() != want {
+		return fmt.Errorf("world has %d ranks, want %d (launcher variables not read?)", w.Size(), want)
+	}
 	if err := grouptest.Conformance(ctx, w); err != nil {
 		return fmt.Errorf("%s: %w", w.Name(), err)
 	}
