@@ -31,7 +31,8 @@ func (s *Set) Page(p Page) ([]byte, error) {
 	return sl.host.mem[off : off+s.spec.PageSize : off+s.spec.PageSize], nil
 }
 
-// DevicePtr returns the device address of page p of a CUDAIPC set.
+// DevicePtr returns the device address of page p: device memory of a CUDAIPC set, or the
+// device-visible address of a pinned host slab (Spec.PinHost with a registered HostPinner).
 func (s *Set) DevicePtr(p Page) (uintptr, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -39,10 +40,14 @@ func (s *Set) DevicePtr(p Page) (uintptr, error) {
 	if err != nil {
 		return 0, err
 	}
-	if sl.dev == nil {
-		return 0, fmt.Errorf("%w: page %v is host memory (use Page)", ErrUnsupported, p)
+	region := sl.dev
+	if region == nil {
+		region = sl.pinned
 	}
-	return sl.dev.Ptr() + uintptr(p.Index*s.spec.PageSize), nil
+	if region == nil {
+		return 0, fmt.Errorf("%w: page %v is host memory not registered with CUDA (use Page, or Spec.PinHost)", ErrUnsupported, p)
+	}
+	return region.Ptr() + uintptr(p.Index*s.spec.PageSize), nil
 }
 
 // WritePage copies src into host page p; src may be shorter than a page, not longer.

@@ -130,7 +130,7 @@ type fakePinner struct {
 	failAt int // fail the failAt-th call (1-based; 0: never)
 }
 
-func (p *fakePinner) Pin(mem []byte) (func() error, error) {
+func (p *fakePinner) Pin(mem []byte) (DeviceRegion, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
@@ -138,12 +138,24 @@ func (p *fakePinner) Pin(mem []byte) (func() error, error) {
 		return nil, errors.New("fake: cuMemHostRegister failed")
 	}
 	p.pinned++
-	return func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.pinned--
-		return nil
-	}, nil
+	return &pinnedRegion{p: p, ptr: uintptr(p.calls) << 32}, nil
+}
+
+type pinnedRegion struct {
+	p      *fakePinner
+	ptr    uintptr
+	closed bool
+}
+
+func (r *pinnedRegion) Ptr() uintptr { return r.ptr }
+func (r *pinnedRegion) Close() error {
+	r.p.mu.Lock()
+	defer r.p.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		r.p.pinned--
+	}
+	return nil
 }
 
 func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
@@ -162,6 +174,11 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 		for r := range 2 {
 			if sl, _ := s.Slab(r); !sl.Pinned() || sl.Owner() != r || sl.Backend() != Host {
 				return fmt.Errorf("slab %d: pinned %v owner %d backend %s", r, sl.Pinned(), sl.Owner(), sl.Backend())
+			}
+			p0, err0 := s.DevicePtr(Page{r, 0})
+			p3, err3 := s.DevicePtr(Page{r, 3})
+			if err0 != nil || err3 != nil || p0 == 0 || p3 != p0+3*4096 {
+				return fmt.Errorf("pinned slab %d: device pointers %#x, %#x (%v, %v)", r, p0, p3, err0, err3)
 			}
 		}
 		return g.Barrier(context.Background())

@@ -25,8 +25,9 @@ type DeviceBackend interface {
 
 // HostPinner registers host memory with CUDA as pinned (page-locked) memory.
 type HostPinner interface {
-	// Pin registers mem; the returned function unregisters it.
-	Pin(mem []byte) (unpin func() error, err error)
+	// Pin registers mem; the region's Ptr is mem's device-visible address and its Close
+	// unregisters it.
+	Pin(mem []byte) (DeviceRegion, error)
 }
 
 var (

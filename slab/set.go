@@ -16,7 +16,7 @@ type Slab struct {
 	backend Backend      // Host or CUDAIPC
 	host    *hostRegion  // Host: the mapping
 	dev     DeviceRegion // CUDAIPC: the allocation (own) or opened handle (peer)
-	unpin   func() error // Host with PinHost: undoes the CUDA registration
+	pinned  DeviceRegion // Host with PinHost: the CUDA registration
 }
 
 // Owner is the group rank that created the slab.
@@ -26,16 +26,16 @@ func (s *Slab) Owner() int { return s.owner }
 func (s *Slab) Backend() Backend { return s.backend }
 
 // Pinned reports whether the slab's host memory is registered with CUDA in this process.
-func (s *Slab) Pinned() bool { return s.unpin != nil }
+func (s *Slab) Pinned() bool { return s.pinned != nil }
 
 func (s *Slab) close() error {
 	if s == nil {
 		return nil
 	}
 	var errs []error
-	if s.unpin != nil {
-		errs = append(errs, s.unpin())
-		s.unpin = nil
+	if s.pinned != nil {
+		errs = append(errs, s.pinned.Close())
+		s.pinned = nil
 	}
 	errs = append(errs, s.host.close())
 	if s.dev != nil {
@@ -117,7 +117,7 @@ func OpenSet(ctx context.Context, group dist.Group, spec Spec) (*Set, error) {
 	}
 	if status == "" && spec.Backend == Host && spec.PinHost && pin != nil {
 		for _, sl := range s.slabs {
-			if sl.unpin, err = pin.Pin(sl.host.mem); err != nil {
+			if sl.pinned, err = pin.Pin(sl.host.mem); err != nil {
 				status = fmt.Sprintf("pin slab of rank %d: %v", sl.owner, err)
 				break
 			}

@@ -1,0 +1,155 @@
+package slab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/cuda/cudatest"
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/internal/multiproc"
+)
+
+func init() {
+	multiproc.Register("slab-cuda-ipc", roleCUDAIPC)
+}
+
+// requireCUDA opens the CUDA backend or skips (fails under CPCACHE_REQUIRE_GPU=1).
+func requireCUDA(t *testing.T) *CUDA {
+	t.Helper()
+	c, err := OpenCUDA(0)
+	if err == nil {
+		if _, err = c.Device(0); err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		cudatest.Unavailable(t, err.Error())
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close cuda backend: %v", err)
+		}
+	})
+	return c
+}
+
+func TestCUDAPinnedHostSlabsAreDeviceVisible(t *testing.T) {
+	c := requireCUDA(t)
+	c.Register()
+	dev, _ := c.Device(0)
+	tag := uniqueTag(t)
+	errs := runMembers(2, func(g dist.Group) error {
+		spec := hostSpec(tag)
+		spec.PinHost = true
+		s, err := OpenSet(context.Background(), g, spec)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		me := g.Rank()
+		want := bytes.Repeat([]byte{byte(0xA0 + me)}, spec.PageSize)
+		if err := s.WritePage(Page{me, 2}, want); err != nil {
+			return err
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		peer := 1 - me
+		ptr, err := s.DevicePtr(Page{peer, 2})
+		if err != nil {
+			return err
+		}
+		got := make([]byte, spec.PageSize)
+		if err := dev.CopyDtoH(got, cuda.DevicePtr(ptr)); err != nil {
+			return fmt.Errorf("copy from the pinned slab of rank %d: %w", peer, err)
+		}
+		if got[0] != byte(0xA0+peer) || got[len(got)-1] != byte(0xA0+peer) {
+			return fmt.Errorf("pinned slab %d page 2 read through the device: %#x..%#x", peer, got[0], got[len(got)-1])
+		}
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// roleCUDAIPC: every rank creates a device slab on device 0, fills its own slab's pages from
+// the host, and reads every peer's slab through its IPC mapping.
+func roleCUDAIPC() error {
+	ctx := context.Background()
+	c, err := OpenCUDA(0)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.Register()
+	dev, err := c.Device(0)
+	if err != nil {
+		return err
+	}
+	g, err := joinGroup(ctx)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	spec := Spec{Backend: CUDAIPC, PageSize: 1 << 16, Pages: 8, Layout: "test", Device: 0}
+	s, err := OpenSet(ctx, g, spec)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	me := g.Rank()
+	page := make([]byte, spec.PageSize)
+	for idx := range spec.Pages {
+		for i := range page {
+			page[i] = pattern(me, idx, i)
+		}
+		ptr, err := s.DevicePtr(Page{me, idx})
+		if err != nil {
+			return err
+		}
+		if err := dev.CopyHtoD(cuda.DevicePtr(ptr), page); err != nil {
+			return err
+		}
+	}
+	if err := dev.Synchronize(); err != nil {
+		return err
+	}
+	if err := g.Barrier(ctx); err != nil {
+		return err
+	}
+	for r := range s.Size() {
+		for idx := range spec.Pages {
+			ptr, err := s.DevicePtr(Page{r, idx})
+			if err != nil {
+				return err
+			}
+			if err := dev.CopyDtoH(page, cuda.DevicePtr(ptr)); err != nil {
+				return fmt.Errorf("read slab %d page %d: %w", r, idx, err)
+			}
+			for i, v := range page {
+				if v != pattern(r, idx, i) {
+					return fmt.Errorf("slab %d page %d byte %d = %d, want %d", r, idx, i, v, pattern(r, idx, i))
+				}
+			}
+		}
+	}
+	if _, err := s.Page(Page{0, 0}); !errors.Is(err, ErrUnsupported) {
+		return fmt.Errorf("Page on a device set: %v", err)
+	}
+	return g.Barrier(ctx) // the exporters keep their memory until every importer is done
+}
+
+func TestMultiprocCUDAIPCSlabs(t *testing.T) {
+	skipMultiproc(t)
+	requireCUDA(t)
+	multiproc.Run(t, multiproc.Spec{Role: "slab-cuda-ipc", N: 2, Timeout: 2 * time.Minute, Env: mpEnv(t, uniqueTag(t))})
+}
