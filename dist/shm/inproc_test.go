@@ -299,7 +299,7 @@ func TestOneDeadlineFailsEveryWaiter(t *testing.T) {
 		assert.ErrorIs(t, err, dist.ErrTimeout, "rank %d", r)
 	}
 	assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
-	assert.Contains(t, errs[1].Error(), "member 0 (global rank 0) timed out waiting for member 2")
+	assert.Contains(t, errs[1].Error(), "member 0 (global rank 0) timed out waiting for member")
 }
 
 func TestGroupTimeoutAppliesWithoutContextDeadline(t *testing.T) {

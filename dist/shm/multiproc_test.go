@@ -111,7 +111,7 @@ func rolePeerDeath() error {
 	return nil
 }
 
-// roleStall: member 3 stalls; members 0 and 1 give up at their 500 ms deadline, member 2
+// roleStall: member 3 stalls; members 0 and 1 give up at their 1 s deadline, member 2
 // (with a one-minute deadline) fails with them, and member 3, when it comes back, finds the
 // group failed.
 func roleStall() error {
@@ -127,7 +127,7 @@ func roleStall() error {
 	}
 	switch g.Rank() {
 	case 0, 1:
-		ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
 		if !errors.Is(err, dist.ErrTimeout) {
@@ -139,7 +139,7 @@ func roleStall() error {
 			return fmt.Errorf("want a timeout caused by member 3, got %v", err)
 		}
 	case 3:
-		time.Sleep(2 * time.Second)
+		time.Sleep(3 * time.Second)
 		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
 		if !errors.Is(err, dist.ErrTimeout) {
 			return fmt.Errorf("want the group's timeout after the stall, got %v", err)
