@@ -3,6 +3,7 @@ package shm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -418,4 +419,35 @@ func TestBadArguments(t *testing.T) {
 func TestNilBootstrap(t *testing.T) {
 	_, err := shm.New(context.Background(), nil, shm.Options{})
 	assert.ErrorContains(t, err, "nil bootstrap")
+}
+
+func TestSoakMixingSharedMemoryAndFallbackOperations(t *testing.T) {
+	// With 64-byte slots, 8-element reductions go through shared memory and 9-element ones
+	// through the bootstrap group; interleaving them must never mix results.
+	gs, counted := newGroups(t, 4, shm.Options{SlotBytes: 64, Timeout: 20 * time.Second})
+	before := counted[0].Counts().AllReduce
+	const iters = 400
+	errs := runAll(4, func(r int) error {
+		for it := range iters {
+			n := 8 + it%2
+			op := dist.ReduceOp(it % 3)
+			vals := make([]int64, n)
+			for i := range vals {
+				vals[i] = grouptest.ReduceInput(r, i, it)
+			}
+			if err := gs[r].AllReduce(context.Background(), op, vals); err != nil {
+				return err
+			}
+			for i, v := range vals {
+				if want := grouptest.Reduced(op, 4, i, it); v != want {
+					return fmt.Errorf("iteration %d (%s, n=%d): element %d = %d, want %d", it, op, n, i, v, want)
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		assert.NoError(t, err, "rank %d", r)
+	}
+	assert.Equal(t, iters/2, counted[0].Counts().AllReduce-before, "odd iterations fell back")
 }
