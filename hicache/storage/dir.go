@@ -38,13 +38,17 @@ func openDir(root string, opts Options) (*dirStore, error) {
 	return s, nil
 }
 
-// path returns the fan-out directory and the file name of key.
+// path returns the fan-out directory and the file name of key (one allocation).
 func (s *dirStore) path(k Key) (dir, file string) {
-	h := k[NamespaceSize:]
-	var buf [2 * (KeySize - NamespaceSize)]byte
-	hex.Encode(buf[:], h)
-	dir = filepath.Join(s.nsDir, string(buf[:2]))
-	return dir, filepath.Join(dir, string(buf[:]))
+	const hexLen = 2 * (KeySize - NamespaceSize)
+	buf := make([]byte, 0, len(s.nsDir)+4+hexLen)
+	buf = append(buf, s.nsDir...)
+	buf = append(buf, filepath.Separator)
+	buf = hex.AppendEncode(buf, k[NamespaceSize:NamespaceSize+1])
+	buf = append(buf, filepath.Separator)
+	buf = hex.AppendEncode(buf, k[NamespaceSize:])
+	file = string(buf)
+	return file[:len(file)-hexLen-1], file
 }
 
 func isMissing(err error) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"io"
 )
 
 // Test hooks into the backends' internals.
@@ -54,7 +55,7 @@ func RedisCommand(ctx context.Context, addr string, args ...[]byte) ([]byte, err
 			return nil, err
 		}
 		b := make([]byte, n+2)
-		if _, err := readFull(c, b); err != nil {
+		if _, err := io.ReadFull(c.r, b); err != nil {
 			return nil, err
 		}
 		return b[:n], nil

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 )
@@ -234,7 +235,7 @@ func (e *keyedError) Error() string { return e.key.String() + ": " + e.err.Error
 
 // readPage reads one MGET element into dst. A corrupt value yields getCorrupt and a reason;
 // err is only for failures of the connection.
-func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (getResult, error, error) {
+func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (res getResult, reason, err error) {
 	n, err := c.readLen('$')
 	if err != nil {
 		return 0, nil, err
@@ -242,38 +243,39 @@ func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (getResult, error,
 	if n < 0 {
 		return getMiss, nil, nil
 	}
-	// corrupt skips the rest of the value: rest bytes, then the CRLF unless already read.
-	corrupt := func(reason error, rest int64, crlf bool) (getResult, error, error) {
-		if _, err := c.r.Discard(int(rest)); err != nil {
-			return 0, nil, err
-		}
-		if crlf {
-			if err := c.readCRLF(); err != nil {
-				return 0, nil, err
-			}
-		}
-		return getCorrupt, &keyedError{k, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], reason)}, nil
-	}
 	if n != int64(storedLen(len(dst))) {
-		return corrupt(errLength(int(n), storedLen(len(dst))), n, true)
+		return s.skipCorrupt(c, k, errLength(int(n), storedLen(len(dst))), n, true)
 	}
-	var hdr [HeaderSize]byte
-	if _, err := readFull(c, hdr[:]); err != nil {
+	hdr := c.hdr[:]
+	if _, err := io.ReadFull(c.r, hdr); err != nil {
 		return 0, nil, err
 	}
-	if err := checkHeader(hdr[:], k, len(dst)); err != nil {
-		return corrupt(err, n-HeaderSize, true)
+	if err := checkHeader(hdr, k, len(dst)); err != nil {
+		return s.skipCorrupt(c, k, err, n-HeaderSize, true)
 	}
-	if _, err := readFull(c, dst); err != nil {
+	if _, err := io.ReadFull(c.r, dst); err != nil {
 		return 0, nil, err
 	}
 	if err := c.readCRLF(); err != nil {
 		return 0, nil, err
 	}
-	if err := checkPayload(hdr[:], dst); err != nil {
-		return corrupt(err, 0, false)
+	if err := checkPayload(hdr, dst); err != nil {
+		return s.skipCorrupt(c, k, err, 0, false)
 	}
 	return getHit, nil, nil
+}
+
+// skipCorrupt skips the rest of a corrupt value: rest bytes, then the CRLF unless read.
+func (s *redisStore) skipCorrupt(c *respConn, k Key, why error, rest int64, crlf bool) (getResult, error, error) {
+	if _, err := c.r.Discard(int(rest)); err != nil {
+		return 0, nil, err
+	}
+	if crlf {
+		if err := c.readCRLF(); err != nil {
+			return 0, nil, err
+		}
+	}
+	return getCorrupt, &keyedError{k, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], why)}, nil
 }
 
 func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {

@@ -26,10 +26,12 @@ var errProtocol = errors.New("redis protocol error")
 const respBufSize = 64 << 10
 
 type respConn struct {
-	nc  net.Conn
-	r   *bufio.Reader
-	w   *bufio.Writer
-	num []byte // scratch for formatting integers and keys
+	nc   net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+	num  []byte           // scratch for formatting integers and keys
+	hdr  [HeaderSize]byte // scratch for value headers
+	crlf [2]byte
 }
 
 func dialResp(ctx context.Context, addr, user, pass string) (*respConn, error) {
@@ -113,10 +115,25 @@ func (c *respConn) readLine() ([]byte, error) {
 	return line[:len(line)-2], nil
 }
 
+// parseInt parses a RESP integer without allocating.
 func parseInt(b []byte) (int64, error) {
-	n, err := strconv.ParseInt(string(b), 10, 64) // string(b) does not allocate here
-	if err != nil {
+	neg := len(b) > 0 && b[0] == '-'
+	digits := b
+	if neg {
+		digits = b[1:]
+	}
+	if len(digits) == 0 || len(digits) > 18 {
 		return 0, fmt.Errorf("%w: bad integer %q", errProtocol, b)
+	}
+	var n int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%w: bad integer %q", errProtocol, b)
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
 	}
 	return n, nil
 }
@@ -171,11 +188,10 @@ func (c *respConn) readLen(want byte) (int64, error) {
 
 // readCRLF consumes the CRLF that ends a bulk string.
 func (c *respConn) readCRLF() error {
-	var b [2]byte
-	if _, err := io.ReadFull(c.r, b[:]); err != nil {
+	if _, err := io.ReadFull(c.r, c.crlf[:]); err != nil {
 		return err
 	}
-	if b != [2]byte{'\r', '\n'} {
+	if c.crlf != [2]byte{'\r', '\n'} {
 		return fmt.Errorf("%w: bulk string not terminated by CRLF", errProtocol)
 	}
 	return nil
@@ -313,6 +329,3 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
-
-// readFull reads exactly len(b) bytes of a reply.
-func readFull(c *respConn, b []byte) (int, error) { return io.ReadFull(c.r, b) }
