@@ -49,6 +49,28 @@
 // backing shared-memory segments are created 0600 under unique names and unlinked once every
 // member has mapped them, so nothing remains in /dev/shm after setup, even if a rank crashes
 // later. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
-// hicache checks against its consensus group. Page access is bounds-checked by Page. Close
-// unmaps everything and is idempotent; slices handed out by the set are invalid after Close.
+// hicache checks against its consensus group.
+//
+// Backends: Host (shared memory; with Spec.PinHost and a registered HostPinner every slab is
+// also registered with CUDA, and DevicePtr gives its device-visible address) and CUDAIPC
+// (device memory exported with an IPC handle; one process per rank, on one node). The CUDA
+// implementation of both is CUDA: OpenCUDA(dev) loads the driver (an error on a machine
+// without one: skip GPU work), Register installs it, Close it after the sets that used it.
+// Tests may register fakes (RegisterDeviceBackend, RegisterHostPinner).
+//
+// Access and ownership: page access is bounds-checked by Page{Slab, Index}. WritePage and
+// ReadPage copy under the set's lock; Page hands out a slice of the mapping, exactly one page
+// long, which is the only mapped memory the package exposes and is invalid after Close;
+// DevicePtr gives device addresses. The set does not enforce who writes which slab (hicache's
+// rule: page i of a sequence is written by its owner, slab i mod C, or by the I/O rank).
+// Close unmaps everything (and frees this rank's device slab), is nil-safe and idempotent,
+// and must not race with accesses; it does not close the group, which the caller owns.
+//
+// Usage, on every rank of the slab group:
+//
+//	set, err := slab.OpenSet(ctx, cpGroup, slab.Spec{Backend: slab.Host, PageSize: ps, Pages: n, Layout: desc})
+//	if err != nil { ... }              // identical on every rank; names the odd ranks
+//	defer set.Close()
+//	alloc, _ := slab.NewAllocator(set.Size(), set.PagesPerSlab())
+//	buf, _ := set.Page(slab.Page{Slab: set.Rank(), Index: i})
 package slab
