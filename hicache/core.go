@@ -115,6 +115,9 @@ func (c *Core) Nodes() int { return c.nodes }
 // Idle reports whether nothing is in flight and nothing is locked (Flush's precondition).
 func (c *Core) Idle() bool { return len(c.writes) == 0 && len(c.loads) == 0 && c.locks == 0 }
 
+// inFlight reports whether any backup or load is in flight.
+func (c *Core) inFlight() bool { return len(c.writes) > 0 || len(c.loads) > 0 }
+
 func (c *Core) check(n *Node) error {
 	if n == nil || n.removed || n.gen != c.gen {
 		return fmt.Errorf("%w: node %v is not in the tree (evicted, or from before a flush)", ErrBadArgument, nodeName(n))

@@ -3,20 +3,18 @@ package kvtest
 import (
 	"fmt"
 	"slices"
-	"sync/atomic"
 
 	"github.com/cpcache/cpcache/slab"
 )
 
 // MemSlabs is an in-process slab set: one byte slice per slab, shared by every in-process
-// rank of a slab group (each rank gets a view with View). It counts page writes so tests
-// can prove that nothing was written after some point.
+// rank of a slab group. Snapshot copies the slabs, so tests can prove that nothing was
+// written after some point.
 type MemSlabs struct {
 	ranks     []int
 	perSlab   int
 	pageBytes int
 	mem       [][]byte
-	writes    atomic.Int64 // pages handed out for writing
 }
 
 // NewMemSlabs returns the shared memory of a slab group with the given global ranks.
@@ -31,8 +29,8 @@ func NewMemSlabs(ranks []int, pagesPerSlab, pageBytes int) *MemSlabs {
 // Ranks are the global ranks of the slab group; slab s belongs to Ranks()[s].
 func (m *MemSlabs) Ranks() []int { return slices.Clone(m.ranks) }
 
-// PageBytes is the size of one page.
-func (m *MemSlabs) PageBytes() int { return m.pageBytes }
+// PageSize is the size of one page in bytes.
+func (m *MemSlabs) PageSize() int { return m.pageBytes }
 
 // PagesPerSlab is the number of pages in each slab.
 func (m *MemSlabs) PagesPerSlab() int { return m.perSlab }
@@ -45,18 +43,6 @@ func (m *MemSlabs) Page(p slab.Page) ([]byte, error) {
 	off := p.Index * m.pageBytes
 	return m.mem[p.Slab][off : off+m.pageBytes : off+m.pageBytes], nil
 }
-
-// WritePage is Page for a writer: it also counts the write.
-func (m *MemSlabs) WritePage(p slab.Page) ([]byte, error) {
-	b, err := m.Page(p)
-	if err == nil {
-		m.writes.Add(1)
-	}
-	return b, err
-}
-
-// Writes is the number of WritePage calls so far.
-func (m *MemSlabs) Writes() int64 { return m.writes.Load() }
 
 // Snapshot copies every slab (to compare later).
 func (m *MemSlabs) Snapshot() [][]byte {

@@ -1,0 +1,451 @@
+package hicache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// Config configures a Cache.
+type Config struct {
+	Options
+	// Layout is the job's parallel layout; Rank is this process's global rank in it.
+	Layout *dist.Layout
+	Rank   int
+	// Group is the consensus group: the layout's replica group of Rank. Every rank that
+	// shares a slab with this one must be in it (New checks).
+	Group dist.Group
+	// Slabs is the L2 of Rank's slab group (slab.OpenSet over the layout's slab group).
+	Slabs SlabSet
+	// Engine moves pages; nil makes a HostEngine over Slabs (which must then implement
+	// HostSlabs) with its own host L1 pool of L1Pages pages. The Cache closes an engine it
+	// made; a given engine stays the caller's.
+	Engine Engine
+	// HostEngine tunes the default engine.
+	HostEngine HostEngineOptions
+	// StepTimeout bounds each collective (0: the context's deadline, or the group's).
+	StepTimeout time.Duration
+	// LatencySamples is how many recent consensus latencies Stats keeps (default 1024).
+	LatencySamples int
+}
+
+// Cache is one rank's hierarchical KV cache: the deterministic Core plus the driver that
+// runs its transfers on an Engine and its consensus step on the replica group.
+//
+// Methods are safe for concurrent use (one mutex), but the replicated calls (Match, Insert,
+// Lock, Unlock, EvictL1, EvictL2, LoadBack, Step, Flush) must be made by every rank of the
+// group in the same order with the same arguments — the scheduler's decisions. WaitL1,
+// HintEvict, Stats and the digests are local.
+type Cache struct {
+	group      dist.Group
+	engine     Engine
+	ownsEngine bool
+	l1mem      L1Memory // nil when the engine's L1 is not host memory
+	timeout    time.Duration
+	maxSamples int
+
+	mu       sync.Mutex // protects everything below
+	core     *Core
+	deferred []Transfer // backups made since the last Step: they start at the next Step, once
+	// the caller has written the KV of the pages an Insert returned
+	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
+	tickets  map[ticketKey]*Ticket
+	closed   bool
+	stats    driverStats
+}
+
+type ticketKey struct {
+	kind Kind
+	seq  uint64
+}
+
+type driverStats struct {
+	collectives  int64
+	latencies    []time.Duration // ring of recent consensus latencies
+	next         int
+	pagesCopied  [2]int64 // this rank's copies that completed, by kind
+	transferErrs int64
+	diverged     error
+}
+
+// New builds one rank's cache. It checks the scope (see checkScope: an error naming both
+// groups when a slab-group member is missing from the consensus group), then makes one
+// AllReduce on the group so that every rank learns at once whether all were configured
+// alike. Every rank of the group must call it.
+func New(ctx context.Context, cfg Config) (*Cache, error) {
+	if err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs); err != nil {
+		return nil, err
+	}
+	slabRanks := cfg.Slabs.Ranks()
+	cc := CoreConfig{
+		Options:      cfg.Options,
+		Slabs:        len(slabRanks),
+		PagesPerSlab: cfg.Slabs.PagesPerSlab(),
+		CPRank:       slices.Index(slabRanks, cfg.Rank),
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%v|%d|%s", cfg.Group.Ranks(), cfg.Slabs.PageSize(), cfg.Layout)
+	cc.Fingerprint = h.Sum64()
+	core, err := NewCore(cc)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cache{
+		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
+		tickets: map[ticketKey]*Ticket{}, maxSamples: cfg.LatencySamples,
+	}
+	if c.maxSamples <= 0 {
+		c.maxSamples = 1024
+	}
+	if c.engine == nil {
+		hs, ok := cfg.Slabs.(HostSlabs)
+		if !ok {
+			return nil, fmt.Errorf("%w: slab set %T has no host pages; pass an Engine", ErrBadConfig, cfg.Slabs)
+		}
+		he, err := NewHostEngine(hs, core.cfg.L1Pages, cfg.Slabs.PageSize(), cfg.HostEngine)
+		if err != nil {
+			return nil, err
+		}
+		c.engine, c.ownsEngine = he, true
+	}
+	c.l1mem, _ = c.engine.(L1Memory)
+	// Agree on the configuration before the first step.
+	fp := int64(core.fp & mask63)
+	v := []int64{fp, -fp}
+	if err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) }); err != nil {
+		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", c.group.Name(), err), c.Close())
+	}
+	if v[0] != -v[1] {
+		return nil, errors.Join(fmt.Errorf("%w: configuration differs across ranks of group %s (fingerprints %#x..%#x, this rank %#x)",
+			ErrBadConfig, c.group.Name(), v[0], -v[1], fp), c.Close())
+	}
+	return c, nil
+}
+
+func (c *Cache) collective(ctx context.Context, f func(context.Context) error) error {
+	c.stats.collectives++
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	return f(ctx)
+}
+
+// Core exposes the deterministic core for inspection (digests, counters). Do not call its
+// replicated methods directly on a Cache's core.
+func (c *Cache) Core() *Core { return c.core }
+
+// CPRank is this rank's index in its slab group.
+func (c *Cache) CPRank() int { return c.core.cfg.CPRank }
+
+// Owns reports whether this rank owns sequence page i (writes its KV in L1 and its backup).
+func (c *Cache) Owns(i int) bool { return c.core.Owns(i) }
+
+// L1Page returns the host memory of L1 slot s (only for engines with host L1, such as
+// HostEngine).
+func (c *Cache) L1Page(s int32) ([]byte, error) {
+	if c.l1mem == nil {
+		return nil, fmt.Errorf("%w: engine %T has no host L1 memory", ErrBadConfig, c.engine)
+	}
+	return c.l1mem.L1Page(s)
+}
+
+func (c *Cache) usable() error {
+	if c == nil || c.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// submitLocked starts the loads the core asked for and defers its backups to the next Step
+// (the KV of freshly inserted pages is written by the caller after Insert returns).
+func (c *Cache) submitLocked() {
+	for _, t := range c.core.TakeTransfers() {
+		if t.Kind == Write {
+			c.deferred = append(c.deferred, t)
+			continue
+		}
+		c.startLocked(t)
+	}
+}
+
+func (c *Cache) startLocked(t Transfer) {
+	tk := c.engine.Submit(t)
+	c.inflight = append(c.inflight, tk)
+	c.tickets[ticketKey{t.Kind, t.Seq}] = tk
+}
+
+// startDeferredLocked starts the backups deferred since the last step.
+func (c *Cache) startDeferredLocked() {
+	for _, t := range c.deferred {
+		c.startLocked(t)
+	}
+	clear(c.deferred)
+	c.deferred = c.deferred[:0]
+}
+
+// pollLocked reports finished transfers to the core (local events).
+func (c *Cache) pollLocked() {
+	keep := c.inflight[:0]
+	for _, tk := range c.inflight {
+		if !tk.finished() {
+			keep = append(keep, tk)
+			continue
+		}
+		t := tk.Transfer
+		if tk.err != nil {
+			c.stats.transferErrs++
+		} else {
+			c.stats.pagesCopied[t.Kind] += int64(len(t.Copies))
+		}
+		c.core.Completed(t.Kind, t.Seq, tk.err)
+		if t.Kind == Write {
+			delete(c.tickets, ticketKey{t.Kind, t.Seq})
+		}
+	}
+	clear(c.inflight[len(keep):])
+	c.inflight = keep
+}
+
+// Match returns the longest cached prefix of tokens. Replicated.
+func (c *Cache) Match(tokens []int32) (MatchResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return MatchResult{}, err
+	}
+	return c.core.Match(tokens), nil
+}
+
+// Insert caches tokens' whole pages (see Core.Insert); the caller then writes the KV of
+// the returned Fill pages it owns into their L1 slots, before the next Step: the backups the
+// write policy asks for start at the beginning of the next Step. Replicated.
+func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return InsertResult{}, err
+	}
+	res, err := c.core.Insert(tokens)
+	c.submitLocked()
+	return res, err
+}
+
+// Lock pins n's prefix against eviction. Replicated.
+func (c *Cache) Lock(n *Node) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	return c.core.Lock(n)
+}
+
+// Unlock releases a Lock. Replicated.
+func (c *Cache) Unlock(n *Node) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	return c.core.Unlock(n)
+}
+
+// EvictL1 frees L1 pages (see Core.EvictL1). Replicated.
+func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return 0, 0, err
+	}
+	freed, pending = c.core.EvictL1(pages)
+	c.submitLocked()
+	return freed, pending, nil
+}
+
+// EvictL2 frees L2 pages of L2-only nodes. Replicated.
+func (c *Cache) EvictL2(pages int) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return 0, err
+	}
+	return c.core.EvictL2(pages), nil
+}
+
+// LoadBack starts loading the L2-only part of n's prefix into L1 (see Core.LoadBack).
+// Before a layer reads those pages, call WaitL1. Replicated.
+func (c *Cache) LoadBack(n *Node) (LoadResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return LoadResult{}, err
+	}
+	res, err := c.core.LoadBack(n)
+	c.submitLocked()
+	return res, err
+}
+
+// WaitL1 blocks until this rank's copies of every load in flight on n's prefix finished
+// (a local wait: other ranks may still be copying their pages). Call it before a layer reads
+// the prefix from L1. A failed load returns its error; the group marks the node stale at the
+// next step.
+func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
+	c.mu.Lock()
+	if err := c.usable(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	var wait []*Ticket
+	for _, seq := range c.core.Loading(n) {
+		if tk := c.tickets[ticketKey{Load, seq}]; tk != nil {
+			wait = append(wait, tk)
+		}
+	}
+	c.mu.Unlock()
+	for _, tk := range wait {
+		select {
+		case <-tk.Done():
+			if tk.err != nil {
+				return fmt.Errorf("hicache: load of node %d: %w", tk.Transfer.Node, tk.err)
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("hicache: waiting for the load of node %d: %w", tk.Transfer.Node, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// HintEvict asks, from this rank only, that the group evict pages at the next step (e.g.
+// local memory pressure). Local.
+func (c *Cache) HintEvict(l1, l2 int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.core.HintEvict(l1, l2)
+}
+
+// Step runs the consensus step: it reports finished transfers to the core, makes exactly
+// one AllReduce(MIN) of the fixed-length vector on the group — every step, whether or not
+// anything is pending — and applies the agreed result. Call it once per scheduler step on
+// every rank. A divergence returns a *DivergedError (wrapping ErrPlacementDiverged) on every
+// rank; the transfers in flight are canceled and drained before Step returns, so no slab
+// byte is written afterwards, and the cache keeps serving from L1. A collective failure
+// (peer lost, timeout) returns the group's error; the group is then unusable.
+func (c *Cache) Step(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	c.startDeferredLocked()
+	c.pollLocked()
+	v := c.core.Vector()
+	start := time.Now()
+	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) })
+	c.recordLatency(time.Since(start))
+	if err != nil {
+		return fmt.Errorf("hicache: consensus step %d on group %s: %w", c.core.step, c.group.Name(), err)
+	}
+	derr := c.core.Apply(v)
+	if derr != nil && !c.core.L2Enabled() {
+		c.stats.diverged = derr
+		c.drainLocked()
+	}
+	// Loads the group has finished need no ticket any more.
+	for key := range c.tickets {
+		if key.kind == Load && (len(c.core.loads) == 0 || key.seq < c.core.loads[0].seq) {
+			if tk := c.tickets[key]; tk.finished() {
+				delete(c.tickets, key)
+			}
+		}
+	}
+	c.submitLocked()
+	return derr
+}
+
+// drainLocked cancels what has not started and waits for every transfer in flight.
+func (c *Cache) drainLocked() {
+	c.deferred = c.deferred[:0]
+	c.engine.Cancel()
+	for _, tk := range c.inflight {
+		<-tk.Done()
+	}
+	c.inflight = nil
+	clear(c.tickets)
+}
+
+func (c *Cache) recordLatency(d time.Duration) {
+	s := &c.stats
+	if len(s.latencies) < c.maxSamples {
+		s.latencies = append(s.latencies, d)
+		return
+	}
+	s.latencies[s.next] = d
+	s.next = (s.next + 1) % c.maxSamples
+}
+
+// Idle reports whether Flush would be allowed (nothing in flight, nothing locked).
+func (c *Cache) Idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.Idle()
+}
+
+// Flush empties the cache: only when idle (no backup or load in flight, no lock held) —
+// otherwise ErrBusy and nothing changes (idleness is replicated, so every rank refuses
+// alike and no collective is made). Then a barrier on the group, and every rank resets the
+// tree, L1 accounting, queues, hints and the L2 allocator (whose digest then equals a fresh
+// one). L2 use resumes if a divergence had stopped it. Replicated.
+func (c *Cache) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if !c.core.Idle() {
+		return c.core.busyError()
+	}
+	if err := c.collective(ctx, c.group.Barrier); err != nil {
+		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
+	}
+	c.pollLocked()
+	if err := c.core.Reset(); err != nil {
+		return err
+	}
+	c.inflight = nil
+	c.deferred = c.deferred[:0]
+	clear(c.tickets)
+	c.stats.diverged = nil
+	return nil
+}
+
+// Close cancels transfers that have not started, waits for running ones, and closes the
+// engine if the cache made it. It does not close the group or the slabs. Nil-safe,
+// idempotent.
+func (c *Cache) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	c.engine.Cancel()
+	for _, tk := range c.inflight {
+		<-tk.Done()
+	}
+	c.inflight = nil
+	if c.ownsEngine {
+		return c.engine.Close()
+	}
+	return nil
+}

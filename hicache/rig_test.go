@@ -1,0 +1,352 @@
+package hicache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+)
+
+// rig is N in-process replicas of one replica group over dist/local, each with a host
+// engine that sleeps a random per-rank delay before every transfer. Slab groups share
+// kvtest.MemSlabs. Scheduler calls run on every rank in lockstep (one goroutine per rank
+// per call, so collectives can meet).
+type rig struct {
+	t       testing.TB
+	layout  *dist.Layout
+	caches  []*Cache
+	counted []*dist.Counted
+	slabs   []*kvtest.MemSlabs // by rank
+	shards  []int              // tensor-parallel index of each rank (part of the KV content)
+}
+
+type rigConfig struct {
+	layout       dist.LayoutConfig
+	opts         Options
+	pagesPerSlab int
+	pageBytes    int
+	maxDelay     time.Duration
+	seed         uint64
+}
+
+func newRig(t testing.TB, rc rigConfig) *rig {
+	t.Helper()
+	l, err := dist.NewLayout(rc.layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := l.ReplicaGroup(0)
+	n := len(replica)
+	r := &rig{t: t, layout: l, caches: make([]*Cache, n), slabs: make([]*kvtest.MemSlabs, n), shards: make([]int, n)}
+	members := local.New(replica, local.Options{Kind: "replica", Timeout: 20 * time.Second})
+	for _, m := range members {
+		r.counted = append(r.counted, dist.Count(m))
+	}
+	bySlabGroup := map[int]*kvtest.MemSlabs{}
+	for i, rank := range replica {
+		sg := l.SlabGroup(rank)
+		ms := bySlabGroup[sg[0]]
+		if ms == nil {
+			ms = kvtest.NewMemSlabs(sg, rc.pagesPerSlab, rc.pageBytes)
+			bySlabGroup[sg[0]] = ms
+		}
+		r.slabs[i] = ms
+		r.shards[i] = l.Coord(rank).TP
+	}
+	errs := r.all(func(i int) error {
+		var delay func(Transfer) time.Duration
+		if rc.maxDelay > 0 {
+			rng := rand.New(rand.NewPCG(rc.seed, uint64(i)))
+			var mu sync.Mutex
+			delay = func(Transfer) time.Duration {
+				mu.Lock()
+				defer mu.Unlock()
+				return time.Duration(rng.Int64N(int64(rc.maxDelay)))
+			}
+		}
+		c, err := New(context.Background(), Config{
+			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
+			HostEngine: HostEngineOptions{Workers: 2, Delay: delay},
+		})
+		r.caches[i] = c
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range r.caches {
+			c.Close()
+		}
+	})
+	return r
+}
+
+// all runs f on every rank concurrently and returns each rank's error.
+func (r *rig) all(f func(i int) error) []error {
+	errs := make([]error, len(r.caches))
+	var wg sync.WaitGroup
+	for i := range r.caches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// same checks that every rank got the same outcome and returns rank 0's error.
+func (r *rig) same(op string, errs []error) error {
+	r.t.Helper()
+	for i, err := range errs {
+		if (err == nil) != (errs[0] == nil) {
+			r.t.Fatalf("%s: rank %d error %v, rank 0 error %v", op, i, err, errs[0])
+		}
+	}
+	return errs[0]
+}
+
+// step runs one consensus step everywhere and checks that the replicas agree afterwards.
+func (r *rig) step() error {
+	r.t.Helper()
+	err := r.same("step", r.all(func(i int) error { return r.caches[i].Step(context.Background()) }))
+	r.checkAgree()
+	return err
+}
+
+func (r *rig) checkAgree() {
+	r.t.Helper()
+	d0, p0 := r.caches[0].StateDigest(), r.caches[0].Core().alloc.Digest()
+	for i, c := range r.caches {
+		if err := c.core.checkInvariants(); err != nil {
+			r.t.Fatalf("rank %d: %v", i, err)
+		}
+		if d, p := c.StateDigest(), c.Core().alloc.Digest(); d != d0 || p != p0 {
+			r.t.Fatalf("rank %d: state digest %#x placement %#x; rank 0: %#x %#x", i, d, p, d0, p0)
+		}
+	}
+}
+
+// insert inserts tokens everywhere; each rank fills the pages it owns.
+func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
+	res := make([]InsertResult, len(r.caches))
+	err := r.same("insert", r.all(func(i int) error {
+		c := r.caches[i]
+		ir, err := c.Insert(tokens)
+		res[i] = ir
+		for _, f := range ir.Fill {
+			if c.Owns(f.Index) {
+				b, err := c.L1Page(f.Slot)
+				if err != nil {
+					return err
+				}
+				kvtest.FillKV(b, f.Hash, f.Index, r.shards[i])
+			}
+		}
+		return err
+	}))
+	return res, err
+}
+
+// matchLoad matches tokens everywhere, loads the host part back when asked, waits for L1
+// and verifies every device page each rank owns.
+func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
+	res := make([]MatchResult, len(r.caches))
+	err := r.same("match", r.all(func(i int) error {
+		c := r.caches[i]
+		m, err := c.Match(tokens)
+		if err != nil {
+			return err
+		}
+		if load && m.HostPages > 0 {
+			lr, err := c.LoadBack(m.Last)
+			if err != nil && !errors.Is(err, ErrL1Full) {
+				return err
+			}
+			if lr.Pages > 0 {
+				if m, err = c.Match(tokens); err != nil {
+					return err
+				}
+			}
+		}
+		res[i] = m
+		if err := c.WaitL1(context.Background(), m.Last); err != nil {
+			return err
+		}
+		return r.verify(i, m)
+	}))
+	for i := range res {
+		if res[i].DevicePages != res[0].DevicePages || res[i].HostPages != res[0].HostPages {
+			r.t.Fatalf("match: rank %d got %d+%d pages, rank 0 %d+%d", i, res[i].DevicePages, res[i].HostPages, res[0].DevicePages, res[0].HostPages)
+		}
+	}
+	return res, err
+}
+
+// verify checks the content of rank i's own device pages of a match.
+func (r *rig) verify(i int, m MatchResult) error {
+	c := r.caches[i]
+	pages := m.DevicePages
+	for _, n := range pathTo(m.Last) {
+		for j := 0; j < n.Pages() && pages > 0; j++ {
+			pages--
+			idx := n.Depth() + j
+			if !c.Owns(idx) {
+				continue
+			}
+			b, err := c.L1Page(n.L1Slots()[j])
+			if err != nil {
+				return err
+			}
+			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, r.shards[i]); err != nil {
+				return fmt.Errorf("rank %d node %d: %w", i, n.ID(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *rig) each(op string, f func(i int, c *Cache) error) error {
+	return r.same(op, r.all(func(i int) error { return f(i, r.caches[i]) }))
+}
+
+// drain steps until no transfer is in flight (replicated, so every rank stops at the same
+// step).
+func (r *rig) drain() {
+	r.t.Helper()
+	for k := 0; r.caches[0].core.inFlight(); k++ {
+		if k > 10000 {
+			r.t.Fatal("cache never became idle")
+		}
+		if err := r.step(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// checkCollectives asserts that every rank made the same collectives in the same order.
+func (r *rig) checkCollectives() dist.Counts {
+	r.t.Helper()
+	c0 := r.counted[0].Counts()
+	for i, c := range r.counted {
+		if got := c.Counts(); got != c0 {
+			r.t.Fatalf("rank %d made collectives %+v, rank 0 %+v", i, got, c0)
+		}
+	}
+	return c0
+}
+
+// workload drives a random scheduler for steps steps; every decision is drawn once and
+// made on every rank. Local eviction hints come from per-rank generators.
+func (r *rig) workload(steps int, seed uint64, flushEvery int) map[string]int {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	P := r.caches[0].core.cfg.PageSize
+	seqs := testSeqs(rng, 40, P)
+	var locked [][]*Node
+	counts := map[string]int{}
+	for s := 0; s < steps; s++ {
+		for k := rng.IntN(3); k >= 0; k-- {
+			tokens := seqs[rng.IntN(len(seqs))]
+			switch op := rng.IntN(12); {
+			case op < 4:
+				if _, err := r.insert(tokens); err != nil {
+					if !errors.Is(err, ErrL1Full) {
+						r.t.Fatal(err)
+					}
+					counts["l1full"]++
+				}
+			case op < 9:
+				ms, err := r.matchLoad(tokens, rng.IntN(4) > 0)
+				if err != nil {
+					r.t.Fatal(err)
+				}
+				if ms[0].HostPages > 0 {
+					counts["hosthit"]++
+				}
+				if ms[0].DevicePages > 0 && len(locked) < 3 && rng.IntN(2) == 0 {
+					var nodes []*Node
+					for _, m := range ms {
+						nodes = append(nodes, m.Last)
+					}
+					if err := r.each("lock", func(i int, c *Cache) error { return c.Lock(nodes[i]) }); err != nil {
+						r.t.Fatal(err)
+					}
+					locked = append(locked, nodes)
+				}
+			case op < 10 && len(locked) > 0:
+				j := rng.IntN(len(locked))
+				nodes := locked[j]
+				locked = slices.Delete(locked, j, j+1)
+				if err := r.each("unlock", func(i int, c *Cache) error { return c.Unlock(nodes[i]) }); err != nil {
+					r.t.Fatal(err)
+				}
+			default:
+				n1, n2 := rng.IntN(12), rng.IntN(12)
+				if err := r.each("evict", func(i int, c *Cache) error {
+					if _, _, err := c.EvictL1(n1); err != nil {
+						return err
+					}
+					_, err := c.EvictL2(n2)
+					return err
+				}); err != nil {
+					r.t.Fatal(err)
+				}
+			}
+		}
+		if rng.IntN(8) == 0 {
+			hinter := rng.IntN(len(r.caches))
+			h1, h2 := rng.IntN(6), rng.IntN(6)
+			r.caches[hinter].HintEvict(h1, h2)
+		}
+		if err := r.step(); err != nil {
+			r.t.Fatal(err)
+		}
+		if last := s == steps-1; last || flushEvery > 0 && s%flushEvery == flushEvery-1 {
+			for _, nodes := range locked {
+				if err := r.each("unlock", func(i int, c *Cache) error { return c.Unlock(nodes[i]) }); err != nil {
+					r.t.Fatal(err)
+				}
+			}
+			locked = nil
+			r.drain()
+			if !last {
+				r.flushAndCheckFresh()
+				counts["flush"]++
+			}
+		}
+	}
+	return counts
+}
+
+// flushAndCheckFresh flushes an idle cache and checks the fresh state on every rank.
+func (r *rig) flushAndCheckFresh() {
+	r.t.Helper()
+	if err := r.each("flush", func(_ int, c *Cache) error { return c.Flush(context.Background()) }); err != nil {
+		r.t.Fatal(err)
+	}
+	fresh, err := NewCore(r.caches[0].core.cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for i, c := range r.caches {
+		st := c.Stats()
+		if st.PlacementDigest != fresh.alloc.Digest() || st.L1Used != 0 || st.Nodes != 0 ||
+			st.L2FreePages != fresh.alloc.TotalFree() || c.core.alloc.NumRanges() != 0 || !st.L2Enabled {
+			r.t.Fatalf("rank %d after flush: digest %#x (fresh %#x), L1 used %d, nodes %d, L2 free %d of %d, ranges %d, L2 enabled %t",
+				i, st.PlacementDigest, fresh.alloc.Digest(), st.L1Used, st.Nodes, st.L2FreePages, fresh.alloc.TotalFree(), c.core.alloc.NumRanges(), st.L2Enabled)
+		}
+		if c.StateDigest() != fresh.StateDigest() {
+			r.t.Fatalf("rank %d after flush: state digest %#x, fresh core %#x", i, c.StateDigest(), fresh.StateDigest())
+		}
+	}
+}

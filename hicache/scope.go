@@ -1,0 +1,65 @@
+package hicache
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// SlabSet is the L2 of this rank's slab group as the cache sees it (slab.Set and
+// kvtest.MemSlabs implement it).
+type SlabSet interface {
+	// Ranks are the global ranks of the slab group; slab s was created by Ranks()[s].
+	Ranks() []int
+	// PageSize is the size of one L2 page in bytes.
+	PageSize() int
+	// PagesPerSlab is the number of pages in each slab.
+	PagesPerSlab() int
+}
+
+// slabGroupName names the slab group: its dist.Group's name when the set remembers it.
+func slabGroupName(s SlabSet) string {
+	if g, ok := s.(interface{ Group() dist.Group }); ok && g.Group() != nil {
+		return g.Group().Name()
+	}
+	return dist.GroupName("slab", s.Ranks())
+}
+
+// checkScope enforces that consensus runs where it must: every member of the slab group is
+// in the consensus group, the consensus group is the layout's replica group of rank, and the
+// slab set is the layout's slab group of rank. A size-1 consensus group therefore passes
+// only when the layout replicates nothing (its replica group is the rank alone).
+func checkScope(l *dist.Layout, rank int, g dist.Group, s SlabSet) error {
+	if l == nil || g == nil || s == nil {
+		return fmt.Errorf("%w: layout, consensus group and slab set are required (layout %v, group %v, slabs %v)", ErrBadConfig, l != nil, g != nil, s != nil)
+	}
+	if rank < 0 || rank >= l.Config.World {
+		return fmt.Errorf("%w: rank %d outside world of %d", ErrBadConfig, rank, l.Config.World)
+	}
+	cons, slabRanks := g.Ranks(), s.Ranks()
+	if g.Rank() < 0 || g.Rank() >= len(cons) || cons[g.Rank()] != rank {
+		return fmt.Errorf("%w: consensus group %s has rank %d at its position %d, not this rank %d", ErrScope, g.Name(), at(cons, g.Rank()), g.Rank(), rank)
+	}
+	for _, r := range slabRanks {
+		if !slices.Contains(cons, r) {
+			return fmt.Errorf("%w: rank %d of slab group %s is missing from consensus group %s (consensus must run on the replica group %s, which contains the slab group)",
+				ErrScope, r, slabGroupName(s), g.Name(), dist.GroupName("replica", l.ReplicaGroup(rank)))
+		}
+	}
+	if want := l.SlabGroup(rank); !slices.Equal(slabRanks, want) {
+		return fmt.Errorf("%w: slab group %s of rank %d is not the layout's slab group %s (%s)", ErrScope, slabGroupName(s), rank, dist.GroupName("slab", want), l)
+	}
+	if want := l.ReplicaGroup(rank); !slices.Equal(cons, want) {
+		return fmt.Errorf("%w: consensus group %s of rank %d is not the layout's replica group %s (%s); slab group %s",
+			ErrScope, g.Name(), rank, dist.GroupName("replica", want), l, slabGroupName(s))
+	}
+	return nil
+}
+
+func at(s []int, i int) int {
+	if i < 0 || i >= len(s) {
+		return -1
+	}
+	return s[i]
+}

@@ -1,0 +1,50 @@
+package hicache
+
+import (
+	"slices"
+	"time"
+)
+
+// Stats are one rank's counters.
+type Stats struct {
+	CoreStats
+	Collectives      int64           // collectives this cache made (one per Step, plus New and Flush)
+	ConsensusLatency []time.Duration // recent consensus step latencies (AllReduce wall time)
+	PagesWritten     int64           // pages this rank copied into its slab
+	PagesLoaded      int64           // pages this rank copied back into L1
+	TransferErrors   int64           // transfers that failed on this rank
+	L1Used           int             // L1 slots in use
+	L2FreePages      int             // free L2 pages (all slabs)
+	Nodes            int             // tree nodes
+	L2Enabled        bool            // false after a divergence, until Flush
+	Diverged         error           // the divergence error, if any
+	PlacementDigest  uint64          // the allocator's digest
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Cache) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{
+		CoreStats:        c.core.Stats(),
+		Collectives:      c.stats.collectives,
+		ConsensusLatency: slices.Clone(c.stats.latencies),
+		PagesWritten:     c.stats.pagesCopied[Write],
+		PagesLoaded:      c.stats.pagesCopied[Load],
+		TransferErrors:   c.stats.transferErrs,
+		L1Used:           c.core.L1Used(),
+		L2FreePages:      c.core.alloc.TotalFree(),
+		Nodes:            c.core.Nodes(),
+		L2Enabled:        c.core.L2Enabled(),
+		Diverged:         c.stats.diverged,
+		PlacementDigest:  c.core.alloc.Digest(),
+	}
+}
+
+// StateDigest hashes the whole replicated state (see Core.StateDigest); equal on every rank
+// of a healthy group between steps.
+func (c *Cache) StateDigest() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.StateDigest()
+}
