@@ -1,0 +1,535 @@
+package nccl
+
+/*
+#include "nccl_api.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/dist"
+)
+
+// Options tune a communicator.
+type Options struct {
+	// Timeout bounds initialisation and every Wait whose context has no earlier deadline
+	// (default dist.DefaultTimeout). When it passes the communicator is aborted.
+	Timeout time.Duration
+	// Blocking asks for a blocking communicator even when NCCL supports non-blocking ones
+	// (>= 2.14). Non-blocking is the default: it lets a stuck initialisation or collective
+	// be abandoned at the deadline instead of hanging the caller.
+	Blocking bool
+}
+
+// Comm is an NCCL communicator on one device. Collectives enqueue work on a cuda.Stream and
+// return; Wait polls the stream and the communicator's asynchronous error until the deadline,
+// then aborts. A Comm is used by one goroutine at a time (like dist.Group); Abort may be
+// called from any goroutine.
+type Comm struct {
+	lib         *Library
+	dev         *cuda.Device
+	rank, size  int
+	nonBlocking bool
+	timeout     time.Duration
+
+	mu     sync.Mutex     // protects comm and failed
+	comm   unsafe.Pointer // ncclComm_t; nil after Close or Abort
+	failed error          // why the communicator was aborted (sticky)
+}
+
+// onDevice runs f on a locked OS thread with the device's primary context current, which is
+// how NCCL's CUDA runtime learns the device. f must not block on other goroutines.
+func (c *Comm) onDevice(f func() C.int) (C.int, error) {
+	return onDevice(c.dev, f)
+}
+
+func onDevice(dev *cuda.Device, f func() C.int) (C.int, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := dev.MakeCurrent(); err != nil {
+		return 0, err
+	}
+	return f(), nil
+}
+
+// NewComm creates a communicator over the members of group, one per member, on dev: rank 0
+// asks NCCL for a unique id and broadcasts it over group (a CPU group: Gloo, shared memory or
+// in-process), then every member initialises. It returns when initialisation completed on
+// this member, or fails by the deadline (ctx, or opts.Timeout).
+func NewComm(ctx context.Context, group dist.Group, dev *cuda.Device, opts Options) (*Comm, error) {
+	if group == nil || dev == nil {
+		return nil, fmt.Errorf("nccl: new comm: nil group or device")
+	}
+	lib, err := Open()
+	if err != nil {
+		return nil, err
+	}
+	var id UniqueID
+	if group.Rank() == 0 {
+		if id, err = lib.NewUniqueID(); err != nil {
+			lib.Close()
+			return nil, err
+		}
+	}
+	got, err := group.Broadcast(ctx, 0, id[:])
+	if err != nil {
+		lib.Close()
+		return nil, fmt.Errorf("nccl: broadcast unique id on %s: %w", group.Name(), err)
+	}
+	if len(got) != UniqueIDSize {
+		lib.Close()
+		return nil, fmt.Errorf("nccl: unique id from rank 0 of %s has %d bytes, want %d", group.Name(), len(got), UniqueIDSize)
+	}
+	copy(id[:], got)
+	c, err := lib.InitRank(ctx, dev, id, group.Rank(), group.Size(), opts)
+	lib.Close() // the Comm holds its own reference
+	return c, err
+}
+
+// InitRank creates this member's communicator from an id every member shares.
+func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, rank, size int, opts Options) (*Comm, error) {
+	if size <= 0 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("nccl: init rank %d of %d: out of range", rank, size)
+	}
+	if err := l.live(); err != nil {
+		return nil, err
+	}
+	// The Comm keeps its own library reference.
+	own, err := Open()
+	if err != nil {
+		return nil, err
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = dist.DefaultTimeout
+	}
+	c := &Comm{lib: own, dev: dev, rank: rank, size: size, timeout: opts.Timeout,
+		nonBlocking: !opts.Blocking && own.Supports("config")}
+	detail := fmt.Sprintf("rank %d of %d, device %d", rank, size, dev.Ordinal())
+	if c.nonBlocking {
+		var comm unsafe.Pointer
+		rc, err := c.onDevice(func() C.int {
+			return C.cp_ncclCommInitRankConfig(&comm, C.int(size), unsafe.Pointer(&id[0]), C.int(rank), 0)
+		})
+		if err == nil && Result(rc) != InProgress {
+			err = check(rc, "ncclCommInitRankConfig", detail, comm)
+		}
+		if err != nil {
+			if comm != nil {
+				C.cp_ncclCommAbort(comm)
+			}
+			own.Close()
+			return nil, err
+		}
+		C.cp_nccl_keep() // NCCL threads now exist
+		c.comm = comm
+		if err := c.waitReady(ctx, comm, "ncclCommInitRankConfig", detail); err != nil {
+			own.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	// Blocking initialisation: run it aside so the caller gets its deadline. On a timeout the
+	// initialising thread is abandoned (NCCL offers no way to interrupt it).
+	type result struct {
+		comm unsafe.Pointer
+		err  error
+	}
+	done := make(chan result, 1)
+	C.cp_nccl_keep()
+	go func() {
+		var comm unsafe.Pointer
+		rc, err := c.onDevice(func() C.int {
+			return C.cp_ncclCommInitRank(&comm, C.int(size), unsafe.Pointer(&id[0]), C.int(rank))
+		})
+		if err == nil {
+			err = check(rc, "ncclCommInitRank", detail, comm)
+		}
+		done <- result{comm, err}
+	}()
+	deadline := dist.Deadline(ctx, opts.Timeout)
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			own.Close()
+			return nil, r.err
+		}
+		c.comm = r.comm
+		return c, nil
+	case <-timer.C:
+		own.Close()
+		return nil, timeoutError(ctx, "ncclCommInitRank", detail, opts.Timeout)
+	}
+}
+
+func timeoutError(ctx context.Context, call, detail string, timeout time.Duration) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("nccl: %s (%s): %w: %w", call, detail, dist.ErrTimeout, ctx.Err())
+	}
+	return fmt.Errorf("nccl: %s (%s) did not complete within %v: %w", call, detail, timeout, dist.ErrTimeout)
+}
+
+// waitReady polls comm's asynchronous error while it is ncclInProgress (non-blocking mode),
+// aborting the communicator at the deadline.
+func (c *Comm) waitReady(ctx context.Context, comm unsafe.Pointer, call, detail string) error {
+	deadline := dist.Deadline(ctx, c.timeout)
+	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+		var st C.int
+		if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", detail, comm); err != nil {
+			return c.fail(err)
+		}
+		switch Result(st) {
+		case Success:
+			return nil
+		case InProgress:
+		default:
+			return c.fail(check(st, call, detail, comm))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return c.fail(timeoutError(ctx, call, detail, c.timeout))
+		}
+		time.Sleep(pause)
+	}
+}
+
+// fail aborts the communicator and records why; later calls return the recorded error.
+func (c *Comm) fail(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed == nil {
+		c.failed = fmt.Errorf("%w: %w", ErrAborted, err)
+	}
+	if c.comm != nil {
+		C.cp_ncclCommAbort(c.comm)
+		c.comm = nil
+	}
+	return err
+}
+
+// handle returns the live ncclComm_t or why there is none.
+func (c *Comm) handle() (unsafe.Pointer, error) {
+	if c == nil {
+		return nil, ErrClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed != nil {
+		return nil, c.failed
+	}
+	if c.comm == nil {
+		return nil, ErrClosed
+	}
+	return c.comm, nil
+}
+
+// Rank is this member's rank in the communicator.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Device is the communicator's device.
+func (c *Comm) Device() *cuda.Device { return c.dev }
+
+// NonBlocking reports whether the communicator was created non-blocking (NCCL >= 2.14).
+func (c *Comm) NonBlocking() bool { return c.nonBlocking }
+
+// Library is the NCCL library the communicator uses.
+func (c *Comm) Library() *Library { return c.lib }
+
+// Query returns the communicator's count, CUDA device and rank as NCCL reports them.
+func (c *Comm) Query() (count, device, rank int, err error) {
+	comm, err := c.handle()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var n, d, r C.int
+	if err := check(C.cp_ncclCommCount(comm, &n), "ncclCommCount", "", comm); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := check(C.cp_ncclCommCuDevice(comm, &d), "ncclCommCuDevice", "", comm); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := check(C.cp_ncclCommUserRank(comm, &r), "ncclCommUserRank", "", comm); err != nil {
+		return 0, 0, 0, err
+	}
+	return int(n), int(d), int(r), nil
+}
+
+// AsyncError returns the communicator's asynchronous error, nil when healthy or still in
+// progress.
+func (c *Comm) AsyncError() error {
+	comm, err := c.handle()
+	if err != nil {
+		return err
+	}
+	var st C.int
+	if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", "", comm); err != nil {
+		return err
+	}
+	if Result(st) == Success || Result(st) == InProgress {
+		return nil
+	}
+	return check(st, "asynchronous error", fmt.Sprintf("rank %d of %d", c.rank, c.size), comm)
+}
+
+// enqueue issues one NCCL call that takes the communicator and finishes a non-blocking
+// in-progress state before returning.
+func (c *Comm) enqueue(ctx context.Context, call, detail string, f func(comm unsafe.Pointer) C.int) error {
+	comm, err := c.handle()
+	if err != nil {
+		return err
+	}
+	rc, err := c.onDevice(func() C.int { return f(comm) })
+	if err != nil {
+		return err
+	}
+	if Result(rc) == InProgress {
+		return c.waitReady(ctx, comm, call, detail)
+	}
+	if err := check(rc, call, detail, comm); err != nil {
+		return err
+	}
+	return nil
+}
+
+func checkArgs(count int, dt DataType, op RedOp, needOp bool) error {
+	if count < 0 {
+		return fmt.Errorf("nccl: negative count %d", count)
+	}
+	if !dt.Valid() {
+		return fmt.Errorf("nccl: unknown data type %d", int(dt))
+	}
+	if needOp && !op.Valid() {
+		return fmt.Errorf("nccl: unknown reduction %d", int(op))
+	}
+	return nil
+}
+
+// AllReduce enqueues recv[i] = op over ranks of send[i], count elements of dt, on s.
+// send == recv is an in-place reduction.
+func (c *Comm) AllReduce(ctx context.Context, send, recv cuda.DevicePtr, count int, dt DataType, op RedOp, s *cuda.Stream) error {
+	if err := checkArgs(count, dt, op, true); err != nil {
+		return err
+	}
+	return c.enqueue(ctx, "ncclAllReduce", fmt.Sprintf("%d x %v %v", count, dt, op), func(comm unsafe.Pointer) C.int {
+		return C.cp_ncclAllReduce(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(op), comm, C.uintptr_t(s.Handle()))
+	})
+}
+
+// Broadcast enqueues copying root's send buffer into every rank's recv buffer.
+func (c *Comm) Broadcast(ctx context.Context, send, recv cuda.DevicePtr, count int, dt DataType, root int, s *cuda.Stream) error {
+	if err := checkArgs(count, dt, 0, false); err != nil {
+		return err
+	}
+	if root < 0 || root >= c.size {
+		return fmt.Errorf("nccl: broadcast root %d out of range [0, %d)", root, c.size)
+	}
+	return c.enqueue(ctx, "ncclBroadcast", fmt.Sprintf("%d x %v from %d", count, dt, root), func(comm unsafe.Pointer) C.int {
+		return C.cp_ncclBroadcast(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root), comm, C.uintptr_t(s.Handle()))
+	})
+}
+
+// AllGather enqueues gathering sendCount elements from every rank into recv, rank-major
+// (recv holds Size()*sendCount elements).
+func (c *Comm) AllGather(ctx context.Context, send, recv cuda.DevicePtr, sendCount int, dt DataType, s *cuda.Stream) error {
+	if err := checkArgs(sendCount, dt, 0, false); err != nil {
+		return err
+	}
+	return c.enqueue(ctx, "ncclAllGather", fmt.Sprintf("%d x %v", sendCount, dt), func(comm unsafe.Pointer) C.int {
+		return C.cp_ncclAllGather(C.uint64_t(send), C.uint64_t(recv), C.size_t(sendCount), C.int(dt), comm, C.uintptr_t(s.Handle()))
+	})
+}
+
+// ReduceScatter enqueues reducing Size()*recvCount elements and leaving block Rank() of the
+// result in recv.
+func (c *Comm) ReduceScatter(ctx context.Context, send, recv cuda.DevicePtr, recvCount int, dt DataType, op RedOp, s *cuda.Stream) error {
+	if err := checkArgs(recvCount, dt, op, true); err != nil {
+		return err
+	}
+	return c.enqueue(ctx, "ncclReduceScatter", fmt.Sprintf("%d x %v %v", recvCount, dt, op), func(comm unsafe.Pointer) C.int {
+		return C.cp_ncclReduceScatter(C.uint64_t(send), C.uint64_t(recv), C.size_t(recvCount), C.int(dt), C.int(op), comm, C.uintptr_t(s.Handle()))
+	})
+}
+
+// Group runs fn between ncclGroupStart and ncclGroupEnd so that the collectives fn enqueues
+// on this communicator are fused. fn runs on the calling goroutine with its OS thread locked
+// (NCCL's group state is per thread): it must not hand work to other goroutines.
+func (c *Comm) Group(ctx context.Context, fn func() error) error {
+	comm, err := c.handle()
+	if err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := c.dev.MakeCurrent(); err != nil {
+		return err
+	}
+	if err := check(C.cp_ncclGroupStart(), "ncclGroupStart", "", comm); err != nil {
+		return err
+	}
+	ferr := fn()
+	rc := C.cp_ncclGroupEnd()
+	if Result(rc) == InProgress {
+		if err := c.waitReady(ctx, comm, "ncclGroupEnd", ""); err != nil {
+			return err
+		}
+	} else if err := check(rc, "ncclGroupEnd", "", comm); err != nil {
+		return errors.Join(ferr, err)
+	}
+	return ferr
+}
+
+// Wait blocks until everything enqueued on s has completed, polling the stream and the
+// communicator's asynchronous error. At the deadline (ctx, else the communicator's timeout)
+// or on an asynchronous error it aborts the communicator and returns an error (wrapping
+// dist.ErrTimeout for a deadline), so a collective whose peers never arrive cannot hang.
+func (c *Comm) Wait(ctx context.Context, s *cuda.Stream) error {
+	comm, err := c.handle()
+	if err != nil {
+		return err
+	}
+	detail := fmt.Sprintf("rank %d of %d", c.rank, c.size)
+	deadline := dist.Deadline(ctx, c.timeout)
+	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+		done, err := s.Query()
+		if err != nil {
+			return c.fail(err)
+		}
+		if done {
+			return nil
+		}
+		var st C.int
+		if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", detail, comm); err != nil {
+			return c.fail(err)
+		}
+		if r := Result(st); r != Success && r != InProgress {
+			return c.fail(check(st, "asynchronous error", detail, comm))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return c.fail(timeoutError(ctx, "wait for stream", detail, c.timeout))
+		}
+		time.Sleep(pause)
+	}
+}
+
+// Abort aborts the communicator (any goroutine may call it, e.g. to unblock a Wait); later
+// calls fail with ErrAborted.
+func (c *Comm) Abort() error {
+	if c == nil {
+		return nil
+	}
+	c.fail(errors.New("aborted by caller"))
+	return nil
+}
+
+// NoColor excludes a rank from every communicator a Split creates (NCCL_SPLIT_NOCOLOR).
+const NoColor = -1
+
+// Split creates sub-communicators: ranks passing the same color form one, ordered by key
+// (then by rank). Every rank of c must call it. A rank passing NoColor gets nil. Needs NCCL
+// >= 2.18 (ErrUnsupported otherwise).
+func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	comm, err := c.handle()
+	if err != nil {
+		return nil, err
+	}
+	if !c.lib.Supports("split") {
+		return nil, fmt.Errorf("nccl: split needs NCCL >= 2.18, have %v: %w", c.lib.Version(), ErrUnsupported)
+	}
+	if color < NoColor {
+		return nil, fmt.Errorf("nccl: split color %d must be >= 0 or NoColor", color)
+	}
+	own, err := Open()
+	if err != nil {
+		return nil, err
+	}
+	nb := C.int(0)
+	if !c.nonBlocking {
+		nb = 1
+	}
+	useCfg := C.int(0)
+	if c.lib.Supports("config") {
+		useCfg = 1
+	}
+	detail := fmt.Sprintf("rank %d of %d, color %d, key %d", c.rank, c.size, color, key)
+	var sub unsafe.Pointer
+	rc, err := c.onDevice(func() C.int { return C.cp_ncclCommSplit(comm, C.int(color), C.int(key), &sub, useCfg, nb) })
+	if err != nil {
+		own.Close()
+		return nil, err
+	}
+	child := &Comm{lib: own, dev: c.dev, nonBlocking: c.nonBlocking, timeout: c.timeout, comm: sub}
+	if Result(rc) == InProgress {
+		if sub == nil {
+			err = c.waitReady(ctx, comm, "ncclCommSplit", detail)
+		} else {
+			err = child.waitReady(ctx, sub, "ncclCommSplit", detail)
+		}
+	} else {
+		err = check(rc, "ncclCommSplit", detail, comm)
+	}
+	if err != nil {
+		own.Close()
+		return nil, err
+	}
+	if sub == nil {
+		own.Close()
+		return nil, nil
+	}
+	n, _, r, err := child.Query()
+	if err != nil {
+		child.Close()
+		return nil, err
+	}
+	child.size, child.rank = n, r
+	return child, nil
+}
+
+// Close finalises and destroys the communicator (aborting it when finalisation does not
+// finish within the timeout) and drops its library reference. Nil-safe and idempotent.
+func (c *Comm) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	comm := c.comm
+	c.comm = nil
+	if c.failed == nil {
+		c.failed = ErrClosed
+	}
+	c.mu.Unlock()
+	if comm == nil {
+		return c.lib.Close()
+	}
+	var err error
+	if c.nonBlocking {
+		rc, cerr := c.onDevice(func() C.int { return C.cp_ncclCommFinalize(comm) })
+		if cerr == nil && Result(rc) == InProgress {
+			tmp := &Comm{timeout: c.timeout}
+			cerr = tmp.waitReady(context.Background(), comm, "ncclCommFinalize", "")
+			if tmp.failed != nil { // waitReady aborted nothing (tmp.comm is nil): abort here
+				C.cp_ncclCommAbort(comm)
+				c.lib.Close()
+				return cerr
+			}
+		} else if cerr == nil {
+			cerr = check(rc, "ncclCommFinalize", "", comm)
+		}
+		err = cerr
+	}
+	rc, derr := c.onDevice(func() C.int { return C.cp_ncclCommDestroy(comm) })
+	if derr == nil {
+		derr = check(rc, "ncclCommDestroy", "", nil)
+	}
+	return errors.Join(err, derr, c.lib.Close())
+}

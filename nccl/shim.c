@@ -1,0 +1,2 @@
+// The C half of package nccl lives in csrc/; this file compiles it into the package.
+#include "../csrc/nccl_loader.c"
