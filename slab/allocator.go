@@ -89,17 +89,35 @@ func (a *Allocator) DigestPair() (d, negD int64) {
 	return d, -d
 }
 
-// slabOf is the slab that owns page j of a reservation starting at sequence page start.
-func (a *Allocator) slabOf(start, j int) int { return (start + j) % a.slabs }
-
 // need returns how many pages a reservation of k pages from sequence page start takes in
 // slab s.
 func (a *Allocator) need(start, k, s int) int {
-	first := (s - start%a.slabs + a.slabs) % a.slabs // first j with slabOf(start, j) == s
+	first := (s - start%a.slabs + a.slabs) % a.slabs // first j with (start+j) mod C == s
 	if first >= k {
 		return 0
 	}
 	return (k-first-1)/a.slabs + 1
+}
+
+// fitsNow reports whether k pages from sequence page start fit in the free pages; when not,
+// it returns the first slab (in reservation order) that lacks space and its need. The slab
+// of page j gets k/C pages, plus one for the first k mod C slabs in reservation order.
+func (a *Allocator) fitsNow(start, k int) (ok bool, slab, need int) {
+	base, extra := k/a.slabs, k%a.slabs
+	s := start % a.slabs
+	for j := range a.slabs {
+		n := base
+		if j < extra {
+			n++
+		}
+		if n > a.freeCount[s] {
+			return false, s, n
+		}
+		if s++; s == a.slabs {
+			s = 0
+		}
+	}
+	return true, 0, 0
 }
 
 // Fits reports whether Reserve(id, start, k) would succeed on space grounds (it does not
@@ -108,12 +126,8 @@ func (a *Allocator) Fits(start, k int) bool {
 	if k <= 0 || start < 0 {
 		return false
 	}
-	for s := 0; s < a.slabs; s++ {
-		if a.need(start, k, s) > a.freeCount[s] {
-			return false
-		}
-	}
-	return true
+	ok, _, _ := a.fitsNow(start, k)
+	return ok
 }
 
 // Shortfall returns, per slab, how many more free pages Reserve(_, start, k) needs than the
@@ -145,26 +159,25 @@ func (a *Allocator) Reserve(id RangeID, start, k int) ([]Page, error) {
 	if _, ok := a.ranges[id]; ok {
 		return nil, rangeErr("reserve", id, ErrRangeExists, "")
 	}
-	for s := 0; s < a.slabs; s++ {
-		n := a.need(start, k, s)
-		if n > a.perSlab {
-			return nil, rangeErr("reserve", id, ErrTooLarge, "%d pages from sequence page %d need %d pages in slab %d, which has %d", k, start, n, s, a.perSlab)
-		}
+	if n := (k + a.slabs - 1) / a.slabs; n > a.perSlab { // the most any one slab must give
+		return nil, rangeErr("reserve", id, ErrTooLarge, "%d pages from sequence page %d need %d pages in slab %d, which has %d", k, start, n, start%a.slabs, a.perSlab)
 	}
-	for s := 0; s < a.slabs; s++ {
-		if n := a.need(start, k, s); n > a.freeCount[s] {
-			return nil, rangeErr("reserve", id, ErrNoSpace, "%d pages from sequence page %d need %d pages in slab %d, which has %d free", k, start, n, s, a.freeCount[s])
-		}
+	if ok, s, n := a.fitsNow(start, k); !ok {
+		return nil, rangeErr("reserve", id, ErrNoSpace, "%d pages from sequence page %d need %d pages in slab %d, which has %d free", k, start, n, s, a.freeCount[s])
 	}
 	pages := make([]Page, k)
+	rk := rangeKey(id)
+	s := start % a.slabs
 	for j := range pages {
-		s := a.slabOf(start, j)
 		i := a.free[s].lowest()
 		a.free[s].take(i)
 		a.freeCount[s]--
 		p := Page{Slab: s, Index: i}
 		pages[j] = p
-		a.digest += pageTerm(p, id, false)
+		a.digest += termOf(pageBase(p, rk), false)
+		if s++; s == a.slabs {
+			s = 0
+		}
 	}
 	a.ranges[id] = &rangeState{pages: pages}
 	a.reservedPages += k
@@ -181,8 +194,10 @@ func (a *Allocator) Commit(id RangeID) error {
 	if r.committed {
 		return rangeErr("commit", id, ErrCommitted, "")
 	}
+	rk := rangeKey(id)
 	for _, p := range r.pages {
-		a.digest += pageTerm(p, id, true) - pageTerm(p, id, false)
+		b := pageBase(p, rk)
+		a.digest += termOf(b, true) - termOf(b, false)
 	}
 	r.committed = true
 	a.reservedPages -= len(r.pages)
@@ -222,8 +237,9 @@ func (a *Allocator) Free(id RangeID) error {
 }
 
 func (a *Allocator) release(id RangeID, r *rangeState) {
+	rk := rangeKey(id)
 	for _, p := range r.pages {
-		a.digest -= pageTerm(p, id, r.committed)
+		a.digest -= termOf(pageBase(p, rk), r.committed)
 		a.free[p.Slab].put(p.Index)
 		a.freeCount[p.Slab]++
 	}
@@ -249,8 +265,9 @@ func (a *Allocator) Split(id RangeID, at int, newID RangeID) error {
 		return rangeErr("split", id, ErrBadArgument, "split point %d outside 1..%d", at, len(r.pages)-1)
 	}
 	head := slices.Clone(r.pages[:at])
+	oldKey, newKey := rangeKey(id), rangeKey(newID)
 	for _, p := range head {
-		a.digest += pageTerm(p, newID, r.committed) - pageTerm(p, id, r.committed)
+		a.digest += termOf(pageBase(p, newKey), r.committed) - termOf(pageBase(p, oldKey), r.committed)
 	}
 	r.pages = slices.Clone(r.pages[at:])
 	a.ranges[newID] = &rangeState{pages: head, committed: r.committed}

@@ -24,14 +24,25 @@ const (
 	digestShapeKey     = 0xd6e8feb86659fd93
 )
 
+// rangeKey is the part of a page's term that depends on its range (hoisted out of loops).
+func rangeKey(id RangeID) uint64 { return mix64(uint64(id) ^ digestRangeKey) }
+
+// pageBase combines a page's address with its range key; the term is mix64 of it (xor the
+// committed key for committed pages).
+func pageBase(p Page, rk uint64) uint64 {
+	return mix64(uint64(uint32(p.Slab))<<32|uint64(uint32(p.Index))+digestPageKey) ^ rk
+}
+
 // pageTerm is the digest contribution of one used page.
 func pageTerm(p Page, id RangeID, committed bool) uint64 {
-	x := mix64(uint64(uint32(p.Slab))<<32 | uint64(uint32(p.Index)) + digestPageKey)
-	x ^= mix64(uint64(id) ^ digestRangeKey)
+	return termOf(pageBase(p, rangeKey(id)), committed)
+}
+
+func termOf(base uint64, committed bool) uint64 {
 	if committed {
-		x ^= digestCommittedKey
+		base ^= digestCommittedKey
 	}
-	return mix64(x)
+	return mix64(base)
 }
 
 // freshDigest is the digest of an all-free pool of the given shape.
