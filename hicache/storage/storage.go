@@ -33,13 +33,16 @@ type Storage interface {
 	// Delete removes keys; missing keys are not an error.
 	Delete(ctx context.Context, keys []Key) error
 
-	// Clear removes every value of this storage's namespace, and nothing else.
+	// Clear removes every value of this storage's namespace, and nothing else (on the
+	// directory backend also leftover temporary files of crashed writers). Values put
+	// concurrently with Clear may survive it.
 	Clear(ctx context.Context) error
 
 	// Stats returns a snapshot of the counters.
 	Stats() Stats
 
-	// Close releases the storage. It is nil-safe and idempotent; later calls return ErrClosed.
+	// Close releases the storage. It is nil-safe and idempotent; other methods called after
+	// it return an error wrapping ErrClosed.
 	Close() error
 }
 
@@ -60,8 +63,9 @@ type Options struct {
 	// TTL, if positive, makes Redis expire each page this long after it was written (URL
 	// "ttl=1h"); shared Redis instances then evict old pages by themselves.
 	TTL time.Duration
-	// OnCorrupt, if set, is called (from the calling goroutine) for each value that failed
-	// verification, with an error wrapping ErrCorrupt that names the key and the reason.
+	// OnCorrupt, if set, is called during Get for each value that failed verification, with
+	// an error wrapping ErrCorrupt that names the key and the reason. The directory backend
+	// may call it from several goroutines at once.
 	OnCorrupt func(error)
 }
 
