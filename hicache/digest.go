@@ -7,10 +7,13 @@ import (
 
 // StateDigest hashes the whole replicated state, walking the tree: every node's id, place,
 // pages, tiers (L1 slots, L2 pages), flags, locks and hits, plus the L1 pool, the queues and
-// the allocator digest. Equal on every rank of a healthy group after every step. O(nodes);
+// the allocator digest (while L2 is enabled). Equal on every rank of a healthy group after every step. O(nodes);
 // meant for tests and debugging (the consensus step uses O(1) digests).
 func (c *Core) StateDigest() uint64 {
-	h := mix64(c.alloc.Digest() ^ uint64(c.l1.used())<<1)
+	h := mix64(uint64(c.l1.used()) << 1)
+	if !c.l2Off { // after a divergence the allocator is abandoned (and may differ)
+		h = mix64(h ^ c.alloc.Digest())
+	}
 	h = mix64(h ^ c.writeSeq ^ c.loadSeq<<32 ^ uint64(len(c.writes))<<48 ^ uint64(len(c.loads))<<56)
 	for _, op := range c.writes {
 		h = mix64(h ^ op.seq ^ op.node.id<<20)

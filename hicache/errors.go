@@ -13,7 +13,7 @@ var (
 	ErrPlacementDiverged = errors.New("hicache: placement diverged")
 	// ErrScope: the consensus group does not cover the slab group (or is not the layout's
 	// replica group). Returned by New; the message names both groups.
-	ErrScope = errors.New("hicache: consensus group does not cover the slab group")
+	ErrScope = errors.New("hicache: consensus group scope")
 	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
 	ErrBusy = errors.New("hicache: busy")
 	// ErrBadConfig: a configuration value that cannot work; the message names it.

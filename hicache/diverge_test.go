@@ -1,0 +1,191 @@
+package hicache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+)
+
+func cp8dp2Rig(t *testing.T, policy Policy, delay func(int) func(Transfer) time.Duration) *rig {
+	return newRig(t, rigConfig{
+		layout:       dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true},
+		opts:         Options{PageSize: 4, L1Pages: 64, Policy: policy, MinLoadPages: 2, LoadQuotaPages: 64},
+		pagesPerSlab: 24, pageBytes: 64, maxDelay: 200 * time.Microsecond, seed: 5, delay: delay,
+	})
+}
+
+func snapshot(slabs []*kvtest.MemSlabs) [][]byte {
+	var out [][]byte
+	for _, s := range slabs[:1] { // one slab group: every rank shares it
+		out = append(out, s.Snapshot()...)
+	}
+	return out
+}
+
+// A replica whose allocator state differs (injected on one rank) is detected at the next
+// step on every rank; from then on no slab byte is written and the cache serves from L1.
+func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
+	r := cp8dp2Rig(t, WriteThrough, nil)
+	r.workload(60, 21, 0)
+	// Backups in flight at detection: made by this insert, deferred to the next step.
+	if _, err := r.insert(tokensN(1000, 40)); err != nil {
+		t.Fatal(err)
+	}
+	const odd = 3
+	r.caches[odd].core.divergeHook = func(c *Core) {
+		c.divergeHook = nil
+		if _, err := c.alloc.Reserve(1<<40, 0, 1); err != nil {
+			t.Error(err)
+		}
+	}
+	step := r.caches[0].core.step
+	errs := r.all(func(i int) error { return r.caches[i].Step(context.Background()) })
+	for i, err := range errs {
+		var de *DivergedError
+		if !errors.Is(err, ErrPlacementDiverged) || !errors.As(err, &de) {
+			t.Fatalf("rank %d: step error %v, want ErrPlacementDiverged", i, err)
+		}
+		if de.Step != step || de.What != "placement digest" || de.Min == de.Max {
+			t.Fatalf("rank %d: %+v, want step %d, placement digest, min != max", i, de, step)
+		}
+		if i == 0 {
+			t.Log(err)
+		}
+	}
+	before := snapshot(r.slabs)
+	hostHits := r.caches[0].Stats().L2HitPages
+	for i, c := range r.caches {
+		if st := c.Stats(); st.L2Enabled || st.DigestMismatches != 1 || !errors.Is(st.Diverged, ErrPlacementDiverged) {
+			t.Fatalf("rank %d after divergence: %+v", i, st)
+		}
+	}
+	// Serving continues from L1: inserts, matches (verified content), evictions, steps.
+	r.checkAgree()
+	counts := r.workload(80, 22, 0)
+	if _, err := r.insert(tokensN(2000, 20)); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := r.matchLoad(tokensN(2000, 20), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].DevicePages != 5 || ms[0].HostPages != 0 {
+		t.Fatalf("after divergence: match %d device + %d host pages, want 5 + 0", ms[0].DevicePages, ms[0].HostPages)
+	}
+	for range 5 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := snapshot(r.slabs)
+	for s := range before {
+		if !bytes.Equal(before[s], after[s]) {
+			t.Fatalf("slab %d changed after the divergence was detected", s)
+		}
+	}
+	st := r.caches[0].Stats()
+	if st.L2HitPages != hostHits || st.DigestMismatches != 1 || st.L1HitPages == 0 {
+		t.Fatalf("after divergence: %d host-hit pages (at detection %d), %d mismatches, %d L1 hit pages; want no new host hits, 1 mismatch, L1 hits",
+			st.L2HitPages, hostHits, st.DigestMismatches, st.L1HitPages)
+	}
+	t.Logf("after divergence: %v, stats %+v", counts, st.CoreStats)
+	// Flush brings L2 back, with a fresh allocator on every rank.
+	r.drain()
+	r.flushAndCheckFresh()
+	r.workload(30, 23, 0)
+	r.checkCollectives()
+}
+
+// Flush while a backup is in flight (or a lock is held) is refused on every rank, makes no
+// collective and changes nothing; once idle it restores the freshly constructed state.
+func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	r := cp8dp2Rig(t, WriteThrough, func(int) func(Transfer) time.Duration {
+		return func(Transfer) time.Duration { <-gate; return 0 }
+	})
+	res, err := r.insert(tokensN(7, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Backups != 1 {
+		t.Fatalf("insert started %d backups, want 1", res[0].Backups)
+	}
+	if err := r.step(); err != nil { // starts the backup, which waits at the gate
+		t.Fatal(err)
+	}
+	busy := func(what string) {
+		t.Helper()
+		d := r.caches[0].StateDigest()
+		cc := r.checkCollectives()
+		errs := r.all(func(i int) error { return r.caches[i].Flush(context.Background()) })
+		for i, err := range errs {
+			if !errors.Is(err, ErrBusy) {
+				t.Fatalf("%s: rank %d flush: %v, want ErrBusy", what, i, err)
+			}
+		}
+		t.Logf("%s: %v", what, errs[0])
+		if got := r.checkCollectives(); got != cc {
+			t.Fatalf("%s: a refused flush made collectives: %+v, before %+v", what, got, cc)
+		}
+		if r.caches[0].StateDigest() != d {
+			t.Fatalf("%s: a refused flush changed the state", what)
+		}
+		r.checkAgree()
+	}
+	busy("backup in flight")
+	open()
+	r.drain()
+	ms, err := r.matchLoad(tokensN(7, 32), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := make([]*Node, len(ms))
+	for i, m := range ms {
+		nodes[i] = m.Last
+	}
+	if err := r.each("lock", func(i int, c *Cache) error { return c.Lock(nodes[i]) }); err != nil {
+		t.Fatal(err)
+	}
+	busy("lock held")
+	if err := r.each("unlock", func(i int, c *Cache) error { return c.Unlock(nodes[i]) }); err != nil {
+		t.Fatal(err)
+	}
+	if r.caches[0].Core().alloc.Digest() == mustFresh(t, r).alloc.Digest() {
+		t.Fatal("the allocator is fresh before the flush; the test proves nothing")
+	}
+	r.flushAndCheckFresh()
+	if err := r.each("lock stale node", func(i int, c *Cache) error { return c.Lock(nodes[i]) }); !errors.Is(err, ErrBadArgument) {
+		t.Fatalf("lock of a node from before the flush: %v, want ErrBadArgument", err)
+	}
+	cc := r.checkCollectives()
+	if cc.Barrier != 1 {
+		t.Fatalf("collectives %+v: want exactly one barrier (the accepted flush)", cc)
+	}
+	// The cache works after the flush.
+	r.workload(40, 31, 0)
+}
+
+func mustFresh(t *testing.T, r *rig) *Core {
+	c, err := NewCore(r.caches[0].core.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func tokensN(base int32, n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = base + int32(i)
+	}
+	return out
+}
