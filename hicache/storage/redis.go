@@ -49,11 +49,14 @@ func openRedis(ctx context.Context, addr, user, pass, prefix string, opts Option
 	return s, nil
 }
 
-// opErr wraps a pool error: a server error reply has no kind, everything else means the
-// server could not be used (ErrUnavailable).
+// opErr wraps a pool error: a server error reply has no kind (e.g. OOM: the server is
+// full) unless it says the server is temporarily unable to serve; everything else means
+// the server could not be used (ErrUnavailable).
 func (s *redisStore) opErr(op string, err error) error {
 	var re redisError
 	switch {
+	case errors.As(err, &re) && transientReply(string(re)):
+		return s.err(op, ErrUnavailable, err)
 	case errors.As(err, &re):
 		return s.err(op, nil, err)
 	case errors.Is(err, ErrClosed):
@@ -438,6 +441,16 @@ func (s *redisStore) Clear(ctx context.Context) error {
 		}
 		cursor = next
 	}
+}
+
+// transientReply reports whether an error reply means "try again later".
+func transientReply(msg string) bool {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func globEscape(s string) string {

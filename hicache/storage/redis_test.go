@@ -221,3 +221,35 @@ func TestRedisAuth(t *testing.T) {
 		t.Fatalf("open with a wrong password: %v", err)
 	}
 }
+
+// TestRedisFull: a server at its memory limit refuses writes with an error reply. Put
+// returns an error that names it (not ErrUnavailable: the server is up), the connection
+// stays in sync through the pipelined refusals, and reads keep working.
+func TestRedisFull(t *testing.T) {
+	r := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	ns := mustNamespace(t, "full")
+	s := openURL(t, r.url("full"), storage.Options{Namespace: ns, PoolSize: 1})
+	defer s.Close()
+	keys := make([]storage.Key, 64)
+	pages := make([][]byte, 64)
+	for i := range keys {
+		keys[i] = storage.NewKey(ns, uint64(i))
+		pages[i] = bytes.Repeat([]byte{byte(i)}, 64<<10)
+	}
+	err := s.Put(testCtx(t), keys, pages)
+	if err == nil || errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("put of 4 MiB into a 2 MiB server: %v; want the server's OOM refusal", err)
+	}
+	present := make([]bool, len(keys))
+	n, err := s.Exists(testCtx(t), keys, present)
+	if err != nil || n == 0 || n == len(keys) {
+		t.Fatalf("exists after a partial put: %d leading, %v; want some but not all", n, err)
+	}
+	dst := make([][]byte, n)
+	for i := range dst {
+		dst[i] = make([]byte, 64<<10)
+	}
+	if got, err := s.Get(testCtx(t), keys[:n], dst, nil); err != nil || got != n || !bytes.Equal(dst[n-1], pages[n-1]) {
+		t.Fatalf("get of the stored part: %d of %d, %v", got, n, err)
+	}
+}

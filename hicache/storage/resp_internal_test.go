@@ -17,3 +17,16 @@ func TestParseInt(t *testing.T) {
 		}
 	}
 }
+
+func TestTransientReply(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"LOADING Redis is loading the dataset in memory":          true,
+		"BUSY Redis is busy running a script":                     true,
+		"OOM command not allowed when used memory > 'maxmemory'.": false,
+		"ERR unknown command":                                     false,
+	} {
+		if got := transientReply(msg); got != want {
+			t.Errorf("transientReply(%q) = %v, want %v", msg, got, want)
+		}
+	}
+}
