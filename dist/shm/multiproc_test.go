@@ -26,6 +26,7 @@ import (
 const (
 	envDir   = "SHM_TEST_DIR"   // segment directory
 	envIters = "SHM_TEST_ITERS" // soak iterations / benchmark operations
+	envWant  = "SHM_TEST_WANT"  // select role: the backend Consensus must pick, or "not-local"
 )
 
 func TestMain(m *testing.M) {
@@ -33,6 +34,7 @@ func TestMain(m *testing.M) {
 	multiproc.Register("peer-death", rolePeerDeath)
 	multiproc.Register("stall", roleStall)
 	multiproc.Register("bench", roleBench)
+	multiproc.Register("select", roleSelect)
 	multiproc.Main(m)
 }
 
@@ -148,6 +150,36 @@ func roleStall() error {
 	return nil
 }
 
+// roleSelect picks the consensus group with shm.Consensus (backend setting from
+// CPCACHE_CONSENSUS_BACKEND) and checks the choice, then runs the conformance suite on it.
+func roleSelect() error {
+	ctx := context.Background()
+	world, err := gloo.NewWorld(ctx, gloo.Options{Timeout: time.Minute})
+	if err != nil {
+		return err
+	}
+	defer world.Close()
+	g, backend, err := shm.Consensus(ctx, world, shm.Options{Dir: os.Getenv(envDir), Timeout: time.Minute})
+	want := os.Getenv(envWant)
+	if want == "not-local" {
+		if !errors.Is(err, shm.ErrNotLocal) || !strings.Contains(err.Error(), "netns") {
+			return fmt.Errorf("want an error wrapping shm.ErrNotLocal naming netns, got %v", err)
+		}
+		return world.Barrier(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	if backend != want {
+		return fmt.Errorf("consensus backend %q, want %q", backend, want)
+	}
+	if err := grouptest.Conformance(ctx, g); err != nil {
+		return err
+	}
+	return world.Barrier(ctx)
+}
+
 // roleBench times AllReduce of 8 int64 MIN on the Gloo world group and on the
 // shared-memory group built over it, in the same processes; rank 0 prints the median and
 // p99 of each.
@@ -245,4 +277,15 @@ func TestMultiProcessPeerDeath(t *testing.T) {
 
 func TestMultiProcessStall(t *testing.T) {
 	multiproc.Run(t, multiproc.Spec{Role: "stall", N: 4, Env: rankEnv(t, 0), Timeout: 2 * time.Minute})
+}
+
+func TestMultiProcessConsensusSelection(t *testing.T) {
+	for _, tc := range []struct{ setting, want string }{
+		{"", shm.BackendShm}, {"auto", shm.BackendShm}, {"shm", shm.BackendShm}, {"gloo", shm.BackendBootstrap},
+	} {
+		t.Run("backend="+tc.setting, func(t *testing.T) {
+			env := append(rankEnv(t, 0), shm.EnvBackend+"="+tc.setting, envWant+"="+tc.want)
+			multiproc.Run(t, multiproc.Spec{Role: "select", N: 3, Env: env, Timeout: 2 * time.Minute})
+		})
+	}
 }
