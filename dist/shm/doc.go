@@ -33,9 +33,10 @@
 // Members that called different collectives, or AllReduce with a different op or length, or
 // Broadcast with a different root, all fail with dist.ErrMismatch.
 //
-// Waiting spins briefly (only when the group has no more members than CPUs) and then
-// sleeps on a futex in the segment (a shared futex, since it crosses processes), woken by
-// the last member to arrive. While asleep a waiter wakes every Options.PollInterval to check
+// Waiting spins briefly (a few hundred checks when the group has no more members than
+// CPUs, a few dozen otherwise), then yields the CPU a few times so that members that have
+// not arrived can run, then sleeps on a futex in the segment (a shared futex, since it
+// crosses processes), woken by the last member to arrive: no waiter holds a CPU for long. While asleep a waiter wakes every Options.PollInterval to check
 // its deadline and context, whether a missing member closed the group, and whether a missing
 // member's process exited (through a pidfd, or kill(pid, 0) where pidfds are unavailable).
 //
