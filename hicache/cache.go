@@ -391,6 +391,14 @@ func (c *Cache) recordLatency(d time.Duration) {
 	s.next = (s.next + 1) % c.maxSamples
 }
 
+// Pending is the number of backups and loads in flight (replicated: equal on every rank, so
+// a loop "step while Pending() > 0" makes the same number of steps everywhere).
+func (c *Cache) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.core.writes) + len(c.core.loads)
+}
+
 // Idle reports whether Flush would be allowed (nothing in flight, nothing locked).
 func (c *Cache) Idle() bool {
 	c.mu.Lock()

@@ -1,0 +1,86 @@
+// Package hicache is cpcache's hierarchical KV cache for context-parallel (CP) groups: a
+// radix-tree prefix cache over paged KV whose L1 is each rank's device KV pool and whose L2
+// is a page pool shared by the ranks of a CP group through memory slabs (slab.Set), kept
+// identical on every rank of the replica group by one consensus step per scheduler step.
+//
+// # Structure
+//
+// Core is a deterministic state machine — no goroutines, clocks, I/O or collectives: the
+// radix tree (nodes are runs of whole pages with chained page hashes, usable as L3 keys),
+// the replicated L1 accounting (lowest free slot first), the replicated L2 allocator
+// (slab.Allocator: page i of a sequence lives in slab i mod C, written and read only by its
+// owner, CP rank i mod C), the write policies, the queues of backups and loads in flight,
+// and the consensus vector. Cache is the driver: it runs the core's transfers on an Engine
+// (HostEngine: worker goroutines over host memory; CUDAEngine: streams and events) and its
+// consensus collective on the replica group. package kvtest makes KV content checkable
+// (FillKV/CheckKV) and provides an in-process L2 for tests.
+//
+// # Scoping by construction
+//
+// New takes the dist.Layout, this rank, the consensus group and the slab set. It fails with
+// ErrScope, naming both groups, if any member of the slab group is missing from the
+// consensus group, or if the consensus group is not the layout's replica group (the
+// attention-DP block). This rejects the historical bug — under CP8 DP2 with DP attention,
+// the size-1 attention-TP group given as consensus group, so that every collective silently
+// did nothing. A size-1 consensus group passes only when the layout replicates nothing.
+//
+// # One scheduler step
+//
+// Every rank of the replica group runs the same scheduler. Calls marked R are replicated:
+// every rank must make them in the same order with the same arguments (they change
+// replicated state); calls marked L are local.
+//
+//  1. For each new request: m := cache.Match(tokens) (R) gives the device hit (pages in L1),
+//     the host hit (pages only in L2 that follow it) and the deepest node m.Last.
+//     cache.Lock(m.Last) (R) pins the prefix while the request runs.
+//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
+//     this rank's reads of its own pages; before a layer reads that prefix from L1, the
+//     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
+//  3. After prefill: res := cache.Insert(tokens) (R) caches the sequence's whole pages; the
+//     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
+//     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
+//     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
+//     scheduler needs room. cache.HintEvict (L) reports local memory pressure instead.
+//  4. cache.Step(ctx) (R), exactly once per scheduler step, on every rank, even when
+//     nothing is pending: backups made since the last step start; finished transfers are
+//     counted (local events); one AllReduce(MIN) of a fixed-length int64 vector runs on the
+//     replica group; every rank applies the same agreed result — commits the backups every
+//     rank finished (aborts the first one any rank failed), finishes loads, evicts the
+//     largest hinted amount — and checks the digests.
+//  5. cache.Flush(ctx) (R), only when idle (Pending() == 0 and no locks; else ErrBusy and
+//     nothing changes): a barrier, then the tree, L1 accounting, queues, hints and the L2
+//     allocator are reset; the allocator's digest equals a fresh one on every rank.
+//
+// # The consensus vector
+//
+// Slots (VectorLen int64s): the configuration fingerprint, the tree digest and the L2
+// placement digest, each as x and -x so one MIN yields min and max; the seq of this rank's
+// first unfinished backup and of its first failed one (MaxInt64 if none), the same for
+// load-backs; and the negated L1 and L2 eviction hints. Rules that follow from it:
+//
+//   - Only scheduler calls and agreed results change replicated state. A copy finishing on
+//     one rank changes nothing until the step in which every rank reports it.
+//   - Reserve → agree → commit or abort: a backup reserves its L2 pages at once (the
+//     allocator is replicated, so every rank picks the same pages), its copies may fail on
+//     one rank, and it commits or aborts on every rank at the same step.
+//   - No page is freed or reused while any rank has I/O on it: nodes with a backup or load
+//     in flight are not evictable, and L2 eviction takes only nodes held in L2 alone.
+//   - A digest mismatch returns a *DivergedError wrapping ErrPlacementDiverged on every
+//     rank, naming the step and the min/max digests. Transfers in flight are canceled and
+//     drained before Step returns; no slab byte is written afterwards; nodes held only in L2
+//     are dropped and the cache serves from L1 until a Flush.
+//
+// # Write policies
+//
+// WriteThrough backs a node up when inserted; WriteThroughSelective after WriteThreshold
+// insertions; WriteBack when it is evicted from L1 (its L1 pages are freed once the backup
+// commits). Load-back needs a host hit of at least MinLoadPages and at most LoadQuotaPages
+// pages loading at once. L1 eviction takes least recently used leaves; a node with an L2
+// copy becomes L2-only, other nodes are dropped (or, under WriteBack, backed up first).
+//
+// # Ownership and concurrency
+//
+// A Cache owns its Core and, when it made it, its engine; the caller owns the group and the
+// slab set and closes them after Cache.Close. Cache methods are safe for concurrent use, but
+// the replicated ones must be issued by one scheduler goroutine per rank.
+package hicache
