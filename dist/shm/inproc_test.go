@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -450,4 +451,28 @@ func TestSoakMixingSharedMemoryAndFallbackOperations(t *testing.T) {
 		assert.NoError(t, err, "rank %d", r)
 	}
 	assert.Equal(t, iters/2, counted[0].Counts().AllReduce-before, "odd iterations fell back")
+}
+
+func TestWaitingSleepsInsteadOfSpinning(t *testing.T) {
+	// Member 0 waits about 400 ms for member 1 in a barrier. A waiter that spun would use
+	// that much CPU time; one that sleeps on the futex uses a small fraction of it.
+	gs, _ := newGroups(t, 2, shm.Options{})
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	const wait = 400 * time.Millisecond
+	before := cpu()
+	errs := runAll(2, func(r int) error {
+		if r == 1 {
+			time.Sleep(wait)
+		}
+		return gs[r].Barrier(context.Background())
+	})
+	used := cpu() - before
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	assert.Less(t, used, wait/4, "CPU time used while one member waited %v", wait)
 }
