@@ -15,11 +15,11 @@ func TestReplicasRandomWorkload(t *testing.T) {
 		steps  int
 	}{
 		// CP8 DP2: the replica group is one DP block of 8, which is also the slab group.
-		{"cp8dp2/write_through", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThrough, 300},
-		{"cp8dp2/write_back", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteBack, 300},
-		{"cp8dp2/write_through_selective", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThroughSelective, 300},
+		{"cp8dp2/write_through", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThrough, 1500},
+		{"cp8dp2/write_back", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteBack, 1500},
+		{"cp8dp2/write_through_selective", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThroughSelective, 1000},
 		// CP8 TP2: 16 replicas, two slab groups of 8 (one per tensor-parallel shard).
-		{"cp8tp2/write_through", dist.LayoutConfig{World: 16, AttnCP: 8}, WriteThrough, 250},
+		{"cp8tp2/write_through", dist.LayoutConfig{World: 16, AttnCP: 8}, WriteThrough, 1200},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -31,7 +31,7 @@ func TestReplicasRandomWorkload(t *testing.T) {
 				opts:         Options{PageSize: 4, L1Pages: 64, Policy: tc.policy, MinLoadPages: 2, LoadQuotaPages: 64},
 				pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 3,
 			})
-			counts := r.workload(tc.steps, 11, 100)
+			counts := r.workload(tc.steps, 11, 400)
 			r.drain()
 			cc := r.checkCollectives()
 			st := r.caches[0].Stats()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -250,86 +249,24 @@ func (r *rig) checkCollectives() dist.Counts {
 	return c0
 }
 
-// workload drives a random scheduler for steps steps; every decision is drawn once and
-// made on every rank. Local eviction hints come from per-rank generators.
+// workload runs rankWorkload on every rank concurrently (the collectives keep them in
+// step) and checks that all ranks recorded the same digests after every step.
 func (r *rig) workload(steps int, seed uint64, flushEvery int) map[string]int {
-	rng := rand.New(rand.NewPCG(seed, 99))
-	P := r.caches[0].core.cfg.PageSize
-	seqs := testSeqs(rng, 40, P)
-	var locked [][]*Node
-	counts := map[string]int{}
-	for s := 0; s < steps; s++ {
-		for k := rng.IntN(3); k >= 0; k-- {
-			tokens := seqs[rng.IntN(len(seqs))]
-			switch op := rng.IntN(12); {
-			case op < 4:
-				if _, err := r.insert(tokens); err != nil {
-					if !errors.Is(err, ErrL1Full) {
-						r.t.Fatal(err)
-					}
-					counts["l1full"]++
-				}
-			case op < 9:
-				ms, err := r.matchLoad(tokens, rng.IntN(4) > 0)
-				if err != nil {
-					r.t.Fatal(err)
-				}
-				if ms[0].HostPages > 0 {
-					counts["hosthit"]++
-				}
-				if ms[0].DevicePages > 0 && len(locked) < 3 && rng.IntN(2) == 0 {
-					var nodes []*Node
-					for _, m := range ms {
-						nodes = append(nodes, m.Last)
-					}
-					if err := r.each("lock", func(i int, c *Cache) error { return c.Lock(nodes[i]) }); err != nil {
-						r.t.Fatal(err)
-					}
-					locked = append(locked, nodes)
-				}
-			case op < 10 && len(locked) > 0:
-				j := rng.IntN(len(locked))
-				nodes := locked[j]
-				locked = slices.Delete(locked, j, j+1)
-				if err := r.each("unlock", func(i int, c *Cache) error { return c.Unlock(nodes[i]) }); err != nil {
-					r.t.Fatal(err)
-				}
-			default:
-				n1, n2 := rng.IntN(12), rng.IntN(12)
-				if err := r.each("evict", func(i int, c *Cache) error {
-					if _, _, err := c.EvictL1(n1); err != nil {
-						return err
-					}
-					_, err := c.EvictL2(n2)
-					return err
-				}); err != nil {
-					r.t.Fatal(err)
-				}
-			}
-		}
-		if rng.IntN(8) == 0 {
-			hinter := rng.IntN(len(r.caches))
-			h1, h2 := rng.IntN(6), rng.IntN(6)
-			r.caches[hinter].HintEvict(h1, h2)
-		}
-		if err := r.step(); err != nil {
-			r.t.Fatal(err)
-		}
-		if last := s == steps-1; last || flushEvery > 0 && s%flushEvery == flushEvery-1 {
-			for _, nodes := range locked {
-				if err := r.each("unlock", func(i int, c *Cache) error { return c.Unlock(nodes[i]) }); err != nil {
-					r.t.Fatal(err)
-				}
-			}
-			locked = nil
-			r.drain()
-			if !last {
-				r.flushAndCheckFresh()
-				counts["flush"]++
-			}
-		}
+	r.t.Helper()
+	recs := make([][]stepRecord, len(r.caches))
+	counts := make([]map[string]int, len(r.caches))
+	errs := r.all(func(i int) error {
+		var err error
+		recs[i], counts[i], err = rankWorkload(context.Background(), r.caches[i], r.shards[i], steps, seed, flushEvery)
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		r.t.Fatal(err)
 	}
-	return counts
+	if err := compareRecords(recs); err != nil {
+		r.t.Fatal(err)
+	}
+	return counts[0]
 }
 
 // flushAndCheckFresh flushes an idle cache and checks the fresh state on every rank.

@@ -1,0 +1,184 @@
+package hicache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/cpcache/cpcache/hicache/kvtest"
+)
+
+// stepRecord is what one rank reports after a step of a workload.
+type stepRecord struct {
+	state, placement uint64
+	l2               bool
+}
+
+// rankWorkload is one rank's random scheduler: every decision comes from a generator seeded
+// with seed (so every rank makes the same calls), local eviction hints from one seeded with
+// (seed, rank). It fills the pages it owns, verifies every device page it owns after each
+// match, checks the structural invariants after each step and records the digests.
+func rankWorkload(ctx context.Context, c *Cache, shard, steps int, seed uint64, flushEvery int) ([]stepRecord, map[string]int, error) {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	local := rand.New(rand.NewPCG(seed, uint64(1000+c.CPRank()+shard*64)))
+	P := c.core.cfg.PageSize
+	seqs := testSeqs(rng, 40, P)
+	var locked []*Node
+	counts := map[string]int{}
+	var recs []stepRecord
+	step := func() error {
+		err := c.Step(ctx)
+		if ierr := c.core.checkInvariants(); ierr != nil {
+			return ierr
+		}
+		recs = append(recs, stepRecord{c.StateDigest(), c.core.alloc.Digest(), c.core.L2Enabled()})
+		return err
+	}
+	for s := 0; s < steps; s++ {
+		for k := rng.IntN(3); k >= 0; k-- {
+			tokens := seqs[rng.IntN(rng.IntN(len(seqs))+1)] // skewed: low indices are hot
+			switch op := rng.IntN(12); {
+			case op < 4:
+				res, err := c.Insert(tokens)
+				if errors.Is(err, ErrL1Full) {
+					counts["l1full"]++
+				} else if err != nil {
+					return recs, counts, err
+				}
+				for _, f := range res.Fill {
+					if c.Owns(f.Index) {
+						b, err := c.L1Page(f.Slot)
+						if err != nil {
+							return recs, counts, err
+						}
+						kvtest.FillKV(b, f.Hash, f.Index, shard)
+					}
+				}
+			case op < 9:
+				m, err := matchLoadVerify(ctx, c, tokens, shard, rng.IntN(4) > 0)
+				if err != nil {
+					return recs, counts, err
+				}
+				if m.HostPages > 0 {
+					counts["hosthit"]++
+				}
+				if m.DevicePages > 0 && len(locked) < 3 && rng.IntN(2) == 0 {
+					if err := c.Lock(m.Last); err != nil {
+						return recs, counts, err
+					}
+					locked = append(locked, m.Last)
+				}
+			case op < 10 && len(locked) > 0:
+				j := rng.IntN(len(locked))
+				if err := c.Unlock(locked[j]); err != nil {
+					return recs, counts, err
+				}
+				locked = slices.Delete(locked, j, j+1)
+			default:
+				if _, _, err := c.EvictL1(rng.IntN(12)); err != nil {
+					return recs, counts, err
+				}
+				if _, err := c.EvictL2(rng.IntN(12) * rng.IntN(2)); err != nil {
+					return recs, counts, err
+				}
+			}
+		}
+		if local.IntN(100) == 0 {
+			c.HintEvict(local.IntN(6), local.IntN(6))
+		}
+		if err := step(); err != nil {
+			return recs, counts, err
+		}
+		if last := s == steps-1; last || flushEvery > 0 && s%flushEvery == flushEvery-1 {
+			for _, n := range locked {
+				if err := c.Unlock(n); err != nil {
+					return recs, counts, err
+				}
+			}
+			locked = nil
+			for k := 0; c.Pending() > 0; k++ {
+				if k > 100000 {
+					return recs, counts, errors.New("cache never drained")
+				}
+				if err := step(); err != nil {
+					return recs, counts, err
+				}
+			}
+			if last {
+				break
+			}
+			if err := c.Flush(ctx); err != nil {
+				return recs, counts, err
+			}
+			fresh, err := NewCore(c.core.cfg)
+			if err != nil {
+				return recs, counts, err
+			}
+			if c.StateDigest() != fresh.StateDigest() || c.core.alloc.Digest() != fresh.alloc.Digest() {
+				return recs, counts, fmt.Errorf("after flush: state digest %#x, placement %#x; fresh %#x, %#x",
+					c.StateDigest(), c.core.alloc.Digest(), fresh.StateDigest(), fresh.alloc.Digest())
+			}
+			counts["flush"]++
+		}
+	}
+	return recs, counts, nil
+}
+
+// matchLoadVerify matches tokens, loads the host part back when asked, waits for this
+// rank's copies and verifies every device page this rank owns.
+func matchLoadVerify(ctx context.Context, c *Cache, tokens []int32, shard int, load bool) (MatchResult, error) {
+	m, err := c.Match(tokens)
+	if err != nil {
+		return m, err
+	}
+	if load && m.HostPages > 0 {
+		lr, err := c.LoadBack(m.Last)
+		if err != nil && !errors.Is(err, ErrL1Full) {
+			return m, err
+		}
+		if lr.Pages > 0 {
+			if m, err = c.Match(tokens); err != nil {
+				return m, err
+			}
+		}
+	}
+	if err := c.WaitL1(ctx, m.Last); err != nil {
+		return m, err
+	}
+	pages := m.DevicePages
+	for _, n := range pathTo(m.Last) {
+		for j := 0; j < n.Pages() && pages > 0; j++ {
+			pages--
+			idx := n.Depth() + j
+			if !c.Owns(idx) {
+				continue
+			}
+			b, err := c.L1Page(n.L1Slots()[j])
+			if err != nil {
+				return m, err
+			}
+			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, shard); err != nil {
+				return m, fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID(), err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// compareRecords checks that every rank recorded the same digests at every step.
+func compareRecords(recs [][]stepRecord) error {
+	for i, r := range recs {
+		if len(r) != len(recs[0]) {
+			return fmt.Errorf("rank %d made %d steps, rank 0 %d", i, len(r), len(recs[0]))
+		}
+		for s := range r {
+			a, b := r[s], recs[0][s]
+			if a.state != b.state || a.l2 != b.l2 || a.l2 && a.placement != b.placement {
+				return fmt.Errorf("step %d: rank %d digests %#x/%#x, rank 0 %#x/%#x", s, i, a.state, a.placement, b.state, b.placement)
+			}
+		}
+	}
+	return nil
+}
