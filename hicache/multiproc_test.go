@@ -1,0 +1,155 @@
+package hicache
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/slab"
+)
+
+// Multi-process tests: 8 rank processes (re-executions of this test binary) joined by Gloo
+// over a file store, sharing host shared-memory slabs (slab.OpenSet), each running the same
+// random scheduler as the in-process replicas. Parameters travel in CPCACHE_TEST_* variables.
+
+func TestMain(m *testing.M) { multiproc.Main(m) }
+
+func init() {
+	multiproc.Register("hicache-workload", roleWorkload)
+	multiproc.Register("hicache-step-bench", roleStepBench)
+}
+
+const mpRanks = 8
+
+// mpCache sets up one rank process: Gloo world and layout groups, the slab set of the slab
+// group, and a cache on the counted replica group.
+func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+	var closers []func() error
+	cleanup = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+	world, err := gloo.NewWorld(ctx, gloo.Options{Timeout: 60 * time.Second})
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	closers = append(closers, world.Close)
+	layout, err := dist.NewLayout(dist.LayoutConfig{World: world.Size(), AttnCP: world.Size()})
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	groups, err := gloo.NewLayoutGroups(world, layout)
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	closers = append(closers, groups.Close)
+	set, err := slab.OpenSet(ctx, groups.Group(dist.KindSlab), slab.Spec{
+		Backend: slab.Host, PageSize: 64, Pages: 24, Layout: "hicache-test", Tag: os.Getenv("CPCACHE_TEST_TAG"),
+	})
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	closers = append(closers, set.Close)
+	counted = dist.Count(groups.Group(dist.KindReplica))
+	var he HostEngineOptions
+	if delay > 0 {
+		rng := rand.New(rand.NewPCG(7, uint64(world.Rank())))
+		var mu sync.Mutex
+		he.Delay = func(Transfer) time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			return time.Duration(rng.Int64N(int64(delay)))
+		}
+	}
+	c, err = New(ctx, Config{Options: opts, Layout: layout, Rank: world.Rank(), Group: counted, Slabs: set, HostEngine: he})
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	closers = append(closers, c.Close)
+	return c, counted, cleanup, nil
+}
+
+func roleWorkload() error {
+	ctx := context.Background()
+	c, counted, cleanup, err := mpCache(ctx, Options{PageSize: 4, L1Pages: 64, Policy: WriteThrough, MinLoadPages: 2, LoadQuotaPages: 64}, 300*time.Microsecond)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	recs, counts, err := rankWorkload(ctx, c, 0, 300, 41, 100)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	for s, r := range recs {
+		fmt.Fprintf(&b, "step %d state %#x placement %#x l2 %t\n", s, r.state, r.placement, r.l2)
+	}
+	st := c.Stats()
+	fmt.Fprintf(&b, "collectives %+v\n", counted.Counts())
+	fmt.Fprintf(&b, "flushes %d steps %d written %d loaded %d\n", counts["flush"], st.Steps, st.WrittenPages, st.LoadedPages)
+	rank, _ := multiproc.Rank()
+	return os.WriteFile(filepath.Join(os.Getenv("CPCACHE_TEST_OUT"), fmt.Sprintf("rank-%d.txt", rank)), []byte(b.String()), 0o600)
+}
+
+func mpEnv(t testing.TB, extra ...string) []string {
+	return append([]string{
+		"CPCACHE_STORE=file://" + t.TempDir(),
+		fmt.Sprintf("CPCACHE_TEST_TAG=hc%d", os.Getpid()%1000000),
+	}, extra...)
+}
+
+func TestMultiprocGlooReplicasAgree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	out := t.TempDir()
+	multiproc.Run(t, multiproc.Spec{Role: "hicache-workload", N: mpRanks, Timeout: 3 * time.Minute, Env: mpEnv(t, "CPCACHE_TEST_OUT="+out)})
+	if t.Failed() {
+		return
+	}
+	var first string
+	for r := range mpRanks {
+		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.txt", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r == 0 {
+			first = string(b)
+			continue
+		}
+		if string(b) != first {
+			a, c := strings.Split(first, "\n"), strings.Split(string(b), "\n")
+			for i := range min(len(a), len(c)) {
+				if a[i] != c[i] {
+					t.Fatalf("rank %d differs from rank 0 at line %d:\n%s\n%s", r, i, c[i], a[i])
+				}
+			}
+			t.Fatalf("rank %d's record has %d lines, rank 0's %d", r, len(c), len(a))
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(first), "\n")
+	summary := lines[len(lines)-1]
+	t.Logf("%d steps on every rank; %s; %s", len(lines)-2, lines[len(lines)-2], summary)
+	var flushes, steps, written, loaded int
+	if _, err := fmt.Sscanf(summary, "flushes %d steps %d written %d loaded %d", &flushes, &steps, &written, &loaded); err != nil {
+		t.Fatal(err)
+	}
+	if flushes != 2 || written == 0 {
+		t.Fatalf("workload summary %q: want 2 flushes and backups", summary)
+	}
+}
