@@ -97,18 +97,21 @@ type Group struct {
 	opts  Options
 	l     layout
 
-	// Pointers into mem for the shared words (valid until Close unmaps mem).
+	// Pointers into mem for the shared words, set at creation; dereferenced only while
+	// mem is mapped (under mu, or by Close before it unmaps).
 	bell, waiters   *uint32
 	arrivals, abort *uint64
 	arrive          []*uint64 // arrive[r]: rounds member r has arrived at
 	closedFlag      []*uint32 // closedFlag[r]: member r closed the group
-	peers           []peerProc
-	closing         atomic.Bool // Close was called on this member
-	mu              sync.Mutex  // serialises collectives and Close's unmapping; protects everything below
-	mem             []byte      // the mapping; nil after Close
-	seq             uint64      // rounds this member has started
-	broken          error       // sticky error after a failed collective
-	fallbacks       uint64      // operations that went through the bootstrap group
+
+	closing atomic.Bool // Close was called on this member
+
+	mu        sync.Mutex // serialises collectives and Close's unmapping; protects everything below
+	mem       []byte     // the mapping; nil after Close
+	peers     []peerProc // watches on the members' processes; closed by Close
+	seq       uint64     // rounds this member has started
+	broken    error      // sticky error after a failed collective
+	fallbacks uint64     // operations that went through the bootstrap group
 }
 
 var _ dist.Group = (*Group)(nil)
