@@ -76,7 +76,10 @@ static int cp_lib_open_locked(cp_lib *lib, const char *const *candidates, int nc
     }
     const char *why = dlerror();
     cp_appendf(err, cap, "%s%s", i == 0 ? "" : "; ", "");
-    cp_appendf(err, cap, "%s: %s", candidates[i], why ? why : "unknown dlopen error");
+    if (why != NULL && strncmp(why, candidates[i], strlen(candidates[i])) == 0)
+      cp_appendf(err, cap, "%s%s", why, ""); /* dlerror already names the file */
+    else
+      cp_appendf(err, cap, "%s: %s", candidates[i], why ? why : "unknown dlopen error");
   }
   if (h == NULL) return CP_LOAD_NO_LIBRARY;
   err[0] = 0;
