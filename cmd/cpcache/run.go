@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/runner"
+)
+
+func init() {
+	register(command{name: "run", summary: "serve a workload through the cache on a world of ranks and report (the main job)", run: runRun})
+}
+
+const runDescription = `Serves a request workload through the hierarchical cache on a world of ranks over Gloo
+groups and host shared-memory L2 slabs, verifies every page loaded back from L2, and
+prints a report (rank 0). Without flags: CP8 DP2 EP16 with DP attention on 16 local ranks
+and the built-in synthetic multi-turn workload.
+
+Without launcher variables it starts --world ranks of itself on this machine (like
+cpcache launch, with a temporary file store); under mpirun or torchrun (RANK or
+OMPI_COMM_WORLD_RANK set) it runs as one rank of their job, and --world defaults to the
+launcher's world size.
+
+Requests go to DP replicas by client mod attn_dp (synthetic) or by a hash of the first
+512-token block mod attn_dp (trace). Exit status: 0 ok, 1 failure (a bad page, a
+placement divergence, a lost rank), 2 bad flags or input.`
+
+// runOpts are the flags of `cpcache run`.
+type runOpts struct {
+	cfg                       runner.Config
+	layout                    *dist.LayoutConfig // copied into cfg after parsing
+	jsonPath, metrics, policy string
+}
+
+func runFlags(fs *flag.FlagSet) *runOpts {
+	def := runner.DefaultConfig()
+	o := &runOpts{cfg: def}
+	cfg := &o.cfg
+	o.layout = layoutFlags(fs, def.Layout)
+	fs.IntVar(&cfg.PageSize, "page-size", def.PageSize, "tokens per page")
+	fs.IntVar(&cfg.L1Pages, "l1-pages", def.L1Pages, "L1 (device KV pool) pages of each rank")
+	fs.IntVar(&cfg.L2Pages, "l2-pages", def.L2Pages, "L2 pages of each slab (one slab per CP rank)")
+	fs.StringVar(&o.policy, "policy", def.Policy.String(), "write policy: write_through, write_through_selective or write_back")
+	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", def.KVBytesPerToken, "bytes of KV one rank holds per token (its shard)")
+	fs.IntVar(&cfg.BatchTokens, "batch-tokens", def.BatchTokens, "prefill token budget of one scheduler step")
+	fs.IntVar(&cfg.MaxRunning, "max-running", def.MaxRunning, "requests decoding at once in each DP replica")
+	fs.StringVar(&cfg.Workload, "workload", def.Workload, "synthetic or trace")
+	fs.StringVar(&cfg.TracePath, "trace", "", "Mooncake JSONL trace (--workload trace)")
+	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
+	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
+	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
+	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")
+	fs.StringVar(&cfg.Consensus, "consensus", "", "consensus backend: auto (shared memory when a replica is on one host), shm or gloo; default CPCACHE_CONSENSUS_BACKEND, else auto")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of each collective (0: 5m)")
+	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	return o
+}
+
+func runRun(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("run", "[flags]", runDescription, stderr)
+	o := runFlags(fs)
+	if status, done := parseFlags(fs, args); done {
+		return status
+	}
+	if fs.NArg() > 0 {
+		return fail(stderr, 2, fmt.Errorf("run: unexpected argument %q", fs.Arg(0)))
+	}
+	cfg := &o.cfg
+	cfg.Layout = *o.layout
+	p, err := hicache.ParsePolicy(o.policy)
+	if err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: --policy: %w", err))
+	}
+	cfg.Policy = p
+	worldSet := false
+	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
+	_, underRank := os.LookupEnv("RANK")
+	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
+	statusDir := os.Getenv(runner.EnvStatusDir)
+	joined := underRank || underMPI
+	if joined && !worldSet && statusDir == "" {
+		if env, err := dist.FromEnv(); err == nil {
+			cfg.Layout.World = env.WorldSize
+		}
+	}
+	plan, err := runner.Prepare(*cfg)
+	if err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if joined {
+		return runAsRank(ctx, plan, statusDir, o.jsonPath, o.metrics, stdout, stderr)
+	}
+	return runLocal(ctx, plan, args, o.jsonPath, o.metrics, stdout, stderr)
+}
+
+// runAsRank runs this process as one rank of a job started by a launcher.
+func runAsRank(ctx context.Context, p *runner.Plan, statusDir, jsonPath, metrics string, stdout, stderr io.Writer) int {
+	out := runner.Output{StatusDir: statusDir}
+	if statusDir == "" {
+		out.Progress, out.Terminal, out.MetricsAddr = stderr, runner.IsTerminal(os.Stderr) && stderr == io.Writer(os.Stderr), metrics
+	}
+	rep, err := runner.RunRank(ctx, p, out)
+	if rep != nil && statusDir == "" {
+		if werr := emitReport(rep, jsonPath, stdout); werr != nil {
+			return fail(stderr, 1, werr)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, runner.ErrBadInput) {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
+		return fail(stderr, 1, fmt.Errorf("run: %w", err))
+	}
+	return 0
+}
+
+// runLocal starts the world as local ranks of this binary, draws their progress and prints
+// rank 0's report.
+func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metrics string, stdout, stderr io.Writer) int {
+	exe, err := os.Executable()
+	if err != nil {
+		return fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))
+	}
+	dir, err := os.MkdirTemp("", "cpcache-run-")
+	if err != nil {
+		return fail(stderr, 1, fmt.Errorf("run: temporary directory: %w", err))
+	}
+	defer os.RemoveAll(dir)
+	statusDir, storeDir := filepath.Join(dir, "status"), filepath.Join(dir, "store")
+	for _, d := range []string{statusDir, storeDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return fail(stderr, 1, fmt.Errorf("run: %w", err))
+		}
+	}
+	store := p.Config.Store
+	if store == "" {
+		store = "file://" + storeDir
+	}
+	w, err := runner.NewWatcher(statusDir, len(p.Requests), metrics)
+	if err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+	}
+	defer w.Close()
+	if a := w.MetricsAddr(); a != "" {
+		fmt.Fprintf(stderr, "metrics: http://%s/metrics\n", a)
+	}
+	fmt.Fprintf(stderr, "run: %s: starting %d local ranks; %s\n", p.Layout, p.Layout.Config.World, p.Desc)
+	// The ranks inherit the environment: the status directory tells them to report through
+	// it instead of printing.
+	if err := os.Setenv(runner.EnvStatusDir, statusDir); err != nil {
+		return fail(stderr, 1, err)
+	}
+	defer os.Unsetenv(runner.EnvStatusDir)
+	l := &launcher{n: p.Layout.Config.World, argv: append([]string{exe, "run"}, args...), store: store,
+		stdout: &lineWriter{w: stdout}, stderr: &lineWriter{w: stderr}}
+	pctx, stopProgress := context.WithCancel(ctx)
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		w.Progress(pctx, stderr, stderr == io.Writer(os.Stderr) && runner.IsTerminal(os.Stderr))
+	}()
+	status := l.run()
+	w.Close()
+	stopProgress()
+	<-progressDone
+	rep, rerr := runner.ReadReport(statusDir)
+	if rerr != nil {
+		if status == 0 {
+			return fail(stderr, 1, fmt.Errorf("run: the ranks finished without a report: %w", rerr))
+		}
+		return status
+	}
+	if err := emitReport(rep, jsonPath, stdout); err != nil {
+		return fail(stderr, 1, err)
+	}
+	return status
+}
+
+func emitReport(rep *runner.Report, jsonPath string, stdout io.Writer) error {
+	rep.WriteText(stdout)
+	if jsonPath == "" {
+		return nil
+	}
+	f, err := os.Create(jsonPath)
+	if err != nil {
+		return fmt.Errorf("run: --json: %w", err)
+	}
+	err = rep.WriteJSON(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("run: --json %s: %w", jsonPath, err)
+	}
+	return nil
+}

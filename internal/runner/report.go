@@ -1,0 +1,110 @@
+package runner
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+)
+
+// Report is what a run measured, summed over every rank (rank 0 prints it).
+type Report struct {
+	Layout           string `json:"layout"`
+	ConsensusBackend string `json:"consensus_backend"`
+	Workload         string `json:"workload"`
+
+	Requests     int64   `json:"requests"`
+	InputTokens  int64   `json:"input_tokens"`
+	OutputTokens int64   `json:"output_tokens"`
+	TokensHitL1  int64   `json:"tokens_hit_l1"`
+	TokensHitL2  int64   `json:"tokens_hit_l2"`
+	TokensHitL3  int64   `json:"tokens_hit_storage,omitempty"`
+	TokensMissed int64   `json:"tokens_missed"`
+	HitRate      float64 `json:"hit_rate"` // (L1+L2+L3 hits) / input tokens
+
+	PagesWrittenL2 int64 `json:"pages_written_l2"`
+	PagesLoadedL2  int64 `json:"pages_loaded_l2"`
+	BytesMoved     int64 `json:"bytes_moved"`
+
+	SchedulerSteps     int64   `json:"scheduler_steps"`
+	ConsensusSteps     int64   `json:"consensus_steps"`
+	CollectivesPerStep float64 `json:"collectives_per_step"` // consensus collectives / scheduler steps, per rank; must be 1
+	ConsensusMedianUs  float64 `json:"consensus_latency_median_us"`
+	ConsensusP99Us     float64 `json:"consensus_latency_p99_us"`
+	DigestChecks       int64   `json:"digest_checks"`
+	DigestMismatches   int64   `json:"digest_mismatches"`
+
+	PagesVerified int64 `json:"pages_verified"`
+	BadPages      int64 `json:"bad_pages"`
+
+	PagesPrefetched int64 `json:"pages_prefetched,omitempty"`
+	PagesBackedUp   int64 `json:"pages_backed_up,omitempty"`
+	StorageErrors   int64 `json:"storage_errors,omitempty"`
+
+	WallSeconds float64 `json:"wall_seconds"`
+}
+
+// WriteJSON writes r as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes r for a person.
+func (r *Report) WriteText(w io.Writer) {
+	pct := func(n int64) string {
+		if r.InputTokens == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
+	}
+	fmt.Fprintf(w, "cpcache run report\n")
+	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
+	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
+	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)
+	fmt.Fprintf(w, "  tokens hit in L1     %d (%s)\n", r.TokensHitL1, pct(r.TokensHitL1))
+	fmt.Fprintf(w, "  tokens hit in L2     %d (%s)\n", r.TokensHitL2, pct(r.TokensHitL2))
+	if r.TokensHitL3 > 0 || r.PagesBackedUp > 0 || r.StorageErrors > 0 {
+		fmt.Fprintf(w, "  tokens hit in L3     %d (%s)\n", r.TokensHitL3, pct(r.TokensHitL3))
+	}
+	fmt.Fprintf(w, "  tokens missed        %d (%s)\n", r.TokensMissed, pct(r.TokensMissed))
+	fmt.Fprintf(w, "  hit rate             %.1f%%\n", 100*r.HitRate)
+	fmt.Fprintf(w, "  L2 pages written     %d\n", r.PagesWrittenL2)
+	fmt.Fprintf(w, "  L2 pages loaded      %d\n", r.PagesLoadedL2)
+	fmt.Fprintf(w, "  bytes moved          %s\n", humanBytes(r.BytesMoved))
+	if r.TokensHitL3 > 0 || r.PagesBackedUp > 0 || r.StorageErrors > 0 {
+		fmt.Fprintf(w, "  storage              %d pages prefetched, %d backed up, %d errors\n", r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors)
+	}
+	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
+	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
+	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
+	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
+	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// quantile returns the q-quantile (0..1) of samples by nearest rank; 0 for none.
+func quantile(samples []time.Duration, q float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}

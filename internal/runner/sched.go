@@ -1,0 +1,342 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/workload"
+)
+
+// replicaCounts are what one replica's scheduler measured; every rank of the replica counts
+// the same values (they follow from replicated decisions).
+type replicaCounts struct {
+	Requests     int64 `json:"requests"`
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	HitL1        int64 `json:"hit_l1"`
+	HitL2        int64 `json:"hit_l2"`
+	Missed       int64 `json:"missed"`
+	Steps        int64 `json:"steps"`
+	Retries      int64 `json:"retries"` // admissions or finishes put off because L1 was full
+}
+
+// localCounts are this rank's own checks.
+type localCounts struct {
+	PagesVerified int64 `json:"pages_verified"`
+	BadPages      int64 `json:"bad_pages"`
+	PagesFilled   int64 `json:"pages_filled"`
+}
+
+// active is a request between its prefill and its last decoded token.
+type active struct {
+	req       workload.Request
+	last      *hicache.Node // deepest node of the cached prompt, locked while running
+	generated int
+	pages     int // L1 pages reserved for it (prompt and answer)
+}
+
+// scheduler runs one replica's requests through its rank's cache. Every rank of the
+// replica runs the same scheduler on the same requests; every call it makes on the cache
+// except WaitL1, L1Page and the KV writes and checks is a replicated decision, and every
+// branch depends only on replicated results, so the ranks stay in lockstep.
+//
+// A scheduler step decodes one token of every running request (a request whose answer is
+// complete is inserted with its answer, so that the next turn hits, and released), admits
+// queued requests (prefill: match, lock, load L2 hits back and verify them, compute the
+// missing pages, insert; the prefill produces the first token) within a token budget and
+// the L1 pages left, then runs the cache's consensus step — exactly one per scheduler step.
+type scheduler struct {
+	cache *hicache.Cache
+	cfg   *Config
+	shard int // this rank's attention-TP index: which part of a page's KV it holds
+	live  *live
+
+	queue    []workload.Request
+	running  []*active
+	reserved int // L1 pages reserved by running requests
+
+	counts   replicaCounts
+	local    localCounts
+	firstBad error // the first bad page this rank found
+	diverged error // the first placement divergence
+}
+
+func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
+	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs}
+	if l != nil {
+		l.total.Store(int64(len(reqs)))
+	}
+	return s
+}
+
+// run serves every request, then steps until no backup or load is in flight.
+func (s *scheduler) run(ctx context.Context) error {
+	for len(s.queue) > 0 || len(s.running) > 0 {
+		progressed, err := s.schedule(ctx)
+		if err != nil {
+			return err
+		}
+		idle := s.cache.Pending() == 0
+		if err := s.step(ctx); err != nil {
+			return err
+		}
+		if !progressed && idle {
+			// Nothing admitted, decoded or finished, and no I/O in flight whose completion
+			// could free L1: no later step can do better. Replicated, so every rank stops.
+			return s.stalled()
+		}
+	}
+	for s.cache.Pending() > 0 {
+		if err := s.step(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *scheduler) step(ctx context.Context) error {
+	err := s.cache.Step(ctx)
+	s.counts.Steps++
+	if s.live != nil {
+		s.live.steps.Store(s.counts.Steps)
+	}
+	var div *hicache.DivergedError
+	if errors.As(err, &div) {
+		// Every rank of the replica sees it at the same step; the cache keeps serving from
+		// L1 and the run fails at the end, after the report.
+		if s.diverged == nil {
+			s.diverged = err
+		}
+		return nil
+	}
+	return err
+}
+
+func (s *scheduler) stalled() error {
+	if len(s.queue) > 0 {
+		r := s.queue[0]
+		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running",
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running))
+	}
+	return fmt.Errorf("runner: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
+}
+
+// schedule makes one step's decisions: one decoded token per running request (finishing
+// those whose answer is complete), then admissions. It reports whether anything moved.
+func (s *scheduler) schedule(ctx context.Context) (bool, error) {
+	decoded, err := s.decode()
+	if err != nil {
+		return false, err
+	}
+	admitted, err := s.admit(ctx)
+	if err != nil {
+		return false, err
+	}
+	return admitted+decoded > 0, nil
+}
+
+// admit prefills queued requests in order while the token budget, the L1 reservation and
+// the running limit allow. A conversation's turn waits until its previous turn finished.
+func (s *scheduler) admit(ctx context.Context) (int, error) {
+	blocked := map[int]bool{}
+	for _, a := range s.running {
+		if a.req.Client >= 0 {
+			blocked[a.req.Client] = true
+		}
+	}
+	budget, admitted, stop := s.cfg.BatchTokens, 0, false
+	keep := s.queue[:0]
+	for _, r := range s.queue {
+		if !stop && r.Client >= 0 && blocked[r.Client] {
+			keep = append(keep, r)
+			continue
+		}
+		need := s.cfg.pagesOf(r)
+		busy := admitted > 0 || len(s.running) > 0
+		if stop || (admitted > 0 && len(r.Tokens) > budget) || len(s.running) >= s.cfg.MaxRunning ||
+			(busy && s.reserved+need > s.cfg.L1Pages) {
+			stop = true
+			keep = append(keep, r)
+			continue
+		}
+		a, err := s.prefill(ctx, r)
+		if err != nil {
+			return admitted, err
+		}
+		if a == nil { // L1 full for now: retry at a later step
+			s.counts.Retries++
+			stop = true
+			keep = append(keep, r)
+			continue
+		}
+		admitted++
+		budget -= len(r.Tokens)
+		if r.Client >= 0 {
+			blocked[r.Client] = true
+		}
+		a.pages = need
+		s.reserved += need
+		if r.OutputLen > 0 {
+			a.generated = 1 // the prefill produces the first token
+		}
+		s.running = append(s.running, a)
+	}
+	clear(s.queue[len(keep):])
+	s.queue = keep
+	return admitted, nil
+}
+
+// prefill matches r's prompt, loads its L2 hit back and verifies it, computes the missing
+// pages and inserts the prompt. It returns nil (and holds nothing) when L1 cannot make room
+// now.
+func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, error) {
+	c, P := s.cache, s.cfg.PageSize
+	m, err := c.Match(r.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Lock(m.Last); err != nil {
+		return nil, err
+	}
+	device := m.DevicePages
+	if m.HostPages > 0 {
+		if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, hicache.ErrL1Full) {
+			return nil, errors.Join(err, c.Unlock(m.Last))
+		}
+		if err := c.WaitL1(ctx, m.Last); err != nil {
+			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
+		}
+		after, err := c.Match(r.Tokens)
+		if err != nil {
+			return nil, err
+		}
+		hashes := hicache.PrefixHashes(r.Tokens[:after.DevicePages*P], P)
+		for i := m.DevicePages; i < after.DevicePages; i++ {
+			if c.Owns(i) {
+				s.verify(r, i, after.L1Slots[i], hashes[i])
+			}
+		}
+		device = after.DevicePages
+	}
+	ins, err := c.Insert(r.Tokens)
+	if errors.Is(err, hicache.ErrL1Full) {
+		return nil, c.Unlock(m.Last)
+	}
+	if err != nil {
+		return nil, errors.Join(err, c.Unlock(m.Last))
+	}
+	if err := s.fill(ins.Fill); err != nil {
+		return nil, err
+	}
+	if err := c.Lock(ins.Last); err != nil {
+		return nil, err
+	}
+	if err := c.Unlock(m.Last); err != nil {
+		return nil, err
+	}
+	l1, l2 := int64(m.DevicePages*P), int64((device-m.DevicePages)*P)
+	s.counts.Requests++
+	s.counts.InputTokens += int64(len(r.Tokens))
+	s.counts.HitL1 += l1
+	s.counts.HitL2 += l2
+	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2
+	if s.live != nil {
+		s.live.inputTokens.Add(int64(len(r.Tokens)))
+		s.live.hitTokens.Add(l1 + l2)
+	}
+	return &active{req: r, last: ins.Last}, nil
+}
+
+// verify checks the KV of sequence page i that this rank loaded back into L1 slot.
+func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
+	s.local.PagesVerified++
+	b, err := s.cache.L1Page(slot)
+	if err == nil {
+		err = kvtest.CheckKV(b, hash, i, s.shard)
+	}
+	if err != nil {
+		s.local.BadPages++
+		if s.live != nil {
+			s.live.badPages.Add(1)
+		}
+		if s.firstBad == nil {
+			s.firstBad = fmt.Errorf("runner: request %d: page %d loaded from L2 is wrong: %w", r.ID, i, err)
+		}
+	}
+}
+
+// fill "computes" the KV of the pages this rank owns: bytes derived from the page's prefix
+// hash, position and this rank's shard.
+func (s *scheduler) fill(pages []hicache.FillPage) error {
+	for _, f := range pages {
+		if !s.cache.Owns(f.Index) {
+			continue
+		}
+		b, err := s.cache.L1Page(f.Slot)
+		if err != nil {
+			return err
+		}
+		kvtest.FillKV(b, f.Hash, f.Index, s.shard)
+		s.local.PagesFilled++
+	}
+	return nil
+}
+
+// decode generates one token of every running request; a request whose answer is complete
+// is inserted with its answer and released (or retried at the next step when L1 is full).
+func (s *scheduler) decode() (int, error) {
+	moved := 0
+	keep := s.running[:0]
+	for _, a := range s.running {
+		if a.generated < a.req.OutputLen {
+			a.generated++
+			moved++
+		}
+		if a.generated < a.req.OutputLen {
+			keep = append(keep, a)
+			continue
+		}
+		done, err := s.finish(a)
+		if err != nil {
+			return moved, err
+		}
+		if !done {
+			s.counts.Retries++
+			keep = append(keep, a)
+			continue
+		}
+		moved++
+	}
+	clear(s.running[len(keep):])
+	s.running = keep
+	return moved, nil
+}
+
+// finish inserts the prompt with its answer so that the next turn hits, and releases the
+// request. It returns false when L1 is full for now.
+func (s *scheduler) finish(a *active) (bool, error) {
+	r := a.req
+	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
+	ins, err := s.cache.Insert(full)
+	if errors.Is(err, hicache.ErrL1Full) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := s.fill(ins.Fill); err != nil {
+		return false, err
+	}
+	if err := s.cache.Unlock(a.last); err != nil {
+		return false, err
+	}
+	s.reserved -= a.pages
+	s.counts.OutputTokens += int64(r.OutputLen)
+	if s.live != nil {
+		s.live.done.Add(1)
+	}
+	return true, nil
+}
