@@ -54,5 +54,26 @@ demo: build
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 200x $(PKGS)
 
+# gpu-check builds the GPU test bundle in gpu-bundle/: test binaries of the GPU packages
+# (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at run time), the
+# cpcache binary, the few non-base shared libraries the others link (Gloo and its deps, in
+# gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs the tests on
+# a GPU machine with CPCACHE_REQUIRE_GPU=1 and prints the device report, bandwidth lines and
+# a summary. Run there: gpu-bundle/run.sh
+gpu-check:
+	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
+	@for p in cuda nccl hicache; do \
+	  if ls $$p/*_test.go >/dev/null 2>&1; then \
+	    echo "gpu-check: gpu-bundle/$$p.test"; \
+	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$p.test ./$$p || exit 1; \
+	  fi; \
+	done
+	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o gpu-bundle/cpcache ./cmd/cpcache
+	@for b in gpu-bundle/*.test gpu-bundle/cpcache; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
+	  grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' | \
+	  while read -r lib; do cp -L "$$lib" gpu-bundle/lib/ && echo "gpu-check: bundled $$lib"; done
+	install -m 0755 cuda/testdata/gpu-run.sh gpu-bundle/run.sh
+	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
+
 clean:
 	rm -rf bin gpu-bundle
