@@ -31,6 +31,27 @@ type Output struct {
 	StatusDir   string    // EnvStatusDir's value ("": none)
 }
 
+// EnvCorruptRank, for tests, names a rank that damages one byte of the first L2 page it
+// owns of the first node it is about to load back, so that the integrity check must fail.
+const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
+
+// corruptOnce returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
+// slab, once.
+func corruptOnce(set *slab.Set, cpRank int) func(*hicache.Node) {
+	done := false
+	return func(n *hicache.Node) {
+		for _, pg := range n.L2Pages() {
+			if done || pg.Slab != cpRank {
+				continue
+			}
+			if b, err := set.Page(pg); err == nil {
+				b[len(b)/2] ^= 0x5a
+				done = true
+			}
+		}
+	}
+}
+
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
 	Rank             int           `json:"rank"`
@@ -113,6 +134,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
+		sched.corrupt = corruptOnce(set, cache.CPRank())
+	}
 	stop, err := startReporting(ctx, rank, leader, lv, cache, out)
 	if err != nil {
 		return nil, err

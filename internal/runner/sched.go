@@ -61,6 +61,7 @@ type scheduler struct {
 	counts   replicaCounts
 	local    localCounts
 	firstBad error // the first bad page this rank found
+	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
 	diverged error // the first placement divergence
 }
 
@@ -203,6 +204,9 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	}
 	device := m.DevicePages
 	if m.HostPages > 0 {
+		if s.corrupt != nil {
+			s.corrupt(m.Last)
+		}
 		if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, hicache.ErrL1Full) {
 			return nil, errors.Join(err, c.Unlock(m.Last))
 		}
@@ -217,6 +221,15 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		for i := m.DevicePages; i < after.DevicePages; i++ {
 			if c.Owns(i) {
 				s.verify(r, i, after.L1Slots[i], hashes[i])
+			}
+		}
+		// The deepest node may reach past the prompt (a partial match); it was loaded whole.
+		if n := m.Last; after.DevicePages > m.DevicePages && n.InL1() && n.Depth()+n.Pages() > after.DevicePages {
+			slots, nh := n.L1Slots(), n.PageHashes()
+			for j := max(after.DevicePages-n.Depth(), 0); j < n.Pages(); j++ {
+				if i := n.Depth() + j; c.Owns(i) {
+					s.verify(r, i, slots[j], nh[j])
+				}
 			}
 		}
 		device = after.DevicePages
@@ -263,7 +276,7 @@ func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
 			s.live.badPages.Add(1)
 		}
 		if s.firstBad == nil {
-			s.firstBad = fmt.Errorf("runner: request %d: page %d loaded from L2 is wrong: %w", r.ID, i, err)
+			s.firstBad = fmt.Errorf("request %d: page %d loaded from L2 is wrong: %w", r.ID, i, err)
 		}
 	}
 }

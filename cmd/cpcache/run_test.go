@@ -1,0 +1,193 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/internal/runner"
+)
+
+// The end-to-end tests run a cpcache binary built once without the race detector: up to 16
+// rank processes under -race would be slow on a 2-core machine. The in-process scheduler
+// tests in internal/runner run under -race.
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+	binDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func cpcacheBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "cpcache-run-test-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "cpcache")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, binErr)
+	return binPath
+}
+
+// runBinary runs `cpcache run args...` with the launcher's variables removed; it returns
+// the exit status, the report (when --json was written) and stderr.
+func runBinary(t *testing.T, env []string, args ...string) (int, *runner.Report, string, string) {
+	t.Helper()
+	jsonPath := filepath.Join(t.TempDir(), "report.json")
+	cmd := exec.Command(cpcacheBinary(t), append([]string{"run", "--json", jsonPath}, args...)...)
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		drop := name == runner.EnvStatusDir || name == runner.EnvCorruptRank
+		for _, v := range launcherVars {
+			drop = drop || name == v
+		}
+		if !drop {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	status := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		status = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	var rep *runner.Report
+	if b, err := os.ReadFile(jsonPath); err == nil {
+		rep = &runner.Report{}
+		require.NoError(t, json.Unmarshal(b, rep))
+	}
+	return status, rep, stdout.String(), stderr.String()
+}
+
+// requireHealthy asserts what every good run must show.
+func requireHealthy(t *testing.T, status int, rep *runner.Report, stdout, stderr string) {
+	t.Helper()
+	require.Equal(t, 0, status, "stderr:\n%s", stderr)
+	require.NotNil(t, rep, "no JSON report; stderr:\n%s", stderr)
+	assert.Contains(t, stdout, "cpcache run report")
+	assert.Zero(t, rep.BadPages)
+	assert.Zero(t, rep.DigestMismatches)
+	assert.Equal(t, 1.0, rep.CollectivesPerStep, "exactly one consensus collective per scheduler step")
+	assert.Equal(t, rep.SchedulerSteps, rep.ConsensusSteps)
+	assert.Positive(t, rep.DigestChecks)
+	assert.Equal(t, rep.PagesLoadedL2, rep.PagesVerified, "every page loaded back is verified")
+	assert.Equal(t, rep.InputTokens, rep.TokensHitL1+rep.TokensHitL2+rep.TokensMissed)
+	assert.Positive(t, rep.PagesWrittenL2)
+}
+
+// smallSynthetic repeats each conversation's history beyond L1: 8 conversations of 4 turns
+// (up to 128 pages each) through 128 L1 pages.
+var smallSynthetic = []string{"--clients", "8", "--rounds", "4", "--l1-pages", "160", "--l2-pages", "512", "--kv-bytes-per-token", "64"}
+
+func TestRunCP8DP2On16Ranks(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "16", "--dp", "2", "--attn-cp", "8"}, smallSynthetic...)...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Contains(t, rep.Layout, "attn_dp=2 attn_tp=1")
+	assert.Equal(t, int64(32), rep.Requests)
+	assert.Positive(t, rep.TokensHitL2, "histories evicted from L1 must come back from L2")
+	assert.Equal(t, "shm", rep.ConsensusBackend)
+}
+
+func TestRunCP8On8Ranks(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...)...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Positive(t, rep.TokensHitL2)
+}
+
+func TestRunTP4On4RanksOverGloo(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "4", "--dp", "1", "--attn-cp", "1", "--consensus", "gloo"}, smallSynthetic...)...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Contains(t, rep.Layout, "attn_tp=4")
+	assert.Equal(t, "gloo", rep.ConsensusBackend)
+	assert.Positive(t, rep.TokensHitL2)
+}
+
+func TestRunTraceReplay(t *testing.T) {
+	trace := filepath.Join("..", "..", "..", "shared", "data", "traces", "synthetic_trace.jsonl")
+	if _, err := os.Stat(trace); err != nil {
+		t.Skipf("public trace not available at %s: %v", trace, err)
+	}
+	args := []string{"--world", "8", "--dp", "2", "--attn-cp", "4", "--workload", "trace", "--trace", trace,
+		"--requests", "200", "--page-size", "64", "--l1-pages", "1536", "--kv-bytes-per-token", "16"}
+	hit := map[string]float64{}
+	for _, l2 := range []string{"512", "8192"} {
+		status, rep, out, errOut := runBinary(t, nil, append(args, "--l2-pages", l2)...)
+		requireHealthy(t, status, rep, out, errOut)
+		assert.Equal(t, int64(200), rep.Requests)
+		hit[l2] = rep.HitRate
+		if l2 == "8192" {
+			assert.Positive(t, rep.TokensHitL2, "repeated prefixes beyond L1 must hit in L2")
+		}
+	}
+	assert.Greater(t, hit["8192"], hit["512"], "a larger L2 keeps more repeated prefixes")
+}
+
+func TestRunDetectsACorruptL2Page(t *testing.T) {
+	status, rep, _, errOut := runBinary(t, []string{runner.EnvCorruptRank + "=2"},
+		append([]string{"--world", "4", "--dp", "1", "--attn-cp", "4"}, smallSynthetic...)...)
+	assert.Equal(t, 1, status, errOut)
+	require.NotNil(t, rep, errOut)
+	assert.Positive(t, rep.BadPages)
+	assert.Regexp(t, `rank 2: request \d+: page \d+ loaded from L2 is wrong`, errOut)
+}
+
+func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
+	dir := t.TempDir()
+	corrupt := filepath.Join(dir, "corrupt.jsonl")
+	require.NoError(t, os.WriteFile(corrupt, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}`+"\n{oops\n"), 0o600))
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workload", "trace", "--trace", filepath.Join(dir, "missing.jsonl")}, "missing.jsonl"},
+		{[]string{"--workload", "trace", "--trace", corrupt}, "line 2"},
+		{[]string{"--workload", "trace"}, "needs --trace"},
+		{[]string{"--workload", "zipf"}, `workload "zipf"`},
+		{[]string{"--world", "12"}, "attn-cp 8"},
+		{[]string{"--world", "16", "--attn-cp", "3"}, "not divisible by attn-cp 3"},
+		{[]string{"--l1-pages", "8"}, "L1 pages 8 cannot hold request"},
+		{[]string{"--l2-pages", "2"}, "L2 pages 2 per slab cannot hold request"},
+		{[]string{"--page-size", "0"}, "page size 0"},
+		{[]string{"--policy", "write_sometimes"}, `write policy "write_sometimes"`},
+		{[]string{"--consensus", "carrier-pigeon"}, `consensus backend "carrier-pigeon"`},
+		{[]string{"--metrics", "bad-address"}, "bad-address"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	}
+	for _, c := range cases {
+		status, out, errOut := runCmd(append([]string{"run"}, c.args...)...)
+		assert.Equal(t, 2, status, "%v: %s", c.args, errOut)
+		assert.Empty(t, out, c.args)
+		assert.Contains(t, errOut, c.want, c.args)
+		assert.NotContains(t, errOut, "starting", "%v: no rank may start", c.args)
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		assert.Len(t, lines, 1, "%v: one line: %q", c.args, errOut)
+	}
+}

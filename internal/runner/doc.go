@@ -1,0 +1,47 @@
+// Package runner is `cpcache run`: a multi-rank serving simulation that drives the
+// hierarchical cache the way an inference engine does, over real Gloo groups, a real
+// consensus group (shared memory when a replica's ranks share a host, else Gloo) and real
+// host shared-memory L2 slabs, and verifies every byte it loads back.
+//
+// # Contract
+//
+// Prepare validates a Config (layout, capacities, write policy) and loads the workload (the
+// built-in synthetic multi-turn conversations, or a Mooncake trace); every error wraps
+// ErrBadInput and names the bad value, so the command can exit with status 2 before any
+// rank starts. RunRank then runs the calling process as one rank of the job described by
+// the launcher's environment (dist.FromEnv): every rank calls it with the same Plan.
+//
+// Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every
+// turn meets its history), a hash of the first 512-token block mod attn_dp for traces
+// (requests sharing a first block meet in one cache). Every rank of a replica runs the same
+// scheduler on the same requests; each scheduler step decodes one token of every running
+// request (inserting a finished request with its answer and releasing it), admits queued
+// requests within a token budget and the L1 pages left (match, lock, load the L2 part back,
+// wait for this rank's copies and check every loaded page it owns against kvtest's content,
+// "compute" the missing pages — each CP rank writes the pages it owns, as a function of
+// the page's prefix hash, position and the rank's TP shard — and insert), then makes
+// exactly one consensus step. The consensus group is wrapped in dist.Count, and the report
+// states the collectives per scheduler step, which must be exactly 1. Trace timestamps are
+// not replayed: requests are served in order, as fast as the cache allows.
+//
+// A bad page does not stop the run: it is counted, named (request and page) and makes
+// RunRank return an error wrapping ErrIntegrity after the report; so does a placement
+// divergence (the cache then serves from L1 only). A lost peer or a failed collective
+// fails the rank at once.
+//
+// # Ownership and output
+//
+// RunRank creates and closes the world, layout groups, consensus group, slab set and cache
+// of its process. At the end the ranks gather their results over the world group and rank
+// 0 builds the Report: per-replica counts (requests, tokens, steps) once per replica, page
+// and check counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
+// its own ranks) every rank writes a status file there and rank 0 the report, and the
+// starting process draws the progress, serves the metrics (a Watcher) and prints the
+// report; otherwise (under mpirun or torchrun) rank 0 does that itself, for its replica.
+//
+// # Usage
+//
+//	plan, err := runner.Prepare(cfg)     // exit 2 on error
+//	rep, err := runner.RunRank(ctx, plan, runner.Output{Progress: os.Stderr})
+//	if rep != nil { rep.WriteText(os.Stdout) } // rank 0
+package runner
