@@ -49,7 +49,7 @@ unit:
 test: deps fmt-check vet staticcheck unit
 
 demo: build
-	./bin/cpcache layout --world 16 --tp 16 --dp 2 --attn-cp 8 --ep 16 --dp-attention
+	./bin/cpcache run
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 200x $(PKGS)

@@ -60,9 +60,9 @@ type scheduler struct {
 
 	counts   replicaCounts
 	local    localCounts
-	firstBad error // the first bad page this rank found
+	firstBad error               // the first bad page this rank found
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
-	diverged error // the first placement divergence
+	diverged error               // the first placement divergence
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
