@@ -91,7 +91,7 @@ func roleWorkload() error {
 		return err
 	}
 	defer cleanup()
-	recs, counts, err := rankWorkload(ctx, c, 0, 300, 41, 100)
+	recs, counts, err := rankWorkload(ctx, c, nil, 0, 300, 41, 100)
 	if err != nil {
 		return err
 	}

@@ -257,7 +257,7 @@ func (r *rig) workload(steps int, seed uint64, flushEvery int) map[string]int {
 	counts := make([]map[string]int, len(r.caches))
 	errs := r.all(func(i int) error {
 		var err error
-		recs[i], counts[i], err = rankWorkload(context.Background(), r.caches[i], r.shards[i], steps, seed, flushEvery)
+		recs[i], counts[i], err = rankWorkload(context.Background(), r.caches[i], nil, r.shards[i], steps, seed, flushEvery)
 		return err
 	})
 	if err := errors.Join(errs...); err != nil {

@@ -10,6 +10,25 @@ import (
 	"github.com/cpcache/cpcache/hicache/kvtest"
 )
 
+// l1IO writes and reads this rank's L1 pages (host memory, or device memory in GPU tests).
+type l1IO interface {
+	write(slot int32, fill func([]byte)) error
+	read(slot int32) ([]byte, error)
+}
+
+// hostL1 is the L1 of a host engine.
+type hostL1 struct{ c *Cache }
+
+func (h hostL1) write(slot int32, fill func([]byte)) error {
+	b, err := h.c.L1Page(slot)
+	if err == nil {
+		fill(b)
+	}
+	return err
+}
+
+func (h hostL1) read(slot int32) ([]byte, error) { return h.c.L1Page(slot) }
+
 // stepRecord is what one rank reports after a step of a workload.
 type stepRecord struct {
 	state, placement uint64
@@ -20,7 +39,10 @@ type stepRecord struct {
 // with seed (so every rank makes the same calls), local eviction hints from one seeded with
 // (seed, rank). It fills the pages it owns, verifies every device page it owns after each
 // match, checks the structural invariants after each step and records the digests.
-func rankWorkload(ctx context.Context, c *Cache, shard, steps int, seed uint64, flushEvery int) ([]stepRecord, map[string]int, error) {
+func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed uint64, flushEvery int) ([]stepRecord, map[string]int, error) {
+	if io == nil {
+		io = hostL1{c}
+	}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	local := rand.New(rand.NewPCG(seed, uint64(1000+c.CPRank()+shard*64)))
 	P := c.core.cfg.PageSize
@@ -49,15 +71,13 @@ func rankWorkload(ctx context.Context, c *Cache, shard, steps int, seed uint64, 
 				}
 				for _, f := range res.Fill {
 					if c.Owns(f.Index) {
-						b, err := c.L1Page(f.Slot)
-						if err != nil {
+						if err := io.write(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, shard) }); err != nil {
 							return recs, counts, err
 						}
-						kvtest.FillKV(b, f.Hash, f.Index, shard)
 					}
 				}
 			case op < 9:
-				m, err := matchLoadVerify(ctx, c, tokens, shard, rng.IntN(4) > 0)
+				m, err := matchLoadVerify(ctx, c, io, tokens, shard, rng.IntN(4) > 0)
 				if err != nil {
 					return recs, counts, err
 				}
@@ -128,7 +148,7 @@ func rankWorkload(ctx context.Context, c *Cache, shard, steps int, seed uint64, 
 
 // matchLoadVerify matches tokens, loads the host part back when asked, waits for this
 // rank's copies and verifies every device page this rank owns.
-func matchLoadVerify(ctx context.Context, c *Cache, tokens []int32, shard int, load bool) (MatchResult, error) {
+func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool) (MatchResult, error) {
 	m, err := c.Match(tokens)
 	if err != nil {
 		return m, err
@@ -155,7 +175,7 @@ func matchLoadVerify(ctx context.Context, c *Cache, tokens []int32, shard int, l
 			if !c.Owns(idx) {
 				continue
 			}
-			b, err := c.L1Page(n.L1Slots()[j])
+			b, err := io.read(n.L1Slots()[j])
 			if err != nil {
 				return m, err
 			}
