@@ -207,4 +207,58 @@ func rolePeerStall() error {
 	return nil
 }
 
-func roleBench() error { return nil }
+// benchOps are the collectives the benchmarks time, at the sizes consensus uses.
+var benchOps = map[string]func(ctx context.Context, g dist.Group) error{
+	"allreduce8": func(ctx context.Context, g dist.Group) error {
+		return g.AllReduce(ctx, dist.Min, []int64{1, 2, 3, 4, 5, 6, 7, int64(g.Rank())})
+	},
+	"broadcast4k": func(ctx context.Context, g dist.Group) error {
+		_, err := g.Broadcast(ctx, 0, make([]byte, 4096))
+		return err
+	},
+	"allgather64": func(ctx context.Context, g dist.Group) error {
+		_, err := g.AllGather(ctx, make([]byte, 64))
+		return err
+	},
+	"barrier": func(ctx context.Context, g dist.Group) error { return g.Barrier(ctx) },
+}
+
+// roleBench times CPCACHE_TEST_ITERS back-to-back runs of CPCACHE_TEST_OP; rank 0 prints
+// "ns/op N".
+func roleBench() error {
+	ctx := context.Background()
+	op := benchOps[os.Getenv("CPCACHE_TEST_OP")]
+	iters := envInt("CPCACHE_TEST_ITERS", 100)
+	w, err := joinWorld(ctx, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	ns, err := timeOps(ctx, w, op, iters)
+	if err != nil {
+		return err
+	}
+	if w.Rank() == 0 {
+		fmt.Printf("ns/op %d\n", ns)
+	}
+	return w.Barrier(ctx)
+}
+
+// timeOps runs op a few times untimed, then iters times; it returns the mean ns per op.
+func timeOps(ctx context.Context, g dist.Group, op func(context.Context, dist.Group) error, iters int) (int64, error) {
+	for i := 0; i < 10; i++ {
+		if err := op(ctx, g); err != nil {
+			return 0, err
+		}
+	}
+	if err := g.Barrier(ctx); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for i := 0; i < iters; i++ {
+		if err := op(ctx, g); err != nil {
+			return 0, err
+		}
+	}
+	return int64(time.Since(t0)) / int64(iters), nil
+}
