@@ -100,7 +100,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	iters := fs.Int("iters", 1000, "timed operations per collective and group")
 	warmup := fs.Int("warmup", 50, "untimed operations before timing")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	backends := fs.String("backend", "gloo", "backends to measure, comma-separated: "+strings.Join(backendNames(), ", "))
+	backends := fs.String("backend", "gloo", "backends to measure, comma-separated: "+strings.Join(backendNames(), ", ")+"; both = gloo,shm")
 	store := fs.String("store", "", "rendezvous store URL (default: CPCACHE_STORE, set by launch)")
 	timeout := fs.Duration("timeout", time.Minute, "deadline of every collective")
 	if status, done := parseFlags(fs, args); done {
@@ -127,7 +127,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, err)
 	}
 	var names []string
-	for _, b := range strings.Split(*backends, ",") {
+	for _, b := range expandBackends(*backends) {
 		if _, ok := benchBackends[b]; !ok {
 			return fail(stderr, 2, fmt.Errorf("collective-bench: unknown backend %q (have %s)", b, strings.Join(backendNames(), ", ")))
 		}
@@ -156,6 +156,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	for _, r := range report.Results {
 		fmt.Fprintf(stdout, "%-8s %-20s %-22s %12.1f %12.1f\n", r.Backend, r.Group, r.Op, r.MedianUS, r.P99US)
 	}
+	printBackendRatios(stdout, report.Results)
 	return 0
 }
 
