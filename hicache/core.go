@@ -344,6 +344,7 @@ func (c *Core) Lock(n *Node) error {
 		return err
 	}
 	c.lockPath(n, 1)
+	n.ownLocks++
 	c.locks++
 	return nil
 }
@@ -353,13 +354,18 @@ func (c *Core) Unlock(n *Node) error {
 	if n != nil && n.isRoot() {
 		return nil
 	}
+	if n != nil && n.removed && n.droppedLocks > 0 {
+		n.droppedLocks-- // the node was locked when a divergence dropped it
+		return nil
+	}
 	if err := c.check(n); err != nil {
 		return err
 	}
-	if n.lockRef <= 0 {
+	if n.ownLocks <= 0 {
 		return fmt.Errorf("%w: unlock of node %d, which is not locked", ErrBadArgument, n.id)
 	}
 	c.lockPath(n, -1)
+	n.ownLocks--
 	c.locks--
 	return nil
 }

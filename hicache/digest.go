@@ -32,7 +32,7 @@ func (c *Core) StateDigest() uint64 {
 		if !n.isRoot() {
 			h = mix64(h ^ n.id ^ uint64(n.depth)<<32)
 			h = mix64(h ^ n.hashes[len(n.hashes)-1])
-			h = mix64(h ^ uint64(n.lockRef) ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
+			h = mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)
 			for _, s := range n.l1 {
 				h = mix64(h ^ uint64(s))
@@ -69,7 +69,7 @@ func (c *Core) checkInvariants() error {
 			err = fmtErr(format, args...)
 		}
 	}
-	l1Pages, nodes := 0, 0
+	l1Pages, nodes, ownLocks := 0, 0, 0
 	var visit func(n *Node)
 	visit = func(n *Node) {
 		kids := 0
@@ -85,6 +85,14 @@ func (c *Core) checkInvariants() error {
 		if n.isRoot() {
 			return
 		}
+		locks := n.ownLocks
+		for _, ch := range n.children {
+			locks += ch.lockRef
+		}
+		if locks != n.lockRef {
+			fail("node %d: lockRef %d, own %d + children's = %d", n.id, n.lockRef, n.ownLocks, locks)
+		}
+		ownLocks += n.ownLocks
 		nodes++
 		if kids != n.l1Kids {
 			fail("node %d: l1Kids %d, counted %d", n.id, n.l1Kids, kids)
@@ -124,6 +132,9 @@ func (c *Core) checkInvariants() error {
 		}
 	}
 	visit(c.root)
+	if ownLocks != c.locks {
+		fail("%d locks outstanding, nodes hold %d", c.locks, ownLocks)
+	}
 	if nodes != c.nodes {
 		fail("nodes %d, counted %d", c.nodes, nodes)
 	}

@@ -33,6 +33,32 @@ func snapshot(slabs []*kvtest.MemSlabs) [][]byte {
 func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 	r := cp8dp2Rig(t, WriteThrough, nil)
 	r.workload(60, 21, 0)
+	// A request holds a lock on a prefix that is only in L2 when the divergence hits.
+	held := tokensN(500, 16)
+	if _, err := r.insert(held); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.step(); err != nil { // starts the backup
+		t.Fatal(err)
+	}
+	r.drain()
+	if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(64); return err }); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := r.matchLoad(held, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].HostPages != 4 {
+		t.Fatalf("held prefix: %d device + %d host pages, want 0 + 4", ms[0].DevicePages, ms[0].HostPages)
+	}
+	heldNodes := make([]*Node, len(ms))
+	for i, m := range ms {
+		heldNodes[i] = m.Last
+	}
+	if err := r.each("lock", func(i int, c *Cache) error { return c.Lock(heldNodes[i]) }); err != nil {
+		t.Fatal(err)
+	}
 	// Backups in flight at detection: made by this insert, deferred to the next step.
 	if _, err := r.insert(tokensN(1000, 40)); err != nil {
 		t.Fatal(err)
@@ -65,13 +91,20 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 			t.Fatalf("rank %d after divergence: %+v", i, st)
 		}
 	}
+	// The held prefix was dropped with L2; its request's Unlock is accepted.
+	if err := r.each("unlock dropped", func(i int, c *Cache) error { return c.Unlock(heldNodes[i]) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.each("unlock twice", func(i int, c *Cache) error { return c.Unlock(heldNodes[i]) }); !errors.Is(err, ErrBadArgument) {
+		t.Fatalf("second unlock of a dropped node: %v, want ErrBadArgument", err)
+	}
 	// Serving continues from L1: inserts, matches (verified content), evictions, steps.
 	r.checkAgree()
 	counts := r.workload(80, 22, 0)
 	if _, err := r.insert(tokensN(2000, 20)); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := r.matchLoad(tokensN(2000, 20), true)
+	ms, err = r.matchLoad(tokensN(2000, 20), true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,10 @@ type Node struct {
 	load            *loadOp  // load-back in flight (L1 slots allocated, data arriving)
 	evictAfterWrite bool     // write-back eviction: free L1 once the backup commits
 
-	lockRef int
-	hits    int
+	lockRef      int // Lock calls on this node or a descendant, not yet unlocked
+	ownLocks     int // Lock calls on this node itself
+	droppedLocks int // ownLocks of a node a divergence removed: Unlock accepts them as no-ops
+	hits         int
 
 	list       int8 // inNoList, inL1List, inL2List
 	prev, next *Node

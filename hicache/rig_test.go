@@ -35,6 +35,7 @@ type rigConfig struct {
 	maxDelay     time.Duration
 	seed         uint64
 	delay        func(rank int) func(Transfer) time.Duration // overrides maxDelay
+	fail         func(rank int) func(Transfer) error         // injected transfer failures
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -75,9 +76,13 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		if rc.delay != nil {
 			delay = rc.delay(i)
 		}
+		var fail func(Transfer) error
+		if rc.fail != nil {
+			fail = rc.fail(i)
+		}
 		c, err := New(context.Background(), Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
-			HostEngine: HostEngineOptions{Workers: 2, Delay: delay},
+			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail},
 		})
 		r.caches[i] = c
 		return err

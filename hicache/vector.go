@@ -179,6 +179,7 @@ func (c *Core) diverge() {
 		for i := len(n.children) - 1; i >= 0; i-- {
 			ch := n.children[i]
 			if ch.l1 == nil {
+				c.dropLocks(ch)
 				c.removeSubtree(ch)
 				continue
 			}
@@ -190,6 +191,26 @@ func (c *Core) diverge() {
 		}
 	}
 	visit(c.root)
+}
+
+// dropLocks releases the locks held on n's subtree before a divergence removes it: the
+// ancestors and the lock count forget them, and Unlock of a dropped node is a no-op.
+func (c *Core) dropLocks(n *Node) {
+	if n.lockRef == 0 {
+		return
+	}
+	var visit func(x *Node)
+	visit = func(x *Node) {
+		x.droppedLocks += x.ownLocks
+		c.locks -= x.ownLocks
+		x.ownLocks = 0
+		for _, ch := range x.children {
+			visit(ch)
+		}
+	}
+	visit(n)
+	c.lockPath(n.parent, -n.lockRef)
+	n.lockRef = 0
 }
 
 // Reset returns the core to its freshly constructed state: empty tree, all L1 slots free,

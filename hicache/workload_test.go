@@ -10,6 +10,9 @@ import (
 	"github.com/cpcache/cpcache/hicache/kvtest"
 )
 
+// errInjected is the error of injected transfer failures.
+var errInjected = errors.New("injected transfer failure")
+
 // l1IO writes and reads this rank's L1 pages (host memory, or device memory in GPU tests).
 type l1IO interface {
 	write(slot int32, fill func([]byte)) error
@@ -164,7 +167,9 @@ func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, sha
 			}
 		}
 	}
-	if err := c.WaitL1(ctx, m.Last); err != nil {
+	if err := c.WaitL1(ctx, m.Last); errors.Is(err, errInjected) {
+		return m, nil // this rank's copy failed: the group marks the node stale next step
+	} else if err != nil {
 		return m, err
 	}
 	pages := m.DevicePages
