@@ -528,7 +528,7 @@ func (c *Comm) Close() error {
 		err = cerr
 	}
 	rc, derr := c.onDevice(func() C.int { return C.cp_ncclCommDestroy(comm) })
-	if derr == nil {
+	if derr == nil && Result(rc) != InProgress { // nothing is left to wait for after finalize
 		derr = check(rc, "ncclCommDestroy", "", nil)
 	}
 	return errors.Join(err, derr, c.lib.Close())
