@@ -1,0 +1,151 @@
+package gloo_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
+	"github.com/cpcache/cpcache/gloo"
+)
+
+// A world of one rank needs no other process: the API's local behaviour is tested here.
+func newSingle(t *testing.T) *gloo.Group {
+	t.Helper()
+	w, err := gloo.NewWorld(context.Background(), gloo.Options{Store: fileStore(t), Rank: 0, Size: 1, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func TestSingleRankWorld(t *testing.T) {
+	ctx := context.Background()
+	w := newSingle(t)
+	if w.Rank() != 0 || w.Size() != 1 || w.Name() != "world[0]" {
+		t.Fatalf("world: rank %d size %d name %q", w.Rank(), w.Size(), w.Name())
+	}
+	if err := grouptest.Conformance(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	g, err := gloo.NewGroup(w, []int{0})
+	if err != nil || g == nil {
+		t.Fatalf("NewGroup([0]) = %v, %v", g, err)
+	}
+	defer g.Close()
+	if err := grouptest.Soak(ctx, g, 8); err != nil {
+		t.Fatal(err)
+	}
+	l, err := dist.NewLayout(dist.LayoutConfig{World: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg, err := gloo.NewLayoutGroups(w, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range dist.AllKinds {
+		if got := lg.Group(k); got == nil || got.Name() != k.String()+"[0]" {
+			t.Errorf("layout group %s = %v", k, got)
+		}
+	}
+	if err := lg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lg.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+}
+
+func TestBadArguments(t *testing.T) {
+	ctx := context.Background()
+	w := newSingle(t)
+	for _, ranks := range [][]int{nil, {1}, {-1}, {0, 0}} {
+		if _, err := gloo.NewGroup(w, ranks); !errors.Is(err, dist.ErrBadArgument) {
+			t.Errorf("NewGroup(%v): %v, want dist.ErrBadArgument", ranks, err)
+		}
+	}
+	if _, err := gloo.NewGroup(nil, []int{0}); !errors.Is(err, dist.ErrBadArgument) {
+		t.Errorf("NewGroup(nil world): %v", err)
+	}
+	l2, _ := dist.NewLayout(dist.LayoutConfig{World: 2})
+	if _, err := gloo.NewLayoutGroups(w, l2); !errors.Is(err, dist.ErrBadArgument) || !strings.Contains(err.Error(), "2 ranks") {
+		t.Errorf("NewLayoutGroups with a 2-rank layout on a 1-rank world: %v", err)
+	}
+	if _, err := w.Broadcast(ctx, 1, nil); !errors.Is(err, dist.ErrBadArgument) || !strings.Contains(err.Error(), "root 1") {
+		t.Errorf("Broadcast root 1: %v", err)
+	}
+	if err := w.AllReduce(ctx, dist.ReduceOp(9), []int64{1}); !errors.Is(err, dist.ErrBadArgument) {
+		t.Errorf("AllReduce op 9: %v", err)
+	}
+	// Bad arguments are local mistakes, not failures of the group.
+	if err := w.Barrier(ctx); err != nil {
+		t.Errorf("barrier after bad arguments: %v", err)
+	}
+	for _, o := range []gloo.Options{
+		{Store: "file:///tmp/x", Rank: 1, Size: 1},
+		{Store: "file:///tmp/x", Rank: -1, Size: 2},
+		{Store: "nope://", Rank: 0, Size: 1},
+	} {
+		if _, err := gloo.NewWorld(ctx, o); err == nil || !strings.HasPrefix(err.Error(), "gloo: ") {
+			t.Errorf("NewWorld(%+v): %v", o, err)
+		}
+	}
+}
+
+func TestRedisUnreachable(t *testing.T) {
+	port := freePort(t, "127.0.0.1")
+	_, err := gloo.NewWorld(context.Background(), gloo.Options{Store: "redis://127.0.0.1:" + itoa(port), Rank: 0, Size: 1})
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:"+itoa(port)) {
+		t.Fatalf("NewWorld with no redis server: %v, want an error naming the address", err)
+	}
+}
+
+func TestClosedAndExpired(t *testing.T) {
+	ctx := context.Background()
+	w := newSingle(t)
+	// A context whose deadline already passed ends the group: the member skipped an
+	// operation its peers may have made.
+	dead, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	err := w.Barrier(dead)
+	if !errors.Is(err, dist.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("barrier past the deadline: %v", err)
+	}
+	if err2 := w.AllReduce(ctx, dist.Sum, []int64{1}); !errors.Is(err2, dist.ErrTimeout) {
+		t.Errorf("allreduce after the timeout: %v, want the sticky dist.ErrTimeout", err2)
+	}
+	if w.Err() == nil {
+		t.Error("Err() is nil after a failure")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	if _, err := w.AllGather(ctx, nil); !errors.Is(err, dist.ErrClosed) {
+		t.Errorf("allgather after Close: %v, want dist.ErrClosed", err)
+	}
+	if _, err := gloo.NewGroup(w, []int{0}); !errors.Is(err, dist.ErrClosed) {
+		t.Errorf("NewGroup on a closed world: %v, want dist.ErrClosed", err)
+	}
+	var nilGroup *gloo.Group
+	if err := nilGroup.Close(); err != nil {
+		t.Errorf("nil Close: %v", err)
+	}
+	if err := nilGroup.Barrier(ctx); !errors.Is(err, dist.ErrClosed) {
+		t.Errorf("nil Barrier: %v", err)
+	}
+	var nilLG *gloo.LayoutGroups
+	if nilLG.Close() != nil || nilLG.Group(dist.KindTP) != nil {
+		t.Error("nil LayoutGroups is not inert")
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

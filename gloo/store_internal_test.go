@@ -1,0 +1,44 @@
+package gloo
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseStore(t *testing.T) {
+	good := map[string]storeSpec{
+		"file:///tmp/x":             {scheme: "file", dir: "/tmp/x", prefix: defaultPrefix},
+		"redis://10.0.0.1:7000":     {scheme: "redis", host: "10.0.0.1", port: 7000, prefix: defaultPrefix},
+		"redis://redis-host":        {scheme: "redis", host: "redis-host", port: 6379, prefix: defaultPrefix},
+		"redis://h:1/job42":         {scheme: "redis", host: "h", port: 1, prefix: "job42"},
+		"file://localhost/var/lib/": {scheme: "file", dir: "/var/lib/", prefix: defaultPrefix},
+	}
+	for in, want := range good {
+		got, err := parseStore(in)
+		if err != nil || got != want {
+			t.Errorf("parseStore(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	bad := map[string]string{
+		"":                   "CPCACHE_STORE",
+		"file://host/dir":    "file://host/dir",
+		"file:relative":      "file:relative",
+		"redis://:6379":      "no redis host",
+		"redis://h:99999":    `"99999"`,
+		"redis://h:port":     `:port`,
+		"tcp://h:1":          `"tcp"`,
+		"://":                "://",
+		"file://%zz":         "%zz",
+		"redis://h:0/prefix": `"0"`,
+	}
+	for in, mention := range bad {
+		_, err := parseStore(in)
+		if err == nil {
+			t.Errorf("parseStore(%q) succeeded", in)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), "gloo: ") || !strings.Contains(err.Error(), mention) {
+			t.Errorf("parseStore(%q): error %q does not start with \"gloo: \" and mention %q", in, err, mention)
+		}
+	}
+}
