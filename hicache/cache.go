@@ -33,6 +33,9 @@ type Config struct {
 	StepTimeout time.Duration
 	// LatencySamples is how many recent consensus latencies Stats keeps (default 1024).
 	LatencySamples int
+	// OnFlush, when set, runs on every rank at the end of a successful Flush (after the
+	// reset): where an L3 tier clears its own state. Its error is Flush's.
+	OnFlush func(ctx context.Context) error
 }
 
 // Cache is one rank's hierarchical KV cache: the deterministic Core plus the driver that
@@ -44,6 +47,7 @@ type Config struct {
 // HintEvict, Stats and the digests are local.
 type Cache struct {
 	group      dist.Group
+	onFlush    func(context.Context) error
 	engine     Engine
 	ownsEngine bool
 	l1mem      L1Memory // nil when the engine's L1 is not host memory
@@ -97,7 +101,7 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{
-		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
+		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
 		tickets: map[ticketKey]*Ticket{}, maxSamples: cfg.LatencySamples,
 	}
 	if c.maxSamples <= 0 {
@@ -431,6 +435,11 @@ func (c *Cache) Flush(ctx context.Context) error {
 	c.deferred = c.deferred[:0]
 	clear(c.tickets)
 	c.stats.diverged = nil
+	if c.onFlush != nil {
+		if err := c.onFlush(ctx); err != nil {
+			return fmt.Errorf("hicache: flush hook: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,6 +156,13 @@ func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
 	if err := r.step(); err != nil { // starts the backup, which waits at the gate
 		t.Fatal(err)
 	}
+	if st := res[0].Last.State(); st != StateL1|StateWriting {
+		t.Fatalf("node state during the backup: %v, want l1+writing", st)
+	}
+	var hooks atomic.Int64 // OnFlush must run once per rank, on the accepted flush only
+	for _, c := range r.caches {
+		c.onFlush = func(context.Context) error { hooks.Add(1); return nil }
+	}
 	busy := func(what string) {
 		t.Helper()
 		d := r.caches[0].StateDigest()
@@ -177,6 +185,9 @@ func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
 	busy("backup in flight")
 	open()
 	r.drain()
+	if st := res[0].Last.State(); st != StateL1|StateL2 {
+		t.Fatalf("node state after the backup: %v, want l1+l2", st)
+	}
 	ms, err := r.matchLoad(tokensN(7, 32), false)
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +206,13 @@ func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
 	if r.caches[0].Core().alloc.Digest() == mustFresh(t, r).alloc.Digest() {
 		t.Fatal("the allocator is fresh before the flush; the test proves nothing")
 	}
+	if n := hooks.Load(); n != 0 {
+		t.Fatalf("OnFlush ran %d times before any flush was accepted", n)
+	}
 	r.flushAndCheckFresh()
+	if n := hooks.Load(); n != int64(len(r.caches)) {
+		t.Fatalf("OnFlush ran %d times, want once per rank (%d)", n, len(r.caches))
+	}
 	if err := r.each("lock stale node", func(i int, c *Cache) error { return c.Lock(nodes[i]) }); !errors.Is(err, ErrBadArgument) {
 		t.Fatalf("lock of a node from before the flush: %v, want ErrBadArgument", err)
 	}

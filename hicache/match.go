@@ -71,7 +71,8 @@ type InsertResult struct {
 // boundaries where the sequence leaves them), missing pages become a new node with fresh L1
 // slots, and nodes of the path held only in L2 get L1 slots again (the caller has their
 // KV). It counts a hit on every node of the path and starts backups the write policy asks
-// for. It fails with ErrL1Full, changing nothing but evictions, when L1 cannot make room.
+// for. It fails with ErrL1Full when L1 cannot make room, having changed nothing but
+// evictions and a split at the sequence's divergence point.
 // Replicated: call it identically on every rank.
 func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++

@@ -66,6 +66,55 @@ func (n *Node) L1Slots() []int32 { return n.l1 }
 // (Depth()+j) mod C.
 func (n *Node) L2Pages() []slab.Page { return n.l2 }
 
+// NodeState is a set of node state flags.
+type NodeState uint8
+
+// Node state flags.
+const (
+	StateL1      NodeState = 1 << iota // holds L1 pages (maybe loading or stale)
+	StateL2                            // has a committed L2 copy
+	StateWriting                       // a backup is in flight
+	StateLoading                       // a load-back is in flight
+	StateStale                         // L1 pages are not servable (a load failed on some rank)
+)
+
+func (s NodeState) String() string {
+	out := ""
+	for i, name := range []string{"l1", "l2", "writing", "loading", "stale"} {
+		if s&(1<<i) != 0 {
+			if out != "" {
+				out += "+"
+			}
+			out += name
+		}
+	}
+	if out == "" {
+		return "none"
+	}
+	return out
+}
+
+// State returns the node's tiers and transfers in flight.
+func (n *Node) State() NodeState {
+	var s NodeState
+	if n.l1 != nil {
+		s |= StateL1
+	}
+	if n.l2 != nil {
+		s |= StateL2
+	}
+	if n.write != nil {
+		s |= StateWriting
+	}
+	if n.load != nil {
+		s |= StateLoading
+	}
+	if n.stale {
+		s |= StateStale
+	}
+	return s
+}
+
 func (n *Node) busy() bool { return n.write != nil || n.load != nil || n.evictAfterWrite }
 
 func (n *Node) isRoot() bool { return n.parent == nil }
