@@ -62,3 +62,8 @@ func TestStaleStore(t *testing.T) {
 			Env: []string{"CPCACHE_STORE=" + store, "CPCACHE_TEST_SOAK=4"}})
 	}
 }
+
+func TestNewGroupMismatch(t *testing.T) {
+	multiproc.Run(t, multiproc.Spec{Role: "new-group-mismatch", N: 2, Timeout: time.Minute,
+		Env: []string{"CPCACHE_STORE=" + fileStore(t)}})
+}

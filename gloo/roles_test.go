@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ func init() {
 	multiproc.Register("peer-exit", rolePeerExit)
 	multiproc.Register("peer-stall", rolePeerStall)
 	multiproc.Register("bench", roleBench)
+	multiproc.Register("new-group-mismatch", roleNewGroupMismatch)
 }
 
 func envInt(name string, def int) int {
@@ -261,4 +263,35 @@ func timeOps(ctx context.Context, g dist.Group, op func(context.Context, dist.Gr
 		}
 	}
 	return int64(time.Since(t0)) / int64(iters), nil
+}
+
+// roleNewGroupMismatch: ranks ask for different sub-groups; every rank must get
+// dist.ErrMismatch naming both requests, and the world stays usable.
+func roleNewGroupMismatch() error {
+	ctx := context.Background()
+	w, err := joinWorld(ctx, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	ranks := []int{0, 1}
+	if w.Rank() == 1 {
+		ranks = []int{1, 0}
+	}
+	g, err := gloo.NewGroup(w, ranks)
+	if !errors.Is(err, dist.ErrMismatch) || g != nil {
+		return fmt.Errorf("NewGroup(%v) with a peer asking for another order: %v, %v; want dist.ErrMismatch", ranks, g, err)
+	}
+	if !strings.Contains(err.Error(), "[0 1]") || !strings.Contains(err.Error(), "[1 0]") {
+		return fmt.Errorf("mismatch error does not name both requests: %v", err)
+	}
+	g, err = gloo.NewGroup(w, []int{1, 0})
+	if err != nil || g == nil {
+		return fmt.Errorf("NewGroup([1 0]) after a mismatch: %v, %v", g, err)
+	}
+	defer g.Close()
+	if g.Rank() != 1-w.Rank() {
+		return fmt.Errorf("world rank %d is rank %d of %s, want %d", w.Rank(), g.Rank(), g.Name(), 1-w.Rank())
+	}
+	return grouptest.Conformance(ctx, g)
 }
