@@ -49,7 +49,8 @@
 //     largest hinted amount — and checks the digests.
 //  5. cache.Flush(ctx) (R), only when idle (Pending() == 0 and no locks; else ErrBusy and
 //     nothing changes): a barrier, then the tree, L1 accounting, queues, hints and the L2
-//     allocator are reset; the allocator's digest equals a fresh one on every rank.
+//     allocator are reset; the allocator's digest equals a fresh one on every rank. Then
+//     Config.OnFlush runs (where an L3 tier clears its own state).
 //
 // # The consensus vector
 //
@@ -77,6 +78,14 @@
 // commits). Load-back needs a host hit of at least MinLoadPages and at most LoadQuotaPages
 // pages loading at once. L1 eviction takes least recently used leaves; a node with an L2
 // copy becomes L2-only, other nodes are dropped (or, under WriteBack, backed up first).
+//
+// # Engines
+//
+// HostEngine copies with worker goroutines between a host L1 pool it allocates
+// (Cache.L1Page) and host slabs. CUDAEngine copies between a device KV pool and pinned host
+// slabs (HostPageAddr) or device slabs (DevicePageAddr), one stream per direction, each
+// transfer one batched copy plus an event; its streams are non-blocking, so the model's
+// writes into L1 must be complete before the Step that starts their backups.
 //
 // # Ownership and concurrency
 //
