@@ -1,8 +1,3 @@
-// Package cudatest holds test helpers for code that needs a GPU.
-//
-// RequireGPU skips a test, saying why, on a machine without a usable CUDA driver and
-// device; when CPCACHE_REQUIRE_GPU=1 it fails instead, so that a GPU run cannot pass by
-// skipping everything.
 package cudatest
 
 import (
