@@ -30,13 +30,13 @@
 // every rank must make them in the same order with the same arguments (they change
 // replicated state); calls marked L are local.
 //
-//  1. For each new request: m := cache.Match(tokens) (R) gives the device hit (pages in L1),
+//  1. For each new request: m, err := cache.Match(tokens) (R) gives the device hit (L1 pages),
 //     the host hit (pages only in L2 that follow it) and the deepest node m.Last.
 //     cache.Lock(m.Last) (R) pins the prefix while the request runs.
 //  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
 //     this rank's reads of its own pages; before a layer reads that prefix from L1, the
 //     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
-//  3. After prefill: res := cache.Insert(tokens) (R) caches the sequence's whole pages; the
+//  3. After prefill: res, err := cache.Insert(tokens) (R) caches the sequence's whole pages; the
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
 //     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
 //     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
