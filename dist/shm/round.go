@@ -51,7 +51,7 @@ func (g *Group) opErr(op string, seq uint64, err error) error {
 	return &dist.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err}
 }
 
-// round runs one shared-memory round for operation op: it writes this member's descriptor,
+// roundLocked runs one shared-memory round for operation op: it writes this member's descriptor,
 // payload length and data (fill writes into the slot's data area), publishes the arrival,
 // waits for every member, and checks that every member called the same operation. It
 // returns the buffer parity of the round, whose slots stay intact until this member starts
