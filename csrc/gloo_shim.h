@@ -28,6 +28,7 @@ enum {
   CPG_IO = 2,        /* a connection broke: a peer exited or closed its context */
   CPG_INVALID = 3,   /* bad argument, detected before any communication */
   CPG_ERROR = 4,     /* any other failure (Gloo enforce, allocation, ...) */
+  CPG_MISMATCH = 5,  /* members called different collectives (or with different arguments) */
 };
 
 /* Reductions for cpg_allreduce_i64. */
@@ -66,7 +67,14 @@ int cpg_ctx_new(cpg_store* s, const char* prefix, int rank, int size, cpg_device
 void cpg_ctx_close(cpg_ctx* c);
 
 /* Collectives. On CPG_IO the context closes its connections so that the failure reaches
- * every peer promptly; the context must not be used afterwards except to close it. */
+ * every peer promptly; the context must not be used afterwards except to close it.
+ *
+ * Groups of up to 32 members (CPCACHE_GLOO_DIRECT_MAX, read when a context is created,
+ * changes the limit; 0 means never) exchange small messages directly (every member sends one
+ * fixed-size frame to every other: one network hop, not the 2(n-1) of a ring), and each
+ * frame names its collective and arguments, so members that call different collectives fail
+ * with CPG_MISMATCH. Payloads beyond a frame take a second phase (direct, or Gloo's ring
+ * allreduce / allgatherv); larger groups use Gloo's algorithms throughout. */
 int cpg_allreduce_i64(cpg_ctx* c, int op, int64_t* vals, size_t n, int64_t timeout_ms,
                       char* err, size_t errlen);
 /* Broadcasts root's n bytes; every member gets a malloc'd copy in *out (*outlen bytes). */

@@ -212,7 +212,8 @@ const (
 
 // Shim result codes.
 const (
-	codeTimeout = int(C.CPG_TIMEOUT)
-	codeIO      = int(C.CPG_IO)
-	codeInvalid = int(C.CPG_INVALID)
+	codeTimeout  = int(C.CPG_TIMEOUT)
+	codeIO       = int(C.CPG_IO)
+	codeInvalid  = int(C.CPG_INVALID)
+	codeMismatch = int(C.CPG_MISMATCH)
 )

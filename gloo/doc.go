@@ -34,8 +34,18 @@
 // dist.ErrTimeout (also wrapping context.DeadlineExceeded when the context's deadline was
 // the one that passed). Any such error is sticky: the group then refuses every call with the
 // same error (wrapped in a new dist.OpError). Cancelling a context without a deadline is only
-// observed before an operation starts. Gloo does not detect members that call different
-// collectives; that is the caller's contract (see dist.Group).
+// observed before an operation starts.
+//
+// # Algorithms
+//
+// Groups of up to 32 members (CPCACHE_GLOO_DIRECT_MAX changes the limit; 0 disables it)
+// exchange small messages directly over Gloo's transport: every member sends one 512-byte
+// frame to every other — one network hop instead of the 2(n-1) of Gloo's ring — whose header
+// names the collective and its arguments, so members that call different collectives (or
+// AllReduce with a different op or length, Broadcast with a different root) fail with
+// dist.ErrMismatch instead of mixing data. Payloads beyond a frame take a second phase
+// (direct for Broadcast, Gloo's ring allreduce and allgatherv otherwise); larger groups use
+// Gloo's algorithms throughout and do not detect mismatches.
 //
 // # Usage
 //

@@ -24,6 +24,8 @@ func classify(err error, ctxDeadline bool) error {
 		return fmt.Errorf("gloo: %w: %s", dist.ErrTimeout, se.msg)
 	case codeIO:
 		return fmt.Errorf("gloo: %w: %s", dist.ErrPeerLost, se.msg)
+	case codeMismatch:
+		return fmt.Errorf("gloo: %w: %s", dist.ErrMismatch, se.msg)
 	case codeInvalid:
 		return fmt.Errorf("gloo: %w: %s", dist.ErrBadArgument, se.msg)
 	}

@@ -23,6 +23,21 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestGlooAlgorithms runs the suite with the direct exchange disabled, so that the paths
+// large groups take (Gloo's ring allreduce, allgatherv, broadcast and barrier) are covered.
+func TestGlooAlgorithms(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			multiproc.Run(t, multiproc.Spec{Role: "conformance", N: n, Timeout: 2 * time.Minute,
+				Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_SOAK=16", "CPCACHE_GLOO_DIRECT_MAX=0"}})
+		})
+	}
+	t.Run("peer-exit", func(t *testing.T) {
+		multiproc.Run(t, multiproc.Spec{Role: "peer-exit", N: 4, Timeout: 90 * time.Second,
+			Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_EXIT=exit", "CPCACHE_TEST_TIMEOUT=10m", "CPCACHE_GLOO_DIRECT_MAX=0"}})
+	})
+}
+
 func TestLayoutGroups(t *testing.T) {
 	// CP8 DP2 EP16 on 16 ranks: attention-CP groups {0..7},{8..15}, 16 single-rank
 	// attention-TP groups, one EP and one TP group of 16.
@@ -66,4 +81,10 @@ func TestStaleStore(t *testing.T) {
 func TestNewGroupMismatch(t *testing.T) {
 	multiproc.Run(t, multiproc.Spec{Role: "new-group-mismatch", N: 2, Timeout: time.Minute,
 		Env: []string{"CPCACHE_STORE=" + fileStore(t)}})
+}
+
+func TestOpMismatch(t *testing.T) {
+	res := multiproc.Run(t, multiproc.Spec{Role: "op-mismatch", N: 3, Timeout: time.Minute,
+		Env: []string{"CPCACHE_STORE=" + fileStore(t)}})
+	t.Logf("rank 0: %s", res[0].Output)
 }

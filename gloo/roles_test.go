@@ -28,6 +28,7 @@ func init() {
 	multiproc.Register("peer-stall", rolePeerStall)
 	multiproc.Register("bench", roleBench)
 	multiproc.Register("new-group-mismatch", roleNewGroupMismatch)
+	multiproc.Register("op-mismatch", roleOpMismatch)
 }
 
 func envInt(name string, def int) int {
@@ -294,4 +295,34 @@ func roleNewGroupMismatch() error {
 		return fmt.Errorf("world rank %d is rank %d of %s, want %d", w.Rank(), g.Rank(), g.Name(), 1-w.Rank())
 	}
 	return grouptest.Conformance(ctx, g)
+}
+
+// roleOpMismatch: rank 0 calls AllReduce MIN, rank 1 AllReduce SUM, the others Barrier;
+// every rank must fail with dist.ErrMismatch (and keep failing) instead of mixing data.
+func roleOpMismatch() error {
+	ctx := context.Background()
+	w, err := joinWorld(ctx, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Barrier(ctx); err != nil {
+		return err
+	}
+	switch w.Rank() {
+	case 0:
+		err = w.AllReduce(ctx, dist.Min, []int64{1, 2})
+	case 1:
+		err = w.AllReduce(ctx, dist.Sum, []int64{1, 2})
+	default:
+		err = w.Barrier(ctx)
+	}
+	if !errors.Is(err, dist.ErrMismatch) {
+		return fmt.Errorf("mismatched collectives: got %v, want dist.ErrMismatch", err)
+	}
+	if err2 := w.Barrier(ctx); !errors.Is(err2, dist.ErrMismatch) {
+		return fmt.Errorf("barrier after a mismatch: got %v, want the sticky dist.ErrMismatch", err2)
+	}
+	fmt.Printf("rank %d: %v\n", w.Rank(), err)
+	return nil
 }

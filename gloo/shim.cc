@@ -1,3 +1,3 @@
-// Compiles the Gloo C ABI shim from csrc/ into this package, so that `go build` needs no
-// separate build step.
+// Compiles the Gloo C ABI shim (stores, devices, contexts) from csrc/ into this package, so
+// that `go build` needs no separate build step.
 #include "../csrc/gloo_shim.cc"
