@@ -124,6 +124,15 @@ int cp_ncclAllGather(uint64_t send, uint64_t recv, size_t count, int dt, void *c
 int cp_ncclReduceScatter(uint64_t send, uint64_t recv, size_t count, int dt, int op, void *comm, uintptr_t st);
 int cp_ncclGroupStart(void);
 int cp_ncclGroupEnd(void);
+/* Out-slots for the communicator NCCL creates. ncclCommSplit (and, in some versions,
+ * ncclCommInitRank*) store the new communicator into the caller's `newcomm` from NCCL's own
+ * job thread when the operation completes (init.cc ncclCommInitRankFunc:
+ * __atomic_store_n(job->newcomm, comm)), i.e. after the call returned. The slot must
+ * therefore be C memory that stays valid until the operation completed or was aborted:
+ * never Go memory. cp_nccl_slot_new returns a zeroed slot (NULL when out of memory). */
+void **cp_nccl_slot_new(void);
+void *cp_nccl_slot_load(void **slot);
+void cp_nccl_slot_free(void **slot);
 /* For the ABI tests: the config prefix as it is sent. */
 void cp_nccl_config_v21400(cp_ncclConfig_v21400 *c, int blocking);
 

@@ -3,6 +3,8 @@
  * See nccl_api.h for the ABI notes.
  */
 #include "loader.h"
+#include <stdlib.h>
+
 #include "nccl_api.h"
 
 static cp_lib cp_nccl_lib = CP_LIB_INIT;
@@ -70,6 +72,10 @@ void cp_nccl_config_v21400(cp_ncclConfig_v21400 *c, int blocking) {
   c->version = 21400; /* NCCL_VERSION(2,14,0) */
   c->blocking = blocking;
 }
+
+void **cp_nccl_slot_new(void) { return (void **)calloc(1, sizeof(void *)); }
+void *cp_nccl_slot_load(void **slot) { return __atomic_load_n(slot, __ATOMIC_ACQUIRE); }
+void cp_nccl_slot_free(void **slot) { free(slot); }
 
 #define CP_NEED(fn) \
   if (cp_nc.fn == NULL) return CP_NCCL_NOT_LOADED

@@ -45,21 +45,6 @@ type Comm struct {
 	failed error          // why the communicator was aborted (sticky)
 }
 
-// onDevice runs f on a locked OS thread with the device's primary context current, which is
-// how NCCL's CUDA runtime learns the device. f must not block on other goroutines.
-func (c *Comm) onDevice(f func() C.int) (C.int, error) {
-	return onDevice(c.dev, f)
-}
-
-func onDevice(dev *cuda.Device, f func() C.int) (C.int, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := dev.MakeCurrent(); err != nil {
-		return 0, err
-	}
-	return f(), nil
-}
-
 // NewComm creates a communicator over the members of group, one per member, on dev: rank 0
 // asks NCCL for a unique id and broadcasts it over group (a CPU group: Gloo, shared memory or
 // in-process), then every member initialises. It returns when initialisation completed on
@@ -99,6 +84,9 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 	if size <= 0 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("nccl: init rank %d of %d: out of range", rank, size)
 	}
+	if dev == nil {
+		return nil, fmt.Errorf("nccl: init rank %d of %d: nil device", rank, size)
+	}
 	if err := l.live(); err != nil {
 		return nil, err
 	}
@@ -114,17 +102,21 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 		nonBlocking: !opts.Blocking && own.Supports("config")}
 	detail := fmt.Sprintf("rank %d of %d, device %d", rank, size, dev.Ordinal())
 	if c.nonBlocking {
-		var comm unsafe.Pointer
-		rc, err := c.onDevice(func() C.int {
-			return C.cp_ncclCommInitRankConfig(&comm, C.int(size), unsafe.Pointer(&id[0]), C.int(rank), 0)
+		slot := C.cp_nccl_slot_new()
+		if slot == nil {
+			own.Close()
+			return nil, fmt.Errorf("nccl: init %s: out of memory", detail)
+		}
+		defer C.cp_nccl_slot_free(slot) // every path below has completed or aborted the init
+		rc, err := onFreshThread(dev, func() C.int {
+			return C.cp_ncclCommInitRankConfig(slot, C.int(size), unsafe.Pointer(&id[0]), C.int(rank), 0)
 		})
+		comm := C.cp_nccl_slot_load(slot)
 		if err == nil && Result(rc) != InProgress {
 			err = check(rc, "ncclCommInitRankConfig", detail, comm)
 		}
 		if err != nil {
-			if comm != nil {
-				C.cp_ncclCommAbort(comm)
-			}
+			abortComm(dev, comm)
 			own.Close()
 			return nil, err
 		}
@@ -137,21 +129,28 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 		return c, nil
 	}
 	// Blocking initialisation: run it aside so the caller gets its deadline. On a timeout the
-	// initialising thread is abandoned (NCCL offers no way to interrupt it).
+	// initialising thread is abandoned (NCCL offers no way to interrupt it), and so is its
+	// out-slot, which NCCL may still write.
 	type result struct {
 		comm unsafe.Pointer
 		err  error
 	}
+	slot := C.cp_nccl_slot_new()
+	if slot == nil {
+		own.Close()
+		return nil, fmt.Errorf("nccl: init %s: out of memory", detail)
+	}
 	done := make(chan result, 1)
 	C.cp_nccl_keep()
 	go func() {
-		var comm unsafe.Pointer
-		rc, err := c.onDevice(func() C.int {
-			return C.cp_ncclCommInitRank(&comm, C.int(size), unsafe.Pointer(&id[0]), C.int(rank))
+		rc, err := onFreshThread(dev, func() C.int {
+			return C.cp_ncclCommInitRank(slot, C.int(size), unsafe.Pointer(&id[0]), C.int(rank))
 		})
+		comm := C.cp_nccl_slot_load(slot)
 		if err == nil {
 			err = check(rc, "ncclCommInitRank", detail, comm)
 		}
+		C.cp_nccl_slot_free(slot)
 		done <- result{comm, err}
 	}()
 	deadline := dist.Deadline(ctx, opts.Timeout)
@@ -178,27 +177,37 @@ func timeoutError(ctx context.Context, call, detail string, timeout time.Duratio
 	return fmt.Errorf("nccl: %s (%s) did not complete within %v: %w", call, detail, timeout, dist.ErrTimeout)
 }
 
-// waitReady polls comm's asynchronous error while it is ncclInProgress (non-blocking mode),
-// aborting the communicator at the deadline.
-func (c *Comm) waitReady(ctx context.Context, comm unsafe.Pointer, call, detail string) error {
-	deadline := dist.Deadline(ctx, c.timeout)
+// pollAsync polls comm's ncclCommGetAsyncError while it reports ncclInProgress, until the
+// deadline (ctx, else timeout). A non-blocking communicator must not be used (not even
+// finalised or destroyed) before this returned nil: NCCL's ncclCommEnsureReady rejects it
+// with "Attempt to use communicator before the previous operation returned ncclSuccess".
+func pollAsync(ctx context.Context, comm unsafe.Pointer, timeout time.Duration, call, detail string) error {
+	deadline := dist.Deadline(ctx, timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		var st C.int
 		if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", detail, comm); err != nil {
-			return c.fail(err)
+			return err
 		}
 		switch Result(st) {
 		case Success:
 			return nil
 		case InProgress:
 		default:
-			return c.fail(check(st, call, detail, comm))
+			return check(st, call, detail, comm)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return c.fail(timeoutError(ctx, call, detail, c.timeout))
+			return timeoutError(ctx, call, detail, timeout)
 		}
 		time.Sleep(pause)
 	}
+}
+
+// waitReady is pollAsync that aborts the communicator on failure or at the deadline.
+func (c *Comm) waitReady(ctx context.Context, comm unsafe.Pointer, call, detail string) error {
+	if err := pollAsync(ctx, comm, c.timeout, call, detail); err != nil {
+		return c.fail(err)
+	}
+	return nil
 }
 
 // fail aborts the communicator and records why; later calls return the recorded error.
@@ -209,7 +218,7 @@ func (c *Comm) fail(err error) error {
 		c.failed = fmt.Errorf("%w: %w", ErrAborted, err)
 	}
 	if c.comm != nil {
-		C.cp_ncclCommAbort(c.comm)
+		abortComm(c.dev, c.comm)
 		c.comm = nil
 	}
 	return err
@@ -377,8 +386,17 @@ func (c *Comm) Group(ctx context.Context, fn func() error) error {
 	if err := check(C.cp_ncclGroupStart(), "ncclGroupStart", "", comm); err != nil {
 		return err
 	}
+	// NCCL's group state is per OS thread and Go reuses threads: a group left open (fn
+	// panicking) would swallow every later NCCL call made on this thread.
+	ended := false
+	defer func() {
+		if !ended {
+			C.cp_ncclGroupEnd()
+		}
+	}()
 	ferr := fn()
 	rc := C.cp_ncclGroupEnd()
+	ended = true
 	if Result(rc) == InProgress {
 		if err := c.waitReady(ctx, comm, "ncclGroupEnd", ""); err != nil {
 			return err
@@ -432,71 +450,10 @@ func (c *Comm) Abort() error {
 	return nil
 }
 
-// NoColor excludes a rank from every communicator a Split creates (NCCL_SPLIT_NOCOLOR).
-const NoColor = -1
-
-// Split creates sub-communicators: ranks passing the same color form one, ordered by key
-// (then by rank). Every rank of c must call it. A rank passing NoColor gets nil. Needs NCCL
-// >= 2.18 (ErrUnsupported otherwise).
-func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
-	comm, err := c.handle()
-	if err != nil {
-		return nil, err
-	}
-	if !c.lib.Supports("split") {
-		return nil, fmt.Errorf("nccl: split needs NCCL >= 2.18, have %v: %w", c.lib.Version(), ErrUnsupported)
-	}
-	if color < NoColor {
-		return nil, fmt.Errorf("nccl: split color %d must be >= 0 or NoColor", color)
-	}
-	own, err := Open()
-	if err != nil {
-		return nil, err
-	}
-	nb := C.int(0)
-	if !c.nonBlocking {
-		nb = 1
-	}
-	useCfg := C.int(0)
-	if c.lib.Supports("config") {
-		useCfg = 1
-	}
-	detail := fmt.Sprintf("rank %d of %d, color %d, key %d", c.rank, c.size, color, key)
-	var sub unsafe.Pointer
-	rc, err := c.onDevice(func() C.int { return C.cp_ncclCommSplit(comm, C.int(color), C.int(key), &sub, useCfg, nb) })
-	if err != nil {
-		own.Close()
-		return nil, err
-	}
-	child := &Comm{lib: own, dev: c.dev, nonBlocking: c.nonBlocking, timeout: c.timeout, comm: sub}
-	if Result(rc) == InProgress {
-		if sub == nil {
-			err = c.waitReady(ctx, comm, "ncclCommSplit", detail)
-		} else {
-			err = child.waitReady(ctx, sub, "ncclCommSplit", detail)
-		}
-	} else {
-		err = check(rc, "ncclCommSplit", detail, comm)
-	}
-	if err != nil {
-		own.Close()
-		return nil, err
-	}
-	if sub == nil {
-		own.Close()
-		return nil, nil
-	}
-	n, _, r, err := child.Query()
-	if err != nil {
-		child.Close()
-		return nil, err
-	}
-	child.size, child.rank = n, r
-	return child, nil
-}
-
-// Close finalises and destroys the communicator (aborting it when finalisation does not
-// finish within the timeout) and drops its library reference. Nil-safe and idempotent.
+// Close finalises and destroys the communicator and drops its library reference. A
+// non-blocking communicator is first polled until its last operation completed; when that,
+// or finalisation, fails or does not finish within the timeout, the communicator is aborted
+// instead. Nil-safe and idempotent.
 func (c *Comm) Close() error {
 	if c == nil {
 		return nil
@@ -511,25 +468,29 @@ func (c *Comm) Close() error {
 	if comm == nil {
 		return c.lib.Close()
 	}
-	var err error
+	detail := fmt.Sprintf("rank %d of %d", c.rank, c.size)
 	if c.nonBlocking {
-		rc, cerr := c.onDevice(func() C.int { return C.cp_ncclCommFinalize(comm) })
-		if cerr == nil && Result(rc) == InProgress {
-			tmp := &Comm{timeout: c.timeout}
-			cerr = tmp.waitReady(context.Background(), comm, "ncclCommFinalize", "")
-			if tmp.failed != nil { // waitReady aborted nothing (tmp.comm is nil): abort here
-				C.cp_ncclCommAbort(comm)
-				c.lib.Close()
-				return cerr
+		// Never hand NCCL a busy communicator here: ncclCommFinalize rejects it, and 2.28's
+		// ncclCommDestroy returns from inside its internal group (NCCLCHECK(ncclCommEnsureReady)
+		// after ncclGroupStartInternal), leaving the calling thread in a group for good.
+		err := pollAsync(context.Background(), comm, c.timeout, "wait before ncclCommFinalize", detail)
+		if err == nil {
+			var rc C.int
+			rc, err = onFreshThread(c.dev, func() C.int { return C.cp_ncclCommFinalize(comm) })
+			if err == nil && (Result(rc) == InProgress || Result(rc) == Success) {
+				err = pollAsync(context.Background(), comm, c.timeout, "ncclCommFinalize", detail)
+			} else if err == nil {
+				err = check(rc, "ncclCommFinalize", detail, comm)
 			}
-		} else if cerr == nil {
-			cerr = check(rc, "ncclCommFinalize", "", comm)
 		}
-		err = cerr
+		if err != nil {
+			abortComm(c.dev, comm)
+			return errors.Join(err, c.lib.Close())
+		}
 	}
-	rc, derr := c.onDevice(func() C.int { return C.cp_ncclCommDestroy(comm) })
-	if derr == nil && Result(rc) != InProgress { // nothing is left to wait for after finalize
-		derr = check(rc, "ncclCommDestroy", "", nil)
+	rc, err := onFreshThread(c.dev, func() C.int { return C.cp_ncclCommDestroy(comm) })
+	if err == nil && Result(rc) != InProgress { // nothing is left to wait for after finalize
+		err = check(rc, "ncclCommDestroy", detail, nil)
 	}
-	return errors.Join(err, derr, c.lib.Close())
+	return errors.Join(err, c.lib.Close())
 }

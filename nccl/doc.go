@@ -18,10 +18,24 @@
 // Options.Timeout), then aborts the communicator (ncclCommAbort) and returns an error
 // wrapping dist.ErrTimeout. Later calls fail with ErrAborted.
 //
+// Non-blocking rules (checked against NCCL 2.28's src/init.cc and src/group.cc): a
+// communicator is not used (not even finalised or destroyed) until ncclCommGetAsyncError
+// reported ncclSuccess for its last operation; ncclCommSplit may return ncclSuccess while the
+// split still runs, with the parent in progress and the child stored into the out-pointer by
+// an NCCL thread when it completes, so Split passes C memory for it, polls the parent, then
+// the child; Close polls before ncclCommFinalize and aborts instead when that fails.
+//
 // Threading: NCCL learns the device from the calling thread's current CUDA context, so every
 // NCCL call runs with the OS thread locked and the device's primary context made current
 // (cuda.Device.MakeCurrent) for the duration of that call; Group keeps the thread locked
-// across ncclGroupStart..ncclGroupEnd because NCCL's group state is per thread.
+// across ncclGroupStart..ncclGroupEnd because NCCL's group state is per thread. For the same
+// reason, create/split/finalize/destroy/abort run on a fresh goroutine whose OS thread is
+// retired when the call fails: some NCCL error paths (2.28 ncclCommDestroy) leave that
+// thread's group state open, which would swallow later calls on a reused thread.
+//
+// Tests: csrc/nccl_fake.c models these rules strictly (busy communicators rejected, split
+// published late, a leaked group latched process-wide), so the TestGPU* tests run against it
+// on every CI machine catch their violation.
 //
 // Usage loop:
 //

@@ -164,6 +164,12 @@ func TestGPUOneRankCollectives(t *testing.T) {
 				if err != nil || none != nil {
 					t.Errorf("split with NoColor = %v, %v; want nil, nil", none, err)
 				}
+				// Split returns only once the parent is usable again (a non-blocking split
+				// leaves the parent in progress until it completes).
+				after := alloc(t, dev, 4*n+64, 0xee)
+				must(t, comm.AllReduce(ctx, send.Ptr(), after.Ptr(), n, nccl.Float32, nccl.Sum, s))
+				must(t, comm.Wait(ctx, s))
+				checkResult(t, "allreduce on the parent after split", after, src)
 			} else {
 				fmt.Printf("info: nccl %v has no ncclCommSplit; split not tested\n", comm.Library().Version())
 			}

@@ -1,0 +1,71 @@
+package nccl
+
+/*
+#include "nccl_api.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/cuda"
+)
+
+// onDevice runs f on a locked OS thread with the device's primary context current, which is
+// how NCCL's CUDA runtime learns the device. f must not block on other goroutines.
+func (c *Comm) onDevice(f func() C.int) (C.int, error) {
+	return onDevice(c.dev, f)
+}
+
+func onDevice(dev *cuda.Device, f func() C.int) (C.int, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := dev.MakeCurrent(); err != nil {
+		return 0, err
+	}
+	return f(), nil
+}
+
+// onFreshThread runs f like onDevice, but on a new goroutine whose OS thread is retired when
+// f returns an NCCL error (the goroutine exits with the thread still locked, so the Go
+// runtime terminates the thread instead of reusing it). NCCL keeps its group state
+// (ncclGroupDepth, ncclGroupBlocking, the queued jobs) in thread-local variables, and some
+// of its error paths return from inside ncclGroupStartInternal without the matching
+// ncclGroupEndInternal (2.28's ncclCommDestroy on a communicator that is not ready); on a
+// reused thread every later NCCL call would then run inside that stale group. It is used for
+// the calls that create, split, finalise, destroy and abort communicators; collectives,
+// whose error paths leave the group correctly, run on the caller's thread (onDevice).
+func onFreshThread(dev *cuda.Device, f func() C.int) (C.int, error) {
+	type result struct {
+		rc  C.int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := dev.MakeCurrent(); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{0, err}
+			return
+		}
+		rc := f()
+		if r := Result(rc); r == Success || r == InProgress || int(rc)&notLoadedBit != 0 {
+			runtime.UnlockOSThread()
+		}
+		done <- result{rc, nil}
+	}()
+	r := <-done
+	return r.rc, r.err
+}
+
+// abortComm aborts comm (nil is a no-op) on a fresh thread with dev current, or on this
+// thread when dev cannot be made current: an abort must happen either way.
+func abortComm(dev *cuda.Device, comm unsafe.Pointer) {
+	if comm == nil {
+		return
+	}
+	if _, err := onFreshThread(dev, func() C.int { return C.cp_ncclCommAbort(comm) }); err != nil {
+		C.cp_ncclCommAbort(comm)
+	}
+}
