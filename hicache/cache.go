@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/hicache/storage"
 )
 
 // Config configures a Cache.
@@ -36,6 +37,17 @@ type Config struct {
 	// OnFlush, when set, runs on every rank at the end of a successful Flush (after the
 	// reset): where an L3 tier clears its own state. Its error is Flush's.
 	OnFlush func(ctx context.Context) error
+	// Storage is the L3 tier (nil: none): the I/O rank of each slab group (CP rank 0) backs
+	// committed L2 nodes up to it and prefetches from it (see Prefetch). Every rank of the
+	// group must pass one, or none; the caller owns it and closes it after Close. The slab set
+	// must have host pages (HostSlabs).
+	Storage storage.Storage
+	// StorageNamespace is the namespace Storage was opened with (required with Storage). It
+	// must name everything that changes a page's bytes (model, dtype, KV layout, page size,
+	// TP size); keys add the chained page hash and the slab group's TP index.
+	StorageNamespace storage.Namespace
+	// L3 tunes the storage protocol.
+	L3 L3Options
 }
 
 // Cache is one rank's hierarchical KV cache: the deterministic Core plus the driver that
@@ -53,6 +65,7 @@ type Cache struct {
 	l1mem      L1Memory // nil when the engine's L1 is not host memory
 	timeout    time.Duration
 	maxSamples int
+	l3         *l3Driver // nil without storage; runs jobs only on the I/O rank
 
 	mu       sync.Mutex // protects everything below
 	core     *Core
@@ -100,6 +113,12 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Storage != nil {
+		cc.L3, cc.L3Options = true, cfg.L3
+		if cfg.StorageNamespace.IsZero() {
+			return nil, fmt.Errorf("%w: storage %T given without its namespace (Config.StorageNamespace)", ErrBadConfig, cfg.Storage)
+		}
+	}
 	c := &Cache{
 		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
 		tickets: map[ticketKey]*Ticket{}, maxSamples: cfg.LatencySamples,
@@ -119,6 +138,13 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		c.engine, c.ownsEngine = he, true
 	}
 	c.l1mem, _ = c.engine.(L1Memory)
+	if core.cfg.L3 {
+		hs, ok := cfg.Slabs.(HostSlabs)
+		if !ok {
+			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages; slab set %T has none", ErrBadConfig, cfg.Slabs), c.Close())
+		}
+		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, core.cfg.L3Options)
+	}
 	// Agree on the configuration before the first step.
 	fp := int64(core.fp & mask63)
 	v := []int64{fp, -fp}
@@ -187,6 +213,19 @@ func (c *Cache) startLocked(t Transfer) {
 }
 
 // startDeferredLocked starts the backups deferred since the last step.
+func (c *Cache) startL3Locked() {
+	jobs, stops := c.core.takeL3()
+	if c.l3 == nil {
+		return
+	}
+	for _, j := range jobs {
+		c.l3.start(j)
+	}
+	for _, s := range stops {
+		c.l3.stop(s)
+	}
+}
+
 func (c *Cache) startDeferredLocked() {
 	for _, t := range c.deferred {
 		c.startLocked(t)
@@ -350,6 +389,9 @@ func (c *Cache) Step(ctx context.Context) error {
 	}
 	c.startDeferredLocked()
 	c.pollLocked()
+	if c.l3 != nil {
+		c.l3.poll(c.core)
+	}
 	v := c.core.Vector()
 	start := time.Now()
 	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) })
@@ -371,6 +413,7 @@ func (c *Cache) Step(ctx context.Context) error {
 		}
 	}
 	c.submitLocked()
+	c.startL3Locked()
 	return derr
 }
 
@@ -378,6 +421,7 @@ func (c *Cache) Step(ctx context.Context) error {
 func (c *Cache) drainLocked() {
 	c.deferred = c.deferred[:0]
 	c.engine.Cancel()
+	c.l3.drain()
 	for _, tk := range c.inflight {
 		<-tk.Done()
 	}
@@ -395,12 +439,12 @@ func (c *Cache) recordLatency(d time.Duration) {
 	s.next = (s.next + 1) % c.maxSamples
 }
 
-// Pending is the number of backups and loads in flight (replicated: equal on every rank, so
+// Pending is the number of backups, loads and storage operations in flight (replicated: equal on every rank, so
 // a loop "step while Pending() > 0" makes the same number of steps everywhere).
 func (c *Cache) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.core.writes) + len(c.core.loads)
+	return c.core.Pending()
 }
 
 // Idle reports whether Flush would be allowed (nothing in flight, nothing locked).
@@ -435,6 +479,12 @@ func (c *Cache) Flush(ctx context.Context) error {
 	c.deferred = c.deferred[:0]
 	clear(c.tickets)
 	c.stats.diverged = nil
+	c.l3.drain() // idle: nothing runs; forget finished results
+	if c.l3 != nil && c.core.cfg.L3Options.ClearOnFlush && c.core.io {
+		if err := c.l3.st.Clear(ctx); err != nil {
+			c.l3.fail(fmt.Errorf("hicache: clearing storage on flush: %w", err))
+		}
+	}
 	if c.onFlush != nil {
 		if err := c.onFlush(ctx); err != nil {
 			return fmt.Errorf("hicache: flush hook: %w", err)
@@ -457,6 +507,7 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	c.engine.Cancel()
+	c.l3.drain()
 	for _, tk := range c.inflight {
 		<-tk.Done()
 	}
@@ -464,5 +515,40 @@ func (c *Cache) Close() error {
 	if c.ownsEngine {
 		return c.engine.Close()
 	}
+	return nil
+}
+
+// Prefetch asks L3 storage for the continuation of tokens beyond what the tree holds (see
+// Core.Prefetch): the group agrees how much is stored, reserves L2 pages, the I/O ranks read
+// them in, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
+// false, then Match reports them as host pages. Replicated.
+func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return PrefetchResult{}, err
+	}
+	res := c.core.Prefetch(tokens)
+	c.startL3Locked()
+	return res, nil
+}
+
+// PrefetchPending reports whether prefetch id is still querying or reading. Replicated.
+func (c *Cache) PrefetchPending(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.PrefetchPending(id)
+}
+
+// RevokePrefetch stops waiting for prefetch id (see Core.RevokePrefetch): under
+// PrefetchBestEffort and PrefetchTimeout the next step inserts what every I/O rank has
+// read. Replicated.
+func (c *Cache) RevokePrefetch(id uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return err
+	}
+	c.core.RevokePrefetch(id)
 	return nil
 }

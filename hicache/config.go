@@ -92,6 +92,10 @@ type CoreConfig struct {
 	// Fingerprint is mixed into the configuration fingerprint the consensus step checks
 	// (the driver puts the group's ranks and the page size in bytes here).
 	Fingerprint uint64
+	// L3 enables the storage tier's protocol (backups to storage, prefetches from it);
+	// L3Options tune it. CP rank 0 of each slab group is its I/O rank.
+	L3        bool
+	L3Options L3Options
 }
 
 func (c *CoreConfig) normalize() error {
@@ -104,6 +108,9 @@ func (c *CoreConfig) normalize() error {
 	if c.CPRank < 0 || c.CPRank >= c.Slabs {
 		return fmt.Errorf("%w: CP rank %d outside 0..%d", ErrBadConfig, c.CPRank, c.Slabs-1)
 	}
+	if c.L3 {
+		return c.L3Options.normalize(c.Slabs * c.PagesPerSlab)
+	}
 	return nil
 }
 
@@ -112,5 +119,8 @@ func (c *CoreConfig) fingerprint() uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d|%d|%d|%d|%d|%d|%d|%d|%x", c.PageSize, c.L1Pages, c.Policy, c.WriteThreshold,
 		c.MinLoadPages, c.LoadQuotaPages, c.Slabs, c.PagesPerSlab, c.Fingerprint)
+	if c.L3 {
+		fmt.Fprintf(h, "|l3|%s", c.L3Options.fingerprint())
+	}
 	return h.Sum64()
 }

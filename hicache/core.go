@@ -46,6 +46,8 @@ type Core struct {
 	step        uint64     // Apply calls so far
 	stats       CoreStats
 	divergeHook func(*Core) // tests: called at the start of Vector (divergence injection)
+	io          bool        // L3 on and this rank is its slab group's I/O rank (CP rank 0)
+	l3          l3State     // L3 queues (see l3core.go)
 }
 
 // CoreStats are cumulative counters of one rank's core.
@@ -62,6 +64,14 @@ type CoreStats struct {
 	Steps                      int64
 	DigestChecks               int64
 	DigestMismatches           int64
+	// L3 (storage), agreed (equal on every rank):
+	L3Queries           int64 // prefetch queries made
+	L3HitPages          int64 // pages the I/O ranks agreed are stored (storage hits)
+	L3PrefetchedPages   int64 // pages inserted into the tree from storage
+	L3DiscardedPages    int64 // reserved pages released unused (cut reads, short reads, tree changed)
+	L3SkippedPrefetches int64 // hits not read (below the threshold, quota, no L2 room, revoked, tree changed)
+	L3BackedUpPages     int64 // pages of backups to storage every I/O rank completed
+	L3FailedBackups     int64 // backups to storage that failed on some I/O rank
 }
 
 // NewCore returns an empty core.
@@ -73,7 +83,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hicache: %w", err)
 	}
-	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages)}
+	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), io: cfg.L3 && cfg.CPRank == 0}
 	c.resetTree()
 	return c, nil
 }
@@ -113,10 +123,14 @@ func (c *Core) L1Used() int { return c.l1.used() }
 func (c *Core) Nodes() int { return c.nodes }
 
 // Idle reports whether nothing is in flight and nothing is locked (Flush's precondition).
-func (c *Core) Idle() bool { return len(c.writes) == 0 && len(c.loads) == 0 && c.locks == 0 }
+func (c *Core) Idle() bool { return !c.inFlight() && c.locks == 0 }
 
-// inFlight reports whether any backup or load is in flight.
-func (c *Core) inFlight() bool { return len(c.writes) > 0 || len(c.loads) > 0 }
+// inFlight reports whether any backup, load or L3 operation is in flight.
+func (c *Core) inFlight() bool { return len(c.writes) > 0 || len(c.loads) > 0 || c.l3.pending() > 0 }
+
+// Pending is the number of backups, loads and L3 operations (storage backups, prefetch
+// queries and reads, releases) in flight. Replicated.
+func (c *Core) Pending() int { return len(c.writes) + len(c.loads) + c.l3.pending() }
 
 func (c *Core) check(n *Node) error {
 	if n == nil || n.removed || n.gen != c.gen {
@@ -232,11 +246,19 @@ func (c *Core) clearL1(n *Node) {
 // chained hashes. It returns nil when the first page's hash is already taken by another
 // node (a 64-bit collision): the caller stops inserting there.
 func (c *Core) newNode(parent *Node, tokens []int32, hashes []uint64) *Node {
+	n := c.newNodeID(parent, tokens, hashes, c.nextID)
+	if n != nil {
+		c.nextID++
+	}
+	return n
+}
+
+// newNodeID is newNode with a given id (not taken from nextID).
+func (c *Core) newNodeID(parent *Node, tokens []int32, hashes []uint64, id uint64) *Node {
 	if c.index[hashes[0]] != nil {
 		return nil
 	}
-	n := &Node{id: c.nextID, gen: c.gen, parent: parent, tokens: tokens, hashes: hashes}
-	c.nextID++
+	n := &Node{id: id, gen: c.gen, parent: parent, tokens: tokens, hashes: hashes}
 	if !parent.isRoot() {
 		n.depth = parent.depth + len(parent.hashes)
 	}
@@ -255,7 +277,7 @@ func (c *Core) split(n *Node, at int) *Node {
 	head := &Node{
 		id: c.nextID, gen: c.gen, parent: n.parent, depth: n.depth,
 		tokens: n.tokens[: at*P : at*P], hashes: n.hashes[:at:at],
-		stale: n.stale, lockRef: n.lockRef, hits: n.hits, children: []*Node{n},
+		stale: n.stale, lockRef: n.lockRef, l3Pins: n.l3Pins, hits: n.hits, children: []*Node{n},
 	}
 	c.nextID++
 	if n.l1 != nil {

@@ -21,6 +21,16 @@ func (c *Core) StateDigest() uint64 {
 	for _, op := range c.loads {
 		h = mix64(h ^ op.seq ^ op.node.id<<20)
 	}
+	h = c.l3Digest(h)
+	for _, op := range c.l3.puts {
+		h = mix64(h ^ op.seq ^ op.node.id<<20)
+	}
+	for _, r := range c.l3.reads {
+		h = mix64(h ^ r.seq ^ uint64(r.rid)<<20 ^ uint64(len(r.pages))<<48)
+	}
+	for _, rel := range c.l3.releases {
+		h = mix64(h ^ rel.seq ^ uint64(rel.rid)<<20)
+	}
 	flag := func(b bool, bit uint) uint64 {
 		if b {
 			return 1 << bit
@@ -32,6 +42,7 @@ func (c *Core) StateDigest() uint64 {
 		if !n.isRoot() {
 			h = mix64(h ^ n.id ^ uint64(n.depth)<<32)
 			h = mix64(h ^ n.hashes[len(n.hashes)-1])
+			h = mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
 			h = mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)
 			for _, s := range n.l1 {
@@ -91,6 +102,13 @@ func (c *Core) checkInvariants() error {
 		}
 		if locks != n.lockRef {
 			fail("node %d: lockRef %d, own %d + children's = %d", n.id, n.lockRef, n.ownLocks, locks)
+		}
+		pins := n.l3Own
+		for _, ch := range n.children {
+			pins += ch.l3Pins
+		}
+		if pins != n.l3Pins || (n.l3Own > 0 && n.l2 == nil) {
+			fail("node %d: l3Pins %d, own %d + children's = %d, L2 copy %t", n.id, n.l3Pins, n.l3Own, pins, n.l2 != nil)
 		}
 		ownLocks += n.ownLocks
 		nodes++
@@ -162,5 +180,5 @@ func (c *Core) countRanges() int {
 		}
 	}
 	visit(c.root)
-	return n
+	return n + len(c.l3.reads) + len(c.l3.releases)
 }

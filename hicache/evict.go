@@ -6,14 +6,17 @@ import (
 	"github.com/cpcache/cpcache/slab"
 )
 
-// l1Evictable: holds L1 pages, no child holds L1 pages, not locked, no I/O in flight.
+// l1Evictable: holds L1 pages, no child holds L1 pages, not locked, no I/O in flight, and
+// not dropping a subtree with a storage backup in flight (a node with an L2 copy only
+// loses its L1 pages).
 func l1Evictable(n *Node) bool {
-	return n.l1 != nil && n.l1Kids == 0 && n.lockRef == 0 && !n.busy()
+	return n.l1 != nil && n.l1Kids == 0 && n.lockRef == 0 && !n.busy() && (n.l2 != nil || n.l3Pins == 0)
 }
 
-// l2Evictable: held only in L2, a leaf, not locked (I/O in flight implies L1 pages).
+// l2Evictable: held only in L2, a leaf, not locked, no storage backup reading its pages
+// (other I/O in flight implies L1 pages).
 func l2Evictable(n *Node) bool {
-	return n.l1 == nil && n.l2 != nil && len(n.children) == 0 && n.lockRef == 0
+	return n.l1 == nil && n.l2 != nil && len(n.children) == 0 && n.lockRef == 0 && n.l3Pins == 0
 }
 
 // evictL1 frees L1 pages, least recently used leaves first, until want pages were freed or
@@ -88,6 +91,9 @@ func (c *Core) commitWrite(op *writeOp) {
 	n.write = nil
 	n.l2 = op.pages
 	c.stats.WrittenPages += int64(len(op.pages))
+	if c.cfg.L3 && !c.cfg.L3Options.NoBackup {
+		c.l3Backup(n)
+	}
 	if n.evictAfterWrite {
 		n.evictAfterWrite = false
 		if l1Evictable(n) {

@@ -30,6 +30,8 @@ type Node struct {
 	load            *loadOp  // load-back in flight (L1 slots allocated, data arriving)
 	evictAfterWrite bool     // write-back eviction: free L1 once the backup commits
 
+	l3Pins       int // storage backups in flight on this node or a descendant
+	l3Own        int // storage backups in flight on this node itself
 	lockRef      int // Lock calls on this node or a descendant, not yet unlocked
 	ownLocks     int // Lock calls on this node itself
 	droppedLocks int // ownLocks of a node a divergence removed: Unlock accepts them as no-ops

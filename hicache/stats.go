@@ -19,13 +19,19 @@ type Stats struct {
 	L2Enabled        bool            // false after a divergence, until Flush
 	Diverged         error           // the divergence error, if any
 	PlacementDigest  uint64          // the allocator's digest
+	// L3 (storage). The CoreStats L3 fields are agreed; these are this rank's (non-zero
+	// only on I/O ranks).
+	StorageHitTokens    int64 // tokens the group agreed were in storage (L3HitPages × page size)
+	StorageErrors       int64 // storage calls that failed on this rank (each a miss or a skipped backup)
+	StoragePagesRead    int64 // pages this rank read from storage
+	StoragePagesWritten int64 // pages this rank wrote to storage (pages already stored are skipped)
 }
 
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Stats{
+	st := Stats{
 		CoreStats:        c.core.Stats(),
 		Collectives:      c.stats.collectives,
 		ConsensusLatency: slices.Clone(c.stats.latencies),
@@ -39,6 +45,13 @@ func (c *Cache) Stats() Stats {
 		Diverged:         c.stats.diverged,
 		PlacementDigest:  c.core.alloc.Digest(),
 	}
+	st.StorageHitTokens = st.L3HitPages * int64(c.core.cfg.PageSize)
+	if c.l3 != nil {
+		st.StorageErrors = c.l3.errs.Load()
+		st.StoragePagesRead = c.l3.pagesRead.Load()
+		st.StoragePagesWritten = c.l3.pagesWritten.Load()
+	}
+	return st
 }
 
 // StateDigest hashes the whole replicated state (see Core.StateDigest); equal on every rank

@@ -22,7 +22,15 @@ const (
 	vLoadFail          // seq of this rank's first failed load-back, or MaxInt64
 	vEvictL1Neg        // -(L1 pages this rank asks to evict): MIN gives -max
 	vEvictL2Neg        // -(L2 pages this rank asks to evict)
-	VectorLen          // the vector's length
+	// L3 (storage). Ranks that are not I/O ranks contribute neutral values.
+	vL3PutDone                             // seq of the I/O rank's first unfinished backup to storage
+	vL3PutFail                             // seq of its first failed one among those, or MaxInt64
+	vL3ReleaseAck                          // seq of its first release whose read I/O has not stopped
+	vL3QueryAns                            // l3Slots slots: stored pages of query i, -1 if unanswered
+	vL3ReadDone   = vL3QueryAns + l3Slots  // l3Slots slots: 1 if read i finished, else 0
+	vL3ReadPages  = vL3ReadDone + l3Slots  // l3Slots slots: pages read i completed so far
+	vL3ReadCut    = vL3ReadPages + l3Slots // l3Slots slots: -1 if this rank's timer cuts read i
+	VectorLen     = vL3ReadCut + l3Slots   // the vector's length
 )
 
 const mask63 = 1<<63 - 1
@@ -34,6 +42,7 @@ func (c *Core) treeDigest() int64 {
 	x = mix64(x ^ c.writeSeq<<20 ^ c.loadSeq)
 	x = mix64(x ^ uint64(len(c.writes))<<32 ^ uint64(len(c.loads)) ^ uint64(c.loadingPgs)<<16)
 	x = mix64(x ^ c.step ^ uint64(c.locks)<<40)
+	x = c.l3Digest(x)
 	return int64(x & mask63)
 }
 
@@ -72,6 +81,7 @@ func (c *Core) Vector() []int64 {
 		}
 	}
 	v[vEvictL1Neg], v[vEvictL2Neg] = -int64(c.hintL1), -int64(c.hintL2)
+	c.l3Vector(v)
 	return v
 }
 
@@ -129,6 +139,7 @@ func (c *Core) Apply(v []int64) error {
 				break
 			}
 		}
+		c.l3Apply(v)
 	}
 	if n := -v[vEvictL1Neg]; n > 0 {
 		c.evictL1(int(n))
@@ -172,6 +183,7 @@ func (c *Core) diverge() {
 	}
 	c.writes, c.loads, c.loadingPgs = nil, nil, 0
 	c.out = nil
+	c.dropL3()
 	// Remove L2-only subtrees (their roots are children of L1 nodes or of the root), then
 	// forget L2 copies everywhere.
 	var visit func(n *Node)
@@ -228,17 +240,19 @@ func (c *Core) Reset() error {
 	c.writeSeq, c.loadSeq, c.loadingPgs = 0, 0, 0
 	c.hintL1, c.hintL2 = 0, 0
 	c.l2Off = false
+	c.l3 = l3State{}
 	return nil
 }
 
 func (c *Core) busyError() error {
-	return &busyError{writes: len(c.writes), loads: len(c.loads), locks: c.locks}
+	return &busyError{writes: len(c.writes), loads: len(c.loads), l3: c.l3.pending(), locks: c.locks}
 }
 
-type busyError struct{ writes, loads, locks int }
+type busyError struct{ writes, loads, l3, locks int }
 
 func (e *busyError) Error() string {
-	return "hicache: busy: " + itoa(e.writes) + " backups and " + itoa(e.loads) + " loads in flight, " + itoa(e.locks) + " locks held; flush needs an idle cache"
+	return "hicache: busy: " + itoa(e.writes) + " backups, " + itoa(e.loads) + " loads and " + itoa(e.l3) + " storage operations in flight, " +
+		itoa(e.locks) + " locks held; flush needs an idle cache"
 }
 
 func (e *busyError) Unwrap() error { return ErrBusy }

@@ -1,0 +1,512 @@
+package hicache
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/cpcache/cpcache/slab"
+)
+
+// The L3 protocol in the core: backups of committed L2 nodes to storage, prefetches of a
+// match's continuation from storage into L2, and the queue of reserved pages whose reads
+// were cut short. Only the I/O rank of each slab group (CP rank 0) does storage I/O; every
+// rank keeps the same queues, and only agreed vector slots move them.
+
+// l3Kind is the kind of a storage job.
+type l3Kind int
+
+const (
+	l3Put   l3Kind = iota // back a node's L2 pages up to storage
+	l3Query               // how many leading pages of a continuation are stored
+	l3Read                // read stored pages into reserved L2 pages
+)
+
+func (k l3Kind) String() string {
+	return [...]string{"backup", "query", "prefetch read"}[k]
+}
+
+// l3Slots is how many queries (and reads) the vector answers per step.
+const l3Slots = 4
+
+// l3Job is storage work the I/O rank's driver runs in the background.
+type l3Job struct {
+	kind   l3Kind
+	seq    uint64
+	node   uint64      // put: node id (messages)
+	hashes []uint64    // chained page hashes (storage keys)
+	pages  []slab.Page // put: L2 sources; read: reserved L2 destinations
+}
+
+// putOp is a backup to storage in flight: the node's L2 pages are pinned (not evictable)
+// until the group agreed every I/O rank finished.
+type putOp struct {
+	seq  uint64
+	node *Node
+	// local (I/O rank)
+	done bool
+	err  error
+}
+
+// queryOp asks the I/O ranks how much of a continuation is stored.
+type queryOp struct {
+	seq     uint64
+	tokens  []int32 // the sequence up to the continuation's end
+	start   int     // first continuation page (sequence page index)
+	hashes  []uint64
+	revoked bool
+	// local (I/O rank)
+	answered bool
+	hits     int
+}
+
+// readOp is a prefetch in flight: pages reserved in L2 (range rid, not a node), the I/O
+// ranks reading stored pages into them.
+type readOp struct {
+	seq     uint64
+	id      uint64 // the prefetch id (its query's id)
+	rid     slab.RangeID
+	tokens  []int32
+	start   int
+	hashes  []uint64
+	pages   []slab.Page
+	revoked bool
+	// local (I/O rank)
+	done     bool
+	progress int
+	err      error
+	wantCut  bool
+}
+
+// releaseOp is the unused part of a cut read: freed once every I/O rank's read stopped.
+type releaseOp struct {
+	seq     uint64
+	rid     slab.RangeID
+	pages   int
+	readSeq uint64
+	acked   bool // local (I/O rank): the read's I/O has stopped
+}
+
+// l3State is the core's L3 state. Queues and seqs are replicated; the fields marked local
+// in the ops are this rank's observations.
+type l3State struct {
+	puts       []*putOp
+	queries    []*queryOp
+	reads      []*readOp
+	releases   []*releaseOp
+	putSeq     uint64
+	querySeq   uint64
+	readSeq    uint64
+	releaseSeq uint64
+	reserved   int      // L2 pages held by reads and releases
+	jobs       []l3Job  // to start (I/O rank only)
+	stops      []uint64 // read seqs whose I/O must stop (I/O rank only)
+}
+
+func (l *l3State) pending() int {
+	return len(l.puts) + len(l.queries) + len(l.reads) + len(l.releases)
+}
+
+// PrefetchResult says what a Prefetch started.
+type PrefetchResult struct {
+	// ID names the prefetch for PrefetchPending and RevokePrefetch; 0 when nothing started.
+	ID uint64
+	// Start is the first sequence page asked for (the pages before it are in the tree);
+	// Pages is how many pages the I/O ranks are asked about.
+	Start, Pages int
+}
+
+// Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
+// I/O ranks query it in the background; once the group agreed how many leading pages are
+// stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
+// them in; when the policy says the read is over, every rank inserts the agreed number of
+// pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
+// as host pages. Nothing starts without L3, after a divergence, or when the continuation is
+// shorter than MinPrefetchPages. Replicated.
+func (c *Core) Prefetch(tokens []int32) PrefetchResult {
+	if !c.cfg.L3 || c.l2Off {
+		return PrefetchResult{}
+	}
+	o := &c.cfg.L3Options
+	P := c.cfg.PageSize
+	np := len(tokens) / P
+	have, h := 0, RootHash
+	for _, m := range c.walk(tokens) {
+		have += m.pages
+		h = m.n.hashes[m.pages-1]
+	}
+	k := min(np-have, o.PrefetchQuotaPages)
+	if k < o.MinPrefetchPages || k <= 0 {
+		return PrefetchResult{}
+	}
+	hashes := make([]uint64, k)
+	for i := range hashes {
+		h = PageHash(h, tokens[(have+i)*P:(have+i+1)*P])
+		hashes[i] = h
+	}
+	q := &queryOp{seq: c.l3.querySeq, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
+	c.l3.querySeq++
+	c.l3.queries = append(c.l3.queries, q)
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, l3Job{kind: l3Query, seq: q.seq, hashes: hashes})
+	}
+	c.stats.L3Queries++
+	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
+}
+
+// PrefetchPending reports whether prefetch id is still being queried or read. Replicated.
+func (c *Core) PrefetchPending(id uint64) bool {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			return true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// RevokePrefetch tells the group that the scheduler no longer waits for prefetch id: a
+// query not yet answered reserves nothing; a read stops at the next step (except under
+// PrefetchWaitComplete) and what every I/O rank completed is inserted. Unknown or finished
+// ids are ignored. Replicated.
+func (c *Core) RevokePrefetch(id uint64) {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			q.revoked = true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			r.revoked = true
+		}
+	}
+}
+
+// l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages.
+func (c *Core) l3Backup(n *Node) {
+	op := &putOp{seq: c.l3.putSeq, node: n}
+	c.l3.putSeq++
+	c.l3.puts = append(c.l3.puts, op)
+	n.l3Own++
+	pinL3(n, 1)
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, l3Job{kind: l3Put, seq: op.seq, node: n.id, hashes: slices.Clone(n.hashes), pages: slices.Clone(n.l2)})
+	}
+}
+
+// pinL3 adds d to the storage pins of n and its ancestors: a pinned node is not evicted
+// from L2 and not dropped with an ancestor.
+func pinL3(n *Node, d int) {
+	for ; n != nil && !n.isRoot(); n = n.parent {
+		n.l3Pins += d
+	}
+}
+
+// TakeL3 returns the storage jobs to start and the reads whose I/O must stop, and forgets
+// them (I/O rank only; empty elsewhere).
+func (c *Core) takeL3() ([]l3Job, []uint64) {
+	jobs, stops := c.l3.jobs, c.l3.stops
+	c.l3.jobs, c.l3.stops = nil, nil
+	return jobs, stops
+}
+
+// l3Done records that this rank's storage job finished (local event): a backup (err: it
+// failed), a query (n leading pages stored) or a read (n leading pages read and verified;
+// its I/O has stopped).
+func (c *Core) l3Done(kind l3Kind, seq uint64, n int, err error) {
+	switch kind {
+	case l3Put:
+		for _, op := range c.l3.puts {
+			if op.seq == seq {
+				op.done, op.err = true, err
+			}
+		}
+	case l3Query:
+		for _, q := range c.l3.queries {
+			if q.seq == seq {
+				q.answered, q.hits = true, n
+			}
+		}
+	case l3Read:
+		for _, r := range c.l3.reads {
+			if r.seq == seq {
+				r.done, r.progress, r.err = true, n, err
+			}
+		}
+		for _, rel := range c.l3.releases {
+			if rel.readSeq == seq {
+				rel.acked = true
+			}
+		}
+	}
+}
+
+// l3Progress records how many leading pages a read has completed so far (local), and
+// whether this rank's timer asks to cut it.
+func (c *Core) l3Progress(seq uint64, n int, cut bool) {
+	for _, r := range c.l3.reads {
+		if r.seq == seq && !r.done {
+			r.progress = n
+			r.wantCut = r.wantCut || cut
+		}
+	}
+}
+
+// l3Vector fills this rank's L3 slots. Ranks without storage I/O contribute the neutral
+// value of each slot (MIN leaves the I/O ranks' values).
+func (c *Core) l3Vector(v []int64) {
+	v[vL3PutDone], v[vL3PutFail] = int64(c.l3.putSeq), math.MaxInt64
+	v[vL3ReleaseAck] = int64(c.l3.releaseSeq)
+	for i := range l3Slots {
+		v[vL3QueryAns+i] = math.MaxInt64
+		v[vL3ReadDone+i], v[vL3ReadPages+i], v[vL3ReadCut+i] = 1, math.MaxInt64, 0
+	}
+	if !c.io {
+		return
+	}
+	for _, op := range c.l3.puts {
+		if !op.done {
+			v[vL3PutDone] = int64(op.seq)
+			break
+		}
+		if op.err != nil && v[vL3PutFail] == math.MaxInt64 {
+			v[vL3PutFail] = int64(op.seq)
+		}
+	}
+	for _, rel := range c.l3.releases {
+		if !rel.acked {
+			v[vL3ReleaseAck] = int64(rel.seq)
+			break
+		}
+	}
+	for i := range min(l3Slots, len(c.l3.queries)) {
+		if q := c.l3.queries[i]; q.answered {
+			v[vL3QueryAns+i] = int64(q.hits)
+		} else {
+			v[vL3QueryAns+i] = -1
+		}
+	}
+	for i := range min(l3Slots, len(c.l3.reads)) {
+		r := c.l3.reads[i]
+		v[vL3ReadDone+i] = 0
+		if r.done {
+			v[vL3ReadDone+i] = 1
+		}
+		v[vL3ReadPages+i] = int64(r.progress)
+		if r.wantCut {
+			v[vL3ReadCut+i] = -1
+		}
+	}
+}
+
+// l3Apply applies the agreed L3 slots: acknowledged backups unpin their nodes, acknowledged
+// releases free their pages, finished or cut reads insert the agreed pages, answered
+// queries reserve L2 pages and start reads.
+func (c *Core) l3Apply(v []int64) {
+	done, fail := uint64(v[vL3PutDone]), v[vL3PutFail]
+	for len(c.l3.puts) > 0 && c.l3.puts[0].seq < done {
+		op := c.l3.puts[0]
+		c.l3.puts = c.l3.puts[1:]
+		op.node.l3Own--
+		pinL3(op.node, -1)
+		if int64(op.seq) == fail {
+			c.stats.L3FailedBackups++
+			break
+		}
+		c.stats.L3BackedUpPages += int64(len(op.node.hashes))
+	}
+	ack := uint64(v[vL3ReleaseAck])
+	for len(c.l3.releases) > 0 && c.l3.releases[0].seq < ack {
+		rel := c.l3.releases[0]
+		c.l3.releases = c.l3.releases[1:]
+		c.abortRange(rel.rid)
+		c.l3.reserved -= rel.pages
+	}
+	policy := c.cfg.L3Options.PrefetchPolicy
+	var finished []*readOp
+	for i := range min(l3Slots, len(c.l3.reads)) {
+		r := c.l3.reads[i]
+		pages := int(min(max(v[vL3ReadPages+i], 0), int64(len(r.pages))))
+		cut := v[vL3ReadCut+i] < 0 || r.revoked && policy != PrefetchWaitComplete
+		switch {
+		case v[vL3ReadDone+i] >= 1:
+			c.finishRead(r, pages, true)
+		case cut:
+			c.finishRead(r, pages, false)
+		default:
+			continue
+		}
+		finished = append(finished, r)
+	}
+	if len(finished) > 0 {
+		c.l3.reads = slices.DeleteFunc(c.l3.reads, func(r *readOp) bool { return slices.Contains(finished, r) })
+	}
+	var answered []*queryOp
+	for i := range min(l3Slots, len(c.l3.queries)) {
+		if a := v[vL3QueryAns+i]; a >= 0 {
+			q := c.l3.queries[i]
+			answered = append(answered, q)
+			c.startRead(q, int(min(a, int64(len(q.hashes)))))
+		}
+	}
+	if len(answered) > 0 {
+		c.l3.queries = slices.DeleteFunc(c.l3.queries, func(q *queryOp) bool { return slices.Contains(answered, q) })
+	}
+}
+
+func (c *Core) abortRange(id slab.RangeID) {
+	if err := c.alloc.Abort(id); err != nil {
+		panic(fmt.Sprintf("hicache: abort of prefetch range %d: %v (replica invariant broken)", id, err))
+	}
+}
+
+// prefixEnd walks the first start pages of tokens and returns the node holding the last of
+// them (nil when the tree no longer holds exactly that prefix) and how many of that node's
+// pages belong to the prefix.
+func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
+	path := c.walk(tokens[:start*c.cfg.PageSize])
+	have := 0
+	for _, m := range path {
+		have += m.pages
+	}
+	if have != start {
+		return nil, 0, false
+	}
+	if len(path) == 0 {
+		return c.root, 0, true
+	}
+	last := path[len(path)-1]
+	return last.n, last.pages, true
+}
+
+// startRead applies an agreed query answer: hits leading pages are stored. Below the
+// threshold, for a revoked query, when the tree changed, or when L2 has no room, nothing
+// is read.
+func (c *Core) startRead(q *queryOp, hits int) {
+	o := &c.cfg.L3Options
+	if hits <= 0 {
+		return
+	}
+	c.stats.L3HitPages += int64(hits)
+	hits = min(hits, o.PrefetchQuotaPages-c.l3.reserved)
+	if q.revoked || hits < o.MinPrefetchPages || hits <= 0 {
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	end, _, ok := c.prefixEnd(q.tokens, q.start)
+	if !ok || c.index[q.hashes[0]] != nil {
+		c.stats.L3SkippedPrefetches++ // the tree changed since the query
+		return
+	}
+	rid := slab.RangeID(c.nextID)
+	c.nextID++
+	pages, err := c.alloc.Reserve(rid, q.start, hits)
+	if errors.Is(err, slab.ErrNoSpace) {
+		c.lockPath(end, 1)
+		c.evictL2(1<<62, func() bool { return c.alloc.Fits(q.start, hits) })
+		c.lockPath(end, -1)
+		pages, err = c.alloc.Reserve(rid, q.start, hits)
+	}
+	if err != nil {
+		if !errors.Is(err, slab.ErrNoSpace) && !errors.Is(err, slab.ErrTooLarge) {
+			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
+		}
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
+		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked}
+	c.l3.readSeq++
+	c.l3.reads = append(c.l3.reads, r)
+	c.l3.reserved += hits
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, l3Job{kind: l3Read, seq: r.seq, hashes: r.hashes, pages: slices.Clone(pages)})
+	}
+}
+
+// finishRead applies an agreed end of a read: its first m pages (complete on every I/O
+// rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
+// rest of the range is released now when every I/O rank's read stopped (stopped), else
+// queued until they acknowledge.
+func (c *Core) finishRead(r *readOp, m int, stopped bool) {
+	k := len(r.pages)
+	rest, restPages := r.rid, k
+	if m > 0 {
+		id := uint64(r.rid)
+		if m < k {
+			id = c.nextID
+			c.nextID++
+		}
+		if n := c.attachPrefetch(r, m, id); n != nil {
+			if m < k {
+				if err := c.alloc.Split(r.rid, m, slab.RangeID(id)); err != nil {
+					panic(fmt.Sprintf("hicache: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
+				}
+			}
+			if err := c.alloc.Commit(slab.RangeID(id)); err != nil {
+				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
+			}
+			n.l2 = slices.Clone(r.pages[:m])
+			c.relist(n, true)
+			c.stats.L3PrefetchedPages += int64(m)
+			c.l3.reserved -= m
+			restPages = k - m
+		}
+	}
+	c.stats.L3DiscardedPages += int64(restPages)
+	if restPages == 0 {
+		return
+	}
+	if stopped {
+		c.abortRange(rest)
+		c.l3.reserved -= restPages
+		return
+	}
+	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: rest, pages: restPages, readSeq: r.seq, acked: r.done})
+	c.l3.releaseSeq++
+	if c.io && !r.done {
+		c.l3.stops = append(c.l3.stops, r.seq)
+	}
+}
+
+// attachPrefetch inserts the first m pages of a read as a new L2-only node (id) under its
+// prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
+// changing nothing but an idle split, when the tree no longer holds exactly the prefix or
+// already holds the first page.
+func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
+	end, used, ok := c.prefixEnd(r.tokens, r.start)
+	if !ok || c.index[r.hashes[0]] != nil {
+		return nil
+	}
+	if !end.isRoot() && used < len(end.hashes) {
+		if end.busy() {
+			return nil
+		}
+		end = c.split(end, used)
+	}
+	P := c.cfg.PageSize
+	toks := slices.Clone(r.tokens[r.start*P : (r.start+m)*P])
+	return c.newNodeID(end, toks, slices.Clone(r.hashes[:m]), id)
+}
+
+// dropL3 forgets every L3 operation (divergence): pins are released; reserved ranges are
+// left to the abandoned allocator.
+func (c *Core) dropL3() {
+	for _, op := range c.l3.puts {
+		op.node.l3Own--
+		pinL3(op.node, -1)
+	}
+	c.l3 = l3State{putSeq: c.l3.putSeq, querySeq: c.l3.querySeq, readSeq: c.l3.readSeq, releaseSeq: c.l3.releaseSeq}
+}
+
+// l3Digest folds the L3 queue positions into the tree digest.
+func (c *Core) l3Digest(x uint64) uint64 {
+	l := &c.l3
+	x = mix64(x ^ l.putSeq ^ l.querySeq<<16 ^ l.readSeq<<32 ^ l.releaseSeq<<48)
+	return mix64(x ^ uint64(len(l.puts)) ^ uint64(len(l.queries))<<16 ^ uint64(len(l.reads))<<32 ^ uint64(len(l.releases))<<48 ^ uint64(l.reserved)<<8)
+}

@@ -1,0 +1,265 @@
+package hicache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cpcache/cpcache/hicache/storage"
+)
+
+// l3Driver runs the core's storage jobs on the I/O rank: each job is a goroutine (at most
+// Workers storage calls at once) whose completion is a local event reported to the core at
+// the next Step. Nothing here changes replicated state.
+type l3Driver struct {
+	st    storage.Storage
+	ns    storage.Namespace
+	shard uint32 // tensor-parallel index of the slab group: part of every key
+	slabs HostSlabs
+	opts  L3Options
+	sem   chan struct{}
+	wg    sync.WaitGroup
+
+	mu       sync.Mutex // protects running and finished
+	running  map[l3Key]*l3Run
+	finished []*l3Run
+
+	errs         atomic.Int64 // storage errors on this rank
+	pagesRead    atomic.Int64 // pages this rank read from storage (verified)
+	pagesWritten atomic.Int64 // pages this rank wrote to storage
+}
+
+type l3Key struct {
+	kind l3Kind
+	seq  uint64
+}
+
+// l3Run is one job in flight.
+type l3Run struct {
+	job      l3Job
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time    // PrefetchTimeout: when this rank asks to cut the read
+	progress atomic.Int64 // read: leading pages verified so far
+	n        int          // result, set before the run is finished
+	err      error
+}
+
+func newL3Driver(st storage.Storage, ns storage.Namespace, shard int, slabs HostSlabs, opts L3Options) *l3Driver {
+	return &l3Driver{st: st, ns: ns, shard: uint32(shard), slabs: slabs, opts: opts,
+		sem: make(chan struct{}, opts.Workers), running: map[l3Key]*l3Run{}}
+}
+
+// key is the storage key of the page with chained hash h: the namespace, the hash and the
+// slab group's tensor-parallel index (TP shards hold different bytes for one prefix).
+func (d *l3Driver) key(h uint64) storage.Key {
+	var b [12]byte
+	binary.BigEndian.PutUint64(b[:8], h)
+	binary.BigEndian.PutUint32(b[8:], d.shard)
+	return storage.NewKeyBytes(d.ns, b[:])
+}
+
+func (d *l3Driver) keys(hashes []uint64) []storage.Key {
+	out := make([]storage.Key, len(hashes))
+	for i, h := range hashes {
+		out[i] = d.key(h)
+	}
+	return out
+}
+
+// start runs job in the background.
+func (d *l3Driver) start(job l3Job) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
+	if job.kind == l3Read {
+		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.pages))*d.opts.PrefetchTimeoutPerPage)
+	}
+	d.mu.Lock()
+	d.running[l3Key{job.kind, job.seq}] = r
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		select {
+		case d.sem <- struct{}{}:
+			r.n, r.err = d.run(r)
+			<-d.sem
+		case <-ctx.Done():
+			r.err = ctx.Err()
+		}
+		cancel()
+		d.mu.Lock()
+		delete(d.running, l3Key{job.kind, job.seq})
+		d.finished = append(d.finished, r)
+		d.mu.Unlock()
+	}()
+}
+
+// stop cancels a read the group cut short.
+func (d *l3Driver) stop(seq uint64) {
+	d.mu.Lock()
+	r := d.running[l3Key{l3Read, seq}]
+	d.mu.Unlock()
+	if r != nil {
+		r.cancel()
+	}
+}
+
+// poll reports finished jobs and read progress to the core.
+func (d *l3Driver) poll(core *Core) {
+	d.mu.Lock()
+	done := d.finished
+	d.finished = nil
+	var reads []*l3Run
+	for k, r := range d.running {
+		if k.kind == l3Read {
+			reads = append(reads, r)
+		}
+	}
+	d.mu.Unlock()
+	for _, r := range done {
+		core.l3Done(r.job.kind, r.job.seq, r.n, r.err)
+	}
+	now := time.Now()
+	for _, r := range reads {
+		cut := d.opts.PrefetchPolicy == PrefetchTimeout && now.After(r.deadline)
+		core.l3Progress(r.job.seq, int(r.progress.Load()), cut)
+	}
+}
+
+// drain cancels every job, waits for them and forgets their results.
+func (d *l3Driver) drain() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	for _, r := range d.running {
+		r.cancel()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	d.mu.Lock()
+	d.finished = nil
+	d.mu.Unlock()
+}
+
+// fail counts and logs a storage error (the first ten, then every hundredth).
+func (d *l3Driver) fail(err error) {
+	n := d.errs.Add(1)
+	if n > 10 && n%100 != 0 {
+		return
+	}
+	if n > 10 {
+		err = fmt.Errorf("%w (%d storage errors so far)", err, n)
+	}
+	if d.opts.Log != nil {
+		d.opts.Log(err)
+		return
+	}
+	log.Print(err)
+}
+
+func (d *l3Driver) sleep(ctx context.Context, kind l3Kind, seq uint64, chunk int) error {
+	if d.opts.delay == nil {
+		return nil
+	}
+	t := time.NewTimer(d.opts.delay(kind, seq, chunk))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run executes one job and returns its result (see Core.l3Done). Storage errors are
+// counted and logged here; a canceled read is not an error.
+func (d *l3Driver) run(r *l3Run) (int, error) {
+	job := r.job
+	ctx := r.ctx
+	keys := d.keys(job.hashes)
+	wrap := func(err error) error {
+		err = fmt.Errorf("hicache: storage %s %d: %w", job.kind, job.seq, err)
+		d.fail(err)
+		return err
+	}
+	switch job.kind {
+	case l3Query:
+		if err := d.sleep(ctx, job.kind, job.seq, 0); err != nil {
+			return 0, err
+		}
+		n, err := d.st.Exists(ctx, keys, nil)
+		if err != nil {
+			return 0, wrap(err) // a miss
+		}
+		return n, nil
+	case l3Put:
+		if err := d.sleep(ctx, job.kind, job.seq, 0); err != nil {
+			return 0, err
+		}
+		present := make([]bool, len(keys))
+		if _, err := d.st.Exists(ctx, keys, present); err != nil {
+			return 0, wrap(err)
+		}
+		var put []storage.Key
+		var src [][]byte
+		for i, p := range job.pages {
+			if present[i] {
+				continue
+			}
+			b, err := d.slabs.Page(p)
+			if err != nil {
+				return 0, wrap(err)
+			}
+			put, src = append(put, keys[i]), append(src, b)
+		}
+		if len(put) > 0 {
+			if err := d.st.Put(ctx, put, src); err != nil {
+				return 0, wrap(fmt.Errorf("backup of node %d: %w", job.node, err))
+			}
+		}
+		d.pagesWritten.Add(int64(len(put)))
+		return len(job.pages), nil
+	case l3Read:
+		chunk := d.opts.ReadChunkPages
+		done := 0
+		for lo := 0; lo < len(keys); lo += chunk {
+			hi := min(lo+chunk, len(keys))
+			if err := d.sleep(ctx, job.kind, job.seq, lo/chunk); err != nil {
+				return done, nil // cut by the group
+			}
+			dst := make([][]byte, hi-lo)
+			for i := range dst {
+				b, err := d.slabs.Page(job.pages[lo+i])
+				if err != nil {
+					return done, wrap(err)
+				}
+				dst[i] = b
+			}
+			found := make([]bool, hi-lo)
+			n, err := d.st.Get(ctx, keys[lo:hi], dst, found)
+			done += n
+			r.progress.Store(int64(done))
+			d.pagesRead.Add(int64(n))
+			if err != nil {
+				if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+					return done, nil
+				}
+				return done, wrap(err)
+			}
+			if n < hi-lo {
+				// The group agreed these pages were stored: one vanished or failed
+				// verification (torn, foreign, checksum). A miss, and an error.
+				return done, wrap(fmt.Errorf("page %d of %d (key %s) missing or corrupt: %w", lo+n, len(keys), keys[lo+n], storage.ErrCorrupt))
+			}
+		}
+		return done, nil
+	}
+	return 0, nil
+}
