@@ -60,7 +60,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
 	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")
 	fs.StringVar(&cfg.Consensus, "consensus", "", "consensus backend: auto (shared memory when a replica is on one host), shm or gloo; default CPCACHE_CONSENSUS_BACKEND, else auto")
-	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of each collective (0: 5m)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
 	return o

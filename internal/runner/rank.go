@@ -55,6 +55,7 @@ func corruptOnce(set *slab.Set, cpRank int) func(*hicache.Node) {
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
 	Rank             int           `json:"rank"`
+	DP               int           `json:"dp"`     // its DP replica
 	Leader           bool          `json:"leader"` // rank 0 of its replica group: its replicaCounts count
 	Backend          string        `json:"backend"`
 	Replica          replicaCounts `json:"replica"`
@@ -100,7 +101,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, groups.Close()) }()
-	cons, backend, err := shm.Consensus(ctx, groups.Group(dist.KindReplica), shm.Options{Backend: cfg.Consensus, Timeout: cfg.Timeout})
+	// A consensus step waits at most a minute (or --timeout when shorter) for a stuck peer;
+	// rendezvous and the final gather, which waits for the slowest replica, get --timeout.
+	stepTimeout := min(cfg.Timeout, dist.DefaultTimeout)
+	cons, backend, err := shm.Consensus(ctx, groups.Group(dist.KindReplica), shm.Options{Backend: cfg.Consensus, Timeout: stepTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +127,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Rank:           rank,
 		Group:          counted,
 		Slabs:          set,
+		StepTimeout:    stepTimeout,
 		LatencySamples: 1 << 20,
 	})
 	if err != nil {
@@ -149,7 +154,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	st := cache.Stats()
 	res := rankResult{
-		Rank: rank, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
+		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
 		PagesWritten: st.PagesWritten, PagesLoaded: st.PagesLoaded,
 		Collectives:  int64(counted.Counts().Total() - before),
 		DigestChecks: st.DigestChecks, DigestMismatches: st.DigestMismatches,
@@ -188,6 +193,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		}
 	}
 	rep = buildReport(p, results)
+	if err := checkReplicas(results); err != nil {
+		return rep, err
+	}
 	rep.WallSeconds = time.Since(start).Seconds()
 	if out.StatusDir != "" {
 		if err := writeFileAtomic(out.StatusDir, reportFile, rep); err != nil {
@@ -247,6 +255,24 @@ func buildReport(p *Plan, results []rankResult) *Report {
 	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
 	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
 	return r
+}
+
+// checkReplicas verifies that every rank of a replica counted what its leader counted:
+// they made the same decisions on the same requests.
+func checkReplicas(results []rankResult) error {
+	leaders := map[int]rankResult{}
+	for _, x := range results {
+		if x.Leader {
+			leaders[x.DP] = x
+		}
+	}
+	for _, x := range results {
+		if l := leaders[x.DP]; x.Replica != l.Replica {
+			return fmt.Errorf("%w: rank %d of replica %d counted %+v, its leader rank %d counted %+v",
+				ErrIntegrity, x.Rank, x.DP, x.Replica, l.Rank, l.Replica)
+		}
+	}
+	return nil
 }
 
 // ReadReport reads the report rank 0 left in a status directory.

@@ -76,6 +76,9 @@ func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.
 // run serves every request, then steps until no backup or load is in flight.
 func (s *scheduler) run(ctx context.Context) error {
 	for len(s.queue) > 0 || len(s.running) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		progressed, err := s.schedule(ctx)
 		if err != nil {
 			return err
