@@ -150,6 +150,26 @@ func TestRunTraceReplay(t *testing.T) {
 	assert.Greater(t, hit["8192"], hit["512"], "a larger L2 keeps more repeated prefixes")
 }
 
+func TestRunJoinsAnotherLaunchersJob(t *testing.T) {
+	// Under a launcher (here cpcache launch, as under mpirun or torchrun) every process is one
+	// rank, --world comes from the launcher, and rank 0 prints the report itself.
+	bin := cpcacheBinary(t)
+	jsonPath := filepath.Join(t.TempDir(), "report.json")
+	args := append([]string{"launch", "-n", "4", "--", bin, "run", "--dp", "1", "--attn-cp", "4", "--json", jsonPath}, smallSynthetic...)
+	cmd := exec.Command(bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), stderr.String())
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err, stderr.String())
+	var rep runner.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	requireHealthy(t, 0, &rep, stdout.String(), stderr.String())
+	assert.Contains(t, stdout.String(), "[0] cpcache run report")
+	assert.NotContains(t, stdout.String(), "[1] cpcache run report", "only rank 0 reports")
+	assert.Contains(t, rep.Layout, "world=4 ")
+}
+
 func TestRunDetectsACorruptL2Page(t *testing.T) {
 	status, rep, _, errOut := runBinary(t, []string{runner.EnvCorruptRank + "=2"},
 		append([]string{"--world", "4", "--dp", "1", "--attn-cp", "4"}, smallSynthetic...)...)

@@ -128,7 +128,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Group:          counted,
 		Slabs:          set,
 		StepTimeout:    stepTimeout,
-		LatencySamples: 1 << 20,
+		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
 	})
 	if err != nil {
 		return nil, err
