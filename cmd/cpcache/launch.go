@@ -175,6 +175,15 @@ func (l *launcher) run() int {
 		case s := <-sigs:
 			fmt.Fprintf(l.stderr, "launch: got %v, forwarding it to every rank\n", s)
 			l.signalAll(s.(syscall.Signal))
+			// The ranks are shutting down on their own: a rank that exits non-zero now must
+			// not cut the others' handlers short with SIGTERM; SIGKILL after the grace.
+			l.mu.Lock()
+			first := !l.stopping
+			l.stopping = true
+			l.mu.Unlock()
+			if first {
+				time.AfterFunc(launchGrace, func() { l.signalAll(syscall.SIGKILL) })
+			}
 		}
 	}
 	l.mu.Lock()
