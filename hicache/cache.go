@@ -109,15 +109,15 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%s", cfg.Group.Ranks(), cfg.Slabs.PageSize(), cfg.Layout)
 	cc.Fingerprint = h.Sum64()
-	core, err := NewCore(cc)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.Storage != nil {
 		cc.L3, cc.L3Options = true, cfg.L3
 		if cfg.StorageNamespace.IsZero() {
 			return nil, fmt.Errorf("%w: storage %T given without its namespace (Config.StorageNamespace)", ErrBadConfig, cfg.Storage)
 		}
+	}
+	core, err := NewCore(cc)
+	if err != nil {
+		return nil, err
 	}
 	c := &Cache{
 		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,

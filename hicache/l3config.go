@@ -1,6 +1,7 @@
 package hicache
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -71,7 +72,9 @@ type L3Options struct {
 	// Local: may differ across ranks.
 	Log func(error)
 
-	delay func(kind l3Kind, seq uint64, chunk int) time.Duration // tests: per-call delays
+	// hook, when set, runs before each storage call of a job (tests: delays, gates); an
+	// error ends the job as if the group had stopped it.
+	hook func(ctx context.Context, kind l3Kind, seq uint64, chunk int) error
 }
 
 func (o *L3Options) normalize(l2Pages int) error {

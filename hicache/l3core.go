@@ -42,8 +42,9 @@ type l3Job struct {
 // putOp is a backup to storage in flight: the node's L2 pages are pinned (not evictable)
 // until the group agreed every I/O rank finished.
 type putOp struct {
-	seq  uint64
-	node *Node
+	seq   uint64
+	node  *Node
+	pages int // the node's pages when the backup started (a split may shorten the node)
 	// local (I/O rank)
 	done bool
 	err  error
@@ -189,7 +190,7 @@ func (c *Core) RevokePrefetch(id uint64) {
 
 // l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages.
 func (c *Core) l3Backup(n *Node) {
-	op := &putOp{seq: c.l3.putSeq, node: n}
+	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
 	c.l3.putSeq++
 	c.l3.puts = append(c.l3.puts, op)
 	n.l3Own++
@@ -318,7 +319,7 @@ func (c *Core) l3Apply(v []int64) {
 			c.stats.L3FailedBackups++
 			break
 		}
-		c.stats.L3BackedUpPages += int64(len(op.node.hashes))
+		c.stats.L3BackedUpPages += int64(op.pages)
 	}
 	ack := uint64(v[vL3ReleaseAck])
 	for len(c.l3.releases) > 0 && c.l3.releases[0].seq < ack {

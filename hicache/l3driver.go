@@ -165,17 +165,10 @@ func (d *l3Driver) fail(err error) {
 }
 
 func (d *l3Driver) sleep(ctx context.Context, kind l3Kind, seq uint64, chunk int) error {
-	if d.opts.delay == nil {
-		return nil
-	}
-	t := time.NewTimer(d.opts.delay(kind, seq, chunk))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if d.opts.hook == nil {
 		return ctx.Err()
 	}
+	return d.opts.hook(ctx, kind, seq, chunk)
 }
 
 // run executes one job and returns its result (see Core.l3Done). Storage errors are

@@ -12,6 +12,7 @@ import (
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/hicache/storage"
 )
 
 // rig is N in-process replicas of one replica group over dist/local, each with a host
@@ -36,6 +37,11 @@ type rigConfig struct {
 	seed         uint64
 	delay        func(rank int) func(Transfer) time.Duration // overrides maxDelay
 	fail         func(rank int) func(Transfer) error         // injected transfer failures
+	// L3: store(i) is rank i's handle on the shared storage (nil: no L3), opened for ns.
+	store  func(rank int) storage.Storage
+	ns     storage.Namespace
+	l3     L3Options
+	l3Hook func(rank int) func(ctx context.Context, kind l3Kind, seq uint64, chunk int) error
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -80,10 +86,18 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		if rc.fail != nil {
 			fail = rc.fail(i)
 		}
-		c, err := New(context.Background(), Config{
+		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
 			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail},
-		})
+		}
+		if rc.store != nil {
+			cfg.Storage, cfg.StorageNamespace, cfg.L3 = rc.store(i), rc.ns, rc.l3
+			cfg.L3.Log = func(err error) { t.Logf("rank %d: %v", i, err) }
+			if rc.l3Hook != nil {
+				cfg.L3.hook = rc.l3Hook(i)
+			}
+		}
+		c, err := New(context.Background(), cfg)
 		r.caches[i] = c
 		return err
 	})

@@ -1,0 +1,427 @@
+package hicache
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/hicache/storage"
+)
+
+// l3Layout has two slab groups (TP shards) in one replica group: two I/O ranks (0 and 1)
+// whose reads finish at different times.
+var l3Layout = dist.LayoutConfig{World: 4, TP: 4, AttnCP: 2}
+
+func testNamespace(t testing.TB) storage.Namespace {
+	ns, err := storage.NewNamespace("hicache-test;page_tokens=4;page_bytes=256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// openStores opens one handle on url per rank (as the ranks of a job would) and closes them
+// at the end of the test.
+func openStores(t testing.TB, url string, ns storage.Namespace) func(int) storage.Storage {
+	var mu sync.Mutex
+	return func(int) storage.Storage {
+		mu.Lock()
+		defer mu.Unlock()
+		st, err := storage.Open(context.Background(), url, storage.Options{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+}
+
+// randomDelays makes every storage call of a rank sleep up to max (per-rank generator).
+func randomDelays(seed uint64, maxDelay time.Duration) func(int) func(context.Context, l3Kind, uint64, int) error {
+	return func(rank int) func(context.Context, l3Kind, uint64, int) error {
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(seed, uint64(rank)))
+		return func(ctx context.Context, _ l3Kind, _ uint64, _ int) error {
+			mu.Lock()
+			d := time.Duration(rng.Int64N(int64(maxDelay)))
+			mu.Unlock()
+			select {
+			case <-time.After(d):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+func l3RigConfig(layout dist.LayoutConfig, store func(int) storage.Storage, ns storage.Namespace, l3 L3Options) rigConfig {
+	return rigConfig{
+		layout: layout, opts: Options{PageSize: 4, L1Pages: 96, MinLoadPages: 1, LoadQuotaPages: 64},
+		pagesPerSlab: 96, pageBytes: 256, store: store, ns: ns, l3: l3,
+	}
+}
+
+// prefetch starts a prefetch of tokens on every rank and steps until it is over; at step
+// revokeAt (if >= 0) every rank revokes it.
+func (r *rig) prefetch(tokens []int32, revokeAt int) PrefetchResult {
+	r.t.Helper()
+	res := make([]PrefetchResult, len(r.caches))
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) {
+		res[i], err = c.Prefetch(tokens)
+		return err
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+	for i := range res {
+		if res[i] != res[0] {
+			r.t.Fatalf("prefetch: rank %d got %+v, rank 0 %+v", i, res[i], res[0])
+		}
+	}
+	for k := 0; r.caches[0].PrefetchPending(res[0].ID); k++ {
+		if k > 20000 {
+			r.t.Fatal("prefetch never finished")
+		}
+		if k == revokeAt {
+			if err := r.each("revoke", func(_ int, c *Cache) error { return c.RevokePrefetch(res[0].ID) }); err != nil {
+				r.t.Fatal(err)
+			}
+		}
+		if err := r.step(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	return res[0]
+}
+
+// evictAll drops everything from L1 and L2 (backups to storage finish first).
+func (r *rig) evictAll() {
+	r.t.Helper()
+	r.drain()
+	if err := r.each("evict", func(_ int, c *Cache) error {
+		_, _, err := c.EvictL1(1 << 30)
+		return err
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+	r.drain()
+	if err := r.each("evict", func(_ int, c *Cache) error {
+		_, err := c.EvictL2(1 << 30)
+		return err
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.step(); err != nil {
+		r.t.Fatal(err)
+	}
+	if n := r.caches[0].Stats().Nodes; n != 0 {
+		r.t.Fatalf("%d nodes left after evicting everything", n)
+	}
+}
+
+func (r *rig) insertAll(seqs [][]int32) {
+	r.t.Helper()
+	for _, s := range seqs {
+		if _, err := r.insert(s); err != nil {
+			r.t.Fatal(err)
+		}
+		if err := r.step(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.drain()
+}
+
+// sameStats checks that the agreed L3 counters are equal on every rank and returns rank 0's.
+func (r *rig) sameStats() CoreStats {
+	r.t.Helper()
+	s0 := r.caches[0].Stats().CoreStats
+	for i, c := range r.caches {
+		if s := c.Stats().CoreStats; s.L3HitPages != s0.L3HitPages || s.L3PrefetchedPages != s0.L3PrefetchedPages ||
+			s.L3BackedUpPages != s0.L3BackedUpPages || s.L3DiscardedPages != s0.L3DiscardedPages || s.L3FailedBackups != s0.L3FailedBackups {
+			r.t.Fatalf("rank %d L3 stats %+v, rank 0 %+v", i, s, s0)
+		}
+	}
+	return s0
+}
+
+// storedPages is how many leading pages of tokens every shard has in storage.
+func (r *rig) storedPages(tokens []int32) int {
+	r.t.Helper()
+	n := len(tokens) / 4
+	for _, c := range r.caches {
+		if !c.core.io {
+			continue
+		}
+		k, err := c.l3.st.Exists(context.Background(), c.l3.keys(PrefixHashes(tokens, 4)), nil)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		n = min(n, k)
+	}
+	return n
+}
+
+// TestL3PrefetchAgreement backs random sequences up to storage, evicts everything, and
+// prefetches them back under random per-rank storage delays on two I/O ranks: every rank
+// inserts the same pages (the digests agree at every step), and every page loaded into L1
+// afterwards has the right content. With wait_complete every stored page comes back.
+func TestL3PrefetchAgreement(t *testing.T) {
+	for _, pol := range []PrefetchPolicy{PrefetchWaitComplete, PrefetchTimeout, PrefetchBestEffort} {
+		t.Run(pol.String(), func(t *testing.T) {
+			ns := testNamespace(t)
+			l3 := L3Options{PrefetchPolicy: pol, ReadChunkPages: 2, PrefetchQuotaPages: 64, MinPrefetchPages: 2,
+				PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond}
+			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, l3)
+			rc.l3Hook = randomDelays(uint64(pol), 2*time.Millisecond)
+			r := newRig(t, rc)
+			rng := rand.New(rand.NewPCG(3, uint64(pol)))
+			seqs := testSeqs(rng, 12, 4)
+			r.insertAll(seqs)
+			st := r.sameStats()
+			if st.L3BackedUpPages == 0 || st.L3FailedBackups != 0 {
+				t.Fatalf("after inserting: %d pages backed up, %d failed backups", st.L3BackedUpPages, st.L3FailedBackups)
+			}
+			for round := range 2 {
+				r.evictAll()
+				if round == 1 {
+					// Part of the tree is back: prefetches continue from inside nodes.
+					r.insertAll(seqs[:3])
+				}
+				for k, s := range rng.Perm(len(seqs)) {
+					revoke := -1
+					if pol == PrefetchBestEffort && k%2 == 0 {
+						revoke = rng.IntN(3)
+					}
+					stored := r.storedPages(seqs[s])
+					pf := r.prefetch(seqs[s], revoke)
+					ms, err := r.matchLoad(seqs[s], true)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := max(pf.Start+min(stored-pf.Start, pf.Pages), pf.Start); pol == PrefetchWaitComplete && pf.Pages > 0 && stored-pf.Start >= 2 &&
+						ms[0].DevicePages+ms[0].HostPages != want {
+						t.Fatalf("seq %d: %d+%d pages after a wait_complete prefetch %+v, %d leading pages stored", s, ms[0].DevicePages, ms[0].HostPages, pf, stored)
+					}
+					if rng.IntN(3) == 0 {
+						if _, err := r.insert(seqs[s]); err != nil && !errors.Is(err, ErrL1Full) {
+							t.Fatal(err)
+						}
+					}
+					if err := r.step(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			r.drain()
+			st = r.sameStats()
+			t.Logf("%s: %d pages hit in storage, %d prefetched, %d discarded, %d skipped prefetches; %d pages backed up",
+				pol, st.L3HitPages, st.L3PrefetchedPages, st.L3DiscardedPages, st.L3SkippedPrefetches, st.L3BackedUpPages)
+			if st.L3PrefetchedPages == 0 && pol != PrefetchTimeout {
+				t.Fatal("nothing was prefetched")
+			}
+			for i, c := range r.caches {
+				if s := c.Stats(); s.StorageErrors != 0 {
+					t.Fatalf("rank %d: %d storage errors", i, s.StorageErrors)
+				}
+			}
+			r.checkCollectives()
+		})
+	}
+}
+
+// TestL3BackupAcknowledged holds every backup to storage at a gate: the node's L2 pages
+// stay pinned (not evictable, Flush busy) through any number of steps, and are released
+// only at the step after every I/O rank finished.
+func TestL3BackupAcknowledged(t *testing.T) {
+	ns := testNamespace(t)
+	gate := make(chan struct{})
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{})
+	rc.l3Hook = func(rank int) func(context.Context, l3Kind, uint64, int) error {
+		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
+			if kind != l3Put || rank == 0 { // rank 0 (one I/O rank) finishes at once
+				return nil
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	r := newRig(t, rc)
+	seq := testSeqs(rand.New(rand.NewPCG(5, 5)), 1, 4)[0]
+	pages := len(seq) / 4
+	if _, err := r.insert(seq); err != nil {
+		t.Fatal(err)
+	}
+	for len(r.caches[0].core.writes) > 0 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(1 << 30); return err }); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range r.caches {
+		if freed, err := c.EvictL2(1 << 30); err != nil || freed != 0 {
+			t.Fatalf("rank %d: evicted %d L2 pages (err %v) while their backup to storage is unacknowledged", i, freed, err)
+		}
+		if c.Pending() == 0 {
+			t.Fatalf("rank %d: nothing pending while a backup to storage waits", i)
+		}
+		if st := c.Stats(); st.L3BackedUpPages != 0 {
+			t.Fatalf("rank %d: %d pages acknowledged before the second I/O rank finished", i, st.L3BackedUpPages)
+		}
+	}
+	if err := r.each("flush", func(_ int, c *Cache) error { return c.Flush(context.Background()) }); !errors.Is(err, ErrBusy) {
+		t.Fatalf("flush during a backup: %v, want ErrBusy", err)
+	}
+	close(gate)
+	r.drain()
+	if st := r.sameStats(); st.L3BackedUpPages != int64(pages) {
+		t.Fatalf("%d pages backed up, want %d", st.L3BackedUpPages, pages)
+	}
+	if err := r.each("evict", func(_ int, c *Cache) error {
+		if freed, err := c.EvictL2(1 << 30); err != nil || freed != pages {
+			return errors.Join(err, errors.New("L2 pages not freed after the acknowledgement"))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.step(); err != nil {
+		t.Fatal(err)
+	}
+	// Both shards are in storage.
+	for i := range 2 {
+		d := r.caches[i].l3
+		n, err := d.st.Exists(context.Background(), d.keys(PrefixHashes(seq, 4)), nil)
+		if err != nil || n != pages {
+			t.Fatalf("shard %d: %d of %d pages stored (err %v)", i, n, pages, err)
+		}
+	}
+}
+
+// TestL3FlushKeepsOrClearsStorage: a flush empties the cache and its L3 queues; the
+// storage keeps its pages (a later prefetch hits) unless ClearOnFlush.
+func TestL3FlushKeepsOrClearsStorage(t *testing.T) {
+	for _, clearIt := range []bool{false, true} {
+		name := "keep"
+		if clearIt {
+			name = "clear"
+		}
+		t.Run(name, func(t *testing.T) {
+			ns := testNamespace(t)
+			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{ClearOnFlush: clearIt, PrefetchPolicy: PrefetchWaitComplete})
+			r := newRig(t, rc)
+			seqs := testSeqs(rand.New(rand.NewPCG(7, 7)), 4, 4)
+			r.insertAll(seqs)
+			r.flushAndCheckFresh()
+			for i, c := range r.caches {
+				if c.core.l3.pending() != 0 || c.core.l3.reserved != 0 || c.core.l3.putSeq != 0 {
+					t.Fatalf("rank %d: L3 state after flush %+v", i, c.core.l3)
+				}
+			}
+			before := r.sameStats()
+			total := 0
+			for _, s := range seqs {
+				r.prefetch(s, -1)
+				ms, err := r.matchLoad(s, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				total += ms[0].DevicePages
+			}
+			got := r.sameStats().L3PrefetchedPages - before.L3PrefetchedPages
+			if clearIt && got != 0 {
+				t.Fatalf("prefetched %d pages from a storage cleared by the flush", got)
+			}
+			if !clearIt && (got == 0 || total == 0) {
+				t.Fatalf("prefetched %d pages (%d in L1) after a flush that keeps storage", got, total)
+			}
+		})
+	}
+}
+
+// TestL3TwoInstancesShareStorage runs two caches one after the other (two runner
+// invocations) on one storage directory: the second hits storage for the first's prefixes.
+func TestL3TwoInstancesShareStorage(t *testing.T) {
+	ns := testNamespace(t)
+	url := "file://" + t.TempDir()
+	seqs := testSeqs(rand.New(rand.NewPCG(9, 9)), 10, 4)
+	tokens := 0
+	for _, s := range seqs {
+		tokens += len(s) / 4 * 4
+	}
+	run := func(second bool) CoreStats {
+		r := newRig(t, l3RigConfig(l3Layout, openStores(t, url, ns), ns, L3Options{PrefetchPolicy: PrefetchWaitComplete}))
+		defer func() {
+			for _, c := range r.caches {
+				c.Close()
+			}
+		}()
+		for _, s := range seqs {
+			ms, err := r.matchLoad(s, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ms[0].DevicePages*4 < len(s)/4*4 {
+				r.prefetch(s, -1)
+				if _, err := r.matchLoad(s, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.insert(s); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.drain()
+		return r.sameStats()
+	}
+	first := run(false)
+	second := run(true)
+	t.Logf("first run: %d of %d tokens hit in storage, %d pages backed up; second run: %d tokens hit, %d pages prefetched, %d backed up",
+		first.L3HitPages*4, tokens, first.L3BackedUpPages, second.L3HitPages*4, second.L3PrefetchedPages, second.L3BackedUpPages)
+	if first.L3HitPages != 0 {
+		t.Fatalf("first run hit %d pages in an empty storage", first.L3HitPages)
+	}
+	// Every page the first run stored comes back once (wait_complete, L2 large enough).
+	if second.L3PrefetchedPages != first.L3BackedUpPages || second.L3HitPages != first.L3BackedUpPages {
+		t.Fatalf("second run prefetched %d pages (hit %d), first backed up %d", second.L3PrefetchedPages, second.L3HitPages, first.L3BackedUpPages)
+	}
+}
+
+// TestL3ConfigErrors: storage without a namespace is rejected, naming the value.
+func TestL3ConfigErrors(t *testing.T) {
+	ns := testNamespace(t)
+	rc := l3RigConfig(dist.LayoutConfig{World: 1}, openStores(t, "mem://"+t.Name(), ns), storage.Namespace{}, L3Options{})
+	l, _ := dist.NewLayout(rc.layout)
+	_ = l
+	cfg := L3Options{MinPrefetchPages: -1}
+	if err := cfg.normalize(10); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "-1") {
+		t.Fatalf("normalize: %v", err)
+	}
+	if _, err := ParsePrefetchPolicy("soon"); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("parse: %v", err)
+	}
+	for _, p := range []PrefetchPolicy{PrefetchBestEffort, PrefetchWaitComplete, PrefetchTimeout} {
+		if q, err := ParsePrefetchPolicy(p.String()); err != nil || q != p {
+			t.Fatalf("round trip of %v: %v %v", p, q, err)
+		}
+	}
+}
