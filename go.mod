@@ -1,13 +1,11 @@
 module github.com/cpcache/cpcache
 
-go 1.26
+go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sys v0.50.0
 )
 
-require (
-	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
-)
+require go.yaml.in/yaml/v3 v3.0.5 // indirect
