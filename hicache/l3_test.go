@@ -447,7 +447,8 @@ func TestL3RedisDown(t *testing.T) {
 	srv := startRedis(t)
 	ns := testNamespace(t)
 	gate := make(chan struct{})
-	var gateOn sync.Mutex // protects holding
+	arrived := make(chan struct{}, 2) // an I/O rank verified the first chunk and waits
+	var gateOn sync.Mutex             // protects holding
 	holding := false
 	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.addr()+"/hicachetest?timeout=300ms", ns), ns,
 		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
@@ -459,6 +460,7 @@ func TestL3RedisDown(t *testing.T) {
 			if !hold {
 				return nil
 			}
+			arrived <- struct{}{}
 			select {
 			case <-gate:
 				return nil
@@ -500,6 +502,11 @@ func TestL3RedisDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if stored <= 2 {
+		t.Fatalf("only %d pages of the longest sequence stored", stored)
+	}
+	<-arrived
+	<-arrived
 	srv.kill()
 	close(gate)
 	for k := 0; r.caches[0].PrefetchPending(res[0].ID); k++ {
@@ -623,4 +630,130 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	if corrupt == 0 || r.storageErrors() == 0 || st.L3PrefetchedPages >= backed || st.L3PrefetchedPages == 0 {
 		t.Fatalf("torn files: %d corrupt values, %d storage errors, %d of %d pages prefetched", corrupt, r.storageErrors(), st.L3PrefetchedPages, backed)
 	}
+}
+
+// TestL3RandomWorkload interleaves inserts, prefetches left in flight (some revoked),
+// matches with load-backs (content-checked), evictions, local eviction hints and flushes
+// under random per-rank storage delays and the timeout policy; the digests agree at every
+// step. At the end a divergence is injected while reads are in flight: every rank reports
+// it at the same step and no slab byte changes afterwards.
+func TestL3RandomWorkload(t *testing.T) {
+	ns := testNamespace(t)
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchTimeout,
+		ReadChunkPages: 2, PrefetchQuotaPages: 24, PrefetchTimeoutBase: 2 * time.Millisecond, PrefetchTimeoutPerPage: 100 * time.Microsecond})
+	rc.l3Hook = randomDelays(17, 3*time.Millisecond)
+	rc.pagesPerSlab = 40
+	r := newRig(t, rc)
+	rng := rand.New(rand.NewPCG(17, 17))
+	seqs := testSeqs(rng, 30, 4)
+	var ids []uint64
+	for it := range 240 {
+		s := seqs[rng.IntN(len(seqs))]
+		switch x := rng.IntN(12); {
+		case x < 3:
+			if _, err := r.insert(s); err != nil && !errors.Is(err, ErrL1Full) {
+				t.Fatal(err)
+			}
+		case x < 6:
+			res := make([]PrefetchResult, len(r.caches))
+			if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(s); return err }); err != nil {
+				t.Fatal(err)
+			}
+			if res[0].ID != 0 {
+				ids = append(ids, res[0].ID)
+			}
+			if len(ids) > 0 && rng.IntN(3) == 0 {
+				id := ids[rng.IntN(len(ids))]
+				if err := r.each("revoke", func(_ int, c *Cache) error { return c.RevokePrefetch(id) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case x < 8:
+			if _, err := r.matchLoad(s, true); err != nil {
+				t.Fatal(err)
+			}
+		case x < 9:
+			n := rng.IntN(24)
+			if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(n); return err }); err != nil {
+				t.Fatal(err)
+			}
+		case x < 10:
+			n := rng.IntN(24)
+			if err := r.each("evict", func(_ int, c *Cache) error { _, err := c.EvictL2(n); return err }); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			r.caches[rng.IntN(len(r.caches))].HintEvict(rng.IntN(8), rng.IntN(8))
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+		if it%80 == 79 {
+			r.drain()
+			r.flushAndCheckFresh()
+			ids = nil
+		}
+	}
+	st := r.sameStats()
+	t.Logf("%d queries, %d pages hit, %d prefetched, %d discarded, %d skipped; %d backed up, %d failed",
+		st.L3Queries, st.L3HitPages, st.L3PrefetchedPages, st.L3DiscardedPages, st.L3SkippedPrefetches, st.L3BackedUpPages, st.L3FailedBackups)
+	if st.L3PrefetchedPages == 0 || st.L3BackedUpPages == 0 {
+		t.Fatalf("workload prefetched %d and backed up %d pages", st.L3PrefetchedPages, st.L3BackedUpPages)
+	}
+
+	// Divergence with reads in flight.
+	for _, s := range seqs {
+		r.insert(s)
+	}
+	r.drain()
+	r.evictAll()
+	for _, s := range seqs[:6] {
+		if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(s); return err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
+		if k > 10000 {
+			t.Fatal("no prefetch read started")
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.caches[3].core.divergeHook = func(c *Core) {
+		c.divergeHook = nil
+		if _, err := c.alloc.Reserve(1<<40, 0, 1); err != nil {
+			t.Error(err)
+		}
+	}
+	for i, err := range r.all(func(i int) error { return r.caches[i].Step(context.Background()) }) {
+		if !errors.Is(err, ErrPlacementDiverged) {
+			t.Fatalf("rank %d: step error %v, want ErrPlacementDiverged", i, err)
+		}
+	}
+	var before [][]byte
+	for _, s := range r.slabs {
+		before = append(before, s.Snapshot()...)
+	}
+	for range 5 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var after [][]byte
+	for _, s := range r.slabs {
+		after = append(after, s.Snapshot()...)
+	}
+	for i := range before {
+		if !slices.Equal(before[i], after[i]) {
+			t.Fatalf("slab %d changed after the divergence", i)
+		}
+	}
+	for i, c := range r.caches {
+		if c.Pending() != 0 {
+			t.Fatalf("rank %d: %d operations pending after the divergence", i, c.Pending())
+		}
+	}
+	r.flushAndCheckFresh()
+	r.checkCollectives()
 }
