@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/hicache/storage"
 )
 
@@ -410,17 +412,28 @@ func TestL3TwoInstancesShareStorage(t *testing.T) {
 	}
 }
 
-// TestL3ConfigErrors: storage without a namespace is rejected, naming the value.
+// TestL3ConfigErrors: storage without its namespace, or bad L3 options, are rejected with
+// errors naming the value.
 func TestL3ConfigErrors(t *testing.T) {
 	ns := testNamespace(t)
-	rc := l3RigConfig(dist.LayoutConfig{World: 1}, openStores(t, "mem://"+t.Name(), ns), storage.Namespace{}, L3Options{})
-	l, _ := dist.NewLayout(rc.layout)
-	_ = l
+	l, err := dist.NewLayout(dist.LayoutConfig{World: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := local.New([]int{0}, local.Options{Kind: "replica"})[0]
+	defer g.Close()
+	_, err = New(context.Background(), Config{
+		Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: 0, Group: g, Slabs: kvtest.NewMemSlabs([]int{0}, 8, 64),
+		Storage: openStores(t, "mem://"+t.Name(), ns)(0),
+	})
+	if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "namespace") {
+		t.Fatalf("storage without namespace: %v", err)
+	}
 	cfg := L3Options{MinPrefetchPages: -1}
 	if err := cfg.normalize(10); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "-1") {
 		t.Fatalf("normalize: %v", err)
 	}
-	if _, err := ParsePrefetchPolicy("soon"); !errors.Is(err, ErrBadConfig) {
+	if _, err := ParsePrefetchPolicy("soon"); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "soon") {
 		t.Fatalf("parse: %v", err)
 	}
 	for _, p := range []PrefetchPolicy{PrefetchBestEffort, PrefetchWaitComplete, PrefetchTimeout} {
@@ -428,6 +441,110 @@ func TestL3ConfigErrors(t *testing.T) {
 			t.Fatalf("round trip of %v: %v %v", p, q, err)
 		}
 	}
+}
+
+// TestL3PrefetchSplitsAndTreeChanges: a continuation that starts inside a node splits it
+// and hangs below the head; a continuation inserted by the scheduler while its prefetch
+// reads makes the group discard the read pages (released once every read stopped).
+func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
+	ns := testNamespace(t)
+	gate := make(chan struct{})
+	var mu sync.Mutex // protects hold
+	hold := false
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchBestEffort})
+	rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
+		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
+			mu.Lock()
+			h := hold && kind == l3Read
+			mu.Unlock()
+			if !h {
+				return nil
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	r := newRig(t, rc)
+	a := tokensN(0, 40)                                    // 10 pages
+	b := append(slices.Clone(a[:16]), tokensN(500, 24)...) // shares 4 pages, then 6 of its own
+	r.insertAll([][]int32{a})
+	r.insertAll([][]int32{b}) // a's backup finished: its node can be split
+	r.evictAll()
+	r.insertAll([][]int32{a})
+	pf := r.prefetch(b, -1)
+	if pf.Start != 4 || pf.Pages != 6 {
+		t.Fatalf("prefetch %+v, want start 4, 6 pages", pf)
+	}
+	ms, err := r.matchLoad(b, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := r.sameStats(); ms[0].DevicePages != 10 || st.L3PrefetchedPages != 6 || r.caches[0].Stats().Nodes != 3 {
+		t.Fatalf("after the prefetch: %d device pages, %d prefetched, %d nodes; want 10, 6, 3", ms[0].DevicePages, st.L3PrefetchedPages, r.caches[0].Stats().Nodes)
+	}
+
+	// The scheduler inserts b while its prefetch waits at the gate.
+	r.evictAll()
+	r.insertAll([][]int32{a})
+	mu.Lock()
+	hold = true
+	mu.Unlock()
+	res := make([]PrefetchResult, len(r.caches))
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(b); return err }); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
+		if k > 10000 {
+			t.Fatal("no read started")
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.insert(b); err != nil {
+		t.Fatal(err)
+	}
+	before := r.sameStats()
+	if err := r.each("revoke", func(_ int, c *Cache) error { return c.RevokePrefetch(res[0].ID) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.step(); err != nil {
+		t.Fatal(err)
+	}
+	if r.caches[0].PrefetchPending(res[0].ID) || len(r.caches[0].core.l3.releases) != 1 {
+		t.Fatalf("revoked read: pending %t, %d releases waiting for the reads to stop", r.caches[0].PrefetchPending(res[0].ID), len(r.caches[0].core.l3.releases))
+	}
+	close(gate)
+	r.drain()
+	st := r.sameStats()
+	if st.L3PrefetchedPages != before.L3PrefetchedPages || st.L3DiscardedPages != before.L3DiscardedPages+6 {
+		t.Fatalf("prefetch into a changed tree: %d pages inserted, %d discarded; want 0 and 6",
+			st.L3PrefetchedPages-before.L3PrefetchedPages, st.L3DiscardedPages-before.L3DiscardedPages)
+	}
+	if _, err := r.matchLoad(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if free := r.caches[0].Stats().L2FreePages; free+r.caches[0].core.alloc.ReservedPages() != 2*rc.pagesPerSlab-countL2(r.caches[0]) {
+		t.Fatalf("L2: %d free pages, %d in the tree", free, countL2(r.caches[0]))
+	}
+}
+
+// countL2 is the number of L2 pages the tree of c holds.
+func countL2(c *Cache) int {
+	n := 0
+	var visit func(x *Node)
+	visit = func(x *Node) {
+		n += len(x.l2)
+		for _, ch := range x.children {
+			visit(ch)
+		}
+	}
+	visit(c.core.root)
+	return n
 }
 
 // storageErrors sums the storage errors of every rank.
