@@ -6,7 +6,7 @@ STATICCHECK_VERSION := v0.8.2
 GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
-DEB_PACKAGES := libgloo-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps
+DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps
 PKGS := ./...
 TEST_TIMEOUT ?= 40m
 
