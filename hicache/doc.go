@@ -33,6 +33,9 @@
 //  1. For each new request: m, err := cache.Match(tokens) (R) gives the device hit (L1 pages),
 //     the host hit (pages only in L2 that follow it) and the deepest node m.Last.
 //     cache.Lock(m.Last) (R) pins the prefix while the request runs.
+//     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(tokens)
+//     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
+//     then match again: the prefetched pages are host pages.
 //  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
 //     this rank's reads of its own pages; before a layer reads that prefix from L1, the
 //     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
@@ -57,7 +60,8 @@
 // Slots (VectorLen int64s): the configuration fingerprint, the tree digest and the L2
 // placement digest, each as x and -x so one MIN yields min and max; the seq of this rank's
 // first unfinished backup and of its first failed one (MaxInt64 if none), the same for
-// load-backs; and the negated L1 and L2 eviction hints. Rules that follow from it:
+// load-backs; the negated L1 and L2 eviction hints; and the L3 slots (below). Rules that
+// follow from it:
 //
 //   - Only scheduler calls and agreed results change replicated state. A copy finishing on
 //     one rank changes nothing until the step in which every rank reports it.
@@ -70,6 +74,49 @@
 //     rank, naming the step and the min/max digests. Transfers in flight are canceled and
 //     drained before Step returns; no slab byte is written afterwards; nodes held only in L2
 //     are dropped and the cache serves from L1 until a Flush.
+//
+// # L3: storage below L2
+//
+// With Config.Storage (a storage.Storage opened for Config.StorageNamespace; see package
+// storage for file:// and redis:// URLs) the group gets a third tier that survives L2
+// eviction, Flush and restarts, and is shared by every instance using the same store. One
+// I/O rank per slab group (CP rank 0) does all storage traffic for its slabs, in background
+// goroutines of the driver; the core only queues work and applies agreed results. Keys are
+// the nodes' chained page hashes plus the slab group's TP index, in the namespace. The
+// protocol, all through the same one AllReduce(MIN) per step:
+//
+//   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),
+//     the node's pages are pinned (not evictable from L2, not dropped with an ancestor)
+//     and the I/O ranks write the pages storage does not hold yet. Slots: the seq of the
+//     I/O rank's first unfinished backup and of its first failed one (others contribute
+//     the queue end and MaxInt64); every rank unpins the agreed prefix of the queue.
+//   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
+//     the tree holds (at most PrefetchQuotaPages pages). The I/O ranks count the leading
+//     pages stored; slot i of the query slots is that count for queue entry i, or -1 while
+//     unanswered (others: MaxInt64), so MIN is the count every shard holds. At the answer
+//     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
+//     below MinPrefetchPages, over the quota, without L2 room, or when the tree changed)
+//     and the I/O ranks read them into the slabs, verifying each page, in chunks of
+//     ReadChunkPages. Per read: done (MIN: all finished), pages completed so far (MIN) and a
+//     cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are
+//     done, or when cut (timer, or RevokePrefetch under best-effort and timeout policies):
+//     every rank then inserts exactly the agreed pages as an L2-only node below the prefix
+//     (splitting the prefix's node if it ends inside one) and Match reports them as host
+//     pages; the other reserved pages are released at once if every read has stopped, or
+//     queued for release. Release slot: the seq of the I/O rank's first release whose read
+//     has not stopped; every rank frees the agreed prefix of the queue, so no page is
+//     reused while a read may still write it.
+//   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
+//     (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
+//     skipped backup; it never blocks a step beyond the storage's own call deadline and
+//     never publishes an unverified page.
+//   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
+//     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
+//     the namespace).
+//
+// Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
+// L3PrefetchedPages, L3BackedUpPages, L3FailedBackups, L3DiscardedPages; Stats.
+// StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own.
 //
 // # Write policies
 //
