@@ -26,6 +26,7 @@ func TestMain(m *testing.M) { multiproc.Main(m) }
 func init() {
 	multiproc.Register("hicache-workload", roleWorkload)
 	multiproc.Register("hicache-step-bench", roleStepBench)
+	multiproc.Register("hicache-l3", roleL3)
 }
 
 const mpRanks = 8
@@ -33,6 +34,12 @@ const mpRanks = 8
 // mpCache sets up one rank process: Gloo world and layout groups, the slab set of the slab
 // group, and a cache on the counted replica group.
 func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+	return mpSetup(ctx, 0, 24, opts, delay, nil)
+}
+
+// mpSetup is mpCache with attnCP slab-group size (0: the whole world), slab pages, and a
+// hook that may change the Config (after the world and layout exist).
+func mpSetup(ctx context.Context, attnCP, slabPages int, opts Options, delay time.Duration, mod func(*Config, *dist.Layout) error) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
 	var closers []func() error
 	cleanup = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -49,7 +56,10 @@ func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, 
 		return nil, nil, cleanup, err
 	}
 	closers = append(closers, world.Close)
-	layout, err := dist.NewLayout(dist.LayoutConfig{World: world.Size(), AttnCP: world.Size()})
+	if attnCP == 0 {
+		attnCP = world.Size()
+	}
+	layout, err := dist.NewLayout(dist.LayoutConfig{World: world.Size(), AttnCP: attnCP})
 	if err != nil {
 		return nil, nil, cleanup, err
 	}
@@ -59,7 +69,7 @@ func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, 
 	}
 	closers = append(closers, groups.Close)
 	set, err := slab.OpenSet(ctx, groups.Group(dist.KindSlab), slab.Spec{
-		Backend: slab.Host, PageSize: 64, Pages: 24, Layout: "hicache-test", Tag: os.Getenv("CPCACHE_TEST_TAG"),
+		Backend: slab.Host, PageSize: 64, Pages: slabPages, Layout: "hicache-test", Tag: os.Getenv("CPCACHE_TEST_TAG"),
 	})
 	if err != nil {
 		return nil, nil, cleanup, err
@@ -76,7 +86,16 @@ func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, 
 			return time.Duration(rng.Int64N(int64(delay)))
 		}
 	}
-	c, err = New(ctx, Config{Options: opts, Layout: layout, Rank: world.Rank(), Group: counted, Slabs: set, HostEngine: he})
+	cfg := Config{Options: opts, Layout: layout, Rank: world.Rank(), Group: counted, Slabs: set, HostEngine: he}
+	if mod != nil {
+		if err := mod(&cfg, layout); err != nil {
+			return nil, nil, cleanup, err
+		}
+		if cfg.Storage != nil {
+			closers = append(closers, cfg.Storage.Close)
+		}
+	}
+	c, err = New(ctx, cfg)
 	if err != nil {
 		return nil, nil, cleanup, err
 	}
