@@ -874,3 +874,39 @@ func TestL3RandomWorkload(t *testing.T) {
 	r.flushAndCheckFresh()
 	r.checkCollectives()
 }
+
+// TestL3DuplicatePrefetch: two prefetches of one continuation read it once; both finish.
+func TestL3DuplicatePrefetch(t *testing.T) {
+	ns := testNamespace(t)
+	r := newRig(t, l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchWaitComplete}))
+	s := tokensN(100, 32)
+	r.insertAll([][]int32{s})
+	r.evictAll()
+	var ids [2]uint64
+	for k := range ids {
+		res := make([]PrefetchResult, len(r.caches))
+		if err := r.each("prefetch", func(i int, c *Cache) (err error) {
+			res[i], err = c.Prefetch(s)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ids[k] = res[0].ID
+	}
+	for n := 0; r.caches[0].PrefetchPending(ids[0]) || r.caches[0].PrefetchPending(ids[1]); n++ {
+		if n > 10000 {
+			t.Fatal("prefetches never finished")
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := r.sameStats()
+	if st.L3PrefetchedPages != 8 || st.L3SkippedPrefetches != 1 || st.L3DiscardedPages != 0 {
+		t.Fatalf("two prefetches of 8 stored pages: %d prefetched, %d skipped, %d discarded; want 8, 1, 0",
+			st.L3PrefetchedPages, st.L3SkippedPrefetches, st.L3DiscardedPages)
+	}
+	if ms, err := r.matchLoad(s, true); err != nil || ms[0].DevicePages != 8 {
+		t.Fatalf("after the prefetches: %d device pages (%v), want 8", ms[0].DevicePages, err)
+	}
+}

@@ -404,6 +404,12 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		c.stats.L3SkippedPrefetches++ // the tree changed since the query
 		return
 	}
+	for _, r := range c.l3.reads {
+		if r.hashes[0] == q.hashes[0] {
+			c.stats.L3SkippedPrefetches++ // the same continuation is being read
+			return
+		}
+	}
 	rid := slab.RangeID(c.nextID)
 	c.nextID++
 	pages, err := c.alloc.Reserve(rid, q.start, hits)
