@@ -3,8 +3,8 @@
 // Small groups (up to cpg_ctx::directMax members, 32 unless CPCACHE_GLOO_DIRECT_MAX says)
 // exchange fixed-size frames over Gloo's unbound buffers: each member's kFrame-byte frame (a
 // header naming the collective and its arguments, then up to kInline bytes of payload)
-// reaches every other member, directly in groups of up to kAllToAllMax, else through member
-// 0 (two hops instead of the 2(n-1) of a ring, and 2(n-1) messages instead of n(n-1)).
+// reaches every other member, directly in groups of up to kAllToAllMax, else by Bruck's
+// allgather (ceil(log2 n) rounds instead of the 2(n-1) steps of a ring).
 // Every frame has the same size whatever the collective, so members that disagree exchange
 // well-formed frames and detect the mismatch from the headers instead of corrupting data.
 // Larger groups use Gloo's own algorithms (ring allreduce, allgatherv, broadcast, barrier).
@@ -26,9 +26,9 @@ namespace {
 
 constexpr size_t kFrame = 512;
 constexpr uint32_t kMagic = 0x63706367;  // "cpcg"
-constexpr int kAllToAllMax = 4;  // larger groups exchange frames through member 0
+constexpr int kAllToAllMax = 4;  // larger groups exchange frames with Bruck's allgather
 constexpr uint64_t kFrameSlot = 0x40ULL << 56;
-constexpr uint64_t kStarSlot = 0x41ULL << 56;
+constexpr uint64_t kBruckSlot = 0x50ULL << 56;  // + round << 56: one slot space per round
 constexpr uint64_t kRestSlot = 0x42ULL << 56;
 
 enum Kind : uint32_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
@@ -85,9 +85,9 @@ struct Op {
   }
 
   // Slots: every phase of collective #id has its own slot, and each slot space carries
-  // messages of one size only (frames: kFrame; star replies: size*kFrame; broadcast rests:
-  // the length the root's frame announced), so members that disagree never receive a
-  // message of an unexpected size.
+  // messages of one size only (frames: kFrame; Bruck round k: a size-determined number of
+  // frames; broadcast rests: the length the root's frame announced), so members that
+  // disagree never receive a message of an unexpected size.
   uint64_t slot(uint64_t prefix) const { return prefix | (id & 0xffffffffffffULL); }
 
   // waitAll waits for nrecv receives and nsend sends of b to complete, within the deadline.
@@ -103,11 +103,11 @@ struct Op {
   }
 
   // exchange gives every member every frame (frames[r] is member r's): all-to-all in small
-  // groups (one hop, size*(size-1) messages), else through member 0 (two hops, 2*(size-1)
-  // messages: it gathers the frames and sends the whole table back).
+  // groups (one hop, size-1 messages each way), else with Bruck's allgather (ceil(log2 size)
+  // rounds of one message each way, like Gloo's dissemination barrier).
   void exchange(std::vector<char>& frames) {
-    auto b = buffer(frames);
     if (size <= kAllToAllMax) {
+      auto b = buffer(frames);
       for (int p = 0; p < size; p++) {
         if (p == rank) continue;
         b->send(p, slot(kFrameSlot), static_cast<size_t>(rank) * kFrame, kFrame);
@@ -116,17 +116,22 @@ struct Op {
       waitAll(*b, size - 1, size - 1);
       return;
     }
-    if (rank == 0) {
-      for (int p = 1; p < size; p++) b->recv(p, slot(kFrameSlot), static_cast<size_t>(p) * kFrame, kFrame);
-      waitAll(*b, size - 1, 0);
-      for (int p = 1; p < size; p++) b->send(p, slot(kStarSlot), 0, frames.size());
-      waitAll(*b, 0, size - 1);
-      return;
+    // Block i of work holds the frame of member (rank + i) % size.
+    auto work = mem(frames.size());
+    std::memcpy(work->data(), frames.data() + static_cast<size_t>(rank) * kFrame, kFrame);
+    auto b = buffer(*work);
+    uint64_t round = 0;
+    for (int dist = 1; dist < size; dist <<= 1, round++) {
+      const size_t cnt = static_cast<size_t>(std::min(dist, size - dist));
+      const uint64_t sl = slot(kBruckSlot + (round << 56));
+      b->recv((rank + dist) % size, sl, static_cast<size_t>(dist) * kFrame, cnt * kFrame);
+      b->send((rank - dist + size) % size, sl, 0, cnt * kFrame);
+      waitAll(*b, 1, 1);
     }
-    // The table overwrites this member's own frame with the same bytes.
-    b->send(0, slot(kFrameSlot), static_cast<size_t>(rank) * kFrame, kFrame);
-    b->recv(0, slot(kStarSlot), 0, frames.size());
-    waitAll(*b, 1, 1);
+    for (int i = 0; i < size; i++) {
+      std::memcpy(frames.data() + static_cast<size_t>((rank + i) % size) * kFrame,
+                  work->data() + static_cast<size_t>(i) * kFrame, kFrame);
+    }
   }
 
   // fromRoot sends root's frame to every other member.

@@ -99,6 +99,7 @@ func (s *cStore) close() {
 type cDevice struct{ p *C.cpg_device }
 
 func newDevice(hostname, iface string) (*cDevice, error) {
+	catchSIGPIPE()
 	ch, ci := C.CString(hostname), C.CString(iface)
 	defer C.free(unsafe.Pointer(ch))
 	defer C.free(unsafe.Pointer(ci))

@@ -36,6 +36,10 @@
 // same error (wrapped in a new dist.OpError). Cancelling a context without a deadline is only
 // observed before an operation starts.
 //
+// Gloo writes to its sockets without MSG_NOSIGNAL, so NewWorld routes SIGPIPE to a channel
+// (os/signal.Notify) for the rest of the process: a peer's exit then fails the write
+// instead of killing this rank. Writes to a closed stdout or stderr also return EPIPE then.
+//
 // # Algorithms
 //
 // Groups of up to 32 members (CPCACHE_GLOO_DIRECT_MAX changes the limit; 0 disables it)
