@@ -2,12 +2,12 @@ package cuda
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cpcache/cpcache/internal/fakelib"
 )
 
 // buildStub compiles a fake libcuda exporting every table symbol except omit. Its cuInit
@@ -15,10 +15,6 @@ import (
 // trampolines and error formatting can be checked without a GPU.
 func buildStub(t *testing.T, omit ...string) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("gcc not found (needed to build the stub library): %v", err)
-	}
 	skip := map[string]bool{}
 	for _, o := range omit {
 		skip[o] = true
@@ -32,27 +28,13 @@ func buildStub(t *testing.T, omit ...string) string {
   if (e == 100) { *s = "no CUDA-capable device is detected"; return 0; }
   return 1; }`,
 	}
-	var b strings.Builder
+	var names []string
 	for _, s := range symbols() {
-		if skip[s.Name] || s.Optional {
-			continue
+		if !skip[s.Name] && !s.Optional {
+			names = append(names, s.Name)
 		}
-		if src, ok := special[s.Name]; ok {
-			b.WriteString(src + "\n")
-			continue
-		}
-		fmt.Fprintf(&b, "int %s(void) { return 999; }\n", s.Name)
 	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "stub.c")
-	if err := os.WriteFile(src, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(dir, "libcuda-stub.so.1")
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("build stub: %v\n%s", err, out)
-	}
-	return lib
+	return fakelib.Stub(t, "libcuda-stub.so.1", names, special, 999)
 }
 
 func TestLoadMissingLibrary(t *testing.T) {

@@ -77,6 +77,21 @@ func (s *Stream) live() error {
 	return s.dev.live()
 }
 
+// ready reports whether an operation on n bytes is to be enqueued: false with an error for a
+// negative size or a closed stream, false with none for n == 0 (nothing to do).
+func (s *Stream) ready(op string, n int) (bool, error) {
+	if n < 0 {
+		return false, fmt.Errorf("cuda: %s: negative size %d", op, n)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // Synchronize blocks until all work enqueued so far has completed. It cannot be
 // interrupted; callers that need a deadline poll Query instead.
 func (s *Stream) Synchronize() error {
@@ -111,10 +126,7 @@ func (s *Stream) WaitEvent(e *Event) error {
 
 // CopyHtoD enqueues a copy of src to device address dst.
 func (s *Stream) CopyHtoD(dst DevicePtr, src []byte) error {
-	if len(src) == 0 {
-		return nil
-	}
-	if err := s.live(); err != nil {
+	if ok, err := s.ready("copy", len(src)); !ok {
 		return err
 	}
 	return check(C.cp_cuMemcpyHtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.h),
@@ -123,10 +135,7 @@ func (s *Stream) CopyHtoD(dst DevicePtr, src []byte) error {
 
 // CopyDtoH enqueues a copy of len(dst) bytes from device address src into dst.
 func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
-	if len(dst) == 0 {
-		return nil
-	}
-	if err := s.live(); err != nil {
+	if ok, err := s.ready("copy", len(dst)); !ok {
 		return err
 	}
 	return check(C.cp_cuMemcpyDtoHAsync(s.dev.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst)), s.h),
@@ -135,13 +144,7 @@ func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
 
 // CopyDtoD enqueues a device-to-device copy of n bytes.
 func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
-	if n < 0 {
-		return fmt.Errorf("cuda: copy: negative size %d", n)
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := s.live(); err != nil {
+	if ok, err := s.ready("copy", n); !ok {
 		return err
 	}
 	return check(C.cp_cuMemcpyDtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
@@ -151,13 +154,7 @@ func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
 // Copy enqueues a copy of n bytes between unified addresses in any direction (device
 // memory, or pinned host memory through HostBuffer/HostRegistration.DevicePtr).
 func (s *Stream) Copy(dst, src DevicePtr, n int) error {
-	if n < 0 {
-		return fmt.Errorf("cuda: copy: negative size %d", n)
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := s.live(); err != nil {
+	if ok, err := s.ready("copy", n); !ok {
 		return err
 	}
 	return check(C.cp_cuMemcpyAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
@@ -166,13 +163,7 @@ func (s *Stream) Copy(dst, src DevicePtr, n int) error {
 
 // Memset enqueues setting n bytes at dst to v.
 func (s *Stream) Memset(dst DevicePtr, v byte, n int) error {
-	if n < 0 {
-		return fmt.Errorf("cuda: memset: negative size %d", n)
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := s.live(); err != nil {
+	if ok, err := s.ready("memset", n); !ok {
 		return err
 	}
 	return check(C.cp_cuMemsetD8Async(s.dev.ctx, C.cp_CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.h),

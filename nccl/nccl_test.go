@@ -5,14 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/internal/fakelib"
 )
 
 func TestABIConstants(t *testing.T) {
@@ -106,12 +104,10 @@ func TestErrorFormatting(t *testing.T) {
 	}
 }
 
+// stubLib compiles a fake libnccl exporting every table symbol except omit: version, unique
+// id and error strings answer like NCCL, every other call fails with ncclInternalError (3).
 func stubLib(t *testing.T, omit ...string) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("gcc not found (needed to build the stub library): %v", err)
-	}
 	skip := map[string]bool{}
 	for _, o := range omit {
 		skip[o] = true
@@ -122,27 +118,13 @@ func stubLib(t *testing.T, omit ...string) string {
 		"ncclGetErrorString": `const char *ncclGetErrorString(int r) { return r == 5 ? "invalid usage (run with NCCL_DEBUG=WARN for details)" : "other"; }`,
 		"ncclGetLastError":   `const char *ncclGetLastError(void *c) { (void)c; return "stub last error"; }`,
 	}
-	var b strings.Builder
+	var names []string
 	for _, s := range symbols() {
-		if skip[s.Name] {
-			continue
+		if !skip[s.Name] {
+			names = append(names, s.Name)
 		}
-		if src, ok := special[s.Name]; ok {
-			b.WriteString(src + "\n")
-			continue
-		}
-		fmt.Fprintf(&b, "int %s(void) { return 3; }\n", s.Name)
 	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "stub.c")
-	if err := os.WriteFile(src, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(dir, "libnccl-stub.so.2")
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("build stub: %v\n%s", err, out)
-	}
-	return lib
+	return fakelib.Stub(t, "libnccl-stub.so.2", names, special, 3)
 }
 
 func TestLoadMissingLibrary(t *testing.T) {

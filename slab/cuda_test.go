@@ -11,11 +11,13 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/glootest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
 
 func init() {
-	multiproc.Register("slab-cuda-ipc", roleCUDAIPC)
+	multiproc.Register("slab-cuda-ipc", glootest.Role(30*time.Second, roleCUDAIPC))
 }
 
 // requireCUDA opens the CUDA backend or skips (fails under CPCACHE_REQUIRE_GPU=1).
@@ -83,8 +85,7 @@ func TestCUDAPinnedHostSlabsAreDeviceVisible(t *testing.T) {
 
 // roleCUDAIPC: every rank creates a device slab on device 0, fills its own slab's pages from
 // the host, and reads every peer's slab through its IPC mapping.
-func roleCUDAIPC() error {
-	ctx := context.Background()
+func roleCUDAIPC(ctx context.Context, g *gloo.Group) error {
 	c, err := OpenCUDA(0)
 	if err != nil {
 		return err
@@ -95,11 +96,6 @@ func roleCUDAIPC() error {
 	if err != nil {
 		return err
 	}
-	g, err := joinGroup(ctx)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
 	spec := Spec{Backend: CUDAIPC, PageSize: 1 << 16, Pages: 8, Layout: "test", Device: 0}
 	s, err := OpenSet(ctx, g, spec)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/glootest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
 
@@ -23,18 +24,17 @@ import (
 func TestMain(m *testing.M) { multiproc.Main(m) }
 
 func init() {
-	multiproc.Register("slab-share", roleShare)
-	multiproc.Register("slab-mismatch", roleMismatch)
-	multiproc.Register("slab-kill-after-setup", roleKillAfterSetup)
-	multiproc.Register("slab-kill-during-setup", roleKillDuringSetup)
+	for name, fn := range map[string]func(context.Context, *gloo.Group) error{
+		"slab-share":             roleShare,
+		"slab-mismatch":          roleMismatch,
+		"slab-kill-after-setup":  roleKillAfterSetup,
+		"slab-kill-during-setup": roleKillDuringSetup,
+	} {
+		multiproc.Register(name, glootest.Role(30*time.Second, fn))
+	}
 }
 
 const mpRanks = 8
-
-// joinGroup is the group constructor of the rank processes.
-func joinGroup(ctx context.Context) (dist.Group, error) {
-	return gloo.NewWorld(ctx, gloo.Options{Timeout: 30 * time.Second})
-}
 
 func envInt(name string) int {
 	v, err := strconv.Atoi(os.Getenv(name))
@@ -58,13 +58,7 @@ func checkNoLeftovers(tag string) error {
 	return nil
 }
 
-func roleShare() error {
-	ctx := context.Background()
-	g, err := joinGroup(ctx)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
+func roleShare(ctx context.Context, g *gloo.Group) error {
 	s, err := OpenSet(ctx, g, mpSpec())
 	if err != nil {
 		return err
@@ -76,13 +70,7 @@ func roleShare() error {
 	return writeOwnReadAll(ctx, s)
 }
 
-func roleMismatch() error {
-	ctx := context.Background()
-	g, err := joinGroup(ctx)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
+func roleMismatch(ctx context.Context, g *gloo.Group) error {
 	spec := mpSpec()
 	if g.Rank() == envInt("CPCACHE_TEST_ODD") {
 		spec.PageSize *= 2
@@ -105,13 +93,7 @@ func killSelf() {
 
 // roleKillAfterSetup: every rank opens the set and writes its slab; rank CPCACHE_TEST_KILL
 // then dies by SIGKILL; the others see it lost and exit cleanly.
-func roleKillAfterSetup() error {
-	ctx := context.Background()
-	g, err := joinGroup(ctx)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
+func roleKillAfterSetup(ctx context.Context, g *gloo.Group) error {
 	s, err := OpenSet(ctx, g, mpSpec())
 	if err != nil {
 		return err
@@ -131,13 +113,7 @@ func roleKillAfterSetup() error {
 
 // roleKillDuringSetup: rank CPCACHE_TEST_KILL dies by SIGKILL after the handle exchange,
 // before mapping; the survivors must fail and remove every segment name, its too.
-func roleKillDuringSetup() error {
-	ctx := context.Background()
-	g, err := joinGroup(ctx)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
+func roleKillDuringSetup(ctx context.Context, g *gloo.Group) error {
 	kill := envInt("CPCACHE_TEST_KILL")
 	testHookAfterExchange = func(rank int) error {
 		if rank == kill {
@@ -200,26 +176,23 @@ func TestMultiprocMismatchedSpecFailsEveryRankAlike(t *testing.T) {
 }
 
 func TestMultiprocRankKilledAfterSetupLeavesNothing(t *testing.T) {
-	skipMultiproc(t)
-	tag := uniqueTag(t)
-	const kill = 3
-	res := multiproc.Start(t, multiproc.Spec{Role: "slab-kill-after-setup", N: mpRanks, Timeout: 2 * time.Minute,
-		Env: mpEnv(t, tag, fmt.Sprintf("CPCACHE_TEST_KILL=%d", kill))})()
-	checkKilled(t, res, kill)
-	if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
-		t.Fatalf("segments left after rank %d was killed: %v", kill, left)
-	}
+	runKilled(t, "slab-kill-after-setup", 3, "")
 }
 
 func TestMultiprocRankKilledDuringSetupLeavesNothing(t *testing.T) {
+	runKilled(t, "slab-kill-during-setup", 6, " during setup")
+}
+
+// runKilled runs role, in which rank kill dies by SIGKILL, and checks that the others exit
+// cleanly and no segment of the set is left behind.
+func runKilled(t *testing.T, role string, kill int, when string) {
 	skipMultiproc(t)
 	tag := uniqueTag(t)
-	const kill = 6
-	res := multiproc.Start(t, multiproc.Spec{Role: "slab-kill-during-setup", N: mpRanks, Timeout: 2 * time.Minute,
+	res := multiproc.Start(t, multiproc.Spec{Role: role, N: mpRanks, Timeout: 2 * time.Minute,
 		Env: mpEnv(t, tag, fmt.Sprintf("CPCACHE_TEST_KILL=%d", kill))})()
 	checkKilled(t, res, kill)
 	if left := leftovers(t, DefaultDir, tag); len(left) != 0 {
-		t.Fatalf("segments left after rank %d was killed during setup: %v", kill, left)
+		t.Fatalf("segments left after rank %d was killed%s: %v", kill, when, left)
 	}
 }
 

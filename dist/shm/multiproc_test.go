@@ -19,6 +19,7 @@ import (
 	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/dist/shm"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/glootest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
 
@@ -30,37 +31,28 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	multiproc.Register("conformance", roleConformance)
-	multiproc.Register("peer-death", rolePeerDeath)
-	multiproc.Register("stall", roleStall)
-	multiproc.Register("bench", roleBench)
-	multiproc.Register("select", roleSelect)
+	multiproc.Register("conformance", shmRole(roleConformance))
+	multiproc.Register("peer-death", shmRole(rolePeerDeath))
+	multiproc.Register("stall", shmRole(roleStall))
+	multiproc.Register("bench", shmRole(roleBench))
+	multiproc.Register("select", glootest.Role(time.Minute, roleSelect))
 	multiproc.Main(m)
 }
 
-// newRankGroup joins the Gloo world of this rank process (store from CPCACHE_STORE) and
-// builds the shared-memory group over it.
-func newRankGroup(ctx context.Context, timeout time.Duration) (*shm.Group, dist.Group, error) {
-	boot, err := gloo.NewWorld(ctx, gloo.Options{Timeout: timeout})
-	if err != nil {
-		return nil, nil, err
-	}
-	g, err := shm.New(ctx, boot, shm.Options{Dir: os.Getenv(envDir), Timeout: timeout})
-	if err != nil {
-		boot.Close()
-		return nil, nil, err
-	}
-	return g, boot, nil
+// shmRole is a role on the shared-memory group built over the Gloo world of this rank
+// process (store from CPCACHE_STORE, segments in envDir), one-minute timeouts; fn gets both.
+func shmRole(fn func(ctx context.Context, g *shm.Group, boot dist.Group) error) func() error {
+	return glootest.Role(time.Minute, func(ctx context.Context, boot *gloo.Group) error {
+		g, err := shm.New(ctx, boot, shm.Options{Dir: os.Getenv(envDir), Timeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		return fn(ctx, g, boot)
+	})
 }
 
-func roleConformance() error {
-	ctx := context.Background()
-	g, boot, err := newRankGroup(ctx, time.Minute)
-	if err != nil {
-		return err
-	}
-	defer boot.Close()
-	defer g.Close()
+func roleConformance(ctx context.Context, g *shm.Group, boot dist.Group) error {
 	if err := grouptest.Conformance(ctx, g); err != nil {
 		return err
 	}
@@ -81,14 +73,7 @@ func roleConformance() error {
 // rolePeerDeath: member 3 arrives at a barrier that member 2 joins late and is killed
 // (SIGKILL) while it waits; the survivors' next collective must fail with ErrPeerLost
 // naming it, long before the group's one-minute timeout.
-func rolePeerDeath() error {
-	ctx := context.Background()
-	g, boot, err := newRankGroup(ctx, time.Minute)
-	if err != nil {
-		return err
-	}
-	defer boot.Close()
-	defer g.Close()
+func rolePeerDeath(ctx context.Context, g *shm.Group, boot dist.Group) error {
 	if err := g.Barrier(ctx); err != nil {
 		return err
 	}
@@ -100,7 +85,7 @@ func rolePeerDeath() error {
 	case 2:
 		time.Sleep(time.Second)
 	}
-	err = g.Barrier(ctx)
+	err := g.Barrier(ctx)
 	if err == nil {
 		err = g.AllReduce(ctx, dist.Sum, []int64{1})
 	}
@@ -116,14 +101,7 @@ func rolePeerDeath() error {
 // roleStall: member 3 stalls; members 0 and 1 give up at their 1 s deadline, member 2
 // (with a one-minute deadline) fails with them, and member 3, when it comes back, finds the
 // group failed.
-func roleStall() error {
-	ctx := context.Background()
-	g, boot, err := newRankGroup(ctx, time.Minute)
-	if err != nil {
-		return err
-	}
-	defer boot.Close()
-	defer g.Close()
+func roleStall(ctx context.Context, g *shm.Group, boot dist.Group) error {
 	if err := g.Barrier(ctx); err != nil {
 		return err
 	}
@@ -131,18 +109,18 @@ func roleStall() error {
 	case 0, 1:
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		err := g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
 		if !errors.Is(err, dist.ErrTimeout) {
 			return fmt.Errorf("want a timeout, got %v", err)
 		}
 	case 2:
-		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		err := g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
 		if !errors.Is(err, dist.ErrTimeout) || !strings.Contains(err.Error(), "waiting for member 3") {
 			return fmt.Errorf("want a timeout caused by member 3, got %v", err)
 		}
 	case 3:
 		time.Sleep(3 * time.Second)
-		err = g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
+		err := g.AllReduce(ctx, dist.Max, []int64{int64(g.Rank())})
 		if !errors.Is(err, dist.ErrTimeout) {
 			return fmt.Errorf("want the group's timeout after the stall, got %v", err)
 		}
@@ -152,13 +130,7 @@ func roleStall() error {
 
 // roleSelect picks the consensus group with shm.Consensus (backend setting from
 // CPCACHE_CONSENSUS_BACKEND) and checks the choice, then runs the conformance suite on it.
-func roleSelect() error {
-	ctx := context.Background()
-	world, err := gloo.NewWorld(ctx, gloo.Options{Timeout: time.Minute})
-	if err != nil {
-		return err
-	}
-	defer world.Close()
+func roleSelect(ctx context.Context, world *gloo.Group) error {
 	g, backend, err := shm.Consensus(ctx, world, shm.Options{Dir: os.Getenv(envDir), Timeout: time.Minute})
 	want := os.Getenv(envWant)
 	if want == "not-local" {
@@ -183,14 +155,7 @@ func roleSelect() error {
 // roleBench times AllReduce of 8 int64 MIN on the Gloo world group and on the
 // shared-memory group built over it, in the same processes; rank 0 prints the median and
 // p99 of each.
-func roleBench() error {
-	ctx := context.Background()
-	g, boot, err := newRankGroup(ctx, time.Minute)
-	if err != nil {
-		return err
-	}
-	defer boot.Close()
-	defer g.Close()
+func roleBench(ctx context.Context, g *shm.Group, boot dist.Group) error {
 	n, _ := strconv.Atoi(os.Getenv(envIters))
 	for _, b := range []struct {
 		name string

@@ -78,20 +78,7 @@ func startReporting(ctx context.Context, rank int, leader bool, l *live, cache *
 			_ = writeFileAtomic(out.StatusDir, fmt.Sprintf("status-%d.json", rank), l.status(rank, leader))
 		}
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.NewTicker(statusInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					write()
-					return
-				case <-t.C:
-					write()
-				}
-			}
-		}()
+		go func() { defer wg.Done(); every(ctx, statusInterval, write, true) }()
 	case rank == 0:
 		if out.MetricsAddr != "" {
 			addr, err := serveMetrics(ctx, out.MetricsAddr, l, fmt.Sprintf(`rank="%d"`, rank))
@@ -105,23 +92,28 @@ func startReporting(ctx context.Context, rank int, leader bool, l *live, cache *
 		}
 		if out.Progress != nil {
 			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				t := time.NewTicker(statusInterval)
-				defer t.Stop()
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-t.C:
-						refresh()
-					}
-				}
-			}()
+			go func() { defer wg.Done(); every(ctx, statusInterval, refresh, false) }()
 			go func() { defer wg.Done(); progress(ctx, out.Progress, out.Terminal, l, time.Second) }()
 		}
 	}
 	return func() { cancel(); wg.Wait() }, nil
+}
+
+// every calls fn at each tick of interval until ctx ends, and once more then when last.
+func every(ctx context.Context, interval time.Duration, fn func(), last bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if last {
+				fn()
+			}
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }
 
 // Watcher shows the progress of a job whose ranks write status files into a directory:
@@ -151,19 +143,7 @@ func NewWatcher(dir string, total int, metricsAddr string) (*Watcher, error) {
 		w.addr = addr
 	}
 	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		t := time.NewTicker(statusInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				w.refresh()
-			}
-		}
-	}()
+	go func() { defer w.wg.Done(); every(ctx, statusInterval, w.refresh, false) }()
 	return w, nil
 }
 
