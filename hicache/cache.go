@@ -42,9 +42,10 @@ type Config struct {
 	// group must pass one, or none; the caller owns it and closes it after Close. The slab set
 	// must have host pages (HostSlabs).
 	Storage storage.Storage
-	// StorageNamespace is the namespace Storage was opened with (required with Storage). It
-	// must name everything that changes a page's bytes (model, dtype, KV layout, page size,
-	// TP size); keys add the chained page hash and the slab group's TP index.
+	// StorageNamespace is the namespace Storage was opened with (required with Storage;
+	// NewStorageNamespace builds one). It must name everything that changes a page's bytes
+	// (model, dtype, KV layout, page size, TP size); keys add the chained page hash and the
+	// slab group's TP index.
 	StorageNamespace storage.Namespace
 	// L3 tunes the storage protocol.
 	L3 L3Options

@@ -82,8 +82,16 @@
 // eviction, Flush and restarts, and is shared by every instance using the same store. One
 // I/O rank per slab group (CP rank 0) does all storage traffic for its slabs, in background
 // goroutines of the driver; the core only queues work and applies agreed results. Keys are
-// the nodes' chained page hashes plus the slab group's TP index, in the namespace. The
-// protocol, all through the same one AllReduce(MIN) per step:
+// the nodes' chained page hashes plus the slab group's TP index, in the namespace. Wiring
+// it (every rank opens its own handle on the same URL):
+//
+//	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
+//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns})
+//	defer st.Close() // after cache.Close
+//	cfg.Storage, cfg.StorageNamespace = st, ns
+//	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}
+//
+// The protocol, all through the same one AllReduce(MIN) per step:
 //
 //   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),
 //     the node's pages are pinned (not evictable from L2, not dropped with an ancestor)

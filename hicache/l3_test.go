@@ -910,3 +910,36 @@ func TestL3DuplicatePrefetch(t *testing.T) {
 		t.Fatalf("after the prefetches: %d device pages (%v), want 8", ms[0].DevicePages, err)
 	}
 }
+
+// TestStorageNamespace: the namespace depends on the model, page sizes and TP size, not on
+// the CP size; bad input is rejected naming it.
+func TestStorageNamespace(t *testing.T) {
+	mk := func(model string, lc dist.LayoutConfig, tokens, bytes int) storage.Namespace {
+		l, err := dist.NewLayout(lc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, err := NewStorageNamespace(model, l, tokens, bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ns
+	}
+	base := mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096)
+	if mk("m", dist.LayoutConfig{World: 2, AttnCP: 2}, 16, 4096) != base {
+		t.Fatal("CP size changed the namespace")
+	}
+	for i, other := range []storage.Namespace{
+		mk("n", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096),
+		mk("m", dist.LayoutConfig{World: 4, AttnCP: 2}, 16, 4096),
+		mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 32, 4096),
+		mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 8192),
+	} {
+		if other.ID() == base.ID() {
+			t.Fatalf("variant %d has the base namespace %s", i, base)
+		}
+	}
+	if _, err := NewStorageNamespace("", nil, 16, 0); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "0 bytes") {
+		t.Fatalf("bad input: %v", err)
+	}
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/hicache/storage"
 )
 
 // PrefetchPolicy says when the group stops waiting for a prefetch from L3 storage.
@@ -117,4 +120,18 @@ func (o *L3Options) normalize(l2Pages int) error {
 func (o *L3Options) fingerprint() string {
 	return fmt.Sprintf("%d|%d|%d|%d|%d|%d|%t|%t", o.PrefetchPolicy, o.PrefetchTimeoutBase, o.PrefetchTimeoutPerPage,
 		o.MinPrefetchPages, o.PrefetchQuotaPages, o.ReadChunkPages, o.ClearOnFlush, o.NoBackup)
+}
+
+// NewStorageNamespace returns the storage namespace of a model's KV pages as this layout
+// shards them: model must name the model and everything else that changes a page's bytes
+// (dtype, KV layout); the page size in tokens and bytes and the attention-TP size (pages of
+// different TP shards differ; keys add the shard index) are added here. The attention-CP
+// size is not part of it: a page's bytes do not depend on which CP rank holds it, so jobs
+// with different CP sizes share pages.
+func NewStorageNamespace(model string, layout *dist.Layout, pageTokens, pageBytes int) (storage.Namespace, error) {
+	if model == "" || layout == nil || pageTokens <= 0 || pageBytes <= 0 {
+		return storage.Namespace{}, fmt.Errorf("%w: storage namespace needs a model name, a layout and page sizes (model %q, %d tokens, %d bytes)",
+			ErrBadConfig, model, pageTokens, pageBytes)
+	}
+	return storage.NewNamespace(fmt.Sprintf("cpcache/hicache;model=%s;page_tokens=%d;page_bytes=%d;attn_tp=%d", model, pageTokens, pageBytes, layout.AttnTP))
 }
