@@ -236,7 +236,10 @@ func TestL3PrefetchAgreement(t *testing.T) {
 					t.Fatalf("rank %d: %d storage errors", i, s.StorageErrors)
 				}
 			}
-			r.checkCollectives()
+			// One AllReduce per step (plus New's configuration check), nothing else.
+			if cc, steps := r.checkCollectives(), r.caches[0].Stats().Steps; cc.AllReduce != int(steps)+1 || cc.Total() != cc.AllReduce {
+				t.Fatalf("collectives %+v for %d steps", cc, steps)
+			}
 		})
 	}
 }
