@@ -8,11 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/dist/local"
 )
 
@@ -20,18 +20,10 @@ import (
 // returns each member's error.
 func runMembers(n int, fn func(g dist.Group) error) []error {
 	members := local.World(n, local.Options{Timeout: 10 * time.Second, Kind: "attn_cp"})
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer m.Close()
-			errs[i] = fn(m)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return grouptest.Parallel(n, func(r int) error {
+		defer members[r].Close()
+		return fn(members[r])
+	})
 }
 
 // uniqueTag returns a segment tag unique to this test run.

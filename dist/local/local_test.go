@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,17 +16,7 @@ import (
 
 // runAll runs fn on every member concurrently and returns the errors by rank.
 func runAll(members []*local.Member, fn func(m *local.Member) error) []error {
-	errs := make([]error, len(members))
-	var wg sync.WaitGroup
-	for i, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = fn(m)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return grouptest.Parallel(len(members), func(r int) error { return fn(members[r]) })
 }
 
 func TestConformance(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/dist/shm"
 	"github.com/cpcache/cpcache/internal/multiproc"
@@ -35,7 +36,7 @@ func BenchmarkAllReduce8(b *testing.B) {
 
 func benchAllReduce8(b *testing.B, gs []dist.Group) {
 	b.ResetTimer()
-	errs := runAll(len(gs), func(r int) error {
+	errs := grouptest.Parallel(len(gs), func(r int) error {
 		v := make([]int64, 8)
 		for range b.N {
 			if err := gs[r].AllReduce(context.Background(), dist.Min, v); err != nil {

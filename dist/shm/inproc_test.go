@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,21 +18,6 @@ import (
 	"github.com/cpcache/cpcache/dist/shm"
 )
 
-// runAll runs fn(rank) on n goroutines and returns the errors by rank.
-func runAll(n int, fn func(rank int) error) []error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = fn(r)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
 // newGroups creates an in-process shared-memory group of n members bootstrapped over a
 // dist/local group: each member maps the segment itself, as a process would.
 func newGroups(t testing.TB, n int, opts shm.Options) ([]*shm.Group, []*dist.Counted) {
@@ -44,7 +28,7 @@ func newGroups(t testing.TB, n int, opts shm.Options) ([]*shm.Group, []*dist.Cou
 		counted[r] = dist.Count(b)
 	}
 	gs := make([]*shm.Group, n)
-	errs := runAll(n, func(r int) error {
+	errs := grouptest.Parallel(n, func(r int) error {
 		var err error
 		gs[r], err = shm.New(context.Background(), counted[r], opts)
 		return err
@@ -64,7 +48,7 @@ func TestConformanceInProcess(t *testing.T) {
 	for _, n := range []int{1, 2, 8, 16} {
 		gs, counted := newGroups(t, n, shm.Options{Timeout: 20 * time.Second})
 		before := counted[0].Counts().Total()
-		errs := runAll(n, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+		errs := grouptest.Parallel(n, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
 		for r, err := range errs {
 			assert.NoError(t, err, "n=%d rank %d", n, r)
 		}
@@ -79,7 +63,7 @@ func TestConformanceWithSmallSlotsFallsBackToBootstrap(t *testing.T) {
 	// AllGathers must go through the bootstrap group, decided alike on every member.
 	gs, counted := newGroups(t, 4, shm.Options{SlotBytes: 64, Timeout: 20 * time.Second})
 	before := counted[0].Counts()
-	errs := runAll(4, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+	errs := grouptest.Parallel(4, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
 	for r, err := range errs {
 		assert.NoError(t, err, "rank %d", r)
 	}
@@ -96,7 +80,7 @@ func TestConformanceWithSmallSlotsFallsBackToBootstrap(t *testing.T) {
 func TestSoakInProcess(t *testing.T) {
 	for _, tc := range []struct{ n, iters int }{{2, 4000}, {8, 2000}, {16, 1000}} {
 		gs, _ := newGroups(t, tc.n, shm.Options{Timeout: 20 * time.Second})
-		errs := runAll(tc.n, func(r int) error { return grouptest.Soak(context.Background(), gs[r], tc.iters) })
+		errs := grouptest.Parallel(tc.n, func(r int) error { return grouptest.Soak(context.Background(), gs[r], tc.iters) })
 		for r, err := range errs {
 			assert.NoError(t, err, "n=%d rank %d", tc.n, r)
 		}
@@ -106,7 +90,7 @@ func TestSoakInProcess(t *testing.T) {
 func TestNameRanksFromBootstrap(t *testing.T) {
 	boots := local.New([]int{8, 10, 12, 14}, local.Options{Kind: "attn_cp"})
 	gs := make([]*shm.Group, 4)
-	errs := runAll(4, func(r int) error {
+	errs := grouptest.Parallel(4, func(r int) error {
 		var err error
 		gs[r], err = shm.New(context.Background(), boots[r], shm.Options{})
 		return err
@@ -134,7 +118,7 @@ func TestMembersOnDifferentFilesystemsAreNotLocal(t *testing.T) {
 	// cannot share memory.
 	dirs := []string{t.TempDir(), t.TempDir()}
 	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		g, err := shm.New(context.Background(), boots[r], shm.Options{Dir: dirs[r]})
 		assert.Nil(t, g)
 		return err
@@ -148,7 +132,7 @@ func TestMembersOnDifferentFilesystemsAreNotLocal(t *testing.T) {
 
 func TestMismatchedSlotBytesFailsEverywhere(t *testing.T) {
 	boots := local.World(3, local.Options{Timeout: 10 * time.Second})
-	errs := runAll(3, func(r int) error {
+	errs := grouptest.Parallel(3, func(r int) error {
 		sb := 4096
 		if r == 2 {
 			sb = 8192
@@ -165,7 +149,7 @@ func TestMismatchedSlotBytesFailsEverywhere(t *testing.T) {
 
 func TestBadSlotBytesNamesValueOnEveryMember(t *testing.T) {
 	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		opts := shm.Options{}
 		if r == 1 {
 			opts.SlotBytes = 100
@@ -184,7 +168,7 @@ func TestConsensusSelection(t *testing.T) {
 		boots := local.World(n, local.Options{Timeout: 10 * time.Second})
 		gs := make([]dist.Group, n)
 		backends := make([]string, n)
-		errs := runAll(n, func(r int) error {
+		errs := grouptest.Parallel(n, func(r int) error {
 			var err error
 			gs[r], backends[r], err = shm.Consensus(context.Background(), boots[r], opts(r))
 			return err
@@ -213,7 +197,7 @@ func TestConsensusSelection(t *testing.T) {
 			require.NoError(t, errs[r])
 			assert.Equal(t, shm.BackendBootstrap, backends[r])
 		}
-		errs = runAll(3, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
+		errs = grouptest.Parallel(3, func(r int) error { return grouptest.Conformance(context.Background(), gs[r]) })
 		for r := range 3 {
 			assert.NoError(t, errs[r])
 		}
@@ -253,7 +237,7 @@ func TestConsensusBackendFromEnvironment(t *testing.T) {
 	t.Setenv(shm.EnvBackend, "gloo")
 	boots := local.World(2, local.Options{Timeout: 10 * time.Second})
 	backends := make([]string, 2)
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		g, b, err := shm.Consensus(context.Background(), boots[r], shm.Options{})
 		backends[r] = b
 		g.Close()
@@ -268,7 +252,7 @@ func TestConsensusBackendFromEnvironment(t *testing.T) {
 func TestMissingMemberTimesOutOnEveryArrivedMember(t *testing.T) {
 	gs, _ := newGroups(t, 4, shm.Options{Timeout: time.Minute})
 	start := time.Now()
-	errs := runAll(3, func(r int) error {
+	errs := grouptest.Parallel(3, func(r int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 		defer cancel()
 		return gs[r].AllReduce(ctx, dist.Min, []int64{1})
@@ -291,7 +275,7 @@ func TestOneDeadlineFailsEveryWaiter(t *testing.T) {
 	// Member 0 has a short deadline, member 1 a long one, member 2 never comes: member 1
 	// fails when member 0 does, not at its own deadline.
 	gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Hour})
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		d := []time.Duration{100 * time.Millisecond, time.Hour}[r]
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
@@ -359,7 +343,7 @@ func TestCloseDuringOwnWaitFailsWithClosed(t *testing.T) {
 func TestCanceledContextFailsEveryone(t *testing.T) {
 	gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		if r == 0 {
 			time.AfterFunc(50*time.Millisecond, cancel)
 			return gs[r].Barrier(ctx)
@@ -393,7 +377,7 @@ func TestDifferentCollectivesAreReportedAsMismatch(t *testing.T) {
 	for name, call := range cases {
 		t.Run(name, func(t *testing.T) {
 			gs, _ := newGroups(t, 2, shm.Options{Timeout: 10 * time.Second})
-			errs := runAll(2, func(r int) error { return call(gs[r]) })
+			errs := grouptest.Parallel(2, func(r int) error { return call(gs[r]) })
 			for r, err := range errs {
 				var opErr *dist.OpError
 				require.True(t, errors.As(err, &opErr), "rank %d: %v", r, err)
@@ -411,7 +395,7 @@ func TestBadArguments(t *testing.T) {
 	assert.Contains(t, err.Error(), "root 5")
 	assert.ErrorIs(t, gs[0].AllReduce(context.Background(), dist.ReduceOp(9), nil), dist.ErrBadArgument)
 	// Argument errors do not break the group.
-	errs := runAll(2, func(r int) error { return gs[r].Barrier(context.Background()) })
+	errs := grouptest.Parallel(2, func(r int) error { return gs[r].Barrier(context.Background()) })
 	for _, err := range errs {
 		assert.NoError(t, err)
 	}
@@ -428,7 +412,7 @@ func TestSoakMixingSharedMemoryAndFallbackOperations(t *testing.T) {
 	gs, counted := newGroups(t, 4, shm.Options{SlotBytes: 64, Timeout: 20 * time.Second})
 	before := counted[0].Counts().AllReduce
 	const iters = 400
-	errs := runAll(4, func(r int) error {
+	errs := grouptest.Parallel(4, func(r int) error {
 		for it := range iters {
 			n := 8 + it%2
 			op := dist.ReduceOp(it % 3)
@@ -464,7 +448,7 @@ func TestWaitingSleepsInsteadOfSpinning(t *testing.T) {
 	}
 	const wait = 400 * time.Millisecond
 	before := cpu()
-	errs := runAll(2, func(r int) error {
+	errs := grouptest.Parallel(2, func(r int) error {
 		if r == 1 {
 			time.Sleep(wait)
 		}
