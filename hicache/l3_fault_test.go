@@ -1,0 +1,214 @@
+package hicache
+
+import (
+	"context"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// storageErrors sums the storage errors of every rank.
+func (r *rig) storageErrors() int64 {
+	var n int64
+	for _, c := range r.caches {
+		n += c.Stats().StorageErrors
+	}
+	return n
+}
+
+// TestL3RedisDown kills a real redis-server mid-run: backups are skipped and queries miss
+// with counted errors, a read cut off by the server's death inserts only what every I/O
+// rank verified, every step completes with agreeing digests, every loaded page has the right
+// content; once the server is back, backups succeed again.
+func TestL3RedisDown(t *testing.T) {
+	srv := startRedis(t)
+	ns := testNamespace(t)
+	gate := make(chan struct{})
+	arrived := make(chan struct{}, 2) // an I/O rank verified the first chunk and waits
+	var gateOn sync.Mutex             // protects holding
+	holding := false
+	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.addr()+"/hicachetest?timeout=300ms", ns), ns,
+		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
+	rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
+		return func(ctx context.Context, kind l3Kind, _ uint64, chunk int) error {
+			gateOn.Lock()
+			hold := holding && kind == l3Read && chunk == 1
+			gateOn.Unlock()
+			if !hold {
+				return nil
+			}
+			arrived <- struct{}{}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	r := newRig(t, rc)
+	seqs := testSeqs(rand.New(rand.NewPCG(11, 11)), 12, 4)
+	r.insertAll(seqs[:4])
+	st := r.sameStats()
+	if st.L3BackedUpPages == 0 || r.storageErrors() != 0 {
+		t.Fatalf("server up: %d pages backed up, %d storage errors", st.L3BackedUpPages, r.storageErrors())
+	}
+
+	// A read cut off by the server's death: the first chunk (2 pages) arrives, then the
+	// server dies while the I/O ranks wait before the second.
+	r.evictAll()
+	long := seqs[0]
+	for _, s := range seqs[:4] {
+		if len(s) > len(long) {
+			long = s
+		}
+	}
+	stored := r.storedPages(long)
+	gateOn.Lock()
+	holding = true
+	gateOn.Unlock()
+	res := make([]PrefetchResult, len(r.caches))
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(long); return err }); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
+		if k > 10000 || !r.caches[0].PrefetchPending(res[0].ID) {
+			t.Fatalf("prefetch of %d stored pages never started reading", stored)
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if stored <= 2 {
+		t.Fatalf("only %d pages of the longest sequence stored", stored)
+	}
+	<-arrived
+	<-arrived
+	srv.kill()
+	close(gate)
+	for k := 0; r.caches[0].PrefetchPending(res[0].ID); k++ {
+		if k > 10000 {
+			t.Fatal("prefetch never finished")
+		}
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gateOn.Lock()
+	holding = false
+	gateOn.Unlock()
+	ms, err := r.matchLoad(long, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored > 2 && ms[0].DevicePages != 2 {
+		t.Fatalf("after the server died mid-read: %d pages in the tree, want the 2 every I/O rank verified (%d stored)", ms[0].DevicePages, stored)
+	}
+
+	// Server down: backups are skipped, queries miss; nothing hangs.
+	errs := r.storageErrors()
+	r.insertAll(seqs[4:8])
+	if st := r.sameStats(); st.L3FailedBackups == 0 || r.storageErrors() <= errs {
+		t.Fatalf("server down: %d failed backups, storage errors %d -> %d", st.L3FailedBackups, errs, r.storageErrors())
+	}
+	r.evictAll()
+	before := r.sameStats().L3PrefetchedPages
+	for _, s := range seqs[:8] {
+		r.prefetch(s, -1)
+		if _, err := r.matchLoad(s, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.sameStats().L3PrefetchedPages; got != before {
+		t.Fatalf("prefetched %d pages from a dead server", got-before)
+	}
+
+	// Server back (empty): backups succeed again, by themselves.
+	srv.start()
+	r.evictAll()
+	errs = r.storageErrors()
+	backed := r.sameStats().L3BackedUpPages
+	r.insertAll(seqs[8:])
+	if st := r.sameStats(); st.L3BackedUpPages <= backed || r.storageErrors() != errs {
+		t.Fatalf("server back: backed up %d -> %d pages, storage errors %d -> %d", backed, st.L3BackedUpPages, errs, r.storageErrors())
+	}
+	r.evictAll()
+	for _, s := range seqs[8:] {
+		r.prefetch(s, -1)
+		if _, err := r.matchLoad(s, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := r.sameStats(); st.L3PrefetchedPages == before {
+		t.Fatal("nothing prefetched once the server was back")
+	}
+	r.checkCollectives()
+}
+
+// TestL3TornFileIsMiss tears and replaces page files of the directory backend: a prefetch
+// stops at the first page any I/O rank could not verify (a miss with a counted error), and
+// every page that reaches L1 has the right content.
+func TestL3TornFileIsMiss(t *testing.T) {
+	ns := testNamespace(t)
+	dir := t.TempDir()
+	r := newRig(t, l3RigConfig(l3Layout, openStores(t, "file://"+dir, ns), ns, L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 3}))
+	seqs := testSeqs(rand.New(rand.NewPCG(13, 13)), 8, 4)
+	r.insertAll(seqs)
+	backed := r.sameStats().L3BackedUpPages
+	var files []string
+	if err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			files = append(files, p)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(files)
+	if len(files) < 10 {
+		t.Fatalf("%d page files stored", len(files))
+	}
+	for i, f := range files {
+		switch i % 9 {
+		case 4: // torn: the second half is missing
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, b[:len(b)/2], 0o600); err != nil {
+				t.Fatal(err)
+			}
+		case 7: // foreign: another page's file under this name
+			b, err := os.ReadFile(files[(i+2)%len(files)])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.evictAll()
+	for _, s := range seqs {
+		r.prefetch(s, -1)
+		if _, err := r.matchLoad(s, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := r.sameStats()
+	var corrupt uint64
+	for _, c := range r.caches {
+		if c.core.io {
+			corrupt += c.l3.st.Stats().Corrupt
+		}
+	}
+	t.Logf("%d pages backed up, %d hit, %d prefetched, %d discarded; %d corrupt values, %d storage errors",
+		backed, st.L3HitPages, st.L3PrefetchedPages, st.L3DiscardedPages, corrupt, r.storageErrors())
+	if corrupt == 0 || r.storageErrors() == 0 || st.L3PrefetchedPages >= backed || st.L3PrefetchedPages == 0 {
+		t.Fatalf("torn files: %d corrupt values, %d storage errors, %d of %d pages prefetched", corrupt, r.storageErrors(), st.L3PrefetchedPages, backed)
+	}
+}
