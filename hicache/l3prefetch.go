@@ -1,0 +1,199 @@
+package hicache
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cpcache/cpcache/slab"
+)
+
+// Prefetch from storage into L2: query, agreed reserve, read, agreed insert (see l3core.go
+// for the queues and the vector slots).
+
+type PrefetchResult struct {
+	// ID names the prefetch for PrefetchPending and RevokePrefetch; 0 when nothing started.
+	ID uint64
+	// Start is the first sequence page asked for (the pages before it are in the tree);
+	// Pages is how many pages the I/O ranks are asked about.
+	Start, Pages int
+}
+
+func (c *Core) Prefetch(tokens []int32) PrefetchResult {
+	if !c.cfg.L3 || c.l2Off {
+		return PrefetchResult{}
+	}
+	o := &c.cfg.L3Options
+	P := c.cfg.PageSize
+	np := len(tokens) / P
+	have, h := 0, RootHash
+	for _, m := range c.walk(tokens) {
+		have += m.pages
+		h = m.n.hashes[m.pages-1]
+	}
+	k := min(np-have, o.PrefetchQuotaPages)
+	if k < o.MinPrefetchPages || k <= 0 {
+		return PrefetchResult{}
+	}
+	hashes := make([]uint64, k)
+	for i := range hashes {
+		h = PageHash(h, tokens[(have+i)*P:(have+i+1)*P])
+		hashes[i] = h
+	}
+	q := &queryOp{seq: c.l3.querySeq, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
+	c.l3.querySeq++
+	c.l3.queries = append(c.l3.queries, q)
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, l3Job{kind: l3Query, seq: q.seq, hashes: hashes})
+	}
+	c.stats.L3Queries++
+	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
+}
+
+func (c *Core) PrefetchPending(id uint64) bool {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			return true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Core) RevokePrefetch(id uint64) {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			q.revoked = true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			r.revoked = true
+		}
+	}
+}
+
+func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
+	path := c.walk(tokens[:start*c.cfg.PageSize])
+	have := 0
+	for _, m := range path {
+		have += m.pages
+	}
+	if have != start {
+		return nil, 0, false
+	}
+	if len(path) == 0 {
+		return c.root, 0, true
+	}
+	last := path[len(path)-1]
+	return last.n, last.pages, true
+}
+
+func (c *Core) startRead(q *queryOp, hits int) {
+	o := &c.cfg.L3Options
+	if hits <= 0 {
+		return
+	}
+	c.stats.L3HitPages += int64(hits)
+	hits = min(hits, o.PrefetchQuotaPages-c.l3.reserved)
+	if q.revoked || hits < o.MinPrefetchPages || hits <= 0 {
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	end, _, ok := c.prefixEnd(q.tokens, q.start)
+	if !ok || c.index[q.hashes[0]] != nil {
+		c.stats.L3SkippedPrefetches++ // the tree changed since the query
+		return
+	}
+	for _, r := range c.l3.reads {
+		if r.hashes[0] == q.hashes[0] {
+			c.stats.L3SkippedPrefetches++ // the same continuation is being read
+			return
+		}
+	}
+	rid := slab.RangeID(c.nextID)
+	c.nextID++
+	pages, err := c.alloc.Reserve(rid, q.start, hits)
+	if errors.Is(err, slab.ErrNoSpace) {
+		c.lockPath(end, 1)
+		c.evictL2(1<<62, func() bool { return c.alloc.Fits(q.start, hits) })
+		c.lockPath(end, -1)
+		pages, err = c.alloc.Reserve(rid, q.start, hits)
+	}
+	if err != nil {
+		if !errors.Is(err, slab.ErrNoSpace) && !errors.Is(err, slab.ErrTooLarge) {
+			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
+		}
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
+		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked}
+	c.l3.readSeq++
+	c.l3.reads = append(c.l3.reads, r)
+	c.l3.reserved += hits
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, l3Job{kind: l3Read, seq: r.seq, hashes: r.hashes, pages: slices.Clone(pages)})
+	}
+}
+
+func (c *Core) finishRead(r *readOp, m int, stopped bool) {
+	k := len(r.pages)
+	rest, restPages := r.rid, k
+	if m > 0 {
+		id := uint64(r.rid)
+		if m < k {
+			id = c.nextID
+			c.nextID++
+		}
+		if n := c.attachPrefetch(r, m, id); n != nil {
+			if m < k {
+				if err := c.alloc.Split(r.rid, m, slab.RangeID(id)); err != nil {
+					panic(fmt.Sprintf("hicache: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
+				}
+			}
+			if err := c.alloc.Commit(slab.RangeID(id)); err != nil {
+				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
+			}
+			n.l2 = slices.Clone(r.pages[:m])
+			c.relist(n, true)
+			c.stats.L3PrefetchedPages += int64(m)
+			c.l3.reserved -= m
+			restPages = k - m
+		}
+	}
+	c.stats.L3DiscardedPages += int64(restPages)
+	if restPages == 0 {
+		return
+	}
+	if stopped {
+		c.abortRange(rest)
+		c.l3.reserved -= restPages
+		return
+	}
+	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: rest, pages: restPages, readSeq: r.seq, acked: r.done})
+	c.l3.releaseSeq++
+	if c.io && !r.done {
+		c.l3.stops = append(c.l3.stops, r.seq)
+	}
+}
+
+func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
+	end, used, ok := c.prefixEnd(r.tokens, r.start)
+	if !ok || c.index[r.hashes[0]] != nil {
+		return nil
+	}
+	if !end.isRoot() && used < len(end.hashes) {
+		if end.busy() {
+			return nil
+		}
+		end = c.split(end, used)
+	}
+	P := c.cfg.PageSize
+	toks := slices.Clone(r.tokens[r.start*P : (r.start+m)*P])
+	return c.newNodeID(end, toks, slices.Clone(r.hashes[:m]), id)
+}
