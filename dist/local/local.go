@@ -233,7 +233,12 @@ func (m *Member) enter(ctx context.Context, op, kind string, contribute func(*ro
 	case <-ctx.Done():
 		m.fail(rd, fmt.Errorf("%w: %w", dist.ErrTimeout, ctx.Err()))
 	case <-timer.C:
-		m.fail(rd, fmt.Errorf("%w after %v", dist.ErrTimeout, h.timeout))
+		if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
+			// The context's deadline is the one that passed (its Done may not be closed yet).
+			m.fail(rd, fmt.Errorf("%w: %w", dist.ErrTimeout, context.DeadlineExceeded))
+		} else {
+			m.fail(rd, fmt.Errorf("%w after %v", dist.ErrTimeout, h.timeout))
+		}
 	}
 	if rd.err != nil {
 		m.broken = rd.err

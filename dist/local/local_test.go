@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,13 +51,15 @@ func TestSubGroupNameAndRanks(t *testing.T) {
 
 func TestMissingRankTimesOutOnEveryArrivedRank(t *testing.T) {
 	members := local.World(4, local.Options{Timeout: time.Minute})
-	start := time.Now()
 	errs := runAll(members[:3], func(m *local.Member) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 		defer cancel()
 		return m.AllReduce(ctx, dist.Min, []int64{1})
 	})
-	assert.Less(t, time.Since(start), 5*time.Second)
+	// The contexts' deadline, not the group's minute, ended the wait: the error of the member
+	// that gave up first wraps context.DeadlineExceeded.
+	assert.True(t, slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }),
+		"no member's error wraps context.DeadlineExceeded: %v", errs)
 	for r, err := range errs {
 		require.Error(t, err, "rank %d", r)
 		assert.ErrorIs(t, err, dist.ErrTimeout)
