@@ -108,19 +108,6 @@ func (l *l3State) pending() int {
 	return len(l.puts) + len(l.queries) + len(l.reads) + len(l.releases)
 }
 
-// PrefetchResult says what a Prefetch started.
-// Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
-// I/O ranks query it in the background; once the group agreed how many leading pages are
-// stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
-// them in; when the policy says the read is over, every rank inserts the agreed number of
-// pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
-// as host pages. Nothing starts without L3, after a divergence, or when the continuation is
-// shorter than MinPrefetchPages. Replicated.
-// PrefetchPending reports whether prefetch id is still being queried or read. Replicated.
-// RevokePrefetch tells the group that the scheduler no longer waits for prefetch id: a
-// query not yet answered reserves nothing; a read stops at the next step (except under
-// PrefetchWaitComplete) and what every I/O rank completed is inserted. Unknown or finished
-// ids are ignored. Replicated.
 // l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages.
 func (c *Core) l3Backup(n *Node) {
 	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
@@ -299,20 +286,6 @@ func (c *Core) abortRange(id slab.RangeID) {
 	}
 }
 
-// prefixEnd walks the first start pages of tokens and returns the node holding the last of
-// them (nil when the tree no longer holds exactly that prefix) and how many of that node's
-// pages belong to the prefix.
-// startRead applies an agreed query answer: hits leading pages are stored. Below the
-// threshold, for a revoked query, when the tree changed, or when L2 has no room, nothing
-// is read.
-// finishRead applies an agreed end of a read: its first m pages (complete on every I/O
-// rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
-// rest of the range is released now when every I/O rank's read stopped (stopped), else
-// queued until they acknowledge.
-// attachPrefetch inserts the first m pages of a read as a new L2-only node (id) under its
-// prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
-// changing nothing but an idle split, when the tree no longer holds exactly the prefix or
-// already holds the first page.
 // dropL3 forgets every L3 operation (divergence): pins are released; reserved ranges are
 // left to the abandoned allocator.
 func (c *Core) dropL3() {

@@ -8,9 +8,10 @@ import (
 	"github.com/cpcache/cpcache/slab"
 )
 
-// Prefetch from storage into L2: query, agreed reserve, read, agreed insert (see l3core.go
-// for the queues and the vector slots).
+// Prefetch from storage into L2: query, agreed reserve, read, agreed insert (l3core.go has
+// the queues and the vector slots).
 
+// PrefetchResult says what a Prefetch started.
 type PrefetchResult struct {
 	// ID names the prefetch for PrefetchPending and RevokePrefetch; 0 when nothing started.
 	ID uint64
@@ -19,6 +20,13 @@ type PrefetchResult struct {
 	Start, Pages int
 }
 
+// Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
+// I/O ranks query it in the background; once the group agreed how many leading pages are
+// stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
+// them in; when the policy says the read is over, every rank inserts the agreed number of
+// pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
+// as host pages. Nothing starts without L3, after a divergence, or when the continuation is
+// shorter than MinPrefetchPages. Replicated.
 func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	if !c.cfg.L3 || c.l2Off {
 		return PrefetchResult{}
@@ -50,6 +58,7 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
 }
 
+// PrefetchPending reports whether prefetch id is still being queried or read. Replicated.
 func (c *Core) PrefetchPending(id uint64) bool {
 	for _, q := range c.l3.queries {
 		if q.seq+1 == id {
@@ -64,6 +73,10 @@ func (c *Core) PrefetchPending(id uint64) bool {
 	return false
 }
 
+// RevokePrefetch tells the group that the scheduler no longer waits for prefetch id: a
+// query not yet answered reserves nothing; a read stops at the next step (except under
+// PrefetchWaitComplete) and what every I/O rank completed is inserted. Unknown or finished
+// ids are ignored. Replicated.
 func (c *Core) RevokePrefetch(id uint64) {
 	for _, q := range c.l3.queries {
 		if q.seq+1 == id {
@@ -77,6 +90,9 @@ func (c *Core) RevokePrefetch(id uint64) {
 	}
 }
 
+// prefixEnd walks the first start pages of tokens and returns the node holding the last of
+// them (nil when the tree no longer holds exactly that prefix) and how many of that node's
+// pages belong to the prefix.
 func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
 	path := c.walk(tokens[:start*c.cfg.PageSize])
 	have := 0
@@ -93,6 +109,9 @@ func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
 	return last.n, last.pages, true
 }
 
+// startRead applies an agreed query answer: hits leading pages are stored. Below the
+// threshold, for a revoked query, when the tree changed, or when L2 has no room, nothing
+// is read.
 func (c *Core) startRead(q *queryOp, hits int) {
 	o := &c.cfg.L3Options
 	if hits <= 0 {
@@ -141,6 +160,10 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	}
 }
 
+// finishRead applies an agreed end of a read: its first m pages (complete on every I/O
+// rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
+// rest of the range is released now when every I/O rank's read stopped (stopped), else
+// queued until they acknowledge.
 func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 	k := len(r.pages)
 	rest, restPages := r.rid, k
@@ -182,6 +205,10 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 	}
 }
 
+// attachPrefetch inserts the first m pages of a read as a new L2-only node (id) under its
+// prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
+// changing nothing but an idle split, when the tree no longer holds exactly the prefix or
+// already holds the first page.
 func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
 	end, used, ok := c.prefixEnd(r.tokens, r.start)
 	if !ok || c.index[r.hashes[0]] != nil {
