@@ -28,4 +28,16 @@
 //
 // FromEnv reads rank and world size from torchrun-style, OpenMPI or Slurm variables, in that
 // precedence, and rejects launchers that disagree.
+//
+// # Ownership and usage
+//
+// A Group belongs to whoever created it (a backend constructor) and is closed by that owner.
+// Count's wrapper shares the group it wraps: its Close closes that group. The usage loop
+// of a rank:
+//
+//	env, err := dist.FromEnv()                  // rank, world size
+//	layout, err := dist.NewLayout(cfg)          // every group of the job
+//	world, err := gloo.NewWorld(ctx, opts)      // a backend's world group
+//	// build the replica (consensus) and slab groups from layout, then per step:
+//	err = group.AllReduce(ctx, dist.Min, vals)  // errors.Is(err, dist.ErrPeerLost) etc.
 package dist

@@ -14,10 +14,10 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 )
 
-// Search is where libnccl.so.2 is looked for: CPCACHE_NCCL_LIBRARY (exclusively, when set),
+// search is where libnccl.so.2 is looked for: CPCACHE_NCCL_LIBRARY (exclusively, when set),
 // the soname through the dynamic linker, CUDA and NCCL install directories, then Python
 // wheel layouts (site-packages/nvidia/nccl/lib, as installed with PyTorch).
-func Search() cuda.LibrarySearch {
+func search() cuda.LibrarySearch {
 	return cuda.LibrarySearch{
 		Env:     "CPCACHE_NCCL_LIBRARY",
 		Sonames: []string{"libnccl.so.2", "libnccl.so"},
@@ -44,7 +44,7 @@ var openMu sync.Mutex // serialises Open/Close with the C reference count
 
 // Open loads libnccl. Without it, it returns a *cuda.LoadError (errors.Is
 // cuda.ErrLibraryNotFound or cuda.ErrMissingSymbol) whose message says what was tried.
-func Open() (*Library, error) { return openWith(Search()) }
+func Open() (*Library, error) { return openWith(search()) }
 
 func openWith(s cuda.LibrarySearch) (*Library, error) {
 	openMu.Lock()

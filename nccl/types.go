@@ -86,8 +86,8 @@ func MakeVersion(major, minor, patch int) Version {
 	return Version(major*10000 + minor*100 + patch)
 }
 
-// Parts splits a version code into major, minor, patch.
-func (v Version) Parts() (major, minor, patch int) {
+// parts splits a version code into major, minor, patch.
+func (v Version) parts() (major, minor, patch int) {
 	c := int(v)
 	if c >= 10000 {
 		return c / 10000, c % 10000 / 100, c % 100
@@ -97,7 +97,7 @@ func (v Version) Parts() (major, minor, patch int) {
 
 // AtLeast compares versions across both encodings.
 func (v Version) AtLeast(major, minor, patch int) bool {
-	a, b, c := v.Parts()
+	a, b, c := v.parts()
 	if a != major {
 		return a > major
 	}
@@ -108,6 +108,6 @@ func (v Version) AtLeast(major, minor, patch int) bool {
 }
 
 func (v Version) String() string {
-	a, b, c := v.Parts()
+	a, b, c := v.parts()
 	return fmt.Sprintf("%d.%d.%d", a, b, c)
 }

@@ -48,12 +48,6 @@ func (a *Allocator) Range(id RangeID) (pages []Page, committed, ok bool) {
 	return slices.Clone(r.pages), r.committed, true
 }
 
-// Committed reports whether range id exists and is committed.
-func (a *Allocator) Committed(id RangeID) bool {
-	r, ok := a.ranges[id]
-	return ok && r.committed
-}
-
 // IsFree reports whether page p is free; an address outside the pool is an error.
 func (a *Allocator) IsFree(p Page) (bool, error) {
 	if p.Slab < 0 || p.Slab >= a.slabs || p.Index < 0 || p.Index >= a.perSlab {

@@ -5,4 +5,14 @@
 // round and position), with fixed hashes and no per-process seeds, so every rank of a job
 // derives the same requests from the same inputs without exchanging them, and two requests
 // that share a prefix in the source share it token for token.
+//
+// Contract: Synthetic and ReadTrace/ReadTraceFile return requests in issue order or an
+// error naming the bad field or trace line (trace errors wrap ErrBadTrace); nothing is
+// returned along with an error. Ownership: the returned slice and its token slices are the
+// caller's; the package keeps no state.
+//
+// Usage loop:
+//
+//	reqs, err := workload.Synthetic(workload.DefaultSynthetic) // or ReadTraceFile(path, opts)
+//	for _, r := range reqs { /* route r, serve it */ }
 package workload

@@ -21,8 +21,8 @@ type SyntheticConfig struct {
 // DefaultSynthetic is the workload `cpcache run` serves by default.
 var DefaultSynthetic = SyntheticConfig{Clients: 32, Rounds: 6, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
 
-// Validate reports the first field that cannot be used.
-func (c SyntheticConfig) Validate() error {
+// validate reports the first field that cannot be used.
+func (c SyntheticConfig) validate() error {
 	switch {
 	case c.Clients < 1:
 		return fmt.Errorf("workload: clients %d must be positive", c.Clients)
@@ -41,7 +41,7 @@ func (c SyntheticConfig) Validate() error {
 // Synthetic returns the requests of the workload in issue order: round by round, every
 // client's turn r before any turn r+1, so a turn arrives after the previous one finished.
 func Synthetic(c SyntheticConfig) ([]Request, error) {
-	if err := c.Validate(); err != nil {
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	if c.SystemTokens+c.Rounds*(c.QuestionTokens+c.AnswerTokens) > 1<<24 {

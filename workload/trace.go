@@ -35,11 +35,7 @@ func ReadTraceFile(path string, opts TraceOptions) ([]Request, error) {
 		return nil, fmt.Errorf("workload: open trace: %w", err)
 	}
 	defer f.Close()
-	reqs, err := ReadTrace(f, opts)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return reqs, nil
+	return readTrace(f, opts, path+": ")
 }
 
 // ReadTrace parses a Mooncake trace: one JSON object per line with timestamp (ms),
@@ -47,7 +43,10 @@ func ReadTraceFile(path string, opts TraceOptions) ([]Request, error) {
 // prefix up to that block). Block k of a request holds the tokens derived from its id, and
 // the prompt is the first input_length tokens of its blocks. A bad line is an error that
 // names the line number; nothing is returned for a trace with a bad line among those read.
-func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) {
+func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) { return readTrace(r, opts, "") }
+
+// readTrace is ReadTrace with where (the source's name and ": ", or "") in its errors.
+func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
 	var reqs []Request
@@ -63,15 +62,15 @@ func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) {
 		}
 		req, err := parseTraceLine(text, len(reqs))
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
+			return nil, fmt.Errorf("%w: %sline %d: %v", ErrBadTrace, where, line, err)
 		}
 		reqs = append(reqs, req)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: after line %d: %v", ErrBadTrace, line, err)
+		return nil, fmt.Errorf("%w: %safter line %d: %v", ErrBadTrace, where, line, err)
 	}
 	if len(reqs) == 0 {
-		return nil, fmt.Errorf("%w: no requests", ErrBadTrace)
+		return nil, fmt.Errorf("%w: %sno requests", ErrBadTrace, where)
 	}
 	return reqs, nil
 }

@@ -1,4 +1,3 @@
-// Command cpcache runs cpcache's multi-rank jobs and tools. See `cpcache --help`.
 package main
 
 import (

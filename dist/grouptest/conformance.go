@@ -1,7 +1,3 @@
-// Package grouptest is the conformance suite every dist.Group backend passes: in-process,
-// Gloo and shared memory alike. Each function runs on one member and returns an error that
-// names the first wrong result; the caller runs it on every member of a group (goroutines for
-// in-process backends, one call per process for real ones) and fails on any error.
 package grouptest
 
 import (
@@ -85,8 +81,8 @@ func Reduced(op dist.ReduceOp, size, i, salt int) int64 {
 	return acc
 }
 
-// Payload is the deterministic payload of member rank: n bytes.
-func Payload(rank, n, salt int) []byte {
+// payload is the deterministic payload of member rank: n bytes.
+func payload(rank, n, salt int) []byte {
 	b := make([]byte, n)
 	for i := range b {
 		b[i] = byte(rank*31 + i*7 + salt*13 + i>>8)
@@ -142,30 +138,30 @@ func checkBroadcast(ctx context.Context, g dist.Group, root, n int) error {
 func checkBroadcastSalted(ctx context.Context, g dist.Group, root, n, salt int) error {
 	var data []byte
 	if g.Rank() == root {
-		data = Payload(root, n, salt)
+		data = payload(root, n, salt)
 	} else if g.Rank()%2 == 1 {
-		data = Payload(g.Rank(), 3, salt) // garbage that must be ignored
+		data = payload(g.Rank(), 3, salt) // garbage that must be ignored
 	}
 	got, err := g.Broadcast(ctx, root, data)
 	if err != nil {
 		return fmt.Errorf("grouptest: broadcast root=%d n=%d: %w", root, n, err)
 	}
-	if want := Payload(root, n, salt); !bytes.Equal(got, want) {
+	if want := payload(root, n, salt); !bytes.Equal(got, want) {
 		return fmt.Errorf("grouptest: broadcast root=%d n=%d salt=%d: got %d bytes %x…, want %d bytes %x…",
 			root, n, salt, len(got), head(got), len(want), head(want))
 	}
 	return nil
 }
 
-// GatherLen is the length member rank contributes to an AllGather at scale.
-func GatherLen(rank, scale int) int { return ((rank * 7) % 5) * scale }
+// gatherLen is the length member rank contributes to an AllGather at scale.
+func gatherLen(rank, scale int) int { return ((rank * 7) % 5) * scale }
 
 func checkAllGather(ctx context.Context, g dist.Group, scale int) error {
 	return checkAllGatherSalted(ctx, g, scale, 0)
 }
 
 func checkAllGatherSalted(ctx context.Context, g dist.Group, scale, salt int) error {
-	got, err := g.AllGather(ctx, Payload(g.Rank(), GatherLen(g.Rank(), scale)+salt%7, salt))
+	got, err := g.AllGather(ctx, payload(g.Rank(), gatherLen(g.Rank(), scale)+salt%7, salt))
 	if err != nil {
 		return fmt.Errorf("grouptest: allgather scale=%d: %w", scale, err)
 	}
@@ -173,7 +169,7 @@ func checkAllGatherSalted(ctx context.Context, g dist.Group, scale, salt int) er
 		return fmt.Errorf("grouptest: allgather returned %d parts, want %d", len(got), g.Size())
 	}
 	for r, part := range got {
-		if want := Payload(r, GatherLen(r, scale)+salt%7, salt); !bytes.Equal(part, want) {
+		if want := payload(r, gatherLen(r, scale)+salt%7, salt); !bytes.Equal(part, want) {
 			return fmt.Errorf("grouptest: allgather scale=%d salt=%d: part %d is %d bytes %x…, want %d bytes %x…",
 				scale, salt, r, len(part), head(part), len(want), head(want))
 		}

@@ -7,6 +7,9 @@
 // the same position in their operation sequence all fail with dist.ErrMismatch instead of
 // exchanging mismatched data. After any such error a member refuses further use with it.
 //
+// Ownership: New and World return the members; the caller closes each (Close is nil-safe
+// and idempotent). A Member's collectives and Close are called from one goroutine at a time.
+//
 // Usage:
 //
 //	members := local.World(8, local.Options{Timeout: time.Second})

@@ -41,9 +41,9 @@ func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) e
 			return g.boot.AllReduce(ctx, op, vals)
 		})
 	}
-	copy(vals, int64s(g.slotData(p, 0), n))
+	copy(vals, int64s(g.slotDataLocked(p, 0), n))
 	for r := 1; r < len(g.ranks); r++ {
-		op.Apply(vals, int64s(g.slotData(p, r), n))
+		op.Apply(vals, int64s(g.slotDataLocked(p, r), n))
 	}
 	return nil
 }
@@ -67,7 +67,7 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 	if err != nil {
 		return nil, err
 	}
-	if n := g.slotLen(p, root); n > uint64(g.l.slotBytes) {
+	if n := g.slotLenLocked(p, root); n > uint64(g.l.slotBytes) {
 		var out []byte
 		err := g.fallbackLocked(ctx, "broadcast", seq, deadline, func(ctx context.Context) error {
 			var err error
@@ -79,8 +79,8 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 		})
 		return out, err
 	}
-	n := int(g.slotLen(p, root))
-	return append(make([]byte, 0, n), g.slotData(p, root)[:n]...), nil
+	n := int(g.slotLenLocked(p, root))
+	return append(make([]byte, 0, n), g.slotDataLocked(p, root)[:n]...), nil
 }
 
 // AllGather returns every member's data indexed by group rank.
@@ -96,7 +96,7 @@ func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
 		return nil, err
 	}
 	for r := range g.ranks {
-		if g.slotLen(p, r) > uint64(g.l.slotBytes) {
+		if g.slotLenLocked(p, r) > uint64(g.l.slotBytes) {
 			var out [][]byte
 			err := g.fallbackLocked(ctx, "allgather", seq, deadline, func(ctx context.Context) error {
 				var err error
@@ -111,8 +111,8 @@ func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
 	}
 	out := make([][]byte, len(g.ranks))
 	for r := range out {
-		n := int(g.slotLen(p, r))
-		out[r] = append(make([]byte, 0, n), g.slotData(p, r)[:n]...)
+		n := int(g.slotLenLocked(p, r))
+		out[r] = append(make([]byte, 0, n), g.slotDataLocked(p, r)[:n]...)
 	}
 	return out, nil
 }
@@ -135,7 +135,7 @@ func (g *Group) fallbackLocked(ctx context.Context, op string, seq uint64, deadl
 	if err := fn(ctx); err != nil {
 		err = fmt.Errorf("shm: %s through bootstrap group: %w", op, err)
 		g.broken = err
-		g.publish(abortFailed, -1)
+		g.publishLocked(abortFailed, -1)
 		return g.opErr(op, seq, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"slices"
 	"testing"
 	"time"
 
@@ -251,13 +252,15 @@ func TestConsensusBackendFromEnvironment(t *testing.T) {
 
 func TestMissingMemberTimesOutOnEveryArrivedMember(t *testing.T) {
 	gs, _ := newGroups(t, 4, shm.Options{Timeout: time.Minute})
-	start := time.Now()
 	errs := grouptest.Parallel(3, func(r int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 		defer cancel()
 		return gs[r].AllReduce(ctx, dist.Min, []int64{1})
 	})
-	assert.Less(t, time.Since(start), 20*time.Second, "bounded completion")
+	// The contexts' deadline, not the group's minute, ended the wait: the error of the member
+	// that gave up first wraps context.DeadlineExceeded.
+	assert.True(t, slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }),
+		"no member's error wraps context.DeadlineExceeded: %v", errs)
 	for r, err := range errs {
 		require.Error(t, err, "rank %d", r)
 		assert.ErrorIs(t, err, dist.ErrTimeout)

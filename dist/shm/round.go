@@ -79,7 +79,7 @@ func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint6
 	binary.LittleEndian.PutUint32(hdr[slotN:], d.n)
 	binary.LittleEndian.PutUint64(hdr[slotLen:], length)
 	if fill != nil {
-		fill(g.slotData(p, g.rank))
+		fill(g.slotDataLocked(p, g.rank))
 	}
 	// Publish: the slot writes above happen before these sequentially consistent stores.
 	atomic.StoreUint64(g.arrive[g.rank], seq+1)
@@ -94,9 +94,9 @@ func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint6
 		g.broken = err
 		return 0, seq, deadline, g.opErr(op, seq, err)
 	}
-	d0 := g.slotDesc(p, 0)
+	d0 := g.slotDescLocked(p, 0)
 	for r := range g.ranks {
-		if dr := g.slotDesc(p, r); dr != d0 {
+		if dr := g.slotDescLocked(p, r); dr != d0 {
 			err := fmt.Errorf("%w: member 0 called %s, member %d called %s", dist.ErrMismatch, d0, r, dr)
 			g.broken = err
 			return 0, seq, deadline, g.opErr(op, seq, err)
@@ -105,12 +105,14 @@ func (g *Group) roundLocked(ctx context.Context, op string, d desc, length uint6
 	return p, seq, deadline, nil
 }
 
-func (g *Group) slotData(p, r int) []byte {
+// slotDataLocked is the data area of member r's slot in buffer p (mem is read under g.mu).
+func (g *Group) slotDataLocked(p, r int) []byte {
 	off := g.l.slot(p, r) + slotHdrBytes
 	return g.mem[off : off+g.l.slotBytes]
 }
 
-func (g *Group) slotDesc(p, r int) desc {
+// slotDescLocked is the descriptor member r wrote into its slot of buffer p.
+func (g *Group) slotDescLocked(p, r int) desc {
 	hdr := g.mem[g.l.slot(p, r):]
 	d := desc{
 		kind: binary.LittleEndian.Uint32(hdr[slotKind:]),
@@ -120,7 +122,8 @@ func (g *Group) slotDesc(p, r int) desc {
 	return d
 }
 
-func (g *Group) slotLen(p, r int) uint64 {
+// slotLenLocked is the payload length member r wrote into its slot of buffer p.
+func (g *Group) slotLenLocked(p, r int) uint64 {
 	return binary.LittleEndian.Uint64(g.mem[g.l.slot(p, r)+slotLen:])
 }
 
@@ -188,14 +191,14 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 	}
 	for _, r := range missing {
 		if atomic.LoadUint32(g.closedFlag[r]) != 0 {
-			g.publish(abortClosed, r)
+			g.publishLocked(abortClosed, r)
 			return fmt.Errorf("%w: member %d (global rank %d) closed the group", dist.ErrPeerLost, r, g.ranks[r])
 		}
 	}
 	if checkProcs {
 		for _, r := range missing {
 			if g.peers[r].exited() {
-				g.publish(abortExited, r)
+				g.publishLocked(abortExited, r)
 				return fmt.Errorf("%w: member %d (global rank %d, pid %d) exited", dist.ErrPeerLost, r, g.ranks[r], g.peers[r].pid)
 			}
 		}
@@ -216,11 +219,11 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 		if err == context.DeadlineExceeded {
 			code = abortTimeout
 		}
-		g.publish(code, culprit)
+		g.publishLocked(code, culprit)
 		return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, err, missing)
 	}
 	if expired {
-		g.publish(abortTimeout, culprit)
+		g.publishLocked(abortTimeout, culprit)
 		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
 			return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, context.DeadlineExceeded, missing)
 		}
@@ -229,8 +232,8 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 	return nil
 }
 
-// publish records why the group failed, if no reason was recorded yet, and wakes everyone.
-func (g *Group) publish(code, culprit int) {
+// publishLocked records why the group failed, if no reason was recorded yet, and wakes everyone.
+func (g *Group) publishLocked(code, culprit int) {
 	v := uint64(code)<<56 | uint64(g.rank)<<32 | uint64(uint32(culprit+1))
 	atomic.CompareAndSwapUint64(g.abort, 0, v)
 	g.ring()

@@ -1,9 +1,3 @@
-// Package multiproc runs a test binary's own functions as separate processes ("ranks"), so
-// that multi-process code is tested with real processes and no extra binaries.
-//
-// In the package's TestMain call Main(m) first; register role functions with Register at
-// package init; a test calls Run to start N copies of the test binary that each run one role
-// with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) set.
 package multiproc
 
 import (
@@ -113,7 +107,7 @@ func Start(t testing.TB, s Spec) (wait func() []Result) {
 			defer wg.Done()
 			err := cmd.Wait()
 			if ctx.Err() != nil && err != nil {
-				err = fmt.Errorf("killed after %v: %w", s.Timeout, err)
+				err = fmt.Errorf("multiproc: killed after %v: %w", s.Timeout, err)
 			}
 			results[r] = Result{Rank: r, Err: err, Output: out.String()}
 		}(r)
