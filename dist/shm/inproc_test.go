@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
