@@ -475,14 +475,16 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 	}
 	r.drain()
 	r.evictAll()
-	for _, s := range seqs[:6] {
-		if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(s); return err }); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
 		if k > 10000 {
 			t.Fatal("no prefetch read started")
+		}
+		if len(r.caches[0].core.l3.queries) == 0 { // (again, if every query timed out)
+			for _, s := range seqs[:6] {
+				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(s); return err }); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		if err := r.step(); err != nil {
 			t.Fatal(err)
@@ -592,5 +594,60 @@ func TestStorageNamespace(t *testing.T) {
 	}
 	if _, err := NewStorageNamespace("", nil, 16, 0); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "0 bytes") {
 		t.Fatalf("bad input: %v", err)
+	}
+}
+
+// TestL3StuckQueries: a storage query that does not return holds its prefetch only until
+// the scheduler revokes it (best effort) or the timeout policy's timer expires: both end as
+// misses while the query is still stuck.
+func TestL3StuckQueries(t *testing.T) {
+	for _, pol := range []PrefetchPolicy{PrefetchBestEffort, PrefetchTimeout} {
+		t.Run(pol.String(), func(t *testing.T) {
+			ns := testNamespace(t)
+			gate := make(chan struct{})
+			defer close(gate)
+			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns,
+				L3Options{PrefetchPolicy: pol, PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond})
+			var mu sync.Mutex // protects stuck
+			stuck := false
+			rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
+				return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
+					mu.Lock()
+					hold := stuck && kind == l3Query
+					mu.Unlock()
+					if !hold {
+						return nil
+					}
+					select {
+					case <-gate:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+			}
+			r := newRig(t, rc)
+			s := tokensN(300, 32)
+			r.insertAll([][]int32{s})
+			r.evictAll()
+			steps0 := r.caches[0].Stats().Steps
+			mu.Lock()
+			stuck = true
+			mu.Unlock()
+			revokeAt := -1
+			if pol == PrefetchBestEffort {
+				revokeAt = 5 // until then the query is stuck and nothing moves
+			}
+			pf := r.prefetch(s, revokeAt)
+			if steps := r.caches[0].Stats().Steps - steps0; pol == PrefetchBestEffort && steps < 6 {
+				t.Fatalf("the prefetch ended before it was revoked")
+			}
+			if pf.Pages != 8 {
+				t.Fatalf("prefetch %+v, want 8 pages asked", pf)
+			}
+			if st := r.sameStats(); st.L3HitPages != 0 || st.L3PrefetchedPages != 0 {
+				t.Fatalf("stuck query: %d pages hit, %d prefetched; want misses", st.L3HitPages, st.L3PrefetchedPages)
+			}
+		})
 	}
 }

@@ -22,7 +22,8 @@ const (
 	// effect only then).
 	PrefetchWaitComplete
 	// PrefetchTimeout stops at completion, at a revoke, or when any I/O rank's timer
-	// (PrefetchTimeoutBase + PrefetchTimeoutPerPage × pages) expired.
+	// (PrefetchTimeoutBase + PrefetchTimeoutPerPage × pages) expired; a storage query that
+	// takes longer than that is a miss.
 	PrefetchTimeout
 )
 

@@ -128,7 +128,7 @@ func pinL3(n *Node, d int) {
 	}
 }
 
-// TakeL3 returns the storage jobs to start and the reads whose I/O must stop, and forgets
+// takeL3 returns the storage jobs to start and the reads whose I/O must stop, and forgets
 // them (I/O rank only; empty elsewhere).
 func (c *Core) takeL3() ([]l3Job, []uint64) {
 	jobs, stops := c.l3.jobs, c.l3.stops
@@ -206,7 +206,9 @@ func (c *Core) l3Vector(v []int64) {
 		}
 	}
 	for i := range min(l3Slots, len(c.l3.queries)) {
-		if q := c.l3.queries[i]; q.answered {
+		if q := c.l3.queries[i]; q.revoked {
+			v[vL3QueryAns+i] = 0 // nobody waits for it: a miss, whatever storage says
+		} else if q.answered {
 			v[vL3QueryAns+i] = int64(q.hits)
 		} else {
 			v[vL3QueryAns+i] = -1

@@ -76,8 +76,8 @@ func (d *l3Driver) keys(hashes []uint64) []storage.Key {
 func (d *l3Driver) start(job l3Job) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
-	if job.kind == l3Read {
-		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.pages))*d.opts.PrefetchTimeoutPerPage)
+	if job.kind != l3Put {
+		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.hashes))*d.opts.PrefetchTimeoutPerPage)
 	}
 	d.mu.Lock()
 	d.running[l3Key{job.kind, job.seq}] = r
@@ -115,10 +115,10 @@ func (d *l3Driver) poll(core *Core) {
 	d.mu.Lock()
 	done := d.finished
 	d.finished = nil
-	var reads []*l3Run
+	var waiting []*l3Run
 	for k, r := range d.running {
-		if k.kind == l3Read {
-			reads = append(reads, r)
+		if k.kind != l3Put {
+			waiting = append(waiting, r)
 		}
 	}
 	d.mu.Unlock()
@@ -126,8 +126,14 @@ func (d *l3Driver) poll(core *Core) {
 		core.l3Done(r.job.kind, r.job.seq, r.n, r.err)
 	}
 	now := time.Now()
-	for _, r := range reads {
+	for _, r := range waiting {
 		cut := d.opts.PrefetchPolicy == PrefetchTimeout && now.After(r.deadline)
+		if r.job.kind == l3Query {
+			if cut {
+				core.l3Done(l3Query, r.job.seq, 0, nil) // too slow to wait for: a miss
+			}
+			continue
+		}
 		core.l3Progress(r.job.seq, int(r.progress.Load()), cut)
 	}
 }
