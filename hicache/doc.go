@@ -101,7 +101,8 @@
 //   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
 //     the tree holds (at most PrefetchQuotaPages pages). The I/O ranks count the leading
 //     pages stored; slot i of the query slots is that count for queue entry i, or -1 while
-//     unanswered (others: MaxInt64), so MIN is the count every shard holds. At the answer
+//     unanswered (others: MaxInt64), so MIN is the count every shard holds; a query that
+//     was revoked, or (timeout policy) outlived its timer, counts 0 pages. At the answer
 //     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
 //     below MinPrefetchPages, over the quota, without L2 room, or when the tree changed)
 //     and the I/O ranks read them into the slabs, verifying each page, in chunks of
