@@ -553,3 +553,21 @@ func (c *Cache) RevokePrefetch(id uint64) error {
 	c.core.RevokePrefetch(id)
 	return nil
 }
+
+// PrefetchWait is Prefetch followed by Steps until the prefetch is over: for a scheduler
+// that fetches a request's prefix from storage before its prefill (then Match reports the
+// fetched pages as host pages). It returns the first Step error (a *DivergedError
+// included). Without L3, or when nothing was asked, it makes no Step. Replicated: every rank
+// makes the same Steps.
+func (c *Cache) PrefetchWait(ctx context.Context, tokens []int32) (PrefetchResult, error) {
+	res, err := c.Prefetch(tokens)
+	if err != nil || res.ID == 0 {
+		return res, err
+	}
+	for c.PrefetchPending(res.ID) {
+		if err := c.Step(ctx); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}

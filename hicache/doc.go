@@ -35,7 +35,8 @@
 //     cache.Lock(m.Last) (R) pins the prefix while the request runs.
 //     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(tokens)
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
-//     then match again: the prefetched pages are host pages.
+//     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
+//     (R) does both for a scheduler that fetches before the prefill.
 //  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
 //     this rank's reads of its own pages; before a layer reads that prefix from L1, the
 //     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.

@@ -230,7 +230,10 @@ func TestL3TwoInstancesShareStorage(t *testing.T) {
 				t.Fatal(err)
 			}
 			if ms[0].DevicePages*4 < len(s)/4*4 {
-				r.prefetch(s, -1)
+				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.PrefetchWait(context.Background(), s); return err }); err != nil {
+					t.Fatal(err)
+				}
+				r.checkAgree()
 				if _, err := r.matchLoad(s, true); err != nil {
 					t.Fatal(err)
 				}
