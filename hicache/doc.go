@@ -119,7 +119,8 @@
 //   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
 //     (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
 //     skipped backup; it never blocks a step beyond the storage's own call deadline and
-//     never publishes an unverified page.
+//     never publishes an unverified page. A stored page that fails verification is deleted,
+//     so that the next backup of it replaces it.
 //   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
 //     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
 //     the namespace).

@@ -254,8 +254,14 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			}
 			if n < hi-lo {
 				// The group agreed these pages were stored: one vanished or failed
-				// verification (torn, foreign, checksum). A miss, and an error.
-				return done, wrap(fmt.Errorf("page %d of %d (key %s) missing or corrupt: %w", lo+n, len(keys), keys[lo+n], storage.ErrCorrupt))
+				// verification (torn, foreign, checksum). A miss, and an error. Deleting
+				// the value lets a later backup of the page replace it.
+				bad := keys[lo+n]
+				err := fmt.Errorf("page %d of %d (key %s) missing or corrupt: %w", lo+n, len(keys), bad, storage.ErrCorrupt)
+				if derr := d.st.Delete(ctx, []storage.Key{bad}); derr != nil {
+					err = fmt.Errorf("%w; deleting it: %v", err, derr)
+				}
+				return done, wrap(err)
 			}
 		}
 		return done, nil
