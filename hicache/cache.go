@@ -11,6 +11,7 @@ import (
 
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/slab"
 )
 
 // Config configures a Cache.
@@ -143,6 +144,9 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		hs, ok := cfg.Slabs.(HostSlabs)
 		if !ok {
 			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages; slab set %T has none", ErrBadConfig, cfg.Slabs), c.Close())
+		}
+		if _, err := hs.Page(slab.Page{}); err != nil {
+			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err), c.Close())
 		}
 		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, core.cfg.L3Options)
 	}

@@ -3,6 +3,7 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/slab"
 )
 
 // TestL3PrefetchAgreement backs random sequences up to storage, evicts everything, and
@@ -277,6 +279,13 @@ func TestL3ConfigErrors(t *testing.T) {
 	})
 	if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "namespace") {
 		t.Fatalf("storage without namespace: %v", err)
+	}
+	_, err = New(context.Background(), Config{
+		Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: 0, Group: g, Slabs: deviceSlabs{kvtest.NewMemSlabs([]int{0}, 8, 64)},
+		Storage: openStores(t, "mem://"+t.Name(), ns)(0), StorageNamespace: ns, Engine: nopEngine{},
+	})
+	if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "device memory") {
+		t.Fatalf("storage over device slabs: %v", err)
 	}
 	cfg := L3Options{MinPrefetchPages: -1}
 	if err := cfg.normalize(10); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "-1") {
@@ -654,3 +663,17 @@ func TestL3StuckQueries(t *testing.T) {
 		})
 	}
 }
+
+// deviceSlabs is a slab set whose pages are not host memory (like a CUDA IPC slab.Set).
+type deviceSlabs struct{ *kvtest.MemSlabs }
+
+func (deviceSlabs) Page(p slab.Page) ([]byte, error) {
+	return nil, fmt.Errorf("page %v is device memory", p)
+}
+
+// nopEngine finishes every transfer at once without copying.
+type nopEngine struct{}
+
+func (nopEngine) Submit(t Transfer) *Ticket { tk := NewTicket(t); tk.Finish(nil); return tk }
+func (nopEngine) Cancel()                   {}
+func (nopEngine) Close() error              { return nil }
