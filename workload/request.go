@@ -1,5 +1,7 @@
 package workload
 
+import "github.com/cpcache/cpcache/internal/mix"
+
 // Request is one inference request: the prompt tokens and how many tokens to decode.
 type Request struct {
 	ID        int     // position in the workload, 0-based
@@ -10,13 +12,9 @@ type Request struct {
 	Round     int     // turn within the conversation (synthetic), 0 for traces
 }
 
-// mix64 is SplitMix64's finaliser: a fixed, well-distributed 64-bit hash.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
+// mix64 is one SplitMix64 step: the golden-ratio increment, then the finaliser; a fixed,
+// well-distributed 64-bit hash.
+func mix64(x uint64) uint64 { return mix.Mix64(x + 0x9e3779b97f4a7c15) }
 
 // VocabSize bounds generated token ids (a typical LLM vocabulary).
 const VocabSize = 151_936
