@@ -136,17 +136,15 @@ func OpenSet(ctx context.Context, group dist.Group, spec Spec) (*Set, error) {
 		}
 	}
 	if gatherErr != nil {
-		s.closeAll()
-		return nil, errors.Join(append([]error{fmt.Errorf("slab: open set on group %s: mapping barrier: %w", group.Name(), gatherErr)}, cleanup...)...)
+		err := fmt.Errorf("slab: open set on group %s: mapping barrier: %w", group.Name(), gatherErr)
+		return nil, errors.Join(append([]error{err, s.closeAllLocked()}, cleanup...)...)
 	}
 	if err := mapVerdict(group.Name(), group.Ranks(), statuses); err != nil {
-		s.closeAll()
-		return nil, errors.Join(append([]error{err}, cleanup...)...)
+		return nil, errors.Join(append([]error{err, s.closeAllLocked()}, cleanup...)...)
 	}
-	// An unlink error other than "not found" cannot happen for a 0600 file we created in a
-	// directory we could create it in; failing here would fail this rank alone, so the set
-	// stays usable on every rank.
-	_ = cleanup
+	// The cleanup errors of a successful set are dropped: an unlink error other than "not
+	// found" cannot happen for a 0600 file we created in a directory we could create it in,
+	// and failing here would fail this rank alone, so the set stays usable on every rank.
 	return s, nil
 }
 
@@ -206,7 +204,8 @@ func discard(own *Slab) error {
 	return errors.Join(err, own.close())
 }
 
-func (s *Set) closeAll() error {
+// closeAllLocked closes every slab; the caller holds s.mu or has not published s yet.
+func (s *Set) closeAllLocked() error {
 	var errs []error
 	for i, sl := range s.slabs {
 		errs = append(errs, sl.close())
@@ -227,7 +226,7 @@ func (s *Set) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.closeAll()
+	return s.closeAllLocked()
 }
 
 // Group is the group the set was opened over: the slab group.
