@@ -118,16 +118,16 @@
 //     reused while a read may still write it.
 //   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
 //     (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
-//     skipped backup; it never blocks a step beyond the storage's own call deadline and
-//     never publishes an unverified page. A stored page that fails verification is deleted,
+//     skipped backup; it never blocks a step (storage calls run in the background, each
+//     bounded by the storage's deadline) and never publishes an unverified page. A stored page that fails verification is deleted,
 //     so that the next backup of it replaces it.
 //   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
 //     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
 //     the namespace).
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
-// L3PrefetchedPages, L3BackedUpPages, L3FailedBackups, L3DiscardedPages; Stats.
-// StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own.
+// L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;
+// Stats.StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own.
 //
 // # Write policies
 //
