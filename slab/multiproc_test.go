@@ -83,7 +83,7 @@ func roleMismatch(ctx context.Context, g *gloo.Group) error {
 	if !errors.Is(err, ErrSpecMismatch) {
 		return fmt.Errorf("want ErrSpecMismatch, got %w", err)
 	}
-	return os.WriteFile(filepath.Join(os.Getenv("CPCACHE_TEST_OUT"), fmt.Sprintf("rank-%d.txt", g.Rank())), []byte(err.Error()), 0o600)
+	return multiproc.Report([]byte(err.Error()))
 }
 
 func killSelf() {
@@ -149,22 +149,16 @@ func TestMultiprocEveryRankReadsEveryPeersSlab(t *testing.T) {
 
 func TestMultiprocMismatchedSpecFailsEveryRankAlike(t *testing.T) {
 	skipMultiproc(t)
-	tag, out := uniqueTag(t), t.TempDir()
-	multiproc.Run(t, multiproc.Spec{Role: "slab-mismatch", N: mpRanks, Timeout: 2 * time.Minute,
-		Env: mpEnv(t, tag, "CPCACHE_TEST_ODD=5", "CPCACHE_TEST_OUT="+out)})
+	tag := uniqueTag(t)
+	res := multiproc.Run(t, multiproc.Spec{Role: "slab-mismatch", N: mpRanks, Timeout: 2 * time.Minute,
+		Env: mpEnv(t, tag, "CPCACHE_TEST_ODD=5")})
 	if t.Failed() {
 		return
 	}
-	var first string
-	for r := range mpRanks {
-		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.txt", r)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r == 0 {
-			first = string(b)
-		} else if string(b) != first {
-			t.Fatalf("rank %d's error differs from rank 0's:\n%s\n%s", r, b, first)
+	first := string(res[0].Report)
+	for _, r := range res[1:] {
+		if string(r.Report) != first {
+			t.Fatalf("rank %d's error differs from rank 0's:\n%s\n%s", r.Rank, r.Report, first)
 		}
 	}
 	if !strings.Contains(first, "rank 5 (global 5) has page size 8192 (majority 4096)") {

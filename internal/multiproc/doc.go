@@ -7,7 +7,8 @@
 //
 // Contract: every rank is a separate process with its own process group, started with the
 // parent's environment plus Spec.Env and Spec.RankEnv; Run fails the test naming each rank
-// that exited non-zero, with its output; Start leaves the judging to the caller. Ranks still
+// that exited non-zero, with its output; Start leaves the judging to the caller. A role may
+// hand data back with Report; it arrives in that rank's Result.Report. Ranks still
 // running at Spec.Timeout are killed with SIGKILL (their whole process group).
 //
 // Ownership: the rank processes belong to the Run or Start call; nothing outlives the wait.

@@ -3,9 +3,11 @@ package multiproc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
@@ -14,7 +16,10 @@ import (
 	"time"
 )
 
-const roleEnv = "CPCACHE_MULTIPROC_ROLE"
+const (
+	roleEnv   = "CPCACHE_MULTIPROC_ROLE"
+	reportEnv = "CPCACHE_MULTIPROC_REPORT" // directory of the ranks' reports
+)
 
 var (
 	rolesMu sync.Mutex // protects roles
@@ -54,7 +59,20 @@ type Result struct {
 	Rank   int
 	Err    error // nil when the process exited 0
 	Output string
+	Report []byte // what the rank passed to Report (nil when it did not)
 }
+
+// Report hands data to the test as this rank's Result.Report (the last call wins). For role
+// functions: it fails outside a rank process started by Start.
+func Report(data []byte) error {
+	dir := os.Getenv(reportEnv)
+	if dir == "" {
+		return errors.New("multiproc: Report called outside a rank process")
+	}
+	return os.WriteFile(reportPath(dir, os.Getenv("RANK")), data, 0o600)
+}
+
+func reportPath(dir, rank string) string { return filepath.Join(dir, "rank-"+rank+".report") }
 
 // Spec describes a multi-process run.
 type Spec struct {
@@ -78,6 +96,7 @@ func Start(t testing.TB, s Spec) (wait func() []Result) {
 	if err != nil {
 		t.Fatalf("multiproc: %v", err)
 	}
+	reports := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), s.Timeout)
 	results := make([]Result, s.N)
 	var wg sync.WaitGroup
@@ -91,7 +110,8 @@ func Start(t testing.TB, s Spec) (wait func() []Result) {
 		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		cmd.Env = append(os.Environ(), roleEnv+"="+s.Role,
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(s.N),
-			"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(s.N))
+			"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(s.N),
+			reportEnv+"="+reports)
 		cmd.Env = append(cmd.Env, s.Env...)
 		if s.RankEnv != nil {
 			cmd.Env = append(cmd.Env, s.RankEnv(r)...)
@@ -109,7 +129,8 @@ func Start(t testing.TB, s Spec) (wait func() []Result) {
 			if ctx.Err() != nil && err != nil {
 				err = fmt.Errorf("multiproc: killed after %v: %w", s.Timeout, err)
 			}
-			results[r] = Result{Rank: r, Err: err, Output: out.String()}
+			report, _ := os.ReadFile(reportPath(reports, strconv.Itoa(r))) // none: nil
+			results[r] = Result{Rank: r, Err: err, Output: out.String(), Report: report}
 		}(r)
 	}
 	return func() []Result {
