@@ -195,8 +195,7 @@ func checkKilled(t *testing.T, res []multiproc.Result, kill int) {
 	t.Helper()
 	for _, r := range res {
 		if r.Rank == kill {
-			var ee interface{ ExitCode() int }
-			if !errors.As(r.Err, &ee) || ee.ExitCode() != -1 {
+			if !r.KilledBy(syscall.SIGKILL) {
 				t.Errorf("rank %d should have been killed, got %v\n%s", r.Rank, r.Err, r.Output)
 			}
 			continue

@@ -62,6 +62,16 @@ type Result struct {
 	Report []byte // what the rank passed to Report (nil when it did not)
 }
 
+// KilledBy reports whether the rank's process was ended by signal sig.
+func (r Result) KilledBy(sig syscall.Signal) bool {
+	var exit *exec.ExitError
+	if !errors.As(r.Err, &exit) {
+		return false
+	}
+	ws, ok := exit.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
 // Report hands data to the test as this rank's Result.Report (the last call wins). For role
 // functions: it fails outside a rank process started by Start.
 func Report(data []byte) error {
