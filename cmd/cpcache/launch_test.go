@@ -85,9 +85,18 @@ func TestLaunchStoreFlag(t *testing.T) {
 
 func TestLaunchFirstFailureStopsOthers(t *testing.T) {
 	var out, errOut syncBuffer
-	// Rank 1 fails; the others would sleep for ten minutes unless launch stops them.
-	st := runLaunch([]string{"-n", "4", "--", "sh", "-c",
-		`if [ "$RANK" = 1 ]; then exit 3; fi; trap 'echo stopped; exit 0' TERM; while :; do sleep 0.1; done`}, &out, &errOut)
+	// Rank 1 fails once the others have set their SIGTERM trap (each says so with a file in
+	// ready); they would loop forever unless launch stops them.
+	ready := t.TempDir()
+	script := `trap 'echo stopped; exit 0' TERM
+if [ "$RANK" = 1 ]; then
+  while [ "$(ls "$READY" | wc -l)" -lt 3 ]; do sleep 0.01; done
+  exit 3
+fi
+touch "$READY/rank-$RANK"
+while :; do sleep 0.1; done`
+	t.Setenv("READY", ready)
+	st := runLaunch([]string{"-n", "4", "--", "sh", "-c", script}, &out, &errOut)
 	if st != 3 {
 		t.Fatalf("status %d, want rank 1's 3; stderr:\n%s", st, errOut.String())
 	}
