@@ -31,7 +31,16 @@ OMPI_COMM_WORLD_RANK set) it runs as one rank of their job, and --world defaults
 launcher's world size.
 
 Requests go to DP replicas by client mod attn_dp (synthetic) or by a hash of the first
-512-token block mod attn_dp (trace). Exit status: 0 ok, 1 failure (a bad page, a
+512-token block mod attn_dp (trace).
+
+With --storage URL (file:///dir or redis://host:port/prefix) the cache gets an L3 tier:
+every replica backs its L2 pages up to the storage and, when a prompt continues beyond its
+L1 and L2 hit, prefetches the continuation from it before the prefill (the scheduler steps
+while it waits; those steps count as scheduler steps, each with its one consensus
+collective). Pages live in a namespace of the page size, KV bytes and attention-TP size,
+so runs of another shape never read them; a second run against the same storage hits what
+the first one backed up. The report adds tokens hit in storage, pages prefetched and
+backed up, and storage errors. Exit status: 0 ok, 1 failure (a bad page, a
 placement divergence, a lost rank), 2 bad flags or input.`
 
 // runOpts are the flags of `cpcache run`.
@@ -39,6 +48,7 @@ type runOpts struct {
 	cfg                       runner.Config
 	layout                    *dist.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
+	prefetch                  string
 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
@@ -58,6 +68,9 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
+	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
+	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
+	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
 	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")
 	fs.StringVar(&cfg.Consensus, "consensus", "", "consensus backend: auto (shared memory when a replica is on one host), shm or gloo; default CPCACHE_CONSENSUS_BACKEND, else auto")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
@@ -82,6 +95,9 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, fmt.Errorf("run: --policy: %w", err))
 	}
 	cfg.Policy = p
+	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: --prefetch-policy: %w", err))
+	}
 	worldSet := false
 	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
 	_, underRank := os.LookupEnv("RANK")

@@ -37,6 +37,13 @@ type Config struct {
 	TracePath string                   // WorkloadTrace: Mooncake JSONL
 	Requests  int                      // serve only the first N requests (0: all)
 
+	// L3: Storage is the URL of a page store below L2 (file:///dir or
+	// redis://host:port/prefix; "": none). With it every replica backs its L2 pages up there
+	// and prefetches a prompt's continuation from it before the prefill (see doc.go).
+	Storage        string
+	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
+	StorageClear   bool                   // clear the run's namespace in Storage before serving
+
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see dist/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
@@ -145,6 +152,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
 	}
 	if err := p.checkCapacity(); err != nil {
+		return nil, err
+	}
+	if err := p.checkStorage(); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -65,6 +65,9 @@ type rankResult struct {
 	Collectives      int64         `json:"collectives"` // on the consensus group while serving
 	DigestChecks     int64         `json:"digest_checks"`
 	DigestMismatches int64         `json:"digest_mismatches"`
+	L3Prefetched     int64         `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
+	L3BackedUp       int64         `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
+	StorageErrors    int64         `json:"storage_errors"` // this rank's (I/O ranks only)
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -121,7 +124,27 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, set.Close()) }()
-	cache, err := hicache.New(ctx, hicache.Config{
+	// Every rank opens its own handle on the storage (the cache uses it on the I/O ranks);
+	// it is closed after the cache (defers run in reverse).
+	st, ns, err := p.openStorage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st != nil {
+		defer func() { err = errors.Join(err, st.Close()) }()
+		if cfg.StorageClear {
+			if rank == 0 {
+				if err := clearStorage(ctx, st, cfg.Storage); err != nil {
+					return nil, err
+				}
+			}
+			// No cache reads the storage before it is clear.
+			if err := world.Barrier(ctx); err != nil {
+				return nil, fmt.Errorf("runner: after clearing the storage: %w", err)
+			}
+		}
+	}
+	hc := hicache.Config{
 		Options:        hicache.Options{PageSize: cfg.PageSize, L1Pages: cfg.L1Pages, Policy: cfg.Policy},
 		Layout:         p.Layout,
 		Rank:           rank,
@@ -129,7 +152,11 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Slabs:          set,
 		StepTimeout:    stepTimeout,
 		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
-	})
+	}
+	if st != nil {
+		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
+	}
+	cache, err := hicache.New(ctx, hc)
 	if err != nil {
 		return nil, err
 	}
@@ -152,15 +179,16 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if runErr != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
 	}
-	st := cache.Stats()
+	cst := cache.Stats()
 	res := rankResult{
 		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
-		PagesWritten: st.PagesWritten, PagesLoaded: st.PagesLoaded,
+		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
 		Collectives:  int64(counted.Counts().Total() - before),
-		DigestChecks: st.DigestChecks, DigestMismatches: st.DigestMismatches,
+		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
+		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		WallSeconds: time.Since(start).Seconds(),
 	}
-	for _, d := range st.ConsensusLatency {
+	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
 	}
 	var integrity error
@@ -216,7 +244,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *Report {
-	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend}
+	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redactURL(p.Config.Storage)}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {
@@ -226,8 +254,12 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.OutputTokens += x.Replica.OutputTokens
 			r.TokensHitL1 += x.Replica.HitL1
 			r.TokensHitL2 += x.Replica.HitL2
+			r.TokensHitL3 += x.Replica.HitL3
+			r.PagesPrefetched += x.L3Prefetched
+			r.PagesBackedUp += x.L3BackedUp
 			r.TokensMissed += x.Replica.Missed
 			r.SchedulerSteps += x.Replica.Steps
+			r.PrefetchSteps += x.Replica.PrefetchSteps
 			r.ConsensusSteps += x.Collectives
 		}
 		collectives += x.Collectives
@@ -238,6 +270,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.DigestMismatches += x.DigestMismatches
 		r.PagesVerified += x.Local.PagesVerified
 		r.BadPages += x.Local.BadPages
+		r.StorageErrors += x.StorageErrors
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}
@@ -246,7 +279,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		}
 	}
 	if r.InputTokens > 0 {
-		r.HitRate = float64(r.TokensHitL1+r.TokensHitL2) / float64(r.InputTokens)
+		r.HitRate = float64(r.TokensHitL1+r.TokensHitL2+r.TokensHitL3) / float64(r.InputTokens)
 	}
 	if steps > 0 {
 		r.CollectivesPerStep = float64(collectives) / float64(steps)

@@ -20,7 +20,7 @@ type Report struct {
 	OutputTokens int64   `json:"output_tokens"`
 	TokensHitL1  int64   `json:"tokens_hit_l1"`
 	TokensHitL2  int64   `json:"tokens_hit_l2"`
-	TokensHitL3  int64   `json:"tokens_hit_storage,omitempty"`
+	TokensHitL3  int64   `json:"tokens_hit_storage"`
 	TokensMissed int64   `json:"tokens_missed"`
 	HitRate      float64 `json:"hit_rate"` // (L1+L2+L3 hits) / input tokens
 
@@ -39,9 +39,15 @@ type Report struct {
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
 
-	PagesPrefetched int64 `json:"pages_prefetched,omitempty"`
-	PagesBackedUp   int64 `json:"pages_backed_up,omitempty"`
-	StorageErrors   int64 `json:"storage_errors,omitempty"`
+	// L3 storage (with --storage): its URL, prompt tokens served from pages prefetched from
+	// it (TokensHitL3), pages the replicas inserted from it and backed up to it (agreed
+	// counts, summed over replicas), and failed storage calls (summed over I/O ranks; each
+	// a miss or a skipped backup).
+	Storage         string `json:"storage,omitempty"`
+	PagesPrefetched int64  `json:"pages_prefetched"`
+	PagesBackedUp   int64  `json:"pages_backed_up"`
+	StorageErrors   int64  `json:"storage_errors"`
+	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 
 	WallSeconds float64 `json:"wall_seconds"`
 }
@@ -67,18 +73,22 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)
 	fmt.Fprintf(w, "  tokens hit in L1     %d (%s)\n", r.TokensHitL1, pct(r.TokensHitL1))
 	fmt.Fprintf(w, "  tokens hit in L2     %d (%s)\n", r.TokensHitL2, pct(r.TokensHitL2))
-	if r.TokensHitL3 > 0 || r.PagesBackedUp > 0 || r.StorageErrors > 0 {
-		fmt.Fprintf(w, "  tokens hit in L3     %d (%s)\n", r.TokensHitL3, pct(r.TokensHitL3))
+	if r.Storage != "" {
+		fmt.Fprintf(w, "  tokens hit in storage %d (%s)\n", r.TokensHitL3, pct(r.TokensHitL3))
 	}
 	fmt.Fprintf(w, "  tokens missed        %d (%s)\n", r.TokensMissed, pct(r.TokensMissed))
 	fmt.Fprintf(w, "  hit rate             %.1f%%\n", 100*r.HitRate)
 	fmt.Fprintf(w, "  L2 pages written     %d\n", r.PagesWrittenL2)
 	fmt.Fprintf(w, "  L2 pages loaded      %d\n", r.PagesLoadedL2)
 	fmt.Fprintf(w, "  bytes moved          %s\n", humanBytes(r.BytesMoved))
-	if r.TokensHitL3 > 0 || r.PagesBackedUp > 0 || r.StorageErrors > 0 {
-		fmt.Fprintf(w, "  storage              %d pages prefetched, %d backed up, %d errors\n", r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors)
+	if r.Storage != "" {
+		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
+		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors\n", r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
+	if r.PrefetchSteps > 0 {
+		fmt.Fprintf(w, "  prefetch wait steps  %d (included above)\n", r.PrefetchSteps)
+	}
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)

@@ -18,9 +18,13 @@ type replicaCounts struct {
 	OutputTokens int64 `json:"output_tokens"`
 	HitL1        int64 `json:"hit_l1"`
 	HitL2        int64 `json:"hit_l2"`
+	HitL3        int64 `json:"hit_l3"` // prompt tokens served from pages prefetched from storage
 	Missed       int64 `json:"missed"`
 	Steps        int64 `json:"steps"`
 	Retries      int64 `json:"retries"` // admissions or finishes put off because L1 was full
+	// PrefetchSteps are the scheduler steps made while a prefetch from storage was waited
+	// for (included in Steps: each makes the one consensus step of a scheduler step).
+	PrefetchSteps int64 `json:"prefetch_steps"`
 }
 
 // localCounts are this rank's own checks.
@@ -205,6 +209,14 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	if err := c.Lock(m.Last); err != nil {
 		return nil, err
 	}
+	// With storage: prefetch the prompt's continuation beyond the L1 and L2 hit, then match
+	// again; the prefetched pages are host pages, loaded back and verified below like any.
+	stored := [2]int{} // page range [from, to) of the prompt that came from storage
+	if s.cfg.Storage != "" && (m.DevicePages+m.HostPages)*P < len(r.Tokens) {
+		if m, stored, err = s.prefetch(ctx, r, m); err != nil {
+			return nil, err
+		}
+	}
 	device := m.DevicePages
 	if m.HostPages > 0 {
 		if s.corrupt != nil {
@@ -253,17 +265,56 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	if err := c.Unlock(m.Last); err != nil {
 		return nil, err
 	}
-	l1, l2 := int64(m.DevicePages*P), int64((device-m.DevicePages)*P)
+	// Loaded pages [m.DevicePages, device) that were prefetched from storage are storage
+	// hits; the others L2 hits.
+	l3 := int64(max(0, min(device, stored[1])-max(m.DevicePages, stored[0])) * P)
+	l1, l2 := int64(m.DevicePages*P), int64((device-m.DevicePages)*P)-l3
 	s.counts.Requests++
 	s.counts.InputTokens += int64(len(r.Tokens))
 	s.counts.HitL1 += l1
 	s.counts.HitL2 += l2
-	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2
+	s.counts.HitL3 += l3
+	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
 	if s.live != nil {
 		s.live.inputTokens.Add(int64(len(r.Tokens)))
-		s.live.hitTokens.Add(l1 + l2)
+		s.live.hitTokens.Add(l1 + l2 + l3)
 	}
 	return &active{req: r, last: ins.Last}, nil
+}
+
+// prefetch asks storage for r's continuation beyond match m (whose last node the caller
+// locked) and steps until the group has inserted what it read, then matches again: it
+// returns the new match (its last node locked instead of m's) and the page range of the
+// prompt that the prefetch added. The steps it makes are scheduler steps (one consensus
+// collective each): running requests decode nothing in them, as in a synchronous
+// scheduler that fetches before the prefill.
+func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
+	c := s.cache
+	res, err := c.Prefetch(r.Tokens)
+	if err != nil {
+		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
+	}
+	if res.ID == 0 {
+		return m, [2]int{}, nil
+	}
+	for c.PrefetchPending(res.ID) {
+		if err := s.step(ctx); err != nil {
+			return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
+		}
+		s.counts.PrefetchSteps++
+	}
+	after, err := c.Match(r.Tokens)
+	if err != nil {
+		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
+	}
+	if err := c.Lock(after.Last); err != nil {
+		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
+	}
+	if err := c.Unlock(m.Last); err != nil {
+		return after, [2]int{}, errors.Join(err, c.Unlock(after.Last))
+	}
+	from, to := m.DevicePages+m.HostPages, after.DevicePages+after.HostPages
+	return after, [2]int{from, max(from, to)}, nil
 }
 
 // verify checks the KV of sequence page i that this rank loaded back into L1 slot.
