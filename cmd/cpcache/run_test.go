@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -99,7 +103,7 @@ func requireHealthy(t *testing.T, status int, rep *runner.Report, stdout, stderr
 	assert.Equal(t, rep.SchedulerSteps, rep.ConsensusSteps)
 	assert.Positive(t, rep.DigestChecks)
 	assert.Equal(t, rep.PagesLoadedL2, rep.PagesVerified, "every page loaded back is verified")
-	assert.Equal(t, rep.InputTokens, rep.TokensHitL1+rep.TokensHitL2+rep.TokensMissed)
+	assert.Equal(t, rep.InputTokens, rep.TokensHitL1+rep.TokensHitL2+rep.TokensHitL3+rep.TokensMissed)
 	assert.Positive(t, rep.PagesWrittenL2)
 }
 
@@ -200,6 +204,12 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--consensus", "carrier-pigeon"}, `consensus backend "carrier-pigeon"`},
 		{[]string{"--metrics", "bad-address"}, "bad-address"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--storage", "ftp://host/pages"}, `unknown scheme "ftp"`},
+		{[]string{"--storage", "redis://127.0.0.1:99999/x"}, `port "99999"`},
+		{[]string{"--storage", "file://relative/dir"}, `file URL host "relative"`},
+		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "--storage: storage: redis"},
+		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
+		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},
 	}
 	for _, c := range cases {
 		status, out, errOut := runCmd(append([]string{"run"}, c.args...)...)
@@ -210,4 +220,103 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(errOut), "\n")
 		assert.Len(t, lines, 1, "%v: one line: %q", c.args, errOut)
 	}
+}
+
+// closedPort is a loopback TCP port nothing listens on (it was free a moment ago).
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	require.NoError(t, l.Close())
+	return port
+}
+
+// storageArgs: one replica of CP4 (no other replica to share the system prompt through
+// storage), 8 conversations whose histories overflow L1 and fit in L2, so that a first run
+// against an empty storage never needs it.
+var storageArgs = append([]string{"--world", "4", "--dp", "1", "--attn-cp", "4"}, smallSynthetic...)
+
+// requireSecondRunHitsStorage runs the same job twice against url: the first run backs its
+// pages up and hits nothing in storage; the second (fresh L1 and L2) prefetches the
+// histories from it, verified page by page.
+func requireSecondRunHitsStorage(t *testing.T, url string, extra ...string) {
+	t.Helper()
+	args := append(append([]string{"--storage", url}, storageArgs...), extra...)
+	var reps [2]*runner.Report
+	for i := range reps {
+		status, rep, out, errOut := runBinary(t, nil, args...)
+		requireHealthy(t, status, rep, out, errOut)
+		assert.Contains(t, out, "tokens hit in storage")
+		assert.Zero(t, rep.StorageErrors, "run %d: %s", i+1, errOut)
+		assert.Equal(t, rep.PagesLoadedL2, rep.PagesVerified, "run %d: every page loaded (prefetched ones too) is verified", i+1)
+		reps[i] = rep
+	}
+	first, second := reps[0], reps[1]
+	assert.Zero(t, first.TokensHitL3, "the first run finds nothing it needs in an empty storage")
+	assert.Positive(t, first.PagesBackedUp, "the first run backs its L2 pages up")
+	assert.Positive(t, second.TokensHitL3, "the second run hits storage for what the first backed up")
+	assert.Positive(t, second.PagesPrefetched)
+	assert.Greater(t, second.HitRate, first.HitRate)
+	assert.Less(t, second.TokensMissed, first.TokensMissed)
+}
+
+func TestRunTwiceSharesFileStorage(t *testing.T) {
+	dir := t.TempDir()
+	requireSecondRunHitsStorage(t, "file://"+dir)
+	// Another page size in bytes is another namespace: it never reads those pages.
+	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--storage", "file://" + dir}, storageArgs...), "--kv-bytes-per-token", "32")...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Zero(t, rep.TokensHitL3, "pages of another KV size are not this run's")
+	// --storage-clear empties this run's namespace first: nothing to hit.
+	status, rep, out, errOut = runBinary(t, nil, append([]string{"--storage", "file://" + dir, "--storage-clear"}, storageArgs...)...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Zero(t, rep.TokensHitL3, "the storage was cleared before serving")
+}
+
+func TestRunTwiceSharesRedisStorage(t *testing.T) {
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed (make deps installs it): ", err)
+	}
+	addr := startRedis(t, server)
+	requireSecondRunHitsStorage(t, "redis://"+addr+"/cpcache-run-test", "--prefetch-policy", "wait-complete")
+}
+
+// startRedis starts a redis-server without persistence on a free loopback port and stops
+// it when the test ends.
+func startRedis(t *testing.T, server string) string {
+	t.Helper()
+	port := closedPort(t)
+	cmd := exec.Command(server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	// The server says when it accepts connections.
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "Ready to accept connections") {
+				ready <- nil
+				for sc.Scan() { // keep draining so the server never blocks on its log
+				}
+				return
+			}
+		}
+		ready <- fmt.Errorf("redis-server exited before it was ready: %v", sc.Err())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	select {
+	case err := <-ready:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("redis-server did not become ready within a minute")
+	}
+	return net.JoinHostPort("127.0.0.1", port)
 }
