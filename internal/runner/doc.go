@@ -24,6 +24,27 @@
 // states the collectives per scheduler step, which must be exactly 1. Trace timestamps are
 // not replayed: requests are served in order, as fast as the cache allows.
 //
+// # Storage (L3)
+//
+// With Config.Storage (a storage URL: file:///dir, redis://host:port/prefix) every rank
+// opens its own handle in the run's namespace (hicache.NewStorageNamespace of the kvtest
+// content, the page size in tokens and bytes, and the attention-TP size: runs of another
+// shape never read these pages; runs differing only in CP or DP size share them) and the
+// cache gets its L3 tier: CP rank 0 of each slab group backs committed L2 pages up and
+// reads prefetches. Prepare opens and closes the storage once, so a bad URL or an
+// unreachable server is a bad input. With StorageClear, world rank 0 clears the namespace
+// and every rank waits at a world barrier before its cache starts.
+//
+// Prefetch is synchronous: after the match (and lock) of a request whose L1 and L2 hit is
+// shorter than its prompt, the scheduler calls Prefetch and makes scheduler steps until
+// the prefetch is over (PrefetchPending false), then matches again: the pages inserted
+// from storage are host pages, loaded back into L1 and verified like any L2 page. Those
+// wait steps are scheduler steps — counted in Steps (and in PrefetchSteps), each with its
+// one consensus step, so collectives per step stays exactly 1 — in which running requests
+// decode nothing. Prompt tokens served from the inserted pages are counted as storage hits
+// (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and backed up
+// (per replica, from its leader) and the storage errors of the I/O ranks.
+//
 // A bad page does not stop the run: it is counted, named (request and page) and makes
 // RunRank return an error wrapping ErrIntegrity after the report; so does a placement
 // divergence (the cache then serves from L1 only). A lost peer or a failed collective
