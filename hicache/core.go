@@ -270,7 +270,10 @@ func (c *Core) newNodeID(parent *Node, tokens []int32, hashes []uint64, id uint6
 }
 
 // split divides n after its first at pages: a new node (the head) takes them and becomes
-// n's parent. Only idle nodes are split. Returns the head.
+// n's parent. A node with I/O in flight is split too: its allocator range (committed, or
+// reserved by a backup in flight) is split at the same page, and the head joins n's backup
+// and load-back ops (splitIO), so both halves commit, abort or finish together at the step
+// the group agrees on; no page changes place. Returns the head.
 func (c *Core) split(n *Node, at int) *Node {
 	P := c.cfg.PageSize
 	c.treeSum -= nodeTerm(n)
@@ -285,13 +288,16 @@ func (c *Core) split(n *Node, at int) *Node {
 		n.l1 = n.l1[at:]
 		head.l1Kids = 1
 	}
-	if n.l2 != nil {
+	if (n.l2 != nil || n.write != nil) && !c.l2Off {
 		if err := c.alloc.Split(slab.RangeID(n.id), at, slab.RangeID(head.id)); err != nil {
 			panic(fmt.Sprintf("hicache: allocator split of node %d: %v (replica invariant broken)", n.id, err))
 		}
+	}
+	if n.l2 != nil {
 		head.l2 = n.l2[:at:at]
 		n.l2 = n.l2[at:]
 	}
+	splitIO(n, head, at)
 	p := n.parent
 	p.children[slices.Index(p.children, n)] = head
 	n.parent = head

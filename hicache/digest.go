@@ -16,10 +16,14 @@ func (c *Core) StateDigest() uint64 {
 	}
 	h = mix64(h ^ c.writeSeq ^ c.loadSeq<<32 ^ uint64(len(c.writes))<<48 ^ uint64(len(c.loads))<<56)
 	for _, op := range c.writes {
-		h = mix64(h ^ op.seq ^ op.node.id<<20)
+		for _, part := range op.parts {
+			h = mix64(h ^ op.seq ^ part.node.id<<20 ^ uint64(len(part.pages))<<52)
+		}
 	}
 	for _, op := range c.loads {
-		h = mix64(h ^ op.seq ^ op.node.id<<20)
+		for _, n := range op.nodes {
+			h = mix64(h ^ op.seq ^ n.id<<20)
+		}
 	}
 	h = c.l3Digest(h)
 	for _, op := range c.l3.puts {
@@ -142,8 +146,8 @@ func (c *Core) checkInvariants() error {
 			switch {
 			case n.l2 != nil && (!ok || !committed || !slices.Equal(pages, n.l2)):
 				fail("node %d: L2 pages %v, allocator has %v committed=%t ok=%t", n.id, n.l2, pages, committed, ok)
-			case n.write != nil && (!ok || committed):
-				fail("node %d: write in flight, allocator range ok=%t committed=%t", n.id, ok, committed)
+			case n.write != nil && (!ok || committed || !slices.Equal(pages, n.write.pagesOf(n))):
+				fail("node %d: write in flight of pages %v, allocator has %v committed=%t ok=%t", n.id, n.write.pagesOf(n), pages, committed, ok)
 			case n.l2 == nil && n.write == nil && ok:
 				fail("node %d: no L2 copy but the allocator holds range", n.id)
 			}

@@ -71,6 +71,10 @@
 //     one rank, and it commits or aborts on every rank at the same step.
 //   - No page is freed or reused while any rank has I/O on it: nodes with a backup or load
 //     in flight are not evictable, and L2 eviction takes only nodes held in L2 alone.
+//   - An Insert may split a node whose backup or load-back is in flight (two requests
+//     sharing a prefix in one step): its allocator range is split at the same page, both
+//     halves stay in the one transfer's op, and they commit, abort or finish together at
+//     the step the group agrees the transfer's seq is over. No page moves.
 //   - A digest mismatch returns a *DivergedError wrapping ErrPlacementDiverged on every
 //     rank, naming the step and the min/max digests. Transfers in flight are canceled and
 //     drained before Step returns; no slab byte is written afterwards; nodes held only in L2

@@ -82,50 +82,62 @@ func (c *Core) EvictL2(pages int) int {
 	return c.evictL2(pages, nil)
 }
 
-// commitWrite applies an agreed, completed backup.
+// commitWrite applies an agreed, completed backup: every piece of the node (see writeOp)
+// gets its L2 copy. Write-back evictions then free L1 pages deepest piece first, so that a
+// head whose only L1 child was its own tail becomes evictable too.
 func (c *Core) commitWrite(op *writeOp) {
-	n := op.node
-	if err := c.alloc.Commit(slab.RangeID(n.id)); err != nil {
-		panic(fmt.Sprintf("hicache: commit of node %d: %v (replica invariant broken)", n.id, err))
+	for _, part := range op.parts {
+		n := part.node
+		if err := c.alloc.Commit(slab.RangeID(n.id)); err != nil {
+			panic(fmt.Sprintf("hicache: commit of node %d: %v (replica invariant broken)", n.id, err))
+		}
+		n.write = nil
+		n.l2 = part.pages
+		c.stats.WrittenPages += int64(len(part.pages))
+		if c.cfg.L3 && !c.cfg.L3Options.NoBackup {
+			c.l3Backup(n)
+		}
+		c.relist(n, false)
 	}
-	n.write = nil
-	n.l2 = op.pages
-	c.stats.WrittenPages += int64(len(op.pages))
-	if c.cfg.L3 && !c.cfg.L3Options.NoBackup {
-		c.l3Backup(n)
-	}
-	if n.evictAfterWrite {
-		n.evictAfterWrite = false
-		if l1Evictable(n) {
-			c.clearL1(n)
-			c.stats.EvictedL1Pages += int64(len(n.hashes))
+	for i := len(op.parts) - 1; i >= 0; i-- {
+		n := op.parts[i].node
+		if n.evictAfterWrite {
+			n.evictAfterWrite = false
+			if l1Evictable(n) {
+				c.clearL1(n)
+				c.stats.EvictedL1Pages += int64(len(n.hashes))
+			}
 		}
 	}
-	c.relist(n, false)
 }
 
-// abortWrite applies an agreed, failed backup: the range is released, the node keeps its L1
-// pages.
+// abortWrite applies an agreed, failed backup: the ranges are released, the nodes keep
+// their L1 pages.
 func (c *Core) abortWrite(op *writeOp) {
-	n := op.node
-	if err := c.alloc.Abort(slab.RangeID(n.id)); err != nil {
-		panic(fmt.Sprintf("hicache: abort of node %d: %v (replica invariant broken)", n.id, err))
+	for _, part := range op.parts {
+		n := part.node
+		if err := c.alloc.Abort(slab.RangeID(n.id)); err != nil {
+			panic(fmt.Sprintf("hicache: abort of node %d: %v (replica invariant broken)", n.id, err))
+		}
+		n.write = nil
+		n.evictAfterWrite = false
 	}
-	n.write = nil
-	n.evictAfterWrite = false
 	c.stats.AbortedWrites++
 }
 
 // finishLoad applies an agreed load-back: on success the node's L1 pages are valid; on
 // failure on any rank they are stale (never served; refilled by an Insert or evicted).
 func (c *Core) finishLoad(op *loadOp, ok bool) {
-	n := op.node
-	n.load = nil
-	c.loadingPgs -= len(n.hashes)
-	if ok {
-		c.stats.LoadedPages += int64(len(n.hashes))
-	} else {
-		n.stale = true
+	for _, n := range op.nodes {
+		n.load = nil
+		c.loadingPgs -= len(n.hashes)
+		if ok {
+			c.stats.LoadedPages += int64(len(n.hashes))
+		} else {
+			n.stale = true
+		}
+	}
+	if !ok {
 		c.stats.FailedLoads++
 	}
 }

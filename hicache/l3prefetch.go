@@ -207,7 +207,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 
 // attachPrefetch inserts the first m pages of a read as a new L2-only node (id) under its
 // prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
-// changing nothing but an idle split, when the tree no longer holds exactly the prefix or
+// changing nothing but a split, when the tree no longer holds exactly the prefix or
 // already holds the first page.
 func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
 	end, used, ok := c.prefixEnd(r.tokens, r.start)
@@ -215,9 +215,6 @@ func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
 		return nil
 	}
 	if !end.isRoot() && used < len(end.hashes) {
-		if end.busy() {
-			return nil
-		}
 		end = c.split(end, used)
 	}
 	P := c.cfg.PageSize

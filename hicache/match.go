@@ -55,9 +55,8 @@ type FillPage struct {
 
 // InsertResult says what an Insert cached.
 type InsertResult struct {
-	// Pages is the number of leading whole pages of the sequence now in the tree (it is
-	// shorter than the sequence when a node on the way has I/O in flight and cannot be
-	// split, or on a hash collision).
+	// Pages is the number of leading whole pages of the sequence now in the tree (shorter
+	// than the sequence only on a hash collision).
 	Pages int
 	// Last is the deepest node of the inserted prefix (the root's sentinel if Pages is 0).
 	Last *Node
@@ -68,7 +67,7 @@ type InsertResult struct {
 }
 
 // Insert caches the whole pages of tokens: existing nodes are reused (split at page
-// boundaries where the sequence leaves them), missing pages become a new node with fresh L1
+// boundaries where the sequence leaves them, also while they have I/O in flight), missing pages become a new node with fresh L1
 // slots, and nodes of the path held only in L2 get L1 slots again (the caller has their
 // KV). It counts a hit on every node of the path and starts backups the write policy asks
 // for. It fails with ErrL1Full when L1 cannot make room, having changed nothing but
@@ -79,16 +78,14 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
 	path := c.walk(tokens)
-	// Split a partly matched last node, if it is idle; otherwise stop in front of it.
+	// Split a partly matched last node, even with I/O in flight (see split): two requests
+	// sharing a prefix are often inserted in the same step, before the first one's backup
+	// or load-back is over.
 	var nodes []*Node
 	pages := 0
 	for _, m := range path {
 		n := m.n
 		if m.pages < len(n.hashes) {
-			if n.busy() {
-				np = pages // cannot split: cache nothing below this node
-				break
-			}
 			n = c.split(n, m.pages)
 		}
 		nodes = append(nodes, n)

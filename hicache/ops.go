@@ -3,29 +3,68 @@ package hicache
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cpcache/cpcache/slab"
 )
 
 // writeOp is a backup in flight: the node's L2 range is reserved, every owner copies its
 // pages, and the consensus step commits the range once every rank finished (or aborts it if
-// any rank failed).
+// any rank failed). An Insert may split the node while the copies run: the op then covers
+// every piece (parts, in sequence order, each with its own allocator range), and one agreed
+// completion of the op's seq commits or aborts all of them.
 type writeOp struct {
 	seq   uint64
-	node  *Node
-	pages []slab.Page
+	parts []writePart // replicated
 	// local completion on this rank (not replicated)
 	done bool
 	err  error
 }
 
+// writePart is one node of a backup in flight and the L2 pages reserved for it.
+type writePart struct {
+	node  *Node
+	pages []slab.Page
+}
+
 // loadOp is a load-back in flight: the node's L1 slots are allocated and every owner reads
-// its pages from its slab.
+// its pages from its slab. Like a backup, it covers every piece (nodes, in sequence order)
+// when the node is split while it loads.
 type loadOp struct {
-	seq  uint64
-	node *Node
-	done bool
-	err  error
+	seq   uint64
+	nodes []*Node // replicated
+	done  bool
+	err   error
+}
+
+// pagesOf returns the pages the op reserved for node n (nil if n is not one of its parts).
+func (op *writeOp) pagesOf(n *Node) []slab.Page {
+	for _, p := range op.parts {
+		if p.node == n {
+			return p.pages
+		}
+	}
+	return nil
+}
+
+// splitIO hands the transfers in flight on n to the head split off its first at pages:
+// the head joins n's backup and load-back ops (right in front of n, keeping sequence
+// order), with the first at reserved pages of a backup. The ops' seqs are unchanged, so the
+// copies already started, and every rank's completion of them, cover both halves.
+func splitIO(n, head *Node, at int) {
+	if op := n.write; op != nil {
+		i := slices.IndexFunc(op.parts, func(p writePart) bool { return p.node == n })
+		pages := op.parts[i].pages
+		op.parts = slices.Insert(op.parts, i, writePart{node: head, pages: pages[:at:at]})
+		op.parts[i+1].pages = pages[at:]
+		head.write = op
+		head.evictAfterWrite = n.evictAfterWrite
+	}
+	if op := n.load; op != nil {
+		i := slices.Index(op.nodes, n)
+		op.nodes = slices.Insert(op.nodes, i, head)
+		head.load = op
+	}
 }
 
 // backup reserves L2 for n (evicting L2-only nodes when the pool is full) and queues its
@@ -44,7 +83,7 @@ func (c *Core) backup(n *Node) bool {
 		c.stats.SkippedBackups++
 		return false
 	}
-	op := &writeOp{seq: c.writeSeq, node: n, pages: pages}
+	op := &writeOp{seq: c.writeSeq, parts: []writePart{{node: n, pages: pages}}}
 	c.writeSeq++
 	n.write = op
 	c.writes = append(c.writes, op)
@@ -105,7 +144,7 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 	for _, x := range todo {
 		slots := c.l1.alloc(len(x.hashes))
 		c.setL1(x, slots)
-		op := &loadOp{seq: c.loadSeq, node: x}
+		op := &loadOp{seq: c.loadSeq, nodes: []*Node{x}}
 		c.loadSeq++
 		x.load = op
 		c.loads = append(c.loads, op)
@@ -127,7 +166,7 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 func (c *Core) Loading(n *Node) []uint64 {
 	var seqs []uint64
 	for ; n != nil && !n.isRoot(); n = n.parent {
-		if n.load != nil {
+		if n.load != nil && !slices.Contains(seqs, n.load.seq) { // pieces of a split share one
 			seqs = append(seqs, n.load.seq)
 		}
 	}

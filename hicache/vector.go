@@ -174,12 +174,16 @@ func (c *Core) localValue(i int) int64 {
 func (c *Core) diverge() {
 	c.l2Off = true
 	for _, op := range c.writes {
-		op.node.write = nil
-		op.node.evictAfterWrite = false
+		for _, part := range op.parts {
+			part.node.write = nil
+			part.node.evictAfterWrite = false
+		}
 	}
 	for _, op := range c.loads {
-		op.node.load = nil
-		op.node.stale = true
+		for _, n := range op.nodes {
+			n.load = nil
+			n.stale = true
+		}
 	}
 	c.writes, c.loads, c.loadingPgs = nil, nil, 0
 	c.out = nil

@@ -1,0 +1,177 @@
+package hicache
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// splitRig is a CP4 group whose ranks 1 and 2 copy slowly, so backups and load-backs are
+// still in flight on them when the scheduler inserts the next request.
+func splitRig(t *testing.T, policy Policy) *rig {
+	return newRig(t, rigConfig{
+		layout:       dist.LayoutConfig{World: 4, AttnCP: 4},
+		opts:         Options{PageSize: 4, L1Pages: 64, Policy: policy, WriteThreshold: 1, MinLoadPages: 1, LoadQuotaPages: 64},
+		pagesPerSlab: 24, pageBytes: 64,
+		delay: func(rank int) func(Transfer) time.Duration {
+			if rank != 1 && rank != 2 {
+				return nil
+			}
+			return func(Transfer) time.Duration { return 3 * time.Millisecond }
+		},
+	})
+}
+
+// sharedPair returns two 8-page sequences (page size 4) sharing their first 5 pages.
+func sharedPair(base int32) (a, b []int32) {
+	a = tokensN(base, 32)
+	b = append(slices.Clone(a[:20]), tokensN(base+10000, 12)...)
+	return a, b
+}
+
+// requireWholeInsert inserts tokens everywhere and requires every page to be cached.
+func requireWholeInsert(t *testing.T, r *rig, tokens []int32) {
+	t.Helper()
+	res, err := r.insert(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(tokens) / 4; res[0].Pages != want {
+		t.Fatalf("insert cached %d of %d pages", res[0].Pages, want)
+	}
+	r.checkAgree()
+}
+
+// evictL1All evicts every L1 page (write-back: once the eviction's backups committed).
+func evictL1All(t *testing.T, r *rig) {
+	t.Helper()
+	r.drain()
+	for k := 0; r.caches[0].Stats().L1Used > 0; k++ {
+		if k > 100 {
+			t.Fatalf("%d L1 pages left after evicting everything", r.caches[0].Stats().L1Used)
+		}
+		if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(1 << 30); return err }); err != nil {
+			t.Fatal(err)
+		}
+		r.drain()
+	}
+}
+
+// requireServedFromL2 evicts everything from L1 and requires each sequence to match fully
+// as host pages, load back and verify (content checked on every rank).
+func requireServedFromL2(t *testing.T, r *rig, seqs ...[]int32) {
+	t.Helper()
+	for _, s := range seqs {
+		evictL1All(t, r)
+		m, err := r.matchLoad(s, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := len(s) / 4; m[0].HostPages != want || m[0].DevicePages != 0 {
+			t.Fatalf("after L1 eviction: %d device + %d host pages, want 0 + %d", m[0].DevicePages, m[0].HostPages, want)
+		}
+		if m, err = r.matchLoad(s, true); err != nil {
+			t.Fatal(err)
+		}
+		if want := len(s) / 4; m[0].DevicePages != want {
+			t.Fatalf("after load-back: %d device pages, want %d", m[0].DevicePages, want)
+		}
+		r.drain()
+	}
+}
+
+// Two requests sharing a prefix inserted in the same scheduler step — the second splits
+// the first one's node while its backup is queued or in flight (write-back: while the
+// eviction's backup runs) — are both cached whole; every rank agrees at every step, the
+// backups of both halves commit together, and both sequences come back from L2.
+func TestInsertSplitsNodeWithBackupInFlight(t *testing.T) {
+	for _, pol := range []Policy{WriteThrough, WriteThroughSelective, WriteBack} {
+		t.Run(pol.String(), func(t *testing.T) {
+			r := splitRig(t, pol)
+			a, b := sharedPair(100)
+			requireWholeInsert(t, r, a)
+			if pol == WriteBack { // the backup starts when the node is evicted from L1
+				if err := r.step(); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(8); return err }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := r.caches[0].core.walk(a)[0].n
+			if n.write == nil {
+				t.Fatalf("node %d has no backup in flight (state %v)", n.ID(), n.State())
+			}
+			requireWholeInsert(t, r, b) // same step: splits n
+			head := n.parent
+			if head.isRoot() || head.write != n.write || head.Pages() != 5 || n.Pages() != 3 {
+				t.Fatalf("split: head %v (%d pages, write %p), tail %d pages (write %p)", nodeName(head), head.Pages(), head.write, n.Pages(), n.write)
+			}
+			// Another request on the same prefix while the copies run on ranks 1 and 2.
+			if err := r.step(); err != nil {
+				t.Fatal(err)
+			}
+			c3 := append(slices.Clone(a[:8]), tokensN(30000, 8)...)
+			requireWholeInsert(t, r, c3)
+			r.drain()
+			st := r.caches[0].Stats()
+			if st.AbortedWrites != 0 || st.SkippedBackups != 0 {
+				t.Fatalf("aborted %d, skipped %d backups", st.AbortedWrites, st.SkippedBackups)
+			}
+			requireServedFromL2(t, r, a, b, c3)
+			r.checkCollectives()
+		})
+	}
+}
+
+// A request inserted while a load-back of its prefix is in flight splits the loading node:
+// both halves finish loading at the same agreed step and serve verified content.
+func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
+	r := splitRig(t, WriteThrough)
+	a, b := sharedPair(500)
+	requireWholeInsert(t, r, a)
+	evictL1All(t, r)
+	if err := r.each("load", func(_ int, c *Cache) error {
+		m, err := c.Match(a)
+		if err != nil {
+			return err
+		}
+		_, err = c.LoadBack(m.Last)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := r.caches[0].core.walk(a)[0].n
+	if n.load == nil {
+		t.Fatalf("node %d is not loading (state %v)", n.ID(), n.State())
+	}
+	requireWholeInsert(t, r, b)
+	if head := n.parent; head.load != n.load || head.Pages() != 5 {
+		t.Fatalf("split: head %v (%d pages) does not share the load", nodeName(head), head.Pages())
+	}
+	if got := r.caches[0].core.Loading(n); len(got) != 1 {
+		t.Fatalf("Loading(tail) = %v, want the one shared load", got)
+	}
+	for _, s := range [][]int32{a, b} {
+		m, err := r.matchLoad(s, false) // waits for this rank's copies, verifies its pages
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[0].DevicePages != len(s)/4 {
+			t.Fatalf("%d device pages, want %d", m[0].DevicePages, len(s)/4)
+		}
+	}
+	r.drain()
+	if st := r.caches[0].Stats(); st.FailedLoads != 0 || st.LoadedPages != 8 {
+		t.Fatalf("loaded %d pages, %d failed loads; want 8, 0", st.LoadedPages, st.FailedLoads)
+	}
+	requireServedFromL2(t, r, a, b)
+	for _, c := range r.caches {
+		if err := c.WaitL1(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
