@@ -3,6 +3,8 @@ package hicache
 import (
 	"cmp"
 	"slices"
+
+	"github.com/cpcache/cpcache/internal/mix"
 )
 
 // StateDigest hashes the whole replicated state, walking the tree: every node's id, place,
@@ -10,30 +12,30 @@ import (
 // the allocator digest (while L2 is enabled). Equal on every rank of a healthy group after every step. O(nodes);
 // meant for tests and debugging (the consensus step uses O(1) digests).
 func (c *Core) StateDigest() uint64 {
-	h := mix64(uint64(c.l1.used()) << 1)
+	h := mix.Mix64(uint64(c.l1.used()) << 1)
 	if !c.l2Off { // after a divergence the allocator is abandoned (and may differ)
-		h = mix64(h ^ c.alloc.Digest())
+		h = mix.Mix64(h ^ c.alloc.Digest())
 	}
-	h = mix64(h ^ c.writeSeq ^ c.loadSeq<<32 ^ uint64(len(c.writes))<<48 ^ uint64(len(c.loads))<<56)
+	h = mix.Mix64(h ^ c.writeSeq ^ c.loadSeq<<32 ^ uint64(len(c.writes))<<48 ^ uint64(len(c.loads))<<56)
 	for _, op := range c.writes {
 		for _, part := range op.parts {
-			h = mix64(h ^ op.seq ^ part.node.id<<20 ^ uint64(len(part.pages))<<52)
+			h = mix.Mix64(h ^ op.seq ^ part.node.id<<20 ^ uint64(len(part.pages))<<52)
 		}
 	}
 	for _, op := range c.loads {
 		for _, n := range op.nodes {
-			h = mix64(h ^ op.seq ^ n.id<<20)
+			h = mix.Mix64(h ^ op.seq ^ n.id<<20)
 		}
 	}
 	h = c.l3Digest(h)
 	for _, op := range c.l3.puts {
-		h = mix64(h ^ op.seq ^ op.node.id<<20)
+		h = mix.Mix64(h ^ op.seq ^ op.node.id<<20)
 	}
 	for _, r := range c.l3.reads {
-		h = mix64(h ^ r.seq ^ uint64(r.rid)<<20 ^ uint64(len(r.pages))<<48)
+		h = mix.Mix64(h ^ r.seq ^ uint64(r.rid)<<20 ^ uint64(len(r.pages))<<48)
 	}
 	for _, rel := range c.l3.releases {
-		h = mix64(h ^ rel.seq ^ uint64(rel.rid)<<20)
+		h = mix.Mix64(h ^ rel.seq ^ uint64(rel.rid)<<20)
 	}
 	flag := func(b bool, bit uint) uint64 {
 		if b {
@@ -44,21 +46,21 @@ func (c *Core) StateDigest() uint64 {
 	var visit func(n *Node)
 	visit = func(n *Node) {
 		if !n.isRoot() {
-			h = mix64(h ^ n.id ^ uint64(n.depth)<<32)
-			h = mix64(h ^ n.hashes[len(n.hashes)-1])
-			h = mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
-			h = mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
+			h = mix.Mix64(h ^ n.id ^ uint64(n.depth)<<32)
+			h = mix.Mix64(h ^ n.hashes[len(n.hashes)-1])
+			h = mix.Mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
+			h = mix.Mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)
 			for _, s := range n.l1 {
-				h = mix64(h ^ uint64(s))
+				h = mix.Mix64(h ^ uint64(s))
 			}
 			for _, p := range n.l2 {
-				h = mix64(h ^ uint64(p.Slab)<<32 ^ uint64(p.Index))
+				h = mix.Mix64(h ^ uint64(p.Slab)<<32 ^ uint64(p.Index))
 			}
 		}
 		kids := slices.Clone(n.children)
 		slices.SortFunc(kids, func(a, b *Node) int { return cmp.Compare(a.id, b.id) })
-		h = mix64(h ^ uint64(len(kids)))
+		h = mix.Mix64(h ^ uint64(len(kids)))
 		for _, k := range kids {
 			visit(k)
 		}
@@ -66,10 +68,10 @@ func (c *Core) StateDigest() uint64 {
 	visit(c.root)
 	// LRU order matters for future evictions.
 	for n := c.lruL1.front(); n != nil; n = c.lruL1.after(n) {
-		h = mix64(h ^ n.id)
+		h = mix.Mix64(h ^ n.id)
 	}
 	for n := c.lruL2.front(); n != nil; n = c.lruL2.after(n) {
-		h = mix64(h ^ n.id ^ 1<<63)
+		h = mix.Mix64(h ^ n.id ^ 1<<63)
 	}
 	return h
 }

@@ -1,5 +1,7 @@
 package hicache
 
+import "github.com/cpcache/cpcache/internal/mix"
+
 // Page hashes are chained over the prefix: the hash of page j covers every token of pages
 // 0..j, so it identifies the whole prefix and can key an L3 store. The function is fixed (no
 // per-process seed): equal prefixes hash equally on every rank and in every run.
@@ -9,23 +11,13 @@ const RootHash uint64 = 0x243f6a8885a308d3
 
 const fnvPrime = 0x100000001b3
 
-// mix64 is the SplitMix64 finaliser, a bijection with full avalanche.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
 // PageHash chains the hash of one page of tokens onto prev (RootHash for the first page).
 func PageHash(prev uint64, page []int32) uint64 {
 	x := prev ^ 0xcbf29ce484222325
 	for _, t := range page {
 		x = (x ^ uint64(uint32(t))) * fnvPrime
 	}
-	return mix64(x)
+	return mix.Mix64(x)
 }
 
 // PrefixHashes returns the chained hash of every whole page of tokens.

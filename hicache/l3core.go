@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/cpcache/cpcache/internal/mix"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -301,6 +302,6 @@ func (c *Core) dropL3() {
 // l3Digest folds the L3 queue positions into the tree digest.
 func (c *Core) l3Digest(x uint64) uint64 {
 	l := &c.l3
-	x = mix64(x ^ l.putSeq ^ l.querySeq<<16 ^ l.readSeq<<32 ^ l.releaseSeq<<48)
-	return mix64(x ^ uint64(len(l.puts)) ^ uint64(len(l.queries))<<16 ^ uint64(len(l.reads))<<32 ^ uint64(len(l.releases))<<48 ^ uint64(l.reserved)<<8)
+	x = mix.Mix64(x ^ l.putSeq ^ l.querySeq<<16 ^ l.readSeq<<32 ^ l.releaseSeq<<48)
+	return mix.Mix64(x ^ uint64(len(l.puts)) ^ uint64(len(l.queries))<<16 ^ uint64(len(l.reads))<<32 ^ uint64(len(l.releases))<<48 ^ uint64(l.reserved)<<8)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/cpcache/cpcache/internal/mix"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -128,7 +129,7 @@ func (n *Node) unlinkChild(c *Node) {
 
 // nodeTerm is a node's contribution to the O(1)-maintained tree digest.
 func nodeTerm(n *Node) uint64 {
-	return mix64(n.id*0x9e3779b97f4a7c15 ^ mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
+	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }
 
 func rangeID(id uint64) slab.RangeID { return slab.RangeID(id) }

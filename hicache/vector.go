@@ -3,6 +3,8 @@ package hicache
 import (
 	"math"
 	"strconv"
+
+	"github.com/cpcache/cpcache/internal/mix"
 )
 
 // The consensus vector: what every rank contributes to the one AllReduce(MIN) of a step.
@@ -37,11 +39,11 @@ const mask63 = 1<<63 - 1
 
 // treeDigest folds the O(1)-maintained tree state into 63 bits.
 func (c *Core) treeDigest() int64 {
-	x := mix64(c.treeSum ^ uint64(c.nodes)<<1)
-	x = mix64(x ^ uint64(c.l1.used()))
-	x = mix64(x ^ c.writeSeq<<20 ^ c.loadSeq)
-	x = mix64(x ^ uint64(len(c.writes))<<32 ^ uint64(len(c.loads)) ^ uint64(c.loadingPgs)<<16)
-	x = mix64(x ^ c.step ^ uint64(c.locks)<<40)
+	x := mix.Mix64(c.treeSum ^ uint64(c.nodes)<<1)
+	x = mix.Mix64(x ^ uint64(c.l1.used()))
+	x = mix.Mix64(x ^ c.writeSeq<<20 ^ c.loadSeq)
+	x = mix.Mix64(x ^ uint64(len(c.writes))<<32 ^ uint64(len(c.loads)) ^ uint64(c.loadingPgs)<<16)
+	x = mix.Mix64(x ^ c.step ^ uint64(c.locks)<<40)
 	x = c.l3Digest(x)
 	return int64(x & mask63)
 }
