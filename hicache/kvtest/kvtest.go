@@ -1,9 +1,3 @@
-// Package kvtest makes KV-cache content checkable: the bytes of a page are a fixed function
-// of the page's chained prefix hash, its sequence position and the rank's shard, so a page
-// that was written to or read from the wrong place is caught by CheckKV. hicache's tests and
-// the multi-rank runner fill pages with FillKV where an engine would write computed KV, and
-// check every page they read back. MemSlabs is an in-process L2 (one byte slice per slab) for
-// tests that run many ranks in one process.
 package kvtest
 
 import (

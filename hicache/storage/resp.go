@@ -21,7 +21,7 @@ type redisError string
 func (e redisError) Error() string { return "redis: " + string(e) }
 
 // errProtocol marks a reply the client cannot parse; the connection is dropped.
-var errProtocol = errors.New("redis protocol error")
+var errProtocol = errors.New("storage: redis protocol error")
 
 const respBufSize = 64 << 10
 

@@ -1,7 +1,3 @@
-// Package storagetest is the conformance suite every storage backend must pass: the
-// contract of storage.Storage (hits, misses, leading counts, overwrite, delete, namespaces,
-// Clear, verification of stored values, argument checks, Close, concurrent use), run by
-// each backend's tests against a real store.
 package storagetest
 
 import (
@@ -63,8 +59,8 @@ type env struct {
 	t       *testing.T
 	s       storage.Storage
 	ns      storage.Namespace
-	corrupt []error // errors passed to OnCorrupt
-	mu      sync.Mutex
+	mu      sync.Mutex // guards corrupt: OnCorrupt runs on the storage's goroutines
+	corrupt []error    // errors passed to OnCorrupt
 }
 
 func open(t *testing.T, b Backend, tag string) *env {
