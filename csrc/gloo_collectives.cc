@@ -1,10 +1,9 @@
 // gloo_collectives.cc — the collectives of gloo_shim.h over a Gloo context.
 //
-// Small groups (up to cpg_ctx::directMax members, 32 unless CPCACHE_GLOO_DIRECT_MAX says)
-// exchange fixed-size frames over Gloo's unbound buffers: each member's kFrame-byte frame (a
-// header naming the collective and its arguments, then up to kInline bytes of payload)
-// reaches every other member, directly in groups of up to kAllToAllMax, else by Bruck's
-// allgather (ceil(log2 n) rounds instead of the 2(n-1) steps of a ring).
+// Small groups (up to cpg_ctx::directMax members: 32 unless CPCACHE_GLOO_DIRECT_MAX says)
+// use a direct exchange over Gloo's unbound buffers: each member sends one kFrame-byte frame
+// to every other member (a header naming the collective and its arguments, then up to
+// kInline bytes of payload) and receives theirs.
 // Every frame has the same size whatever the collective, so members that disagree exchange
 // well-formed frames and detect the mismatch from the headers instead of corrupting data.
 // Larger groups use Gloo's own algorithms (ring allreduce, allgatherv, broadcast, barrier).
@@ -26,10 +25,7 @@ namespace {
 
 constexpr size_t kFrame = 512;
 constexpr uint32_t kMagic = 0x63706367;  // "cpcg"
-constexpr int kAllToAllMax = 4;  // larger groups exchange frames with Bruck's allgather
-constexpr uint64_t kFrameSlot = 0x40ULL << 56;
-constexpr uint64_t kBruckSlot = 0x50ULL << 56;  // + round << 56: one slot space per round
-constexpr uint64_t kRestSlot = 0x42ULL << 56;
+constexpr uint64_t kSlotPrefix = 0x40ULL << 56;
 
 enum Kind : uint32_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
 
@@ -65,12 +61,11 @@ std::string describe(const Header& h) {
 struct Op {
   cpg_ctx* c;
   int rank, size;
-  uint64_t id;  // this collective's position in the context's sequence
   Deadline deadline;
   std::vector<std::shared_ptr<void>> keep;
 
   Op(cpg_ctx* c, int64_t timeout_ms)
-      : c(c), rank(c->ctx->rank), size(c->ctx->size), id(c->seq++), deadline(deadlineIn(timeout_ms)) {}
+      : c(c), rank(c->ctx->rank), size(c->ctx->size), deadline(deadlineIn(timeout_ms)) {}
 
   std::shared_ptr<std::vector<char>> mem(size_t n) {
     auto m = std::make_shared<std::vector<char>>(n);
@@ -84,11 +79,7 @@ struct Op {
     return b;
   }
 
-  // Slots: every phase of collective #id has its own slot, and each slot space carries
-  // messages of one size only (frames: kFrame; Bruck round k: a size-determined number of
-  // frames; broadcast rests: the length the root's frame announced), so members that
-  // disagree never receive a message of an unexpected size.
-  uint64_t slot(uint64_t prefix) const { return prefix | (id & 0xffffffffffffULL); }
+  uint64_t nextSlot() { return kSlotPrefix | (c->seq++ & 0xffffffffffffULL); }
 
   // waitAll waits for nrecv receives and nsend sends of b to complete, within the deadline.
   void waitAll(gloo::transport::UnboundBuffer& b, int nrecv, int nsend) {
@@ -102,50 +93,24 @@ struct Op {
     }
   }
 
-  // exchange gives every member every frame (frames[r] is member r's): all-to-all in small
-  // groups (one hop, size-1 messages each way), else with Bruck's allgather (ceil(log2 size)
-  // rounds of one message each way, like Gloo's dissemination barrier).
-  void exchange(std::vector<char>& frames) {
-    if (size <= kAllToAllMax) {
-      auto b = buffer(frames);
-      for (int p = 0; p < size; p++) {
-        if (p == rank) continue;
-        b->send(p, slot(kFrameSlot), static_cast<size_t>(rank) * kFrame, kFrame);
-        b->recv(p, slot(kFrameSlot), static_cast<size_t>(p) * kFrame, kFrame);
-      }
-      waitAll(*b, size - 1, size - 1);
-      return;
-    }
-    // Block i of work holds the frame of member (rank + i) % size.
-    auto work = mem(frames.size());
-    std::memcpy(work->data(), frames.data() + static_cast<size_t>(rank) * kFrame, kFrame);
-    auto b = buffer(*work);
-    uint64_t round = 0;
-    for (int dist = 1; dist < size; dist <<= 1, round++) {
-      const size_t cnt = static_cast<size_t>(std::min(dist, size - dist));
-      const uint64_t sl = slot(kBruckSlot + (round << 56));
-      b->recv((rank + dist) % size, sl, static_cast<size_t>(dist) * kFrame, cnt * kFrame);
-      b->send((rank - dist + size) % size, sl, 0, cnt * kFrame);
-      waitAll(*b, 1, 1);
-    }
-    for (int i = 0; i < size; i++) {
-      std::memcpy(frames.data() + static_cast<size_t>((rank + i) % size) * kFrame,
-                  work->data() + static_cast<size_t>(i) * kFrame, kFrame);
-    }
-  }
-
-  // fromRoot sends root's frame to every other member.
-  void fromRoot(std::vector<char>& frames, int root) {
+  // frames exchanges kFrame-byte frames: frames[r] is member r's. With root < 0 every member
+  // sends its own to all others; else only root sends and the others receive root's.
+  void exchange(std::vector<char>& frames, int root) {
     auto b = buffer(frames);
-    if (rank == root) {
-      for (int p = 0; p < size; p++) {
-        if (p != root) b->send(p, slot(kFrameSlot), static_cast<size_t>(root) * kFrame, kFrame);
+    uint64_t slot = nextSlot();
+    int nsend = 0, nrecv = 0;
+    for (int p = 0; p < size; p++) {
+      if (p == rank) continue;
+      if (root < 0 || root == rank) {
+        b->send(p, slot, static_cast<size_t>(rank) * kFrame, kFrame);
+        nsend++;
       }
-      waitAll(*b, 0, size - 1);
-    } else {
-      b->recv(root, slot(kFrameSlot), static_cast<size_t>(root) * kFrame, kFrame);
-      waitAll(*b, 1, 0);
+      if (root < 0 || root == p) {
+        b->recv(p, slot, static_cast<size_t>(p) * kFrame, kFrame);
+        nrecv++;
+      }
     }
+    waitAll(*b, nrecv, nsend);
   }
 
   Header* frame(std::vector<char>& frames, int r) {
@@ -163,7 +128,7 @@ struct Op {
   }
 
   Header header(uint32_t kind, int64_t arg, int64_t len) {
-    return Header{kMagic, kind, arg, len, id};
+    return Header{kMagic, kind, arg, len, c->seq};
   }
 
   // finish records a failure: keeps the buffers and, on an I/O error, closes every connection
@@ -216,7 +181,7 @@ void allreduce(Op& o, int op, int64_t* vals, size_t n) {
   *o.frame(*frames, o.rank) = mine;
   const bool inlined = bytes <= kInline;
   if (inlined) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), vals, bytes);
-  o.exchange(*frames);
+  o.exchange(*frames, -1);
   for (int p = 0; p < o.size; p++) o.check(mine, *o.frame(*frames, p), p);
   if (!inlined) {  // every member agreed on n: reduce the data with Gloo's ring
     auto data = o.mem(bytes);
@@ -263,7 +228,7 @@ std::vector<char> broadcast(Op& o, int root, const void* in, size_t n) {
   Header mine = o.header(kBroadcast, root, isRoot ? static_cast<int64_t>(n) : 0);
   *o.frame(*frames, o.rank) = mine;
   if (isRoot && n > 0) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), in, std::min(n, kInline));
-  o.fromRoot(*frames, root);
+  o.exchange(*frames, root);
   Header theirs = *o.frame(*frames, root);
   if (!isRoot) {
     mine.len = theirs.len;
@@ -273,32 +238,24 @@ std::vector<char> broadcast(Op& o, int root, const void* in, size_t n) {
   const size_t len = static_cast<size_t>(theirs.len);
   std::vector<char> out(len);
   std::memcpy(out.data(), frames->data() + root * kFrame + sizeof(Header), std::min(len, kInline));
-  if (len > kInline) {  // the rest: straight from the root in small groups, else Gloo's tree
+  if (len > kInline) {  // the rest, straight from the root
     auto rest = o.mem(len - kInline);
     if (isRoot) std::memcpy(rest->data(), static_cast<const char*>(in) + kInline, len - kInline);
-    if (o.size <= kAllToAllMax) {
-      auto b = o.buffer(*rest);
-      int nsend = 0, nrecv = 0;
-      if (isRoot) {
-        for (int p = 0; p < o.size; p++) {
-          if (p != root) {
-            b->send(p, o.slot(kRestSlot), 0, rest->size());
-            nsend++;
-          }
+    auto b = o.buffer(*rest);
+    uint64_t slot = o.nextSlot();
+    int nsend = 0, nrecv = 0;
+    if (isRoot) {
+      for (int p = 0; p < o.size; p++) {
+        if (p != root) {
+          b->send(p, slot, 0, rest->size());
+          nsend++;
         }
-      } else {
-        b->recv(root, o.slot(kRestSlot), 0, rest->size());
-        nrecv++;
       }
-      o.waitAll(*b, nrecv, nsend);
     } else {
-      gloo::BroadcastOptions d(o.c->ctx);
-      d.setRoot(root);
-      if (isRoot) d.setInput(rest->data(), rest->size());
-      d.setOutput(rest->data(), rest->size());
-      d.setTimeout(remaining(o.deadline));
-      gloo::broadcast(d);
+      b->recv(root, slot, 0, rest->size());
+      nrecv++;
     }
+    o.waitAll(*b, nrecv, nsend);
     std::memcpy(out.data() + kInline, rest->data(), rest->size());
   }
   return out;
@@ -314,7 +271,7 @@ std::vector<char> allgather(Op& o, const void* in, size_t n, std::vector<size_t>
     Header mine = o.header(kAllgather, 0, static_cast<int64_t>(n));
     *o.frame(*frames, o.rank) = mine;
     if (n > 0) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), in, std::min(n, kInline));
-    o.exchange(*frames);
+    o.exchange(*frames, -1);
     for (int p = 0; p < o.size; p++) {
       Header h = *o.frame(*frames, p);
       mine.len = h.len;
@@ -379,7 +336,7 @@ void barrier(Op& o) {
   auto frames = o.mem(kFrame * o.size);
   Header mine = o.header(kBarrier, 0, 0);
   *o.frame(*frames, o.rank) = mine;
-  o.exchange(*frames);
+  o.exchange(*frames, -1);
   for (int p = 0; p < o.size; p++) o.check(mine, *o.frame(*frames, p), p);
 }
 

@@ -1,6 +1,7 @@
 package gloo_test
 
 import (
+	"os"
 	"fmt"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestPeerExit(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/ranks=%d", how, n), func(t *testing.T) {
 				// The group timeout is far beyond the run's limit: only prompt detection passes.
 				res := multiproc.Run(t, multiproc.Spec{Role: "peer-exit", N: n, Timeout: 90 * time.Second,
-					Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_EXIT=" + how, "CPCACHE_TEST_TIMEOUT=10m"}})
+					Env: []string{"CPCACHE_STORE=" + fileStore(t), "CPCACHE_TEST_EXIT=" + how, "CPCACHE_TEST_TIMEOUT=" + os.Getenv("PE_TIMEOUT")}})
 				t.Logf("rank 0: %s", res[0].Output)
 			})
 		}
