@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/cpcache/cpcache/dist"
@@ -97,6 +98,9 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	cfg.Policy = p
 	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: --prefetch-policy: %w", err))
+	}
+	if strings.HasPrefix(cfg.Storage, "mem:") {
+		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", cfg.Storage))
 	}
 	worldSet := false
 	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })

@@ -209,6 +209,7 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage", "file://relative/dir"}, `file URL host "relative"`},
 		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "--storage: storage: redis"},
 		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
+		{[]string{"--storage", "mem://pages"}, "mem:// storage lives in one process"},
 		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},
 	}
 	for _, c := range cases {
