@@ -2,6 +2,7 @@ package hicache
 
 import (
 	"context"
+	"github.com/cpcache/cpcache/internal/redistest"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -25,13 +26,13 @@ func (r *rig) storageErrors() int64 {
 // rank verified, every step completes with agreeing digests, every loaded page has the right
 // content; once the server is back, backups succeed again.
 func TestL3RedisDown(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.Start(t)
 	ns := testNamespace(t)
 	gate := make(chan struct{})
 	arrived := make(chan struct{}, 2) // an I/O rank verified the first chunk and waits
 	var gateOn sync.Mutex             // protects holding
 	holding := false
-	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.addr()+"/hicachetest?timeout=300ms", ns), ns,
+	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.Addr()+"/hicachetest?timeout=300ms", ns), ns,
 		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
 	rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
 		return func(ctx context.Context, kind l3Kind, _ uint64, chunk int) error {
@@ -88,7 +89,7 @@ func TestL3RedisDown(t *testing.T) {
 	}
 	<-arrived
 	<-arrived
-	srv.kill()
+	srv.Kill()
 	close(gate)
 	for k := 0; r.caches[0].PrefetchPending(res[0].ID); k++ {
 		if k > 10000 {
@@ -128,7 +129,7 @@ func TestL3RedisDown(t *testing.T) {
 	}
 
 	// Server back (empty): backups succeed again, by themselves.
-	srv.start()
+	srv.Start()
 	r.evictAll()
 	errs = r.storageErrors()
 	backed := r.sameStats().L3BackedUpPages

@@ -5,14 +5,15 @@ import (
 	"testing"
 
 	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/internal/redistest"
 )
 
 // TestRedisGetAllocations: reading pages from Redis goes straight into the caller's buffers;
 // the allocations of a batch do not grow with the number of pages.
 func TestRedisGetAllocations(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ns := mustNamespace(t, "alloc")
-	s := openURL(t, r.url("alloc"), storage.Options{Namespace: ns, PoolSize: 1})
+	s := openURL(t, r.URL("alloc"), storage.Options{Namespace: ns, PoolSize: 1})
 	defer s.Close()
 	const n = 64
 	keys := make([]storage.Key, n)

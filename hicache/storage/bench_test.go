@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/internal/redistest"
 )
 
 // Throughput of each backend for 64 KiB pages, in batches of 64 pages (4 MiB), against a
@@ -41,8 +42,8 @@ func benchBackends() []benchBackend {
 		{"file", file(0)},
 		{"file-1worker", file(1)},
 		{"redis", func(b *testing.B, ns storage.Namespace) storage.Storage {
-			r := startRedis(b)
-			return openURL(b, r.url("bench"), storage.Options{Namespace: ns})
+			r := redistest.Start(b)
+			return openURL(b, r.URL("bench"), storage.Options{Namespace: ns})
 		}},
 		{"mem", func(b *testing.B, ns storage.Namespace) storage.Storage {
 			return openURL(b, "mem://bench", storage.Options{Namespace: ns})

@@ -12,21 +12,22 @@ import (
 
 	"github.com/cpcache/cpcache/hicache/storage"
 	"github.com/cpcache/cpcache/hicache/storage/storagetest"
+	"github.com/cpcache/cpcache/internal/redistest"
 )
 
 func TestRedisConformance(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	storagetest.Conformance(t, storagetest.Backend{
 		Open: func(t *testing.T, opts storage.Options) storage.Storage {
-			return openURL(t, r.url("conformance"), opts)
+			return openURL(t, r.URL("conformance"), opts)
 		},
 		Mutate: func(t *testing.T, s storage.Storage, k storage.Key, mutate func([]byte) []byte) {
 			name := []byte(storage.RedisKeyName(s, k))
-			old, err := storage.RedisCommand(testCtx(t), r.addr(), []byte("GET"), name)
+			old, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("GET"), name)
 			if err != nil || old == nil {
 				t.Fatalf("mutate: GET %s: %q, %v", name, old, err)
 			}
-			if _, err := storage.RedisCommand(testCtx(t), r.addr(), []byte("SET"), name, mutate(old)); err != nil {
+			if _, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("SET"), name, mutate(old)); err != nil {
 				t.Fatalf("mutate: SET %s: %v", name, err)
 			}
 		},
@@ -55,16 +56,16 @@ func allOps(ctx context.Context, s storage.Storage, keys []storage.Key, pages []
 // ErrUnavailable by its deadline (no hang, no panic); after a restart on the same port the
 // same storage works again without being reopened.
 func TestRedisServerLoss(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ns := mustNamespace(t, "loss")
-	s := openURL(t, r.url("loss"), storage.Options{Namespace: ns, Timeout: 5 * time.Second})
+	s := openURL(t, r.URL("loss"), storage.Options{Namespace: ns, Timeout: 5 * time.Second})
 	defer s.Close()
 	keys := []storage.Key{storage.NewKey(ns, 1), storage.NewKey(ns, 2)}
 	pages := [][]byte{bytes.Repeat([]byte{1}, 64<<10), bytes.Repeat([]byte{2}, 64<<10)}
 	if err := s.Put(testCtx(t), keys, pages); err != nil {
 		t.Fatal(err)
 	}
-	r.kill()
+	r.Kill()
 	for round := range 2 { // first on pooled connections, then on fresh dials
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		for op, err := range allOps(ctx, s, keys, pages) {
@@ -75,7 +76,7 @@ func TestRedisServerLoss(t *testing.T) {
 	if got := s.Stats().Errors; got != 10 {
 		t.Errorf("errors counted: %d, want 10", got)
 	}
-	r.start() // same port, empty (no persistence)
+	r.Start() // same port, empty (no persistence)
 	dst := [][]byte{make([]byte, 64<<10), make([]byte, 64<<10)}
 	if n, err := s.Get(testCtx(t), keys, dst, nil); err != nil || n != 0 {
 		t.Fatalf("get after restart: %d hits, %v; want 0 hits and no error", n, err)
@@ -92,20 +93,20 @@ func TestRedisServerLoss(t *testing.T) {
 // nothing answers. Calls fail with ErrUnavailable at the context's deadline, or at
 // Options.Timeout when the context has none, and work again once the server resumes.
 func TestRedisStalledServer(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ns := mustNamespace(t, "stall")
-	s := openURL(t, r.url("stall"), storage.Options{Namespace: ns, Timeout: 300 * time.Millisecond})
+	s := openURL(t, r.URL("stall"), storage.Options{Namespace: ns, Timeout: 300 * time.Millisecond})
 	defer s.Close()
 	keys := []storage.Key{storage.NewKey(ns, 1)}
 	pages := [][]byte{bytes.Repeat([]byte{7}, 64<<10)}
 	if err := s.Put(testCtx(t), keys, pages); err != nil {
 		t.Fatal(err)
 	}
-	r.signal(syscall.SIGSTOP)
+	r.Signal(syscall.SIGSTOP)
 	stopped := true
 	defer func() {
 		if stopped {
-			r.signal(syscall.SIGCONT)
+			r.Signal(syscall.SIGCONT)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -123,7 +124,7 @@ func TestRedisStalledServer(t *testing.T) {
 	go func() { time.Sleep(50 * time.Millisecond); cancelNow() }()
 	_, err = s.Exists(ctx, keys, nil)
 	checkUnavailable(t, "exists, cancelled while blocked", err)
-	r.signal(syscall.SIGCONT)
+	r.Signal(syscall.SIGCONT)
 	stopped = false
 	// The commands that timed out may still run once the server resumes (the delete and
 	// clear above do), so write the page again before reading it.
@@ -137,25 +138,25 @@ func TestRedisStalledServer(t *testing.T) {
 }
 
 func TestRedisOpenUnreachable(t *testing.T) {
-	r := startRedis(t)
-	r.kill()
+	r := redistest.Start(t)
+	r.Kill()
 	ns := mustNamespace(t, "unreachable")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_, err := storage.Open(ctx, r.url("x"), storage.Options{Namespace: ns})
-	if !errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), r.addr()) || !strings.Contains(err.Error(), " open: ") {
-		t.Fatalf("open of a dead server: %v; want ErrUnavailable naming %s", err, r.addr())
+	_, err := storage.Open(ctx, r.URL("x"), storage.Options{Namespace: ns})
+	if !errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), r.Addr()) || !strings.Contains(err.Error(), " open: ") {
+		t.Fatalf("open of a dead server: %v; want ErrUnavailable naming %s", err, r.Addr())
 	}
 }
 
 // TestRedisPrefixes: prefixes separate stores on one server; Clear touches only its own
 // prefix and namespace, even when the prefix contains glob characters.
 func TestRedisPrefixes(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ns := mustNamespace(t, "prefixes")
-	a := openURL(t, r.url("a*b"), storage.Options{Namespace: ns})
+	a := openURL(t, r.URL("a*b"), storage.Options{Namespace: ns})
 	defer a.Close()
-	x := openURL(t, r.url("axb"), storage.Options{Namespace: ns})
+	x := openURL(t, r.URL("axb"), storage.Options{Namespace: ns})
 	defer x.Close()
 	keys := []storage.Key{storage.NewKey(ns, 1), storage.NewKey(ns, 2)}
 	pages := [][]byte{{1, 2, 3}, {4, 5, 6}}
@@ -168,7 +169,7 @@ func TestRedisPrefixes(t *testing.T) {
 	if err := a.Put(testCtx(t), keys, pages); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storage.RedisCommand(testCtx(t), r.addr(), []byte("SET"), []byte("unrelated"), []byte("v")); err != nil {
+	if _, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("SET"), []byte("unrelated"), []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Clear(testCtx(t)); err != nil {
@@ -180,7 +181,7 @@ func TestRedisPrefixes(t *testing.T) {
 	if n, err := x.Exists(testCtx(t), keys, nil); err != nil || n != 2 {
 		t.Fatalf("clear of prefix a*b removed pages of prefix axb: %d remain, %v", n, err)
 	}
-	if v, err := storage.RedisCommand(testCtx(t), r.addr(), []byte("GET"), []byte("unrelated")); err != nil || string(v) != "v" {
+	if v, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("GET"), []byte("unrelated")); err != nil || string(v) != "v" {
 		t.Fatalf("clear removed an unrelated key: %q, %v", v, err)
 	}
 	if !strings.HasPrefix(storage.RedisKeyName(x, keys[0]), "axb:"+ns.String()+":") {
@@ -189,15 +190,15 @@ func TestRedisPrefixes(t *testing.T) {
 }
 
 func TestRedisTTL(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ns := mustNamespace(t, "ttl")
-	s := openURL(t, r.url("ttl")+"?ttl=1h&pool=2&timeout=5s", storage.Options{Namespace: ns})
+	s := openURL(t, r.URL("ttl")+"?ttl=1h&pool=2&timeout=5s", storage.Options{Namespace: ns})
 	defer s.Close()
 	k := storage.NewKey(ns, 1)
 	if err := s.Put(testCtx(t), []storage.Key{k}, [][]byte{{1}}); err != nil {
 		t.Fatal(err)
 	}
-	v, err := storage.RedisCommand(testCtx(t), r.addr(), []byte("PTTL"), []byte(storage.RedisKeyName(s, k)))
+	v, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("PTTL"), []byte(storage.RedisKeyName(s, k)))
 	ms, _ := strconv.Atoi(string(v))
 	if err != nil || ms <= 0 || ms > 3600_000 {
 		t.Fatalf("PTTL of a page written with ttl=1h: %q, %v", v, err)
@@ -205,18 +206,18 @@ func TestRedisTTL(t *testing.T) {
 }
 
 func TestRedisAuth(t *testing.T) {
-	r := startRedis(t, "--requirepass", "s3cret")
+	r := redistest.Start(t, "--requirepass", "s3cret")
 	ns := mustNamespace(t, "auth")
-	s := openURL(t, "redis://s3cret@"+r.addr()+"/auth", storage.Options{Namespace: ns})
+	s := openURL(t, "redis://s3cret@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
 	defer s.Close()
 	if err := s.Put(testCtx(t), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{{1}}); err != nil {
 		t.Fatalf("put with a password: %v", err)
 	}
-	_, err := storage.Open(testCtx(t), "redis://"+r.addr()+"/auth", storage.Options{Namespace: ns})
+	_, err := storage.Open(testCtx(t), "redis://"+r.Addr()+"/auth", storage.Options{Namespace: ns})
 	if err == nil || errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Fatalf("open without the password: %v; want the server's NOAUTH refusal", err)
 	}
-	_, err = storage.Open(testCtx(t), "redis://wrong@"+r.addr()+"/auth", storage.Options{Namespace: ns})
+	_, err = storage.Open(testCtx(t), "redis://wrong@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
 	if err == nil || !strings.Contains(err.Error(), "auth") {
 		t.Fatalf("open with a wrong password: %v", err)
 	}
@@ -226,9 +227,9 @@ func TestRedisAuth(t *testing.T) {
 // returns an error that names it (not ErrUnavailable: the server is up), the connection
 // stays in sync through the pipelined refusals, and reads keep working.
 func TestRedisFull(t *testing.T) {
-	r := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	r := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 	ns := mustNamespace(t, "full")
-	s := openURL(t, r.url("full"), storage.Options{Namespace: ns, PoolSize: 1})
+	s := openURL(t, r.URL("full"), storage.Options{Namespace: ns, PoolSize: 1})
 	defer s.Close()
 	keys := make([]storage.Key, 64)
 	pages := make([][]byte, 64)

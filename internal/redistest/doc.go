@@ -1,0 +1,18 @@
+// Package redistest runs a real redis-server for tests: on a free loopback port, without
+// persistence, owned by one test.
+//
+// Contract: Start returns once the server answers a PING (any reply counts, so a server
+// started with --requirepass is ready too), or skips the test, saying why, when
+// redis-server is not installed (Debian package redis-server; `make deps`). A server killed
+// and started again listens on the same port and is empty.
+//
+// Ownership: the Server belongs to the test that started it; the test's cleanup kills it.
+// Close (nil-safe, idempotent) kills it earlier.
+//
+// Usage:
+//
+//	srv := redistest.Start(t)              // extra redis-server flags may follow t
+//	url := srv.URL("prefix")               // redis://127.0.0.1:port/prefix
+//	srv.Kill(); srv.Start()                // lose the server, bring back an empty one
+//	srv.Signal(syscall.SIGSTOP)            // stall it (SIGCONT resumes)
+package redistest

@@ -1,0 +1,145 @@
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is a redis-server process owned by one test.
+type Server struct {
+	t     testing.TB
+	bin   string
+	dir   string
+	port  int
+	extra []string
+
+	mu   sync.Mutex // guards cmd and done (Close may run from cleanup while a test kills)
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Start starts a server with extra redis-server flags, or skips the test if redis-server
+// is not installed. The test's cleanup kills it.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skipf("redis-server is not installed (Debian package redis-server, `make deps`): %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), port: port, extra: extra}
+	s.Start()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL is a cpcache storage URL for the server with a key prefix.
+func (s *Server) URL(prefix string) string { return "redis://" + s.Addr() + "/" + prefix }
+
+func (s *Server) String() string { return fmt.Sprintf("redis-server :%d", s.port) }
+
+// Start starts the server process (again, after Kill: same port, empty) and waits until it
+// answers; it fails the test if it exits or does not answer within 15 seconds.
+func (s *Server) Start() {
+	s.t.Helper()
+	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.extra...)
+	cmd := exec.Command(s.bin, args...)
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("redistest: start redis-server on port %d: %v", s.port, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := s.ping()
+		if err == nil {
+			return
+		}
+		select {
+		case <-done:
+			s.t.Fatalf("redistest: redis-server on port %d exited at start", s.port)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.Kill()
+			s.t.Fatalf("redistest: redis-server on port %d did not answer: %v", s.port, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ping sends an inline PING and reads one reply line (+PONG, or an error such as NOAUTH).
+func (s *Server) ping() error {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if len(line) == 0 || (line[0] != '+' && line[0] != '-') {
+		return fmt.Errorf("redistest: unexpected PING reply %q", line)
+	}
+	return nil
+}
+
+// Kill stops the server abruptly (SIGKILL) and waits for it to exit. A no-op when it is
+// not running.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// Signal sends sig to the running server (SIGSTOP stalls it, SIGCONT resumes it).
+func (s *Server) Signal(sig syscall.Signal) {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.t.Fatalf("redistest: signal %v: redis-server on port %d is not running", sig, s.port)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %v to redis-server on port %d: %v", sig, s.port, err)
+	}
+}
+
+// Close kills the server; nil-safe and idempotent.
+func (s *Server) Close() error {
+	if s != nil {
+		s.Kill()
+	}
+	return nil
+}
