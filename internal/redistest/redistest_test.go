@@ -26,8 +26,14 @@ func TestStartKillRestart(t *testing.T) {
 	if err := s.ping(); err != nil {
 		t.Fatalf("after SIGSTOP+SIGCONT: %v", err)
 	}
-	if s.Close() != nil || s.Close() != nil || (*Server)(nil).Close() != nil {
-		t.Fatal("Close returned an error")
+	for i := range 2 {
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close #%d: %v", i+1, err)
+		}
+	}
+	var none *Server
+	if err := none.Close(); err != nil {
+		t.Fatalf("nil Close: %v", err)
 	}
 	if err := s.ping(); err == nil {
 		t.Fatal("server answers after Close")
