@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cpcache/cpcache/internal/redistest"
 	"github.com/cpcache/cpcache/internal/runner"
 )
 
@@ -276,48 +274,6 @@ func TestRunTwiceSharesFileStorage(t *testing.T) {
 }
 
 func TestRunTwiceSharesRedisStorage(t *testing.T) {
-	server, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server is not installed (make deps installs it): ", err)
-	}
-	addr := startRedis(t, server)
-	requireSecondRunHitsStorage(t, "redis://"+addr+"/cpcache-run-test", "--prefetch-policy", "wait-complete")
-}
-
-// startRedis starts a redis-server without persistence on a free loopback port and stops
-// it when the test ends.
-func startRedis(t *testing.T, server string) string {
-	t.Helper()
-	port := closedPort(t)
-	cmd := exec.Command(server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	// The server says when it accepts connections.
-	ready := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Ready to accept connections") {
-				ready <- nil
-				for sc.Scan() { // keep draining so the server never blocks on its log
-				}
-				return
-			}
-		}
-		ready <- fmt.Errorf("redis-server exited before it was ready: %v", sc.Err())
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	select {
-	case err := <-ready:
-		require.NoError(t, err)
-	case <-ctx.Done():
-		t.Fatal("redis-server did not become ready within a minute")
-	}
-	return net.JoinHostPort("127.0.0.1", port)
+	srv := redistest.Start(t) // skips, saying why, without redis-server
+	requireSecondRunHitsStorage(t, srv.URL("cpcache-run-test"), "--prefetch-policy", "wait-complete")
 }
