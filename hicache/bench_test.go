@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
@@ -219,26 +219,23 @@ func BenchmarkConsensusStep8InProcess(b *testing.B) {
 // against a bare AllReduce of the same vector on the same group, measured in the same
 // processes.
 func BenchmarkConsensusStep8Gloo(b *testing.B) {
-	out := b.TempDir()
 	iters := max(b.N, 200)
-	multiproc.Run(b, multiproc.Spec{Role: "hicache-step-bench", N: mpRanks, Timeout: 3 * time.Minute,
-		Env: mpEnv(b, "CPCACHE_TEST_OUT="+out, "CPCACHE_TEST_ITERS="+strconv.Itoa(iters))})
-	raw, err := os.ReadFile(filepath.Join(out, "rank-0.txt"))
-	if err != nil {
-		b.Fatal(err)
+	res := multiproc.Run(b, multiproc.Spec{Role: "hicache-step-bench", N: mpRanks, Timeout: 3 * time.Minute,
+		Env: mpEnv(b, "CPCACHE_TEST_ITERS="+strconv.Itoa(iters))})
+	if b.Failed() {
+		b.FailNow()
 	}
 	var step, bare float64
-	if _, err := fmt.Sscanf(string(raw), "%g %g", &step, &bare); err != nil {
-		b.Fatal(err)
+	if _, err := fmt.Sscanf(string(res[0].Report), "%g %g", &step, &bare); err != nil {
+		b.Fatalf("rank 0 report %q: %v", res[0].Report, err)
 	}
 	b.ReportMetric(step, "ns/step")
 	b.ReportMetric(bare, "allreduce-ns")
 	b.ReportMetric(step/bare, "x-allreduce")
 }
 
-func roleStepBench() error {
-	ctx := context.Background()
-	c, counted, cleanup, err := mpCache(ctx, Options{L1Pages: 64}, 0)
+func roleStepBench(ctx context.Context, world *gloo.Group) error {
+	c, counted, cleanup, err := mpCache(ctx, world, Options{L1Pages: 64}, 0)
 	if err != nil {
 		return err
 	}
@@ -271,7 +268,5 @@ func roleStepBench() error {
 		bare += time.Since(start)
 	}
 	iters = (iters + block - 1) / block * block
-	rank, _ := multiproc.Rank()
-	res := fmt.Sprintf("%g %g\n", float64(step.Nanoseconds())/float64(iters), float64(bare.Nanoseconds())/float64(iters))
-	return os.WriteFile(filepath.Join(os.Getenv("CPCACHE_TEST_OUT"), fmt.Sprintf("rank-%d.txt", rank)), []byte(res), 0o600)
+	return multiproc.Report(fmt.Appendf(nil, "%g %g\n", float64(step.Nanoseconds())/float64(iters), float64(bare.Nanoseconds())/float64(iters)))
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/hicache/storage"
 	"github.com/cpcache/cpcache/internal/multiproc"
@@ -23,10 +23,9 @@ import (
 // inserts a seeded set of sequences (backed up to storage) and evicts everything; then it
 // prefetches every sequence under random per-rank storage delays, loads it back, verifies
 // the content of its own pages and records the digests after every step.
-func roleL3() error {
-	ctx := context.Background()
+func roleL3(ctx context.Context, world *gloo.Group) error {
 	shard := 0
-	c, _, cleanup, err := mpSetup(ctx, 2, 48, Options{PageSize: 4, L1Pages: 64, LoadQuotaPages: 64}, 200*time.Microsecond,
+	c, _, cleanup, err := mpSetup(ctx, world, 2, 48, Options{PageSize: 4, L1Pages: 64, LoadQuotaPages: 64}, 200*time.Microsecond,
 		func(cfg *Config, l *dist.Layout) error {
 			ns, err := storage.NewNamespace("hicache-multiproc;page_tokens=4;page_bytes=64;tp=2")
 			if err != nil {
@@ -149,8 +148,7 @@ func roleL3() error {
 	}
 	st := c.Stats()
 	fmt.Fprintf(&b, "hit %d prefetched %d backedup %d loaded %d\n", st.L3HitPages, st.L3PrefetchedPages, st.L3BackedUpPages, loaded)
-	rank, _ := multiproc.Rank()
-	return os.WriteFile(filepath.Join(os.Getenv("CPCACHE_TEST_OUT"), fmt.Sprintf("rank-%d.txt", rank)), []byte(b.String()), 0o600)
+	return multiproc.Report([]byte(b.String()))
 }
 
 // verifyOwn checks the content of this rank's own device pages of a match.
@@ -185,21 +183,20 @@ func TestMultiprocGlooL3(t *testing.T) {
 	}
 	dir := t.TempDir()
 	run := func(insert bool) string {
-		out := t.TempDir()
 		flag := "0"
 		if insert {
 			flag = "1"
 		}
-		multiproc.Run(t, multiproc.Spec{Role: "hicache-l3", N: 4, Timeout: 3 * time.Minute,
-			Env: mpEnv(t, "CPCACHE_TEST_OUT="+out, "CPCACHE_TEST_STORAGE=file://"+dir, "CPCACHE_TEST_INSERT="+flag)})
+		res := multiproc.Run(t, multiproc.Spec{Role: "hicache-l3", N: 4, Timeout: 3 * time.Minute,
+			Env: mpEnv(t, "CPCACHE_TEST_STORAGE=file://"+dir, "CPCACHE_TEST_INSERT="+flag)})
 		if t.Failed() {
 			t.FailNow()
 		}
 		var first string
-		for r := range 4 {
-			b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.txt", r)))
-			if err != nil {
-				t.Fatal(err)
+		for r, rr := range res {
+			b := rr.Report
+			if len(b) == 0 {
+				t.Fatalf("rank %d reported nothing", r)
 			}
 			if r == 0 {
 				first = string(b)

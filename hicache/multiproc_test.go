@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/glootest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 	"github.com/cpcache/cpcache/slab"
 )
@@ -24,22 +24,26 @@ import (
 func TestMain(m *testing.M) { multiproc.Main(m) }
 
 func init() {
-	multiproc.Register("hicache-workload", roleWorkload)
-	multiproc.Register("hicache-step-bench", roleStepBench)
-	multiproc.Register("hicache-l3", roleL3)
+	multiproc.Register("hicache-workload", glootest.Role(mpTimeout, roleWorkload))
+	multiproc.Register("hicache-step-bench", glootest.Role(mpTimeout, roleStepBench))
+	multiproc.Register("hicache-l3", glootest.Role(mpTimeout, roleL3))
 }
 
-const mpRanks = 8
+const (
+	mpRanks   = 8
+	mpTimeout = 60 * time.Second // each collective of a rank process
+)
 
-// mpCache sets up one rank process: Gloo world and layout groups, the slab set of the slab
-// group, and a cache on the counted replica group.
-func mpCache(ctx context.Context, opts Options, delay time.Duration) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
-	return mpSetup(ctx, 0, 24, opts, delay, nil)
+// mpCache sets up one rank process on its Gloo world: layout groups, the slab set of the
+// slab group, and a cache on the counted replica group.
+func mpCache(ctx context.Context, world *gloo.Group, opts Options, delay time.Duration) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+	return mpSetup(ctx, world, 0, 24, opts, delay, nil)
 }
 
 // mpSetup is mpCache with attnCP slab-group size (0: the whole world), slab pages, and a
-// hook that may change the Config (after the world and layout exist).
-func mpSetup(ctx context.Context, attnCP, slabPages int, opts Options, delay time.Duration, mod func(*Config, *dist.Layout) error) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+// hook that may change the Config (after the layout exists). cleanup closes what it opened
+// (not the world).
+func mpSetup(ctx context.Context, world *gloo.Group, attnCP, slabPages int, opts Options, delay time.Duration, mod func(*Config, *dist.Layout) error) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
 	var closers []func() error
 	cleanup = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -51,11 +55,6 @@ func mpSetup(ctx context.Context, attnCP, slabPages int, opts Options, delay tim
 			cleanup()
 		}
 	}()
-	world, err := gloo.NewWorld(ctx, gloo.Options{Timeout: 60 * time.Second})
-	if err != nil {
-		return nil, nil, cleanup, err
-	}
-	closers = append(closers, world.Close)
 	if attnCP == 0 {
 		attnCP = world.Size()
 	}
@@ -103,9 +102,8 @@ func mpSetup(ctx context.Context, attnCP, slabPages int, opts Options, delay tim
 	return c, counted, cleanup, nil
 }
 
-func roleWorkload() error {
-	ctx := context.Background()
-	c, counted, cleanup, err := mpCache(ctx, Options{PageSize: 4, L1Pages: 64, Policy: WriteThrough, MinLoadPages: 2, LoadQuotaPages: 64}, 300*time.Microsecond)
+func roleWorkload(ctx context.Context, world *gloo.Group) error {
+	c, counted, cleanup, err := mpCache(ctx, world, Options{PageSize: 4, L1Pages: 64, Policy: WriteThrough, MinLoadPages: 2, LoadQuotaPages: 64}, 300*time.Microsecond)
 	if err != nil {
 		return err
 	}
@@ -121,8 +119,7 @@ func roleWorkload() error {
 	st := c.Stats()
 	fmt.Fprintf(&b, "collectives %+v\n", counted.Counts())
 	fmt.Fprintf(&b, "flushes %d steps %d written %d loaded %d\n", counts["flush"], st.Steps, st.WrittenPages, st.LoadedPages)
-	rank, _ := multiproc.Rank()
-	return os.WriteFile(filepath.Join(os.Getenv("CPCACHE_TEST_OUT"), fmt.Sprintf("rank-%d.txt", rank)), []byte(b.String()), 0o600)
+	return multiproc.Report([]byte(b.String()))
 }
 
 func mpEnv(t testing.TB, extra ...string) []string {
@@ -136,16 +133,15 @@ func TestMultiprocGlooReplicasAgree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test skipped in -short mode")
 	}
-	out := t.TempDir()
-	multiproc.Run(t, multiproc.Spec{Role: "hicache-workload", N: mpRanks, Timeout: 3 * time.Minute, Env: mpEnv(t, "CPCACHE_TEST_OUT="+out)})
+	res := multiproc.Run(t, multiproc.Spec{Role: "hicache-workload", N: mpRanks, Timeout: 3 * time.Minute, Env: mpEnv(t)})
 	if t.Failed() {
 		return
 	}
 	var first string
-	for r := range mpRanks {
-		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.txt", r)))
-		if err != nil {
-			t.Fatal(err)
+	for r, rr := range res {
+		b := rr.Report
+		if len(b) == 0 {
+			t.Fatalf("rank %d reported nothing", r)
 		}
 		if r == 0 {
 			first = string(b)
