@@ -59,14 +59,13 @@ func BenchmarkMatchPerPage(b *testing.B) {
 				}
 			}
 			b.ResetTimer()
-			matched := 0
+			matched, iters := 0, 0
 			start := time.Now()
-			for i := 0; b.Loop(); i++ {
-				matched += c.Match(seqs[i%len(seqs)]).DevicePages
+			for ; b.Loop(); iters++ {
+				matched += c.Match(seqs[iters%len(seqs)]).DevicePages
 			}
 			perPage := float64(time.Since(start).Nanoseconds()) / float64(matched)
-			b.StopTimer()
-			base := mapBaseline(seqs, flat)
+			base := mapBaseline(seqs, flat, iters)
 			b.ReportMetric(perPage, "ns/page")
 			b.ReportMetric(base, "map-ns/page")
 			b.ReportMetric(perPage/base, "x-map")
@@ -74,11 +73,12 @@ func BenchmarkMatchPerPage(b *testing.B) {
 	}
 }
 
-// mapBaseline is the cost per page of the plain-map lookup of every page of the sequences.
-func mapBaseline(seqs [][]int32, flat map[uint64]int32) float64 {
+// mapBaseline is the cost per page of the plain-map lookup of every page of the sequences,
+// over the same iters sequences the benchmark matched (b.Loop has stopped the timer).
+func mapBaseline(seqs [][]int32, flat map[uint64]int32, iters int) float64 {
 	n, sink := 0, int32(0)
 	start := time.Now()
-	for rep := 0; time.Since(start) < 200*time.Millisecond; rep++ {
+	for rep := range iters {
 		s := seqs[rep%len(seqs)]
 		h := RootHash
 		for p := 0; p+16 <= len(s); p += 16 {
@@ -92,7 +92,7 @@ func mapBaseline(seqs [][]int32, flat map[uint64]int32) float64 {
 		}
 	}
 	_ = sink
-	return float64(time.Since(start).Nanoseconds()) / float64(n)
+	return float64(time.Since(start).Nanoseconds()) / float64(max(n, 1))
 }
 
 // BenchmarkInsertPerPage: Insert of a new 64-page sequence that shares half its pages with
@@ -113,10 +113,10 @@ func BenchmarkInsertPerPage(b *testing.B) {
 				news[i] = s
 			}
 			b.ResetTimer()
-			var inserted int
+			var inserted, iters int
 			var elapsed time.Duration
-			for i := 0; b.Loop(); i++ {
-				s := news[i%len(news)]
+			for ; b.Loop(); iters++ {
+				s := news[iters%len(news)]
 				start := time.Now()
 				res, err := c.Insert(s)
 				elapsed += time.Since(start)
@@ -134,7 +134,7 @@ func BenchmarkInsertPerPage(b *testing.B) {
 			flat := map[uint64]int32{}
 			n := 0
 			start := time.Now()
-			for i := 0; time.Since(start) < 200*time.Millisecond; i++ {
+			for i := range iters { // the same sequences the benchmark inserted
 				s := news[i%len(news)]
 				h := RootHash
 				for p := 0; p+16 <= len(s); p += 16 {
@@ -146,7 +146,7 @@ func BenchmarkInsertPerPage(b *testing.B) {
 					clear(flat)
 				}
 			}
-			base := float64(time.Since(start).Nanoseconds()) / float64(n)
+			base := float64(time.Since(start).Nanoseconds()) / float64(max(n, 1))
 			b.ReportMetric(perPage, "ns/page")
 			b.ReportMetric(base, "map-ns/page")
 			b.ReportMetric(perPage/base, "x-map")
