@@ -31,6 +31,39 @@ func (b *base) begin(op string, keys []Key, bufs [][]byte, flags []bool) error {
 	return nil
 }
 
+// beginCall starts a call of a backend that does I/O: it checks the call (begin) and
+// returns its context, bounded by Options.Timeout unless ctx has a deadline.
+func (b *base) beginCall(ctx context.Context, op string, keys []Key, bufs [][]byte, flags []bool) (context.Context, context.CancelFunc, error) {
+	if err := b.begin(op, keys, bufs, flags); err != nil {
+		return ctx, nil, err
+	}
+	ctx, cancel := callContext(ctx, b.opts.Timeout)
+	return ctx, cancel, nil
+}
+
+// beginLookup is beginCall for Exists and Get: it also returns the flags to fill — out,
+// cleared, or a scratch slice when the caller passed none (it wants the leading count only).
+func (b *base) beginLookup(ctx context.Context, op string, keys []Key, bufs [][]byte, out []bool) ([]bool, context.Context, context.CancelFunc, error) {
+	ctx, cancel, err := b.beginCall(ctx, op, keys, bufs, out)
+	if err != nil {
+		return nil, ctx, nil, err
+	}
+	if out == nil {
+		return make([]bool, len(keys)), ctx, cancel, nil
+	}
+	clear(out)
+	return out, ctx, cancel, nil
+}
+
+// buffers makes a nil buffer list of Get or Put an empty one, so that begin checks its
+// length against the keys.
+func buffers(bufs [][]byte) [][]byte {
+	if bufs == nil {
+		return [][]byte{}
+	}
+	return bufs
+}
+
 // corrupt counts a value that failed verification and reports it to OnCorrupt.
 func (b *base) corrupt(key Key, reason error) {
 	b.stats.corrupt.Add(1)

@@ -56,18 +56,12 @@ func isMissing(err error) bool {
 }
 
 func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
-	if err := s.begin("exists", keys, nil, present); err != nil {
+	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
+	if err != nil {
 		return 0, err
 	}
-	flags := present
-	if flags == nil {
-		flags = make([]bool, len(keys))
-	} else {
-		clear(flags)
-	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
+	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
 		_, name := s.path(keys[i])
 		fi, err := os.Stat(name)
 		switch {
@@ -87,21 +81,13 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 }
 
 func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
-	if dst == nil {
-		dst = [][]byte{}
-	}
-	if err := s.begin("get", keys, dst, found); err != nil {
+	dst = buffers(dst)
+	flags, ctx, cancel, err := s.beginLookup(ctx, "get", keys, dst, found)
+	if err != nil {
 		return 0, err
 	}
-	flags := found
-	if flags == nil {
-		flags = make([]bool, len(keys))
-	} else {
-		clear(flags)
-	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
+	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
 		ok, err := s.getOne(keys[i], dst[i])
 		flags[i] = ok
 		return ok, err
@@ -162,15 +148,13 @@ func (s *dirStore) readFailed(k Key, name string, err error, what string) (bool,
 }
 
 func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
-	if src == nil {
-		src = [][]byte{}
-	}
-	if err := s.begin("put", keys, src, nil); err != nil {
+	src = buffers(src)
+	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
 		return true, s.putOne(keys[i], src[i])
 	})
 	if err != nil {
@@ -239,12 +223,12 @@ func syncDir(dir string) error {
 }
 
 func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
-	if err := s.begin("delete", keys, nil, nil); err != nil {
+	ctx, cancel, err := s.beginCall(ctx, "delete", keys, nil, nil)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
 		_, name := s.path(keys[i])
 		if err := os.Remove(name); err != nil && !isMissing(err) {
 			return false, err

@@ -60,9 +60,7 @@ func (s *memStore) Exists(_ context.Context, keys []Key, present []bool) (int, e
 }
 
 func (s *memStore) Get(_ context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
-	if dst == nil {
-		dst = [][]byte{}
-	}
+	dst = buffers(dst)
 	if err := s.begin("get", keys, dst, found); err != nil {
 		return 0, err
 	}
@@ -112,9 +110,7 @@ func (s *memStore) getOne(k Key, dst []byte) bool {
 }
 
 func (s *memStore) Put(_ context.Context, keys []Key, src [][]byte) error {
-	if src == nil {
-		src = [][]byte{}
-	}
+	src = buffers(src)
 	if err := s.begin("put", keys, src, nil); err != nil {
 		return err
 	}

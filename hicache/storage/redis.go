@@ -93,18 +93,12 @@ func chunks(n int, size func(i int) int, fn func(lo, hi int) (bool, error)) erro
 }
 
 func (s *redisStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
-	if err := s.begin("exists", keys, nil, present); err != nil {
+	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
+	if err != nil {
 		return 0, err
 	}
-	flags := present
-	if flags == nil {
-		flags = make([]bool, len(keys))
-	} else {
-		clear(flags)
-	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
+	err = chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
 		err := s.pool.do(ctx, func(c *respConn) error {
 			for i := lo; i < hi; i++ {
 				c.writeArrayHeader(2)
@@ -157,23 +151,15 @@ const (
 )
 
 func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
-	if dst == nil {
-		dst = [][]byte{}
-	}
-	if err := s.begin("get", keys, dst, found); err != nil {
+	dst = buffers(dst)
+	flags, ctx, cancel, err := s.beginLookup(ctx, "get", keys, dst, found)
+	if err != nil {
 		return 0, err
 	}
-	flags := found
-	if flags == nil {
-		flags = make([]bool, len(keys))
-	} else {
-		clear(flags)
-	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
 	var results [chunkKeys]getResult
 	var reasons []error // corruption reasons of the current chunk, reported after success
-	err := chunks(len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
+	err = chunks(len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
 		err := s.pool.do(ctx, func(c *respConn) error {
 			reasons = reasons[:0]
 			c.writeArrayHeader(1 + hi - lo)
@@ -282,19 +268,17 @@ func (s *redisStore) skipCorrupt(c *respConn, k Key, why error, rest int64, crlf
 }
 
 func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
-	if src == nil {
-		src = [][]byte{}
-	}
-	if err := s.begin("put", keys, src, nil); err != nil {
+	src = buffers(src)
+	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
 	var ttl []byte
 	if s.opts.TTL > 0 {
 		ttl = strconv.AppendInt(nil, max(1, s.opts.TTL.Milliseconds()), 10)
 	}
-	err := chunks(len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
+	err = chunks(len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
 		err := s.pool.do(ctx, func(c *respConn) error {
 			var hdr [HeaderSize]byte
 			for i := lo; i < hi; i++ {
@@ -346,12 +330,12 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 }
 
 func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
-	if err := s.begin("delete", keys, nil, nil); err != nil {
+	ctx, cancel, err := s.beginCall(ctx, "delete", keys, nil, nil)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
-	err := chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
+	err = chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
 		err := s.pool.do(ctx, func(c *respConn) error {
 			c.writeArrayHeader(1 + hi - lo)
 			c.writeBulkString("UNLINK")
