@@ -58,6 +58,62 @@ func randomDelays(seed uint64, maxDelay time.Duration) func(int) func(context.Co
 	}
 }
 
+// gateHook holds the storage jobs that hold(rank, kind) selects until gate is closed (or
+// the job's context ends); the others run at once.
+func gateHook(gate <-chan struct{}, hold func(rank int, kind l3Kind) bool) func(int) func(context.Context, l3Kind, uint64, int) error {
+	return func(rank int) func(context.Context, l3Kind, uint64, int) error {
+		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
+			if !hold(rank, kind) {
+				return nil
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// heldFlag is a switch a test flips while storage jobs read it.
+type heldFlag struct {
+	mu sync.Mutex // guards on
+	on bool
+}
+
+func (f *heldFlag) set(on bool) {
+	f.mu.Lock()
+	f.on = on
+	f.mu.Unlock()
+}
+
+func (f *heldFlag) get() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.on
+}
+
+// mustStep runs one step everywhere and fails the test on an error.
+func (r *rig) mustStep() {
+	r.t.Helper()
+	if err := r.step(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// stepUntil steps until done() holds (checked before every step); what names the awaited
+// event when it never comes.
+func (r *rig) stepUntil(what string, done func() bool) {
+	r.t.Helper()
+	for k := 0; !done(); k++ {
+		if k > 10000 {
+			r.t.Fatalf("%s: not after %d steps", what, k)
+		}
+		r.mustStep()
+	}
+}
+
 func l3RigConfig(layout dist.LayoutConfig, store func(int) storage.Storage, ns storage.Namespace, l3 L3Options) rigConfig {
 	return rigConfig{
 		layout: layout, opts: Options{PageSize: 4, L1Pages: 96, MinLoadPages: 1, LoadQuotaPages: 64},

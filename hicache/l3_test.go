@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -64,9 +63,7 @@ func TestL3PrefetchAgreement(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-					if err := r.step(); err != nil {
-						t.Fatal(err)
-					}
+					r.mustStep()
 				}
 			}
 			r.drain()
@@ -96,37 +93,20 @@ func TestL3BackupAcknowledged(t *testing.T) {
 	ns := testNamespace(t)
 	gate := make(chan struct{})
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{})
-	rc.l3Hook = func(rank int) func(context.Context, l3Kind, uint64, int) error {
-		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
-			if kind != l3Put || rank == 0 { // rank 0 (one I/O rank) finishes at once
-				return nil
-			}
-			select {
-			case <-gate:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
+	// Rank 0 (one I/O rank) finishes its backups at once, the other I/O rank at the gate.
+	rc.l3Hook = gateHook(gate, func(rank int, kind l3Kind) bool { return kind == l3Put && rank != 0 })
 	r := newRig(t, rc)
 	seq := testSeqs(rand.New(rand.NewPCG(5, 5)), 1, 4)[0]
 	pages := len(seq) / 4
 	if _, err := r.insert(seq); err != nil {
 		t.Fatal(err)
 	}
-	for len(r.caches[0].core.writes) > 0 {
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.stepUntil("backups to L2 committed", func() bool { return len(r.caches[0].core.writes) == 0 })
 	if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(1 << 30); return err }); err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
+		r.mustStep()
 	}
 	for i, c := range r.caches {
 		if freed, err := c.EvictL2(1 << 30); err != nil || freed != 0 {
@@ -155,9 +135,7 @@ func TestL3BackupAcknowledged(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.step(); err != nil {
-		t.Fatal(err)
-	}
+	r.mustStep()
 	// Both shards are in storage.
 	for i := range 2 {
 		d := r.caches[i].l3
@@ -243,9 +221,7 @@ func TestL3TwoInstancesShareStorage(t *testing.T) {
 			if _, err := r.insert(s); err != nil {
 				t.Fatal(err)
 			}
-			if err := r.step(); err != nil {
-				t.Fatal(err)
-			}
+			r.mustStep()
 		}
 		r.drain()
 		return r.sameStats()
@@ -307,25 +283,9 @@ func TestL3ConfigErrors(t *testing.T) {
 func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	ns := testNamespace(t)
 	gate := make(chan struct{})
-	var mu sync.Mutex // protects hold
-	hold := false
+	var hold heldFlag
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchBestEffort})
-	rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
-		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
-			mu.Lock()
-			h := hold && kind == l3Read
-			mu.Unlock()
-			if !h {
-				return nil
-			}
-			select {
-			case <-gate:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
+	rc.l3Hook = gateHook(gate, func(_ int, kind l3Kind) bool { return kind == l3Read && hold.get() })
 	r := newRig(t, rc)
 	a := tokensN(0, 40)                                    // 10 pages
 	b := append(slices.Clone(a[:16]), tokensN(500, 24)...) // shares 4 pages, then 6 of its own
@@ -348,21 +308,12 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	// The scheduler inserts b while its prefetch waits at the gate.
 	r.evictAll()
 	r.insertAll([][]int32{a})
-	mu.Lock()
-	hold = true
-	mu.Unlock()
+	hold.set(true)
 	res := make([]PrefetchResult, len(r.caches))
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(b); return err }); err != nil {
 		t.Fatal(err)
 	}
-	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
-		if k > 10000 {
-			t.Fatal("no read started")
-		}
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.stepUntil("a read started", func() bool { return len(r.caches[0].core.l3.reads) > 0 })
 	if _, err := r.insert(b); err != nil {
 		t.Fatal(err)
 	}
@@ -370,9 +321,7 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	if err := r.each("revoke", func(_ int, c *Cache) error { return c.RevokePrefetch(res[0].ID) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.step(); err != nil {
-		t.Fatal(err)
-	}
+	r.mustStep()
 	if r.caches[0].PrefetchPending(res[0].ID) || len(r.caches[0].core.l3.releases) != 1 {
 		t.Fatalf("revoked read: pending %t, %d releases waiting for the reads to stop", r.caches[0].PrefetchPending(res[0].ID), len(r.caches[0].core.l3.releases))
 	}
@@ -465,9 +414,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 		default:
 			r.caches[rng.IntN(len(r.caches))].HintEvict(rng.IntN(8), rng.IntN(8))
 		}
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
+		r.mustStep()
 		if it%80 == 79 {
 			r.drain()
 			r.flushAndCheckFresh()
@@ -498,9 +445,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 				}
 			}
 		}
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
+		r.mustStep()
 	}
 	r.caches[3].core.divergeHook = func(c *Core) {
 		c.divergeHook = nil
@@ -518,9 +463,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 		before = append(before, s.Snapshot()...)
 	}
 	for range 5 {
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
+		r.mustStep()
 	}
 	var after [][]byte
 	for _, s := range r.slabs {
@@ -558,14 +501,9 @@ func TestL3DuplicatePrefetch(t *testing.T) {
 		}
 		ids[k] = res[0].ID
 	}
-	for n := 0; r.caches[0].PrefetchPending(ids[0]) || r.caches[0].PrefetchPending(ids[1]); n++ {
-		if n > 10000 {
-			t.Fatal("prefetches never finished")
-		}
-		if err := r.step(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.stepUntil("both prefetches over", func() bool {
+		return !r.caches[0].PrefetchPending(ids[0]) && !r.caches[0].PrefetchPending(ids[1])
+	})
 	st := r.sameStats()
 	if st.L3PrefetchedPages != 8 || st.L3SkippedPrefetches != 1 || st.L3DiscardedPages != 0 {
 		t.Fatalf("two prefetches of 8 stored pages: %d prefetched, %d skipped, %d discarded; want 8, 1, 0",
@@ -620,32 +558,14 @@ func TestL3StuckQueries(t *testing.T) {
 			defer close(gate)
 			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns,
 				L3Options{PrefetchPolicy: pol, PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond})
-			var mu sync.Mutex // protects stuck
-			stuck := false
-			rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
-				return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
-					mu.Lock()
-					hold := stuck && kind == l3Query
-					mu.Unlock()
-					if !hold {
-						return nil
-					}
-					select {
-					case <-gate:
-						return nil
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
-			}
+			var stuck heldFlag
+			rc.l3Hook = gateHook(gate, func(_ int, kind l3Kind) bool { return kind == l3Query && stuck.get() })
 			r := newRig(t, rc)
 			s := tokensN(300, 32)
 			r.insertAll([][]int32{s})
 			r.evictAll()
 			steps0 := r.caches[0].Stats().Steps
-			mu.Lock()
-			stuck = true
-			mu.Unlock()
+			stuck.set(true)
 			revokeAt := -1
 			if pol == PrefetchBestEffort {
 				revokeAt = 5 // until then the query is stuck and nothing moves
