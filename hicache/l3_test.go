@@ -368,8 +368,10 @@ func TestL3RandomWorkload(t *testing.T) {
 func testL3RandomWorkload(t *testing.T, pol Policy) {
 	ns := testNamespace(t)
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchTimeout,
-		ReadChunkPages: 2, PrefetchQuotaPages: 24, PrefetchTimeoutBase: 2 * time.Millisecond, PrefetchTimeoutPerPage: 100 * time.Microsecond})
-	rc.l3Hook = randomDelays(17, 3*time.Millisecond)
+		ReadChunkPages: 2, PrefetchQuotaPages: 24, PrefetchTimeoutBase: 20 * time.Millisecond, PrefetchTimeoutPerPage: 100 * time.Microsecond})
+	// Storage calls take up to 1ms, far less than the timer: most reads complete, or are cut
+	// with chunks done, however fast the steps run (the scheduler does not wait for them).
+	rc.l3Hook = randomDelays(17, time.Millisecond)
 	rc.pagesPerSlab = 40
 	rc.opts.Policy = pol
 	r := newRig(t, rc)
