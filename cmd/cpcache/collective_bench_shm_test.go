@@ -2,19 +2,13 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
 )
 
 func TestCollectiveBenchBothBackendsPrintsRatios(t *testing.T) {
-	var out, errOut syncBuffer
-	t.Setenv(benchHelperEnv, "--world 4 --dp 2 --attn-cp 2 --dp-attention --iters 20 --warmup 2 --backend both")
-	st := runLaunch([]string{"-n", "4", "--", os.Args[0], "-test.run=^TestCollectiveBenchHelper$"}, &out, &errOut)
-	if st != 0 {
-		t.Fatalf("status %d\nstdout:\n%s\nstderr:\n%s", st, out.String(), errOut.String())
-	}
+	out := launchBench(t, "--world 4 --dp 2 --attn-cp 2 --dp-attention --iters 20 --warmup 2 --backend both")
 	rows := map[string]int{} // "backend group op" -> count, from rank 0's table
 	ratios := map[string]int{}
 	for _, line := range strings.Split(out.String(), "\n") {

@@ -19,13 +19,21 @@ func TestCollectiveBenchHelper(t *testing.T) {
 	os.Exit(runCollectiveBench(strings.Fields(args), os.Stdout, os.Stderr))
 }
 
-func TestCollectiveBenchUnderLaunch(t *testing.T) {
+// launchBench runs `collective-bench <flags>` on 4 ranks under `launch` (each rank is this
+// test binary running TestCollectiveBenchHelper) and returns the merged, rank-prefixed stdout.
+func launchBench(t *testing.T, flags string) *syncBuffer {
+	t.Helper()
 	var out, errOut syncBuffer
-	t.Setenv(benchHelperEnv, "--world 4 --dp 2 --attn-cp 2 --dp-attention --iters 20 --warmup 2 --json")
+	t.Setenv(benchHelperEnv, flags)
 	st := runLaunch([]string{"-n", "4", "--", os.Args[0], "-test.run=^TestCollectiveBenchHelper$"}, &out, &errOut)
 	if st != 0 {
 		t.Fatalf("status %d\nstdout:\n%s\nstderr:\n%s", st, out.String(), errOut.String())
 	}
+	return &out
+}
+
+func TestCollectiveBenchUnderLaunch(t *testing.T) {
+	out := launchBench(t, "--world 4 --dp 2 --attn-cp 2 --dp-attention --iters 20 --warmup 2 --json")
 	var rep benchReport
 	found := false
 	for _, line := range strings.Split(out.String(), "\n") {
