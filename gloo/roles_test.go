@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/glootest"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
 
@@ -22,13 +23,13 @@ import (
 func TestMain(m *testing.M) { multiproc.Main(m) }
 
 func init() {
-	multiproc.Register("conformance", roleConformance)
-	multiproc.Register("layout", roleLayout)
+	multiproc.Register("conformance", glootest.Role(time.Minute, roleConformance))
+	multiproc.Register("layout", glootest.Role(time.Minute, roleLayout))
 	multiproc.Register("peer-exit", rolePeerExit)
 	multiproc.Register("peer-stall", rolePeerStall)
-	multiproc.Register("bench", roleBench)
-	multiproc.Register("new-group-mismatch", roleNewGroupMismatch)
-	multiproc.Register("op-mismatch", roleOpMismatch)
+	multiproc.Register("bench", glootest.Role(time.Minute, roleBench))
+	multiproc.Register("new-group-mismatch", glootest.Role(time.Minute, roleNewGroupMismatch))
+	multiproc.Register("op-mismatch", glootest.Role(time.Minute, roleOpMismatch))
 }
 
 func envInt(name string, def int) int {
@@ -50,13 +51,7 @@ func joinWorld(ctx context.Context, timeout time.Duration) (*gloo.Group, error) 
 }
 
 // roleConformance runs the conformance suite and a soak on the world group.
-func roleConformance() error {
-	ctx := context.Background()
-	w, err := joinWorld(ctx, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+func roleConformance(ctx context.Context, w *gloo.Group) error {
 	if want := envInt("CPCACHE_TEST_WORLD", 0); want != 0 && w.Size() != want {
 		return fmt.Errorf("world has %d ranks, want %d (launcher variables not read?)", w.Size(), want)
 	}
@@ -71,13 +66,7 @@ func roleConformance() error {
 
 // roleLayout creates every group of a layout and runs the suite on each, then a custom
 // sub-group over the even ranks.
-func roleLayout() error {
-	ctx := context.Background()
-	w, err := joinWorld(ctx, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+func roleLayout(ctx context.Context, w *gloo.Group) error {
 	l, err := dist.NewLayout(dist.LayoutConfig{
 		World: w.Size(), TP: w.Size(), DP: envInt("CPCACHE_TEST_DP", 2),
 		AttnCP: envInt("CPCACHE_TEST_CP", 8), EP: envInt("CPCACHE_TEST_EP", w.Size()), DPAttention: true,
@@ -228,15 +217,9 @@ var benchOps = map[string]func(ctx context.Context, g dist.Group) error{
 
 // roleBench times CPCACHE_TEST_ITERS back-to-back runs of CPCACHE_TEST_OP; rank 0 prints
 // "ns/op N".
-func roleBench() error {
-	ctx := context.Background()
+func roleBench(ctx context.Context, w *gloo.Group) error {
 	op := benchOps[os.Getenv("CPCACHE_TEST_OP")]
 	iters := envInt("CPCACHE_TEST_ITERS", 100)
-	w, err := joinWorld(ctx, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
 	ns, err := timeOps(ctx, w, op, iters)
 	if err != nil {
 		return err
@@ -268,13 +251,7 @@ func timeOps(ctx context.Context, g dist.Group, op func(context.Context, dist.Gr
 
 // roleNewGroupMismatch: ranks ask for different sub-groups; every rank must get
 // dist.ErrMismatch naming both requests, and the world stays usable.
-func roleNewGroupMismatch() error {
-	ctx := context.Background()
-	w, err := joinWorld(ctx, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+func roleNewGroupMismatch(ctx context.Context, w *gloo.Group) error {
 	ranks := []int{0, 1}
 	if w.Rank() == 1 {
 		ranks = []int{1, 0}
@@ -299,16 +276,11 @@ func roleNewGroupMismatch() error {
 
 // roleOpMismatch: rank 0 calls AllReduce MIN, rank 1 AllReduce SUM, the others Barrier;
 // every rank must fail with dist.ErrMismatch (and keep failing) instead of mixing data.
-func roleOpMismatch() error {
-	ctx := context.Background()
-	w, err := joinWorld(ctx, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
+func roleOpMismatch(ctx context.Context, w *gloo.Group) error {
 	if err := w.Barrier(ctx); err != nil {
 		return err
 	}
+	var err error
 	switch w.Rank() {
 	case 0:
 		err = w.AllReduce(ctx, dist.Min, []int64{1, 2})
