@@ -3,9 +3,9 @@ package cuda_test
 import (
 	"testing"
 
-	"github.com/cpcache/cpcache/cuda/cudatest"
+	"github.com/cpcache/cpcache/internal/shimdigest"
 )
 
 func TestShimDigest(t *testing.T) {
-	cudatest.CheckShimDigest(t, "shim.c", "loader.h", "loader_status.h", "cuda_api.h", "cuda_loader.c")
+	shimdigest.Check(t, "shim.c", "loader.h", "loader_status.h", "cuda_api.h", "cuda_loader.c")
 }

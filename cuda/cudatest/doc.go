@@ -3,8 +3,7 @@
 // Contract: RequireGPU skips a test, saying why, on a machine without a usable CUDA driver
 // and device; when CPCACHE_REQUIRE_GPU=1 (Required) it fails instead, so that a GPU run
 // cannot pass by skipping everything. Unavailable applies the same rule to a reason found
-// by the caller. CheckShimDigest guards the cgo packages (cuda, nccl) against stale builds
-// after edits to csrc/, which the go command does not track.
+// by the caller.
 //
 // Ownership: the driver and device RequireGPU returns belong to the test and are closed by
 // t.Cleanup; callers must not close them.
