@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,21 +35,9 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 				return err
 			}
 			shard = l.Coord(cfg.Rank).TP
-			rng := rand.New(rand.NewPCG(23, uint64(cfg.Rank)))
-			var mu sync.Mutex
 			cfg.Storage, cfg.StorageNamespace = st, ns
 			cfg.L3 = L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2,
-				hook: func(ctx context.Context, _ l3Kind, _ uint64, _ int) error {
-					mu.Lock()
-					d := time.Duration(rng.Int64N(int64(time.Millisecond)))
-					mu.Unlock()
-					select {
-					case <-time.After(d):
-						return nil
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}}
+				hook: randomDelays(23, time.Millisecond)(cfg.Rank)}
 			return nil
 		})
 	if err != nil {
@@ -135,7 +122,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 		if err := c.WaitL1(ctx, m.Last); err != nil {
 			return err
 		}
-		if err := verifyOwn(c, m, shard); err != nil {
+		if err := verifyOwnPages(c, m, shard, c.L1Page); err != nil {
 			return err
 		}
 		loaded += m.DevicePages
@@ -149,28 +136,6 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 	st := c.Stats()
 	fmt.Fprintf(&b, "hit %d prefetched %d backedup %d loaded %d\n", st.L3HitPages, st.L3PrefetchedPages, st.L3BackedUpPages, loaded)
 	return multiproc.Report([]byte(b.String()))
-}
-
-// verifyOwn checks the content of this rank's own device pages of a match.
-func verifyOwn(c *Cache, m MatchResult, shard int) error {
-	pages := m.DevicePages
-	for _, n := range pathTo(m.Last) {
-		for j := 0; j < n.Pages() && pages > 0; j++ {
-			pages--
-			idx := n.Depth() + j
-			if !c.Owns(idx) {
-				continue
-			}
-			b, err := c.L1Page(n.L1Slots()[j])
-			if err != nil {
-				return err
-			}
-			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, shard); err != nil {
-				return fmt.Errorf("node %d: %w", n.ID(), err)
-			}
-		}
-	}
-	return nil
 }
 
 // TestMultiprocGlooL3 runs two Gloo jobs of 4 rank processes, one after the other, on one

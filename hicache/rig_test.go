@@ -3,7 +3,6 @@ package hicache
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -217,25 +216,7 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 
 // verify checks the content of rank i's own device pages of a match.
 func (r *rig) verify(i int, m MatchResult) error {
-	c := r.caches[i]
-	pages := m.DevicePages
-	for _, n := range pathTo(m.Last) {
-		for j := 0; j < n.Pages() && pages > 0; j++ {
-			pages--
-			idx := n.Depth() + j
-			if !c.Owns(idx) {
-				continue
-			}
-			b, err := c.L1Page(n.L1Slots()[j])
-			if err != nil {
-				return err
-			}
-			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, r.shards[i]); err != nil {
-				return fmt.Errorf("rank %d node %d: %w", i, n.ID(), err)
-			}
-		}
-	}
-	return nil
+	return verifyOwnPages(r.caches[i], m, r.shards[i], r.caches[i].L1Page)
 }
 
 func (r *rig) each(op string, f func(i int, c *Cache) error) error {

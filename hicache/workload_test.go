@@ -172,6 +172,12 @@ func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, sha
 	} else if err != nil {
 		return m, err
 	}
+	return m, verifyOwnPages(c, m, shard, io.read)
+}
+
+// verifyOwnPages checks the content, read through read, of the device pages of match m that
+// this rank (c, holding KV shard shard) owns.
+func verifyOwnPages(c *Cache, m MatchResult, shard int, read func(slot int32) ([]byte, error)) error {
 	pages := m.DevicePages
 	for _, n := range pathTo(m.Last) {
 		for j := 0; j < n.Pages() && pages > 0; j++ {
@@ -180,16 +186,16 @@ func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, sha
 			if !c.Owns(idx) {
 				continue
 			}
-			b, err := io.read(n.L1Slots()[j])
+			b, err := read(n.L1Slots()[j])
 			if err != nil {
-				return m, err
+				return err
 			}
 			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, shard); err != nil {
-				return m, fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID(), err)
+				return fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID(), err)
 			}
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // compareRecords checks that every rank recorded the same digests at every step.
