@@ -37,22 +37,25 @@ func openURL(t testing.TB, url string, opts storage.Options) storage.Storage {
 	return s
 }
 
+// mutateDirFile is the directory backend's storagetest Mutate: it rewrites k's file in place.
+func mutateDirFile(t *testing.T, s storage.Storage, k storage.Key, mutate func([]byte) []byte) {
+	name := storage.DirPath(s, k)
+	old, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatalf("mutate: %v", err)
+	}
+	if err := os.WriteFile(name, mutate(old), 0o600); err != nil {
+		t.Fatalf("mutate: %v", err)
+	}
+}
+
 func TestDirConformance(t *testing.T) {
 	dir := t.TempDir()
 	storagetest.Conformance(t, storagetest.Backend{
 		Open: func(t *testing.T, opts storage.Options) storage.Storage {
 			return openURL(t, "file://"+dir, opts)
 		},
-		Mutate: func(t *testing.T, s storage.Storage, k storage.Key, mutate func([]byte) []byte) {
-			name := storage.DirPath(s, k)
-			old, err := os.ReadFile(name)
-			if err != nil {
-				t.Fatalf("mutate: %v", err)
-			}
-			if err := os.WriteFile(name, mutate(old), 0o600); err != nil {
-				t.Fatalf("mutate: %v", err)
-			}
-		},
+		Mutate: mutateDirFile,
 	})
 }
 
@@ -65,16 +68,7 @@ func TestDirConformanceFsync(t *testing.T) {
 		Open: func(t *testing.T, opts storage.Options) storage.Storage {
 			return openURL(t, "file://"+dir+"?fsync=true", opts)
 		},
-		Mutate: func(t *testing.T, s storage.Storage, k storage.Key, mutate func([]byte) []byte) {
-			name := storage.DirPath(s, k)
-			old, err := os.ReadFile(name)
-			if err != nil {
-				t.Fatalf("mutate: %v", err)
-			}
-			if err := os.WriteFile(name, mutate(old), 0o600); err != nil {
-				t.Fatalf("mutate: %v", err)
-			}
-		},
+		Mutate: mutateDirFile,
 	})
 }
 
