@@ -7,7 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cpcache/cpcache/internal/shmseg"
 )
 
 // SegmentPrefix starts the name of every host segment this package creates:
@@ -31,27 +34,9 @@ func createHost(spec Spec, rank int) (*hostRegion, error) {
 		tag += "-"
 	}
 	path := filepath.Join(spec.dir(), fmt.Sprintf("%s%s%s-r%d", SegmentPrefix, tag, hex.EncodeToString(nonce[:]), rank))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	mem, err := shmseg.Create(path, spec.Bytes(), true)
 	if err != nil {
-		return nil, fmt.Errorf("slab: create segment: %w", err)
-	}
-	defer f.Close()
-	size := spec.Bytes()
-	// Reserve the memory now: a sparse segment would turn a full /dev/shm into SIGBUS later.
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
-		if err != syscall.EOPNOTSUPP {
-			os.Remove(path)
-			return nil, fmt.Errorf("slab: allocate %d bytes for segment %s: %w", size, path, err)
-		}
-		if err := f.Truncate(int64(size)); err != nil {
-			os.Remove(path)
-			return nil, fmt.Errorf("slab: size segment %s to %d bytes: %w", path, size, err)
-		}
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("slab: map segment %s (%d bytes): %w", path, size, err)
+		return nil, fmt.Errorf("slab: %w", err)
 	}
 	return &hostRegion{path: path, mem: mem}, nil
 }
@@ -62,23 +47,16 @@ func openHost(spec Spec, path string) (*hostRegion, error) {
 	if !isSegmentPath(spec, path) {
 		return nil, fmt.Errorf("slab: segment path %q is not a %s* segment in %s", path, SegmentPrefix, spec.dir())
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, fmt.Errorf("slab: open segment: %w", err)
-	}
-	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("slab: stat segment %s: %w", path, err)
-	}
 	size := spec.Bytes()
-	if st.Uid != uint32(os.Getuid()) || st.Mode&0o777 != 0o600 || st.Size != int64(size) {
-		return nil, fmt.Errorf("slab: segment %s has owner %d mode %#o size %d, want owner %d mode 0600 size %d",
-			path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := shmseg.Open(path, size, func(st *unix.Stat_t) error {
+		if st.Uid != uint32(os.Getuid()) || st.Mode&0o777 != 0o600 || st.Size != int64(size) {
+			return fmt.Errorf("segment %s has owner %d mode %#o size %d, want owner %d mode 0600 size %d",
+				path, st.Uid, st.Mode&0o777, st.Size, os.Getuid(), size)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("slab: map segment %s (%d bytes): %w", path, size, err)
+		return nil, fmt.Errorf("slab: %w", err)
 	}
 	return &hostRegion{path: path, mem: mem}, nil
 }
@@ -91,8 +69,8 @@ func isSegmentPath(spec Spec, path string) bool {
 // unlinkSegment removes the segment's name; mappings stay valid. A missing name is not an
 // error.
 func unlinkSegment(path string) error {
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("slab: unlink segment: %w", err)
+	if err := shmseg.Unlink(path); err != nil {
+		return fmt.Errorf("slab: %w", err)
 	}
 	return nil
 }
@@ -102,7 +80,7 @@ func (h *hostRegion) close() error {
 	if h == nil || h.mem == nil {
 		return nil
 	}
-	err := syscall.Munmap(h.mem)
+	err := unix.Munmap(h.mem)
 	h.mem = nil
 	if err != nil {
 		return fmt.Errorf("slab: unmap segment %s: %w", h.path, err)

@@ -4,11 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpcache/cpcache/internal/shmseg"
 )
 
 // segmentPrefix starts the name of every segment this package creates.
@@ -23,24 +24,8 @@ func createSegment(dir string, l layout) (path string, mem []byte, err error) {
 		return "", nil, fmt.Errorf("shm: random segment name: %w", err)
 	}
 	path = filepath.Join(dir, segmentPrefix+hex.EncodeToString(nonce))
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return "", nil, fmt.Errorf("shm: create segment %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	// The umask can only remove bits; make sure no group/other bit survives either way.
-	if err := unix.Fchmod(fd, 0o600); err != nil {
-		unix.Unlink(path)
-		return "", nil, fmt.Errorf("shm: chmod segment %s: %w", path, err)
-	}
-	if err := unix.Ftruncate(fd, int64(l.total)); err != nil {
-		unix.Unlink(path)
-		return "", nil, fmt.Errorf("shm: size segment %s to %d bytes: %w", path, l.total, err)
-	}
-	mem, err = unix.Mmap(fd, 0, l.total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		unix.Unlink(path)
-		return "", nil, fmt.Errorf("shm: map segment %s (%d bytes): %w", path, l.total, err)
+	if mem, err = shmseg.Create(path, l.total, false); err != nil {
+		return "", nil, fmt.Errorf("shm: %w", err)
 	}
 	l.writeHeader(mem, nonce)
 	return path, mem, nil
@@ -52,21 +37,14 @@ func openSegment(path string, l layout) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	mem, err := shmseg.Open(path, l.total, func(st *unix.Stat_t) error {
+		if st.Size != int64(l.total) {
+			return fmt.Errorf("segment %s is %d bytes, want %d (options differ across members?)", path, st.Size, l.total)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("shm: open segment %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("shm: stat segment %s: %w", path, err)
-	}
-	if st.Size != int64(l.total) {
-		return nil, fmt.Errorf("shm: segment %s is %d bytes, want %d (options differ across members?)", path, st.Size, l.total)
-	}
-	mem, err := unix.Mmap(fd, 0, l.total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("shm: map segment %s (%d bytes): %w", path, l.total, err)
+		return nil, fmt.Errorf("shm: %w", err)
 	}
 	if err := l.checkHeader(mem, nonce); err != nil {
 		unix.Munmap(mem)
@@ -87,8 +65,8 @@ func nonceOf(path string) ([]byte, error) {
 
 // unlinkSegment removes the segment's name; mappings stay valid.
 func unlinkSegment(path string) error {
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("shm: unlink segment %s: %w", path, err)
+	if err := shmseg.Unlink(path); err != nil {
+		return fmt.Errorf("shm: %w", err)
 	}
 	return nil
 }
