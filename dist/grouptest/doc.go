@@ -6,7 +6,9 @@
 // Contract: Conformance and Soak make the same sequence of calls on every member and return
 // nil only when every result equals the value computed locally from the ranks (ReduceInput
 // and Reduced give those values to backend tests of their own). Parallel runs a function per
-// member on goroutines, for in-process groups.
+// member on goroutines, for in-process groups. ClosedPeer checks, on an in-process group's
+// members, that closing one fails the others' pending and later collectives with
+// dist.ErrPeerLost and its own with dist.ErrClosed.
 //
 // Ownership: the functions use the group they are given and never close it.
 //

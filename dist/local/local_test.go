@@ -79,25 +79,12 @@ func TestGroupTimeoutAppliesWithoutContextDeadline(t *testing.T) {
 
 func TestClosedPeerFailsOthersWithPeerLost(t *testing.T) {
 	members := local.World(3, local.Options{Timeout: time.Minute})
-	done := make(chan error, 2)
-	for _, m := range members[:2] {
-		go func() { done <- m.Barrier(context.Background()) }()
+	gs := make([]dist.Group, len(members))
+	for i, m := range members {
+		gs[i] = m
 	}
-	time.Sleep(20 * time.Millisecond)
-	require.NoError(t, members[2].Close())
-	require.NoError(t, members[2].Close(), "Close is idempotent")
-	for range 2 {
-		select {
-		case err := <-done:
-			assert.ErrorIs(t, err, dist.ErrPeerLost)
-		case <-time.After(5 * time.Second):
-			t.Fatal("survivor did not fail after peer closed")
-		}
-	}
-	// A later operation fails at once too.
-	err := members[0].Barrier(context.Background())
-	assert.ErrorIs(t, err, dist.ErrPeerLost)
-	assert.ErrorIs(t, members[2].Barrier(context.Background()), dist.ErrClosed)
+	_, err := grouptest.ClosedPeer(gs, 5*time.Second)
+	require.NoError(t, err)
 	var nilMember *local.Member
 	assert.NoError(t, nilMember.Close())
 }

@@ -1,0 +1,62 @@
+package grouptest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cpcache/cpcache/dist"
+)
+
+// ClosedPeer checks, on the members of one in-process group (at least 2), what happens when
+// the last member closes while the others wait in a barrier: Close succeeds and is
+// idempotent, every other member's pending barrier fails with dist.ErrPeerLost (within
+// wait, a bound against hanging, not a speed check), so does its next collective, and the
+// closed member's own next collective fails with dist.ErrClosed. It returns the pending
+// barriers' errors by rank, for backend-specific checks of their text, and the first wrong
+// result.
+func ClosedPeer(members []dist.Group, wait time.Duration) ([]error, error) {
+	ctx := context.Background()
+	n := len(members)
+	if n < 2 {
+		return nil, fmt.Errorf("grouptest: ClosedPeer needs at least 2 members, got %d", n)
+	}
+	type result struct {
+		rank int
+		err  error
+	}
+	done := make(chan result, n-1)
+	for r, m := range members[:n-1] {
+		go func() { done <- result{r, m.Barrier(ctx)} }()
+	}
+	time.Sleep(20 * time.Millisecond) // let the barriers start waiting; either order must work
+	last := members[n-1]
+	if err := last.Close(); err != nil {
+		return nil, fmt.Errorf("close member %d: %w", n-1, err)
+	}
+	if err := last.Close(); err != nil {
+		return nil, fmt.Errorf("second close of member %d (Close is idempotent): %w", n-1, err)
+	}
+	pending := make([]error, n-1)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for range n - 1 {
+		select {
+		case d := <-done:
+			pending[d.rank] = d.err
+			if !errors.Is(d.err, dist.ErrPeerLost) {
+				return pending, fmt.Errorf("rank %d's barrier after a peer closed: %v, want dist.ErrPeerLost", d.rank, d.err)
+			}
+		case <-timer.C:
+			return pending, fmt.Errorf("a survivor did not fail within %v after a peer closed", wait)
+		}
+	}
+	if err := members[0].Barrier(ctx); !errors.Is(err, dist.ErrPeerLost) {
+		return pending, fmt.Errorf("rank 0's next barrier: %v, want dist.ErrPeerLost", err)
+	}
+	if err := last.Barrier(ctx); !errors.Is(err, dist.ErrClosed) {
+		return pending, fmt.Errorf("the closed member's barrier: %v, want dist.ErrClosed", err)
+	}
+	return pending, nil
+}
