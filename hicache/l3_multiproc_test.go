@@ -157,24 +157,7 @@ func TestMultiprocGlooL3(t *testing.T) {
 		if t.Failed() {
 			t.FailNow()
 		}
-		var first string
-		for r, rr := range res {
-			b := rr.Report
-			if len(b) == 0 {
-				t.Fatalf("rank %d reported nothing", r)
-			}
-			if r == 0 {
-				first = string(b)
-				continue
-			}
-			a, c := strings.Split(first, "\n"), strings.Split(string(b), "\n")
-			for i := range min(len(a), len(c)) - 1 { // the last line has this rank's load count
-				if a[i] != c[i] {
-					t.Fatalf("rank %d differs from rank 0 at line %d:\n%s\n%s", r, i, c[i], a[i])
-				}
-			}
-		}
-		lines := strings.Split(strings.TrimSpace(first), "\n")
+		lines := sameReports(t, res, 1) // the last line has this rank's load count
 		return lines[len(lines)-1]
 	}
 	var hit, pre, backed, loaded [2]int

@@ -129,6 +129,32 @@ func mpEnv(t testing.TB, extra ...string) []string {
 	}, extra...)
 }
 
+// sameReports fails t unless every rank reported the same lines as rank 0, apart from the
+// last skipLast lines (per-rank counts); it returns rank 0's lines.
+func sameReports(t *testing.T, res []multiproc.Result, skipLast int) []string {
+	t.Helper()
+	var first []string
+	for r, rr := range res {
+		if len(rr.Report) == 0 {
+			t.Fatalf("rank %d reported nothing", r)
+		}
+		lines := strings.Split(strings.TrimSpace(string(rr.Report)), "\n")
+		if r == 0 {
+			first = lines
+			continue
+		}
+		if len(lines) != len(first) {
+			t.Fatalf("rank %d's record has %d lines, rank 0's %d", r, len(lines), len(first))
+		}
+		for i := range len(lines) - skipLast {
+			if lines[i] != first[i] {
+				t.Fatalf("rank %d differs from rank 0 at line %d:\n%s\n%s", r, i, lines[i], first[i])
+			}
+		}
+	}
+	return first
+}
+
 func TestMultiprocGlooReplicasAgree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test skipped in -short mode")
@@ -137,27 +163,7 @@ func TestMultiprocGlooReplicasAgree(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	var first string
-	for r, rr := range res {
-		b := rr.Report
-		if len(b) == 0 {
-			t.Fatalf("rank %d reported nothing", r)
-		}
-		if r == 0 {
-			first = string(b)
-			continue
-		}
-		if string(b) != first {
-			a, c := strings.Split(first, "\n"), strings.Split(string(b), "\n")
-			for i := range min(len(a), len(c)) {
-				if a[i] != c[i] {
-					t.Fatalf("rank %d differs from rank 0 at line %d:\n%s\n%s", r, i, c[i], a[i])
-				}
-			}
-			t.Fatalf("rank %d's record has %d lines, rank 0's %d", r, len(c), len(a))
-		}
-	}
-	lines := strings.Split(strings.TrimSpace(first), "\n")
+	lines := sameReports(t, res, 0)
 	summary := lines[len(lines)-1]
 	t.Logf("%d steps on every rank; %s; %s", len(lines)-2, lines[len(lines)-2], summary)
 	var flushes, steps, written, loaded int
