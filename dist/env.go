@@ -25,17 +25,17 @@ var ErrBadEnv = errors.New("dist: bad launcher environment")
 const EnvSourceVar = "CPCACHE_ENV_SOURCE"
 
 type envSource struct {
-	name                                     string
-	rank, size, localRank, localSize, marker string
+	name                             string
+	rank, size, localRank, localSize string // rank is also the marker: set means this launcher ran us
 }
 
 // Sources in precedence order: torchrun-style variables are what `cpcache launch` and
 // torchrun set explicitly for each process; OpenMPI's are set by mpirun per process; Slurm's
 // last, since mpirun inside an allocation inherits the batch step's SLURM_PROCID.
 var envSources = []envSource{
-	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK"},
-	{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK"},
-	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_PROCID"},
+	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+	{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 }
 
 // FromEnv reads the process's rank and world from the launcher's variables, in precedence
@@ -57,7 +57,7 @@ func fromEnv(lookup func(string) (string, bool)) (Env, error) {
 		if forced != "" && src.name != forced {
 			continue
 		}
-		if _, ok := lookup(src.marker); !ok {
+		if _, ok := lookup(src.rank); !ok {
 			continue
 		}
 		e, err := readSource(lookup, src)
@@ -109,7 +109,7 @@ func readSource(lookup func(string) (string, bool), src envSource) (Env, error) 
 		v, ok := lookup(name)
 		if !ok || v == "" {
 			if required {
-				return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.marker, name)
+				return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
 			}
 			return def, nil
 		}
