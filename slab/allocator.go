@@ -264,12 +264,14 @@ func (a *Allocator) Split(id RangeID, at int, newID RangeID) error {
 	if at <= 0 || at >= len(r.pages) {
 		return rangeErr("split", id, ErrBadArgument, "split point %d outside 1..%d", at, len(r.pages)-1)
 	}
-	head := slices.Clone(r.pages[:at])
+	// The two halves share r.pages' array: range pages are never appended to or written
+	// after Reserve, and callers only ever get clones.
+	head := r.pages[:at:at]
 	oldKey, newKey := rangeKey(id), rangeKey(newID)
 	for _, p := range head {
 		a.digest += termOf(pageBase(p, newKey), r.committed) - termOf(pageBase(p, oldKey), r.committed)
 	}
-	r.pages = slices.Clone(r.pages[at:])
+	r.pages = r.pages[at:]
 	a.ranges[newID] = &rangeState{pages: head, committed: r.committed}
 	return nil
 }
