@@ -182,17 +182,17 @@ func create(ctx context.Context, boot dist.Group, opts Options, mode string) (g 
 		}
 		return nil, nil, err
 	}
-	mem, err := attach(ctx, boot, opts)
+	l := newLayout(boot.Size(), opts.SlotBytes)
+	mem, err := attach(ctx, boot, l, opts.Dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	return newGroup(boot, opts, mem, hs), nil, nil
+	return newGroup(boot, opts, l, mem, hs), nil, nil
 }
 
 // attach creates (rank 0) or opens (others) the segment, agrees that every member mapped it
 // and unlinks it.
-func attach(ctx context.Context, boot dist.Group, opts Options) ([]byte, error) {
-	l := newLayout(boot.Size(), opts.SlotBytes)
+func attach(ctx context.Context, boot dist.Group, l layout, dir string) ([]byte, error) {
 	var (
 		mem  []byte
 		path string
@@ -200,7 +200,7 @@ func attach(ctx context.Context, boot dist.Group, opts Options) ([]byte, error) 
 	)
 	if boot.Rank() == 0 {
 		var err error
-		path, mem, err = createSegment(opts.Dir, l)
+		path, mem, err = createSegment(dir, l)
 		if err != nil {
 			msg = []byte("error " + err.Error())
 		} else {
@@ -249,7 +249,7 @@ func attach(ctx context.Context, boot dist.Group, opts Options) ([]byte, error) 
 	return mem, nil
 }
 
-func newGroup(boot dist.Group, opts Options, mem []byte, hs []hello) *Group {
+func newGroup(boot dist.Group, opts Options, l layout, mem []byte, hs []hello) *Group {
 	n := boot.Size()
 	g := &Group{
 		name:       boot.Name(),
@@ -257,7 +257,7 @@ func newGroup(boot dist.Group, opts Options, mem []byte, hs []hello) *Group {
 		ranks:      boot.Ranks(),
 		boot:       boot,
 		opts:       opts,
-		l:          newLayout(n, opts.SlotBytes),
+		l:          l,
 		mem:        mem,
 		bell:       u32(mem, offBell),
 		waiters:    u32(mem, offWaiters),
