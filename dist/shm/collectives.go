@@ -67,7 +67,8 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 	if err != nil {
 		return nil, err
 	}
-	if n := g.slotLenLocked(p, root); n > uint64(g.l.slotBytes) {
+	n := g.slotLenLocked(p, root)
+	if n > uint64(g.l.slotBytes) {
 		var out []byte
 		err := g.fallbackLocked(ctx, "broadcast", seq, deadline, func(ctx context.Context) error {
 			var err error
@@ -79,7 +80,6 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 		})
 		return out, err
 	}
-	n := int(g.slotLenLocked(p, root))
 	return append(make([]byte, 0, n), g.slotDataLocked(p, root)[:n]...), nil
 }
 
