@@ -74,14 +74,9 @@ type Cache struct {
 	deferred []Transfer // backups made since the last Step: they start at the next Step, once
 	// the caller has written the KV of the pages an Insert returned
 	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
-	tickets  map[ticketKey]*Ticket
+	loadTks  []*Ticket // load tickets the group has not finished, in seq order (for WaitL1)
 	closed   bool
 	stats    driverStats
-}
-
-type ticketKey struct {
-	kind Kind
-	seq  uint64
 }
 
 type driverStats struct {
@@ -123,7 +118,7 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	}
 	c := &Cache{
 		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
-		tickets: map[ticketKey]*Ticket{}, maxSamples: cfg.LatencySamples,
+		maxSamples: cfg.LatencySamples,
 	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
@@ -214,10 +209,12 @@ func (c *Cache) submitLocked() {
 func (c *Cache) startLocked(t Transfer) {
 	tk := c.engine.Submit(t)
 	c.inflight = append(c.inflight, tk)
-	c.tickets[ticketKey{t.Kind, t.Seq}] = tk
+	if t.Kind == Load {
+		c.loadTks = append(c.loadTks, tk)
+	}
 }
 
-// startDeferredLocked starts the backups deferred since the last step.
+// startL3Locked starts the storage jobs the core asked for and stops the reads it cut.
 func (c *Cache) startL3Locked() {
 	jobs, stops := c.core.takeL3()
 	if c.l3 == nil {
@@ -231,6 +228,7 @@ func (c *Cache) startL3Locked() {
 	}
 }
 
+// startDeferredLocked starts the backups deferred since the last step.
 func (c *Cache) startDeferredLocked() {
 	for _, t := range c.deferred {
 		c.startLocked(t)
@@ -254,9 +252,6 @@ func (c *Cache) pollLocked() {
 			c.stats.pagesCopied[t.Kind] += int64(len(t.Copies))
 		}
 		c.core.Completed(t.Kind, t.Seq, tk.err)
-		if t.Kind == Write {
-			delete(c.tickets, ticketKey{t.Kind, t.Seq})
-		}
 	}
 	clear(c.inflight[len(keep):])
 	c.inflight = keep
@@ -353,8 +348,8 @@ func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	}
 	var wait []*Ticket
 	for _, seq := range c.core.Loading(n) {
-		if tk := c.tickets[ticketKey{Load, seq}]; tk != nil {
-			wait = append(wait, tk)
+		if i := slices.IndexFunc(c.loadTks, func(tk *Ticket) bool { return tk.Transfer.Seq == seq }); i >= 0 {
+			wait = append(wait, c.loadTks[i])
 		}
 	}
 	c.mu.Unlock()
@@ -410,13 +405,9 @@ func (c *Cache) Step(ctx context.Context) error {
 		c.drainLocked()
 	}
 	// Loads the group has finished need no ticket any more.
-	for key := range c.tickets {
-		if key.kind == Load && (len(c.core.loads) == 0 || key.seq < c.core.loads[0].seq) {
-			if tk := c.tickets[key]; tk.finished() {
-				delete(c.tickets, key)
-			}
-		}
-	}
+	c.loadTks = slices.DeleteFunc(c.loadTks, func(tk *Ticket) bool {
+		return tk.finished() && (len(c.core.loads) == 0 || tk.Transfer.Seq < c.core.loads[0].seq)
+	})
 	c.submitLocked()
 	c.startL3Locked()
 	return derr
@@ -431,7 +422,7 @@ func (c *Cache) drainLocked() {
 		<-tk.Done()
 	}
 	c.inflight = nil
-	clear(c.tickets)
+	c.loadTks = nil
 }
 
 func (c *Cache) recordLatency(d time.Duration) {
@@ -482,7 +473,7 @@ func (c *Cache) Flush(ctx context.Context) error {
 	}
 	c.inflight = nil
 	c.deferred = c.deferred[:0]
-	clear(c.tickets)
+	c.loadTks = nil
 	c.stats.diverged = nil
 	c.l3.drain() // idle: nothing runs; forget finished results
 	if c.l3 != nil && c.core.cfg.L3Options.ClearOnFlush && c.core.io {
