@@ -126,8 +126,12 @@ func (d *cDevice) close() {
 	}
 }
 
-// cCtx is one Gloo context (a full mesh of connections). Used by one goroutine at a time.
-type cCtx struct{ p *C.cpg_ctx }
+// cCtx is one Gloo context (a full mesh of connections). Used by one goroutine at a time,
+// which lets its collectives share one message buffer instead of allocating one per call.
+type cCtx struct {
+	p   *C.cpg_ctx
+	err [errLen]C.char // the message of the last failed collective
+}
 
 func newCtx(s *cStore, prefix string, rank, size int, d *cDevice, timeout time.Duration) (*cCtx, error) {
 	cp := C.CString(prefix)
@@ -151,15 +155,13 @@ func (c *cCtx) allReduce(op int, vals []int64, timeout time.Duration) error {
 	if len(vals) == 0 {
 		return nil
 	}
-	buf := make([]C.char, errLen)
-	return check(C.cpg_allreduce_i64(c.p, C.int(op), (*C.int64_t)(unsafe.Pointer(&vals[0])), C.size_t(len(vals)), millis(timeout), &buf[0], errLen), buf)
+	return check(C.cpg_allreduce_i64(c.p, C.int(op), (*C.int64_t)(unsafe.Pointer(&vals[0])), C.size_t(len(vals)), millis(timeout), &c.err[0], errLen), c.err[:])
 }
 
 func (c *cCtx) broadcast(root int, data []byte, timeout time.Duration) ([]byte, error) {
 	var out unsafe.Pointer
 	var n C.size_t
-	buf := make([]C.char, errLen)
-	if err := check(C.cpg_broadcast(c.p, C.int(root), cbytes(data), C.size_t(len(data)), millis(timeout), &out, &n, &buf[0], errLen), buf); err != nil {
+	if err := check(C.cpg_broadcast(c.p, C.int(root), cbytes(data), C.size_t(len(data)), millis(timeout), &out, &n, &c.err[0], errLen), c.err[:]); err != nil {
 		return nil, err
 	}
 	defer C.cpg_free(out)
@@ -169,8 +171,7 @@ func (c *cCtx) broadcast(root int, data []byte, timeout time.Duration) ([]byte, 
 func (c *cCtx) allGather(data []byte, size int, timeout time.Duration) ([][]byte, error) {
 	var out unsafe.Pointer
 	var lens *C.size_t
-	buf := make([]C.char, errLen)
-	if err := check(C.cpg_allgather(c.p, cbytes(data), C.size_t(len(data)), millis(timeout), &out, &lens, &buf[0], errLen), buf); err != nil {
+	if err := check(C.cpg_allgather(c.p, cbytes(data), C.size_t(len(data)), millis(timeout), &out, &lens, &c.err[0], errLen), c.err[:]); err != nil {
 		return nil, err
 	}
 	defer C.cpg_free(out)
@@ -191,8 +192,7 @@ func (c *cCtx) allGather(data []byte, size int, timeout time.Duration) ([][]byte
 }
 
 func (c *cCtx) barrier(timeout time.Duration) error {
-	buf := make([]C.char, errLen)
-	return check(C.cpg_barrier(c.p, millis(timeout), &buf[0], errLen), buf)
+	return check(C.cpg_barrier(c.p, millis(timeout), &c.err[0], errLen), c.err[:])
 }
 
 // cbytes returns a pointer to b's first byte, or nil for an empty slice. The shim copies
