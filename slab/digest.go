@@ -25,11 +25,6 @@ func pageBase(p Page, rk uint64) uint64 {
 	return mix.Mix64(uint64(uint32(p.Slab))<<32|uint64(uint32(p.Index))+digestPageKey) ^ rk
 }
 
-// pageTerm is the digest contribution of one used page.
-func pageTerm(p Page, id RangeID, committed bool) uint64 {
-	return termOf(pageBase(p, rangeKey(id)), committed)
-}
-
 func termOf(base uint64, committed bool) uint64 {
 	if committed {
 		base ^= digestCommittedKey

@@ -309,3 +309,8 @@ func runAgainstModel(slabs, perSlab int, ops []op) error {
 	}
 	return nil
 }
+
+// pageTerm is the digest contribution of one used page, computed from scratch.
+func pageTerm(p Page, id RangeID, committed bool) uint64 {
+	return termOf(pageBase(p, rangeKey(id)), committed)
+}
