@@ -46,9 +46,7 @@ func (c *CUDA) Register() {
 }
 
 // Device returns device ordinal, retained by c until Close (for copies into slabs).
-func (c *CUDA) Device(ordinal int) (*cuda.Device, error) { return c.device(ordinal) }
-
-func (c *CUDA) device(ordinal int) (*cuda.Device, error) {
+func (c *CUDA) Device(ordinal int) (*cuda.Device, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -77,7 +75,7 @@ func (r cudaRegistration) Close() error { return r.r.Close() }
 
 // Alloc implements DeviceBackend.
 func (c *CUDA) Alloc(device, size int) (DeviceRegion, []byte, error) {
-	d, err := c.device(device)
+	d, err := c.Device(device)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -99,7 +97,7 @@ func (c *CUDA) Open(device int, handle []byte, size int) (DeviceRegion, error) {
 	if err := h.UnmarshalText(handle); err != nil {
 		return nil, err
 	}
-	d, err := c.device(device)
+	d, err := c.Device(device)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +110,7 @@ func (c *CUDA) Open(device int, handle []byte, size int) (DeviceRegion, error) {
 
 // Pin implements HostPinner.
 func (c *CUDA) Pin(mem []byte) (DeviceRegion, error) {
-	d, err := c.device(c.pinDevice)
+	d, err := c.Device(c.pinDevice)
 	if err != nil {
 		return nil, err
 	}
