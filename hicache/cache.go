@@ -75,6 +75,7 @@ type Cache struct {
 	// the caller has written the KV of the pages an Insert returned
 	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
 	loadTks  []*Ticket // load tickets the group has not finished, in seq order (for WaitL1)
+	vec      []int64   // the consensus vector, reused by every Step
 	closed   bool
 	stats    driverStats
 }
@@ -118,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	}
 	c := &Cache{
 		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
-		maxSamples: cfg.LatencySamples,
+		maxSamples: cfg.LatencySamples, vec: make([]int64, VectorLen),
 	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
@@ -392,7 +393,7 @@ func (c *Cache) Step(ctx context.Context) error {
 	if c.l3 != nil {
 		c.l3.poll(c.core)
 	}
-	v := c.core.Vector()
+	v := c.core.fillVector(c.vec)
 	start := time.Now()
 	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) })
 	c.recordLatency(time.Since(start))

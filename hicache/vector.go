@@ -51,11 +51,13 @@ func (c *Core) treeDigest() int64 {
 // Vector returns this rank's contribution to the next consensus step; the driver
 // all-reduces it with MIN over the group and passes the result to Apply. Call it once per
 // step, after the step's scheduler calls.
-func (c *Core) Vector() []int64 {
+func (c *Core) Vector() []int64 { return c.fillVector(make([]int64, VectorLen)) }
+
+// fillVector is Vector writing every slot of v (of length VectorLen), which it returns.
+func (c *Core) fillVector(v []int64) []int64 {
 	if c.divergeHook != nil {
 		c.divergeHook(c)
 	}
-	v := make([]int64, VectorLen)
 	fp := int64(c.fp & mask63)
 	v[vConfig], v[vConfigNeg] = fp, -fp
 	t := c.treeDigest()
