@@ -12,18 +12,22 @@ import (
 
 // Slab is one rank's slab as mapped in this process.
 type Slab struct {
-	owner   int          // group rank that created it
-	backend Backend      // Host or CUDAIPC
-	host    *hostRegion  // Host: the mapping
-	dev     DeviceRegion // CUDAIPC: the allocation (own) or opened handle (peer)
-	pinned  DeviceRegion // Host with PinHost: the CUDA registration
+	owner  int          // group rank that created it
+	host   *hostRegion  // Host: the mapping (kept after close); nil for CUDAIPC
+	dev    DeviceRegion // CUDAIPC: the allocation (own) or opened handle (peer)
+	pinned DeviceRegion // Host with PinHost: the CUDA registration
 }
 
 // Owner is the group rank that created the slab.
 func (s *Slab) Owner() int { return s.owner }
 
 // Backend is where the slab's memory lives.
-func (s *Slab) Backend() Backend { return s.backend }
+func (s *Slab) Backend() Backend {
+	if s.host != nil {
+		return Host
+	}
+	return CUDAIPC
+}
 
 // Pinned reports whether the slab's host memory is registered with CUDA in this process.
 func (s *Slab) Pinned() bool { return s.pinned != nil }
@@ -156,7 +160,7 @@ func createSlab(spec Spec, rank int, be DeviceBackend) (*Slab, []byte, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return &Slab{owner: rank, backend: Host, host: h}, []byte(h.path), nil
+		return &Slab{owner: rank, host: h}, []byte(h.path), nil
 	case CUDAIPC:
 		if be == nil {
 			return nil, nil, errNoDeviceBackend()
@@ -165,7 +169,7 @@ func createSlab(spec Spec, rank int, be DeviceBackend) (*Slab, []byte, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("slab: allocate %d device bytes on device %d: %w", spec.Bytes(), spec.Device, err)
 		}
-		return &Slab{owner: rank, backend: CUDAIPC, dev: d}, handle, nil
+		return &Slab{owner: rank, dev: d}, handle, nil
 	}
 	return nil, nil, fmt.Errorf("%w: backend %q", ErrBadArgument, spec.Backend)
 }
@@ -178,7 +182,7 @@ func openSlab(spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) 
 		if err != nil {
 			return nil, err
 		}
-		return &Slab{owner: r, backend: Host, host: h}, nil
+		return &Slab{owner: r, host: h}, nil
 	case CUDAIPC:
 		if be == nil {
 			return nil, errNoDeviceBackend()
@@ -187,7 +191,7 @@ func openSlab(spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) 
 		if err != nil {
 			return nil, fmt.Errorf("slab: open IPC handle of rank %d on device %d: %w", r, spec.Device, err)
 		}
-		return &Slab{owner: r, backend: CUDAIPC, dev: d}, nil
+		return &Slab{owner: r, dev: d}, nil
 	}
 	return nil, fmt.Errorf("%w: backend %q", ErrBadArgument, spec.Backend)
 }
