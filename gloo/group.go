@@ -19,11 +19,10 @@ type Group struct {
 	timeout time.Duration
 	shared  *shared // the world's store and device; owned by the world group
 
-	mu     sync.Mutex // protects everything below, and serialises collectives
-	ctx    *cCtx      // nil once closed
-	seq    uint64     // operations started on this member
-	err    error      // sticky: the failure that ended the group, returned by every later call
-	closed bool
+	mu  sync.Mutex // protects everything below, and serialises collectives
+	ctx *cCtx      // nil once closed
+	seq uint64     // operations started on this member
+	err error      // sticky: the failure that ended the group, returned by every later call
 	// groupSeq counts NewGroup/NewLayoutGroups calls on a world group (their store prefix).
 	groupSeq int
 }
@@ -66,7 +65,7 @@ func (g *Group) runLocked(ctx context.Context, op string, fn func(c *cCtx, timeo
 	seq := g.seq
 	g.seq++
 	fail := func(err error) error { return &dist.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err} }
-	if g.closed {
+	if g.ctx == nil {
 		return fail(fmt.Errorf("gloo: %w", dist.ErrClosed))
 	}
 	if g.err != nil {
@@ -167,10 +166,9 @@ func (g *Group) Close() error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if g.ctx == nil {
 		return nil
 	}
-	g.closed = true
 	g.ctx.close()
 	g.ctx = nil
 	if g.shared != nil && g.shared.owner == g {

@@ -49,7 +49,6 @@ type shared struct {
 	store  *store // serialised store access
 	once   sync.Once
 	dev    *cDevice // shared by every context (each holds its own reference)
-	devStr string
 }
 
 func (s *shared) close() {
@@ -112,7 +111,7 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		st.close()
 		return nil, fmt.Errorf("gloo: tcp device (hostname %q, iface %q): %w", opts.Hostname, opts.Iface, err)
 	}
-	sh := &shared{store: st, dev: dev, devStr: dev.String()}
+	sh := &shared{store: st, dev: dev}
 	id, err := agreeRun(st, spec.prefix, opts.Rank, opts.Size, deadline)
 	if err != nil {
 		sh.close()
@@ -125,8 +124,9 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	}
 	c, err := st.newCtx(sh.prefix+"/world", opts.Rank, opts.Size, dev, time.Until(deadline))
 	if err != nil {
+		listen := dev.String()
 		sh.close()
-		return nil, fmt.Errorf("gloo: connect world (rank %d of %d, listening on %s): %w", opts.Rank, opts.Size, sh.devStr, classify(err, false))
+		return nil, fmt.Errorf("gloo: connect world (rank %d of %d, listening on %s): %w", opts.Rank, opts.Size, listen, classify(err, false))
 	}
 	g := &Group{
 		name:    dist.GroupName("world", ranks),
