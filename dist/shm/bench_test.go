@@ -2,9 +2,8 @@ package shm_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
@@ -52,8 +51,6 @@ func benchAllReduce8(b *testing.B, gs []dist.Group) {
 	}
 }
 
-var benchLine = regexp.MustCompile(`BENCH (\w+) median_ns=(\d+) p99_ns=(\d+) total_ns=(\d+)`)
-
 // BenchmarkAllReduce8MultiProcess times AllReduce of 8 int64 MIN between rank processes on
 // the Gloo world group and on the shared-memory group built over it, side by side in the
 // same processes: rank 0 measures every operation and reports each backend's median and
@@ -62,22 +59,22 @@ func BenchmarkAllReduce8MultiProcess(b *testing.B) {
 	for _, n := range []int{2, 8, 16} {
 		b.Run(fmt.Sprintf("ranks=%d", n), func(b *testing.B) {
 			res := multiproc.Run(b, multiproc.Spec{Role: "bench", N: n, Env: rankEnv(b, b.N), Timeout: 5 * time.Minute})
-			median := map[string]float64{}
-			for _, m := range benchLine.FindAllStringSubmatch(res[0].Output, -1) {
-				med, _ := strconv.ParseFloat(m[2], 64)
-				p99, _ := strconv.ParseFloat(m[3], 64)
-				total, _ := strconv.ParseFloat(m[4], 64)
-				median[m[1]] = med
-				b.ReportMetric(med/1e3, m[1]+"-median-µs")
-				b.ReportMetric(p99/1e3, m[1]+"-p99-µs")
-				if m[1] == "shm" {
-					b.ReportMetric(total/float64(b.N), "ns/op")
-				}
+			var times map[string]benchTimes
+			if err := json.Unmarshal(res[0].Report, &times); err != nil {
+				b.Fatalf("rank 0's report %q: %v\n%s", res[0].Report, err, res[0].Output)
 			}
-			if median["shm"] == 0 || median["gloo"] == 0 {
-				b.Fatalf("rank 0 printed no result for both backends:\n%s", res[0].Output)
+			for name, tm := range times {
+				b.ReportMetric(us(tm.Median), name+"-median-µs")
+				b.ReportMetric(us(tm.P99), name+"-p99-µs")
 			}
-			b.ReportMetric(median["gloo"]/median["shm"], "gloo/shm")
+			gloo, shm := times["gloo"], times["shm"]
+			if shm.Median == 0 || gloo.Median == 0 {
+				b.Fatalf("rank 0 reported no result for both backends: %q\n%s", res[0].Report, res[0].Output)
+			}
+			b.ReportMetric(float64(shm.Total)/float64(b.N), "ns/op")
+			b.ReportMetric(float64(gloo.Median)/float64(shm.Median), "gloo/shm")
 		})
 	}
 }
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -2,6 +2,7 @@ package shm_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -152,11 +153,15 @@ func roleSelect(ctx context.Context, world *gloo.Group) error {
 	return world.Barrier(ctx)
 }
 
+// benchTimes is one backend's timing in roleBench's report.
+type benchTimes struct{ Median, P99, Total time.Duration }
+
 // roleBench times AllReduce of 8 int64 MIN on the Gloo world group and on the
-// shared-memory group built over it, in the same processes; rank 0 prints the median and
-// p99 of each.
+// shared-memory group built over it, in the same processes; rank 0 reports the median,
+// p99 and total of each, by backend name, as JSON.
 func roleBench(ctx context.Context, g *shm.Group, boot dist.Group) error {
 	n, _ := strconv.Atoi(os.Getenv(envIters))
+	times := map[string]benchTimes{}
 	for _, b := range []struct {
 		name string
 		g    dist.Group
@@ -168,11 +173,16 @@ func roleBench(ctx context.Context, g *shm.Group, boot dist.Group) error {
 		if err != nil {
 			return err
 		}
-		if g.Rank() == 0 {
-			fmt.Printf("BENCH %s median_ns=%d p99_ns=%d total_ns=%d\n", b.name, lat[n/2], lat[n*99/100], total.Nanoseconds())
-		}
+		times[b.name] = benchTimes{Median: lat[n/2], P99: lat[n*99/100], Total: total}
 	}
-	return nil
+	if g.Rank() != 0 {
+		return nil
+	}
+	rep, err := json.Marshal(times)
+	if err != nil {
+		return err
+	}
+	return multiproc.Report(rep)
 }
 
 // timeAllReduce8 warms up, then returns the sorted latencies of n operations and their
