@@ -158,10 +158,10 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 	}
 	defer cancel()
 	var results [chunkKeys]getResult
-	var reasons []error // corruption reasons of the current chunk, reported after success
+	var corrupt []corruption // corrupt values of the current chunk, reported after success
 	err = chunks(len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
 		err := s.pool.do(ctx, func(c *respConn) error {
-			reasons = reasons[:0]
+			corrupt = corrupt[:0]
 			c.writeArrayHeader(1 + hi - lo)
 			c.writeBulkString("MGET")
 			for i := lo; i < hi; i++ {
@@ -184,7 +184,7 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 				}
 				results[i-lo] = r
 				if reason != nil {
-					reasons = append(reasons, reason)
+					corrupt = append(corrupt, corruption{keys[i], reason})
 				}
 			}
 			return nil
@@ -202,10 +202,8 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 				s.stats.misses.Add(1)
 			}
 		}
-		for _, r := range reasons {
-			var ke *keyedError
-			errors.As(r, &ke)
-			s.corrupt(ke.key, ke.err)
+		for _, c := range corrupt {
+			s.corrupt(c.key, c.reason)
 		}
 		return found != nil || leading(flags[lo:hi]) == hi-lo, nil
 	})
@@ -215,12 +213,11 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 	return leading(flags), nil
 }
 
-type keyedError struct {
-	key Key
-	err error
+// corruption is a value of a Get chunk that failed verification, and why.
+type corruption struct {
+	key    Key
+	reason error
 }
-
-func (e *keyedError) Error() string { return e.key.String() + ": " + e.err.Error() }
 
 // readPage reads one MGET element into dst. A corrupt value yields getCorrupt and a reason;
 // err is only for failures of the connection.
@@ -264,7 +261,7 @@ func (s *redisStore) skipCorrupt(c *respConn, k Key, why error, rest int64, crlf
 			return 0, nil, err
 		}
 	}
-	return getCorrupt, &keyedError{k, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], why)}, nil
+	return getCorrupt, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], why), nil
 }
 
 func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
