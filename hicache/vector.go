@@ -64,7 +64,7 @@ func (c *Core) fillVector(v []int64) []int64 {
 	v[vTree], v[vTreeNeg] = t, -t
 	d, nd := c.alloc.DigestPair()
 	v[vPlace], v[vPlaceNeg] = d, nd
-	v[vWriteDone], v[vWriteFail] = c.writeSeqInt(), math.MaxInt64
+	v[vWriteDone], v[vWriteFail] = int64(c.writeSeq), math.MaxInt64
 	for _, op := range c.writes {
 		if !op.done {
 			v[vWriteDone] = int64(op.seq)
@@ -89,8 +89,6 @@ func (c *Core) fillVector(v []int64) []int64 {
 	return v
 }
 
-func (c *Core) writeSeqInt() int64 { return int64(c.writeSeq) }
-
 // Apply applies the agreed (all-reduced) vector of a step: it checks that the replicas
 // agree, then commits or aborts the backups and loads every rank finished, and evicts what
 // any rank asked for. Every rank applies the same vector and so makes the same changes.
@@ -109,10 +107,7 @@ func (c *Core) Apply(v []int64) error {
 	}
 	if !c.l2Off {
 		c.stats.DigestChecks++
-		for _, chk := range []struct {
-			what string
-			i    int
-		}{{"config fingerprint", vConfig}, {"tree digest", vTree}, {"placement digest", vPlace}} {
+		for _, chk := range digestSlots {
 			lo, hi := v[chk.i], -v[chk.i+1]
 			if lo != hi {
 				c.stats.DigestMismatches++
@@ -154,6 +149,13 @@ func (c *Core) Apply(v []int64) error {
 	c.hintL1, c.hintL2 = 0, 0
 	return derr
 }
+
+// digestSlots are the vector's replicated values that Apply checks (each at i, its negation
+// at i+1).
+var digestSlots = [...]struct {
+	what string
+	i    int
+}{{"config fingerprint", vConfig}, {"tree digest", vTree}, {"placement digest", vPlace}}
 
 // localValue recomputes slot i of this rank's contribution (for error messages).
 func (c *Core) localValue(i int) int64 {
@@ -259,10 +261,8 @@ func (c *Core) busyError() error {
 type busyError struct{ writes, loads, l3, locks int }
 
 func (e *busyError) Error() string {
-	return "hicache: busy: " + itoa(e.writes) + " backups, " + itoa(e.loads) + " loads and " + itoa(e.l3) + " storage operations in flight, " +
-		itoa(e.locks) + " locks held; flush needs an idle cache"
+	return "hicache: busy: " + strconv.Itoa(e.writes) + " backups, " + strconv.Itoa(e.loads) + " loads and " + strconv.Itoa(e.l3) +
+		" storage operations in flight, " + strconv.Itoa(e.locks) + " locks held; flush needs an idle cache"
 }
 
 func (e *busyError) Unwrap() error { return ErrBusy }
-
-func itoa(n int) string { return strconv.Itoa(n) }
