@@ -166,7 +166,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 // queued until they acknowledge.
 func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 	k := len(r.pages)
-	rest, restPages := r.rid, k
+	restPages := k // the rest stays in r.rid (a split gives the first m pages the new id)
 	if m > 0 {
 		id := uint64(r.rid)
 		if m < k {
@@ -194,11 +194,11 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 		return
 	}
 	if stopped {
-		c.abortRange(rest)
+		c.abortRange(r.rid)
 		c.l3.reserved -= restPages
 		return
 	}
-	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: rest, pages: restPages, readSeq: r.seq, acked: r.done})
+	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: r.rid, pages: restPages, readSeq: r.seq, acked: r.done})
 	c.l3.releaseSeq++
 	if c.io && !r.done {
 		c.l3.stops = append(c.l3.stops, r.seq)
