@@ -314,10 +314,12 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		if err != nil {
 			return false, err
 		}
-		for i := lo; i < hi; i++ {
-			s.stats.puts.Add(1)
-			s.stats.bytesWritten.Add(uint64(len(src[i])))
+		bytes := 0
+		for _, b := range src[lo:hi] {
+			bytes += len(b)
 		}
+		s.stats.puts.Add(uint64(hi - lo))
+		s.stats.bytesWritten.Add(uint64(bytes))
 		return true, nil
 	})
 	if err != nil {
