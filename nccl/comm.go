@@ -288,12 +288,16 @@ func (c *Comm) AsyncError() error {
 	if Result(st) == Success || Result(st) == InProgress {
 		return nil
 	}
-	return check(st, "asynchronous error", fmt.Sprintf("rank %d of %d", c.rank, c.size), comm)
+	return check(st, "asynchronous error", c.who(), comm)
 }
 
+// who names this member in error details: "rank R of N".
+func (c *Comm) who() string { return fmt.Sprintf("rank %d of %d", c.rank, c.size) }
+
 // enqueue issues one NCCL call that takes the communicator and finishes a non-blocking
-// in-progress state before returning.
-func (c *Comm) enqueue(ctx context.Context, call, detail string, f func(comm unsafe.Pointer) C.int) error {
+// in-progress state before returning. detail describes the call for errors; it is only
+// formatted when one is returned or the call is in progress, not on every collective.
+func (c *Comm) enqueue(ctx context.Context, call string, detail func() string, f func(comm unsafe.Pointer) C.int) error {
 	comm, err := c.handle()
 	if err != nil {
 		return err
@@ -302,13 +306,13 @@ func (c *Comm) enqueue(ctx context.Context, call, detail string, f func(comm uns
 	if err != nil {
 		return err
 	}
-	if Result(rc) == InProgress {
-		return c.waitReady(ctx, comm, call, detail)
+	switch Result(rc) {
+	case Success:
+		return nil
+	case InProgress:
+		return c.waitReady(ctx, comm, call, detail())
 	}
-	if err := check(rc, call, detail, comm); err != nil {
-		return err
-	}
-	return nil
+	return check(rc, call, detail(), comm)
 }
 
 func checkArgs(count int, dt DataType, op RedOp, needOp bool) error {
@@ -330,7 +334,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 	if err := checkArgs(count, dt, op, true); err != nil {
 		return err
 	}
-	return c.enqueue(ctx, "ncclAllReduce", fmt.Sprintf("%d x %v %v", count, dt, op), func(comm unsafe.Pointer) C.int {
+	return c.enqueue(ctx, "ncclAllReduce", func() string { return fmt.Sprintf("%d x %v %v", count, dt, op) }, func(comm unsafe.Pointer) C.int {
 		return C.cp_ncclAllReduce(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(op), comm, C.uintptr_t(s.Handle()))
 	})
 }
@@ -343,7 +347,7 @@ func (c *Comm) Broadcast(ctx context.Context, send, recv cuda.DevicePtr, count i
 	if root < 0 || root >= c.size {
 		return fmt.Errorf("nccl: broadcast root %d out of range [0, %d)", root, c.size)
 	}
-	return c.enqueue(ctx, "ncclBroadcast", fmt.Sprintf("%d x %v from %d", count, dt, root), func(comm unsafe.Pointer) C.int {
+	return c.enqueue(ctx, "ncclBroadcast", func() string { return fmt.Sprintf("%d x %v from %d", count, dt, root) }, func(comm unsafe.Pointer) C.int {
 		return C.cp_ncclBroadcast(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root), comm, C.uintptr_t(s.Handle()))
 	})
 }
@@ -354,7 +358,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv cuda.DevicePtr, sendCou
 	if err := checkArgs(sendCount, dt, 0, false); err != nil {
 		return err
 	}
-	return c.enqueue(ctx, "ncclAllGather", fmt.Sprintf("%d x %v", sendCount, dt), func(comm unsafe.Pointer) C.int {
+	return c.enqueue(ctx, "ncclAllGather", func() string { return fmt.Sprintf("%d x %v", sendCount, dt) }, func(comm unsafe.Pointer) C.int {
 		return C.cp_ncclAllGather(C.uint64_t(send), C.uint64_t(recv), C.size_t(sendCount), C.int(dt), comm, C.uintptr_t(s.Handle()))
 	})
 }
@@ -365,7 +369,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv cuda.DevicePtr, rec
 	if err := checkArgs(recvCount, dt, op, true); err != nil {
 		return err
 	}
-	return c.enqueue(ctx, "ncclReduceScatter", fmt.Sprintf("%d x %v %v", recvCount, dt, op), func(comm unsafe.Pointer) C.int {
+	return c.enqueue(ctx, "ncclReduceScatter", func() string { return fmt.Sprintf("%d x %v %v", recvCount, dt, op) }, func(comm unsafe.Pointer) C.int {
 		return C.cp_ncclReduceScatter(C.uint64_t(send), C.uint64_t(recv), C.size_t(recvCount), C.int(dt), C.int(op), comm, C.uintptr_t(s.Handle()))
 	})
 }
@@ -416,7 +420,6 @@ func (c *Comm) Wait(ctx context.Context, s *cuda.Stream) error {
 	if err != nil {
 		return err
 	}
-	detail := fmt.Sprintf("rank %d of %d", c.rank, c.size)
 	deadline := dist.Deadline(ctx, c.timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		done, err := s.Query()
@@ -426,15 +429,16 @@ func (c *Comm) Wait(ctx context.Context, s *cuda.Stream) error {
 		if done {
 			return nil
 		}
+		// Details are formatted on the failure paths only: this loop runs for every collective.
 		var st C.int
-		if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", detail, comm); err != nil {
-			return c.fail(err)
+		if rc := C.cp_ncclCommGetAsyncError(comm, &st); rc != 0 {
+			return c.fail(check(rc, "ncclCommGetAsyncError", c.who(), comm))
 		}
 		if r := Result(st); r != Success && r != InProgress {
-			return c.fail(check(st, "asynchronous error", detail, comm))
+			return c.fail(check(st, "asynchronous error", c.who(), comm))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return c.fail(timeoutError(ctx, "wait for stream", detail, c.timeout))
+			return c.fail(timeoutError(ctx, "wait for stream", c.who(), c.timeout))
 		}
 		time.Sleep(pause)
 	}
@@ -468,7 +472,7 @@ func (c *Comm) Close() error {
 	if comm == nil {
 		return c.lib.Close()
 	}
-	detail := fmt.Sprintf("rank %d of %d", c.rank, c.size)
+	detail := c.who()
 	if c.nonBlocking {
 		// Never hand NCCL a busy communicator here: ncclCommFinalize rejects it, and 2.28's
 		// ncclCommDestroy returns from inside its internal group (NCCLCHECK(ncclCommEnsureReady)
