@@ -41,22 +41,29 @@ func (s *memStore) Exists(_ context.Context, keys []Key, present []bool) (int, e
 	}
 	s.table.mu.Lock()
 	defer s.table.mu.Unlock()
-	n, prefix := 0, true
-	for i, k := range keys {
-		_, ok := s.table.vals[k]
-		if present != nil {
-			present[i] = ok
+	return lookupEach(len(keys), present, func(i int) bool {
+		_, ok := s.table.vals[keys[i]]
+		return ok
+	}), nil
+}
+
+// lookupEach sets out[i] = hit(i) for every key and returns the number of leading hits; with
+// out == nil it stops at the first miss.
+func lookupEach(n int, out []bool, hit func(i int) bool) int {
+	lead := n
+	for i := range n {
+		ok := hit(i)
+		if out != nil {
+			out[i] = ok
 		}
-		if prefix && ok {
-			n++
-		} else {
-			prefix = false
-			if present == nil {
+		if !ok && lead == n {
+			lead = i
+			if out == nil {
 				break
 			}
 		}
 	}
-	return n, nil
+	return lead
 }
 
 func (s *memStore) Get(_ context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
@@ -64,23 +71,7 @@ func (s *memStore) Get(_ context.Context, keys []Key, dst [][]byte, found []bool
 	if err := s.begin("get", keys, dst, found); err != nil {
 		return 0, err
 	}
-	clear(found)
-	n, prefix := 0, true
-	for i, k := range keys {
-		ok := s.getOne(k, dst[i])
-		if found != nil {
-			found[i] = ok
-		}
-		if prefix && ok {
-			n++
-		} else {
-			prefix = false
-			if found == nil {
-				break
-			}
-		}
-	}
-	return n, nil
+	return lookupEach(len(keys), found, func(i int) bool { return s.getOne(keys[i], dst[i]) }), nil
 }
 
 func (s *memStore) getOne(k Key, dst []byte) bool {
