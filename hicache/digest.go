@@ -2,9 +2,11 @@ package hicache
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/cpcache/cpcache/internal/mix"
+	"github.com/cpcache/cpcache/slab"
 )
 
 // StateDigest hashes the whole replicated state, walking the tree: every node's id, place,
@@ -83,7 +85,7 @@ func (c *Core) checkInvariants() error {
 	var err error
 	fail := func(format string, args ...any) {
 		if err == nil {
-			err = fmtErr(format, args...)
+			err = fmt.Errorf("hicache: "+format, args...)
 		}
 	}
 	l1Pages, nodes, ownLocks := 0, 0, 0
@@ -144,7 +146,7 @@ func (c *Core) checkInvariants() error {
 			}
 		}
 		if !c.l2Off {
-			pages, committed, ok := c.alloc.Range(rangeID(n.id))
+			pages, committed, ok := c.alloc.Range(slab.RangeID(n.id))
 			switch {
 			case n.l2 != nil && (!ok || !committed || !slices.Equal(pages, n.l2)):
 				fail("node %d: L2 pages %v, allocator has %v committed=%t ok=%t", n.id, n.l2, pages, committed, ok)

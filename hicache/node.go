@@ -1,7 +1,6 @@
 package hicache
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/cpcache/cpcache/internal/mix"
@@ -131,7 +130,3 @@ func (n *Node) unlinkChild(c *Node) {
 func nodeTerm(n *Node) uint64 {
 	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }
-
-func rangeID(id uint64) slab.RangeID { return slab.RangeID(id) }
-
-func fmtErr(format string, args ...any) error { return fmt.Errorf("hicache: "+format, args...) }
