@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors, usable with errors.Is on every backend's errors. A miss is not an error.
@@ -60,19 +61,8 @@ func (e *OpError) Unwrap() []error {
 	return out
 }
 
-func kindText(k error) string {
-	switch k {
-	case ErrUnavailable:
-		return "unavailable"
-	case ErrCorrupt:
-		return "corrupt value"
-	case ErrBadArgument:
-		return "bad argument"
-	case ErrClosed:
-		return "closed"
-	}
-	return k.Error()
-}
+// kindText is a sentinel's text without the package prefix the whole message already has.
+func kindText(k error) string { return strings.TrimPrefix(k.Error(), "storage: ") }
 
 func badArg(backend, where, op, format string, args ...any) error {
 	return &OpError{Backend: backend, Where: where, Op: op, Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
