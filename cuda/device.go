@@ -110,7 +110,10 @@ func (d *Device) MakeCurrent() error {
 	if err := d.live(); err != nil {
 		return err
 	}
-	return check(C.cp_cuCtxSetCurrent(d.ctx), callCtxSetCurrent, d.detail())
+	if rc := C.cp_cuCtxSetCurrent(d.ctx); rc != 0 {
+		return check(rc, callCtxSetCurrent, d.detail())
+	}
+	return nil
 }
 
 // Name is the device's marketing name, e.g. "NVIDIA H200".

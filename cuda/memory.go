@@ -142,8 +142,10 @@ func (d *Device) CopyHtoD(dst DevicePtr, src []byte) error {
 	if err := d.live(); err != nil {
 		return err
 	}
-	return check(C.cp_cuMemcpyHtoD(d.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))),
-		callHtoD, fmt.Sprintf("%s, %d bytes to %v", d.detail(), len(src), dst))
+	if rc := C.cp_cuMemcpyHtoD(d.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))); rc != 0 {
+		return check(rc, callHtoD, fmt.Sprintf("%s, %d bytes to %v", d.detail(), len(src), dst))
+	}
+	return nil
 }
 
 // CopyDtoH copies len(dst) bytes from device address src into dst and waits for the copy.
@@ -154,8 +156,10 @@ func (d *Device) CopyDtoH(dst []byte, src DevicePtr) error {
 	if err := d.live(); err != nil {
 		return err
 	}
-	return check(C.cp_cuMemcpyDtoH(d.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst))),
-		callDtoH, fmt.Sprintf("%s, %d bytes from %v", d.detail(), len(dst), src))
+	if rc := C.cp_cuMemcpyDtoH(d.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst))); rc != 0 {
+		return check(rc, callDtoH, fmt.Sprintf("%s, %d bytes from %v", d.detail(), len(dst), src))
+	}
+	return nil
 }
 
 // CopyDtoD copies n bytes between device addresses (cuMemcpyDtoD_v2).
@@ -169,8 +173,10 @@ func (d *Device) CopyDtoD(dst, src DevicePtr, n int) error {
 	if err := d.live(); err != nil {
 		return err
 	}
-	return check(C.cp_cuMemcpyDtoD(d.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n)),
-		callDtoD, fmt.Sprintf("%s, %d bytes %v -> %v", d.detail(), n, src, dst))
+	if rc := C.cp_cuMemcpyDtoD(d.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n)); rc != 0 {
+		return check(rc, callDtoD, fmt.Sprintf("%s, %d bytes %v -> %v", d.detail(), n, src, dst))
+	}
+	return nil
 }
 
 // HostBuffer is page-locked host memory allocated by the driver (cuMemHostAlloc, portable

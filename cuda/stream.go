@@ -110,7 +110,10 @@ func (s *Stream) Query() (bool, error) {
 	if Result(rc) == ErrorNotReady {
 		return false, nil
 	}
-	return rc == 0, check(rc, callStreamQuery, s.dev.detail())
+	if rc != 0 {
+		return false, check(rc, callStreamQuery, s.dev.detail())
+	}
+	return true, nil
 }
 
 // WaitEvent makes later work on s wait until e has completed (on any stream or process).
@@ -129,8 +132,10 @@ func (s *Stream) CopyHtoD(dst DevicePtr, src []byte) error {
 	if ok, err := s.ready("copy", len(src)); !ok {
 		return err
 	}
-	return check(C.cp_cuMemcpyHtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.h),
-		callHtoDAsync, fmt.Sprintf("%s, %d bytes to %v", s.dev.detail(), len(src), dst))
+	if rc := C.cp_cuMemcpyHtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.h); rc != 0 {
+		return check(rc, callHtoDAsync, fmt.Sprintf("%s, %d bytes to %v", s.dev.detail(), len(src), dst))
+	}
+	return nil
 }
 
 // CopyDtoH enqueues a copy of len(dst) bytes from device address src into dst.
@@ -138,8 +143,10 @@ func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
 	if ok, err := s.ready("copy", len(dst)); !ok {
 		return err
 	}
-	return check(C.cp_cuMemcpyDtoHAsync(s.dev.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst)), s.h),
-		callDtoHAsync, fmt.Sprintf("%s, %d bytes from %v", s.dev.detail(), len(dst), src))
+	if rc := C.cp_cuMemcpyDtoHAsync(s.dev.ctx, unsafe.Pointer(&dst[0]), C.cp_CUdeviceptr(src), C.size_t(len(dst)), s.h); rc != 0 {
+		return check(rc, callDtoHAsync, fmt.Sprintf("%s, %d bytes from %v", s.dev.detail(), len(dst), src))
+	}
+	return nil
 }
 
 // CopyDtoD enqueues a device-to-device copy of n bytes.
@@ -147,8 +154,10 @@ func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
 	if ok, err := s.ready("copy", n); !ok {
 		return err
 	}
-	return check(C.cp_cuMemcpyDtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
-		callDtoDAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+	if rc := C.cp_cuMemcpyDtoDAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h); rc != 0 {
+		return check(rc, callDtoDAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+	}
+	return nil
 }
 
 // Copy enqueues a copy of n bytes between unified addresses in any direction (device
@@ -157,8 +166,10 @@ func (s *Stream) Copy(dst, src DevicePtr, n int) error {
 	if ok, err := s.ready("copy", n); !ok {
 		return err
 	}
-	return check(C.cp_cuMemcpyAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h),
-		callMemcpyAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+	if rc := C.cp_cuMemcpyAsync(s.dev.ctx, C.cp_CUdeviceptr(dst), C.cp_CUdeviceptr(src), C.size_t(n), s.h); rc != 0 {
+		return check(rc, callMemcpyAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
+	}
+	return nil
 }
 
 // Memset enqueues setting n bytes at dst to v.
@@ -166,8 +177,10 @@ func (s *Stream) Memset(dst DevicePtr, v byte, n int) error {
 	if ok, err := s.ready("memset", n); !ok {
 		return err
 	}
-	return check(C.cp_cuMemsetD8Async(s.dev.ctx, C.cp_CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.h),
-		callMemsetAsync, s.dev.detail())
+	if rc := C.cp_cuMemsetD8Async(s.dev.ctx, C.cp_CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.h); rc != 0 {
+		return check(rc, callMemsetAsync, s.dev.detail())
+	}
+	return nil
 }
 
 // Copy1 is one copy of a batch: Size bytes from Src to Dst, unified addresses.
@@ -208,8 +221,11 @@ func (s *Stream) CopyBatch(copies []Copy1) (batched bool, err error) {
 	rc := C.cp_cuMemcpyBatch(s.dev.ctx, (*C.cp_CUdeviceptr)(unsafe.Pointer(&dsts[0])),
 		(*C.cp_CUdeviceptr)(unsafe.Pointer(&srcs[0])), (*C.size_t)(unsafe.Pointer(&sizes[0])),
 		C.size_t(n), s.h, &fail)
+	if rc == 0 {
+		return true, nil
+	}
 	detail := fmt.Sprintf("%s, %d copies", s.dev.detail(), n)
-	if rc != 0 && uint64(fail) < uint64(n) {
+	if uint64(fail) < uint64(n) {
 		c := copies[fail]
 		detail += fmt.Sprintf(", failed at copy %d: %d bytes %v -> %v", uint64(fail), c.Size, c.Src, c.Dst)
 	}
