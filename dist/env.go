@@ -95,6 +95,17 @@ func fromEnv(lookup func(string) (string, bool)) (Env, error) {
 	return e, nil
 }
 
+// LauncherVars lists the variables that place a process in its job: every launcher's rank,
+// world size, local rank and local world size variables FromEnv reads, EnvSourceVar and
+// CPCACHE_STORE. A launcher drops them from its children's environment before setting its own.
+func LauncherVars() []string {
+	vars := []string{EnvSourceVar, "CPCACHE_STORE"}
+	for _, s := range envSources {
+		vars = append(vars, s.rank, s.size, s.localRank, s.localSize)
+	}
+	return vars
+}
+
 func knownSource(name string) bool {
 	for _, s := range envSources {
 		if s.name == name {

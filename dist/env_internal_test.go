@@ -61,3 +61,22 @@ func TestFromEnvErrorsNameVariables(t *testing.T) {
 		assert.Contains(t, err.Error(), c.want)
 	}
 }
+
+func TestLauncherVarsCoverEveryPlacementVariable(t *testing.T) {
+	// With every launcher variable removed, FromEnv sees a single-rank process again.
+	env := map[string]string{
+		"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+		"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+		"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
+		EnvSourceVar: "slurm", "CPCACHE_STORE": "file:///tmp/x",
+	}
+	vars := LauncherVars()
+	assert.Len(t, vars, len(env))
+	for _, v := range vars {
+		assert.Contains(t, env, v)
+		delete(env, v)
+	}
+	e, err := fromEnv(lookupMap(env))
+	require.NoError(t, err)
+	assert.Equal(t, Env{Rank: 0, WorldSize: 1, LocalRank: 0, LocalWorldSize: 1, Source: "single"}, e)
+}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cpcache/cpcache/dist"
 )
 
 func init() {
@@ -27,13 +29,9 @@ const launchGrace = 5 * time.Second
 // it left behind) before launch stops reading it.
 const launchDrain = 2 * time.Second
 
-// launcherVars are rank variables of other launchers, dropped from the children's
+// launcherVars are the placement variables of every launcher, dropped from the children's
 // environment so that dist.FromEnv sees only the ones launch sets.
-var launcherVars = []string{
-	"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CPCACHE_STORE", "CPCACHE_ENV_SOURCE",
-	"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-	"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-}
+var launcherVars = dist.LauncherVars()
 
 func runLaunch(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("launch", "-n N [--store URL] -- COMMAND [ARGS...]",
