@@ -21,12 +21,7 @@ const wireVersion = 1
 // function of the gathered bytes, so every rank computes the same error, naming the ranks at
 // fault (group rank and global rank).
 func verdict(groupName string, globalRanks []int, raw [][]byte) ([]offer, error) {
-	name := func(r int) string {
-		if r < len(globalRanks) {
-			return fmt.Sprintf("rank %d (global %d)", r, globalRanks[r])
-		}
-		return fmt.Sprintf("rank %d", r)
-	}
+	name := func(r int) string { return rankName(globalRanks, r) }
 	offers := make([]offer, len(raw))
 	var bad []string
 	for r, b := range raw {
@@ -67,12 +62,20 @@ func verdict(groupName string, globalRanks []int, raw [][]byte) ([]offer, error)
 	return offers, nil
 }
 
+// rankName names group rank r and, when known, its global rank.
+func rankName(globalRanks []int, r int) string {
+	if r < len(globalRanks) {
+		return fmt.Sprintf("rank %d (global %d)", r, globalRanks[r])
+	}
+	return fmt.Sprintf("rank %d", r)
+}
+
 // mapVerdict decides from every rank's mapping status (empty = mapped every slab).
 func mapVerdict(groupName string, globalRanks []int, statuses [][]byte) error {
 	var bad []string
 	for r, s := range statuses {
 		if len(s) > 0 {
-			bad = append(bad, fmt.Sprintf("rank %d (global %d) could not map: %s", r, globalRanks[r], s))
+			bad = append(bad, fmt.Sprintf("%s could not map: %s", rankName(globalRanks, r), s))
 		}
 	}
 	if len(bad) > 0 {
