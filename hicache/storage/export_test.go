@@ -23,7 +23,19 @@ func RedisKeyName(s Storage, k Key) string {
 
 // MutateMem replaces the stored bytes of k in mem table name with mutate(old).
 func MutateMem(name string, k Key, mutate func([]byte) []byte) bool {
-	return corruptMem(name, k, mutate)
+	memTablesMu.Lock()
+	t := memTables[name]
+	memTablesMu.Unlock()
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.vals[k]
+	if ok {
+		t.vals[k] = mutate(append([]byte(nil), v...))
+	}
+	return ok
 }
 
 // RedisCommand runs one command on a fresh connection to addr and returns a bulk or

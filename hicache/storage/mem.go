@@ -152,20 +152,3 @@ func (s *memStore) Close() error {
 	s.closed.Store(true)
 	return nil
 }
-
-// corruptMem replaces the stored bytes of k in the mem table name (tests).
-func corruptMem(name string, k Key, mutate func(v []byte) []byte) bool {
-	memTablesMu.Lock()
-	t := memTables[name]
-	memTablesMu.Unlock()
-	if t == nil {
-		return false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	v, ok := t.vals[k]
-	if ok {
-		t.vals[k] = mutate(append([]byte(nil), v...))
-	}
-	return ok
-}
