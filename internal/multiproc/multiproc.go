@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"syscall"
@@ -154,15 +153,10 @@ func Start(t testing.TB, s Spec) (wait func() []Result) {
 func Run(t testing.TB, s Spec) []Result {
 	t.Helper()
 	res := Start(t, s)()
-	var failed []int
-	for _, r := range res {
+	for _, r := range res { // in rank order
 		if r.Err != nil {
-			failed = append(failed, r.Rank)
+			t.Errorf("rank %d failed: %v\n%s", r.Rank, r.Err, r.Output)
 		}
-	}
-	sort.Ints(failed)
-	for _, r := range failed {
-		t.Errorf("rank %d failed: %v\n%s", r, res[r].Err, res[r].Output)
 	}
 	return res
 }
