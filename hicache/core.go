@@ -152,12 +152,15 @@ type pathMatch struct {
 	pages int
 }
 
-// walk matches whole pages of tokens from the root; every node but the last is matched
-// fully. hashes receives the chained hash of each matched page.
-func (c *Core) walk(tokens []int32) []pathMatch {
+// walkBuf is the path length that walk's callers hold on the stack.
+const walkBuf = 16
+
+// walk matches whole pages of tokens from the root and appends the path to path (callers
+// pass a stack buffer: var buf [walkBuf]pathMatch; c.walk(buf[:0], tokens)); every node but
+// the last is matched fully.
+func (c *Core) walk(path []pathMatch, tokens []int32) []pathMatch {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
-	var path []pathMatch
 	n, h, pos := c.root, RootHash, 0
 	for pos < np {
 		ph := PageHash(h, tokens[pos*P:(pos+1)*P])

@@ -35,7 +35,8 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
 	have, h := 0, RootHash
-	for _, m := range c.walk(tokens) {
+	var buf [walkBuf]pathMatch
+	for _, m := range c.walk(buf[:0], tokens) {
 		have += m.pages
 		h = m.n.hashes[m.pages-1]
 	}
@@ -94,7 +95,8 @@ func (c *Core) RevokePrefetch(id uint64) {
 // them (nil when the tree no longer holds exactly that prefix) and how many of that node's
 // pages belong to the prefix.
 func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
-	path := c.walk(tokens[:start*c.cfg.PageSize])
+	var buf [walkBuf]pathMatch
+	path := c.walk(buf[:0], tokens[:start*c.cfg.PageSize])
 	have := 0
 	for _, m := range path {
 		have += m.pages

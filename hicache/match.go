@@ -23,7 +23,8 @@ func (c *Core) Match(tokens []int32) MatchResult {
 	c.stats.Matches++
 	res := MatchResult{Last: c.root}
 	device := true
-	for _, m := range c.walk(tokens) {
+	var buf [walkBuf]pathMatch
+	for _, m := range c.walk(buf[:0], tokens) {
 		n := m.n
 		if device && n.l1 != nil && !n.stale {
 			res.DevicePages += m.pages
@@ -77,7 +78,8 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	P := c.cfg.PageSize
 	np := len(tokens) / P
-	path := c.walk(tokens)
+	var buf [walkBuf]pathMatch
+	path := c.walk(buf[:0], tokens)
 	// Split a partly matched last node, even with I/O in flight (see split): two requests
 	// sharing a prefix are often inserted in the same step, before the first one's backup
 	// or load-back is over.

@@ -101,7 +101,7 @@ func TestInsertSplitsNodeWithBackupInFlight(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			n := r.caches[0].core.walk(a)[0].n
+			n := r.caches[0].core.walk(nil, a)[0].n
 			if n.write == nil {
 				t.Fatalf("node %d has no backup in flight (state %v)", n.ID(), n.State())
 			}
@@ -144,7 +144,7 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	n := r.caches[0].core.walk(a)[0].n
+	n := r.caches[0].core.walk(nil, a)[0].n
 	if n.load == nil {
 		t.Fatalf("node %d is not loading (state %v)", n.ID(), n.State())
 	}
