@@ -79,10 +79,8 @@ func nsInode(kind string) (string, error) {
 }
 
 func (h hello) encode() []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, "shm-hello-v1\nmode=%s\npid=%d\nhost=%s\nboot=%s\nnetns=%s\npidns=%s\nshmdir=%s\nerr=%s\n",
+	return fmt.Appendf(nil, "shm-hello-v1\nmode=%s\npid=%d\nhost=%s\nboot=%s\nnetns=%s\npidns=%s\nshmdir=%s\nerr=%s\n",
 		h.mode, h.pid, oneLine(h.host), h.boot, h.netns, h.pidns, h.shmdir, oneLine(h.err))
-	return []byte(b.String())
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
