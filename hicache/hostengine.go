@@ -3,6 +3,7 @@ package hicache
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cpcache/cpcache/slab"
@@ -37,24 +38,7 @@ type HostEngine struct {
 	queue   []*Ticket  // submitted, not yet started
 	closed  bool
 	workers sync.WaitGroup
-	pages   [2]counter // pages copied by kind (Write, Load)
-}
-
-type counter struct {
-	mu sync.Mutex // protects n
-	n  int64
-}
-
-func (c *counter) add(d int64) {
-	c.mu.Lock()
-	c.n += d
-	c.mu.Unlock()
-}
-
-func (c *counter) get() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
+	pages   [2]atomic.Int64 // pages copied by kind (Write, Load)
 }
 
 // NewHostEngine returns an engine over an L1 pool of l1Pages pages of pageBytes each (it
@@ -88,7 +72,7 @@ func (e *HostEngine) L1Page(s int32) ([]byte, error) {
 }
 
 // PagesCopied returns the pages this engine copied, by kind.
-func (e *HostEngine) PagesCopied(k Kind) int64 { return e.pages[k].get() }
+func (e *HostEngine) PagesCopied(k Kind) int64 { return e.pages[k].Load() }
 
 // Submit implements Engine.
 func (e *HostEngine) Submit(t Transfer) *Ticket {
@@ -175,6 +159,6 @@ func (e *HostEngine) run(t Transfer) error {
 			copy(l1, l2)
 		}
 	}
-	e.pages[t.Kind].add(int64(len(t.Copies)))
+	e.pages[t.Kind].Add(int64(len(t.Copies)))
 	return nil
 }
