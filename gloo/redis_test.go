@@ -12,19 +12,17 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/redistest"
 )
 
-// startRedis starts a private redis-server on addr:port (port 0: a free one), its command
-// line prefixed by wrap (e.g. to run it in a network namespace), and returns the port. It is
-// killed at the end of the test.
+// startRedis starts a private redis-server on addr:port, its command line prefixed by wrap
+// (to run it in a network namespace, where internal/redistest's loopback server cannot
+// serve), and returns the port. It is killed at the end of the test.
 func startRedis(t *testing.T, addr string, port int, wrap []string) int {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("redis-server not installed (make deps installs it): ", err)
-	}
-	if port == 0 {
-		port = freePort(t, addr)
 	}
 	dir := t.TempDir()
 	argv := append(append([]string(nil), wrap...), bin, "--bind", addr, "--port", strconv.Itoa(port),
@@ -75,12 +73,9 @@ func freePort(t *testing.T, addr string) int {
 // TestRedisStore runs the suite twice against one real redis-server: Gloo's RedisStore
 // refuses to overwrite keys (SETNX), so the second run passes only with fresh run ids.
 func TestRedisStore(t *testing.T) {
-	if _, err := exec.LookPath("redis-cli"); err != nil {
-		t.Skip("redis-cli not installed (make deps installs redis-server, which brings it): ", err)
-	}
-	port := startRedis(t, "127.0.0.1", 0, nil)
+	srv := redistest.Start(t)
 	for run := 0; run < 2; run++ {
 		multiproc.Run(t, multiproc.Spec{Role: "conformance", N: 4, Timeout: time.Minute,
-			Env: []string{fmt.Sprintf("CPCACHE_STORE=redis://127.0.0.1:%d/redistest", port), "CPCACHE_TEST_SOAK=8"}})
+			Env: []string{"CPCACHE_STORE=" + srv.URL("redistest"), "CPCACHE_TEST_SOAK=8"}})
 	}
 }
