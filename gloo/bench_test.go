@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/internal/multiproc"
 )
@@ -51,21 +50,14 @@ func BenchmarkCollectives(b *testing.B) {
 func localBaseline(b *testing.B, n int, op string, iters int) float64 {
 	members := local.World(n, local.Options{Timeout: time.Minute})
 	ctx := context.Background()
-	var wg sync.WaitGroup
 	var ns int64
-	errs := make([]error, n)
-	for r, m := range members {
-		wg.Add(1)
-		go func(r int, g dist.Group) {
-			defer wg.Done()
-			v, err := timeOps(ctx, g, benchOps[op], iters)
-			errs[r] = err
-			if r == 0 {
-				ns = v
-			}
-		}(r, m)
-	}
-	wg.Wait()
+	errs := grouptest.Parallel(n, func(r int) error {
+		v, err := timeOps(ctx, members[r], benchOps[op], iters)
+		if r == 0 {
+			ns = v
+		}
+		return err
+	})
 	for r, err := range errs {
 		if err != nil {
 			b.Fatalf("local baseline, member %d: %v", r, err)
