@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,12 +84,7 @@ type launcher struct {
 func (l *launcher) env(rank int) []string {
 	env := make([]string, 0, len(os.Environ())+5)
 	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		drop := false
-		for _, v := range launcherVars {
-			drop = drop || name == v
-		}
-		if !drop {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(launcherVars, name) {
 			env = append(env, kv)
 		}
 	}
