@@ -33,10 +33,10 @@ func ClosedPeer(members []dist.Group, wait time.Duration) ([]error, error) {
 	time.Sleep(20 * time.Millisecond) // let the barriers start waiting; either order must work
 	last := members[n-1]
 	if err := last.Close(); err != nil {
-		return nil, fmt.Errorf("close member %d: %w", n-1, err)
+		return nil, fmt.Errorf("grouptest: close member %d: %w", n-1, err)
 	}
 	if err := last.Close(); err != nil {
-		return nil, fmt.Errorf("second close of member %d (Close is idempotent): %w", n-1, err)
+		return nil, fmt.Errorf("grouptest: second close of member %d (Close is idempotent): %w", n-1, err)
 	}
 	pending := make([]error, n-1)
 	timer := time.NewTimer(wait)
@@ -46,17 +46,17 @@ func ClosedPeer(members []dist.Group, wait time.Duration) ([]error, error) {
 		case d := <-done:
 			pending[d.rank] = d.err
 			if !errors.Is(d.err, dist.ErrPeerLost) {
-				return pending, fmt.Errorf("rank %d's barrier after a peer closed: %v, want dist.ErrPeerLost", d.rank, d.err)
+				return pending, fmt.Errorf("grouptest: rank %d's barrier after a peer closed: %v, want dist.ErrPeerLost", d.rank, d.err)
 			}
 		case <-timer.C:
-			return pending, fmt.Errorf("a survivor did not fail within %v after a peer closed", wait)
+			return pending, fmt.Errorf("grouptest: a survivor did not fail within %v after a peer closed", wait)
 		}
 	}
 	if err := members[0].Barrier(ctx); !errors.Is(err, dist.ErrPeerLost) {
-		return pending, fmt.Errorf("rank 0's next barrier: %v, want dist.ErrPeerLost", err)
+		return pending, fmt.Errorf("grouptest: rank 0's next barrier: %v, want dist.ErrPeerLost", err)
 	}
 	if err := last.Barrier(ctx); !errors.Is(err, dist.ErrClosed) {
-		return pending, fmt.Errorf("the closed member's barrier: %v, want dist.ErrClosed", err)
+		return pending, fmt.Errorf("grouptest: the closed member's barrier: %v, want dist.ErrClosed", err)
 	}
 	return pending, nil
 }
