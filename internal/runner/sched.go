@@ -60,7 +60,8 @@ type scheduler struct {
 
 	queue    []workload.Request
 	running  []*active
-	reserved int // L1 pages reserved by running requests
+	reserved int          // L1 pages reserved by running requests
+	blocked  map[int]bool // admit's scratch: clients with a turn running, reused every step
 
 	counts   replicaCounts
 	local    localCounts
@@ -70,7 +71,7 @@ type scheduler struct {
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
-	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs}
+	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{}}
 	if l != nil {
 		l.total.Store(int64(len(reqs)))
 	}
@@ -149,7 +150,8 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 // admit prefills queued requests in order while the token budget, the L1 reservation and
 // the running limit allow. A conversation's turn waits until its previous turn finished.
 func (s *scheduler) admit(ctx context.Context) (int, error) {
-	blocked := map[int]bool{}
+	blocked := s.blocked
+	clear(blocked)
 	for _, a := range s.running {
 		if a.req.Client >= 0 {
 			blocked[a.req.Client] = true
