@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -14,9 +13,9 @@ func TestGPUInfoWithoutGPU(t *testing.T) {
 		t.Skip("a CUDA driver is present; this test checks the no-GPU report")
 	}
 	t.Setenv("CPCACHE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
-	var out, errb bytes.Buffer
-	if status := run([]string{"gpu-info"}, &out, &errb); status != 0 {
-		t.Fatalf("gpu-info exit %d without a GPU, want 0; stderr %s", status, errb.String())
+	status, out, errOut := runCmd("gpu-info")
+	if status != 0 {
+		t.Fatalf("gpu-info exit %d without a GPU, want 0; stderr %s", status, errOut)
 	}
 	for _, want := range []string{
 		"cuda: not available: cuda: cannot load libcuda.so.1",
@@ -24,15 +23,14 @@ func TestGPUInfoWithoutGPU(t *testing.T) {
 		"/nonexistent/libnccl.so.2: ",
 		"topology: not available:",
 	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 }
 
 func TestGPUInfoBadArgument(t *testing.T) {
-	var out, errb bytes.Buffer
-	if status := run([]string{"gpu-info", "extra"}, &out, &errb); status != 2 || !strings.Contains(errb.String(), `unexpected argument "extra"`) {
-		t.Errorf("status %d, stderr %q", status, errb.String())
+	if status, _, errOut := runCmd("gpu-info", "extra"); status != 2 || !strings.Contains(errOut, `unexpected argument "extra"`) {
+		t.Errorf("status %d, stderr %q", status, errOut)
 	}
 }
