@@ -158,24 +158,26 @@ ReduceFn reduceFn(int op) {
   throw Fail{CPG_INVALID, "unknown reduce op " + std::to_string(op)};
 }
 
-void glooAllreduce(Op& o, const ReduceFn& fn, std::vector<char>& data, size_t n) {
+// ringAllreduce reduces vals in place with Gloo's ring allreduce, through memory the op keeps.
+void ringAllreduce(Op& o, const ReduceFn& fn, int64_t* vals, size_t n) {
+  const size_t bytes = n * sizeof(int64_t);
+  auto data = o.mem(bytes);
+  std::memcpy(data->data(), vals, bytes);
   gloo::AllreduceOptions opts(o.c->ctx);
-  opts.setOutput(reinterpret_cast<int64_t*>(data.data()), n);
+  opts.setOutput(reinterpret_cast<int64_t*>(data->data()), n);
   opts.setReduceFunction(fn);
   opts.setTimeout(remaining(o.deadline));
   gloo::allreduce(opts);
+  std::memcpy(vals, data->data(), bytes);
 }
 
 void allreduce(Op& o, int op, int64_t* vals, size_t n) {
   ReduceFn fn = reduceFn(op);
-  const size_t bytes = n * sizeof(int64_t);
   if (o.size > o.c->directMax) {
-    auto data = o.mem(bytes);
-    std::memcpy(data->data(), vals, bytes);
-    glooAllreduce(o, fn, *data, n);
-    std::memcpy(vals, data->data(), bytes);
+    ringAllreduce(o, fn, vals, n);
     return;
   }
+  const size_t bytes = n * sizeof(int64_t);
   auto frames = o.mem(kFrame * o.size);
   Header mine = o.header(kAllreduce, op, static_cast<int64_t>(n));
   *o.frame(*frames, o.rank) = mine;
@@ -184,10 +186,7 @@ void allreduce(Op& o, int op, int64_t* vals, size_t n) {
   o.exchange(*frames, -1);
   for (int p = 0; p < o.size; p++) o.check(mine, *o.frame(*frames, p), p);
   if (!inlined) {  // every member agreed on n: reduce the data with Gloo's ring
-    auto data = o.mem(bytes);
-    std::memcpy(data->data(), vals, bytes);
-    glooAllreduce(o, fn, *data, n);
-    std::memcpy(vals, data->data(), bytes);
+    ringAllreduce(o, fn, vals, n);
     return;
   }
   std::vector<int64_t> acc(n);
@@ -266,8 +265,10 @@ std::vector<char> allgather(Op& o, const void* in, size_t n, std::vector<size_t>
   const size_t size = static_cast<size_t>(o.size);
   lens.assign(size, 0);
   std::vector<int64_t> lens64(size);
-  if (o.size <= o.c->directMax) {
-    auto frames = o.mem(kFrame * size);
+  const bool direct = o.size <= o.c->directMax;
+  std::shared_ptr<std::vector<char>> frames;  // direct exchange: every member's frame
+  if (direct) {
+    frames = o.mem(kFrame * size);
     Header mine = o.header(kAllgather, 0, static_cast<int64_t>(n));
     *o.frame(*frames, o.rank) = mine;
     if (n > 0) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), in, std::min(n, kInline));
@@ -277,23 +278,6 @@ std::vector<char> allgather(Op& o, const void* in, size_t n, std::vector<size_t>
       mine.len = h.len;
       o.check(mine, h, p);
       lens64[p] = h.len;
-    }
-    bool big = false;
-    size_t total = 0;
-    for (size_t r = 0; r < size; r++) {
-      if (lens64[r] < 0) throw Fail{CPG_ERROR, "negative allgather length from rank " + std::to_string(r)};
-      lens[r] = static_cast<size_t>(lens64[r]);
-      big = big || lens[r] > kInline;
-      total += lens[r];
-    }
-    if (!big) {
-      std::vector<char> out(total);
-      size_t off = 0;
-      for (size_t r = 0; r < size; r++) {
-        std::memcpy(out.data() + off, frames->data() + r * kFrame + sizeof(Header), lens[r]);
-        off += lens[r];
-      }
-      return out;
     }
   } else {  // Gloo's allgatherv of the lengths
     auto lenbuf = o.mem((size + 1) * sizeof(int64_t));
@@ -305,14 +289,25 @@ std::vector<char> allgather(Op& o, const void* in, size_t n, std::vector<size_t>
     lo.setTimeout(remaining(o.deadline));
     gloo::allgatherv(lo);
     std::memcpy(lens64.data(), lenbuf->data(), size * sizeof(int64_t));
+  }
+  bool big = false;
+  size_t total = 0;
+  for (size_t r = 0; r < size; r++) {
+    if (lens64[r] < 0) throw Fail{CPG_ERROR, "negative allgather length from rank " + std::to_string(r)};
+    lens[r] = static_cast<size_t>(lens64[r]);
+    big = big || lens[r] > kInline;
+    total += lens[r];
+  }
+  if (direct && !big) {  // every member's data came inline in its frame
+    std::vector<char> out(total);
+    size_t off = 0;
     for (size_t r = 0; r < size; r++) {
-      if (lens64[r] < 0) throw Fail{CPG_ERROR, "negative allgather length from rank " + std::to_string(r)};
-      lens[r] = static_cast<size_t>(lens64[r]);
+      std::memcpy(out.data() + off, frames->data() + r * kFrame + sizeof(Header), lens[r]);
+      off += lens[r];
     }
+    return out;
   }
   // The data with Gloo's allgatherv (every member knows every length).
-  size_t total = 0;
-  for (size_t l : lens) total += l;
   auto inbuf = o.mem(n);
   if (n > 0) std::memcpy(inbuf->data(), in, n);
   auto out = o.mem(total);
