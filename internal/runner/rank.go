@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/cpcache/cpcache/dist"
@@ -285,6 +286,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.CollectivesPerStep = float64(collectives) / float64(steps)
 	}
 	r.BytesMoved = (r.PagesWrittenL2 + r.PagesLoadedL2) * int64(p.Config.PageBytes())
+	slices.Sort(lat)
 	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
 	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
 	return r

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -108,13 +107,11 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// quantile returns the q-quantile (0..1) of samples by nearest rank; 0 for none.
-func quantile(samples []time.Duration, q float64) time.Duration {
-	if len(samples) == 0 {
+// quantile returns the q-quantile (0..1) of sorted samples by nearest rank; 0 for none.
+func quantile(s []time.Duration, q float64) time.Duration {
+	if len(s) == 0 {
 		return 0
 	}
-	s := slices.Clone(samples)
-	slices.Sort(s)
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
