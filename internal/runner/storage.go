@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/storage"
 )
@@ -34,11 +33,7 @@ func ParsePrefetchPolicy(s string) (hicache.PrefetchPolicy, error) {
 
 // StorageNamespace is the namespace of the run's pages in its L3 storage.
 func (p *Plan) StorageNamespace() (storage.Namespace, error) {
-	return storageNamespace(&p.Config, p.Layout)
-}
-
-func storageNamespace(c *Config, l *dist.Layout) (storage.Namespace, error) {
-	return hicache.NewStorageNamespace(storageModel, l, c.PageSize, c.PageBytes())
+	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes())
 }
 
 // openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace.
