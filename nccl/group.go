@@ -138,7 +138,18 @@ func (g *Group) stageLocked(n int) error {
 	return nil
 }
 
-var reduceOps = map[dist.ReduceOp]RedOp{dist.Min: Min, dist.Max: Max, dist.Sum: Sum}
+// redOp is NCCL's reduction for op (false for an op NCCL has no match for).
+func redOp(op dist.ReduceOp) (RedOp, bool) {
+	switch op {
+	case dist.Min:
+		return Min, true
+	case dist.Max:
+		return Max, true
+	case dist.Sum:
+		return Sum, true
+	}
+	return 0, false
+}
 
 // AllReduce implements dist.Group (int64 elements, reduced on the device).
 func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) error {
@@ -148,7 +159,7 @@ func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) e
 	if err != nil {
 		return err
 	}
-	nop, ok := reduceOps[op]
+	nop, ok := redOp(op)
 	if !ok {
 		return wrap(fmt.Errorf("%w: reduce op %v", dist.ErrBadArgument, op))
 	}
