@@ -222,14 +222,12 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 		g.publishLocked(code, culprit)
 		return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, err, missing)
 	}
-	if expired {
-		g.publishLocked(abortTimeout, culprit)
-		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-			return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, context.DeadlineExceeded, missing)
-		}
-		return fmt.Errorf("%w after %v: members %v had not arrived", dist.ErrTimeout, g.opts.Timeout, missing)
+	// The context has not ended, so the deadline expired.
+	g.publishLocked(abortTimeout, culprit)
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return fmt.Errorf("%w: %w (members %v had not arrived)", dist.ErrTimeout, context.DeadlineExceeded, missing)
 	}
-	return nil
+	return fmt.Errorf("%w after %v: members %v had not arrived", dist.ErrTimeout, g.opts.Timeout, missing)
 }
 
 // publishLocked records why the group failed, if no reason was recorded yet, and wakes everyone.
