@@ -83,7 +83,8 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	// Split a partly matched last node, even with I/O in flight (see split): two requests
 	// sharing a prefix are often inserted in the same step, before the first one's backup
 	// or load-back is over.
-	var nodes []*Node
+	var nbuf [walkBuf]*Node
+	nodes := nbuf[:0]
 	pages := 0
 	for _, m := range path {
 		n := m.n
