@@ -62,10 +62,10 @@ bench: deps
 # a summary. Run there: gpu-bundle/run.sh
 gpu-check:
 	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
-	@for p in cuda nccl slab hicache; do \
+	@for p in cuda nccl slab/cudaslab hicache; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
 	    echo "gpu-check: gpu-bundle/$$p.test"; \
-	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$p.test ./$$p || exit 1; \
+	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \
 	  fi; \
 	done
 	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o gpu-bundle/cpcache ./cmd/cpcache

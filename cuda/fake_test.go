@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cpcache/cpcache/internal/fakelib"
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
 )
 
 // TestFakeDriverRunsGPUTests runs this binary's TestGPU* tests in a child process against a

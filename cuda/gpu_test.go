@@ -12,7 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
 )
 
 func TestMain(m *testing.M) { multiproc.Main(m) }

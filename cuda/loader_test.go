@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cpcache/cpcache/internal/fakelib"
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
 )
 
 // buildStub compiles a fake libcuda exporting every table symbol except omit. Its cuInit

@@ -3,7 +3,7 @@ package cuda_test
 import (
 	"testing"
 
-	"github.com/cpcache/cpcache/internal/shimdigest"
+	"github.com/cpcache/cpcache/internal/testenv/shimdigest"
 )
 
 func TestShimDigest(t *testing.T) {

@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist/grouptest"
-	"github.com/cpcache/cpcache/dist/local"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel/grouptest"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // BenchmarkCollectives times each collective on a Gloo world of 2 and 8 rank processes
 // (rank 0's mean, reported as gloo-ns/op; the ns/op column includes process start-up)
 // and, as the baseline of the same run, on an in-process
-// dist/local group of the same size; x-local is the ratio. The rank processes run
+// parallel/local group of the same size; x-local is the ratio. The rank processes run
 // max(b.N, 200) operations each, so the figure does not include process start-up.
 func BenchmarkCollectives(b *testing.B) {
 	for _, n := range []int{2, 8} {

@@ -1,4 +1,4 @@
-// Package gloo implements dist.Group over Gloo (the library behind PyTorch's CPU process
+// Package gloo implements parallel.Group over Gloo (the library behind PyTorch's CPU process
 // groups) with its TCP transport, through the C ABI in csrc/gloo_shim.{h,cc}; it needs
 // Debian's libgloo-dev and libhiredis-dev (`make deps`) and no separate build step.
 //
@@ -18,22 +18,22 @@
 // # Groups
 //
 // NewWorld returns the world group; NewGroup(world, ranks) a group over a subset and
-// NewLayoutGroups(world, layout) this rank's group of every kind of a dist.Layout. Both are
+// NewLayoutGroups(world, layout) this rank's group of every kind of a parallel.Layout. Both are
 // collective over the world (every rank calls them in the same order, with the same
-// arguments, which is checked: a mismatch fails with dist.ErrMismatch). Non-members of a
+// arguments, which is checked: a mismatch fails with parallel.ErrMismatch). Non-members of a
 // NewGroup get nil. The world group owns the store and the TCP device; sub-groups stay
 // usable after it is closed, but no new group can be made from a closed world.
 //
 // # Failures
 //
 // Each collective has a deadline: the context's, or the group's timeout when that is
-// earlier (Options.Timeout, default dist.DefaultTimeout). A peer that exits or closes its
+// earlier (Options.Timeout, default parallel.DefaultTimeout). A peer that exits or closes its
 // group makes the survivors' current or next collective fail promptly with an error wrapping
-// dist.ErrPeerLost: the member that sees the broken connection closes all of its own, so the
+// parallel.ErrPeerLost: the member that sees the broken connection closes all of its own, so the
 // failure reaches every member. A stalled peer makes the others fail at their deadline with
-// dist.ErrTimeout (also wrapping context.DeadlineExceeded when the context's deadline was
+// parallel.ErrTimeout (also wrapping context.DeadlineExceeded when the context's deadline was
 // the one that passed). Any such error is sticky: the group then refuses every call with the
-// same error (wrapped in a new dist.OpError). Cancelling a context without a deadline is only
+// same error (wrapped in a new parallel.OpError). Cancelling a context without a deadline is only
 // observed before an operation starts.
 //
 // Gloo writes to its sockets without MSG_NOSIGNAL, so NewWorld routes SIGPIPE to a channel
@@ -47,7 +47,7 @@
 // frame to every other — one network hop instead of the 2(n-1) of Gloo's ring — whose header
 // names the collective and its arguments, so members that call different collectives (or
 // AllReduce with a different op or length, Broadcast with a different root) fail with
-// dist.ErrMismatch instead of mixing data. Payloads beyond a frame take a second phase
+// parallel.ErrMismatch instead of mixing data. Payloads beyond a frame take a second phase
 // (direct for Broadcast, Gloo's ring allreduce and allgatherv otherwise); larger groups use
 // Gloo's algorithms throughout and do not detect mismatches.
 //
@@ -60,6 +60,6 @@
 //	defer world.Close()
 //	groups, err := gloo.NewLayoutGroups(world, layout)
 //	defer groups.Close()
-//	cp := groups.Group(dist.KindAttnCP)
-//	for step := range steps { err = cp.AllReduce(ctx, dist.Min, vec) }
+//	cp := groups.Group(parallel.KindAttnCP)
+//	for step := range steps { err = cp.AllReduce(ctx, parallel.Min, vec) }
 package gloo

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // classify turns a shim failure into an error wrapping the matching dist sentinel.
@@ -19,15 +19,15 @@ func classify(err error, ctxDeadline bool) error {
 	switch se.code {
 	case codeTimeout:
 		if ctxDeadline {
-			return fmt.Errorf("gloo: %w (%w): %s", dist.ErrTimeout, context.DeadlineExceeded, se.msg)
+			return fmt.Errorf("gloo: %w (%w): %s", parallel.ErrTimeout, context.DeadlineExceeded, se.msg)
 		}
-		return fmt.Errorf("gloo: %w: %s", dist.ErrTimeout, se.msg)
+		return fmt.Errorf("gloo: %w: %s", parallel.ErrTimeout, se.msg)
 	case codeIO:
-		return fmt.Errorf("gloo: %w: %s", dist.ErrPeerLost, se.msg)
+		return fmt.Errorf("gloo: %w: %s", parallel.ErrPeerLost, se.msg)
 	case codeMismatch:
-		return fmt.Errorf("gloo: %w: %s", dist.ErrMismatch, se.msg)
+		return fmt.Errorf("gloo: %w: %s", parallel.ErrMismatch, se.msg)
 	case codeInvalid:
-		return fmt.Errorf("gloo: %w: %s", dist.ErrBadArgument, se.msg)
+		return fmt.Errorf("gloo: %w: %s", parallel.ErrBadArgument, se.msg)
 	}
 	return fmt.Errorf("gloo: %s", se.msg)
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
 )
 
 func fileStore(t testing.TB) string { return "file://" + t.TempDir() }

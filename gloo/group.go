@@ -6,10 +6,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
-// Group is a Gloo process group. It implements dist.Group. One collective runs at a time:
+// Group is a Gloo process group. It implements parallel.Group. One collective runs at a time:
 // concurrent calls are serialised by a mutex, in the order they take it, so callers that
 // need a fixed order across ranks must issue collectives from one goroutine.
 type Group struct {
@@ -27,7 +27,7 @@ type Group struct {
 	groupSeq int
 }
 
-var _ dist.Group = (*Group)(nil)
+var _ parallel.Group = (*Group)(nil)
 
 func (g *Group) Rank() int { return g.rank }
 
@@ -54,7 +54,7 @@ func (g *Group) Err() error {
 // skipped or abandoned an operation is out of step with its peers.
 func (g *Group) run(ctx context.Context, op string, fn func(c *cCtx, timeout time.Duration) error) error {
 	if g == nil {
-		return &dist.OpError{Group: "<nil>", Op: op, Err: fmt.Errorf("gloo: %w: nil group", dist.ErrClosed)}
+		return &parallel.OpError{Group: "<nil>", Op: op, Err: fmt.Errorf("gloo: %w: nil group", parallel.ErrClosed)}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -64,21 +64,23 @@ func (g *Group) run(ctx context.Context, op string, fn func(c *cCtx, timeout tim
 func (g *Group) runLocked(ctx context.Context, op string, fn func(c *cCtx, timeout time.Duration) error) error {
 	seq := g.seq
 	g.seq++
-	fail := func(err error) error { return &dist.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err} }
+	fail := func(err error) error {
+		return &parallel.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err}
+	}
 	if g.ctx == nil {
-		return fail(fmt.Errorf("gloo: %w", dist.ErrClosed))
+		return fail(fmt.Errorf("gloo: %w", parallel.ErrClosed))
 	}
 	if g.err != nil {
 		return fail(g.err)
 	}
-	deadline := dist.Deadline(ctx, g.timeout)
+	deadline := parallel.Deadline(ctx, g.timeout)
 	ctxDeadline := false
 	if d, ok := ctx.Deadline(); ok && d.Equal(deadline) {
 		ctxDeadline = true
 	}
 	if err := ctx.Err(); err != nil {
 		if err == context.DeadlineExceeded {
-			g.err = fmt.Errorf("gloo: %w (%w): deadline passed before the operation started", dist.ErrTimeout, err)
+			g.err = fmt.Errorf("gloo: %w (%w): deadline passed before the operation started", parallel.ErrTimeout, err)
 		} else {
 			g.err = fmt.Errorf("gloo: operation abandoned: %w", err)
 		}
@@ -88,7 +90,7 @@ func (g *Group) runLocked(ctx context.Context, op string, fn func(c *cCtx, timeo
 	if !deadline.IsZero() {
 		timeout = time.Until(deadline)
 		if timeout <= 0 {
-			g.err = fmt.Errorf("gloo: %w: deadline passed before the operation started", dist.ErrTimeout)
+			g.err = fmt.Errorf("gloo: %w: deadline passed before the operation started", parallel.ErrTimeout)
 			return fail(g.err)
 		}
 	}
@@ -100,18 +102,18 @@ func (g *Group) runLocked(ctx context.Context, op string, fn func(c *cCtx, timeo
 }
 
 func badArg(g *Group, op string, format string, args ...any) error {
-	return &dist.OpError{Group: g.name, Rank: g.rank, Op: op, Err: fmt.Errorf("gloo: %w: "+format, append([]any{dist.ErrBadArgument}, args...)...)}
+	return &parallel.OpError{Group: g.name, Rank: g.rank, Op: op, Err: fmt.Errorf("gloo: %w: "+format, append([]any{parallel.ErrBadArgument}, args...)...)}
 }
 
 // AllReduce reduces vals element-wise over all members, in place.
-func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) error {
+func (g *Group) AllReduce(ctx context.Context, op parallel.ReduceOp, vals []int64) error {
 	var code int
 	switch op {
-	case dist.Min:
+	case parallel.Min:
 		code = opMin
-	case dist.Max:
+	case parallel.Max:
 		code = opMax
-	case dist.Sum:
+	case parallel.Sum:
 		code = opSum
 	default:
 		if g == nil {
@@ -157,7 +159,7 @@ func (g *Group) Barrier(ctx context.Context) error {
 }
 
 // Close closes the group's connections (peers' pending and later collectives fail with
-// dist.ErrPeerLost). Closing the world group also releases the store and the device; groups
+// parallel.ErrPeerLost). Closing the world group also releases the store and the device; groups
 // created from it stay usable. Close waits for a collective in progress to end. It is
 // nil-safe and idempotent.
 func (g *Group) Close() error {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/internal/multiproc"
-	"github.com/cpcache/cpcache/internal/netnstest"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/netnstest"
 )
 
 // TestTwoHosts runs 16 ranks on two "machines": two network namespaces joined by a veth

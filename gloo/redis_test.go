@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/internal/multiproc"
-	"github.com/cpcache/cpcache/internal/redistest"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/redistest"
 )
 
 // startRedis starts a private redis-server on addr:port, its command line prefixed by wrap

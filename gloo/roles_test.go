@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/gloo"
-	"github.com/cpcache/cpcache/internal/glootest"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/glootest"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
 )
 
 // Roles run in rank processes started by multiproc (or mpirun). Their parameters come from
@@ -67,7 +67,7 @@ func roleConformance(ctx context.Context, w *gloo.Group) error {
 // roleLayout creates every group of a layout and runs the suite on each, then a custom
 // sub-group over the even ranks.
 func roleLayout(ctx context.Context, w *gloo.Group) error {
-	l, err := dist.NewLayout(dist.LayoutConfig{
+	l, err := parallel.NewLayout(parallel.LayoutConfig{
 		World: w.Size(), TP: w.Size(), DP: envInt("CPCACHE_TEST_DP", 2),
 		AttnCP: envInt("CPCACHE_TEST_CP", 8), EP: envInt("CPCACHE_TEST_EP", w.Size()), DPAttention: true,
 	})
@@ -79,21 +79,21 @@ func roleLayout(ctx context.Context, w *gloo.Group) error {
 		return err
 	}
 	defer lg.Close()
-	for _, kind := range dist.AllKinds {
+	for _, kind := range parallel.AllKinds {
 		g := lg.Group(kind)
 		want := l.GroupOf(kind, w.Rank())
 		if fmt.Sprint(g.Ranks()) != fmt.Sprint(want) || g.Ranks()[g.Rank()] != w.Rank() {
 			return fmt.Errorf("%s group: ranks %v (me %d), want %v", kind, g.Ranks(), g.Rank(), want)
 		}
-		if g.Name() != dist.GroupName(kind.String(), want) {
-			return fmt.Errorf("%s group named %q, want %q", kind, g.Name(), dist.GroupName(kind.String(), want))
+		if g.Name() != parallel.GroupName(kind.String(), want) {
+			return fmt.Errorf("%s group named %q, want %q", kind, g.Name(), parallel.GroupName(kind.String(), want))
 		}
 		if err := grouptest.Conformance(ctx, g); err != nil {
 			return fmt.Errorf("%s: %w", g.Name(), err)
 		}
 	}
 	// The CP groups and the world interleave: values must not leak between them.
-	cp := lg.Group(dist.KindAttnCP)
+	cp := lg.Group(parallel.KindAttnCP)
 	for i := 0; i < 4; i++ {
 		if err := grouptest.Soak(ctx, cp, 4); err != nil {
 			return fmt.Errorf("%s: %w", cp.Name(), err)
@@ -123,7 +123,7 @@ func roleLayout(ctx context.Context, w *gloo.Group) error {
 }
 
 // rolePeerExit: the last rank leaves after a barrier (by Close or by exiting); every other
-// rank's next collective must fail with dist.ErrPeerLost, and so must every later one.
+// rank's next collective must fail with parallel.ErrPeerLost, and so must every later one.
 func rolePeerExit() error {
 	ctx := context.Background()
 	w, err := joinWorld(ctx, envDur("CPCACHE_TEST_TIMEOUT", 60*time.Second))
@@ -141,23 +141,23 @@ func rolePeerExit() error {
 		os.Exit(0) // no Close: the kernel closes the sockets
 	}
 	vals := []int64{int64(w.Rank())}
-	err = w.AllReduce(ctx, dist.Sum, vals)
-	if !errors.Is(err, dist.ErrPeerLost) {
-		return fmt.Errorf("allreduce after a peer left: got %v, want an error wrapping dist.ErrPeerLost", err)
+	err = w.AllReduce(ctx, parallel.Sum, vals)
+	if !errors.Is(err, parallel.ErrPeerLost) {
+		return fmt.Errorf("allreduce after a peer left: got %v, want an error wrapping parallel.ErrPeerLost", err)
 	}
-	var oe *dist.OpError
+	var oe *parallel.OpError
 	if !errors.As(err, &oe) || oe.Op != "allreduce" || oe.Group != w.Name() {
 		return fmt.Errorf("error %v is not an OpError naming allreduce on %s", err, w.Name())
 	}
-	if err2 := w.Barrier(ctx); !errors.Is(err2, dist.ErrPeerLost) {
-		return fmt.Errorf("barrier after the failure: got %v, want the sticky dist.ErrPeerLost", err2)
+	if err2 := w.Barrier(ctx); !errors.Is(err2, parallel.ErrPeerLost) {
+		return fmt.Errorf("barrier after the failure: got %v, want the sticky parallel.ErrPeerLost", err2)
 	}
 	fmt.Printf("rank %d: %v\n", w.Rank(), err)
 	return nil
 }
 
 // rolePeerStall: the last rank stops calling collectives; the others' next collective must
-// fail with dist.ErrTimeout at the deadline: the context's (CPCACHE_TEST_MODE=ctx, group
+// fail with parallel.ErrTimeout at the deadline: the context's (CPCACHE_TEST_MODE=ctx, group
 // timeout long) or the group's (mode=group).
 func rolePeerStall() error {
 	ctx := context.Background()
@@ -185,34 +185,34 @@ func rolePeerStall() error {
 		opCtx, cancel = context.WithTimeout(ctx, short)
 		defer cancel()
 	}
-	err = w.AllReduce(opCtx, dist.Min, []int64{1, 2, 3})
-	if !errors.Is(err, dist.ErrTimeout) {
-		return fmt.Errorf("allreduce with a stalled peer: got %v, want dist.ErrTimeout", err)
+	err = w.AllReduce(opCtx, parallel.Min, []int64{1, 2, 3})
+	if !errors.Is(err, parallel.ErrTimeout) {
+		return fmt.Errorf("allreduce with a stalled peer: got %v, want parallel.ErrTimeout", err)
 	}
 	if mode == "ctx" && !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("allreduce past the context's deadline: %v does not wrap context.DeadlineExceeded", err)
 	}
-	if _, err2 := w.Broadcast(ctx, 0, []byte("x")); !errors.Is(err2, dist.ErrTimeout) {
-		return fmt.Errorf("broadcast after the timeout: got %v, want the sticky dist.ErrTimeout", err2)
+	if _, err2 := w.Broadcast(ctx, 0, []byte("x")); !errors.Is(err2, parallel.ErrTimeout) {
+		return fmt.Errorf("broadcast after the timeout: got %v, want the sticky parallel.ErrTimeout", err2)
 	}
 	fmt.Printf("rank %d: %v\n", w.Rank(), err)
 	return nil
 }
 
 // benchOps are the collectives the benchmarks time, at the sizes consensus uses.
-var benchOps = map[string]func(ctx context.Context, g dist.Group) error{
-	"allreduce8": func(ctx context.Context, g dist.Group) error {
-		return g.AllReduce(ctx, dist.Min, []int64{1, 2, 3, 4, 5, 6, 7, int64(g.Rank())})
+var benchOps = map[string]func(ctx context.Context, g parallel.Group) error{
+	"allreduce8": func(ctx context.Context, g parallel.Group) error {
+		return g.AllReduce(ctx, parallel.Min, []int64{1, 2, 3, 4, 5, 6, 7, int64(g.Rank())})
 	},
-	"broadcast4k": func(ctx context.Context, g dist.Group) error {
+	"broadcast4k": func(ctx context.Context, g parallel.Group) error {
 		_, err := g.Broadcast(ctx, 0, make([]byte, 4096))
 		return err
 	},
-	"allgather64": func(ctx context.Context, g dist.Group) error {
+	"allgather64": func(ctx context.Context, g parallel.Group) error {
 		_, err := g.AllGather(ctx, make([]byte, 64))
 		return err
 	},
-	"barrier": func(ctx context.Context, g dist.Group) error { return g.Barrier(ctx) },
+	"barrier": func(ctx context.Context, g parallel.Group) error { return g.Barrier(ctx) },
 }
 
 // roleBench times CPCACHE_TEST_ITERS back-to-back runs of CPCACHE_TEST_OP; rank 0 prints
@@ -231,7 +231,7 @@ func roleBench(ctx context.Context, w *gloo.Group) error {
 }
 
 // timeOps runs op a few times untimed, then iters times; it returns the mean ns per op.
-func timeOps(ctx context.Context, g dist.Group, op func(context.Context, dist.Group) error, iters int) (int64, error) {
+func timeOps(ctx context.Context, g parallel.Group, op func(context.Context, parallel.Group) error, iters int) (int64, error) {
 	for i := 0; i < 10; i++ {
 		if err := op(ctx, g); err != nil {
 			return 0, err
@@ -250,15 +250,15 @@ func timeOps(ctx context.Context, g dist.Group, op func(context.Context, dist.Gr
 }
 
 // roleNewGroupMismatch: ranks ask for different sub-groups; every rank must get
-// dist.ErrMismatch naming both requests, and the world stays usable.
+// parallel.ErrMismatch naming both requests, and the world stays usable.
 func roleNewGroupMismatch(ctx context.Context, w *gloo.Group) error {
 	ranks := []int{0, 1}
 	if w.Rank() == 1 {
 		ranks = []int{1, 0}
 	}
 	g, err := gloo.NewGroup(w, ranks)
-	if !errors.Is(err, dist.ErrMismatch) || g != nil {
-		return fmt.Errorf("NewGroup(%v) with a peer asking for another order: %v, %v; want dist.ErrMismatch", ranks, g, err)
+	if !errors.Is(err, parallel.ErrMismatch) || g != nil {
+		return fmt.Errorf("NewGroup(%v) with a peer asking for another order: %v, %v; want parallel.ErrMismatch", ranks, g, err)
 	}
 	if !strings.Contains(err.Error(), "[0 1]") || !strings.Contains(err.Error(), "[1 0]") {
 		return fmt.Errorf("mismatch error does not name both requests: %v", err)
@@ -275,7 +275,7 @@ func roleNewGroupMismatch(ctx context.Context, w *gloo.Group) error {
 }
 
 // roleOpMismatch: rank 0 calls AllReduce MIN, rank 1 AllReduce SUM, the others Barrier;
-// every rank must fail with dist.ErrMismatch (and keep failing) instead of mixing data.
+// every rank must fail with parallel.ErrMismatch (and keep failing) instead of mixing data.
 func roleOpMismatch(ctx context.Context, w *gloo.Group) error {
 	if err := w.Barrier(ctx); err != nil {
 		return err
@@ -283,17 +283,17 @@ func roleOpMismatch(ctx context.Context, w *gloo.Group) error {
 	var err error
 	switch w.Rank() {
 	case 0:
-		err = w.AllReduce(ctx, dist.Min, []int64{1, 2})
+		err = w.AllReduce(ctx, parallel.Min, []int64{1, 2})
 	case 1:
-		err = w.AllReduce(ctx, dist.Sum, []int64{1, 2})
+		err = w.AllReduce(ctx, parallel.Sum, []int64{1, 2})
 	default:
 		err = w.Barrier(ctx)
 	}
-	if !errors.Is(err, dist.ErrMismatch) {
-		return fmt.Errorf("mismatched collectives: got %v, want dist.ErrMismatch", err)
+	if !errors.Is(err, parallel.ErrMismatch) {
+		return fmt.Errorf("mismatched collectives: got %v, want parallel.ErrMismatch", err)
 	}
-	if err2 := w.Barrier(ctx); !errors.Is(err2, dist.ErrMismatch) {
-		return fmt.Errorf("barrier after a mismatch: got %v, want the sticky dist.ErrMismatch", err2)
+	if err2 := w.Barrier(ctx); !errors.Is(err2, parallel.ErrMismatch) {
+		return fmt.Errorf("barrier after a mismatch: got %v, want the sticky parallel.ErrMismatch", err2)
 	}
 	fmt.Printf("rank %d: %v\n", w.Rank(), err)
 	return nil

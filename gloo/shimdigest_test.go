@@ -3,7 +3,7 @@ package gloo_test
 import (
 	"testing"
 
-	"github.com/cpcache/cpcache/internal/shimdigest"
+	"github.com/cpcache/cpcache/internal/testenv/shimdigest"
 )
 
 // TestShimDigest covers every csrc/gloo_* file: shim.cc and collectives.cc include the two

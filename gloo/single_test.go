@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/grouptest"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
 )
 
 // A world of one rank needs no other process: the API's local behaviour is tested here.
@@ -41,7 +41,7 @@ func TestSingleRankWorld(t *testing.T) {
 	if err := grouptest.Soak(ctx, g, 8); err != nil {
 		t.Fatal(err)
 	}
-	l, err := dist.NewLayout(dist.LayoutConfig{World: 1})
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestSingleRankWorld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range dist.AllKinds {
+	for _, k := range parallel.AllKinds {
 		if got := lg.Group(k); got == nil || got.Name() != k.String()+"[0]" {
 			t.Errorf("layout group %s = %v", k, got)
 		}
@@ -66,21 +66,21 @@ func TestBadArguments(t *testing.T) {
 	ctx := context.Background()
 	w := newSingle(t)
 	for _, ranks := range [][]int{nil, {1}, {-1}, {0, 0}} {
-		if _, err := gloo.NewGroup(w, ranks); !errors.Is(err, dist.ErrBadArgument) {
-			t.Errorf("NewGroup(%v): %v, want dist.ErrBadArgument", ranks, err)
+		if _, err := gloo.NewGroup(w, ranks); !errors.Is(err, parallel.ErrBadArgument) {
+			t.Errorf("NewGroup(%v): %v, want parallel.ErrBadArgument", ranks, err)
 		}
 	}
-	if _, err := gloo.NewGroup(nil, []int{0}); !errors.Is(err, dist.ErrBadArgument) {
+	if _, err := gloo.NewGroup(nil, []int{0}); !errors.Is(err, parallel.ErrBadArgument) {
 		t.Errorf("NewGroup(nil world): %v", err)
 	}
-	l2, _ := dist.NewLayout(dist.LayoutConfig{World: 2})
-	if _, err := gloo.NewLayoutGroups(w, l2); !errors.Is(err, dist.ErrBadArgument) || !strings.Contains(err.Error(), "2 ranks") {
+	l2, _ := parallel.NewLayout(parallel.LayoutConfig{World: 2})
+	if _, err := gloo.NewLayoutGroups(w, l2); !errors.Is(err, parallel.ErrBadArgument) || !strings.Contains(err.Error(), "2 ranks") {
 		t.Errorf("NewLayoutGroups with a 2-rank layout on a 1-rank world: %v", err)
 	}
-	if _, err := w.Broadcast(ctx, 1, nil); !errors.Is(err, dist.ErrBadArgument) || !strings.Contains(err.Error(), "root 1") {
+	if _, err := w.Broadcast(ctx, 1, nil); !errors.Is(err, parallel.ErrBadArgument) || !strings.Contains(err.Error(), "root 1") {
 		t.Errorf("Broadcast root 1: %v", err)
 	}
-	if err := w.AllReduce(ctx, dist.ReduceOp(9), []int64{1}); !errors.Is(err, dist.ErrBadArgument) {
+	if err := w.AllReduce(ctx, parallel.ReduceOp(9), []int64{1}); !errors.Is(err, parallel.ErrBadArgument) {
 		t.Errorf("AllReduce op 9: %v", err)
 	}
 	// Bad arguments are local mistakes, not failures of the group.
@@ -114,11 +114,11 @@ func TestClosedAndExpired(t *testing.T) {
 	dead, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
 	defer cancel()
 	err := w.Barrier(dead)
-	if !errors.Is(err, dist.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, parallel.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("barrier past the deadline: %v", err)
 	}
-	if err2 := w.AllReduce(ctx, dist.Sum, []int64{1}); !errors.Is(err2, dist.ErrTimeout) {
-		t.Errorf("allreduce after the timeout: %v, want the sticky dist.ErrTimeout", err2)
+	if err2 := w.AllReduce(ctx, parallel.Sum, []int64{1}); !errors.Is(err2, parallel.ErrTimeout) {
+		t.Errorf("allreduce after the timeout: %v, want the sticky parallel.ErrTimeout", err2)
 	}
 	if w.Err() == nil {
 		t.Error("Err() is nil after a failure")
@@ -129,21 +129,21 @@ func TestClosedAndExpired(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal("second Close:", err)
 	}
-	if _, err := w.AllGather(ctx, nil); !errors.Is(err, dist.ErrClosed) {
-		t.Errorf("allgather after Close: %v, want dist.ErrClosed", err)
+	if _, err := w.AllGather(ctx, nil); !errors.Is(err, parallel.ErrClosed) {
+		t.Errorf("allgather after Close: %v, want parallel.ErrClosed", err)
 	}
-	if _, err := gloo.NewGroup(w, []int{0}); !errors.Is(err, dist.ErrClosed) {
-		t.Errorf("NewGroup on a closed world: %v, want dist.ErrClosed", err)
+	if _, err := gloo.NewGroup(w, []int{0}); !errors.Is(err, parallel.ErrClosed) {
+		t.Errorf("NewGroup on a closed world: %v, want parallel.ErrClosed", err)
 	}
 	var nilGroup *gloo.Group
 	if err := nilGroup.Close(); err != nil {
 		t.Errorf("nil Close: %v", err)
 	}
-	if err := nilGroup.Barrier(ctx); !errors.Is(err, dist.ErrClosed) {
+	if err := nilGroup.Barrier(ctx); !errors.Is(err, parallel.ErrClosed) {
 		t.Errorf("nil Barrier: %v", err)
 	}
 	var nilLG *gloo.LayoutGroups
-	if nilLG.Close() != nil || nilLG.Group(dist.KindTP) != nil {
+	if nilLG.Close() != nil || nilLG.Group(parallel.KindTP) != nil {
 		t.Error("nil LayoutGroups is not inert")
 	}
 }

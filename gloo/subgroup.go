@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // NewGroup creates a group over a subset of the world's ranks (global ranks, in the order
@@ -36,18 +36,18 @@ func newGroup(world *Group, kind string, ranks []int) (*Group, error) {
 
 func checkRanks(world *Group, ranks []int) error {
 	if world == nil || world.shared == nil {
-		return fmt.Errorf("gloo: %w: new groups are created from a world group", dist.ErrBadArgument)
+		return fmt.Errorf("gloo: %w: new groups are created from a world group", parallel.ErrBadArgument)
 	}
 	if len(ranks) == 0 {
-		return fmt.Errorf("gloo: %w: empty rank list", dist.ErrBadArgument)
+		return fmt.Errorf("gloo: %w: empty rank list", parallel.ErrBadArgument)
 	}
 	seen := map[int]bool{}
 	for _, r := range ranks {
 		if r < 0 || r >= world.Size() {
-			return fmt.Errorf("gloo: %w: rank %d out of range for world size %d", dist.ErrBadArgument, r, world.Size())
+			return fmt.Errorf("gloo: %w: rank %d out of range for world size %d", parallel.ErrBadArgument, r, world.Size())
 		}
 		if seen[r] {
-			return fmt.Errorf("gloo: %w: rank %d listed twice in %v", dist.ErrBadArgument, r, ranks)
+			return fmt.Errorf("gloo: %w: rank %d listed twice in %v", parallel.ErrBadArgument, r, ranks)
 		}
 		seen[r] = true
 	}
@@ -73,8 +73,8 @@ func (world *Group) agree(op, desc string) (int, error) {
 	}
 	for r, p := range parts {
 		if string(p) != mine {
-			return 0, &dist.OpError{Group: world.name, Rank: world.rank, Op: op, Err: fmt.Errorf(
-				"gloo: %w: rank %d asked for %q, rank %d for %q", dist.ErrMismatch, world.rank, mine, r, p)}
+			return 0, &parallel.OpError{Group: world.name, Rank: world.rank, Op: op, Err: fmt.Errorf(
+				"gloo: %w: rank %d asked for %q, rank %d for %q", parallel.ErrMismatch, world.rank, mine, r, p)}
 		}
 	}
 	return k, nil
@@ -82,44 +82,44 @@ func (world *Group) agree(op, desc string) (int, error) {
 
 // connect creates this member's context for a group whose keys live under sub.
 func connect(world *Group, sub, kind string, ranks []int, me int) (*Group, error) {
-	name := dist.GroupName(kind, ranks)
+	name := parallel.GroupName(kind, ranks)
 	c, err := world.shared.store.newCtx(world.shared.prefix+"/"+sub, me, len(ranks), world.shared.dev, world.timeout)
 	if err != nil {
 		if errors.Is(err, errStoreClosed) {
-			return nil, fmt.Errorf("gloo: connect %s: %w (the world group was closed)", name, dist.ErrClosed)
+			return nil, fmt.Errorf("gloo: connect %s: %w (the world group was closed)", name, parallel.ErrClosed)
 		}
 		return nil, fmt.Errorf("gloo: connect %s (rank %d of %d): %w", name, me, len(ranks), classify(err, false))
 	}
 	return &Group{name: name, rank: me, ranks: append([]int(nil), ranks...), timeout: world.timeout, ctx: c}, nil
 }
 
-// LayoutGroups holds this rank's group of every kind of a dist.Layout.
+// LayoutGroups holds this rank's group of every kind of a parallel.Layout.
 type LayoutGroups struct {
-	Layout *dist.Layout
-	groups map[dist.GroupKind]*Group
+	Layout *parallel.Layout
+	groups map[parallel.GroupKind]*Group
 }
 
-// NewLayoutGroups creates this rank's group of every kind in dist.AllKinds (TP, attention
+// NewLayoutGroups creates this rank's group of every kind in parallel.AllKinds (TP, attention
 // TP and CP, EP, replica, slab) in one call. It is collective over the world: every rank
 // calls it with the same layout (checked), and each then connects only to its own groups.
 // Groups of different kinds are separate Gloo contexts even when their ranks coincide, so
 // that their collectives never interleave.
-func NewLayoutGroups(world *Group, l *dist.Layout) (*LayoutGroups, error) {
+func NewLayoutGroups(world *Group, l *parallel.Layout) (*LayoutGroups, error) {
 	if world == nil || world.shared == nil {
-		return nil, fmt.Errorf("gloo: %w: layout groups are created from a world group", dist.ErrBadArgument)
+		return nil, fmt.Errorf("gloo: %w: layout groups are created from a world group", parallel.ErrBadArgument)
 	}
 	if l == nil {
-		return nil, fmt.Errorf("gloo: %w: nil layout", dist.ErrBadArgument)
+		return nil, fmt.Errorf("gloo: %w: nil layout", parallel.ErrBadArgument)
 	}
 	if l.Config.World != world.Size() {
-		return nil, fmt.Errorf("gloo: %w: layout %v is for %d ranks, the world has %d", dist.ErrBadArgument, l, l.Config.World, world.Size())
+		return nil, fmt.Errorf("gloo: %w: layout %v is for %d ranks, the world has %d", parallel.ErrBadArgument, l, l.Config.World, world.Size())
 	}
 	k, err := world.agree("new_layout_groups", l.String())
 	if err != nil {
 		return nil, err
 	}
-	lg := &LayoutGroups{Layout: l, groups: map[dist.GroupKind]*Group{}}
-	for _, kind := range dist.AllKinds {
+	lg := &LayoutGroups{Layout: l, groups: map[parallel.GroupKind]*Group{}}
+	for _, kind := range parallel.AllKinds {
 		ranks := l.GroupOf(kind, world.rank)
 		index := slices.IndexFunc(l.Groups(kind), func(g []int) bool { return g[0] == ranks[0] })
 		g, err := connect(world, fmt.Sprintf("L%d/%s/%d", k, kind, index), kind.String(), ranks, slices.Index(ranks, world.rank))
@@ -133,7 +133,7 @@ func NewLayoutGroups(world *Group, l *dist.Layout) (*LayoutGroups, error) {
 }
 
 // Group returns this rank's group of kind (nil for an unknown kind).
-func (lg *LayoutGroups) Group(kind dist.GroupKind) *Group {
+func (lg *LayoutGroups) Group(kind parallel.GroupKind) *Group {
 	if lg == nil {
 		return nil
 	}

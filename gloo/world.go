@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // Environment variables read by NewWorld when Options leave the value empty.
@@ -26,11 +26,11 @@ const (
 type Options struct {
 	// Store is the rendezvous store URL; "" reads CPCACHE_STORE.
 	Store string
-	// Rank and Size place this process; Size 0 reads them with dist.FromEnv (torchrun,
+	// Rank and Size place this process; Size 0 reads them with parallel.FromEnv (torchrun,
 	// OpenMPI or Slurm variables).
 	Rank, Size int
 	// Timeout bounds rendezvous and every collective whose context has no earlier deadline
-	// (default dist.DefaultTimeout).
+	// (default parallel.DefaultTimeout).
 	Timeout time.Duration
 	// Iface is the network interface to listen on ("" reads CPCACHE_GLOO_IFACE, then
 	// GLOO_SOCKET_IFNAME). It takes precedence over Hostname.
@@ -63,11 +63,11 @@ func (s *shared) close() {
 // connects every pair of ranks.
 func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	if opts.Timeout <= 0 {
-		opts.Timeout = dist.DefaultTimeout
+		opts.Timeout = parallel.DefaultTimeout
 	}
 	local := false
 	if opts.Size == 0 {
-		env, err := dist.FromEnv()
+		env, err := parallel.FromEnv()
 		if err != nil {
 			return nil, fmt.Errorf("gloo: %w", err)
 		}
@@ -78,7 +78,7 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		}
 	}
 	if opts.Size < 1 || opts.Rank < 0 || opts.Rank >= opts.Size {
-		return nil, fmt.Errorf("gloo: %w: rank %d of world size %d", dist.ErrBadArgument, opts.Rank, opts.Size)
+		return nil, fmt.Errorf("gloo: %w: rank %d of world size %d", parallel.ErrBadArgument, opts.Rank, opts.Size)
 	}
 	if opts.Store == "" {
 		opts.Store = os.Getenv(EnvStore)
@@ -99,7 +99,7 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	if opts.Iface == "" && opts.Hostname == "" && (local || opts.Size == 1) {
 		opts.Hostname = "127.0.0.1"
 	}
-	deadline := dist.Deadline(ctx, opts.Timeout)
+	deadline := parallel.Deadline(ctx, opts.Timeout)
 
 	cs, err := spec.open()
 	if err != nil {
@@ -129,7 +129,7 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		return nil, fmt.Errorf("gloo: connect world (rank %d of %d, listening on %s): %w", opts.Rank, opts.Size, listen, classify(err, false))
 	}
 	g := &Group{
-		name:    dist.GroupName("world", ranks),
+		name:    parallel.GroupName("world", ranks),
 		rank:    opts.Rank,
 		ranks:   ranks,
 		timeout: opts.Timeout,

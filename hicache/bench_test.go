@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // benchTree fills a core with about pages cached pages: sequences of 64 pages sharing
@@ -154,11 +154,11 @@ func BenchmarkInsertPerPage(b *testing.B) {
 	}
 }
 
-// BenchmarkConsensusStep8InProcess: one Step on 8 in-process ranks (dist/local), against a
+// BenchmarkConsensusStep8InProcess: one Step on 8 in-process ranks (parallel/local), against a
 // bare AllReduce of the same vector on the same kind of group measured in the same run.
 func BenchmarkConsensusStep8InProcess(b *testing.B) {
 	const n = 8
-	l, err := dist.NewLayout(dist.LayoutConfig{World: n, AttnCP: n})
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func BenchmarkConsensusStep8InProcess(b *testing.B) {
 	b.StopTimer()
 	bare := run(func(i int) error {
 		v := make([]int64, VectorLen)
-		return raw[i].AllReduce(context.Background(), dist.Min, v)
+		return raw[i].AllReduce(context.Background(), parallel.Min, v)
 	})
 	b.ReportMetric(float64(step.Nanoseconds())/float64(iters), "ns/step")
 	b.ReportMetric(float64(bare.Nanoseconds())/float64(iters), "allreduce-ns")
@@ -261,7 +261,7 @@ func roleStepBench(ctx context.Context, world *gloo.Group) error {
 		step += time.Since(start)
 		start = time.Now()
 		for range block {
-			if err := counted.AllReduce(ctx, dist.Min, v); err != nil {
+			if err := counted.AllReduce(ctx, parallel.Min, v); err != nil {
 				return err
 			}
 		}

@@ -9,20 +9,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // Config configures a Cache.
 type Config struct {
 	Options
 	// Layout is the job's parallel layout; Rank is this process's global rank in it.
-	Layout *dist.Layout
+	Layout *parallel.Layout
 	Rank   int
 	// Group is the consensus group: the layout's replica group of Rank. Every rank that
 	// shares a slab with this one must be in it (New checks).
-	Group dist.Group
+	Group parallel.Group
 	// Slabs is the L2 of Rank's slab group (slab.OpenSet over the layout's slab group).
 	Slabs SlabSet
 	// Engine moves pages; nil makes a HostEngine over Slabs (which must then implement
@@ -60,7 +60,7 @@ type Config struct {
 // group in the same order with the same arguments — the scheduler's decisions. WaitL1,
 // HintEvict, Stats and the digests are local.
 type Cache struct {
-	group      dist.Group
+	group      parallel.Group
 	onFlush    func(context.Context) error
 	engine     Engine
 	ownsEngine bool
@@ -149,7 +149,7 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	// Agree on the configuration before the first step.
 	fp := int64(core.fp & mask63)
 	v := []int64{fp, -fp}
-	if err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) }); err != nil {
+	if err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
 		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", c.group.Name(), err), c.Close())
 	}
 	if v[0] != -v[1] {
@@ -395,7 +395,7 @@ func (c *Cache) Step(ctx context.Context) error {
 	}
 	v := c.core.fillVector(c.vec)
 	start := time.Now()
-	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, dist.Min, v) })
+	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) })
 	c.recordLatency(time.Since(start))
 	if err != nil {
 		return fmt.Errorf("hicache: consensus step %d on group %s: %w", c.core.step, c.group.Name(), err)

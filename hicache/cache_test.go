@@ -4,22 +4,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func TestReplicasRandomWorkload(t *testing.T) {
 	cases := []struct {
 		name   string
-		layout dist.LayoutConfig
+		layout parallel.LayoutConfig
 		policy Policy
 		steps  int
 	}{
 		// CP8 DP2: the replica group is one DP block of 8, which is also the slab group.
-		{"cp8dp2/write_through", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThrough, 1500},
-		{"cp8dp2/write_back", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteBack, 1500},
-		{"cp8dp2/write_through_selective", dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThroughSelective, 1000},
+		{"cp8dp2/write_through", parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThrough, 1500},
+		{"cp8dp2/write_back", parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteBack, 1500},
+		{"cp8dp2/write_through_selective", parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true}, WriteThroughSelective, 1000},
 		// CP8 TP2: 16 replicas, two slab groups of 8 (one per tensor-parallel shard).
-		{"cp8tp2/write_through", dist.LayoutConfig{World: 16, AttnCP: 8}, WriteThrough, 1200},
+		{"cp8tp2/write_through", parallel.LayoutConfig{World: 16, AttnCP: 8}, WriteThrough, 1200},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

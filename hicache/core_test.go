@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // coreRig runs N cores of one slab group in lockstep with synchronous, randomly delayed
@@ -79,7 +79,7 @@ func (r *coreRig) step() error {
 	}
 	agreed := r.cores[0].Vector()
 	for _, c := range r.cores[1:] {
-		dist.Min.Apply(agreed, c.Vector())
+		parallel.Min.Apply(agreed, c.Vector())
 	}
 	var errs []error
 	for _, c := range r.cores {

@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func cp8dp2Rig(t *testing.T, policy Policy, delay func(int) func(Transfer) time.Duration) *rig {
 	return newRig(t, rigConfig{
-		layout:       dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true},
+		layout:       parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true},
 		opts:         Options{PageSize: 4, L1Pages: 64, Policy: policy, MinLoadPages: 2, LoadQuotaPages: 64},
 		pagesPerSlab: 24, pageBytes: 64, maxDelay: 200 * time.Microsecond, seed: 5, delay: delay,
 	})

@@ -17,7 +17,7 @@
 //
 // # Scoping by construction
 //
-// New takes the dist.Layout, this rank, the consensus group and the slab set. It fails with
+// New takes the parallel.Layout, this rank, the consensus group and the slab set. It fails with
 // ErrScope, naming both groups, if any member of the slab group is missing from the
 // consensus group, or if the consensus group is not the layout's replica group (the
 // attention-DP block). This rejects the historical bug — under CP8 DP2 with DP attention,

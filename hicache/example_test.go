@@ -6,17 +6,17 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // Two CP ranks share one L2 (here in-process memory; in production slab.OpenSet over the
 // layout's slab group) and run the same scheduler. Each runs this loop in its own goroutine
 // (in production: its own process); only rank 0's log is printed.
 func Example() {
-	layout, err := dist.NewLayout(dist.LayoutConfig{World: 2, AttnCP: 2})
+	layout, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
 	if err != nil {
 		panic(err)
 	}
@@ -47,7 +47,7 @@ func Example() {
 
 // scheduler is one rank's scheduler. Every call on cache except WaitL1 and the KV writes is
 // a replicated decision, made identically on both ranks.
-func scheduler(rank int, layout *dist.Layout, g dist.Group, slabs *kvtest.MemSlabs) (string, error) {
+func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtest.MemSlabs) (string, error) {
 	ctx := context.Background()
 	var log strings.Builder
 	cache, err := hicache.New(ctx, hicache.Config{

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // Copies that fail on one rank only: every rank aborts the same backups and marks the same
@@ -18,7 +18,7 @@ import (
 func TestTransferFailuresOnOneRankAreAgreed(t *testing.T) {
 	const flaky = 2
 	r := newRig(t, rigConfig{
-		layout:       dist.LayoutConfig{World: 8, AttnCP: 8},
+		layout:       parallel.LayoutConfig{World: 8, AttnCP: 8},
 		opts:         Options{PageSize: 4, L1Pages: 64, Policy: WriteThrough, MinLoadPages: 2, LoadQuotaPages: 64},
 		pagesPerSlab: 24, pageBytes: 64, maxDelay: 100 * time.Microsecond, seed: 9,
 		fail: func(rank int) func(Transfer) error {
@@ -73,7 +73,7 @@ func TestSkippedCallDetectedAsTreeDivergence(t *testing.T) {
 
 // A rank that stops stepping makes the others' next step fail at the deadline; none hangs.
 func TestStepFailsWhenPeerStops(t *testing.T) {
-	l := mustLayout(t, dist.LayoutConfig{World: 4, AttnCP: 4})
+	l := mustLayout(t, parallel.LayoutConfig{World: 4, AttnCP: 4})
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 5 * time.Second})
 	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
 	caches := make([]*Cache, 4)
@@ -104,8 +104,8 @@ func TestStepFailsWhenPeerStops(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range 3 {
-		if !errors.Is(errs[i], dist.ErrTimeout) {
-			t.Fatalf("rank %d: %v, want dist.ErrTimeout", i, errs[i])
+		if !errors.Is(errs[i], parallel.ErrTimeout) {
+			t.Fatalf("rank %d: %v, want parallel.ErrTimeout", i, errs[i])
 		}
 	}
 	t.Log(errs[0])

@@ -10,8 +10,8 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -84,7 +84,7 @@ func TestCUDAEngineRejectsBadConfig(t *testing.T) {
 func TestGPUCUDAEngineReplicas(t *testing.T) {
 	drv, dev := cudatest.RequireGPU(t)
 	const n, l1Pages, perSlab, pb = 4, 64, 24, 4096
-	l, err := dist.NewLayout(dist.LayoutConfig{World: n, AttnCP: n})
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
 	if err != nil {
 		t.Fatal(err)
 	}

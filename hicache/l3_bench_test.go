@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // BenchmarkL3Prefetch measures a prefetch through the whole protocol (query, agreed
@@ -17,7 +17,7 @@ import (
 func BenchmarkL3Prefetch(b *testing.B) {
 	const pages, pageBytes, pace = 32, 64 << 10, 20 * time.Microsecond
 	ns := testNamespace(b)
-	rc := l3RigConfig(dist.LayoutConfig{World: 2, AttnCP: 2}, openStores(b, "file://"+b.TempDir(), ns), ns,
+	rc := l3RigConfig(parallel.LayoutConfig{World: 2, AttnCP: 2}, openStores(b, "file://"+b.TempDir(), ns), ns,
 		L3Options{PrefetchPolicy: PrefetchWaitComplete, PrefetchQuotaPages: pages, ReadChunkPages: pages})
 	rc.pageBytes, rc.pagesPerSlab = pageBytes, pages
 	rc.opts.L1Pages = pages + 4

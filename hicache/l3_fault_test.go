@@ -2,7 +2,7 @@ package hicache
 
 import (
 	"context"
-	"github.com/cpcache/cpcache/internal/redistest"
+	"github.com/cpcache/cpcache/internal/testenv/redistest"
 	"io/fs"
 	"math/rand/v2"
 	"os"

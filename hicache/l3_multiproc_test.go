@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/hicache/storage"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // roleL3 is one rank of a Gloo job with two slab groups (TP 2 × CP 2) and a directory
@@ -25,7 +25,7 @@ import (
 func roleL3(ctx context.Context, world *gloo.Group) error {
 	shard := 0
 	c, _, cleanup, err := mpSetup(ctx, world, 2, 48, Options{PageSize: 4, L1Pages: 64, LoadQuotaPages: 64}, 200*time.Microsecond,
-		func(cfg *Config, l *dist.Layout) error {
+		func(cfg *Config, l *parallel.Layout) error {
 			ns, err := storage.NewNamespace("hicache-multiproc;page_tokens=4;page_bytes=64;tp=2")
 			if err != nil {
 				return err

@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // l3Layout has two slab groups (TP shards) in one replica group: two I/O ranks (0 and 1)
 // whose reads finish at different times.
-var l3Layout = dist.LayoutConfig{World: 4, TP: 4, AttnCP: 2}
+var l3Layout = parallel.LayoutConfig{World: 4, TP: 4, AttnCP: 2}
 
 func testNamespace(t testing.TB) storage.Namespace {
 	ns, err := storage.NewNamespace("hicache-test;page_tokens=4;page_bytes=256")
@@ -114,7 +114,7 @@ func (r *rig) stepUntil(what string, done func() bool) {
 	}
 }
 
-func l3RigConfig(layout dist.LayoutConfig, store func(int) storage.Storage, ns storage.Namespace, l3 L3Options) rigConfig {
+func l3RigConfig(layout parallel.LayoutConfig, store func(int) storage.Storage, ns storage.Namespace, l3 L3Options) rigConfig {
 	return rigConfig{
 		layout: layout, opts: Options{PageSize: 4, L1Pages: 96, MinLoadPages: 1, LoadQuotaPages: 64},
 		pagesPerSlab: 96, pageBytes: 256, store: store, ns: ns, l3: l3,

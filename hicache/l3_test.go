@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/slab"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // TestL3PrefetchAgreement backs random sequences up to storage, evicts everything, and
@@ -243,7 +243,7 @@ func TestL3TwoInstancesShareStorage(t *testing.T) {
 // errors naming the value.
 func TestL3ConfigErrors(t *testing.T) {
 	ns := testNamespace(t)
-	l, err := dist.NewLayout(dist.LayoutConfig{World: 1})
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,8 +519,8 @@ func TestL3DuplicatePrefetch(t *testing.T) {
 // TestStorageNamespace: the namespace depends on the model, page sizes and TP size, not on
 // the CP size; bad input is rejected naming it.
 func TestStorageNamespace(t *testing.T) {
-	mk := func(model string, lc dist.LayoutConfig, tokens, bytes int) storage.Namespace {
-		l, err := dist.NewLayout(lc)
+	mk := func(model string, lc parallel.LayoutConfig, tokens, bytes int) storage.Namespace {
+		l, err := parallel.NewLayout(lc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -530,15 +530,15 @@ func TestStorageNamespace(t *testing.T) {
 		}
 		return ns
 	}
-	base := mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096)
-	if mk("m", dist.LayoutConfig{World: 2, AttnCP: 2}, 16, 4096) != base {
+	base := mk("m", parallel.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096)
+	if mk("m", parallel.LayoutConfig{World: 2, AttnCP: 2}, 16, 4096) != base {
 		t.Fatal("CP size changed the namespace")
 	}
 	for i, other := range []storage.Namespace{
-		mk("n", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096),
-		mk("m", dist.LayoutConfig{World: 4, AttnCP: 2}, 16, 4096),
-		mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 32, 4096),
-		mk("m", dist.LayoutConfig{World: 4, AttnCP: 4}, 16, 8192),
+		mk("n", parallel.LayoutConfig{World: 4, AttnCP: 4}, 16, 4096),
+		mk("m", parallel.LayoutConfig{World: 4, AttnCP: 2}, 16, 4096),
+		mk("m", parallel.LayoutConfig{World: 4, AttnCP: 4}, 32, 4096),
+		mk("m", parallel.LayoutConfig{World: 4, AttnCP: 4}, 16, 8192),
 	} {
 		if other.ID() == base.ID() {
 			t.Fatalf("variant %d has the base namespace %s", i, base)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // PrefetchPolicy says when the group stops waiting for a prefetch from L3 storage.
@@ -129,7 +129,7 @@ func (o *L3Options) fingerprint() string {
 // different TP shards differ; keys add the shard index) are added here. The attention-CP
 // size is not part of it: a page's bytes do not depend on which CP rank holds it, so jobs
 // with different CP sizes share pages.
-func NewStorageNamespace(model string, layout *dist.Layout, pageTokens, pageBytes int) (storage.Namespace, error) {
+func NewStorageNamespace(model string, layout *parallel.Layout, pageTokens, pageBytes int) (storage.Namespace, error) {
 	if model == "" || layout == nil || pageTokens <= 0 || pageBytes <= 0 {
 		return storage.Namespace{}, fmt.Errorf("%w: storage namespace needs a model name, a layout and page sizes (model %q, %d tokens, %d bytes)",
 			ErrBadConfig, model, pageTokens, pageBytes)

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // l3Driver runs the core's storage jobs on the I/O rank: each job is a goroutine (at most

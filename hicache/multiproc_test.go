@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
-	"github.com/cpcache/cpcache/internal/glootest"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/glootest"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -36,14 +36,14 @@ const (
 
 // mpCache sets up one rank process on its Gloo world: layout groups, the slab set of the
 // slab group, and a cache on the counted replica group.
-func mpCache(ctx context.Context, world *gloo.Group, opts Options, delay time.Duration) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+func mpCache(ctx context.Context, world *gloo.Group, opts Options, delay time.Duration) (c *Cache, counted *parallel.Counted, cleanup func(), err error) {
 	return mpSetup(ctx, world, 0, 24, opts, delay, nil)
 }
 
 // mpSetup is mpCache with attnCP slab-group size (0: the whole world), slab pages, and a
 // hook that may change the Config (after the layout exists). cleanup closes what it opened
 // (not the world).
-func mpSetup(ctx context.Context, world *gloo.Group, attnCP, slabPages int, opts Options, delay time.Duration, mod func(*Config, *dist.Layout) error) (c *Cache, counted *dist.Counted, cleanup func(), err error) {
+func mpSetup(ctx context.Context, world *gloo.Group, attnCP, slabPages int, opts Options, delay time.Duration, mod func(*Config, *parallel.Layout) error) (c *Cache, counted *parallel.Counted, cleanup func(), err error) {
 	var closers []func() error
 	cleanup = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -58,7 +58,7 @@ func mpSetup(ctx context.Context, world *gloo.Group, attnCP, slabPages int, opts
 	if attnCP == 0 {
 		attnCP = world.Size()
 	}
-	layout, err := dist.NewLayout(dist.LayoutConfig{World: world.Size(), AttnCP: attnCP})
+	layout, err := parallel.NewLayout(parallel.LayoutConfig{World: world.Size(), AttnCP: attnCP})
 	if err != nil {
 		return nil, nil, cleanup, err
 	}
@@ -67,14 +67,14 @@ func mpSetup(ctx context.Context, world *gloo.Group, attnCP, slabPages int, opts
 		return nil, nil, cleanup, err
 	}
 	closers = append(closers, groups.Close)
-	set, err := slab.OpenSet(ctx, groups.Group(dist.KindSlab), slab.Spec{
+	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), slab.Spec{
 		Backend: slab.Host, PageSize: 64, Pages: slabPages, Layout: "hicache-test", Tag: os.Getenv("CPCACHE_TEST_TAG"),
 	})
 	if err != nil {
 		return nil, nil, cleanup, err
 	}
 	closers = append(closers, set.Close)
-	counted = dist.Count(groups.Group(dist.KindReplica))
+	counted = parallel.Count(groups.Group(parallel.KindReplica))
 	var he HostEngineOptions
 	if delay > 0 {
 		rng := rand.New(rand.NewPCG(7, uint64(world.Rank())))

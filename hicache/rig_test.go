@@ -8,27 +8,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/hicache/storage"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/storage"
 )
 
-// rig is N in-process replicas of one replica group over dist/local, each with a host
+// rig is N in-process replicas of one replica group over parallel/local, each with a host
 // engine that sleeps a random per-rank delay before every transfer. Slab groups share
 // kvtest.MemSlabs. Scheduler calls run on every rank in lockstep (one goroutine per rank
 // per call, so collectives can meet).
 type rig struct {
 	t       testing.TB
-	layout  *dist.Layout
+	layout  *parallel.Layout
 	caches  []*Cache
-	counted []*dist.Counted
+	counted []*parallel.Counted
 	slabs   []*kvtest.MemSlabs // by rank
 	shards  []int              // tensor-parallel index of each rank (part of the KV content)
 }
 
 type rigConfig struct {
-	layout       dist.LayoutConfig
+	layout       parallel.LayoutConfig
 	opts         Options
 	pagesPerSlab int
 	pageBytes    int
@@ -45,7 +45,7 @@ type rigConfig struct {
 
 func newRig(t testing.TB, rc rigConfig) *rig {
 	t.Helper()
-	l, err := dist.NewLayout(rc.layout)
+	l, err := parallel.NewLayout(rc.layout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 	r := &rig{t: t, layout: l, caches: make([]*Cache, n), slabs: make([]*kvtest.MemSlabs, n), shards: make([]int, n)}
 	members := local.New(replica, local.Options{Kind: "replica", Timeout: 20 * time.Second})
 	for _, m := range members {
-		r.counted = append(r.counted, dist.Count(m))
+		r.counted = append(r.counted, parallel.Count(m))
 	}
 	bySlabGroup := map[int]*kvtest.MemSlabs{}
 	for i, rank := range replica {
@@ -238,7 +238,7 @@ func (r *rig) drain() {
 }
 
 // checkCollectives asserts that every rank made the same collectives in the same order.
-func (r *rig) checkCollectives() dist.Counts {
+func (r *rig) checkCollectives() parallel.Counts {
 	r.t.Helper()
 	c0 := r.counted[0].Counts()
 	for i, c := range r.counted {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // SlabSet is the L2 of this rank's slab group as the cache sees it (slab.Set and
@@ -18,19 +18,19 @@ type SlabSet interface {
 	PagesPerSlab() int
 }
 
-// slabGroupName names the slab group: its dist.Group's name when the set remembers it.
+// slabGroupName names the slab group: its parallel.Group's name when the set remembers it.
 func slabGroupName(s SlabSet) string {
-	if g, ok := s.(interface{ Group() dist.Group }); ok && g.Group() != nil {
+	if g, ok := s.(interface{ Group() parallel.Group }); ok && g.Group() != nil {
 		return g.Group().Name()
 	}
-	return dist.GroupName("slab", s.Ranks())
+	return parallel.GroupName("slab", s.Ranks())
 }
 
 // checkScope enforces that consensus runs where it must: every member of the slab group is
 // in the consensus group, the consensus group is the layout's replica group of rank, and the
 // slab set is the layout's slab group of rank. A size-1 consensus group therefore passes
 // only when the layout replicates nothing (its replica group is the rank alone).
-func checkScope(l *dist.Layout, rank int, g dist.Group, s SlabSet) error {
+func checkScope(l *parallel.Layout, rank int, g parallel.Group, s SlabSet) error {
 	if l == nil || g == nil || s == nil {
 		return fmt.Errorf("%w: layout, consensus group and slab set are required (layout %v, group %v, slabs %v)", ErrBadConfig, l != nil, g != nil, s != nil)
 	}
@@ -44,15 +44,15 @@ func checkScope(l *dist.Layout, rank int, g dist.Group, s SlabSet) error {
 	for _, r := range slabRanks {
 		if !slices.Contains(cons, r) {
 			return fmt.Errorf("%w: rank %d of slab group %s is missing from consensus group %s (consensus must run on the replica group %s, which contains the slab group)",
-				ErrScope, r, slabGroupName(s), g.Name(), dist.GroupName("replica", l.ReplicaGroup(rank)))
+				ErrScope, r, slabGroupName(s), g.Name(), parallel.GroupName("replica", l.ReplicaGroup(rank)))
 		}
 	}
 	if want := l.SlabGroup(rank); !slices.Equal(slabRanks, want) {
-		return fmt.Errorf("%w: slab group %s of rank %d is not the layout's slab group %s (%s)", ErrScope, slabGroupName(s), rank, dist.GroupName("slab", want), l)
+		return fmt.Errorf("%w: slab group %s of rank %d is not the layout's slab group %s (%s)", ErrScope, slabGroupName(s), rank, parallel.GroupName("slab", want), l)
 	}
 	if want := l.ReplicaGroup(rank); !slices.Equal(cons, want) {
 		return fmt.Errorf("%w: consensus group %s of rank %d is not the layout's replica group %s (%s); slab group %s",
-			ErrScope, g.Name(), rank, dist.GroupName("replica", want), l, slabGroupName(s))
+			ErrScope, g.Name(), rank, parallel.GroupName("replica", want), l, slabGroupName(s))
 	}
 	return nil
 }

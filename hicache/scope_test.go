@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
-func mustLayout(t *testing.T, cfg dist.LayoutConfig) *dist.Layout {
+func mustLayout(t *testing.T, cfg parallel.LayoutConfig) *parallel.Layout {
 	t.Helper()
-	l, err := dist.NewLayout(cfg)
+	l, err := parallel.NewLayout(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,9 +26,9 @@ func mustLayout(t *testing.T, cfg dist.LayoutConfig) *dist.Layout {
 // "size > 1" collective silently did nothing and the ranks sharing a slab diverged. Here
 // construction fails and names both groups.
 func TestScopeRejectsAttnTPGroupAsConsensusCP8DP2(t *testing.T) {
-	l := mustLayout(t, dist.LayoutConfig{World: 16, TP: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true})
+	l := mustLayout(t, parallel.LayoutConfig{World: 16, TP: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true})
 	for _, rank := range []int{0, 5, 13} {
-		attnTP := l.GroupOf(dist.KindAttnTP, rank)
+		attnTP := l.GroupOf(parallel.KindAttnTP, rank)
 		if len(attnTP) != 1 {
 			t.Fatalf("attention-TP group of rank %d is %v, want size 1", rank, attnTP)
 		}
@@ -42,7 +42,7 @@ func TestScopeRejectsAttnTPGroupAsConsensusCP8DP2(t *testing.T) {
 		if !errors.Is(err, ErrScope) {
 			t.Fatalf("rank %d: error %v does not wrap ErrScope", rank, err)
 		}
-		slabName := dist.GroupName("slab", l.SlabGroup(rank))
+		slabName := parallel.GroupName("slab", l.SlabGroup(rank))
 		for _, want := range []string{g.Name(), slabName} {
 			if !strings.Contains(err.Error(), want) {
 				t.Fatalf("rank %d: error %q does not name group %s", rank, err, want)
@@ -53,11 +53,11 @@ func TestScopeRejectsAttnTPGroupAsConsensusCP8DP2(t *testing.T) {
 }
 
 func TestScopeOtherMistakes(t *testing.T) {
-	cp8dp2 := mustLayout(t, dist.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true})
-	tp8 := mustLayout(t, dist.LayoutConfig{World: 8})
+	cp8dp2 := mustLayout(t, parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true})
+	tp8 := mustLayout(t, parallel.LayoutConfig{World: 8})
 	cases := []struct {
 		name   string
-		layout *dist.Layout
+		layout *parallel.Layout
 		rank   int
 		group  []int
 		slabs  []int
@@ -76,7 +76,7 @@ func TestScopeOtherMistakes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			members := local.New(tc.group, local.Options{Kind: "g"})
-			var g dist.Group = members[0]
+			var g parallel.Group = members[0]
 			for i, r := range tc.group {
 				if r == tc.rank {
 					g = members[i]
@@ -94,7 +94,7 @@ func TestScopeOtherMistakes(t *testing.T) {
 // A size-1 consensus group is legal when the layout replicates nothing: DP attention with
 // one rank per DP replica (attn_tp = attn_cp = 1).
 func TestScopeSizeOneLegalWhenNothingShared(t *testing.T) {
-	l := mustLayout(t, dist.LayoutConfig{World: 2, DP: 2, DPAttention: true})
+	l := mustLayout(t, parallel.LayoutConfig{World: 2, DP: 2, DPAttention: true})
 	if len(l.ReplicaGroup(1)) != 1 {
 		t.Fatalf("replica group %v", l.ReplicaGroup(1))
 	}
@@ -122,7 +122,7 @@ func TestScopeSizeOneLegalWhenNothingShared(t *testing.T) {
 
 // Ranks configured differently fail together at New.
 func TestNewRejectsConfigMismatch(t *testing.T) {
-	l := mustLayout(t, dist.LayoutConfig{World: 2, AttnCP: 2})
+	l := mustLayout(t, parallel.LayoutConfig{World: 2, AttnCP: 2})
 	members := local.World(2, local.Options{Kind: "replica"})
 	slabs := kvtest.NewMemSlabs([]int{0, 1}, 8, 64)
 	errs := make([]error, 2)

@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // splitRig is a CP4 group whose ranks 1 and 2 copy slowly, so backups and load-backs are
 // still in flight on them when the scheduler inserts the next request.
 func splitRig(t *testing.T, policy Policy) *rig {
 	return newRig(t, rigConfig{
-		layout:       dist.LayoutConfig{World: 4, AttnCP: 4},
+		layout:       parallel.LayoutConfig{World: 4, AttnCP: 4},
 		opts:         Options{PageSize: 4, L1Pages: 64, Policy: policy, WriteThreshold: 1, MinLoadPages: 1, LoadQuotaPages: 64},
 		pagesPerSlab: 24, pageBytes: 64,
 		delay: func(rank int) func(Transfer) time.Duration {

@@ -15,13 +15,13 @@ import (
 	"unsafe"
 
 	"github.com/cpcache/cpcache/cuda"
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // Options tune a communicator.
 type Options struct {
 	// Timeout bounds initialisation and every Wait whose context has no earlier deadline
-	// (default dist.DefaultTimeout). When it passes the communicator is aborted.
+	// (default parallel.DefaultTimeout). When it passes the communicator is aborted.
 	Timeout time.Duration
 	// Blocking asks for a blocking communicator even when NCCL supports non-blocking ones
 	// (>= 2.14). Non-blocking is the default: it lets a stuck initialisation or collective
@@ -31,7 +31,7 @@ type Options struct {
 
 // Comm is an NCCL communicator on one device. Collectives enqueue work on a cuda.Stream and
 // return; Wait polls the stream and the communicator's asynchronous error until the deadline,
-// then aborts. A Comm is used by one goroutine at a time (like dist.Group); Abort may be
+// then aborts. A Comm is used by one goroutine at a time (like parallel.Group); Abort may be
 // called from any goroutine.
 type Comm struct {
 	lib         *Library
@@ -49,7 +49,7 @@ type Comm struct {
 // asks NCCL for a unique id and broadcasts it over group (a CPU group: Gloo, shared memory or
 // in-process), then every member initialises. It returns when initialisation completed on
 // this member, or fails by the deadline (ctx, or opts.Timeout).
-func NewComm(ctx context.Context, group dist.Group, dev *cuda.Device, opts Options) (*Comm, error) {
+func NewComm(ctx context.Context, group parallel.Group, dev *cuda.Device, opts Options) (*Comm, error) {
 	if group == nil || dev == nil {
 		return nil, fmt.Errorf("nccl: new comm: nil group or device")
 	}
@@ -96,7 +96,7 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 		return nil, err
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = dist.DefaultTimeout
+		opts.Timeout = parallel.DefaultTimeout
 	}
 	c := &Comm{lib: own, dev: dev, rank: rank, size: size, timeout: opts.Timeout,
 		nonBlocking: !opts.Blocking && own.Supports("config")}
@@ -153,7 +153,7 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 		C.cp_nccl_slot_free(slot)
 		done <- result{comm, err}
 	}()
-	deadline := dist.Deadline(ctx, opts.Timeout)
+	deadline := parallel.Deadline(ctx, opts.Timeout)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
@@ -172,9 +172,9 @@ func (l *Library) InitRank(ctx context.Context, dev *cuda.Device, id UniqueID, r
 
 func timeoutError(ctx context.Context, call, detail string, timeout time.Duration) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("nccl: %s (%s): %w: %w", call, detail, dist.ErrTimeout, ctx.Err())
+		return fmt.Errorf("nccl: %s (%s): %w: %w", call, detail, parallel.ErrTimeout, ctx.Err())
 	}
-	return fmt.Errorf("nccl: %s (%s) did not complete within %v: %w", call, detail, timeout, dist.ErrTimeout)
+	return fmt.Errorf("nccl: %s (%s) did not complete within %v: %w", call, detail, timeout, parallel.ErrTimeout)
 }
 
 // pollAsync polls comm's ncclCommGetAsyncError while it reports ncclInProgress, until the
@@ -182,7 +182,7 @@ func timeoutError(ctx context.Context, call, detail string, timeout time.Duratio
 // finalised or destroyed) before this returned nil: NCCL's ncclCommEnsureReady rejects it
 // with "Attempt to use communicator before the previous operation returned ncclSuccess".
 func pollAsync(ctx context.Context, comm unsafe.Pointer, timeout time.Duration, call, detail string) error {
-	deadline := dist.Deadline(ctx, timeout)
+	deadline := parallel.Deadline(ctx, timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		var st C.int
 		if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", detail, comm); err != nil {
@@ -414,13 +414,13 @@ func (c *Comm) Group(ctx context.Context, fn func() error) error {
 // Wait blocks until everything enqueued on s has completed, polling the stream and the
 // communicator's asynchronous error. At the deadline (ctx, else the communicator's timeout)
 // or on an asynchronous error it aborts the communicator and returns an error (wrapping
-// dist.ErrTimeout for a deadline), so a collective whose peers never arrive cannot hang.
+// parallel.ErrTimeout for a deadline), so a collective whose peers never arrive cannot hang.
 func (c *Comm) Wait(ctx context.Context, s *cuda.Stream) error {
 	comm, err := c.handle()
 	if err != nil {
 		return err
 	}
-	deadline := dist.Deadline(ctx, c.timeout)
+	deadline := parallel.Deadline(ctx, c.timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		done, err := s.Query()
 		if err != nil {

@@ -7,7 +7,7 @@
 // csrc/nccl_loader.c; optional entry points are version-gated (ncclCommInitRankConfig and
 // ncclCommFinalize >= 2.14, ncclCommSplit >= 2.18, ncclGetLastError >= 2.13).
 //
-// Bootstrap: NewComm(ctx, group, dev, opts) runs on every member of a CPU dist.Group; rank 0
+// Bootstrap: NewComm(ctx, group, dev, opts) runs on every member of a CPU parallel.Group; rank 0
 // creates the 128-byte unique id and broadcasts it over the group, then every member
 // initialises its communicator on dev.
 //
@@ -16,7 +16,7 @@
 // version fields). Initialisation and each collective return ncclInProgress and are polled;
 // Comm.Wait polls the stream and ncclCommGetAsyncError until the deadline of its context (or
 // Options.Timeout), then aborts the communicator (ncclCommAbort) and returns an error
-// wrapping dist.ErrTimeout. Later calls fail with ErrAborted.
+// wrapping parallel.ErrTimeout. Later calls fail with ErrAborted.
 //
 // Non-blocking rules (checked against NCCL 2.28's src/init.cc and src/group.cc): a
 // communicator is not used (not even finalised or destroyed) until ncclCommGetAsyncError
@@ -44,7 +44,7 @@
 //	comm.AllReduce(ctx, buf, buf, n, nccl.Float32, nccl.Sum, stream) // enqueue
 //	err = comm.Wait(ctx, stream)                                      // poll, deadline, abort
 //
-// Group (NewGroup/WrapComm) is a dist.Group over a communicator: small host vectors are
+// Group (NewGroup/WrapComm) is a parallel.Group over a communicator: small host vectors are
 // staged through pinned memory and a device buffer, so the consensus step can run on NCCL.
 //
 // Ownership: a Comm owns its ncclComm_t and a reference to the library; Close finalises

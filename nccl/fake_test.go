@@ -4,13 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cpcache/cpcache/internal/fakelib"
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
 )
 
 // TestFakeLibrariesRunGPUTests runs this binary's TestGPU* tests in a child process against
 // host-memory fakes of libcuda and libnccl (csrc/cuda_fake.c, csrc/nccl_fake.c) with
-// CPCACHE_REQUIRE_GPU=1: bootstrap over a dist.Group, non-blocking initialisation and
-// collectives (ncclInProgress polling), group calls, split, finalize, the dist.Group adapter's
+// CPCACHE_REQUIRE_GPU=1: bootstrap over a parallel.Group, non-blocking initialisation and
+// collectives (ncclInProgress polling), group calls, split, finalize, the parallel.Group adapter's
 // conformance, and the deadline-and-abort path all run on every CI machine.
 func TestFakeLibrariesRunGPUTests(t *testing.T) {
 	fakelib.SkipInChild(t)

@@ -12,10 +12,10 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/grouptest"
-	"github.com/cpcache/cpcache/dist/local"
 	"github.com/cpcache/cpcache/nccl"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // requireNCCL returns device 0 with NCCL loadable, or skips (fails under CPCACHE_REQUIRE_GPU=1).
@@ -189,13 +189,13 @@ func TestGPUGroupAdapterConformance(t *testing.T) {
 	}
 	must(t, grouptest.Conformance(ctx, g))
 	must(t, grouptest.Soak(ctx, g, 40))
-	if err := g.AllReduce(ctx, dist.ReduceOp(9), []int64{1}); !errors.Is(err, dist.ErrBadArgument) {
+	if err := g.AllReduce(ctx, parallel.ReduceOp(9), []int64{1}); !errors.Is(err, parallel.ErrBadArgument) {
 		t.Errorf("bad op: %v", err)
 	}
 	must(t, g.Close())
 	must(t, g.Close())
-	if err := g.Barrier(ctx); !errors.Is(err, dist.ErrClosed) {
-		t.Errorf("barrier after close = %v, want dist.ErrClosed", err)
+	if err := g.Barrier(ctx); !errors.Is(err, parallel.ErrClosed) {
+		t.Errorf("barrier after close = %v, want parallel.ErrClosed", err)
 	}
 }
 
@@ -220,8 +220,8 @@ func TestGPUZInitTimeout(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		if !errors.Is(err, dist.ErrTimeout) {
-			t.Errorf("init with a missing peer: %v, want an error wrapping dist.ErrTimeout", err)
+		if !errors.Is(err, parallel.ErrTimeout) {
+			t.Errorf("init with a missing peer: %v, want an error wrapping parallel.ErrTimeout", err)
 		}
 		fmt.Printf("info: nccl init with a missing peer failed as expected: %v\n", err)
 	case <-time.After(timeout + 45*time.Second):

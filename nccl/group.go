@@ -8,16 +8,16 @@ import (
 	"sync"
 
 	"github.com/cpcache/cpcache/cuda"
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
-// Group is a dist.Group whose collectives run on an NCCL communicator, so the cache's
+// Group is a parallel.Group whose collectives run on an NCCL communicator, so the cache's
 // consensus can use NCCL when a user asks for it. Small host vectors are staged through
 // pinned host memory and a device buffer on the Group's own stream; every collective waits
 // for its stream with the deadline of its context (or the communicator's timeout) and aborts
 // the communicator when it passes, so no call hangs. After such an error the group is
 // unusable. NCCL cannot detect mismatched collectives: a member that calls a different
-// operation makes the others time out (dist.ErrTimeout) rather than fail with ErrMismatch.
+// operation makes the others time out (parallel.ErrTimeout) rather than fail with ErrMismatch.
 type Group struct {
 	comm  *Comm
 	name  string
@@ -31,12 +31,12 @@ type Group struct {
 	closed bool
 }
 
-var _ dist.Group = (*Group)(nil)
+var _ parallel.Group = (*Group)(nil)
 
 // NewGroup creates a communicator over base's members on dev (NewComm) and wraps it as a
-// dist.Group with base's name (prefixed "nccl:") and global ranks. Close closes the
+// parallel.Group with base's name (prefixed "nccl:") and global ranks. Close closes the
 // communicator; base stays open and owned by the caller.
-func NewGroup(ctx context.Context, base dist.Group, dev *cuda.Device, opts Options) (*Group, error) {
+func NewGroup(ctx context.Context, base parallel.Group, dev *cuda.Device, opts Options) (*Group, error) {
 	c, err := NewComm(ctx, base, dev, opts)
 	if err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func NewGroup(ctx context.Context, base dist.Group, dev *cuda.Device, opts Optio
 	return g, nil
 }
 
-// WrapComm makes a dist.Group of an existing communicator; it takes ownership of c.
+// WrapComm makes a parallel.Group of an existing communicator; it takes ownership of c.
 // ranks are the members' global ranks in communicator-rank order.
 func WrapComm(c *Comm, name string, ranks []int) (*Group, error) {
 	if len(ranks) != c.Size() {
@@ -65,16 +65,16 @@ func WrapComm(c *Comm, name string, ranks []int) (*Group, error) {
 // Comm is the underlying communicator.
 func (g *Group) Comm() *Comm { return g.comm }
 
-// Rank implements dist.Group.
+// Rank implements parallel.Group.
 func (g *Group) Rank() int { return g.comm.Rank() }
 
-// Size implements dist.Group.
+// Size implements parallel.Group.
 func (g *Group) Size() int { return g.comm.Size() }
 
-// Ranks implements dist.Group.
+// Ranks implements parallel.Group.
 func (g *Group) Ranks() []int { return append([]int(nil), g.ranks...) }
 
-// Name implements dist.Group.
+// Name implements parallel.Group.
 func (g *Group) Name() string { return g.name }
 
 // Close destroys the stream, the staging buffers and the communicator. Nil-safe, idempotent.
@@ -92,7 +92,7 @@ func (g *Group) Close() error {
 }
 
 // beginLocked starts operation op: it checks the group is open and returns a function that
-// wraps an error into a *dist.OpError and advances the sequence number.
+// wraps an error into a *parallel.OpError and advances the sequence number.
 func (g *Group) beginLocked(op string) (func(error) error, error) {
 	seq := g.seq
 	g.seq++
@@ -100,13 +100,13 @@ func (g *Group) beginLocked(op string) (func(error) error, error) {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrClosed) && !errors.Is(err, dist.ErrClosed) {
-			err = fmt.Errorf("%w: %w", dist.ErrClosed, err)
+		if errors.Is(err, ErrClosed) && !errors.Is(err, parallel.ErrClosed) {
+			err = fmt.Errorf("%w: %w", parallel.ErrClosed, err)
 		}
-		return &dist.OpError{Group: g.name, Rank: g.Rank(), Op: op, Seq: seq, Err: err}
+		return &parallel.OpError{Group: g.name, Rank: g.Rank(), Op: op, Seq: seq, Err: err}
 	}
 	if g.closed {
-		return wrap, wrap(dist.ErrClosed)
+		return wrap, wrap(parallel.ErrClosed)
 	}
 	return wrap, nil
 }
@@ -139,20 +139,20 @@ func (g *Group) stageLocked(n int) error {
 }
 
 // redOp is NCCL's reduction for op (false for an op NCCL has no match for).
-func redOp(op dist.ReduceOp) (RedOp, bool) {
+func redOp(op parallel.ReduceOp) (RedOp, bool) {
 	switch op {
-	case dist.Min:
+	case parallel.Min:
 		return Min, true
-	case dist.Max:
+	case parallel.Max:
 		return Max, true
-	case dist.Sum:
+	case parallel.Sum:
 		return Sum, true
 	}
 	return 0, false
 }
 
-// AllReduce implements dist.Group (int64 elements, reduced on the device).
-func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) error {
+// AllReduce implements parallel.Group (int64 elements, reduced on the device).
+func (g *Group) AllReduce(ctx context.Context, op parallel.ReduceOp, vals []int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	wrap, err := g.beginLocked("allreduce")
@@ -161,7 +161,7 @@ func (g *Group) AllReduce(ctx context.Context, op dist.ReduceOp, vals []int64) e
 	}
 	nop, ok := redOp(op)
 	if !ok {
-		return wrap(fmt.Errorf("%w: reduce op %v", dist.ErrBadArgument, op))
+		return wrap(fmt.Errorf("%w: reduce op %v", parallel.ErrBadArgument, op))
 	}
 	if len(vals) == 0 {
 		return nil
@@ -202,7 +202,7 @@ func (g *Group) roundTripLocked(ctx context.Context, in []byte, out int, collect
 	return g.comm.Wait(ctx, g.stream)
 }
 
-// Broadcast implements dist.Group: the length goes first, then the bytes.
+// Broadcast implements parallel.Group: the length goes first, then the bytes.
 func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -211,7 +211,7 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 		return nil, err
 	}
 	if root < 0 || root >= g.Size() {
-		return nil, wrap(fmt.Errorf("%w: broadcast root %d out of range [0, %d)", dist.ErrBadArgument, root, g.Size()))
+		return nil, wrap(fmt.Errorf("%w: broadcast root %d out of range [0, %d)", parallel.ErrBadArgument, root, g.Size()))
 	}
 	if err := g.stageLocked(8); err != nil {
 		return nil, wrap(err)
@@ -248,7 +248,7 @@ func (g *Group) Broadcast(ctx context.Context, root int, data []byte) ([]byte, e
 	return append([]byte(nil), h[:n]...), nil
 }
 
-// AllGather implements dist.Group: lengths are gathered first, then data padded to the
+// AllGather implements parallel.Group: lengths are gathered first, then data padded to the
 // longest.
 func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
 	g.mu.Lock()
@@ -304,7 +304,7 @@ func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
 	return out, nil
 }
 
-// Barrier implements dist.Group with a one-element sum.
+// Barrier implements parallel.Group with a one-element sum.
 func (g *Group) Barrier(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/cpcache/cpcache/cuda"
-	"github.com/cpcache/cpcache/dist/local"
-	"github.com/cpcache/cpcache/internal/fakelib"
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 func TestABIConstants(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // fakeDevice is an in-process DeviceBackend: "device memory" is an address range; the IPC
@@ -63,7 +63,7 @@ func TestDeviceBackendSlabsGiveDevicePointers(t *testing.T) {
 	fake := &fakeDevice{failOn: -1}
 	RegisterDeviceBackend(fake)
 	defer RegisterDeviceBackend(nil)
-	errs := runMembers(3, func(g dist.Group) error {
+	errs := runMembers(3, func(g parallel.Group) error {
 		spec := Spec{Backend: CUDAIPC, PageSize: 1 << 20, Pages: 8, Device: g.Rank()}
 		s, err := OpenSet(context.Background(), g, spec)
 		if err != nil {
@@ -163,7 +163,7 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 	RegisterHostPinner(pin)
 	defer RegisterHostPinner(nil)
 	tag := uniqueTag(t)
-	errs := runMembers(2, func(g dist.Group) error {
+	errs := runMembers(2, func(g parallel.Group) error {
 		spec := hostSpec(tag)
 		spec.PinHost = true
 		s, err := OpenSet(context.Background(), g, spec)
@@ -194,7 +194,7 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 
 	// A pin failure on one rank fails every rank.
 	RegisterHostPinner(&fakePinner{failAt: 1})
-	errs = runMembers(2, func(g dist.Group) error {
+	errs = runMembers(2, func(g parallel.Group) error {
 		spec := hostSpec(tag)
 		spec.PinHost = true
 		_, err := OpenSet(context.Background(), g, spec)

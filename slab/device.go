@@ -52,6 +52,19 @@ func RegisterHostPinner(p HostPinner) {
 	pinner = p
 }
 
+// UnregisterBackends removes b and p where they are the registered backends (a backend's
+// Close calls it; another registration made since is left alone).
+func UnregisterBackends(b DeviceBackend, p HostPinner) {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	if deviceBE == b {
+		deviceBE = nil
+	}
+	if pinner == p {
+		pinner = nil
+	}
+}
+
 func currentBackends() (DeviceBackend, HostPinner) {
 	backendsMu.Lock()
 	defer backendsMu.Unlock()

@@ -53,10 +53,11 @@
 //
 // Backends: Host (shared memory; with Spec.PinHost and a registered HostPinner every slab is
 // also registered with CUDA, and DevicePtr gives its device-visible address) and CUDAIPC
-// (device memory exported with an IPC handle; one process per rank, on one node). The CUDA
-// implementation of both is CUDA: OpenCUDA(dev) loads the driver (an error on a machine
-// without one: skip GPU work), Register installs it, Close it after the sets that used it.
-// Tests may register fakes (RegisterDeviceBackend, RegisterHostPinner).
+// (device memory exported with an IPC handle; one process per rank, on one node). slab itself
+// is pure Go and knows no CUDA: the CUDA implementation of both interfaces lives in
+// slab/cudaslab (cudaslab.Open(dev) loads the driver, an error on a machine without one:
+// skip GPU work; Register installs it; Close it after the sets that used it). Tests may
+// register fakes (RegisterDeviceBackend, RegisterHostPinner).
 //
 // Access and ownership: page access is bounds-checked by Page{Slab, Index}. WritePage and
 // ReadPage copy under the set's lock; Page hands out a slice of the mapping, exactly one page

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
-	"github.com/cpcache/cpcache/internal/glootest"
-	"github.com/cpcache/cpcache/internal/multiproc"
+	"github.com/cpcache/cpcache/internal/testenv/glootest"
+	"github.com/cpcache/cpcache/internal/testenv/multiproc"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // Multi-process tests: 8 rank processes (re-executions of this test binary) joined by a Gloo
@@ -105,7 +105,7 @@ func roleKillAfterSetup(ctx context.Context, g *gloo.Group) error {
 	if g.Rank() == envInt("CPCACHE_TEST_KILL") {
 		killSelf()
 	}
-	if err := g.Barrier(ctx); !errors.Is(err, dist.ErrPeerLost) {
+	if err := g.Barrier(ctx); !errors.Is(err, parallel.ErrPeerLost) {
 		return fmt.Errorf("barrier after rank %d died: %v, want ErrPeerLost", envInt("CPCACHE_TEST_KILL"), err)
 	}
 	return nil
@@ -126,7 +126,7 @@ func roleKillDuringSetup(ctx context.Context, g *gloo.Group) error {
 		s.Close()
 		return errors.New("OpenSet succeeded although a rank died during setup")
 	}
-	if !errors.Is(err, dist.ErrPeerLost) {
+	if !errors.Is(err, parallel.ErrPeerLost) {
 		return fmt.Errorf("want ErrPeerLost, got %w", err)
 	}
 	return nil

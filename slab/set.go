@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // Slab is one rank's slab as mapped in this process.
@@ -51,8 +51,8 @@ func (s *Slab) close() error {
 
 // Set is the slabs of one group, one per rank, every one mapped in this process.
 type Set struct {
-	group dist.Group // the group the set was opened over (the slab group)
-	spec  Spec       // this rank's spec; its shared fields are equal on every rank
+	group parallel.Group // the group the set was opened over (the slab group)
+	spec  Spec           // this rank's spec; its shared fields are equal on every rank
 
 	mu     sync.RWMutex // protects closed and the slabs' mappings (Close vs ReadPage/WritePage)
 	closed bool
@@ -72,7 +72,7 @@ var testHookAfterExchange func(rank int) error
 // Host segments are unlinked as soon as every member has mapped them (after the second
 // AllGather), and on every failure path, so nothing of the set remains in the directory.
 // The caller keeps ownership of group, which must outlive the Set.
-func OpenSet(ctx context.Context, group dist.Group, spec Spec) (*Set, error) {
+func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error) {
 	if group == nil {
 		return nil, fmt.Errorf("%w: nil group", ErrBadArgument)
 	}
@@ -234,7 +234,7 @@ func (s *Set) Close() error {
 }
 
 // Group is the group the set was opened over: the slab group.
-func (s *Set) Group() dist.Group { return s.group }
+func (s *Set) Group() parallel.Group { return s.group }
 
 // Ranks are the global ranks of the slab group, in group-rank order (slab r was created by
 // Ranks()[r]).

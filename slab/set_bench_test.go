@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // BenchmarkPageCopy copies pages into a host slab with WritePage (locked, bounds checked) and

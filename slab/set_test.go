@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/grouptest"
-	"github.com/cpcache/cpcache/dist/local"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
+	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // runMembers runs fn on every member of a new in-process group of n ranks, concurrently, and
 // returns each member's error.
-func runMembers(n int, fn func(g dist.Group) error) []error {
+func runMembers(n int, fn func(g parallel.Group) error) []error {
 	members := local.World(n, local.Options{Timeout: 10 * time.Second, Kind: "attn_cp"})
 	return grouptest.Parallel(n, func(r int) error {
 		defer members[r].Close()
@@ -84,7 +84,7 @@ func writeOwnReadAll(ctx context.Context, s *Set) error {
 func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
 	tag := uniqueTag(t)
 	ctx := context.Background()
-	errs := runMembers(4, func(g dist.Group) error {
+	errs := runMembers(4, func(g parallel.Group) error {
 		s, err := OpenSet(ctx, g, hostSpec(tag))
 		if err != nil {
 			return err
@@ -129,7 +129,7 @@ func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
 func allFailAlike(t *testing.T, n int, spec func(rank int) Spec, want error, fragments ...string) {
 	t.Helper()
 	tag := spec(0).Tag
-	errs := runMembers(n, func(g dist.Group) error {
+	errs := runMembers(n, func(g parallel.Group) error {
 		s, err := OpenSet(context.Background(), g, spec(g.Rank()))
 		if err == nil {
 			s.Close()
@@ -208,7 +208,7 @@ func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {
 		return nil
 	}
 	defer func() { testHookAfterExchange = nil }()
-	errs := runMembers(4, func(g dist.Group) error {
+	errs := runMembers(4, func(g parallel.Group) error {
 		s, err := OpenSet(context.Background(), g, hostSpec(tag))
 		if err == nil {
 			s.Close()
@@ -217,7 +217,7 @@ func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		want := error(dist.ErrPeerLost)
+		want := error(parallel.ErrPeerLost)
 		if r == crasher {
 			want = nil
 		}
@@ -232,7 +232,7 @@ func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {
 
 func TestPageAccessIsBoundsChecked(t *testing.T) {
 	tag := uniqueTag(t)
-	errs := runMembers(2, func(g dist.Group) error {
+	errs := runMembers(2, func(g parallel.Group) error {
 		s, err := OpenSet(context.Background(), g, hostSpec(tag))
 		if err != nil {
 			return err

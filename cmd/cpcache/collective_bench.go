@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func init() {
@@ -20,18 +20,18 @@ func init() {
 
 // benchGroups are the groups a backend gives collective-bench on this rank.
 type benchGroups struct {
-	World dist.Group
-	CP    dist.Group // this rank's attention-CP group of the layout
+	World parallel.Group
+	CP    parallel.Group // this rank's attention-CP group of the layout
 	Close func() error
 }
 
 // benchBackend creates the groups of one backend; every rank calls it collectively.
-type benchBackend func(ctx context.Context, l *dist.Layout, store string, timeout time.Duration) (*benchGroups, error)
+type benchBackend func(ctx context.Context, l *parallel.Layout, store string, timeout time.Duration) (*benchGroups, error)
 
 // benchBackends maps --backend names to constructors.
 var benchBackends = map[string]benchBackend{"gloo": glooBenchGroups}
 
-func glooBenchGroups(ctx context.Context, l *dist.Layout, store string, timeout time.Duration) (*benchGroups, error) {
+func glooBenchGroups(ctx context.Context, l *parallel.Layout, store string, timeout time.Duration) (*benchGroups, error) {
 	w, err := gloo.NewWorld(ctx, gloo.Options{Store: store, Timeout: timeout})
 	if err != nil {
 		return nil, err
@@ -41,7 +41,7 @@ func glooBenchGroups(ctx context.Context, l *dist.Layout, store string, timeout 
 		w.Close()
 		return nil, err
 	}
-	return &benchGroups{World: w, CP: lg.Group(dist.KindAttnCP), Close: func() error {
+	return &benchGroups{World: w, CP: lg.Group(parallel.KindAttnCP), Close: func() error {
 		lg.Close()
 		return w.Close()
 	}}, nil
@@ -50,15 +50,15 @@ func glooBenchGroups(ctx context.Context, l *dist.Layout, store string, timeout 
 // benchOp is one measured collective.
 type benchOp struct {
 	name string
-	run  func(ctx context.Context, g dist.Group) error
+	run  func(ctx context.Context, g parallel.Group) error
 }
 
 var benchOps = []benchOp{
-	{"allreduce_8xi64_min", func(ctx context.Context, g dist.Group) error {
+	{"allreduce_8xi64_min", func(ctx context.Context, g parallel.Group) error {
 		v := []int64{1, 2, 3, 4, 5, 6, 7, int64(g.Rank())}
-		return g.AllReduce(ctx, dist.Min, v)
+		return g.AllReduce(ctx, parallel.Min, v)
 	}},
-	{"broadcast_4KiB", func(ctx context.Context, g dist.Group) error {
+	{"broadcast_4KiB", func(ctx context.Context, g parallel.Group) error {
 		var data []byte
 		if g.Rank() == 0 {
 			data = make([]byte, 4096)
@@ -66,11 +66,11 @@ var benchOps = []benchOp{
 		_, err := g.Broadcast(ctx, 0, data)
 		return err
 	}},
-	{"allgather_64B", func(ctx context.Context, g dist.Group) error {
+	{"allgather_64B", func(ctx context.Context, g parallel.Group) error {
 		_, err := g.AllGather(ctx, make([]byte, 64))
 		return err
 	}},
-	{"barrier", func(ctx context.Context, g dist.Group) error { return g.Barrier(ctx) }},
+	{"barrier", func(ctx context.Context, g parallel.Group) error { return g.Barrier(ctx) }},
 }
 
 // benchResult is one (group, op) measurement, by the group's rank 0.
@@ -96,7 +96,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 			"Broadcast of 4 KiB, AllGather of 64 B and Barrier, back to back, first on the world\n"+
 			"group, then on every attention-CP group of the layout at once. Rank 0 prints the\n"+
 			"median and p99 microseconds per operation as measured by each group's rank 0.", stderr)
-	cfg := layoutFlags(fs, dist.LayoutConfig{})
+	cfg := layoutFlags(fs, parallel.LayoutConfig{})
 	iters := fs.Int("iters", 1000, "timed operations per collective and group")
 	warmup := fs.Int("warmup", 50, "untimed operations before timing")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -112,7 +112,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	if *iters < 1 || *warmup < 0 {
 		return fail(stderr, 2, fmt.Errorf("collective-bench: --iters %d / --warmup %d: need iters >= 1, warmup >= 0", *iters, *warmup))
 	}
-	env, err := dist.FromEnv()
+	env, err := parallel.FromEnv()
 	if err != nil {
 		return fail(stderr, 2, err)
 	}
@@ -122,7 +122,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	if cfg.World != env.WorldSize {
 		return fail(stderr, 2, fmt.Errorf("collective-bench: --world %d but the launcher started %d ranks", cfg.World, env.WorldSize))
 	}
-	l, err := dist.NewLayout(*cfg)
+	l, err := parallel.NewLayout(*cfg)
 	if err != nil {
 		return fail(stderr, 2, err)
 	}
@@ -171,7 +171,7 @@ func backendNames() []string {
 
 // benchBackendRun measures one backend and returns, on every rank, the results of the world
 // group and of every CP group (gathered over the world).
-func benchBackendRun(ctx context.Context, name string, mk benchBackend, l *dist.Layout, store string,
+func benchBackendRun(ctx context.Context, name string, mk benchBackend, l *parallel.Layout, store string,
 	timeout time.Duration, warmup, iters int) ([]benchResult, error) {
 	gs, err := mk(ctx, l, store, timeout)
 	if err != nil {
@@ -179,7 +179,7 @@ func benchBackendRun(ctx context.Context, name string, mk benchBackend, l *dist.
 	}
 	defer gs.Close()
 	var mine []benchResult // measured where this rank is its group's rank 0
-	for _, g := range []dist.Group{gs.World, gs.CP} {
+	for _, g := range []parallel.Group{gs.World, gs.CP} {
 		if err := gs.World.Barrier(ctx); err != nil {
 			return nil, err
 		}
@@ -214,7 +214,7 @@ func benchBackendRun(ctx context.Context, name string, mk benchBackend, l *dist.
 
 // timeOp runs op warmup times, then times iters runs one by one; it returns the median and
 // the 99th percentile in microseconds.
-func timeOp(ctx context.Context, g dist.Group, op benchOp, warmup, iters int) (median, p99 float64, err error) {
+func timeOp(ctx context.Context, g parallel.Group, op benchOp, warmup, iters int) (median, p99 float64, err error) {
 	for i := 0; i < warmup; i++ {
 		if err := op.run(ctx, g); err != nil {
 			return 0, 0, err

@@ -7,16 +7,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
-	"github.com/cpcache/cpcache/dist/shm"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/shm"
 )
 
-// The shared-memory backend of collective-bench: dist/shm groups built over the Gloo world
+// The shared-memory backend of collective-bench: parallel/shm groups built over the Gloo world
 // and attention-CP groups (so every rank must be on this host, as under `cpcache launch`).
 // "--backend both" measures gloo then shm in one run and prints the ratio of the medians.
 func init() { benchBackends["shm"] = shmBenchGroups }
 
-func shmBenchGroups(ctx context.Context, l *dist.Layout, store string, timeout time.Duration) (*benchGroups, error) {
+func shmBenchGroups(ctx context.Context, l *parallel.Layout, store string, timeout time.Duration) (*benchGroups, error) {
 	boot, err := glooBenchGroups(ctx, l, store, timeout)
 	if err != nil {
 		return nil, err

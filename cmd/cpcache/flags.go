@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // newFlagSet returns a FlagSet that reports to stderr and prints usage with a description.
@@ -33,7 +33,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 }
 
 // layoutFlags registers the parallel-layout flags shared by every multi-rank command.
-func layoutFlags(fs *flag.FlagSet, defaults dist.LayoutConfig) *dist.LayoutConfig {
+func layoutFlags(fs *flag.FlagSet, defaults parallel.LayoutConfig) *parallel.LayoutConfig {
 	cfg := defaults
 	fs.IntVar(&cfg.World, "world", defaults.World, "number of ranks")
 	fs.IntVar(&cfg.TP, "tp", defaults.TP, "tensor-parallel size (0: world)")

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func init() {
@@ -31,8 +31,8 @@ const launchGrace = 5 * time.Second
 const launchDrain = 2 * time.Second
 
 // launcherVars are the placement variables of every launcher, dropped from the children's
-// environment so that dist.FromEnv sees only the ones launch sets.
-var launcherVars = dist.LauncherVars()
+// environment so that parallel.FromEnv sees only the ones launch sets.
+var launcherVars = parallel.LauncherVars()
 
 func runLaunch(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("launch", "-n N [--store URL] -- COMMAND [ARGS...]",

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func init() {
@@ -17,7 +17,7 @@ func runLayout(args []string, stdout, stderr io.Writer) int {
 		"Prints every group of the layout as global rank lists: tp, attn_tp, attn_cp, ep,\n"+
 			"replica (attention-DP blocks: the ranks that run the cache's consensus) and slab\n"+
 			"(the ranks that share L2 slabs).", stderr)
-	cfg := layoutFlags(fs, dist.LayoutConfig{})
+	cfg := layoutFlags(fs, parallel.LayoutConfig{})
 	asJSON := fs.Bool("json", false, "print JSON: one key per kind, each a sorted list of rank lists")
 	if status, done := parseFlags(fs, args); done {
 		return status
@@ -28,13 +28,13 @@ func runLayout(args []string, stdout, stderr io.Writer) int {
 	if cfg.World == 0 {
 		return fail(stderr, 2, fmt.Errorf("layout: --world is required"))
 	}
-	l, err := dist.NewLayout(*cfg)
+	l, err := parallel.NewLayout(*cfg)
 	if err != nil {
 		return fail(stderr, 2, err)
 	}
 	if *asJSON {
 		out := map[string][][]int{}
-		for _, k := range dist.AllKinds {
+		for _, k := range parallel.AllKinds {
 			out[k.String()] = l.Groups(k)
 		}
 		enc := json.NewEncoder(stdout)
@@ -44,11 +44,11 @@ func runLayout(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintf(stdout, "layout: %s\n", l)
-	for _, k := range dist.AllKinds {
+	for _, k := range parallel.AllKinds {
 		gs := l.Groups(k)
 		fmt.Fprintf(stdout, "%-8s %d group(s) of %d:", k, len(gs), len(gs[0]))
 		for _, g := range gs {
-			fmt.Fprintf(stdout, " %s", dist.GroupName("", g))
+			fmt.Fprintf(stdout, " %s", parallel.GroupName("", g))
 		}
 		fmt.Fprintln(stdout)
 	}

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cpcache/cpcache/dist"
+	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/hicache"
-	"github.com/cpcache/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func init() {
@@ -47,7 +47,7 @@ placement divergence, a lost rank), 2 bad flags or input.`
 // runOpts are the flags of `cpcache run`.
 type runOpts struct {
 	cfg                       runner.Config
-	layout                    *dist.LayoutConfig // copied into cfg after parsing
+	layout                    *parallel.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
 	prefetch                  string
 }
@@ -109,7 +109,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	statusDir := os.Getenv(runner.EnvStatusDir)
 	joined := underRank || underMPI
 	if joined && !worldSet && statusDir == "" {
-		if env, err := dist.FromEnv(); err == nil {
+		if env, err := parallel.FromEnv(); err == nil {
 			cfg.Layout.World = env.WorldSize
 		}
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cpcache/cpcache/internal/redistest"
-	"github.com/cpcache/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/internal/testenv/redistest"
 )
 
 // The end-to-end tests run a cpcache binary built once without the race detector: up to 16

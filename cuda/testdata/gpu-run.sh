@@ -4,7 +4,7 @@
 # Runs the test binaries beside this script with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
 # driver or NCCL fails instead of skipping, then prints the device report, the bandwidth
 # lines and a summary. Full logs go to $OUT when it is set, else beside this script.
-# Usage: run.sh            (all of cuda.test and nccl.test, the CUDA tests of slab.test, the TestGPU* tests of hicache.test)
+# Usage: run.sh            (all of cuda.test, nccl.test and cudaslab.test, the TestGPU* tests of hicache.test)
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${OUT:-$here}"
@@ -41,12 +41,11 @@ run "$here/cpcache" gpu-info 2>&1 | tee "$logs/gpu-info.txt"
 
 status=0
 total_pass=0 total_fail=0 total_skip=0
-for pkg in cuda nccl slab hicache; do
+for pkg in cuda nccl cudaslab hicache; do
   bin="$here/$pkg.test"
   [ -x "$bin" ] || continue
   pattern='.'
   [ "$pkg" = hicache ] && pattern='^TestGPU'
-  [ "$pkg" = slab ] && pattern='CUDA'
   echo "== $pkg.test -test.run '$pattern'"
   start=$(date +%s)
   # ShimDigest checks the source tree, which need not be here.

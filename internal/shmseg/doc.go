@@ -1,5 +1,5 @@
 // Package shmseg creates and maps the shared-memory segment files that ranks of one machine
-// share (dist/shm's group segments, slab's host slabs).
+// share (parallel/shm's group segments, slab's host slabs).
 //
 // Contract: Create makes a new file exclusively (O_EXCL, mode 0600 whatever the umask), sizes
 // it, optionally reserving the memory, and maps it shared read-write; on failure nothing is

@@ -1,0 +1,222 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/workload"
+)
+
+// ErrBadInput is wrapped by every error about the run's configuration or input (a layout
+// that does not divide, an unreadable or corrupt trace, capacities too small for a request):
+// `cpcache run` exits with status 2 for them.
+var ErrBadInput = errors.New("runner: bad input")
+
+// Workload kinds.
+const (
+	WorkloadSynthetic = "synthetic"
+	WorkloadTrace     = "trace"
+)
+
+// Config is one run's configuration; every rank of a job must use the same one.
+type Config struct {
+	Layout          parallel.LayoutConfig // EP 0 means the world size
+	PageSize        int                   // tokens per page
+	L1Pages         int                   // L1 pages of each rank (its device KV pool)
+	L2Pages         int                   // L2 pages of each slab (one slab per CP rank)
+	Policy          hicache.Policy        // write policy
+	KVBytesPerToken int                   // bytes of KV one rank holds per token (its shard)
+	BatchTokens     int                   // prefill token budget of one scheduler step
+	MaxRunning      int                   // requests decoding at once per replica
+
+	Workload  string                   // WorkloadSynthetic or WorkloadTrace
+	Synthetic workload.SyntheticConfig // WorkloadSynthetic
+	TracePath string                   // WorkloadTrace: Mooncake JSONL
+	Requests  int                      // serve only the first N requests (0: all)
+
+	// L3: Storage is the URL of a page store below L2 (file:///dir or
+	// redis://host:port/prefix; "": none). With it every replica backs its L2 pages up there
+	// and prefetches a prompt's continuation from it before the prefill (see doc.go).
+	Storage        string
+	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
+	StorageClear   bool                   // clear the run's namespace in Storage before serving
+
+	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
+	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
+	Timeout   time.Duration // bound of every collective (0: 5 minutes)
+}
+
+// DefaultConfig is `cpcache run` without flags: CP8 DP2 EP16 with DP attention on 16 ranks
+// and the built-in synthetic workload.
+func DefaultConfig() Config {
+	return Config{
+		Layout:          parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 0, DPAttention: true},
+		PageSize:        16,
+		L1Pages:         1024,
+		L2Pages:         3072,
+		Policy:          hicache.WriteThrough,
+		KVBytesPerToken: 512,
+		BatchTokens:     8192,
+		MaxRunning:      16,
+		Workload:        WorkloadSynthetic,
+		Synthetic:       DefaultSynthetic,
+	}
+}
+
+// DefaultSynthetic is the workload of DefaultConfig: 96 conversations of 16 turns, 1536
+// requests of up to 7 K tokens, about 6 M prompt tokens. Each DP replica serves 48
+// conversations: their histories (about 22 K pages at the end) overflow the 1024 L1 pages
+// many times and fit in the 3072 × 8 L2 pages of a CP group, so most prompts are served
+// from L2. It takes about 10-15 s on 2 cores with 16 ranks.
+var DefaultSynthetic = workload.SyntheticConfig{Clients: 96, Rounds: 16, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
+
+// PageBytes is the size of one L1 or L2 page of one rank.
+func (c *Config) PageBytes() int { return c.PageSize * c.KVBytesPerToken }
+
+// Plan is a validated configuration with its layout and workload.
+type Plan struct {
+	Config   Config
+	Layout   *parallel.Layout
+	Requests []workload.Request
+	Desc     string // the workload, for the report
+}
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadInput}, args...)...)
+}
+
+// Prepare validates cfg, builds the layout, loads the workload and checks that every
+// request fits the capacities. Every error wraps ErrBadInput and names the bad value.
+func Prepare(cfg Config) (*Plan, error) {
+	lc := cfg.Layout
+	if lc.EP == 0 {
+		lc.EP = lc.World
+	}
+	layout, err := parallel.NewLayout(lc)
+	if err != nil {
+		return nil, bad("layout: %v", err)
+	}
+	cfg.Layout = lc
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Minute
+	}
+	for _, v := range []struct {
+		name string
+		v    int
+	}{{"page size", cfg.PageSize}, {"L1 pages", cfg.L1Pages}, {"L2 pages", cfg.L2Pages},
+		{"KV bytes per token", cfg.KVBytesPerToken}, {"batch tokens", cfg.BatchTokens}, {"max running", cfg.MaxRunning}} {
+		if v.v <= 0 {
+			return nil, bad("%s %d must be positive", v.name, v.v)
+		}
+	}
+	if cfg.Requests < 0 {
+		return nil, bad("requests %d is negative", cfg.Requests)
+	}
+	if int64(cfg.PageSize)*int64(cfg.KVBytesPerToken) > 1<<30 {
+		return nil, bad("page of %d tokens × %d bytes is over 1 GiB", cfg.PageSize, cfg.KVBytesPerToken)
+	}
+	switch cfg.Consensus {
+	case "", "auto", "shm", "gloo":
+	default:
+		return nil, bad("consensus backend %q (want auto, shm or gloo)", cfg.Consensus)
+	}
+	p := &Plan{Config: cfg, Layout: layout}
+	switch cfg.Workload {
+	case WorkloadSynthetic:
+		if cfg.TracePath != "" {
+			return nil, bad("--trace %s needs --workload trace", cfg.TracePath)
+		}
+		p.Requests, err = workload.Synthetic(cfg.Synthetic)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		if cfg.Requests > 0 && cfg.Requests < len(p.Requests) {
+			p.Requests = p.Requests[:cfg.Requests]
+		}
+		s := cfg.Synthetic
+		p.Desc = fmt.Sprintf("synthetic: %d clients × %d rounds (system %d, question %d, answer %d tokens), %d requests",
+			s.Clients, s.Rounds, s.SystemTokens, s.QuestionTokens, s.AnswerTokens, len(p.Requests))
+	case WorkloadTrace:
+		if cfg.TracePath == "" {
+			return nil, bad("--workload trace needs --trace FILE")
+		}
+		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests})
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		p.Desc = fmt.Sprintf("trace %s, %d requests", cfg.TracePath, len(p.Requests))
+	default:
+		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
+	}
+	if err := p.checkCapacity(); err != nil {
+		return nil, err
+	}
+	if err := p.checkStorage(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// pagesOf is the number of L1 pages a request occupies at most: its prompt and answer
+// rounded up to whole pages.
+func (c *Config) pagesOf(r workload.Request) int {
+	return (len(r.Tokens) + r.OutputLen + c.PageSize - 1) / c.PageSize
+}
+
+// checkCapacity rejects capacities too small to hold the largest request: L1 must hold all
+// of its pages, and the slabs of one CP group its pages in L2 (page i lives in the slab of
+// CP rank i mod attn_cp).
+func (p *Plan) checkCapacity() error {
+	c := &p.Config
+	biggest := 0
+	for i, r := range p.Requests {
+		if c.pagesOf(r) > c.pagesOf(p.Requests[biggest]) {
+			biggest = i
+		}
+	}
+	r := p.Requests[biggest]
+	need := c.pagesOf(r)
+	if need > c.L1Pages {
+		return bad("L1 pages %d cannot hold request %d: %d prompt + %d output tokens need %d pages of %d tokens",
+			c.L1Pages, r.ID, len(r.Tokens), r.OutputLen, need, c.PageSize)
+	}
+	cp := p.Layout.AttnCP
+	if perSlab := (need + cp - 1) / cp; perSlab > c.L2Pages {
+		return bad("L2 pages %d per slab cannot hold request %d: its %d pages need %d in each of the %d slabs of a CP group",
+			c.L2Pages, r.ID, need, perSlab, cp)
+	}
+	return nil
+}
+
+// Route is the DP replica (attention-DP index) that serves req: a synthetic request goes
+// to replica client mod attn_dp, so every turn of a conversation meets its history; a trace
+// request to a hash of its first block (up to 512 tokens) mod attn_dp, so requests that share
+// a first block — a common prefix — meet in one replica's cache.
+func Route(l *parallel.Layout, req workload.Request) int {
+	if l.AttnDP <= 1 {
+		return 0
+	}
+	if req.Client >= 0 {
+		return req.Client % l.AttnDP
+	}
+	n := min(len(req.Tokens), workload.BlockTokens)
+	h := uint64(14695981039346656037)
+	for _, t := range req.Tokens[:n] {
+		h = (h ^ uint64(uint32(t))) * 1099511628211
+	}
+	return int(h % uint64(l.AttnDP))
+}
+
+// ReplicaRequests are the requests replica dp serves, in workload order.
+func (p *Plan) ReplicaRequests(dp int) []workload.Request {
+	var out []workload.Request
+	for _, r := range p.Requests {
+		if Route(p.Layout, r) == dp {
+			out = append(out, r)
+		}
+	}
+	return out
+}

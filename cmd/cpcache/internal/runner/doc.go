@@ -1,0 +1,68 @@
+// Package runner is `cpcache run`: a multi-rank serving simulation that drives the
+// hierarchical cache the way an inference engine does, over real Gloo groups, a real
+// consensus group (shared memory when a replica's ranks share a host, else Gloo) and real
+// host shared-memory L2 slabs, and verifies every byte it loads back.
+//
+// # Contract
+//
+// Prepare validates a Config (layout, capacities, write policy) and loads the workload (the
+// built-in synthetic multi-turn conversations, or a Mooncake trace); every error wraps
+// ErrBadInput and names the bad value, so the command can exit with status 2 before any
+// rank starts. RunRank then runs the calling process as one rank of the job described by
+// the launcher's environment (parallel.FromEnv): every rank calls it with the same Plan.
+//
+// Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every
+// turn meets its history), a hash of the first 512-token block mod attn_dp for traces
+// (requests sharing a first block meet in one cache). Every rank of a replica runs the same
+// scheduler on the same requests; each scheduler step decodes one token of every running
+// request (inserting a finished request with its answer and releasing it), admits queued
+// requests within a token budget and the L1 pages left (match, lock, load the L2 part back,
+// wait for this rank's copies and check every loaded page it owns against kvtest's content,
+// "compute" the missing pages — each CP rank writes the pages it owns, as a function of
+// the page's prefix hash, position and the rank's TP shard — and insert), then makes
+// exactly one consensus step. The consensus group is wrapped in parallel.Count, and the report
+// states the collectives per scheduler step, which must be exactly 1. Trace timestamps are
+// not replayed: requests are served in order, as fast as the cache allows.
+//
+// # Storage (L3)
+//
+// With Config.Storage (a storage URL: file:///dir, redis://host:port/prefix) every rank
+// opens its own handle in the run's namespace (hicache.NewStorageNamespace of the kvtest
+// content, the page size in tokens and bytes, and the attention-TP size: runs of another
+// shape never read these pages; runs differing only in CP or DP size share them) and the
+// cache gets its L3 tier: CP rank 0 of each slab group backs committed L2 pages up and
+// reads prefetches. Prepare opens and closes the storage once, so a bad URL or an
+// unreachable server is a bad input. With StorageClear, world rank 0 clears the namespace
+// and every rank waits at a world barrier before its cache starts.
+//
+// Prefetch is synchronous: after the match (and lock) of a request whose L1 and L2 hit is
+// shorter than its prompt, the scheduler calls Prefetch and makes scheduler steps until
+// the prefetch is over (PrefetchPending false), then matches again: the pages inserted
+// from storage are host pages, loaded back into L1 and verified like any L2 page. Those
+// wait steps are scheduler steps — counted in Steps (and in PrefetchSteps), each with its
+// one consensus step, so collectives per step stays exactly 1 — in which running requests
+// decode nothing. Prompt tokens served from the inserted pages are counted as storage hits
+// (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and backed up
+// (per replica, from its leader) and the storage errors of the I/O ranks.
+//
+// A bad page does not stop the run: it is counted, named (request and page) and makes
+// RunRank return an error wrapping ErrIntegrity after the report; so does a placement
+// divergence (the cache then serves from L1 only). A lost peer or a failed collective
+// fails the rank at once.
+//
+// # Ownership and output
+//
+// RunRank creates and closes the world, layout groups, consensus group, slab set and cache
+// of its process. At the end the ranks gather their results over the world group and rank
+// 0 builds the Report: per-replica counts (requests, tokens, steps) once per replica, page
+// and check counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
+// its own ranks) every rank writes a status file there and rank 0 the report, and the
+// starting process draws the progress, serves the metrics (a Watcher) and prints the
+// report; otherwise (under mpirun or torchrun) rank 0 does that itself, for its replica.
+//
+// # Usage
+//
+//	plan, err := runner.Prepare(cfg)     // exit 2 on error
+//	rep, err := runner.RunRank(ctx, plan, runner.Output{Progress: os.Stderr})
+//	if rep != nil { rep.WriteText(os.Stdout) } // rank 0
+package runner

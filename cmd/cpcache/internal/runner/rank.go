@@ -1,0 +1,324 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/shm"
+	"github.com/cpcache/cpcache/slab"
+)
+
+// EnvStatusDir names the directory where the ranks of a job started by `cpcache run` itself
+// write their status files and rank 0 its report; the starting process draws the progress,
+// serves the metrics and prints the report from them. Unset under another launcher: then
+// rank 0 does all of that itself.
+const EnvStatusDir = "CPCACHE_RUN_STATUS_DIR"
+
+// Output says where rank 0 shows progress and serves metrics when no status directory is
+// set. Other ranks ignore it.
+type Output struct {
+	Progress    io.Writer // progress lines (nil: none)
+	Terminal    bool      // Progress is a terminal: redraw a bar in place
+	MetricsAddr string    // serve Prometheus metrics here ("": none)
+	StatusDir   string    // EnvStatusDir's value ("": none)
+}
+
+// EnvCorruptRank, for tests, names a rank that damages one byte of the first L2 page it
+// owns of the first node it is about to load back, so that the integrity check must fail.
+const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
+
+// corruptOnce returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
+// slab, once.
+func corruptOnce(set *slab.Set, cpRank int) func(*hicache.Node) {
+	done := false
+	return func(n *hicache.Node) {
+		for _, pg := range n.L2Pages() {
+			if done || pg.Slab != cpRank {
+				continue
+			}
+			if b, err := set.Page(pg); err == nil {
+				b[len(b)/2] ^= 0x5a
+				done = true
+			}
+		}
+	}
+}
+
+// rankResult is what each rank contributes to the report.
+type rankResult struct {
+	Rank             int           `json:"rank"`
+	DP               int           `json:"dp"`     // its DP replica
+	Leader           bool          `json:"leader"` // rank 0 of its replica group: its replicaCounts count
+	Backend          string        `json:"backend"`
+	Replica          replicaCounts `json:"replica"`
+	Local            localCounts   `json:"local"`
+	PagesWritten     int64         `json:"pages_written"`
+	PagesLoaded      int64         `json:"pages_loaded"`
+	Collectives      int64         `json:"collectives"` // on the consensus group while serving
+	DigestChecks     int64         `json:"digest_checks"`
+	DigestMismatches int64         `json:"digest_mismatches"`
+	L3Prefetched     int64         `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
+	L3BackedUp       int64         `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
+	StorageErrors    int64         `json:"storage_errors"` // this rank's (I/O ranks only)
+	LatencyNs        []int64       `json:"latency_ns"`
+	WallSeconds      float64       `json:"wall_seconds"`
+	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
+}
+
+// ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
+// placement divergence.
+var ErrIntegrity = errors.New("runner: integrity check failed")
+
+// RunRank runs this process as one rank of the job: rank and world come from the launcher's
+// environment (parallel.FromEnv), the groups are Gloo groups over the store, the consensus group
+// is shared memory when its members are on one host (else Gloo), and the L2 is host
+// shared-memory slabs. Rank 0 returns the report of the whole job (other ranks a nil
+// report). The error wraps ErrIntegrity when the run completed but a check failed; the
+// report is then still returned.
+func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) {
+	start := time.Now()
+	cfg := &p.Config
+	env, err := parallel.FromEnv()
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	if env.WorldSize != p.Layout.Config.World {
+		return nil, fmt.Errorf("%w: the launcher started %d ranks, the layout %s needs %d", ErrBadInput, env.WorldSize, p.Layout, p.Layout.Config.World)
+	}
+	world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Timeout: cfg.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, world.Close()) }()
+	rank := world.Rank()
+	groups, err := gloo.NewLayoutGroups(world, p.Layout)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, groups.Close()) }()
+	// A consensus step waits at most a minute (or --timeout when shorter) for a stuck peer;
+	// rendezvous and the final gather, which waits for the slowest replica, get --timeout.
+	stepTimeout := min(cfg.Timeout, parallel.DefaultTimeout)
+	cons, backend, err := shm.Consensus(ctx, groups.Group(parallel.KindReplica), shm.Options{Backend: cfg.Consensus, Timeout: stepTimeout})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, cons.Close()) }()
+	if backend == shm.BackendBootstrap {
+		backend = "gloo"
+	}
+	counted := parallel.Count(cons)
+	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), slab.Spec{
+		Backend: slab.Host, PageSize: cfg.PageBytes(), Pages: cfg.L2Pages, Tag: "cpcache-run",
+		Layout: fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, set.Close()) }()
+	// Every rank opens its own handle on the storage (the cache uses it on the I/O ranks);
+	// it is closed after the cache (defers run in reverse).
+	st, ns, err := p.openStorage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st != nil {
+		defer func() { err = errors.Join(err, st.Close()) }()
+		if cfg.StorageClear {
+			if rank == 0 {
+				if err := clearStorage(ctx, st, cfg.Storage); err != nil {
+					return nil, err
+				}
+			}
+			// No cache reads the storage before it is clear.
+			if err := world.Barrier(ctx); err != nil {
+				return nil, fmt.Errorf("runner: after clearing the storage: %w", err)
+			}
+		}
+	}
+	hc := hicache.Config{
+		Options:        hicache.Options{PageSize: cfg.PageSize, L1Pages: cfg.L1Pages, Policy: cfg.Policy},
+		Layout:         p.Layout,
+		Rank:           rank,
+		Group:          counted,
+		Slabs:          set,
+		StepTimeout:    stepTimeout,
+		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
+	}
+	if st != nil {
+		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
+	}
+	cache, err := hicache.New(ctx, hc)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, cache.Close()) }()
+
+	coord := p.Layout.Coord(rank)
+	leader := p.Layout.ReplicaGroup(rank)[0] == rank
+	lv := &live{}
+	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
+		sched.corrupt = corruptOnce(set, cache.CPRank())
+	}
+	stop, err := startReporting(ctx, rank, leader, lv, cache, out)
+	if err != nil {
+		return nil, err
+	}
+	before := counted.Counts().Total()
+	runErr := sched.run(ctx)
+	stop()
+	if runErr != nil {
+		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
+	}
+	cst := cache.Stats()
+	res := rankResult{
+		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
+		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
+		Collectives:  int64(counted.Counts().Total() - before),
+		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
+		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
+		WallSeconds: time.Since(start).Seconds(),
+	}
+	for _, d := range cst.ConsensusLatency {
+		res.LatencyNs = append(res.LatencyNs, int64(d))
+	}
+	var integrity error
+	if sched.firstBad != nil {
+		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
+	} else if sched.diverged != nil {
+		integrity = fmt.Errorf("rank %d: %w", rank, sched.diverged)
+	}
+	if integrity != nil {
+		res.Err = integrity.Error()
+	}
+	raw, err := json.Marshal(res)
+	if err != nil {
+		return nil, err
+	}
+	all, err := world.AllGather(ctx, raw)
+	if err != nil {
+		return nil, fmt.Errorf("runner: gathering the report: %w", err)
+	}
+	if rank != 0 {
+		if integrity != nil {
+			return nil, fmt.Errorf("%w: %v", ErrIntegrity, integrity)
+		}
+		return nil, nil
+	}
+	results := make([]rankResult, len(all))
+	for i, b := range all {
+		if err := json.Unmarshal(b, &results[i]); err != nil {
+			return nil, fmt.Errorf("runner: report of rank %d: %w", i, err)
+		}
+	}
+	rep = buildReport(p, results)
+	if err := checkReplicas(results); err != nil {
+		return rep, err
+	}
+	rep.WallSeconds = time.Since(start).Seconds()
+	if out.StatusDir != "" {
+		if err := writeFileAtomic(out.StatusDir, reportFile, rep); err != nil {
+			return rep, err
+		}
+	}
+	for _, r := range results {
+		if r.Err != "" {
+			return rep, fmt.Errorf("%w: %s", ErrIntegrity, r.Err)
+		}
+	}
+	if rep.CollectivesPerStep != 1 {
+		return rep, fmt.Errorf("%w: %.3f consensus collectives per scheduler step, want exactly 1", ErrIntegrity, rep.CollectivesPerStep)
+	}
+	return rep, nil
+}
+
+// buildReport sums the ranks' results: replica counts once per replica (from its leader),
+// page and check counts over every rank.
+func buildReport(p *Plan, results []rankResult) *Report {
+	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redactURL(p.Config.Storage)}
+	var lat []time.Duration
+	var collectives, steps int64
+	for _, x := range results {
+		if x.Leader {
+			r.Requests += x.Replica.Requests
+			r.InputTokens += x.Replica.InputTokens
+			r.OutputTokens += x.Replica.OutputTokens
+			r.TokensHitL1 += x.Replica.HitL1
+			r.TokensHitL2 += x.Replica.HitL2
+			r.TokensHitL3 += x.Replica.HitL3
+			r.PagesPrefetched += x.L3Prefetched
+			r.PagesBackedUp += x.L3BackedUp
+			r.TokensMissed += x.Replica.Missed
+			r.SchedulerSteps += x.Replica.Steps
+			r.PrefetchSteps += x.Replica.PrefetchSteps
+			r.ConsensusSteps += x.Collectives
+		}
+		collectives += x.Collectives
+		steps += x.Replica.Steps
+		r.PagesWrittenL2 += x.PagesWritten
+		r.PagesLoadedL2 += x.PagesLoaded
+		r.DigestChecks += x.DigestChecks
+		r.DigestMismatches += x.DigestMismatches
+		r.PagesVerified += x.Local.PagesVerified
+		r.BadPages += x.Local.BadPages
+		r.StorageErrors += x.StorageErrors
+		for _, ns := range x.LatencyNs {
+			lat = append(lat, time.Duration(ns))
+		}
+		if x.Backend != r.ConsensusBackend {
+			r.ConsensusBackend = "mixed"
+		}
+	}
+	if r.InputTokens > 0 {
+		r.HitRate = float64(r.TokensHitL1+r.TokensHitL2+r.TokensHitL3) / float64(r.InputTokens)
+	}
+	if steps > 0 {
+		r.CollectivesPerStep = float64(collectives) / float64(steps)
+	}
+	r.BytesMoved = (r.PagesWrittenL2 + r.PagesLoadedL2) * int64(p.Config.PageBytes())
+	slices.Sort(lat)
+	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
+	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
+	return r
+}
+
+// checkReplicas verifies that every rank of a replica counted what its leader counted:
+// they made the same decisions on the same requests.
+func checkReplicas(results []rankResult) error {
+	leaders := map[int]rankResult{}
+	for _, x := range results {
+		if x.Leader {
+			leaders[x.DP] = x
+		}
+	}
+	for _, x := range results {
+		if l := leaders[x.DP]; x.Replica != l.Replica {
+			return fmt.Errorf("%w: rank %d of replica %d counted %+v, its leader rank %d counted %+v",
+				ErrIntegrity, x.Rank, x.DP, x.Replica, l.Rank, l.Replica)
+		}
+	}
+	return nil
+}
+
+// ReadReport reads the report rank 0 left in a status directory.
+func ReadReport(dir string) (*Report, error) {
+	b, err := os.ReadFile(statusPath(dir, reportFile))
+	if err != nil {
+		return nil, fmt.Errorf("runner: report: %w", err)
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("runner: report: %w", err)
+	}
+	return &r, nil
+}

@@ -1,0 +1,265 @@
+package runner
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/workload"
+)
+
+// rankOutcome is what one in-process rank's scheduler ended with.
+type rankOutcome struct {
+	counts      replicaCounts
+	local       localCounts
+	collectives int
+	loaded      int64
+	stats       hicache.Stats
+	firstBad    error
+	err         error
+}
+
+// runInProcess runs the plan's replicas with every rank as a goroutine: local groups for
+// consensus, in-process slabs for L2. corruptRank (-1: none) damages one L2 page it owns
+// before its first load.
+func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
+	t.Helper()
+	l := p.Layout
+	W := l.Config.World
+	groups := make([]parallel.Group, W)
+	for _, ranks := range l.Groups(parallel.KindReplica) {
+		for i, m := range local.New(ranks, local.Options{Kind: "replica"}) {
+			groups[ranks[i]] = m
+		}
+	}
+	slabs := make([]*kvtest.MemSlabs, W)
+	for _, ranks := range l.Groups(parallel.KindSlab) {
+		ms := kvtest.NewMemSlabs(ranks, p.Config.L2Pages, p.Config.PageBytes())
+		for _, r := range ranks {
+			slabs[r] = ms
+		}
+	}
+	out := make([]rankOutcome, W)
+	var wg sync.WaitGroup
+	for rank := range W {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &out[rank]
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			counted := parallel.Count(groups[rank])
+			hc := hicache.Config{
+				Options: hicache.Options{PageSize: p.Config.PageSize, L1Pages: p.Config.L1Pages, Policy: p.Config.Policy},
+				Layout:  l, Rank: rank, Group: counted, Slabs: slabs[rank],
+			}
+			st, ns, err := p.openStorage(ctx)
+			if err != nil {
+				o.err = err
+				return
+			}
+			if st != nil {
+				defer st.Close() // after the cache's Close
+				hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, p.Config.l3Options()
+			}
+			cache, err := hicache.New(ctx, hc)
+			if err != nil {
+				o.err = err
+				return
+			}
+			defer cache.Close()
+			coord := l.Coord(rank)
+			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
+			if rank == corruptRank {
+				done := false
+				s.corrupt = func(n *hicache.Node) {
+					for _, pg := range n.L2Pages() {
+						if !done && pg.Slab == cache.CPRank() {
+							b, _ := slabs[rank].Page(pg)
+							b[3] ^= 1
+							done = true
+						}
+					}
+				}
+			}
+			before := counted.Counts().Total()
+			o.err = s.run(ctx)
+			o.counts, o.local, o.firstBad = s.counts, s.local, s.firstBad
+			o.collectives = counted.Counts().Total() - before
+			o.stats = cache.Stats()
+			o.loaded = o.stats.PagesLoaded
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func smallPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config)) *Plan {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Layout = lc
+	cfg.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 3}
+	cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96, 256, 8
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	p, err := Prepare(cfg)
+	require.NoError(t, err)
+	return p
+}
+
+// requireAgreed checks what every run must show: no error, no bad page, every rank of a
+// replica counted what its leader counted, one consensus collective per scheduler step,
+// every loaded page verified, every prompt token a hit or a miss, every request served once.
+func requireAgreed(t *testing.T, p *Plan, out []rankOutcome) {
+	t.Helper()
+	var served int64
+	for rank, o := range out {
+		require.NoError(t, o.err, "rank %d", rank)
+		require.NoError(t, o.firstBad, "rank %d", rank)
+		leader := p.Layout.ReplicaGroup(rank)[0]
+		assert.Equal(t, out[leader].counts, o.counts, "rank %d counts differ from its replica leader %d", rank, leader)
+		assert.Equal(t, int(o.counts.Steps), o.collectives, "rank %d: one consensus collective per step", rank)
+		assert.Equal(t, o.loaded, o.local.PagesVerified, "rank %d verifies every page it loaded", rank)
+		assert.Zero(t, o.local.BadPages)
+		if leader == rank {
+			served += o.counts.Requests
+			assert.Equal(t, o.counts.InputTokens, o.counts.HitL1+o.counts.HitL2+o.counts.HitL3+o.counts.Missed)
+		}
+	}
+	assert.Equal(t, int64(len(p.Requests)), served, "every request served once")
+}
+
+func TestReplicasAgreeAndServeFromL2(t *testing.T) {
+	layouts := map[string]parallel.LayoutConfig{
+		"cp2dp2": {World: 4, DP: 2, AttnCP: 2, DPAttention: true},
+		"cp2tp2": {World: 4, AttnCP: 2},
+	}
+	for name, lc := range layouts {
+		for _, policy := range []hicache.Policy{hicache.WriteThrough, hicache.WriteBack} {
+			t.Run(name+"/"+policy.String(), func(t *testing.T) {
+				// No shared system prompt: each conversation's history is a chain of its own
+				// that only grows (no insert needs to split a node with I/O in flight), so every
+				// turn's history is cached. A replica serves 3 conversations whose histories
+				// before the last turn (3 × 39 pages) overflow its 96 L1 pages, and all fit in
+				// L2 (2 × 256 pages): pages evicted from L1 before the last turns are prefixes
+				// of those turns and must come back from L2.
+				p := smallPlan(t, lc, func(c *Config) { c.Policy, c.Synthetic.SystemTokens = policy, 0 })
+				out := runInProcess(t, p, -1)
+				requireAgreed(t, p, out)
+				for rank, o := range out {
+					if p.Layout.ReplicaGroup(rank)[0] == rank {
+						assert.Positive(t, o.stats.EvictedL1Pages, "replica of rank %d: its histories overflow L1", rank)
+						assert.Positive(t, o.counts.HitL2, "replica of rank %d: histories evicted from L1 come back from L2", rank)
+						assert.Zero(t, o.stats.EvictedL2Pages, "replica of rank %d: L2 holds every history", rank)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestSecondRunHitsStorage(t *testing.T) {
+	// Two runs of the same plan share a storage (in-process, mem://): the first backs up
+	// every page it writes to L2 and, with L2 holding everything, never needs storage; the
+	// second starts with empty L1 and L2 and prefetches the histories from storage. Every
+	// page prefetched and loaded back is verified.
+	for _, policy := range []string{"best-effort", "wait-complete", "timeout"} {
+		t.Run(policy, func(t *testing.T) {
+			pp, err := ParsePrefetchPolicy(policy)
+			require.NoError(t, err)
+			url := "mem://runner-test-" + t.Name()
+			p := smallPlan(t, parallel.LayoutConfig{World: 4, AttnCP: 2}, func(c *Config) { c.Storage, c.PrefetchPolicy = url, pp })
+			st, _, err := p.openStorage(context.Background())
+			require.NoError(t, err)
+			require.NoError(t, st.Clear(context.Background()))
+			require.NoError(t, st.Close())
+
+			first := runInProcess(t, p, -1)
+			requireAgreed(t, p, first)
+			second := runInProcess(t, p, -1)
+			requireAgreed(t, p, second)
+			assert.Zero(t, first[0].counts.HitL3, "the first run finds nothing in storage it needs")
+			assert.Positive(t, first[0].stats.L3BackedUpPages, "the first run backs its pages up")
+			assert.Positive(t, second[0].counts.HitL3, "the second run hits storage")
+			assert.Positive(t, second[0].stats.L3PrefetchedPages)
+			assert.Less(t, second[0].counts.Missed, first[0].counts.Missed, "storage hits replace misses")
+			for rank, o := range append(first, second...) {
+				assert.Zero(t, o.stats.StorageErrors, "rank %d", rank%4)
+			}
+		})
+	}
+}
+
+func TestCorruptL2PageIsNamed(t *testing.T) {
+	p := smallPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, nil)
+	out := runInProcess(t, p, 1)
+	require.NoError(t, out[1].err, "a bad page does not stop the run")
+	require.Error(t, out[1].firstBad)
+	assert.Regexp(t, `request \d+: page \d+ loaded from L2 is wrong: kvtest: page \d+`, out[1].firstBad.Error())
+	assert.Positive(t, out[1].local.BadPages)
+	assert.NoError(t, out[0].firstBad, "rank 0 loads only its own pages")
+}
+
+func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 4, DP: 4, DPAttention: true})
+	require.NoError(t, err)
+	for c := range 9 {
+		assert.Equal(t, c%4, Route(l, workload.Request{Client: c, Tokens: []int32{1}}))
+	}
+	a := workload.Request{Client: -1, Tokens: make([]int32, 700)}
+	b := workload.Request{Client: -1, Tokens: make([]int32, 600)}
+	for i := range a.Tokens {
+		a.Tokens[i] = workload.BlockToken(7, i%workload.BlockTokens)
+	}
+	copy(b.Tokens, a.Tokens[:workload.BlockTokens])
+	assert.Equal(t, Route(l, a), Route(l, b), "same first block, same replica")
+	seen := map[int]bool{}
+	for id := range uint64(64) {
+		r := workload.Request{Client: -1, Tokens: []int32{workload.BlockToken(id, 0), workload.BlockToken(id, 1)}}
+		seen[Route(l, r)] = true
+	}
+	assert.Len(t, seen, 4, "trace requests spread over every replica")
+}
+
+func TestPrepareRejectsBadInput(t *testing.T) {
+	cases := map[string]func(*Config){
+		"layout: dist: bad layout":        func(c *Config) { c.Layout.World = 12 },
+		"L1 pages 4 cannot hold request":  func(c *Config) { c.L1Pages = 4 },
+		"L2 pages 1 per slab":             func(c *Config) { c.L2Pages = 1 },
+		"batch tokens 0":                  func(c *Config) { c.BatchTokens = 0 },
+		"requests -1 is negative":         func(c *Config) { c.Requests = -1 },
+		"needs --workload trace":          func(c *Config) { c.TracePath = "x.jsonl" },
+		"workload: clients 0":             func(c *Config) { c.Synthetic.Clients = 0 },
+		`unknown scheme "ftp"`:            func(c *Config) { c.Storage = "ftp://host/x" },
+		"--storage-clear needs --storage": func(c *Config) { c.StorageClear = true },
+	}
+	for want, mutate := range cases {
+		cfg := DefaultConfig()
+		mutate(&cfg)
+		_, err := Prepare(cfg)
+		require.ErrorIs(t, err, ErrBadInput, want)
+		assert.Contains(t, err.Error(), want)
+	}
+	cfg := DefaultConfig()
+	cfg.Requests = 10
+	p, err := Prepare(cfg)
+	require.NoError(t, err)
+	assert.Len(t, p.Requests, 10)
+	assert.Equal(t, 16, p.Layout.Config.EP, "ep 0 is the world")
+	var all []workload.Request
+	for dp := range p.Layout.AttnDP {
+		all = append(all, p.ReplicaRequests(dp)...)
+	}
+	slices.SortFunc(all, func(a, b workload.Request) int { return a.ID - b.ID })
+	assert.Equal(t, p.Requests, all, "the replicas partition the workload")
+}

@@ -1,0 +1,105 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// storageModel names the KV content of a run in its storage namespace: kvtest's page
+// bytes, a function of the page's chained hash, position and TP shard. The page size in
+// tokens and bytes and the attention-TP size are added by hicache.NewStorageNamespace, so
+// runs with different page sizes, KV sizes or TP shapes never read each other's pages;
+// runs that differ only in CP or DP size share them (a page's bytes do not depend on them).
+const storageModel = "cpcache-run/kvtest-v1"
+
+// storageOpenTimeout bounds opening (and, with Config.StorageClear, clearing) the storage.
+const storageOpenTimeout = 30 * time.Second
+
+// ParsePrefetchPolicy parses a --prefetch-policy value: best-effort, wait-complete or
+// timeout (hicache's underscore spellings are accepted too).
+func ParsePrefetchPolicy(s string) (hicache.PrefetchPolicy, error) {
+	p, err := hicache.ParsePrefetchPolicy(strings.ReplaceAll(s, "-", "_"))
+	if err != nil {
+		return 0, bad("prefetch policy %q (want best-effort, wait-complete or timeout)", s)
+	}
+	return p, nil
+}
+
+// StorageNamespace is the namespace of the run's pages in its L3 storage.
+func (p *Plan) StorageNamespace() (storage.Namespace, error) {
+	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes())
+}
+
+// openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace.
+func (p *Plan) openStorage(ctx context.Context) (storage.Storage, storage.Namespace, error) {
+	st, ns, err := p.openStorageRaw(ctx)
+	if err != nil {
+		return nil, ns, fmt.Errorf("runner: --storage: %w", err)
+	}
+	return st, ns, nil
+}
+
+func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Namespace, error) {
+	if p.Config.Storage == "" {
+		return nil, storage.Namespace{}, nil
+	}
+	ns, err := p.StorageNamespace()
+	if err != nil {
+		return nil, ns, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
+	defer cancel()
+	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns})
+	return st, ns, err
+}
+
+// checkStorage opens and closes the storage once, so that a bad URL or an unreachable
+// server is reported before any rank starts.
+func (p *Plan) checkStorage() error {
+	if p.Config.Storage == "" {
+		if p.Config.StorageClear {
+			return bad("--storage-clear needs --storage")
+		}
+		return nil
+	}
+	st, _, err := p.openStorageRaw(context.Background())
+	if err != nil {
+		return bad("--storage: %v", err)
+	}
+	if err := st.Close(); err != nil {
+		return bad("--storage: %v", err)
+	}
+	return nil
+}
+
+// l3Options are the cache's L3 options for the run: its prefetch policy, defaults for the
+// rest.
+func (c *Config) l3Options() hicache.L3Options {
+	return hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy}
+}
+
+// clearStorage removes every page of the run's namespace.
+func clearStorage(ctx context.Context, st storage.Storage, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
+	defer cancel()
+	if err := st.Clear(ctx); err != nil {
+		return fmt.Errorf("runner: --storage-clear %s: %w", url, err)
+	}
+	return nil
+}
+
+// redactURL hides the credentials of a storage URL (redis://secret@host) for the report.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = url.User("xxxxx")
+	return u.String()
+}

@@ -1,0 +1,170 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Env is what a launcher told this process about its place in the job.
+type Env struct {
+	Rank, WorldSize           int
+	LocalRank, LocalWorldSize int
+	MasterAddr                string // MASTER_ADDR, if set
+	MasterPort                int    // MASTER_PORT, if set (0 otherwise)
+	Store                     string // CPCACHE_STORE: rendezvous store URL, if set
+	Source                    string // "torchrun", "openmpi", "slurm" or "single"
+}
+
+// ErrBadEnv is wrapped by every launcher-environment error.
+var ErrBadEnv = errors.New("parallel: bad launcher environment")
+
+// EnvSourceVar forces one launcher's variables and disables cross-checks.
+const EnvSourceVar = "CPCACHE_ENV_SOURCE"
+
+type envSource struct {
+	name                             string
+	rank, size, localRank, localSize string // rank is also the marker: set means this launcher ran us
+}
+
+// Sources in precedence order: torchrun-style variables are what `cpcache launch` and
+// torchrun set explicitly for each process; OpenMPI's are set by mpirun per process; Slurm's
+// last, since mpirun inside an allocation inherits the batch step's SLURM_PROCID.
+var envSources = []envSource{
+	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+	{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+}
+
+// FromEnv reads the process's rank and world from the launcher's variables, in precedence
+// order torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), OpenMPI
+// (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID). Every other launcher whose variables are present must agree on rank and
+// world size, else the error names the variables; CPCACHE_ENV_SOURCE=torchrun|openmpi|slurm
+// picks one and skips the check. With no launcher variables it returns a single-rank Env.
+func FromEnv() (Env, error) { return fromEnv(os.LookupEnv) }
+
+func fromEnv(lookup func(string) (string, bool)) (Env, error) {
+	var found []Env
+	var foundSrc []envSource
+	forced, _ := lookup(EnvSourceVar)
+	if forced != "" && !knownSource(forced) {
+		return Env{}, fmt.Errorf("%w: %s=%q (want torchrun, openmpi or slurm)", ErrBadEnv, EnvSourceVar, forced)
+	}
+	for _, src := range envSources {
+		if forced != "" && src.name != forced {
+			continue
+		}
+		if _, ok := lookup(src.rank); !ok {
+			continue
+		}
+		e, err := readSource(lookup, src)
+		if err != nil {
+			return Env{}, err
+		}
+		found = append(found, e)
+		foundSrc = append(foundSrc, src)
+	}
+	if forced != "" && len(found) == 0 {
+		return Env{}, fmt.Errorf("%w: %s=%s but its variables are not set", ErrBadEnv, EnvSourceVar, forced)
+	}
+	var e Env
+	if len(found) == 0 {
+		e = Env{Rank: 0, WorldSize: 1, LocalRank: 0, LocalWorldSize: 1, Source: "single"}
+	} else {
+		e = found[0]
+		for i := 1; i < len(found); i++ {
+			if found[i].Rank != e.Rank || found[i].WorldSize != e.WorldSize {
+				a, b := foundSrc[0], foundSrc[i]
+				return Env{}, fmt.Errorf("%w: launchers disagree: %s=%d %s=%d but %s=%d %s=%d (set %s to choose one)",
+					ErrBadEnv, a.rank, e.Rank, a.size, e.WorldSize, b.rank, found[i].Rank, b.size, found[i].WorldSize, EnvSourceVar)
+			}
+		}
+	}
+	e.MasterAddr, _ = lookup("MASTER_ADDR")
+	if p, ok := lookup("MASTER_PORT"); ok && p != "" {
+		port, err := strconv.Atoi(p)
+		if err != nil || port <= 0 || port > 65535 {
+			return Env{}, fmt.Errorf("%w: MASTER_PORT=%q is not a port", ErrBadEnv, p)
+		}
+		e.MasterPort = port
+	}
+	e.Store, _ = lookup("CPCACHE_STORE")
+	return e, nil
+}
+
+// LauncherVars lists the variables that place a process in its job: every launcher's rank,
+// world size, local rank and local world size variables FromEnv reads, EnvSourceVar and
+// CPCACHE_STORE. A launcher drops them from its children's environment before setting its own.
+func LauncherVars() []string {
+	vars := []string{EnvSourceVar, "CPCACHE_STORE"}
+	for _, s := range envSources {
+		vars = append(vars, s.rank, s.size, s.localRank, s.localSize)
+	}
+	return vars
+}
+
+func knownSource(name string) bool {
+	for _, s := range envSources {
+		if s.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func readSource(lookup func(string) (string, bool), src envSource) (Env, error) {
+	num := func(name string, required bool, def int) (int, error) {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			if required {
+				return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
+			}
+			return def, nil
+		}
+		if src.name == "slurm" && name == src.localSize {
+			v = slurmTasksPerNode(v)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s=%q is not an integer", ErrBadEnv, name, v)
+		}
+		return n, nil
+	}
+	var e Env
+	var err error
+	if e.Rank, err = num(src.rank, true, 0); err != nil {
+		return Env{}, err
+	}
+	if e.WorldSize, err = num(src.size, true, 0); err != nil {
+		return Env{}, err
+	}
+	if e.LocalRank, err = num(src.localRank, false, e.Rank); err != nil {
+		return Env{}, err
+	}
+	if e.LocalWorldSize, err = num(src.localSize, false, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	e.Source = src.name
+	switch {
+	case e.WorldSize < 1:
+		return Env{}, fmt.Errorf("%w: %s=%d must be positive", ErrBadEnv, src.size, e.WorldSize)
+	case e.Rank < 0 || e.Rank >= e.WorldSize:
+		return Env{}, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrBadEnv, src.rank, e.Rank, src.size, e.WorldSize)
+	case e.LocalWorldSize < 1 || e.LocalWorldSize > e.WorldSize:
+		return Env{}, fmt.Errorf("%w: %s=%d must be in 1..%s=%d", ErrBadEnv, src.localSize, e.LocalWorldSize, src.size, e.WorldSize)
+	case e.LocalRank < 0 || e.LocalRank >= e.LocalWorldSize:
+		return Env{}, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrBadEnv, src.localRank, e.LocalRank, src.localSize, e.LocalWorldSize)
+	}
+	return e, nil
+}
+
+// slurmTasksPerNode takes the first count of SLURM_NTASKS_PER_NODE ("4" or "4(x2),3").
+func slurmTasksPerNode(v string) string {
+	if i := strings.IndexAny(v, "(,"); i >= 0 {
+		return v[:i]
+	}
+	return v
+}

@@ -1,0 +1,82 @@
+package parallel
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func lookupMap(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestFromEnvSources(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		want Env
+	}{
+		{"none", map[string]string{}, Env{Rank: 0, WorldSize: 1, LocalRank: 0, LocalWorldSize: 1, Source: "single"}},
+		{"torchrun", map[string]string{"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+			Env{Rank: 3, WorldSize: 8, LocalRank: 3, LocalWorldSize: 4, MasterAddr: "10.0.0.1", MasterPort: 29500, Source: "torchrun"}},
+		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "5", "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "CPCACHE_STORE": "redis://h:1"},
+			Env{Rank: 5, WorldSize: 16, LocalRank: 5, LocalWorldSize: 8, Store: "redis://h:1", Source: "openmpi"}},
+		{"slurm", map[string]string{"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "8(x2)"},
+			Env{Rank: 9, WorldSize: 16, LocalRank: 1, LocalWorldSize: 8, Source: "slurm"}},
+		{"torchrun wins, openmpi agrees", map[string]string{"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+			Env{Rank: 1, WorldSize: 2, LocalRank: 1, LocalWorldSize: 2, Source: "torchrun"}},
+		{"forced slurm ignores disagreeing torchrun", map[string]string{"CPCACHE_ENV_SOURCE": "slurm", "RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "2", "SLURM_NTASKS": "4"},
+			Env{Rank: 2, WorldSize: 4, LocalRank: 2, LocalWorldSize: 4, Source: "slurm"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := fromEnv(lookupMap(c.env))
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}
+
+func TestFromEnvErrorsNameVariables(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"RANK": "8", "WORLD_SIZE": "8"}, "RANK=8 is not below WORLD_SIZE=8"},
+		{map[string]string{"RANK": "x", "WORLD_SIZE": "8"}, `RANK="x" is not an integer`},
+		{map[string]string{"RANK": "0"}, "RANK is set but WORLD_SIZE is not"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be positive"},
+		{map[string]string{"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},
+			"launchers disagree: RANK=1 WORLD_SIZE=4 but OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4"},
+		{map[string]string{"CPCACHE_ENV_SOURCE": "pbs"}, `CPCACHE_ENV_SOURCE="pbs"`},
+		{map[string]string{"CPCACHE_ENV_SOURCE": "slurm"}, "CPCACHE_ENV_SOURCE=slurm but its variables are not set"},
+		{map[string]string{"MASTER_PORT": "http"}, `MASTER_PORT="http" is not a port`},
+	}
+	for _, c := range cases {
+		_, err := fromEnv(lookupMap(c.env))
+		require.Error(t, err, "%v", c.env)
+		assert.ErrorIs(t, err, ErrBadEnv)
+		assert.Contains(t, err.Error(), c.want)
+	}
+}
+
+func TestLauncherVarsCoverEveryPlacementVariable(t *testing.T) {
+	// With every launcher variable removed, FromEnv sees a single-rank process again.
+	env := map[string]string{
+		"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+		"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+		"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
+		EnvSourceVar: "slurm", "CPCACHE_STORE": "file:///tmp/x",
+	}
+	vars := LauncherVars()
+	assert.Len(t, vars, len(env))
+	for _, v := range vars {
+		assert.Contains(t, env, v)
+		delete(env, v)
+	}
+	e, err := fromEnv(lookupMap(env))
+	require.NoError(t, err)
+	assert.Equal(t, Env{Rank: 0, WorldSize: 1, LocalRank: 0, LocalWorldSize: 1, Source: "single"}, e)
+}
