@@ -233,7 +233,7 @@ func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
 
 func TestPrepareRejectsBadInput(t *testing.T) {
 	cases := map[string]func(*Config){
-		"layout: dist: bad layout":        func(c *Config) { c.Layout.World = 12 },
+		"layout: parallel: bad layout":    func(c *Config) { c.Layout.World = 12 },
 		"L1 pages 4 cannot hold request":  func(c *Config) { c.L1Pages = 4 },
 		"L2 pages 1 per slab":             func(c *Config) { c.L2Pages = 1 },
 		"batch tokens 0":                  func(c *Config) { c.BatchTokens = 0 },
