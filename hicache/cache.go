@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/hostengine"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
@@ -35,9 +37,6 @@ type Config struct {
 	StepTimeout time.Duration
 	// LatencySamples is how many recent consensus latencies Stats keeps (default 1024).
 	LatencySamples int
-	// OnFlush, when set, runs on every rank at the end of a successful Flush (after the
-	// reset): where an L3 tier clears its own state. Its error is Flush's.
-	OnFlush func(ctx context.Context) error
 	// Storage is the L3 tier (nil: none): the I/O rank of each slab group (CP rank 0) backs
 	// committed L2 nodes up to it and prefetches from it (see Prefetch). Every rank of the
 	// group must pass one, or none; the caller owns it and closes it after Close. The slab set
@@ -52,8 +51,10 @@ type Config struct {
 	L3 L3Options
 }
 
-// Cache is one rank's hierarchical KV cache: the deterministic Core plus the driver that
-// runs its transfers on an Engine and its consensus step on the replica group.
+// Cache is one rank's hierarchical KV cache: the deterministic core (package core) plus the
+// driver that runs its transfers on an Engine, its storage jobs on the L3 tier and its
+// consensus step on the replica group. The driver talks to the core only through its
+// boundary (Ready, Report, Apply) and its read-only accessors.
 //
 // Methods are safe for concurrent use (one mutex), but the replicated calls (Match, Insert,
 // Lock, Unlock, EvictL1, EvictL2, LoadBack, Step, Flush) must be made by every rank of the
@@ -61,21 +62,24 @@ type Config struct {
 // HintEvict, Stats and the digests are local.
 type Cache struct {
 	group      parallel.Group
-	onFlush    func(context.Context) error
 	engine     Engine
 	ownsEngine bool
-	l1mem      L1Memory // nil when the engine's L1 is not host memory
-	timeout    time.Duration
-	maxSamples int
-	l3         *l3Driver // nil without storage; runs jobs only on the I/O rank
+	cpRank     int
+	// clearOnFlush: this rank is its slab group's I/O rank and L3Options.ClearOnFlush is set.
+	clearOnFlush bool
+	l1mem        L1Memory // nil when the engine's L1 is not host memory
+	timeout      time.Duration
+	maxSamples   int
+	l3           *l3Driver // nil without storage; runs jobs only on the I/O rank
 
 	mu       sync.Mutex // protects everything below
-	core     *Core
+	core     *core.Core
 	deferred []Transfer // backups made since the last Step: they start at the next Step, once
 	// the caller has written the KV of the pages an Insert returned
 	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
 	loadTks  []*Ticket // load tickets the group has not finished, in seq order (for WaitL1)
 	vec      []int64   // the consensus vector, reused by every Step
+	done     core.Done // local completions, reused by every Step
 	closed   bool
 	stats    driverStats
 }
@@ -98,7 +102,7 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	slabRanks := cfg.Slabs.Ranks()
-	cc := CoreConfig{
+	cc := core.Config{
 		Options:      cfg.Options,
 		Slabs:        len(slabRanks),
 		PagesPerSlab: cfg.Slabs.PagesPerSlab(),
@@ -106,20 +110,27 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%s", cfg.Group.Ranks(), cfg.Slabs.PageSize(), cfg.Layout)
-	cc.Fingerprint = h.Sum64()
+	l3opts := cfg.L3
 	if cfg.Storage != nil {
-		cc.L3, cc.L3Options = true, cfg.L3
 		if cfg.StorageNamespace.IsZero() {
 			return nil, fmt.Errorf("%w: storage %T given without its namespace (Config.StorageNamespace)", ErrBadConfig, cfg.Storage)
 		}
+		if err := l3opts.normalize(); err != nil {
+			return nil, err
+		}
+		cc.L3, cc.L3Config = true, l3opts.coreConfig()
+		fmt.Fprintf(h, "|l3|%s", l3opts.fingerprint())
 	}
-	core, err := NewCore(cc)
+	cc.Fingerprint = h.Sum64()
+	cr, err := core.New(cc)
 	if err != nil {
 		return nil, err
 	}
+	ccfg := cr.Config()
 	c := &Cache{
-		group: cfg.Group, onFlush: cfg.OnFlush, engine: cfg.Engine, timeout: cfg.StepTimeout, core: core,
-		maxSamples: cfg.LatencySamples, vec: make([]int64, VectorLen),
+		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
+		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,
+		clearOnFlush: l3opts.ClearOnFlush && cr.IORank(),
 	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
@@ -129,14 +140,14 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: slab set %T has no host pages; pass an Engine", ErrBadConfig, cfg.Slabs)
 		}
-		he, err := NewHostEngine(hs, core.cfg.L1Pages, cfg.Slabs.PageSize(), cfg.HostEngine)
+		he, err := hostengine.New(hs, ccfg.L1Pages, cfg.Slabs.PageSize(), cfg.HostEngine)
 		if err != nil {
 			return nil, err
 		}
 		c.engine, c.ownsEngine = he, true
 	}
 	c.l1mem, _ = c.engine.(L1Memory)
-	if core.cfg.L3 {
+	if ccfg.L3 {
 		hs, ok := cfg.Slabs.(HostSlabs)
 		if !ok {
 			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages; slab set %T has none", ErrBadConfig, cfg.Slabs), c.Close())
@@ -144,10 +155,10 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		if _, err := hs.Page(slab.Page{}); err != nil {
 			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err), c.Close())
 		}
-		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, core.cfg.L3Options)
+		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, l3opts)
 	}
 	// Agree on the configuration before the first step.
-	fp := int64(core.fp & mask63)
+	fp := int64(cr.Fingerprint() & (1<<63 - 1))
 	v := []int64{fp, -fp}
 	if err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
 		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", c.group.Name(), err), c.Close())
@@ -169,12 +180,8 @@ func (c *Cache) collective(ctx context.Context, f func(context.Context) error) e
 	return f(ctx)
 }
 
-// Core exposes the deterministic core for inspection (digests, counters). Do not call its
-// replicated methods directly on a Cache's core.
-func (c *Cache) Core() *Core { return c.core }
-
 // CPRank is this rank's index in its slab group.
-func (c *Cache) CPRank() int { return c.core.cfg.CPRank }
+func (c *Cache) CPRank() int { return c.cpRank }
 
 // Owns reports whether this rank owns sequence page i (writes its KV in L1 and its backup).
 func (c *Cache) Owns(i int) bool { return c.core.Owns(i) }
@@ -195,16 +202,28 @@ func (c *Cache) usable() error {
 	return nil
 }
 
-// submitLocked starts the loads the core asked for and defers its backups to the next Step
-// (the KV of freshly inserted pages is written by the caller after Insert returns).
-func (c *Cache) submitLocked() {
-	for _, t := range c.core.TakeTransfers() {
+// takeReadyLocked takes the work the core made: loads start at once, backups are deferred
+// to the next Step (the caller writes the KV of freshly inserted pages after Insert
+// returns), storage jobs start and cut reads stop. It returns the consensus vector when vec
+// is given (see core.Ready).
+func (c *Cache) takeReadyLocked(vec []int64) []int64 {
+	rd := c.core.Ready(vec)
+	for _, t := range rd.Transfers {
 		if t.Kind == Write {
 			c.deferred = append(c.deferred, t)
 			continue
 		}
 		c.startLocked(t)
 	}
+	if c.l3 != nil {
+		for _, j := range rd.Jobs {
+			c.l3.start(j)
+		}
+		for _, s := range rd.Stops {
+			c.l3.stop(s)
+		}
+	}
+	return rd.Vector
 }
 
 func (c *Cache) startLocked(t Transfer) {
@@ -212,20 +231,6 @@ func (c *Cache) startLocked(t Transfer) {
 	c.inflight = append(c.inflight, tk)
 	if t.Kind == Load {
 		c.loadTks = append(c.loadTks, tk)
-	}
-}
-
-// startL3Locked starts the storage jobs the core asked for and stops the reads it cut.
-func (c *Cache) startL3Locked() {
-	jobs, stops := c.core.takeL3()
-	if c.l3 == nil {
-		return
-	}
-	for _, j := range jobs {
-		c.l3.start(j)
-	}
-	for _, s := range stops {
-		c.l3.stop(s)
 	}
 }
 
@@ -238,24 +243,30 @@ func (c *Cache) startDeferredLocked() {
 	c.deferred = c.deferred[:0]
 }
 
-// pollLocked reports finished transfers to the core (local events).
-func (c *Cache) pollLocked() {
+// reportLocked reports finished transfers and storage jobs to the core (local events).
+func (c *Cache) reportLocked() {
+	d := &c.done
+	d.Transfers, d.Storage, d.Progress = d.Transfers[:0], d.Storage[:0], d.Progress[:0]
 	keep := c.inflight[:0]
 	for _, tk := range c.inflight {
-		if !tk.finished() {
+		if !tk.Finished() {
 			keep = append(keep, tk)
 			continue
 		}
-		t := tk.Transfer
-		if tk.err != nil {
+		t, err := tk.Transfer, tk.Err()
+		if err != nil {
 			c.stats.transferErrs++
 		} else {
 			c.stats.pagesCopied[t.Kind] += int64(len(t.Copies))
 		}
-		c.core.Completed(t.Kind, t.Seq, tk.err)
+		d.Transfers = append(d.Transfers, core.TransferDone{Kind: t.Kind, Seq: t.Seq, Err: err})
 	}
 	clear(c.inflight[len(keep):])
 	c.inflight = keep
+	if c.l3 != nil {
+		c.l3.poll(d)
+	}
+	c.core.Report(*d)
 }
 
 // Match returns the longest cached prefix of tokens. Replicated.
@@ -278,7 +289,7 @@ func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
 		return InsertResult{}, err
 	}
 	res, err := c.core.Insert(tokens)
-	c.submitLocked()
+	c.takeReadyLocked(nil)
 	return res, err
 }
 
@@ -310,7 +321,7 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 		return 0, 0, err
 	}
 	freed, pending = c.core.EvictL1(pages)
-	c.submitLocked()
+	c.takeReadyLocked(nil)
 	return freed, pending, nil
 }
 
@@ -333,7 +344,7 @@ func (c *Cache) LoadBack(n *Node) (LoadResult, error) {
 		return LoadResult{}, err
 	}
 	res, err := c.core.LoadBack(n)
-	c.submitLocked()
+	c.takeReadyLocked(nil)
 	return res, err
 }
 
@@ -357,8 +368,8 @@ func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	for _, tk := range wait {
 		select {
 		case <-tk.Done():
-			if tk.err != nil {
-				return fmt.Errorf("hicache: load of node %d: %w", tk.Transfer.Node, tk.err)
+			if err := tk.Err(); err != nil {
+				return fmt.Errorf("hicache: load of node %d: %w", tk.Transfer.Node, err)
 			}
 		case <-ctx.Done():
 			return fmt.Errorf("hicache: waiting for the load of node %d: %w", tk.Transfer.Node, ctx.Err())
@@ -389,16 +400,13 @@ func (c *Cache) Step(ctx context.Context) error {
 		return err
 	}
 	c.startDeferredLocked()
-	c.pollLocked()
-	if c.l3 != nil {
-		c.l3.poll(c.core)
-	}
-	v := c.core.fillVector(c.vec)
+	c.reportLocked()
+	v := c.takeReadyLocked(c.vec)
 	start := time.Now()
 	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) })
 	c.recordLatency(time.Since(start))
 	if err != nil {
-		return fmt.Errorf("hicache: consensus step %d on group %s: %w", c.core.step, c.group.Name(), err)
+		return fmt.Errorf("hicache: consensus step %d on group %s: %w", c.core.NextStep(), c.group.Name(), err)
 	}
 	derr := c.core.Apply(v)
 	if derr != nil && !c.core.L2Enabled() {
@@ -407,10 +415,9 @@ func (c *Cache) Step(ctx context.Context) error {
 	}
 	// Loads the group has finished need no ticket any more.
 	c.loadTks = slices.DeleteFunc(c.loadTks, func(tk *Ticket) bool {
-		return tk.finished() && (len(c.core.loads) == 0 || tk.Transfer.Seq < c.core.loads[0].seq)
+		return tk.Finished() && !c.core.LoadInFlight(tk.Transfer.Seq)
 	})
-	c.submitLocked()
-	c.startL3Locked()
+	c.takeReadyLocked(nil)
 	return derr
 }
 
@@ -462,13 +469,13 @@ func (c *Cache) Flush(ctx context.Context) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
-	if !c.core.Idle() {
-		return c.core.busyError()
+	if err := c.core.Busy(); err != nil {
+		return err
 	}
 	if err := c.collective(ctx, c.group.Barrier); err != nil {
 		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
 	}
-	c.pollLocked()
+	c.reportLocked()
 	if err := c.core.Reset(); err != nil {
 		return err
 	}
@@ -477,14 +484,9 @@ func (c *Cache) Flush(ctx context.Context) error {
 	c.loadTks = nil
 	c.stats.diverged = nil
 	c.l3.drain() // idle: nothing runs; forget finished results
-	if c.l3 != nil && c.core.cfg.L3Options.ClearOnFlush && c.core.io {
+	if c.clearOnFlush {
 		if err := c.l3.st.Clear(ctx); err != nil {
 			c.l3.fail(fmt.Errorf("hicache: clearing storage on flush: %w", err))
-		}
-	}
-	if c.onFlush != nil {
-		if err := c.onFlush(ctx); err != nil {
-			return fmt.Errorf("hicache: flush hook: %w", err)
 		}
 	}
 	return nil
@@ -526,7 +528,7 @@ func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
 		return PrefetchResult{}, err
 	}
 	res := c.core.Prefetch(tokens)
-	c.startL3Locked()
+	c.takeReadyLocked(nil)
 	return res, nil
 }
 

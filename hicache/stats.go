@@ -39,13 +39,13 @@ func (c *Cache) Stats() Stats {
 		PagesLoaded:      c.stats.pagesCopied[Load],
 		TransferErrors:   c.stats.transferErrs,
 		L1Used:           c.core.L1Used(),
-		L2FreePages:      c.core.alloc.TotalFree(),
+		L2FreePages:      c.core.Allocator().TotalFree(),
 		Nodes:            c.core.Nodes(),
 		L2Enabled:        c.core.L2Enabled(),
 		Diverged:         c.stats.diverged,
-		PlacementDigest:  c.core.alloc.Digest(),
+		PlacementDigest:  c.core.Allocator().Digest(),
 	}
-	st.StorageHitTokens = st.L3HitPages * int64(c.core.cfg.PageSize)
+	st.StorageHitTokens = st.L3HitPages * int64(c.core.Config().PageSize)
 	if c.l3 != nil {
 		st.StorageErrors = c.l3.errs.Load()
 		st.StoragePagesRead = c.l3.pagesRead.Load()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cpcache/cpcache/hicache/core"
 	"math/rand/v2"
 	"slices"
 
@@ -48,17 +49,17 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 	}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	local := rand.New(rand.NewPCG(seed, uint64(1000+c.CPRank()+shard*64)))
-	P := c.core.cfg.PageSize
-	seqs := testSeqs(rng, 40, P)
+	P := c.core.Config().PageSize
+	seqs := kvtest.RandomSequences(rng, 40, P)
 	var locked []*Node
 	counts := map[string]int{}
 	var recs []stepRecord
 	step := func() error {
 		err := c.Step(ctx)
-		if ierr := c.core.checkInvariants(); ierr != nil {
+		if ierr := c.core.CheckInvariants(); ierr != nil {
 			return ierr
 		}
-		recs = append(recs, stepRecord{c.StateDigest(), c.core.alloc.Digest(), c.core.L2Enabled()})
+		recs = append(recs, stepRecord{c.StateDigest(), c.core.Allocator().Digest(), c.core.L2Enabled()})
 		return err
 	}
 	for s := 0; s < steps; s++ {
@@ -135,13 +136,13 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 			if err := c.Flush(ctx); err != nil {
 				return recs, counts, err
 			}
-			fresh, err := NewCore(c.core.cfg)
+			fresh, err := core.New(c.core.Config())
 			if err != nil {
 				return recs, counts, err
 			}
-			if c.StateDigest() != fresh.StateDigest() || c.core.alloc.Digest() != fresh.alloc.Digest() {
+			if c.StateDigest() != fresh.StateDigest() || c.core.Allocator().Digest() != fresh.Allocator().Digest() {
 				return recs, counts, fmt.Errorf("after flush: state digest %#x, placement %#x; fresh %#x, %#x",
-					c.StateDigest(), c.core.alloc.Digest(), fresh.StateDigest(), fresh.alloc.Digest())
+					c.StateDigest(), c.core.Allocator().Digest(), fresh.StateDigest(), fresh.Allocator().Digest())
 			}
 			counts["flush"]++
 		}
@@ -212,4 +213,14 @@ func compareRecords(recs [][]stepRecord) error {
 		}
 	}
 	return nil
+}
+
+// pathTo returns the nodes from the root's child down to n.
+func pathTo(n *Node) []*Node {
+	var p []*Node
+	for ; n != nil; n = n.Parent() {
+		p = append(p, n)
+	}
+	slices.Reverse(p)
+	return p
 }
