@@ -28,7 +28,7 @@ type PrefetchResult struct {
 // as host pages. Nothing starts without L3, after a divergence, or when the continuation is
 // shorter than MinPrefetchPages. Replicated.
 func (c *Core) Prefetch(tokens []int32) PrefetchResult {
-	if !c.cfg.L3 || c.l2Off {
+	if !c.cfg.L3 || c.quarantined {
 		return PrefetchResult{}
 	}
 	o := &c.cfg.L3Config
@@ -185,6 +185,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
+			c.mark(n)
 			c.relist(n, true)
 			c.stats.L3PrefetchedPages += int64(m)
 			c.l3.reserved -= m
