@@ -5,15 +5,26 @@
 //
 // # Structure
 //
-// Core is a deterministic state machine — no goroutines, clocks, I/O or collectives: the
-// radix tree (nodes are runs of whole pages with chained page hashes, usable as L3 keys),
-// the replicated L1 accounting (lowest free slot first), the replicated L2 allocator
-// (slab.Allocator: page i of a sequence lives in slab i mod C, written and read only by its
-// owner, CP rank i mod C), the write policies, the queues of backups and loads in flight,
-// and the consensus vector. Cache is the driver: it runs the core's transfers on an Engine
-// (HostEngine: worker goroutines over host memory; CUDAEngine: streams and events) and its
-// consensus collective on the replica group. package kvtest makes KV content checkable
-// (FillKV/CheckKV) and provides an in-process L2 for tests.
+// The cache is four layers, each its own package, and this one drives them:
+//
+//   - hicache/core: the deterministic state machine — the radix tree (nodes are runs of
+//     whole pages with chained page hashes, usable as L3 keys), the replicated L1
+//     accounting, the replicated L2 allocator (slab/alloc), the write policies, the queues of
+//     transfers and storage jobs in flight, the digests and the consensus vector. No
+//     goroutines, clocks, I/O, sync or cgo (a test checks its imports). Start reading there.
+//   - hicache/engine: the copy-engine interface (Engine, Ticket); hicache/hostengine copies
+//     host memory with goroutines, hicache/cudaengine (the one cgo package here) copies with
+//     CUDA streams and events.
+//   - package storage: the L3 backends, reached through this package's storage driver.
+//   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, its
+//     storage jobs on the I/O rank, and its consensus collective on the replica group. It
+//     talks to the core only through its boundary — Ready (work to start and the vector to
+//     reduce), Report (local completions), Apply (the agreed vector) — and never reads its
+//     fields. Types of the core that a scheduler needs are aliased here (Node, MatchResult,
+//     Options, ...), so a scheduler imports this package alone.
+//
+// package kvtest makes KV content checkable (FillKV/CheckKV) and provides an in-process L2
+// for tests.
 //
 // # Scoping by construction
 //
@@ -37,48 +48,47 @@
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
 //     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
 //     (R) does both for a scheduler that fetches before the prefill.
-//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
-//     this rank's reads of its own pages; before a layer reads that prefix from L1, the
-//     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
+//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots; this
+//     rank's reads of its own pages start at the next Step. The scheduler then waits until
+//     cache.LoadPending(m.Last) (R) is false — the group agreed the loads are over; a copy
+//     that failed on any rank has made its node stale on every rank — and matches again:
+//     every rank gets the same hit. Before a layer reads that prefix from L1, the model
+//     calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
 //  3. After prefill: res, err := cache.Insert(tokens) (R) caches the sequence's whole pages; the
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
 //     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
 //     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
 //     scheduler needs room. cache.HintEvict (L) reports local memory pressure instead.
 //  4. cache.Step(ctx) (R), exactly once per scheduler step, on every rank, even when
-//     nothing is pending: backups made since the last step start; finished transfers are
-//     counted (local events); one AllReduce(MIN) of a fixed-length int64 vector runs on the
-//     replica group; every rank applies the same agreed result — commits the backups every
-//     rank finished (aborts the first one any rank failed), finishes loads, evicts the
-//     largest hinted amount — and checks the digests.
+//     nothing is pending: finished transfers are counted (local events); one AllReduce(MIN)
+//     of a fixed-length int64 vector runs on the replica group, without the cache's mutex
+//     (local calls answer meanwhile); every rank applies the same agreed result — checks the
+//     digests, commits the backups every rank finished (aborts the first one any rank
+//     failed), finishes loads, evicts the largest hinted amount — and only then starts the
+//     backups and loads chosen since the last step: no slab byte is written from a state the
+//     digests have not checked.
 //  5. cache.Flush(ctx) (R), only when idle (Pending() == 0 and no locks; else ErrBusy and
 //     nothing changes): a barrier, then the tree, L1 accounting, queues, hints and the L2
-//     allocator are reset; the allocator's digest equals a fresh one on every rank. Then
-//     Config.OnFlush runs (where an L3 tier clears its own state).
+//     allocator are reset; the allocator's digest equals a fresh one on every rank. With
+//     L3Options.ClearOnFlush the I/O ranks then clear the storage namespace.
+//
+// # Failures are agreed
+//
+// No rank acts alone. New's first collective carries each rank's start failure, so every
+// rank returns the same *StartError. A copy that fails on one rank is reported in the vector
+// and aborts the backup, or makes the loaded node stale, on every rank at the same step.
+// A digest mismatch (configuration, tree or placement) returns a *DivergedError on every rank
+// at the same step and puts the group into quarantine: Match serves no hit, Insert caches
+// nothing, no slab I/O starts, running requests finish with the L1 pages they hold; at the
+// first step at which every rank is idle the group resets at once (Stats.Recoveries) and
+// caching resumes. Digests are checked at every step. Only process death ends a rank alone,
+// and the groups turn it into parallel.ErrPeerLost on every survivor within the deadline.
 //
 // # The consensus vector
 //
-// Slots (VectorLen int64s): the configuration fingerprint, the tree digest and the L2
-// placement digest, each as x and -x so one MIN yields min and max; the seq of this rank's
-// first unfinished backup and of its first failed one (MaxInt64 if none), the same for
-// load-backs; the negated L1 and L2 eviction hints; and the L3 slots (below). Rules that
-// follow from it:
-//
-//   - Only scheduler calls and agreed results change replicated state. A copy finishing on
-//     one rank changes nothing until the step in which every rank reports it.
-//   - Reserve → agree → commit or abort: a backup reserves its L2 pages at once (the
-//     allocator is replicated, so every rank picks the same pages), its copies may fail on
-//     one rank, and it commits or aborts on every rank at the same step.
-//   - No page is freed or reused while any rank has I/O on it: nodes with a backup or load
-//     in flight are not evictable, and L2 eviction takes only nodes held in L2 alone.
-//   - An Insert may split a node whose backup or load-back is in flight (two requests
-//     sharing a prefix in one step): its allocator range is split at the same page, both
-//     halves stay in the one transfer's op, and they commit, abort or finish together at
-//     the step the group agrees the transfer's seq is over. No page moves.
-//   - A digest mismatch returns a *DivergedError wrapping ErrPlacementDiverged on every
-//     rank, naming the step and the min/max digests. Transfers in flight are canceled and
-//     drained before Step returns; no slab byte is written afterwards; nodes held only in L2
-//     are dropped and the cache serves from L1 until a Flush.
+// What the one AllReduce(MIN) of a step carries, and the rules that follow from it (reserve
+// → agree → commit or abort; nothing freed while any rank has I/O on it; splits of nodes
+// with I/O in flight; divergence), are the core's: see package core.
 //
 // # L3: storage below L2
 //
@@ -96,38 +106,13 @@
 //	cfg.Storage, cfg.StorageNamespace = st, ns
 //	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}
 //
-// The protocol, all through the same one AllReduce(MIN) per step:
-//
-//   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),
-//     the node's pages are pinned (not evictable from L2, not dropped with an ancestor)
-//     and the I/O ranks write the pages storage does not hold yet. Slots: the seq of the
-//     I/O rank's first unfinished backup and of its first failed one (others contribute
-//     the queue end and MaxInt64); every rank unpins the agreed prefix of the queue.
-//   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
-//     the tree holds (at most PrefetchQuotaPages pages). The I/O ranks count the leading
-//     pages stored; slot i of the query slots is that count for queue entry i, or -1 while
-//     unanswered (others: MaxInt64), so MIN is the count every shard holds; a query that
-//     was revoked, or (timeout policy) outlived its timer, counts 0 pages. At the answer
-//     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
-//     below MinPrefetchPages, over the quota, without L2 room, or when the tree changed)
-//     and the I/O ranks read them into the slabs, verifying each page, in chunks of
-//     ReadChunkPages. Per read: done (MIN: all finished), pages completed so far (MIN) and a
-//     cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are
-//     done, or when cut (timer, or RevokePrefetch under best-effort and timeout policies):
-//     every rank then inserts exactly the agreed pages as an L2-only node below the prefix
-//     (splitting the prefix's node if it ends inside one) and Match reports them as host
-//     pages; the other reserved pages are released at once if every read has stopped, or
-//     queued for release. Release slot: the seq of the I/O rank's first release whose read
-//     has not stopped; every rank frees the agreed prefix of the queue, so no page is
-//     reused while a read may still write it.
-//   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
-//     (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
-//     skipped backup; it never blocks a step (storage calls run in the background, each
-//     bounded by the storage's deadline) and never publishes an unverified page. A stored page that fails verification is deleted,
-//     so that the next backup of it replaces it.
-//   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
-//     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
-//     the namespace).
+// The protocol (backups to storage, prefetch queries and reads, releases of cut reads) runs
+// through the same one AllReduce(MIN) per step; package core documents its slots. A storage
+// error (unreachable Redis, full disk, a torn or foreign value) is counted
+// (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
+// skipped backup; it never blocks a step (storage calls run in the background on the I/O
+// rank) and never publishes an unverified page. Storage contents survive a Flush unless
+// L3Options.ClearOnFlush.
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
 // L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;
@@ -143,15 +128,16 @@
 //
 // # Engines
 //
-// HostEngine copies with worker goroutines between a host L1 pool it allocates
-// (Cache.L1Page) and host slabs. CUDAEngine copies between a device KV pool and pinned host
-// slabs (HostPageAddr) or device slabs (DevicePageAddr), one stream per direction, each
-// transfer one batched copy plus an event; its streams are non-blocking, so the model's
-// writes into L1 must be complete before the Step that starts their backups.
+// With no Config.Engine the Cache makes a hostengine.Engine: worker goroutines copying
+// between a host L1 pool it allocates (Cache.L1Page) and host slabs. A GPU engine passes a
+// cudaengine.Engine: copies between a device KV pool and pinned host slabs
+// (cudaengine.HostPageAddr) or device slabs (cudaengine.DevicePageAddr), one stream per
+// direction, each transfer one batched copy plus an event; its streams are non-blocking, so
+// the model's writes into L1 must be complete before the Step that starts their backups.
 //
 // # Ownership and concurrency
 //
-// A Cache owns its Core and, when it made it, its engine; the caller owns the group and the
+// A Cache owns its core and, when it made it, its engine; the caller owns the group and the
 // slab set and closes them after Cache.Close. Cache methods are safe for concurrent use, but
 // the replicated ones must be issued by one scheduler goroutine per rank.
 package hicache

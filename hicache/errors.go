@@ -3,46 +3,56 @@ package hicache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
 )
 
-// Sentinel errors. Every error this package returns wraps one of them or a dist/slab error.
+// Sentinel errors. Every error this package returns wraps one of them or a parallel/slab
+// error. Most are defined where they arise (the core, the engine interface) and re-exported
+// here, so callers need only this package.
 var (
-	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
-	// differ (placement digest, tree digest or configuration fingerprint). Every rank of the
-	// group returns it at the same step; L2 use stops and the cache serves from L1 only.
-	ErrPlacementDiverged = errors.New("hicache: placement diverged")
 	// ErrScope: the consensus group does not cover the slab group (or is not the layout's
 	// replica group). Returned by New; the message names both groups.
 	ErrScope = errors.New("hicache: consensus group scope")
+	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
+	// differ (placement digest, tree digest or configuration fingerprint).
+	ErrPlacementDiverged = core.ErrPlacementDiverged
 	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
-	ErrBusy = errors.New("hicache: busy")
+	ErrBusy = core.ErrBusy
 	// ErrBadConfig: a configuration value that cannot work; the message names it.
-	ErrBadConfig = errors.New("hicache: bad config")
-	// ErrBadArgument: a call with an argument that cannot be valid (a node from before a
-	// Flush, an unlock without a lock).
-	ErrBadArgument = errors.New("hicache: bad argument")
-	// ErrL1Full: not enough L1 pages could be freed for an insert or a load-back (every
-	// candidate is locked or has I/O in flight). Replicated: every rank sees it at once.
-	ErrL1Full = errors.New("hicache: L1 full")
+	ErrBadConfig = core.ErrBadConfig
+	// ErrBadArgument: a call with an argument that cannot be valid.
+	ErrBadArgument = core.ErrBadArgument
+	// ErrL1Full: not enough L1 pages could be freed for an insert or a load-back.
+	ErrL1Full = core.ErrL1Full
+	// ErrPeerFailed: some rank of the group could not start (New's *StartError) or reported
+	// a failure that the group agreed on.
+	ErrPeerFailed = errors.New("hicache: a rank of the group failed")
+	// ErrNotStarted: WaitL1 on a load-back that has not started yet; loads start at the Step
+	// after LoadBack (after the Apply that checked the state they were chosen from).
+	ErrNotStarted = errors.New("hicache: load not started")
 	// ErrCanceled: a transfer was canceled before it ran (divergence, Close).
-	ErrCanceled = errors.New("hicache: transfer canceled")
+	ErrCanceled = engine.ErrCanceled
 	// ErrClosed: the cache or the transfer engine was closed.
-	ErrClosed = errors.New("hicache: closed")
+	ErrClosed = engine.ErrClosed
 )
 
-// DivergedError is the error of the step that detected divergence. It wraps
-// ErrPlacementDiverged and is identical on every rank except for Local.
-type DivergedError struct {
-	Step  uint64 // the consensus step (0-based count of Step calls)
-	What  string // "placement digest", "tree digest" or "config fingerprint"
-	Min   int64  // smallest value contributed by any rank
-	Max   int64  // largest value contributed by any rank
-	Local int64  // this rank's value
+// StartError is New's error on every rank of a group when some rank could not start: the
+// lowest failing rank and its cause, identical on every rank (on the failing rank it also
+// wraps that rank's own error). It wraps ErrPeerFailed.
+type StartError struct {
+	Rank  int    // the failing rank's global rank
+	Group string // the consensus group's name
+	Cause string // its error's text
+	Err   error  // this rank's own error, when it is the failing rank
 }
 
-func (e *DivergedError) Error() string {
-	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); L2 disabled, serving from L1 only",
-		e.Step, e.What, e.Min, e.Max, e.Local)
+func (e *StartError) Error() string {
+	return fmt.Sprintf("hicache: rank %d of group %s could not start: %s", e.Rank, e.Group, e.Cause)
 }
 
-func (e *DivergedError) Unwrap() error { return ErrPlacementDiverged }
+func (e *StartError) Unwrap() []error { return []error{ErrPeerFailed, e.Err} }
+
+// DivergedError is the error of the step that detected divergence (see core.DivergedError).
+type DivergedError = core.DivergedError

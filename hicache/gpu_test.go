@@ -10,6 +10,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
+	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/slab"
@@ -72,13 +73,6 @@ func (d devL1) read(slot int32) ([]byte, error) {
 	return b, d.buf.Read(int(slot)*d.pb, b)
 }
 
-func TestCUDAEngineRejectsBadConfig(t *testing.T) {
-	_, err := NewCUDAEngine(nil, 0, 8, 64, nil, CUDAEngineOptions{})
-	if !errors.Is(err, ErrBadConfig) {
-		t.Fatalf("NewCUDAEngine without a device: %v, want ErrBadConfig", err)
-	}
-}
-
 // Four in-process CP ranks on one GPU, each with its own device L1 pool and a CUDA engine,
 // sharing pinned host slabs: the random workload with every loaded page verified.
 func TestGPUCUDAEngineReplicas(t *testing.T) {
@@ -96,7 +90,7 @@ func TestGPUCUDAEngineReplicas(t *testing.T) {
 	slabs := &pinnedSlabs{ranks: l.SlabGroup(0), perSlab: perSlab, pb: pb, buf: hb}
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
 	caches := make([]*Cache, n)
-	engines := make([]*CUDAEngine, n)
+	engines := make([]*cudaengine.Engine, n)
 	ios := make([]l1IO, n)
 	for i := range n {
 		buf, err := dev.Alloc(l1Pages * pb)
@@ -104,7 +98,7 @@ func TestGPUCUDAEngineReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer buf.Close()
-		if engines[i], err = NewCUDAEngine(dev, buf.Ptr(), l1Pages, pb, slabs.addr, CUDAEngineOptions{}); err != nil {
+		if engines[i], err = cudaengine.New(dev, buf.Ptr(), l1Pages, pb, slabs.addr, cudaengine.Options{}); err != nil {
 			t.Fatal(err)
 		}
 		defer engines[i].Close()
@@ -167,12 +161,12 @@ func BenchmarkGPUCUDAEngineBackup(b *testing.B) {
 	}
 	defer hb.Close()
 	slabs := &pinnedSlabs{ranks: []int{0}, perSlab: pages, pb: pb, buf: hb}
-	e, err := NewCUDAEngine(dev, l1.Ptr(), pages, pb, slabs.addr, CUDAEngineOptions{})
+	e, err := cudaengine.New(dev, l1.Ptr(), pages, pb, slabs.addr, cudaengine.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	spin, err := NewCUDAEngine(dev, l1.Ptr(), pages, pb, slabs.addr, CUDAEngineOptions{Spin: true})
+	spin, err := cudaengine.New(dev, l1.Ptr(), pages, pb, slabs.addr, cudaengine.Options{Spin: true})
 	if err != nil {
 		b.Fatal(err)
 	}

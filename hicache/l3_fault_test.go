@@ -2,7 +2,6 @@ package hicache
 
 import (
 	"context"
-	"github.com/cpcache/cpcache/internal/testenv/redistest"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -10,6 +9,10 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/internal/testenv/redistest"
 )
 
 // storageErrors sums the storage errors of every rank.
@@ -34,10 +37,10 @@ func TestL3RedisDown(t *testing.T) {
 	holding := false
 	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.Addr()+"/hicachetest?timeout=300ms", ns), ns,
 		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
-	rc.l3Hook = func(int) func(context.Context, l3Kind, uint64, int) error {
-		return func(ctx context.Context, kind l3Kind, _ uint64, chunk int) error {
+	rc.l3Hook = func(int) func(context.Context, core.StorageKind, uint64, int) error {
+		return func(ctx context.Context, kind core.StorageKind, _ uint64, chunk int) error {
 			gateOn.Lock()
-			hold := holding && kind == l3Read && chunk == 1
+			hold := holding && kind == core.StorageRead && chunk == 1
 			gateOn.Unlock()
 			if !hold {
 				return nil
@@ -52,7 +55,7 @@ func TestL3RedisDown(t *testing.T) {
 		}
 	}
 	r := newRig(t, rc)
-	seqs := testSeqs(rand.New(rand.NewPCG(11, 11)), 12, 4)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(11, 11)), 12, 4)
 	r.insertAll(seqs[:4])
 	st := r.sameStats()
 	if st.L3BackedUpPages == 0 || r.storageErrors() != 0 {
@@ -76,7 +79,7 @@ func TestL3RedisDown(t *testing.T) {
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(long); return err }); err != nil {
 		t.Fatal(err)
 	}
-	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
+	for k := 0; r.caches[0].core.Queues().Reads == 0; k++ {
 		if k > 10000 || !r.caches[0].PrefetchPending(res[0].ID) {
 			t.Fatalf("prefetch of %d stored pages never started reading", stored)
 		}
@@ -157,7 +160,7 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	ns := testNamespace(t)
 	dir := t.TempDir()
 	r := newRig(t, l3RigConfig(l3Layout, openStores(t, "file://"+dir, ns), ns, L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 3}))
-	seqs := testSeqs(rand.New(rand.NewPCG(13, 13)), 8, 4)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(13, 13)), 8, 4)
 	r.insertAll(seqs)
 	backed := r.sameStats().L3BackedUpPages
 	var files []string
@@ -203,7 +206,7 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	st := r.sameStats()
 	var corrupt uint64
 	for _, c := range r.caches {
-		if c.core.io {
+		if c.core.IORank() {
 			corrupt += c.l3.st.Stats().Corrupt
 		}
 	}

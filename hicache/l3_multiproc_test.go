@@ -2,7 +2,6 @@ package hicache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -49,7 +48,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 		if err := c.Step(ctx); err != nil {
 			return err
 		}
-		if err := c.core.checkInvariants(); err != nil {
+		if err := c.core.CheckInvariants(); err != nil {
 			return err
 		}
 		fmt.Fprintf(&b, "state %#x placement %#x\n", c.StateDigest(), c.Stats().PlacementDigest)
@@ -63,7 +62,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 		}
 		return nil
 	}
-	seqs := testSeqs(rand.New(rand.NewPCG(29, 29)), 12, 4)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(29, 29)), 12, 4)
 	if os.Getenv("CPCACHE_TEST_INSERT") == "1" {
 		for _, s := range seqs {
 			res, err := c.Insert(s)
@@ -112,10 +111,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 			return err
 		}
 		if m.HostPages > 0 {
-			if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, ErrL1Full) {
-				return err
-			}
-			if m, err = c.Match(s); err != nil {
+			if m, err = loadBackAndWait(c, s, m, step); err != nil {
 				return err
 			}
 		}

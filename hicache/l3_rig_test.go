@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -40,11 +41,11 @@ func openStores(t testing.TB, url string, ns storage.Namespace) func(int) storag
 }
 
 // randomDelays makes every storage call of a rank sleep up to max (per-rank generator).
-func randomDelays(seed uint64, maxDelay time.Duration) func(int) func(context.Context, l3Kind, uint64, int) error {
-	return func(rank int) func(context.Context, l3Kind, uint64, int) error {
+func randomDelays(seed uint64, maxDelay time.Duration) func(int) func(context.Context, core.StorageKind, uint64, int) error {
+	return func(rank int) func(context.Context, core.StorageKind, uint64, int) error {
 		var mu sync.Mutex
 		rng := rand.New(rand.NewPCG(seed, uint64(rank)))
-		return func(ctx context.Context, _ l3Kind, _ uint64, _ int) error {
+		return func(ctx context.Context, _ core.StorageKind, _ uint64, _ int) error {
 			mu.Lock()
 			d := time.Duration(rng.Int64N(int64(maxDelay)))
 			mu.Unlock()
@@ -60,9 +61,9 @@ func randomDelays(seed uint64, maxDelay time.Duration) func(int) func(context.Co
 
 // gateHook holds the storage jobs that hold(rank, kind) selects until gate is closed (or
 // the job's context ends); the others run at once.
-func gateHook(gate <-chan struct{}, hold func(rank int, kind l3Kind) bool) func(int) func(context.Context, l3Kind, uint64, int) error {
-	return func(rank int) func(context.Context, l3Kind, uint64, int) error {
-		return func(ctx context.Context, kind l3Kind, _ uint64, _ int) error {
+func gateHook(gate <-chan struct{}, hold func(rank int, kind core.StorageKind) bool) func(int) func(context.Context, core.StorageKind, uint64, int) error {
+	return func(rank int) func(context.Context, core.StorageKind, uint64, int) error {
+		return func(ctx context.Context, kind core.StorageKind, _ uint64, _ int) error {
 			if !hold(rank, kind) {
 				return nil
 			}
@@ -215,7 +216,7 @@ func (r *rig) storedPages(tokens []int32) int {
 	r.t.Helper()
 	n := len(tokens) / 4
 	for _, c := range r.caches {
-		if !c.core.io {
+		if !c.core.IORank() {
 			continue
 		}
 		k, err := c.l3.st.Exists(context.Background(), c.l3.keys(PrefixHashes(tokens, 4)), nil)

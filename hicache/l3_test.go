@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
@@ -31,7 +33,7 @@ func TestL3PrefetchAgreement(t *testing.T) {
 			rc.l3Hook = randomDelays(uint64(pol), 2*time.Millisecond)
 			r := newRig(t, rc)
 			rng := rand.New(rand.NewPCG(3, uint64(pol)))
-			seqs := testSeqs(rng, 12, 4)
+			seqs := kvtest.RandomSequences(rng, 12, 4)
 			r.insertAll(seqs)
 			st := r.sameStats()
 			if st.L3BackedUpPages == 0 || st.L3FailedBackups != 0 {
@@ -94,14 +96,14 @@ func TestL3BackupAcknowledged(t *testing.T) {
 	gate := make(chan struct{})
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{})
 	// Rank 0 (one I/O rank) finishes its backups at once, the other I/O rank at the gate.
-	rc.l3Hook = gateHook(gate, func(rank int, kind l3Kind) bool { return kind == l3Put && rank != 0 })
+	rc.l3Hook = gateHook(gate, func(rank int, kind core.StorageKind) bool { return kind == core.StoragePut && rank != 0 })
 	r := newRig(t, rc)
-	seq := testSeqs(rand.New(rand.NewPCG(5, 5)), 1, 4)[0]
+	seq := kvtest.RandomSequences(rand.New(rand.NewPCG(5, 5)), 1, 4)[0]
 	pages := len(seq) / 4
 	if _, err := r.insert(seq); err != nil {
 		t.Fatal(err)
 	}
-	r.stepUntil("backups to L2 committed", func() bool { return len(r.caches[0].core.writes) == 0 })
+	r.stepUntil("backups to L2 committed", func() bool { return r.caches[0].core.Queues().Writes == 0 })
 	if err := r.each("evict", func(_ int, c *Cache) error { _, _, err := c.EvictL1(1 << 30); return err }); err != nil {
 		t.Fatal(err)
 	}
@@ -158,12 +160,12 @@ func TestL3FlushKeepsOrClearsStorage(t *testing.T) {
 			ns := testNamespace(t)
 			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{ClearOnFlush: clearIt, PrefetchPolicy: PrefetchWaitComplete})
 			r := newRig(t, rc)
-			seqs := testSeqs(rand.New(rand.NewPCG(7, 7)), 4, 4)
+			seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(7, 7)), 4, 4)
 			r.insertAll(seqs)
 			r.flushAndCheckFresh()
 			for i, c := range r.caches {
-				if c.core.l3.pending() != 0 || c.core.l3.reserved != 0 || c.core.l3.putSeq != 0 {
-					t.Fatalf("rank %d: L3 state after flush %+v", i, c.core.l3)
+				if q := c.core.Queues(); q.Puts+q.Queries+q.Reads+q.Releases != 0 || q.ReservedPages != 0 || q.PutSeq != 0 {
+					t.Fatalf("rank %d: L3 queues after flush %+v", i, q)
 				}
 			}
 			before := r.sameStats()
@@ -192,7 +194,7 @@ func TestL3FlushKeepsOrClearsStorage(t *testing.T) {
 func TestL3TwoInstancesShareStorage(t *testing.T) {
 	ns := testNamespace(t)
 	url := "file://" + t.TempDir()
-	seqs := testSeqs(rand.New(rand.NewPCG(9, 9)), 10, 4)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(9, 9)), 10, 4)
 	tokens := 0
 	for _, s := range seqs {
 		tokens += len(s) / 4 * 4
@@ -263,8 +265,8 @@ func TestL3ConfigErrors(t *testing.T) {
 	if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "device memory") {
 		t.Fatalf("storage over device slabs: %v", err)
 	}
-	cfg := L3Options{MinPrefetchPages: -1}
-	if err := cfg.normalize(10); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "-1") {
+	bad := core.Config{Options: Options{PageSize: 4, L1Pages: 8}, Slabs: 1, PagesPerSlab: 10, L3: true, L3Config: core.L3Config{MinPrefetchPages: -1}}
+	if _, err := core.New(bad); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "-1") {
 		t.Fatalf("normalize: %v", err)
 	}
 	if _, err := ParsePrefetchPolicy("soon"); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "soon") {
@@ -285,7 +287,7 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	gate := make(chan struct{})
 	var hold heldFlag
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{PrefetchPolicy: PrefetchBestEffort})
-	rc.l3Hook = gateHook(gate, func(_ int, kind l3Kind) bool { return kind == l3Read && hold.get() })
+	rc.l3Hook = gateHook(gate, func(_ int, kind core.StorageKind) bool { return kind == core.StorageRead && hold.get() })
 	r := newRig(t, rc)
 	a := tokensN(0, 40)                                    // 10 pages
 	b := append(slices.Clone(a[:16]), tokensN(500, 24)...) // shares 4 pages, then 6 of its own
@@ -313,7 +315,7 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(b); return err }); err != nil {
 		t.Fatal(err)
 	}
-	r.stepUntil("a read started", func() bool { return len(r.caches[0].core.l3.reads) > 0 })
+	r.stepUntil("a read started", func() bool { return r.caches[0].core.Queues().Reads > 0 })
 	if _, err := r.insert(b); err != nil {
 		t.Fatal(err)
 	}
@@ -322,8 +324,8 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.mustStep()
-	if r.caches[0].PrefetchPending(res[0].ID) || len(r.caches[0].core.l3.releases) != 1 {
-		t.Fatalf("revoked read: pending %t, %d releases waiting for the reads to stop", r.caches[0].PrefetchPending(res[0].ID), len(r.caches[0].core.l3.releases))
+	if r.caches[0].PrefetchPending(res[0].ID) || r.caches[0].core.Queues().Releases != 1 {
+		t.Fatalf("revoked read: pending %t, %d releases waiting for the reads to stop", r.caches[0].PrefetchPending(res[0].ID), r.caches[0].core.Queues().Releases)
 	}
 	close(gate)
 	r.drain()
@@ -335,23 +337,9 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	if _, err := r.matchLoad(b, true); err != nil {
 		t.Fatal(err)
 	}
-	if free := r.caches[0].Stats().L2FreePages; free+r.caches[0].core.alloc.ReservedPages() != 2*rc.pagesPerSlab-countL2(r.caches[0]) {
-		t.Fatalf("L2: %d free pages, %d in the tree", free, countL2(r.caches[0]))
+	if free := r.caches[0].Stats().L2FreePages; free+r.caches[0].core.Allocator().ReservedPages() != 2*rc.pagesPerSlab-r.caches[0].core.TreeL2Pages() {
+		t.Fatalf("L2: %d free pages, %d in the tree", free, r.caches[0].core.TreeL2Pages())
 	}
-}
-
-// countL2 is the number of L2 pages the tree of c holds.
-func countL2(c *Cache) int {
-	n := 0
-	var visit func(x *Node)
-	visit = func(x *Node) {
-		n += len(x.l2)
-		for _, ch := range x.children {
-			visit(ch)
-		}
-	}
-	visit(c.core.root)
-	return n
 }
 
 // TestL3RandomWorkload interleaves inserts, prefetches left in flight (some revoked),
@@ -376,7 +364,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 	rc.opts.Policy = pol
 	r := newRig(t, rc)
 	rng := rand.New(rand.NewPCG(17, uint64(pol)))
-	seqs := testSeqs(rng, 30, 4)
+	seqs := kvtest.RandomSequences(rng, 30, 4)
 	var ids []uint64
 	for it := range 240 {
 		s := seqs[rng.IntN(len(seqs))]
@@ -436,11 +424,11 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 	}
 	r.drain()
 	r.evictAll()
-	for k := 0; len(r.caches[0].core.l3.reads) == 0; k++ {
+	for k := 0; r.caches[0].core.Queues().Reads == 0; k++ {
 		if k > 10000 {
 			t.Fatal("no prefetch read started")
 		}
-		if len(r.caches[0].core.l3.queries) == 0 { // (again, if every query timed out)
+		if r.caches[0].core.Queues().Queries == 0 { // (again, if every query timed out)
 			for _, s := range seqs[:6] {
 				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(s); return err }); err != nil {
 					t.Fatal(err)
@@ -449,12 +437,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 		}
 		r.mustStep()
 	}
-	r.caches[3].core.divergeHook = func(c *Core) {
-		c.divergeHook = nil
-		if _, err := c.alloc.Reserve(1<<40, 0, 1); err != nil {
-			t.Error(err)
-		}
-	}
+	r.caches[3].core.PerturbPlacement()
 	for i, err := range r.all(func(i int) error { return r.caches[i].Step(context.Background()) }) {
 		if !errors.Is(err, ErrPlacementDiverged) {
 			t.Fatalf("rank %d: step error %v, want ErrPlacementDiverged", i, err)
@@ -561,7 +544,7 @@ func TestL3StuckQueries(t *testing.T) {
 			rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns,
 				L3Options{PrefetchPolicy: pol, PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond})
 			var stuck heldFlag
-			rc.l3Hook = gateHook(gate, func(_ int, kind l3Kind) bool { return kind == l3Query && stuck.get() })
+			rc.l3Hook = gateHook(gate, func(_ int, kind core.StorageKind) bool { return kind == core.StorageQuery && stuck.get() })
 			r := newRig(t, rc)
 			s := tokensN(300, 32)
 			r.insertAll([][]int32{s})
@@ -596,6 +579,6 @@ func (deviceSlabs) Page(p slab.Page) ([]byte, error) {
 // nopEngine finishes every transfer at once without copying.
 type nopEngine struct{}
 
-func (nopEngine) Submit(t Transfer) *Ticket { tk := NewTicket(t); tk.Finish(nil); return tk }
+func (nopEngine) Submit(t Transfer) *Ticket { tk := engine.NewTicket(t); tk.Finish(nil); return tk }
 func (nopEngine) Cancel()                   {}
 func (nopEngine) Close() error              { return nil }

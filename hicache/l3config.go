@@ -5,49 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
-
-// PrefetchPolicy says when the group stops waiting for a prefetch from L3 storage.
-type PrefetchPolicy int
-
-// Prefetch policies.
-const (
-	// PrefetchBestEffort reads until done or until the scheduler revokes the prefetch
-	// (Cache.RevokePrefetch, typically when the request is scheduled): then the pages every
-	// I/O rank has completed are inserted and the rest released.
-	PrefetchBestEffort PrefetchPolicy = iota
-	// PrefetchWaitComplete always waits until every I/O rank finished reading (a revoke takes
-	// effect only then).
-	PrefetchWaitComplete
-	// PrefetchTimeout stops at completion, at a revoke, or when any I/O rank's timer
-	// (PrefetchTimeoutBase + PrefetchTimeoutPerPage × pages) expired; a storage query that
-	// takes longer than that is a miss.
-	PrefetchTimeout
-)
-
-func (p PrefetchPolicy) String() string {
-	switch p {
-	case PrefetchBestEffort:
-		return "best_effort"
-	case PrefetchWaitComplete:
-		return "wait_complete"
-	case PrefetchTimeout:
-		return "timeout"
-	}
-	return fmt.Sprintf("PrefetchPolicy(%d)", int(p))
-}
-
-// ParsePrefetchPolicy parses the names String returns.
-func ParsePrefetchPolicy(s string) (PrefetchPolicy, error) {
-	for _, p := range []PrefetchPolicy{PrefetchBestEffort, PrefetchWaitComplete, PrefetchTimeout} {
-		if p.String() == s {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: unknown prefetch policy %q (want best_effort, wait_complete or timeout)", ErrBadConfig, s)
-}
 
 // L3Options tune the L3 (storage) tier. Every field but Log must be identical on every rank
 // of the group (the consensus step checks a fingerprint of the replicated ones).
@@ -78,21 +39,15 @@ type L3Options struct {
 
 	// hook, when set, runs before each storage call of a job (tests: delays, gates); an
 	// error ends the job as if the group had stopped it.
-	hook func(ctx context.Context, kind l3Kind, seq uint64, chunk int) error
+	hook func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
 }
 
-func (o *L3Options) normalize(l2Pages int) error {
+func (o *L3Options) normalize() error {
 	if o.PrefetchTimeoutBase == 0 {
 		o.PrefetchTimeoutBase = 50 * time.Millisecond
 	}
 	if o.PrefetchTimeoutPerPage == 0 {
 		o.PrefetchTimeoutPerPage = 2 * time.Millisecond
-	}
-	if o.MinPrefetchPages == 0 {
-		o.MinPrefetchPages = 1
-	}
-	if o.PrefetchQuotaPages == 0 {
-		o.PrefetchQuotaPages = max(1, l2Pages/4)
 	}
 	if o.ReadChunkPages == 0 {
 		o.ReadChunkPages = 8
@@ -103,8 +58,7 @@ func (o *L3Options) normalize(l2Pages int) error {
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"min prefetch pages", o.MinPrefetchPages}, {"prefetch quota pages", o.PrefetchQuotaPages},
-		{"read chunk pages", o.ReadChunkPages}, {"storage workers", o.Workers}} {
+	}{{"read chunk pages", o.ReadChunkPages}, {"storage workers", o.Workers}} {
 		if v.v <= 0 {
 			return fmt.Errorf("%w: %s %d must be positive", ErrBadConfig, v.name, v.v)
 		}
@@ -112,15 +66,19 @@ func (o *L3Options) normalize(l2Pages int) error {
 	if o.PrefetchTimeoutBase < 0 || o.PrefetchTimeoutPerPage < 0 {
 		return fmt.Errorf("%w: prefetch timeout %v + %v per page must not be negative", ErrBadConfig, o.PrefetchTimeoutBase, o.PrefetchTimeoutPerPage)
 	}
-	if o.PrefetchPolicy < PrefetchBestEffort || o.PrefetchPolicy > PrefetchTimeout {
-		return fmt.Errorf("%w: prefetch policy %d", ErrBadConfig, int(o.PrefetchPolicy))
-	}
 	return nil
 }
 
+// coreConfig is the part of the options that replicated decisions read (the core normalizes
+// it: prefetch minimum, quota and policy).
+func (o *L3Options) coreConfig() core.L3Config {
+	return core.L3Config{PrefetchPolicy: o.PrefetchPolicy, MinPrefetchPages: o.MinPrefetchPages,
+		PrefetchQuotaPages: o.PrefetchQuotaPages, NoBackup: o.NoBackup}
+}
+
+// fingerprint covers the driver's options that every rank must share (the core adds its own).
 func (o *L3Options) fingerprint() string {
-	return fmt.Sprintf("%d|%d|%d|%d|%d|%d|%t|%t", o.PrefetchPolicy, o.PrefetchTimeoutBase, o.PrefetchTimeoutPerPage,
-		o.MinPrefetchPages, o.PrefetchQuotaPages, o.ReadChunkPages, o.ClearOnFlush, o.NoBackup)
+	return fmt.Sprintf("%d|%d|%d|%t", o.PrefetchTimeoutBase, o.PrefetchTimeoutPerPage, o.ReadChunkPages, o.ClearOnFlush)
 }
 
 // NewStorageNamespace returns the storage namespace of a model's KV pages as this layout

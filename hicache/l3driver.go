@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -35,13 +36,13 @@ type l3Driver struct {
 }
 
 type l3Key struct {
-	kind l3Kind
+	kind core.StorageKind
 	seq  uint64
 }
 
 // l3Run is one job in flight.
 type l3Run struct {
-	job      l3Job
+	job      core.StorageJob
 	ctx      context.Context
 	cancel   context.CancelFunc
 	deadline time.Time    // PrefetchTimeout: when this rank asks to cut the read
@@ -73,14 +74,14 @@ func (d *l3Driver) keys(hashes []uint64) []storage.Key {
 }
 
 // start runs job in the background.
-func (d *l3Driver) start(job l3Job) {
+func (d *l3Driver) start(job core.StorageJob) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
-	if job.kind != l3Put {
-		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.hashes))*d.opts.PrefetchTimeoutPerPage)
+	if job.Kind != core.StoragePut {
+		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.Hashes))*d.opts.PrefetchTimeoutPerPage)
 	}
 	d.mu.Lock()
-	d.running[l3Key{job.kind, job.seq}] = r
+	d.running[l3Key{job.Kind, job.Seq}] = r
 	d.mu.Unlock()
 	d.wg.Add(1)
 	go func() {
@@ -94,7 +95,7 @@ func (d *l3Driver) start(job l3Job) {
 		}
 		cancel()
 		d.mu.Lock()
-		delete(d.running, l3Key{job.kind, job.seq})
+		delete(d.running, l3Key{job.Kind, job.Seq})
 		d.finished = append(d.finished, r)
 		d.mu.Unlock()
 	}()
@@ -103,38 +104,39 @@ func (d *l3Driver) start(job l3Job) {
 // stop cancels a read the group cut short.
 func (d *l3Driver) stop(seq uint64) {
 	d.mu.Lock()
-	r := d.running[l3Key{l3Read, seq}]
+	r := d.running[l3Key{core.StorageRead, seq}]
 	d.mu.Unlock()
 	if r != nil {
 		r.cancel()
 	}
 }
 
-// poll reports finished jobs and read progress to the core.
-func (d *l3Driver) poll(core *Core) {
+// poll appends finished jobs and the progress of running reads to done.
+func (d *l3Driver) poll(done *core.Done) {
 	d.mu.Lock()
-	done := d.finished
+	finished := d.finished
 	d.finished = nil
 	var waiting []*l3Run
 	for k, r := range d.running {
-		if k.kind != l3Put {
+		if k.kind != core.StoragePut {
 			waiting = append(waiting, r)
 		}
 	}
 	d.mu.Unlock()
-	for _, r := range done {
-		core.l3Done(r.job.kind, r.job.seq, r.n, r.err)
+	for _, r := range finished {
+		done.Storage = append(done.Storage, core.StorageDone{Kind: r.job.Kind, Seq: r.job.Seq, Pages: r.n, Err: r.err})
 	}
 	now := time.Now()
 	for _, r := range waiting {
-		cut := d.opts.PrefetchPolicy == PrefetchTimeout && now.After(r.deadline)
-		if r.job.kind == l3Query {
+		cut := d.opts.PrefetchPolicy == core.PrefetchTimeout && now.After(r.deadline)
+		if r.job.Kind == core.StorageQuery {
 			if cut {
-				core.l3Done(l3Query, r.job.seq, 0, nil) // too slow to wait for: a miss
+				// Too slow to wait for: a miss.
+				done.Storage = append(done.Storage, core.StorageDone{Kind: core.StorageQuery, Seq: r.job.Seq})
 			}
 			continue
 		}
-		core.l3Progress(r.job.seq, int(r.progress.Load()), cut)
+		done.Progress = append(done.Progress, core.StorageProgress{Seq: r.job.Seq, Pages: int(r.progress.Load()), Cut: cut})
 	}
 }
 
@@ -170,27 +172,27 @@ func (d *l3Driver) fail(err error) {
 	log.Print(err)
 }
 
-func (d *l3Driver) sleep(ctx context.Context, kind l3Kind, seq uint64, chunk int) error {
+func (d *l3Driver) sleep(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error {
 	if d.opts.hook == nil {
 		return ctx.Err()
 	}
 	return d.opts.hook(ctx, kind, seq, chunk)
 }
 
-// run executes one job and returns its result (see Core.l3Done). Storage errors are
+// run executes one job and returns its result (see core.StorageDone). Storage errors are
 // counted and logged here; a canceled read is not an error.
 func (d *l3Driver) run(r *l3Run) (int, error) {
 	job := r.job
 	ctx := r.ctx
-	keys := d.keys(job.hashes)
+	keys := d.keys(job.Hashes)
 	wrap := func(err error) error {
-		err = fmt.Errorf("hicache: storage %s %d: %w", job.kind, job.seq, err)
+		err = fmt.Errorf("hicache: storage %s %d: %w", job.Kind, job.Seq, err)
 		d.fail(err)
 		return err
 	}
-	switch job.kind {
-	case l3Query:
-		if err := d.sleep(ctx, job.kind, job.seq, 0); err != nil {
+	switch job.Kind {
+	case core.StorageQuery:
+		if err := d.sleep(ctx, job.Kind, job.Seq, 0); err != nil {
 			return 0, err
 		}
 		n, err := d.st.Exists(ctx, keys, nil)
@@ -198,8 +200,8 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			return 0, wrap(err) // a miss
 		}
 		return n, nil
-	case l3Put:
-		if err := d.sleep(ctx, job.kind, job.seq, 0); err != nil {
+	case core.StoragePut:
+		if err := d.sleep(ctx, job.Kind, job.Seq, 0); err != nil {
 			return 0, err
 		}
 		present := make([]bool, len(keys))
@@ -208,7 +210,7 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		}
 		var put []storage.Key
 		var src [][]byte
-		for i, p := range job.pages {
+		for i, p := range job.Pages {
 			if present[i] {
 				continue
 			}
@@ -220,22 +222,22 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		}
 		if len(put) > 0 {
 			if err := d.st.Put(ctx, put, src); err != nil {
-				return 0, wrap(fmt.Errorf("backup of node %d: %w", job.node, err))
+				return 0, wrap(fmt.Errorf("backup of node %d: %w", job.Node, err))
 			}
 		}
 		d.pagesWritten.Add(int64(len(put)))
-		return len(job.pages), nil
-	case l3Read:
+		return len(job.Pages), nil
+	case core.StorageRead:
 		chunk := d.opts.ReadChunkPages
 		done := 0
 		for lo := 0; lo < len(keys); lo += chunk {
 			hi := min(lo+chunk, len(keys))
-			if err := d.sleep(ctx, job.kind, job.seq, lo/chunk); err != nil {
+			if err := d.sleep(ctx, job.Kind, job.Seq, lo/chunk); err != nil {
 				return done, nil // cut by the group
 			}
 			dst := make([][]byte, hi-lo)
 			for i := range dst {
-				b, err := d.slabs.Page(job.pages[lo+i])
+				b, err := d.slabs.Page(job.Pages[lo+i])
 				if err != nil {
 					return done, wrap(err)
 				}

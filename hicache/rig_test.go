@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
@@ -40,7 +41,7 @@ type rigConfig struct {
 	store  func(rank int) storage.Storage
 	ns     storage.Namespace
 	l3     L3Options
-	l3Hook func(rank int) func(ctx context.Context, kind l3Kind, seq uint64, chunk int) error
+	l3Hook func(rank int) func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -147,12 +148,12 @@ func (r *rig) step() error {
 
 func (r *rig) checkAgree() {
 	r.t.Helper()
-	d0, p0 := r.caches[0].StateDigest(), r.caches[0].Core().alloc.Digest()
+	d0, p0 := r.caches[0].StateDigest(), r.caches[0].core.Allocator().Digest()
 	for i, c := range r.caches {
-		if err := c.core.checkInvariants(); err != nil {
+		if err := c.core.CheckInvariants(); err != nil {
 			r.t.Fatalf("rank %d: %v", i, err)
 		}
-		if d, p := c.StateDigest(), c.Core().alloc.Digest(); d != d0 || p != p0 && c.core.L2Enabled() {
+		if d, p := c.StateDigest(), c.core.Allocator().Digest(); d != d0 || p != p0 && c.core.L2Enabled() {
 			r.t.Fatalf("rank %d: state digest %#x placement %#x; rank 0: %#x %#x", i, d, p, d0, p0)
 		}
 	}
@@ -190,14 +191,8 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 			return err
 		}
 		if load && m.HostPages > 0 {
-			lr, err := c.LoadBack(m.Last)
-			if err != nil && !errors.Is(err, ErrL1Full) {
+			if m, err = loadBackAndWait(c, tokens, m, func() error { return c.Step(context.Background()) }); err != nil {
 				return err
-			}
-			if lr.Pages > 0 {
-				if m, err = c.Match(tokens); err != nil {
-					return err
-				}
 			}
 		}
 		res[i] = m
@@ -227,7 +222,7 @@ func (r *rig) each(op string, f func(i int, c *Cache) error) error {
 // step).
 func (r *rig) drain() {
 	r.t.Helper()
-	for k := 0; r.caches[0].core.inFlight(); k++ {
+	for k := 0; r.caches[0].core.Pending() > 0; k++ {
 		if k > 10000 {
 			r.t.Fatal("cache never became idle")
 		}
@@ -275,16 +270,16 @@ func (r *rig) flushAndCheckFresh() {
 	if err := r.each("flush", func(_ int, c *Cache) error { return c.Flush(context.Background()) }); err != nil {
 		r.t.Fatal(err)
 	}
-	fresh, err := NewCore(r.caches[0].core.cfg)
+	fresh, err := core.New(r.caches[0].core.Config())
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	for i, c := range r.caches {
 		st := c.Stats()
-		if st.PlacementDigest != fresh.alloc.Digest() || st.L1Used != 0 || st.Nodes != 0 ||
-			st.L2FreePages != fresh.alloc.TotalFree() || c.core.alloc.NumRanges() != 0 || !st.L2Enabled {
+		if st.PlacementDigest != fresh.Allocator().Digest() || st.L1Used != 0 || st.Nodes != 0 ||
+			st.L2FreePages != fresh.Allocator().TotalFree() || c.core.Allocator().NumRanges() != 0 || !st.L2Enabled {
 			r.t.Fatalf("rank %d after flush: digest %#x (fresh %#x), L1 used %d, nodes %d, L2 free %d of %d, ranges %d, L2 enabled %t",
-				i, st.PlacementDigest, fresh.alloc.Digest(), st.L1Used, st.Nodes, st.L2FreePages, fresh.alloc.TotalFree(), c.core.alloc.NumRanges(), st.L2Enabled)
+				i, st.PlacementDigest, fresh.Allocator().Digest(), st.L1Used, st.Nodes, st.L2FreePages, fresh.Allocator().TotalFree(), c.core.Allocator().NumRanges(), st.L2Enabled)
 		}
 		if c.StateDigest() != fresh.StateDigest() {
 			r.t.Fatalf("rank %d after flush: state digest %#x, fresh core %#x", i, c.StateDigest(), fresh.StateDigest())

@@ -110,7 +110,7 @@ func TestScopeSizeOneLegalWhenNothingShared(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	steps := 0
-	for ; steps == 0 || c.core.inFlight(); steps++ {
+	for ; steps == 0 || c.core.Pending() > 0; steps++ {
 		if err := c.Step(ctx); err != nil {
 			t.Fatal(err)
 		}

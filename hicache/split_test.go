@@ -101,14 +101,16 @@ func TestInsertSplitsNodeWithBackupInFlight(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			n := r.caches[0].core.walk(nil, a)[0].n
-			if n.write == nil {
+			cr := r.caches[0].core
+			n := cr.Peek(a)
+			if n.State()&StateWriting == 0 {
 				t.Fatalf("node %d has no backup in flight (state %v)", n.ID(), n.State())
 			}
 			requireWholeInsert(t, r, b) // same step: splits n
-			head := n.parent
-			if head.isRoot() || head.write != n.write || head.Pages() != 5 || n.Pages() != 3 {
-				t.Fatalf("split: head %v (%d pages, write %p), tail %d pages (write %p)", nodeName(head), head.Pages(), head.write, n.Pages(), n.write)
+			head := n.Parent()
+			if head == nil || head.State()&StateWriting == 0 || len(cr.Writing(n)) != 1 || head.Pages() != 5 || n.Pages() != 3 {
+				t.Fatalf("split: head %v (%d pages), tail %d pages; backups in flight on the tail's path %v, want the one shared backup",
+					head, head.Pages(), n.Pages(), cr.Writing(n))
 			}
 			// Another request on the same prefix while the copies run on ranks 1 and 2.
 			if err := r.step(); err != nil {
@@ -144,13 +146,16 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	n := r.caches[0].core.walk(nil, a)[0].n
-	if n.load == nil {
+	if err := r.step(); err != nil { // the loads start
+		t.Fatal(err)
+	}
+	n := r.caches[0].core.Peek(a)
+	if n.State()&StateLoading == 0 {
 		t.Fatalf("node %d is not loading (state %v)", n.ID(), n.State())
 	}
 	requireWholeInsert(t, r, b)
-	if head := n.parent; head.load != n.load || head.Pages() != 5 {
-		t.Fatalf("split: head %v (%d pages) does not share the load", nodeName(head), head.Pages())
+	if head := n.Parent(); head == nil || head.State()&StateLoading == 0 || head.Pages() != 5 {
+		t.Fatalf("split: head %v does not share the load", head)
 	}
 	if got := r.caches[0].core.Loading(n); len(got) != 1 {
 		t.Fatalf("Loading(tail) = %v, want the one shared load", got)

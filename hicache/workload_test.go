@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 )
 
@@ -48,17 +49,17 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 	}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	local := rand.New(rand.NewPCG(seed, uint64(1000+c.CPRank()+shard*64)))
-	P := c.core.cfg.PageSize
-	seqs := testSeqs(rng, 40, P)
+	P := c.core.Config().PageSize
+	seqs := kvtest.RandomSequences(rng, 40, P)
 	var locked []*Node
 	counts := map[string]int{}
 	var recs []stepRecord
 	step := func() error {
 		err := c.Step(ctx)
-		if ierr := c.core.checkInvariants(); ierr != nil {
+		if ierr := c.core.CheckInvariants(); ierr != nil {
 			return ierr
 		}
-		recs = append(recs, stepRecord{c.StateDigest(), c.core.alloc.Digest(), c.core.L2Enabled()})
+		recs = append(recs, stepRecord{c.StateDigest(), c.core.Allocator().Digest(), c.core.L2Enabled()})
 		return err
 	}
 	for s := 0; s < steps; s++ {
@@ -80,7 +81,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 					}
 				}
 			case op < 9:
-				m, err := matchLoadVerify(ctx, c, io, tokens, shard, rng.IntN(4) > 0)
+				m, err := matchLoadVerify(ctx, c, io, tokens, shard, rng.IntN(4) > 0, step)
 				if err != nil {
 					return recs, counts, err
 				}
@@ -135,13 +136,13 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 			if err := c.Flush(ctx); err != nil {
 				return recs, counts, err
 			}
-			fresh, err := NewCore(c.core.cfg)
+			fresh, err := core.New(c.core.Config())
 			if err != nil {
 				return recs, counts, err
 			}
-			if c.StateDigest() != fresh.StateDigest() || c.core.alloc.Digest() != fresh.alloc.Digest() {
+			if c.StateDigest() != fresh.StateDigest() || c.core.Allocator().Digest() != fresh.Allocator().Digest() {
 				return recs, counts, fmt.Errorf("after flush: state digest %#x, placement %#x; fresh %#x, %#x",
-					c.StateDigest(), c.core.alloc.Digest(), fresh.StateDigest(), fresh.alloc.Digest())
+					c.StateDigest(), c.core.Allocator().Digest(), fresh.StateDigest(), fresh.Allocator().Digest())
 			}
 			counts["flush"]++
 		}
@@ -149,22 +150,35 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 	return recs, counts, nil
 }
 
-// matchLoadVerify matches tokens, loads the host part back when asked, waits for this
-// rank's copies and verifies every device page this rank owns.
-func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool) (MatchResult, error) {
+// loadBackAndWait loads the host part of match m back, makes steps until the group agrees
+// the loads are over (they start at the Step after LoadBack), and matches again: a load that
+// failed on any rank is stale on every rank by then, so every rank gets the same hit.
+func loadBackAndWait(c *Cache, tokens []int32, m MatchResult, step func() error) (MatchResult, error) {
+	lr, err := c.LoadBack(m.Last)
+	if err != nil && !errors.Is(err, ErrL1Full) {
+		return m, err
+	}
+	if lr.Pages == 0 {
+		return m, nil
+	}
+	for c.LoadPending(m.Last) {
+		if err := step(); err != nil {
+			return m, err
+		}
+	}
+	return c.Match(tokens)
+}
+
+// matchLoadVerify matches tokens, loads the host part back when asked (stepping with step),
+// waits for this rank's copies and verifies every device page this rank owns.
+func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool, step func() error) (MatchResult, error) {
 	m, err := c.Match(tokens)
 	if err != nil {
 		return m, err
 	}
 	if load && m.HostPages > 0 {
-		lr, err := c.LoadBack(m.Last)
-		if err != nil && !errors.Is(err, ErrL1Full) {
+		if m, err = loadBackAndWait(c, tokens, m, step); err != nil {
 			return m, err
-		}
-		if lr.Pages > 0 {
-			if m, err = c.Match(tokens); err != nil {
-				return m, err
-			}
 		}
 	}
 	if err := c.WaitL1(ctx, m.Last); errors.Is(err, errInjected) {
@@ -212,4 +226,14 @@ func compareRecords(recs [][]stepRecord) error {
 		}
 	}
 	return nil
+}
+
+// pathTo returns the nodes from the root's child down to n.
+func pathTo(n *Node) []*Node {
+	var p []*Node
+	for ; n != nil; n = n.Parent() {
+		p = append(p, n)
+	}
+	slices.Reverse(p)
+	return p
 }

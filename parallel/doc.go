@@ -1,4 +1,4 @@
-// Package dist is cpcache's distributed layer, in pure Go: the parallel Layout, the Group
+// Package parallel is cpcache's distributed layer, in pure Go: the parallel Layout, the Group
 // interface every backend implements, and the launcher environment.
 //
 // # Layout

@@ -72,20 +72,20 @@ func TestDeviceBackendSlabsGiveDevicePointers(t *testing.T) {
 		defer s.Close()
 		var bases []uintptr
 		for r := range 3 {
-			p0, err := s.DevicePtr(Page{r, 0})
+			p0, err := s.DevicePtr(Page{Slab: r, Index: 0})
 			if err != nil {
 				return err
 			}
-			p5, _ := s.DevicePtr(Page{r, 5})
+			p5, _ := s.DevicePtr(Page{Slab: r, Index: 5})
 			if p5 != p0+5<<20 {
 				return fmt.Errorf("slab %d: page 5 at %#x, page 0 at %#x", r, p5, p0)
 			}
 			bases = append(bases, p0)
 		}
-		if _, err := s.Page(Page{0, 0}); !errors.Is(err, ErrUnsupported) {
+		if _, err := s.Page(Page{Slab: 0, Index: 0}); !errors.Is(err, ErrUnsupported) {
 			return fmt.Errorf("Page on a device slab: %v", err)
 		}
-		if _, err := s.DevicePtr(Page{0, 8}); !errors.Is(err, ErrBadArgument) {
+		if _, err := s.DevicePtr(Page{Slab: 0, Index: 8}); !errors.Is(err, ErrBadArgument) {
 			return fmt.Errorf("DevicePtr out of range: %v", err)
 		}
 		// Every rank sees the same address for each slab (the fake's handles are addresses).
@@ -175,8 +175,8 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 			if sl, _ := s.Slab(r); !sl.Pinned() || sl.Owner() != r || sl.Backend() != Host {
 				return fmt.Errorf("slab %d: pinned %v owner %d backend %s", r, sl.Pinned(), sl.Owner(), sl.Backend())
 			}
-			p0, err0 := s.DevicePtr(Page{r, 0})
-			p3, err3 := s.DevicePtr(Page{r, 3})
+			p0, err0 := s.DevicePtr(Page{Slab: r, Index: 0})
+			p3, err3 := s.DevicePtr(Page{Slab: r, Index: 3})
 			if err0 != nil || err3 != nil || p0 == 0 || p3 != p0+3*4096 {
 				return fmt.Errorf("pinned slab %d: device pointers %#x, %#x (%v, %v)", r, p0, p3, err0, err3)
 			}

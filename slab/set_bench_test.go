@@ -31,12 +31,12 @@ func BenchmarkPageCopy(b *testing.B) {
 			}
 			plain := make([]byte, pageSize*pages)
 			copyWrite := func(i int) {
-				if err := s.WritePage(Page{0, i}, src); err != nil {
+				if err := s.WritePage(Page{Slab: 0, Index: i}, src); err != nil {
 					b.Fatal(err)
 				}
 			}
 			copySlice := func(i int) {
-				dst, err := s.Page(Page{0, pages + i})
+				dst, err := s.Page(Page{Slab: 0, Index: pages + i})
 				if err != nil {
 					b.Fatal(err)
 				}

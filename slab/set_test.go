@@ -66,7 +66,7 @@ func writeOwnReadAll(ctx context.Context, s *Set) error {
 		for i := range buf {
 			buf[i] = pattern(me, idx, i)
 		}
-		if err := s.WritePage(Page{me, idx}, buf); err != nil {
+		if err := s.WritePage(Page{Slab: me, Index: idx}, buf); err != nil {
 			return err
 		}
 	}
@@ -75,7 +75,7 @@ func writeOwnReadAll(ctx context.Context, s *Set) error {
 	}
 	for r := range s.Size() {
 		for idx := range s.PagesPerSlab() {
-			b, err := s.Page(Page{r, idx})
+			b, err := s.Page(Page{Slab: r, Index: idx})
 			if err != nil {
 				return err
 			}
@@ -117,7 +117,7 @@ func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
 		if err := s.Close(); err != nil {
 			return fmt.Errorf("second close: %w", err)
 		}
-		if _, err := s.Page(Page{0, 0}); !errors.Is(err, ErrClosed) {
+		if _, err := s.Page(Page{Slab: 0, Index: 0}); !errors.Is(err, ErrClosed) {
 			return fmt.Errorf("page after close: %v, want ErrClosed", err)
 		}
 		return nil
@@ -252,7 +252,7 @@ func TestPageAccessIsBoundsChecked(t *testing.T) {
 			return err
 		}
 		defer s.Close()
-		for _, p := range []Page{{-1, 0}, {2, 0}, {0, -1}, {0, 16}} {
+		for _, p := range []Page{{Slab: -1, Index: 0}, {Slab: 2, Index: 0}, {Slab: 0, Index: -1}, {Slab: 0, Index: 16}} {
 			if _, err := s.Page(p); !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), p.String()) {
 				return fmt.Errorf("Page(%v): %v", p, err)
 			}
@@ -263,14 +263,14 @@ func TestPageAccessIsBoundsChecked(t *testing.T) {
 				return fmt.Errorf("ReadPage(%v): %v", p, err)
 			}
 		}
-		if err := s.WritePage(Page{0, 0}, make([]byte, 4097)); !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), "4097") {
+		if err := s.WritePage(Page{Slab: 0, Index: 0}, make([]byte, 4097)); !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), "4097") {
 			return fmt.Errorf("oversize write: %v", err)
 		}
-		b, err := s.Page(Page{1, 15})
+		b, err := s.Page(Page{Slab: 1, Index: 15})
 		if err != nil || len(b) != 4096 || cap(b) != 4096 {
 			return fmt.Errorf("last page: len %d cap %d err %v", len(b), cap(b), err)
 		}
-		if _, err := s.DevicePtr(Page{0, 0}); !errors.Is(err, ErrUnsupported) {
+		if _, err := s.DevicePtr(Page{Slab: 0, Index: 0}); !errors.Is(err, ErrUnsupported) {
 			return fmt.Errorf("DevicePtr on host: %v", err)
 		}
 		if _, err := s.Slab(2); !errors.Is(err, ErrBadArgument) {
@@ -281,14 +281,14 @@ func TestPageAccessIsBoundsChecked(t *testing.T) {
 		}
 		// ReadPage sees what the peer wrote through WritePage.
 		me, peer := g.Rank(), 1-g.Rank()
-		if err := s.WritePage(Page{me, 3}, []byte{byte(me + 1), 9, 9}); err != nil {
+		if err := s.WritePage(Page{Slab: me, Index: 3}, []byte{byte(me + 1), 9, 9}); err != nil {
 			return err
 		}
 		if err := g.Barrier(context.Background()); err != nil {
 			return err
 		}
 		got := make([]byte, 3)
-		if n, err := s.ReadPage(Page{peer, 3}, got); err != nil || n != 3 || !bytes.Equal(got, []byte{byte(peer + 1), 9, 9}) {
+		if n, err := s.ReadPage(Page{Slab: peer, Index: 3}, got); err != nil || n != 3 || !bytes.Equal(got, []byte{byte(peer + 1), 9, 9}) {
 			return fmt.Errorf("ReadPage of peer: %v %d %v", got, n, err)
 		}
 		return g.Barrier(context.Background())

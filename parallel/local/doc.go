@@ -1,6 +1,6 @@
 // Package local is an in-process parallel.Group: N members in one process, one goroutine each.
 //
-// It behaves like a real backend so that everything above dist can be tested with many ranks
+// It behaves like a real backend so that everything above parallel can be tested with many ranks
 // and no I/O: a member that never arrives makes the others fail at the deadline with
 // parallel.ErrTimeout; a member that Closes makes the others fail with parallel.ErrPeerLost; members
 // that call different collectives (or the same one with a different op, length or root) at

@@ -1,0 +1,87 @@
+package core
+
+// The core's one boundary with its driver, in the spirit of raft's Ready/Advance:
+//
+//	Ready   hands the driver the work made since the last call (transfers to start, storage
+//	        jobs to start and reads to stop) and, at a step, this rank's consensus vector;
+//	Report  takes this rank's local completions (transfers and storage jobs finished,
+//	        storage read progress);
+//	Apply   takes the agreed (all-reduced) vector and changes replicated state.
+//
+// The driver never reads the core's fields; everything it needs goes through these calls
+// and the read-only accessors (Config, Stats, Loading, ...).
+
+// Ready is the work the core hands its driver.
+type Ready struct {
+	// Transfers are L1↔L2 copies to start, in the order they were made.
+	Transfers []Transfer
+	// Jobs are storage jobs to start (on the slab group's I/O rank only; empty elsewhere).
+	Jobs []StorageJob
+	// Stops are the seqs of storage reads the group cut short: their I/O must stop (I/O
+	// rank only).
+	Stops []uint64
+	// Vector is this rank's contribution to the step's consensus, when Ready was given a
+	// buffer: the driver all-reduces it with MIN over the replica group and passes the
+	// result to Apply.
+	Vector []int64
+}
+
+// Ready returns the work made since the last call and forgets it. With vec (of length
+// VectorLen) it also fills vec with this rank's consensus contribution and returns it as
+// Ready.Vector: call it so once per step, after the step's scheduler calls and Report.
+func (c *Core) Ready(vec []int64) Ready {
+	rd := Ready{Transfers: c.out, Jobs: c.l3.jobs, Stops: c.l3.stops}
+	c.out, c.l3.jobs, c.l3.stops = nil, nil, nil
+	if vec != nil {
+		rd.Vector = c.fillVector(vec)
+	}
+	return rd
+}
+
+// Done is the set of local completions a driver reports at once (see Report).
+type Done struct {
+	Transfers []TransferDone
+	Storage   []StorageDone
+	Progress  []StorageProgress
+}
+
+// TransferDone: this rank finished a transfer (Err != nil: it failed).
+type TransferDone struct {
+	Kind Kind
+	Seq  uint64
+	Err  error
+}
+
+// StorageDone: this rank's storage job finished: a backup (Err: it failed), a query
+// (Pages leading pages stored) or a read (Pages leading pages read and verified; its I/O
+// has stopped).
+type StorageDone struct {
+	Kind  StorageKind
+	Seq   uint64
+	Pages int
+	Err   error
+}
+
+// StorageProgress: a storage read still running has completed Pages leading pages; Cut
+// says this rank's timer asks the group to cut it (PrefetchTimeout).
+type StorageProgress struct {
+	Seq   uint64
+	Pages int
+	Cut   bool
+}
+
+// Report records local completions: transfers first, then finished storage jobs, then the
+// progress of running reads. Local events: they change only what this rank contributes to
+// the next vector, and take effect through the next Apply. Unknown seqs are ignored (work
+// dropped by a divergence or a flush).
+func (c *Core) Report(d Done) {
+	for _, t := range d.Transfers {
+		c.completed(t.Kind, t.Seq, t.Err)
+	}
+	for _, s := range d.Storage {
+		c.l3Done(s.Kind, s.Seq, s.Pages, s.Err)
+	}
+	for _, p := range d.Progress {
+		c.l3Progress(p.Seq, p.Pages, p.Cut)
+	}
+}

@@ -1,0 +1,86 @@
+// Package core is the deterministic state machine of cpcache's hierarchical KV cache — the
+// place to start reading. One Core is one rank's replica of its group's cache metadata: the
+// radix tree over whole pages (chained page hashes, usable as storage keys), the L1
+// accounting (lowest free slot first), the replicated L2 allocator (slab/alloc: page i of a
+// sequence lives in slab i mod C, owned by CP rank i mod C), the write policies, load-back
+// quota, LRU eviction with deterministic ties, the queues of backups, loads and storage jobs
+// in flight, the digests and the consensus vector.
+//
+// # Contract
+//
+// A Core has no goroutines, clocks, I/O, sync or cgo (TestCoreImportsNothingImpure checks
+// its imports), and no per-process randomness: N replicas fed the same replicated inputs
+// hold the same state and the same digests, whatever their local timing. Replicated inputs
+// are the scheduler's calls (Match, Insert, Lock, Unlock, EvictL1, EvictL2, LoadBack,
+// Prefetch, RevokePrefetch, Reset) and Apply's agreed vector; every rank must make them
+// identically. Local inputs (Report, HintEvict, PerturbPlacement) change only what this
+// rank contributes to the next vector. A Core is not safe for concurrent use: its driver
+// (package hicache) serializes calls.
+//
+// # The boundary
+//
+// A driver talks to the core through three calls, in the spirit of raft's Ready/Advance, and
+// read-only accessors (Config, Stats, Loading, Queues, digests):
+//
+//	rd := c.Ready(nil)     // after a scheduler call: transfers and storage jobs to start
+//	c.Report(done)         // once per step: this rank's finished transfers and storage jobs
+//	rd = c.Ready(vec)      // once per step: remaining work, and the vector to all-reduce
+//	err := c.Apply(agreed) // the MIN over the replica group: commits, aborts, digest checks
+//
+// # The consensus vector
+//
+// Slots (VectorLen int64s): the configuration fingerprint, the tree digest and the L2
+// placement digest, each as x and -x so one MIN yields min and max; the seq of this rank's
+// first unfinished backup and of its first failed one (MaxInt64 if none), the same for
+// load-backs; the negated L1 and L2 eviction hints; and the L3 slots (below). Rules that
+// follow from it:
+//
+//   - Only scheduler calls and agreed results change replicated state. A copy finishing on
+//     one rank changes nothing until the step in which every rank reports it.
+//   - Reserve → agree → commit or abort: a backup reserves its L2 pages at once (the
+//     allocator is replicated, so every rank picks the same pages), its copies may fail on
+//     one rank, and it commits or aborts on every rank at the same step.
+//   - No page is freed or reused while any rank has I/O on it: nodes with a backup or load
+//     in flight are not evictable, and L2 eviction takes only nodes held in L2 alone.
+//   - An Insert may split a node whose backup or load-back is in flight (two requests
+//     sharing a prefix in one step): its allocator range is split at the same page, both
+//     halves stay in the one transfer's op, and they commit, abort or finish together at
+//     the step the group agrees the transfer's seq is over. No page moves.
+//   - A digest mismatch returns a *DivergedError wrapping ErrPlacementDiverged on every
+//     rank, naming the step and the min/max digests. Transfers in flight are canceled and
+//     drained before Step returns; no slab byte is written afterwards; nodes held only in L2
+//     are dropped and the cache serves from L1 until a Flush.
+//
+// # L3 (storage) in the vector
+//
+//   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),
+//     the node's pages are pinned (not evictable from L2, not dropped with an ancestor)
+//     and the I/O ranks write the pages storage does not hold yet. Slots: the seq of the
+//     I/O rank's first unfinished backup and of its first failed one (others contribute
+//     the queue end and MaxInt64); every rank unpins the agreed prefix of the queue.
+//   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
+//     the tree holds (at most PrefetchQuotaPages pages). The I/O ranks count the leading
+//     pages stored; slot i of the query slots is that count for queue entry i, or -1 while
+//     unanswered (others: MaxInt64), so MIN is the count every shard holds; a query that
+//     was revoked, or (timeout policy) outlived its timer, counts 0 pages. At the answer
+//     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
+//     below MinPrefetchPages, over the quota, without L2 room, or when the tree changed)
+//     and the I/O ranks read them into the slabs, verifying each page, in chunks of
+//     ReadChunkPages. Per read: done (MIN: all finished), pages completed so far (MIN) and a
+//     cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are
+//     done, or when cut (timer, or RevokePrefetch under best-effort and timeout policies):
+//     every rank then inserts exactly the agreed pages as an L2-only node below the prefix
+//     (splitting the prefix's node if it ends inside one) and Match reports them as host
+//     pages; the other reserved pages are released at once if every read has stopped, or
+//     queued for release. Release slot: the seq of the I/O rank's first release whose read
+//     has not stopped; every rank frees the agreed prefix of the queue, so no page is
+//     reused while a read may still write it.
+//   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
+//     (hicache Stats.StorageErrors) and logged, and is a miss, a shorter read or a
+//     skipped backup; it never blocks a step (storage calls run in the background, each
+//     bounded by the storage's deadline) and never publishes an unverified page. A stored page that fails verification is deleted,
+//     so that the next backup of it replaces it.
+//   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
+//     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
+//     the namespace).
+package core

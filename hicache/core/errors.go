@@ -1,0 +1,41 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of the core; package hicache re-exports them.
+var (
+	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
+	// differ (placement digest, tree digest or configuration fingerprint). Every rank of the
+	// group returns it at the same step; L2 use stops and the cache serves from L1 only.
+	ErrPlacementDiverged = errors.New("hicache: placement diverged")
+	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
+	ErrBusy = errors.New("hicache: busy")
+	// ErrBadConfig: a configuration value that cannot work; the message names it.
+	ErrBadConfig = errors.New("hicache: bad config")
+	// ErrBadArgument: a call with an argument that cannot be valid (a node from before a
+	// Flush, an unlock without a lock).
+	ErrBadArgument = errors.New("hicache: bad argument")
+	// ErrL1Full: not enough L1 pages could be freed for an insert or a load-back (every
+	// candidate is locked or has I/O in flight). Replicated: every rank sees it at once.
+	ErrL1Full = errors.New("hicache: L1 full")
+)
+
+// DivergedError is the error of the step that detected divergence. It wraps
+// ErrPlacementDiverged and is identical on every rank except for Local.
+type DivergedError struct {
+	Step  uint64 // the consensus step (0-based count of Step calls)
+	What  string // "placement digest", "tree digest" or "config fingerprint"
+	Min   int64  // smallest value contributed by any rank
+	Max   int64  // largest value contributed by any rank
+	Local int64  // this rank's value
+}
+
+func (e *DivergedError) Error() string {
+	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); L2 disabled, serving from L1 only",
+		e.Step, e.What, e.Min, e.Max, e.Local)
+}
+
+func (e *DivergedError) Unwrap() error { return ErrPlacementDiverged }

@@ -1,0 +1,148 @@
+package core
+
+import (
+	"fmt"
+
+	"github.com/cpcache/cpcache/slab/alloc"
+)
+
+// l1Evictable: holds L1 pages, no child holds L1 pages, not locked, no I/O in flight, and
+// not dropping a subtree with a storage backup in flight (a node with an L2 copy only
+// loses its L1 pages).
+func l1Evictable(n *Node) bool {
+	return n.l1 != nil && n.l1Kids == 0 && n.lockRef == 0 && !n.busy() && (n.l2 != nil || n.l3Pins == 0)
+}
+
+// l2Evictable: held only in L2, a leaf, not locked, no storage backup reading its pages
+// (other I/O in flight implies L1 pages).
+func l2Evictable(n *Node) bool {
+	return n.l1 == nil && n.l2 != nil && len(n.children) == 0 && n.lockRef == 0 && n.l3Pins == 0
+}
+
+// evictL1 frees L1 pages, least recently used leaves first, until want pages were freed or
+// no candidate is left. A backed-up node becomes L2-only; under write-back a node without a
+// backup starts one and frees its pages once the group agreed it committed (counted in
+// pending, not freed); any other node is dropped with its L2-only descendants.
+func (c *Core) evictL1(want int) (freed, pending int) {
+	for n := c.lruL1.front(); n != nil && freed+pending < want; {
+		next := c.lruL1.after(n)
+		if l1Evictable(n) {
+			k := len(n.hashes)
+			switch {
+			case n.l2 != nil && !c.quarantined:
+				c.clearL1(n)
+				freed += k
+			case c.cfg.Policy == WriteBack && !c.quarantined && !n.stale && c.backup(n):
+				n.evictAfterWrite = true
+				c.mark(n)
+				pending += k
+			default:
+				c.removeSubtree(n)
+				freed += k
+			}
+		}
+		n = next
+	}
+	c.stats.EvictedL1Pages += int64(freed)
+	return freed, pending
+}
+
+// evictL2 frees L2-only leaves, least recently used first, until want pages were freed,
+// done() holds (when not nil), or no candidate is left. A parent that becomes an evictable
+// leaf stands later in the list, so one pass reaches it.
+func (c *Core) evictL2(want int, done func() bool) int {
+	freed := 0
+	for n := c.lruL2.front(); n != nil && freed < want && (done == nil || !done()); {
+		next := c.lruL2.after(n)
+		if l2Evictable(n) {
+			freed += len(n.hashes)
+			c.removeSubtree(n)
+		}
+		n = next
+	}
+	c.stats.EvictedL2Pages += int64(freed)
+	return freed
+}
+
+// EvictL1 frees at least pages L1 pages if it can (see the write policies); it returns the
+// pages freed now and the pages that will be freed once their write-back backups commit.
+// Replicated: call it identically on every rank.
+func (c *Core) EvictL1(pages int) (freed, pending int) {
+	if pages <= 0 || c.quarantined { // a diverged tree's choices would differ across ranks
+		return 0, 0
+	}
+	return c.evictL1(pages)
+}
+
+// EvictL2 frees at least pages L2 pages of L2-only nodes if it can, and returns the number
+// freed. Replicated: call it identically on every rank.
+func (c *Core) EvictL2(pages int) int {
+	if pages <= 0 || c.quarantined {
+		return 0
+	}
+	return c.evictL2(pages, nil)
+}
+
+// commitWrite applies an agreed, completed backup: every piece of the node (see writeOp)
+// gets its L2 copy. Write-back evictions then free L1 pages deepest piece first, so that a
+// head whose only L1 child was its own tail becomes evictable too.
+func (c *Core) commitWrite(op *writeOp) {
+	for _, part := range op.parts {
+		n := part.node
+		if err := c.alloc.Commit(alloc.RangeID(n.id)); err != nil {
+			panic(fmt.Sprintf("hicache: commit of node %d: %v (replica invariant broken)", n.id, err))
+		}
+		n.write = nil
+		n.l2 = part.pages
+		c.mark(n)
+		c.stats.WrittenPages += int64(len(part.pages))
+		if c.cfg.L3 && !c.cfg.L3Config.NoBackup {
+			c.l3Backup(n)
+		}
+		c.relist(n, false)
+	}
+	for i := len(op.parts) - 1; i >= 0; i-- {
+		n := op.parts[i].node
+		if n.evictAfterWrite {
+			n.evictAfterWrite = false
+			c.mark(n)
+			if l1Evictable(n) {
+				c.clearL1(n)
+				c.stats.EvictedL1Pages += int64(len(n.hashes))
+			}
+		}
+	}
+}
+
+// abortWrite applies an agreed, failed backup: the ranges are released, the nodes keep
+// their L1 pages.
+func (c *Core) abortWrite(op *writeOp) {
+	for _, part := range op.parts {
+		n := part.node
+		if err := c.alloc.Abort(alloc.RangeID(n.id)); err != nil {
+			panic(fmt.Sprintf("hicache: abort of node %d: %v (replica invariant broken)", n.id, err))
+		}
+		n.write = nil
+		n.evictAfterWrite = false
+		c.mark(n)
+	}
+	c.stats.AbortedWrites++
+}
+
+// finishLoad applies an agreed load-back: on success the node's L1 pages are valid; on
+// failure on any rank they are stale (never served; refilled by an Insert or evicted).
+func (c *Core) finishLoad(op *loadOp, ok bool) {
+	for _, n := range op.nodes {
+		n.load = nil
+		c.mark(n)
+		c.loadingPgs -= len(n.hashes)
+		if ok {
+			c.stats.LoadedPages += int64(len(n.hashes))
+		} else {
+			n.stale = true
+		}
+	}
+	if !ok {
+		c.stats.FailedLoads++
+	}
+}

@@ -1,0 +1,226 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cpcache/cpcache/slab/alloc"
+)
+
+// Prefetch from storage into L2: query, agreed reserve, read, agreed insert (l3core.go has
+// the queues and the vector slots).
+
+// PrefetchResult says what a Prefetch started.
+type PrefetchResult struct {
+	// ID names the prefetch for PrefetchPending and RevokePrefetch; 0 when nothing started.
+	ID uint64
+	// Start is the first sequence page asked for (the pages before it are in the tree);
+	// Pages is how many pages the I/O ranks are asked about.
+	Start, Pages int
+}
+
+// Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
+// I/O ranks query it in the background; once the group agreed how many leading pages are
+// stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
+// them in; when the policy says the read is over, every rank inserts the agreed number of
+// pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
+// as host pages. Nothing starts without L3, after a divergence, or when the continuation is
+// shorter than MinPrefetchPages. Replicated.
+func (c *Core) Prefetch(tokens []int32) PrefetchResult {
+	if !c.cfg.L3 || c.quarantined {
+		return PrefetchResult{}
+	}
+	o := &c.cfg.L3Config
+	P := c.cfg.PageSize
+	np := len(tokens) / P
+	have, h := 0, RootHash
+	var buf [walkBuf]pathMatch
+	for _, m := range c.walk(buf[:0], tokens) {
+		have += m.pages
+		h = m.n.hashes[m.pages-1]
+	}
+	k := min(np-have, o.PrefetchQuotaPages)
+	if k < o.MinPrefetchPages || k <= 0 {
+		return PrefetchResult{}
+	}
+	hashes := make([]uint64, k)
+	for i := range hashes {
+		h = PageHash(h, tokens[(have+i)*P:(have+i+1)*P])
+		hashes[i] = h
+	}
+	q := &queryOp{seq: c.l3.querySeq, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
+	c.l3.querySeq++
+	c.l3.queries = append(c.l3.queries, q)
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageQuery, Seq: q.seq, Hashes: hashes})
+	}
+	c.stats.L3Queries++
+	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
+}
+
+// PrefetchPending reports whether prefetch id is still being queried or read. Replicated.
+func (c *Core) PrefetchPending(id uint64) bool {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			return true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// RevokePrefetch tells the group that the scheduler no longer waits for prefetch id: a
+// query not yet answered reserves nothing; a read stops at the next step (except under
+// PrefetchWaitComplete) and what every I/O rank completed is inserted. Unknown or finished
+// ids are ignored. Replicated.
+func (c *Core) RevokePrefetch(id uint64) {
+	for _, q := range c.l3.queries {
+		if q.seq+1 == id {
+			q.revoked = true
+		}
+	}
+	for _, r := range c.l3.reads {
+		if r.id == id {
+			r.revoked = true
+		}
+	}
+}
+
+// prefixEnd walks the first start pages of tokens and returns the node holding the last of
+// them (nil when the tree no longer holds exactly that prefix) and how many of that node's
+// pages belong to the prefix.
+func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
+	var buf [walkBuf]pathMatch
+	path := c.walk(buf[:0], tokens[:start*c.cfg.PageSize])
+	have := 0
+	for _, m := range path {
+		have += m.pages
+	}
+	if have != start {
+		return nil, 0, false
+	}
+	if len(path) == 0 {
+		return c.root, 0, true
+	}
+	last := path[len(path)-1]
+	return last.n, last.pages, true
+}
+
+// startRead applies an agreed query answer: hits leading pages are stored. Below the
+// threshold, for a revoked query, when the tree changed, or when L2 has no room, nothing
+// is read.
+func (c *Core) startRead(q *queryOp, hits int) {
+	o := &c.cfg.L3Config
+	if hits <= 0 {
+		return
+	}
+	c.stats.L3HitPages += int64(hits)
+	hits = min(hits, o.PrefetchQuotaPages-c.l3.reserved)
+	if q.revoked || hits < o.MinPrefetchPages || hits <= 0 {
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	end, _, ok := c.prefixEnd(q.tokens, q.start)
+	if !ok || c.index[q.hashes[0]] != nil {
+		c.stats.L3SkippedPrefetches++ // the tree changed since the query
+		return
+	}
+	for _, r := range c.l3.reads {
+		if r.hashes[0] == q.hashes[0] {
+			c.stats.L3SkippedPrefetches++ // the same continuation is being read
+			return
+		}
+	}
+	rid := alloc.RangeID(c.nextID)
+	c.nextID++
+	pages, err := c.alloc.Reserve(rid, q.start, hits)
+	if errors.Is(err, alloc.ErrNoSpace) {
+		c.lockPath(end, 1)
+		c.evictL2(1<<62, func() bool { return c.alloc.Fits(q.start, hits) })
+		c.lockPath(end, -1)
+		pages, err = c.alloc.Reserve(rid, q.start, hits)
+	}
+	if err != nil {
+		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
+			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
+		}
+		c.stats.L3SkippedPrefetches++
+		return
+	}
+	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
+		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked}
+	c.l3.readSeq++
+	c.l3.reads = append(c.l3.reads, r)
+	c.l3.reserved += hits
+	if c.io {
+		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: r.hashes, Pages: slices.Clone(pages)})
+	}
+}
+
+// finishRead applies an agreed end of a read: its first m pages (complete on every I/O
+// rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
+// rest of the range is released now when every I/O rank's read stopped (stopped), else
+// queued until they acknowledge.
+func (c *Core) finishRead(r *readOp, m int, stopped bool) {
+	k := len(r.pages)
+	restPages := k // the rest stays in r.rid (a split gives the first m pages the new id)
+	if m > 0 {
+		id := uint64(r.rid)
+		if m < k {
+			id = c.nextID
+			c.nextID++
+		}
+		if n := c.attachPrefetch(r, m, id); n != nil {
+			if m < k {
+				if err := c.alloc.Split(r.rid, m, alloc.RangeID(id)); err != nil {
+					panic(fmt.Sprintf("hicache: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
+				}
+			}
+			if err := c.alloc.Commit(alloc.RangeID(id)); err != nil {
+				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
+			}
+			n.l2 = slices.Clone(r.pages[:m])
+			c.mark(n)
+			c.relist(n, true)
+			c.stats.L3PrefetchedPages += int64(m)
+			c.l3.reserved -= m
+			restPages = k - m
+		}
+	}
+	c.stats.L3DiscardedPages += int64(restPages)
+	if restPages == 0 {
+		return
+	}
+	if stopped {
+		c.abortRange(r.rid)
+		c.l3.reserved -= restPages
+		return
+	}
+	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: r.rid, pages: restPages, readSeq: r.seq, acked: r.done})
+	c.l3.releaseSeq++
+	if c.io && !r.done {
+		c.l3.stops = append(c.l3.stops, r.seq)
+	}
+}
+
+// attachPrefetch inserts the first m pages of a read as a new L2-only node (id) under its
+// prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
+// changing nothing but a split, when the tree no longer holds exactly the prefix or
+// already holds the first page.
+func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
+	end, used, ok := c.prefixEnd(r.tokens, r.start)
+	if !ok || c.index[r.hashes[0]] != nil {
+		return nil
+	}
+	if !end.isRoot() && used < len(end.hashes) {
+		end = c.split(end, used)
+	}
+	P := c.cfg.PageSize
+	toks := slices.Clone(r.tokens[r.start*P : (r.start+m)*P])
+	return c.newNodeID(end, toks, slices.Clone(r.hashes[:m]), id)
+}

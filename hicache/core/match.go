@@ -1,0 +1,186 @@
+package core
+
+import "fmt"
+
+// MatchResult is the longest cached prefix of a token sequence.
+type MatchResult struct {
+	// DevicePages are the leading pages held in L1 (some may still be loading: call WaitL1
+	// on Last before a layer reads them). DeviceTokens = DevicePages × PageSize.
+	DevicePages, DeviceTokens int
+	// HostPages follow the device pages and are held only in L2: LoadBack(Last) brings them
+	// into L1. Zero once L2 is disabled.
+	HostPages, HostTokens int
+	// Last is the deepest node of the hit (the root's sentinel when nothing matched; it
+	// may be only partly matched). Lock it while a request uses the prefix.
+	Last *Node
+	// L1Slots are the L1 slots of the device pages, in sequence order.
+	L1Slots []int32
+}
+
+// Match returns the longest cached prefix of tokens (whole pages only) and marks it recently
+// used; in quarantine it returns no hit. Replicated: call it identically on every rank.
+func (c *Core) Match(tokens []int32) MatchResult {
+	c.stats.Matches++
+	res := MatchResult{Last: c.root}
+	if c.quarantined {
+		return res // the trees may differ: serve nothing
+	}
+	device := true
+	var buf [walkBuf]pathMatch
+	for _, m := range c.walk(buf[:0], tokens) {
+		n := m.n
+		if device && n.l1 != nil && !n.stale {
+			res.DevicePages += m.pages
+			res.L1Slots = append(res.L1Slots, n.l1[:m.pages]...)
+		} else if n.l1 == nil && n.l2 != nil && !c.quarantined {
+			device = false
+			res.HostPages += m.pages
+		} else {
+			break
+		}
+		res.Last = n
+	}
+	c.touch(res.Last)
+	P := c.cfg.PageSize
+	res.DeviceTokens, res.HostTokens = res.DevicePages*P, res.HostPages*P
+	c.stats.L1HitPages += int64(res.DevicePages)
+	c.stats.L2HitPages += int64(res.HostPages)
+	return res
+}
+
+// FillPage is an L1 page an Insert allocated: the caller writes the page's KV into Slot on
+// the rank that owns it (Owner == this rank's CP rank; Core.Owns(Index)).
+type FillPage struct {
+	Slot  int32  // L1 slot
+	Index int    // sequence page index
+	Owner int    // CP rank that holds the page: Index mod C
+	Hash  uint64 // chained page hash
+}
+
+// InsertResult says what an Insert cached.
+type InsertResult struct {
+	// Pages is the number of leading whole pages of the sequence now in the tree (shorter
+	// than the sequence only on a hash collision).
+	Pages int
+	// Last is the deepest node of the inserted prefix (the root's sentinel if Pages is 0).
+	Last *Node
+	// Fill lists the pages that got L1 slots and need their KV written by their owner.
+	Fill []FillPage
+	// Backups is the number of backups this insert started.
+	Backups int
+}
+
+// Insert caches the whole pages of tokens: existing nodes are reused (split at page
+// boundaries where the sequence leaves them, also while they have I/O in flight), missing pages become a new node with fresh L1
+// slots, and nodes of the path held only in L2 get L1 slots again (the caller has their
+// KV). It counts a hit on every node of the path and starts backups the write policy asks
+// for. It fails with ErrL1Full when L1 cannot make room, having changed nothing but
+// evictions and a split at the sequence's divergence point.
+// Replicated: call it identically on every rank.
+func (c *Core) Insert(tokens []int32) (InsertResult, error) {
+	c.stats.Inserts++
+	if c.quarantined {
+		return InsertResult{Last: c.root}, nil // cache nothing until the recovery
+	}
+	P := c.cfg.PageSize
+	np := len(tokens) / P
+	var buf [walkBuf]pathMatch
+	path := c.walk(buf[:0], tokens)
+	// Split a partly matched last node, even with I/O in flight (see split): two requests
+	// sharing a prefix are often inserted in the same step, before the first one's backup
+	// or load-back is over.
+	var nbuf [walkBuf]*Node
+	nodes := nbuf[:0]
+	pages := 0
+	for _, m := range path {
+		n := m.n
+		if m.pages < len(n.hashes) {
+			n = c.split(n, m.pages)
+		}
+		nodes = append(nodes, n)
+		pages += len(n.hashes)
+	}
+	parent := c.root
+	if len(nodes) > 0 {
+		parent = nodes[len(nodes)-1]
+	}
+	// L1 room: pages of path nodes not (validly) in L1, plus the new pages.
+	need := np - pages
+	for _, n := range nodes {
+		if n.l1 == nil {
+			need += len(n.hashes)
+		}
+	}
+	if need > c.l1.available() {
+		c.lockPath(parent, 1)
+		c.evictL1(need - c.l1.available())
+		c.lockPath(parent, -1)
+		if need > c.l1.available() {
+			return InsertResult{}, fmt.Errorf("%w: insert of %d pages needs %d free L1 pages, %d could be freed (the rest are locked or have I/O in flight)",
+				ErrL1Full, np, need, c.l1.available())
+		}
+	}
+	res := InsertResult{}
+	for _, n := range nodes {
+		switch {
+		case n.l1 == nil:
+			c.setL1(n, c.l1.alloc(len(n.hashes)))
+			res.Fill = c.appendFill(res.Fill, n)
+		case n.stale && n.load == nil:
+			n.stale = false
+			c.mark(n)
+			res.Fill = c.appendFill(res.Fill, n)
+		}
+	}
+	if np > pages {
+		hashes := make([]uint64, np-pages)
+		h := RootHash
+		if pages > 0 {
+			h = parent.hashes[len(parent.hashes)-1]
+		}
+		for i := range hashes {
+			h = PageHash(h, tokens[(pages+i)*P:(pages+i+1)*P])
+			hashes[i] = h
+		}
+		toks := append([]int32(nil), tokens[pages*P:np*P]...)
+		if n := c.newNode(parent, toks, hashes); n != nil {
+			c.setL1(n, c.l1.alloc(len(hashes)))
+			res.Fill = c.appendFill(res.Fill, n)
+			nodes = append(nodes, n)
+			pages = np
+		}
+	}
+	for _, n := range nodes {
+		n.hits++
+		c.mark(n)
+	}
+	if !c.quarantined && c.cfg.Policy != WriteBack {
+		threshold := 1
+		if c.cfg.Policy == WriteThroughSelective {
+			threshold = c.cfg.WriteThreshold
+		}
+		for _, n := range nodes {
+			if n.hits >= threshold && n.l2 == nil && n.write == nil && n.l1 != nil && !n.stale && n.load == nil {
+				if c.backup(n) {
+					res.Backups++
+				}
+			}
+		}
+	}
+	res.Pages = pages
+	res.Last = c.root
+	if len(nodes) > 0 {
+		res.Last = nodes[len(nodes)-1]
+	}
+	c.touch(res.Last)
+	c.stats.InsertedPages += int64(len(res.Fill))
+	return res, nil
+}
+
+func (c *Core) appendFill(fill []FillPage, n *Node) []FillPage {
+	for j, s := range n.l1 {
+		i := n.depth + j
+		fill = append(fill, FillPage{Slot: s, Index: i, Owner: i % c.cfg.Slabs, Hash: n.hashes[j]})
+	}
+	return fill
+}

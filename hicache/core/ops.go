@@ -1,0 +1,216 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cpcache/cpcache/slab/alloc"
+)
+
+// writeOp is a backup in flight: the node's L2 range is reserved, every owner copies its
+// pages, and the consensus step commits the range once every rank finished (or aborts it if
+// any rank failed). An Insert may split the node while the copies run: the op then covers
+// every piece (parts, in sequence order, each with its own allocator range), and one agreed
+// completion of the op's seq commits or aborts all of them.
+type writeOp struct {
+	seq   uint64
+	parts []writePart // replicated
+	// local completion on this rank (not replicated)
+	done bool
+	err  error
+}
+
+// writePart is one node of a backup in flight and the L2 pages reserved for it.
+type writePart struct {
+	node  *Node
+	pages []alloc.Page
+}
+
+// loadOp is a load-back in flight: the node's L1 slots are allocated and every owner reads
+// its pages from its alloc. Like a backup, it covers every piece (nodes, in sequence order)
+// when the node is split while it loads.
+type loadOp struct {
+	seq   uint64
+	nodes []*Node // replicated
+	done  bool
+	err   error
+}
+
+// pagesOf returns the pages the op reserved for node n (nil if n is not one of its parts).
+func (op *writeOp) pagesOf(n *Node) []alloc.Page {
+	for _, p := range op.parts {
+		if p.node == n {
+			return p.pages
+		}
+	}
+	return nil
+}
+
+// splitIO hands the transfers in flight on n to the head split off its first at pages:
+// the head joins n's backup and load-back ops (right in front of n, keeping sequence
+// order), with the first at reserved pages of a backup. The ops' seqs are unchanged, so the
+// copies already started, and every rank's completion of them, cover both halves.
+func splitIO(n, head *Node, at int) {
+	if op := n.write; op != nil {
+		i := slices.IndexFunc(op.parts, func(p writePart) bool { return p.node == n })
+		pages := op.parts[i].pages
+		op.parts = slices.Insert(op.parts, i, writePart{node: head, pages: pages[:at:at]})
+		op.parts[i+1].pages = pages[at:]
+		head.write = op
+		head.evictAfterWrite = n.evictAfterWrite
+	}
+	if op := n.load; op != nil {
+		i := slices.Index(op.nodes, n)
+		op.nodes = slices.Insert(op.nodes, i, head)
+		head.load = op
+	}
+}
+
+// backup reserves L2 for n (evicting L2-only nodes when the pool is full) and queues its
+// write. It returns false, changing nothing else, when no room could be made.
+func (c *Core) backup(n *Node) bool {
+	id, k := alloc.RangeID(n.id), len(n.hashes)
+	pages, err := c.alloc.Reserve(id, n.depth, k)
+	if errors.Is(err, alloc.ErrNoSpace) {
+		c.evictL2(1<<62, func() bool { return c.alloc.Fits(n.depth, k) })
+		pages, err = c.alloc.Reserve(id, n.depth, k)
+	}
+	if err != nil {
+		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
+			panic(fmt.Sprintf("hicache: reserve for node %d: %v (replica invariant broken)", n.id, err))
+		}
+		c.stats.SkippedBackups++
+		return false
+	}
+	op := &writeOp{seq: c.writeSeq, parts: []writePart{{node: n, pages: pages}}}
+	c.writeSeq++
+	n.write = op
+	c.mark(n)
+	c.writes = append(c.writes, op)
+	t := Transfer{Kind: Write, Seq: op.seq, Node: n.id}
+	for j, p := range pages {
+		if p.Slab == c.cfg.CPRank {
+			t.Copies = append(t.Copies, Copy{L1: n.l1[j], L2: p})
+		}
+	}
+	c.out = append(c.out, t)
+	return true
+}
+
+// LoadResult says what a LoadBack started.
+type LoadResult struct {
+	Pages, Tokens int // pages (tokens) now loading into L1
+	Nodes         int // nodes loading
+}
+
+// LoadBack brings the L2-only part of the path to n into L1: it allocates L1 slots (evicting
+// if needed) and starts the loads; the pages count as device pages at once, and a layer must
+// WaitL1 before reading them. Nothing is loaded when the host part is shorter than
+// MinLoadPages, when the load quota is used up (a shorter prefix is loaded if it still
+// reaches MinLoadPages), or when L2 is disabled. ErrL1Full when L1 cannot make room.
+// Replicated: call it identically on every rank.
+func (c *Core) LoadBack(n *Node) (LoadResult, error) {
+	if n != nil && n.isRoot() || c.quarantined {
+		return LoadResult{}, nil
+	}
+	if err := c.check(n); err != nil {
+		return LoadResult{}, err
+	}
+	var todo []*Node
+	for _, x := range pathTo(n) {
+		if x.l1 == nil {
+			todo = append(todo, x)
+		}
+	}
+	pages := 0
+	for i, x := range todo {
+		if c.loadingPgs+pages+len(x.hashes) > c.cfg.LoadQuotaPages {
+			todo = todo[:i]
+			break
+		}
+		pages += len(x.hashes)
+	}
+	if pages == 0 || pages < c.cfg.MinLoadPages {
+		return LoadResult{}, nil
+	}
+	if pages > c.l1.available() {
+		c.lockPath(n, 1)
+		c.evictL1(pages - c.l1.available())
+		c.lockPath(n, -1)
+		if pages > c.l1.available() {
+			return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed", ErrL1Full, pages, c.l1.available())
+		}
+	}
+	for _, x := range todo {
+		slots := c.l1.alloc(len(x.hashes))
+		c.setL1(x, slots)
+		op := &loadOp{seq: c.loadSeq, nodes: []*Node{x}}
+		c.loadSeq++
+		x.load = op
+		c.mark(x)
+		c.loads = append(c.loads, op)
+		c.loadingPgs += len(x.hashes)
+		t := Transfer{Kind: Load, Seq: op.seq, Node: x.id}
+		for j, p := range x.l2 {
+			if p.Slab == c.cfg.CPRank {
+				t.Copies = append(t.Copies, Copy{L1: slots[j], L2: p})
+			}
+		}
+		c.out = append(c.out, t)
+	}
+	c.touch(n)
+	return LoadResult{Pages: pages, Tokens: pages * c.cfg.PageSize, Nodes: len(todo)}, nil
+}
+
+// Writing returns the seqs of the backups in flight on the path to n (pieces of a split
+// node share one).
+func (c *Core) Writing(n *Node) []uint64 {
+	var seqs []uint64
+	for ; n != nil && !n.isRoot(); n = n.parent {
+		if n.write != nil && !slices.Contains(seqs, n.write.seq) {
+			seqs = append(seqs, n.write.seq)
+		}
+	}
+	return seqs
+}
+
+// Loading returns the seqs of the loads in flight on the path to n (what a layer must wait
+// for before reading n's prefix from L1).
+func (c *Core) Loading(n *Node) []uint64 {
+	var seqs []uint64
+	for ; n != nil && !n.isRoot(); n = n.parent {
+		if n.load != nil && !slices.Contains(seqs, n.load.seq) { // pieces of a split share one
+			seqs = append(seqs, n.load.seq)
+		}
+	}
+	return seqs
+}
+
+// completed records that this rank finished a transfer (err != nil: it failed).
+func (c *Core) completed(kind Kind, seq uint64, err error) {
+	switch kind {
+	case Write:
+		if len(c.writes) == 0 || seq < c.writes[0].seq {
+			return
+		}
+		if i := int(seq - c.writes[0].seq); i < len(c.writes) {
+			c.writes[i].done, c.writes[i].err = true, err
+		}
+	case Load:
+		if len(c.loads) == 0 || seq < c.loads[0].seq {
+			return
+		}
+		if i := int(seq - c.loads[0].seq); i < len(c.loads) {
+			c.loads[i].done, c.loads[i].err = true, err
+		}
+	}
+}
+
+// HintEvict asks, from this rank only (e.g. local memory pressure), that the group evict
+// at least l1 L1 pages and l2 L2 pages. A local event: at the next consensus step every rank
+// evicts the largest amount any rank asked for.
+func (c *Core) HintEvict(l1, l2 int) {
+	c.hintL1 = max(c.hintL1, l1)
+	c.hintL2 = max(c.hintL2, l2)
+}

@@ -1,0 +1,139 @@
+package core
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func newTestCore(t *testing.T, opts Options) *Core {
+	t.Helper()
+	c, err := New(Config{Options: opts, Slabs: 2, PagesPerSlab: 16, CPRank: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestTreeInsertSplitMatch(t *testing.T) {
+	c := newTestCore(t, Options{PageSize: 2, L1Pages: 32, Policy: WriteBack})
+	a := []int32{1, 2, 3, 4, 5, 6, 7} // 3 whole pages + 1 token
+	b := []int32{1, 2, 3, 4, 9, 9}    // shares 2 pages, then diverges
+	ra, err := c.Insert(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra.Pages != 3 || len(ra.Fill) != 3 || c.Nodes() != 1 {
+		t.Fatalf("insert a: %+v, nodes %d", ra, c.Nodes())
+	}
+	for i, f := range ra.Fill {
+		if f.Slot != int32(i) || f.Index != i || f.Owner != i%2 || f.Hash != PrefixHashes(a, 2)[i] {
+			t.Fatalf("fill %d: %+v", i, f)
+		}
+	}
+	rb, err := c.Insert(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's node is split after 2 pages; b adds one page under the head.
+	if rb.Pages != 3 || len(rb.Fill) != 1 || c.Nodes() != 3 || rb.Fill[0].Index != 2 || rb.Fill[0].Slot != 3 {
+		t.Fatalf("insert b: %+v, nodes %d", rb, c.Nodes())
+	}
+	head := rb.Last.parent
+	if head.Pages() != 2 || head.Depth() != 0 || ra.Last.parent != head || ra.Last.Depth() != 2 || rb.Last.Depth() != 2 {
+		t.Fatalf("split: head %d pages at %d; a's tail at %d under %d; b at %d", head.Pages(), head.Depth(), ra.Last.Depth(), ra.Last.parent.ID(), rb.Last.Depth())
+	}
+	if !slices.Equal(head.PageHashes(), PrefixHashes(a, 2)[:2]) || !slices.Equal(ra.Last.PageHashes(), PrefixHashes(a, 2)[2:]) {
+		t.Fatal("page hashes do not chain over the prefix")
+	}
+	for _, tc := range []struct {
+		tokens []int32
+		pages  int
+		last   *Node
+	}{
+		{a, 3, ra.Last},
+		{b, 3, rb.Last},
+		{[]int32{1, 2, 3}, 1, head}, // partial match inside the head
+		{[]int32{1, 2, 3, 4, 5, 6, 0, 0}, 3, ra.Last},
+		{[]int32{2, 2}, 0, c.root},
+		{[]int32{1}, 0, c.root}, // less than a page
+	} {
+		m := c.Match(tc.tokens)
+		if m.DevicePages != tc.pages || m.HostPages != 0 || m.Last != tc.last || m.DeviceTokens != 2*tc.pages || len(m.L1Slots) != tc.pages {
+			t.Fatalf("match %v: %+v, want %d pages at node %d", tc.tokens, m, tc.pages, tc.last.ID())
+		}
+	}
+	if err := c.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	// Re-inserting a cached sequence allocates nothing.
+	if r, err := c.Insert(a); err != nil || len(r.Fill) != 0 || r.Pages != 3 {
+		t.Fatalf("re-insert: %+v %v", r, err)
+	}
+}
+
+func TestLRUEvictsLeavesFirstAndSkipsLocked(t *testing.T) {
+	c := newTestCore(t, Options{PageSize: 1, L1Pages: 8, Policy: WriteThroughSelective, WriteThreshold: 100})
+	x, _ := c.Insert([]int32{1, 2})    // node X: pages 1,2
+	y, _ := c.Insert([]int32{1, 2, 3}) // node Y under X
+	z, _ := c.Insert([]int32{5})       // node Z
+	c.Match([]int32{1, 2, 3})          // Y, X recently used; Z least
+	if err := c.Lock(z.Last); err != nil {
+		t.Fatal(err)
+	}
+	// Z is locked; Y (a leaf) goes before X.
+	if freed, _ := c.EvictL1(1); freed != 1 || y.Last.removed == false || x.Last.removed {
+		t.Fatalf("first eviction: freed %d, Y removed %t, X removed %t", freed, y.Last.removed, x.Last.removed)
+	}
+	if freed, _ := c.EvictL1(10); freed != 2 || !x.Last.removed || z.Last.removed {
+		t.Fatalf("second eviction: freed %d, X removed %t, Z removed %t", freed, x.Last.removed, z.Last.removed)
+	}
+	if err := c.Unlock(z.Last); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Unlock(z.Last); err == nil {
+		t.Fatal("unlock without lock accepted")
+	}
+	// Freed slots are reused lowest first.
+	r, _ := c.Insert([]int32{7, 7})
+	if r.Fill[0].Slot != 0 || r.Fill[1].Slot != 1 {
+		t.Fatalf("slots after eviction: %+v", r.Fill)
+	}
+	if err := c.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigErrorsNameTheValue(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Options: Options{L1Pages: 0}, Slabs: 1, PagesPerSlab: 1}, "L1 pages 0"},
+		{Config{Options: Options{L1Pages: 4, PageSize: -1}, Slabs: 1, PagesPerSlab: 1}, "page size -1"},
+		{Config{Options: Options{L1Pages: 4}, Slabs: 2, PagesPerSlab: 1, CPRank: 2}, "CP rank 2"},
+		{Config{Options: Options{L1Pages: 4, Policy: 7}, Slabs: 1, PagesPerSlab: 1}, "write policy 7"},
+	} {
+		_, err := New(tc.cfg)
+		if err == nil || !containsAll(err.Error(), tc.want, "hicache:") {
+			t.Fatalf("New(%+v): %v, want an error naming %q", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := ParsePolicy("write_around"); err == nil || !containsAll(err.Error(), "write_around") {
+		t.Fatalf("ParsePolicy: %v", err)
+	}
+	for _, p := range []Policy{WriteThrough, WriteThroughSelective, WriteBack} {
+		if q, err := ParsePolicy(p.String()); err != nil || q != p {
+			t.Fatalf("ParsePolicy(%q) = %v, %v", p, q, err)
+		}
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,236 @@
+package cudaengine
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/slab"
+)
+
+// L2Addr resolves an L2 page to an address the CUDA driver can copy to and from (a device
+// pointer, or a host pointer in the unified address space).
+type L2Addr func(p slab.Page) (cuda.DevicePtr, error)
+
+// HostPageAddr resolves pages of host slabs by their host address. Under unified addressing
+// the driver accepts host pointers in async copies; the slabs should be pinned (slab.Spec
+// PinHost, or memory from cuda.AllocHost) for the copies to be truly asynchronous.
+func HostPageAddr(s engine.HostSlabs) L2Addr {
+	return func(p slab.Page) (cuda.DevicePtr, error) {
+		b, err := s.Page(p)
+		if err != nil {
+			return 0, err
+		}
+		return cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), nil
+	}
+}
+
+// DevicePageAddr resolves pages of device slabs (slab.Set over CUDA IPC memory).
+func DevicePageAddr(s interface {
+	DevicePtr(p slab.Page) (uintptr, error)
+}) L2Addr {
+	return func(p slab.Page) (cuda.DevicePtr, error) {
+		a, err := s.DevicePtr(p)
+		return cuda.DevicePtr(a), err
+	}
+}
+
+// Options tune an Engine.
+type Options struct {
+	// Spin makes the completion waiters spin on their events (lowest latency, one busy CPU
+	// thread per direction while transfers are in flight) instead of blocking in the driver
+	// (cuda.EventBlockingSync, the default).
+	Spin bool
+}
+
+// Engine copies pages between a device KV pool (L1 slot s at L1 + s × pageBytes) and
+// L2 pages with the CUDA driver. Backups and loads each have a lane: a stream, on which each
+// transfer is enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed by
+// an event, and a waiter goroutine that waits for the lane's events in stream order and
+// finishes the tickets. Transfers are enqueued at Submit, so Cancel has nothing left to
+// cancel; the driver's drain waits for them.
+//
+// The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
+// stream synchronized, or an event waited on) before the Step that starts its backups.
+type Engine struct {
+	dev       *cuda.Device
+	l1        cuda.DevicePtr
+	l1Pages   int
+	pageBytes int
+	l2        L2Addr
+	evFlags   cuda.EventFlags
+	lanes     [2]*lane // by Kind
+}
+
+// lane is one direction's stream, its transfers in flight and their waiter.
+type lane struct {
+	stream *cuda.Stream
+	done   chan struct{} // closed when the waiter exits
+
+	mu      sync.Mutex // protects pending, events, closed, batched and the stream's use
+	cond    *sync.Cond // signals pending and closed
+	pending []cudaPending
+	events  []*cuda.Event // free events
+	closed  bool
+	batched bool // the last batch used the driver's batch call
+}
+
+type cudaPending struct {
+	tk *engine.Ticket
+	ev *cuda.Event
+}
+
+// New returns an engine over the L1 pool at l1 (l1Pages pages of pageBytes on
+// dev) and the L2 pages l2 resolves. The caller keeps ownership of the memory.
+func New(dev *cuda.Device, l1 cuda.DevicePtr, l1Pages, pageBytes int, l2 L2Addr, opts Options) (*Engine, error) {
+	if dev == nil || l2 == nil {
+		return nil, fmt.Errorf("%w: CUDA engine needs a device and an L2 address resolver (device %v, resolver %v)", core.ErrBadConfig, dev != nil, l2 != nil)
+	}
+	if l1Pages <= 0 || pageBytes <= 0 || l1 == 0 {
+		return nil, fmt.Errorf("%w: CUDA engine L1 pool of %d pages × %d bytes at %v", core.ErrBadConfig, l1Pages, pageBytes, l1)
+	}
+	e := &Engine{dev: dev, l1: l1, l1Pages: l1Pages, pageBytes: pageBytes, l2: l2, evFlags: cuda.EventDisableTiming}
+	if !opts.Spin {
+		e.evFlags |= cuda.EventBlockingSync
+	}
+	for k := range e.lanes {
+		s, err := dev.NewStream()
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("hicache: CUDA engine: %w", err)
+		}
+		ln := &lane{stream: s, done: make(chan struct{})}
+		ln.cond = sync.NewCond(&ln.mu)
+		e.lanes[k] = ln
+		go ln.wait()
+	}
+	return e, nil
+}
+
+// Batched reports whether the last backup used the driver's batch copy call.
+func (e *Engine) Batched() bool {
+	ln := e.lanes[core.Write]
+	if ln == nil {
+		return false
+	}
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	return ln.batched
+}
+
+// Submit implements Engine.
+func (e *Engine) Submit(t core.Transfer) *engine.Ticket {
+	tk := engine.NewTicket(t)
+	copies := make([]cuda.Copy1, 0, len(t.Copies))
+	for _, c := range t.Copies {
+		if c.L1 < 0 || int(c.L1) >= e.l1Pages {
+			tk.Finish(fmt.Errorf("hicache: %s of node %d: %w: L1 slot %d outside a pool of %d pages", t.Kind, t.Node, core.ErrBadArgument, c.L1, e.l1Pages))
+			return tk
+		}
+		l1 := e.l1.Add(int(c.L1) * e.pageBytes)
+		l2, err := e.l2(c.L2)
+		if err != nil {
+			tk.Finish(fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err))
+			return tk
+		}
+		if t.Kind == core.Write {
+			copies = append(copies, cuda.Copy1{Dst: l2, Src: l1, Size: e.pageBytes})
+		} else {
+			copies = append(copies, cuda.Copy1{Dst: l1, Src: l2, Size: e.pageBytes})
+		}
+	}
+	if len(copies) == 0 {
+		tk.Finish(nil)
+		return tk
+	}
+	ln := e.lanes[t.Kind]
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.closed {
+		tk.Finish(engine.ErrClosed)
+		return tk
+	}
+	batched, err := ln.stream.CopyBatch(copies)
+	if err != nil {
+		tk.Finish(fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err))
+		return tk
+	}
+	ln.batched = batched
+	var ev *cuda.Event
+	if n := len(ln.events); n > 0 {
+		ev, ln.events = ln.events[n-1], ln.events[:n-1]
+	} else {
+		ev, err = e.dev.NewEvent(e.evFlags)
+	}
+	if err == nil {
+		err = ev.Record(ln.stream)
+	}
+	if err != nil {
+		// Without an event the completion is the stream's: wait for it here.
+		if serr := ln.stream.Synchronize(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		ev.Close()
+		tk.Finish(fmt.Errorf("hicache: %s of node %d: completion event: %w", t.Kind, t.Node, err))
+		return tk
+	}
+	ln.pending = append(ln.pending, cudaPending{tk, ev})
+	ln.cond.Signal()
+	return tk
+}
+
+// wait finishes the lane's tickets as their events complete, in stream order.
+func (ln *lane) wait() {
+	defer close(ln.done)
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	for {
+		for len(ln.pending) == 0 && !ln.closed {
+			ln.cond.Wait()
+		}
+		if len(ln.pending) == 0 {
+			return
+		}
+		p := ln.pending[0]
+		ln.mu.Unlock()
+		err := p.ev.Synchronize()
+		p.tk.Finish(err)
+		ln.mu.Lock()
+		ln.pending[0] = cudaPending{}
+		ln.pending = ln.pending[1:]
+		ln.events = append(ln.events, p.ev)
+	}
+}
+
+// Cancel implements Engine: transfers are enqueued on their stream at Submit, so there is
+// nothing that has not started; the caller waits for the tickets.
+func (e *Engine) Cancel() {}
+
+// Close waits for every enqueued transfer, stops the waiters and releases streams and
+// events. Nil-safe and idempotent.
+func (e *Engine) Close() error {
+	if e == nil {
+		return nil
+	}
+	var errs []error
+	for k, ln := range e.lanes {
+		if ln == nil {
+			continue
+		}
+		ln.mu.Lock()
+		ln.closed = true
+		ln.cond.Broadcast()
+		ln.mu.Unlock()
+		<-ln.done // the waiter finishes every pending transfer before it exits
+		for _, ev := range ln.events {
+			errs = append(errs, ev.Close())
+		}
+		errs = append(errs, ln.stream.Close())
+		e.lanes[k] = nil
+	}
+	return errors.Join(errs...)
+}

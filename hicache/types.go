@@ -1,0 +1,74 @@
+package hicache
+
+import (
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/hicache/hostengine"
+)
+
+// The driver's API speaks the core's types; these aliases let a scheduler use package
+// hicache alone. Their documentation is in package core (the state machine) and package
+// engine (the copy-engine interface).
+type (
+	Node           = core.Node
+	NodeState      = core.NodeState
+	MatchResult    = core.MatchResult
+	InsertResult   = core.InsertResult
+	FillPage       = core.FillPage
+	LoadResult     = core.LoadResult
+	PrefetchResult = core.PrefetchResult
+	Options        = core.Options
+	Policy         = core.Policy
+	PrefetchPolicy = core.PrefetchPolicy
+	CoreStats      = core.Stats
+	Transfer       = core.Transfer
+	Copy           = core.Copy
+	Kind           = core.Kind
+
+	Engine            = engine.Engine
+	Ticket            = engine.Ticket
+	L1Memory          = engine.L1Memory
+	HostSlabs         = engine.HostSlabs
+	HostEngine        = hostengine.Engine
+	HostEngineOptions = hostengine.Options
+)
+
+// Write policies (see core.Policy).
+const (
+	WriteThrough          = core.WriteThrough
+	WriteThroughSelective = core.WriteThroughSelective
+	WriteBack             = core.WriteBack
+)
+
+// Prefetch policies (see core.PrefetchPolicy).
+const (
+	PrefetchBestEffort   = core.PrefetchBestEffort
+	PrefetchWaitComplete = core.PrefetchWaitComplete
+	PrefetchTimeout      = core.PrefetchTimeout
+)
+
+// Transfer kinds (see core.Kind).
+const (
+	Write = core.Write
+	Load  = core.Load
+)
+
+// Node states (see core.NodeState).
+const (
+	StateL1      = core.StateL1
+	StateL2      = core.StateL2
+	StateWriting = core.StateWriting
+	StateLoading = core.StateLoading
+	StateStale   = core.StateStale
+)
+
+var (
+	// ParsePolicy parses a write policy name (see core.ParsePolicy).
+	ParsePolicy = core.ParsePolicy
+	// ParsePrefetchPolicy parses a prefetch policy name (see core.ParsePrefetchPolicy).
+	ParsePrefetchPolicy = core.ParsePrefetchPolicy
+	// PrefixHashes returns the chained page hashes of tokens (see core.PrefixHashes).
+	PrefixHashes = core.PrefixHashes
+	// NewHostEngine makes the host-memory copy engine (see hostengine.New).
+	NewHostEngine = hostengine.New
+)
