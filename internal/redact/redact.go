@@ -2,6 +2,7 @@ package redact
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -13,12 +14,7 @@ var secretParams = []string{"password", "passwd", "pass", "pwd", "secret", "toke
 
 func isSecretParam(name string) bool {
 	name = strings.ToLower(name)
-	for _, p := range secretParams {
-		if name == p {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(secretParams, name)
 }
 
 // URL returns raw with its secrets replaced by Mask.
@@ -27,7 +23,7 @@ func URL(raw string) string {
 	if err != nil {
 		return maskAuthority(raw)
 	}
-	if len(Secrets(raw)) == 0 {
+	if len(secrets(raw)) == 0 {
 		return raw
 	}
 	if u.User != nil {
@@ -46,35 +42,39 @@ func URL(raw string) string {
 		}
 		u.RawQuery = q.Encode()
 	}
-	out := u.String()
-	// String escapes the mask's ':' separator; keep the URL readable.
-	return strings.Replace(out, url.QueryEscape(Mask), Mask, -1)
+	return u.String()
+}
+
+// splitUserinfo splits a URL that does not parse at the userinfo of its authority:
+// scheme://USERINFO@rest. ok is false when it has none.
+func splitUserinfo(raw string) (scheme, userinfo, rest string, ok bool) {
+	scheme, after, found := strings.Cut(raw, "://")
+	if !found {
+		return "", "", "", false
+	}
+	authority := after
+	if i := strings.IndexAny(after, "/?#"); i >= 0 {
+		authority = after[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return "", "", "", false
+	}
+	return scheme, after[:at], after[at:], true
 }
 
 // maskAuthority masks the userinfo of a URL that does not parse.
 func maskAuthority(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
+	scheme, _, rest, ok := splitUserinfo(raw)
 	if !ok {
 		return raw
 	}
-	authority, path, slash := rest, "", false
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority, path, slash = rest[:i], rest[i:], true
-	}
-	at := strings.LastIndex(authority, "@")
-	if at < 0 {
-		return raw
-	}
-	out := scheme + "://" + Mask + authority[at:]
-	if slash {
-		out += path
-	}
-	return out
+	return scheme + "://" + Mask + rest
 }
 
-// Secrets are the substrings of raw that must never be shown: its password (or bare user)
-// and the values of its secret query parameters, raw and unescaped.
-func Secrets(raw string) []string {
+// secrets are the substrings of raw that must never be shown: its password (or bare user)
+// and the values of its secret query parameters, raw and escaped.
+func secrets(raw string) []string {
 	var out []string
 	add := func(s string) {
 		if s != "" && s != Mask {
@@ -86,17 +86,10 @@ func Secrets(raw string) []string {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		if scheme, rest, ok := strings.Cut(raw, "://"); ok && scheme != "" {
-			authority := rest
-			if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-				authority = rest[:i]
-			}
-			if at := strings.LastIndex(authority, "@"); at >= 0 {
-				user := authority[:at]
-				add(user)
-				if _, pw, ok := strings.Cut(user, ":"); ok {
-					add(pw)
-				}
+		if _, userinfo, _, ok := splitUserinfo(raw); ok {
+			add(userinfo)
+			if _, pw, ok := strings.Cut(userinfo, ":"); ok {
+				add(pw)
 			}
 		}
 		return out
@@ -126,7 +119,7 @@ func Error(err error, raw string) error {
 	}
 	msg := err.Error()
 	masked := msg
-	for _, s := range Secrets(raw) {
+	for _, s := range secrets(raw) {
 		masked = strings.ReplaceAll(masked, s, Mask)
 	}
 	if masked == msg {
