@@ -29,6 +29,11 @@ func newJobDir(kind string) (dir string, done func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// The pid in the name means this process only in this pid namespace: record which one.
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(pidNamespace()), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		os.RemoveAll(dir)
@@ -54,8 +59,18 @@ func newJobDir(kind string) (dir string, done func(), err error) {
 	}, nil
 }
 
+// ownerFile, in a job directory, holds the pid namespace of its creator.
+const ownerFile = ".cpcache-owner"
+
+// pidNamespace identifies this process's pid namespace ("" if unknown).
+func pidNamespace() string {
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return ns
+}
+
 // reclaimJobDirs removes the job directories of this user in the temporary directory whose
-// creator is gone (a crash the janitor did not survive either), and returns them.
+// creator is gone (a crash the janitor did not survive either), and returns them. Only
+// directories created in this pid namespace are judged; others are left alone.
 func reclaimJobDirs() []string {
 	tmp := os.TempDir()
 	ents, err := os.ReadDir(tmp)
@@ -71,6 +86,10 @@ func reclaimJobDirs() []string {
 		path := filepath.Join(tmp, e.Name())
 		var st unix.Stat_t
 		if unix.Lstat(path, &st) != nil || st.Uid != uint32(os.Getuid()) {
+			continue
+		}
+		owner, err := os.ReadFile(filepath.Join(path, ownerFile))
+		if err != nil || string(owner) == "" || string(owner) != pidNamespace() {
 			continue
 		}
 		pid, _ := strconv.Atoi(m[2])
