@@ -126,6 +126,9 @@ func (l *launcher) run() int {
 	l.exited = make([]bool, l.n)
 	started := 0
 	for r := 0; r < l.n; r++ {
+		if len(sigs) > 0 {
+			break // interrupted while starting: start no more ranks; the loop below forwards it
+		}
 		cmd := exec.Command(l.argv[0], l.argv[1:]...)
 		cmd.Env = l.env(r)
 		cmd.Stdin = nil
