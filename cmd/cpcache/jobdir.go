@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,18 +27,15 @@ var jobDirRE = regexp.MustCompile(`^cpcache-(run|launch)-([0-9]+)-[0-9]+$`)
 // is killed (kill -9 included) and its ranks with it. done removes the directory and
 // releases the janitor; call it once the ranks have exited.
 func newJobDir(kind string) (dir string, done func(), err error) {
-	dir, err = os.MkdirTemp("", fmt.Sprintf("cpcache-%s-%d-", kind, os.Getpid()))
-	if err != nil {
+	// The janitor starts before the directory exists, so that no moment has one without
+	// the other.
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
 		return "", nil, err
 	}
-	// The pid in the name means this process only in this pid namespace: record which one.
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(pidNamespace()), 0o600); err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
+	dir = filepath.Join(os.TempDir(), fmt.Sprintf("cpcache-%s-%d-%d", kind, os.Getpid(), binary.LittleEndian.Uint64(nonce[:])>>1))
 	r, w, err := os.Pipe()
 	if err != nil {
-		os.RemoveAll(dir)
 		return "", nil, err
 	}
 	janitor := exec.Command("/bin/sh", "-c", `while read -r _; do :; done; rm -rf -- "$1"`, "cpcache-janitor", dir)
@@ -44,19 +43,32 @@ func newJobDir(kind string) (dir string, done func(), err error) {
 	// Its own session: a signal to the job's process group (Ctrl-C, kill -9 -PGID) does not
 	// reach it.
 	janitor.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := janitor.Start(); err != nil {
-		// No janitor (no /bin/sh): the directory is still removed by done, and after a crash
-		// by the next run or `cpcache cleanup`.
-		r.Close()
-		w.Close()
-		return dir, func() { os.RemoveAll(dir) }, nil
-	}
+	jerr := janitor.Start()
 	r.Close()
-	return dir, func() {
+	done = func() {
 		os.RemoveAll(dir)
 		w.Close()
-		_ = janitor.Wait()
-	}, nil
+		if jerr == nil {
+			_ = janitor.Wait()
+		}
+	}
+	// Without a janitor (no /bin/sh) done still removes the directory, and after a crash the
+	// next run or `cpcache cleanup` does.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		// Not ours (or not made): the janitor must not remove what is there.
+		if jerr == nil {
+			_ = janitor.Process.Kill()
+			_ = janitor.Wait()
+		}
+		w.Close()
+		return "", nil, err
+	}
+	// The pid in the name means this process only in this pid namespace: record which one.
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(pidNamespace()), 0o600); err != nil {
+		done()
+		return "", nil, err
+	}
+	return dir, done, nil
 }
 
 // ownerFile, in a job directory, holds the pid namespace of its creator.
