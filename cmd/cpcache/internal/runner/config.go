@@ -44,6 +44,8 @@ type Config struct {
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	StorageClear   bool                   // clear the run's namespace in Storage before serving
 
+	Time TimeConfig // virtual time and its cost model (see vtime.go)
+
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
@@ -128,6 +130,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	case "", "auto", "shm", "gloo":
 	default:
 		return nil, bad("consensus backend %q (want auto, shm or gloo)", cfg.Consensus)
+	}
+	if err := cfg.Time.normalize(cfg.Workload); err != nil {
+		return nil, err
 	}
 	p := &Plan{Config: cfg, Layout: layout}
 	switch cfg.Workload {

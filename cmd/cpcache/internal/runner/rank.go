@@ -73,6 +73,7 @@ type rankResult struct {
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
+	Timing           *replicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
 }
 
 // ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
@@ -168,6 +169,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	if leader {
+		sched.misses = newMissTracker(cfg)
+	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.corrupt = corruptOnce(set, cache.CPRank())
 	}
@@ -189,6 +193,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		WallSeconds: time.Since(start).Seconds(),
+	}
+	if leader {
+		res.Timing = sched.timing()
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -290,6 +297,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 	slices.Sort(lat)
 	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
 	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
+	r.addTiming(p, results, lat)
 	return r
 }
 

@@ -49,6 +49,13 @@ type Report struct {
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 
 	WallSeconds float64 `json:"wall_seconds"`
+
+	// Virtual time, latency and misses (see vtime.go, cost.go, attrib.go).
+	Latency            *LatencyReport  `json:"latency,omitempty"`
+	MissCauses         MissCauses      `json:"miss_causes"`
+	Timeline           []TimelinePoint `json:"hit_rate_timeline,omitempty"`
+	ConsensusHistogram []HistogramBin  `json:"consensus_latency_histogram,omitempty"`
+	Reference          Reference       `json:"reference"`
 }
 
 // WriteJSON writes r as indented JSON.
@@ -91,6 +98,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
+	r.writeTimeText(w, pct)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
 }
 

@@ -1,9 +1,11 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
@@ -71,10 +73,19 @@ type scheduler struct {
 	firstBad error               // the first bad page this rank found
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
 	diverged error               // the first placement divergence
+
+	clock      *vclock                    // virtual time (replicated: it gates admissions)
+	prefetches map[int]*pendingPrefetch   // requests waiting in the queue for their prefetch, by ID
+	misses     *missTracker               // miss attribution (replica leaders only; nil elsewhere)
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
-	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{}}
+	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
+		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}}
+	if s.clock.virtual {
+		// Served in order of arrival (a trace is already; replicated either way).
+		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
+	}
 	if l != nil {
 		l.total.Store(int64(len(reqs)))
 	}
@@ -87,14 +98,17 @@ func (s *scheduler) run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		s.waitIdle()
+		s.clock.beginStep()
 		progressed, err := s.schedule(ctx)
 		if err != nil {
 			return err
 		}
-		idle := s.cache.Pending() == 0
+		idle := s.cache.Pending() == 0 && len(s.prefetches) == 0
 		if err := s.step(ctx); err != nil {
 			return err
 		}
+		s.clock.endStep()
 		if !progressed && idle {
 			// Nothing admitted, decoded or finished, and no I/O in flight whose completion
 			// could free L1: no later step can do better. Replicated, so every rank stops.
@@ -167,6 +181,19 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 			keep = append(keep, r)
 			continue
 		}
+		if !stop && !s.clock.arrived(r) {
+			stop = true // the queue is in arrival order: nothing after r has arrived either
+		}
+		if !stop && s.overlapPrefetch() {
+			waiting, err := s.prefetchWaits(r)
+			if err != nil {
+				return admitted, err
+			}
+			if waiting { // its prefetch is under way: the others go on
+				keep = append(keep, r)
+				continue
+			}
+		}
 		need := s.cfg.pagesOf(r)
 		busy := admitted > 0 || len(s.running) > 0
 		if stop || (admitted > 0 && len(r.Tokens) > budget) || len(s.running) >= s.cfg.MaxRunning ||
@@ -186,6 +213,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 			continue
 		}
 		admitted++
+		delete(s.prefetches, r.ID)
 		budget -= len(r.Tokens)
 		if r.Client >= 0 {
 			blocked[r.Client] = true
@@ -217,10 +245,16 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	// With storage: prefetch the prompt's continuation beyond the L1 and L2 hit, then match
 	// again; the prefetched pages are host pages, loaded back and verified below like any.
 	stored := [2]int{} // page range [from, to) of the prompt that came from storage
-	if s.cfg.Storage != "" && (m.DevicePages+m.HostPages)*P < len(r.Tokens) {
+	if pf := s.prefetches[r.ID]; pf != nil {
+		stored = pf.pages
+	} else if s.cfg.Storage != "" && !s.overlapPrefetch() && (m.DevicePages+m.HostPages)*P < len(r.Tokens) {
 		if m, stored, err = s.prefetch(ctx, r, m); err != nil {
 			return nil, err
 		}
+	}
+	matched := m.DevicePages + m.HostPages
+	if s.misses != nil {
+		s.misses.matchedL2(r.Tokens, m)
 	}
 	device := m.DevicePages
 	if m.HostPages > 0 {
@@ -273,6 +307,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	if err := s.fill(ins.Fill); err != nil {
 		return nil, err
 	}
+	s.backedUp(len(ins.Fill))
 	if err := c.Lock(ins.Last); err != nil {
 		return nil, err
 	}
@@ -289,6 +324,11 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.HitL2 += l2
 	s.counts.HitL3 += l3
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
+	s.clock.prefilled(r, l1, l2, l3)
+	s.clock.loadPages += device - m.DevicePages
+	if s.misses != nil {
+		s.misses.prefilled(r, matched, device, s.diverged != nil)
+	}
 	if s.live != nil {
 		s.live.inputTokens.Add(int64(len(r.Tokens)))
 		s.live.hitTokens.Add(l1 + l2 + l3)
@@ -311,6 +351,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	if res.ID == 0 {
 		return m, [2]int{}, nil
 	}
+	asked := s.clock.nowNs
 	for c.PrefetchPending(res.ID) {
 		if err := s.step(ctx); err != nil {
 			return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
@@ -328,6 +369,8 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 		return after, [2]int{}, errors.Join(err, c.Unlock(after.Last))
 	}
 	from, to := m.DevicePages+m.HostPages, after.DevicePages+after.HostPages
+	// Everything waits until the storage read is over in virtual time.
+	s.clock.advanceTo(s.clock.storageReady(asked, max(to-from, 0)))
 	return after, [2]int{from, max(from, to)}, nil
 }
 
@@ -375,6 +418,7 @@ func (s *scheduler) decode() (int, error) {
 		if a.generated < a.req.OutputLen {
 			a.generated++
 			moved++
+			s.clock.decoding++
 		}
 		if a.generated < a.req.OutputLen {
 			keep = append(keep, a)
@@ -410,6 +454,10 @@ func (s *scheduler) finish(a *active) (bool, error) {
 	}
 	if err := s.fill(ins.Fill); err != nil {
 		return false, err
+	}
+	s.backedUp(len(ins.Fill))
+	if s.misses != nil {
+		s.misses.finished(r)
 	}
 	if err := s.cache.Unlock(a.last); err != nil {
 		return false, err

@@ -26,6 +26,7 @@ type rankOutcome struct {
 	stats       hicache.Stats
 	firstBad    error
 	err         error
+	timing      *replicaTiming // leaders: virtual time and miss causes
 }
 
 // runInProcess runs the plan's replicas with every rank as a goroutine: local groups for
@@ -79,6 +80,10 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			defer cache.Close()
 			coord := l.Coord(rank)
 			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
+			leader := l.ReplicaGroup(rank)[0] == rank
+			if leader {
+				s.misses = newMissTracker(&p.Config)
+			}
 			if rank == corruptRank {
 				done := false
 				s.corrupt = func(n *hicache.Node) {
@@ -97,6 +102,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			o.collectives = counted.Counts().Total() - before
 			o.stats = cache.Stats()
 			o.loaded = o.stats.PagesLoaded
+			if leader {
+				o.timing = s.timing()
+			}
 		}()
 	}
 	wg.Wait()

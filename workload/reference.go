@@ -1,0 +1,104 @@
+package workload
+
+import (
+	"container/list"
+	"hash/fnv"
+)
+
+// Reference hit rates computed from a workload alone, without a cache: the bounds and
+// baselines a measured hit rate is read against.
+//
+// A request's cacheable prefix is made of whole units (pages or blocks) of its prompt; a
+// unit is identified by its chained prefix (its tokens and every token before it), so two
+// units are equal only when their whole prefixes are. Requests are taken in workload order;
+// a request "leaves" its prompt and its answer (Answer) behind, as a server that inserts a
+// finished request with its answer does.
+
+// unitHashes are the chained prefix hashes of the whole units of tokens.
+func unitHashes(tokens []int32, unit int) []uint64 {
+	out := make([]uint64, 0, len(tokens)/unit)
+	var prev uint64
+	h := fnv.New64a()
+	var b [8]byte
+	for i := 0; i+unit <= len(tokens); i += unit {
+		h.Reset()
+		putUint64(b[:], prev)
+		h.Write(b[:])
+		for _, t := range tokens[i : i+unit] {
+			putUint64(b[:4], uint64(uint32(t)))
+			h.Write(b[:4])
+		}
+		prev = h.Sum64()
+		out = append(out, prev)
+	}
+	return out
+}
+
+func putUint64(b []byte, v uint64) {
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// withAnswer is r's prompt followed by its answer.
+func withAnswer(r Request) []int32 {
+	return append(r.Tokens[:len(r.Tokens):len(r.Tokens)], Answer(r)...)
+}
+
+// ReuseBound is the number of prompt tokens an unlimited cache with pages of pageSize
+// tokens serves when requests run one at a time in order: the leading whole pages of each
+// prompt that some earlier request's prompt or answer already held. No cache of that page
+// size can hit more tokens in that order; concurrency can only turn some of these hits into
+// misses (a prefix still being computed).
+func ReuseBound(reqs []Request, pageSize int) int64 {
+	seen := map[uint64]struct{}{}
+	var hits int64
+	for _, r := range reqs {
+		for _, h := range unitHashes(r.Tokens, pageSize) {
+			if _, ok := seen[h]; !ok {
+				break
+			}
+			hits += int64(pageSize)
+		}
+		for _, h := range unitHashes(withAnswer(r), pageSize) {
+			seen[h] = struct{}{}
+		}
+	}
+	return hits
+}
+
+// LRUBlockHits is the number of prompt tokens served, in order, by an LRU cache of
+// capacityBlocks blocks of BlockTokens tokens (the granularity of a Mooncake trace's
+// hash ids): a prompt hits its leading cached blocks, then every block of the prompt and its
+// answer becomes the most recently used, the least recently used blocks leaving when the
+// capacity is exceeded. It is the textbook baseline a paged, tiered cache of the same
+// capacity is compared with.
+func LRUBlockHits(reqs []Request, capacityBlocks int) int64 {
+	if capacityBlocks <= 0 {
+		return 0
+	}
+	order := list.New() // front: most recently used; values are block hashes
+	at := map[uint64]*list.Element{}
+	var hits int64
+	for _, r := range reqs {
+		for _, h := range unitHashes(r.Tokens, BlockTokens) {
+			if _, ok := at[h]; !ok {
+				break
+			}
+			hits += BlockTokens
+		}
+		for _, h := range unitHashes(withAnswer(r), BlockTokens) {
+			if e, ok := at[h]; ok {
+				order.MoveToFront(e)
+				continue
+			}
+			at[h] = order.PushFront(h)
+			if order.Len() > capacityBlocks {
+				last := order.Back()
+				delete(at, last.Value.(uint64))
+				order.Remove(last)
+			}
+		}
+	}
+	return hits
+}
