@@ -56,23 +56,23 @@ func corruptOnce(set *slab.Set, cpRank int) func(*hicache.Node) {
 
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
-	Rank             int           `json:"rank"`
-	DP               int           `json:"dp"`     // its DP replica
-	Leader           bool          `json:"leader"` // rank 0 of its replica group: its replicaCounts count
-	Backend          string        `json:"backend"`
-	Replica          replicaCounts `json:"replica"`
-	Local            localCounts   `json:"local"`
-	PagesWritten     int64         `json:"pages_written"`
-	PagesLoaded      int64         `json:"pages_loaded"`
-	Collectives      int64         `json:"collectives"` // on the consensus group while serving
-	DigestChecks     int64         `json:"digest_checks"`
-	DigestMismatches int64         `json:"digest_mismatches"`
-	L3Prefetched     int64         `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
-	L3BackedUp       int64         `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
-	StorageErrors    int64         `json:"storage_errors"` // this rank's (I/O ranks only)
-	LatencyNs        []int64       `json:"latency_ns"`
-	WallSeconds      float64       `json:"wall_seconds"`
-	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
+	Rank             int            `json:"rank"`
+	DP               int            `json:"dp"`     // its DP replica
+	Leader           bool           `json:"leader"` // rank 0 of its replica group: its replicaCounts count
+	Backend          string         `json:"backend"`
+	Replica          replicaCounts  `json:"replica"`
+	Local            localCounts    `json:"local"`
+	PagesWritten     int64          `json:"pages_written"`
+	PagesLoaded      int64          `json:"pages_loaded"`
+	Collectives      int64          `json:"collectives"` // on the consensus group while serving
+	DigestChecks     int64          `json:"digest_checks"`
+	DigestMismatches int64          `json:"digest_mismatches"`
+	L3Prefetched     int64          `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
+	L3BackedUp       int64          `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
+	StorageErrors    int64          `json:"storage_errors"` // this rank's (I/O ranks only)
+	LatencyNs        []int64        `json:"latency_ns"`
+	WallSeconds      float64        `json:"wall_seconds"`
+	Err              string         `json:"err,omitempty"`    // an integrity failure on this rank
 	Timing           *replicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
 }
 

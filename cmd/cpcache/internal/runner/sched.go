@@ -74,9 +74,9 @@ type scheduler struct {
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
 	diverged error               // the first placement divergence
 
-	clock      *vclock                    // virtual time (replicated: it gates admissions)
-	prefetches map[int]*pendingPrefetch   // requests waiting in the queue for their prefetch, by ID
-	misses     *missTracker               // miss attribution (replica leaders only; nil elsewhere)
+	clock      *vclock                  // virtual time (replicated: it gates admissions)
+	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
+	misses     *missTracker             // miss attribution (replica leaders only; nil elsewhere)
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
