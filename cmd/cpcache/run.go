@@ -58,6 +58,7 @@ type runOpts struct {
 	layout                    *parallel.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
 	prefetch                  string
+	report                    reportOpts // virtual time, sweep and HTML (run_report.go)
 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
@@ -85,6 +86,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	o.report.flags(fs)
 	return o
 }
 
@@ -97,19 +99,10 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return fail(stderr, 2, fmt.Errorf("run: unexpected argument %q", fs.Arg(0)))
 	}
+	if err := o.finish(); err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+	}
 	cfg := &o.cfg
-	cfg.Layout = *o.layout
-	p, err := hicache.ParsePolicy(o.policy)
-	if err != nil {
-		return fail(stderr, 2, fmt.Errorf("run: --policy: %w", err))
-	}
-	cfg.Policy = p
-	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
-		return fail(stderr, 2, fmt.Errorf("run: --prefetch-policy: %w", err))
-	}
-	if strings.HasPrefix(cfg.Storage, "mem:") {
-		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage)))
-	}
 	worldSet := false
 	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
 	_, underRank := os.LookupEnv("RANK")
@@ -134,6 +127,17 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, 2, fmt.Errorf("run: %w", err))
 		}
 	}
+	if checkHere && o.report.html != "" {
+		if err := checkOutputFile("--html", o.report.html); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
+	}
+	if o.report.sweep != "" {
+		if joined {
+			return fail(stderr, 2, errors.New("run: --sweep starts its own ranks once per value: run it without a launcher"))
+		}
+		return runSweep(o, args, stdout, stderr)
+	}
 	plan, err := runner.Prepare(*cfg)
 	if err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
@@ -144,11 +148,17 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	ctx, signalled := signalContext()
+	paths := reportPaths{json: o.jsonPath, html: o.report.html}
 	status := 0
 	if joined {
-		status = runAsRank(ctx, plan, statusDir, o.jsonPath, o.metrics, stdout, stderr)
+		status = runAsRank(ctx, plan, statusDir, paths, o.metrics, stdout, stderr)
 	} else {
-		status = runLocal(ctx, plan, args, o.jsonPath, o.metrics, stdout, stderr)
+		var rep *runner.Report
+		if rep, status = runLocal(ctx, plan, args, o.metrics, stdout, stderr); rep != nil {
+			if err := emitReport(rep, paths, stdout); err != nil {
+				status = fail(stderr, 1, err)
+			}
+		}
 	}
 	if sig := signalled(); sig != 0 {
 		return 128 + int(sig)
@@ -172,15 +182,33 @@ func signalContext() (context.Context, func() syscall.Signal) {
 	return ctx, func() syscall.Signal { return syscall.Signal(got.Load()) }
 }
 
+// finish checks the flags that need parsing and copies them into the configuration.
+func (o *runOpts) finish() error {
+	cfg := &o.cfg
+	cfg.Layout = *o.layout
+	p, err := hicache.ParsePolicy(o.policy)
+	if err != nil {
+		return fmt.Errorf("--policy: %w", err)
+	}
+	cfg.Policy = p
+	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
+		return fmt.Errorf("--prefetch-policy: %w", err)
+	}
+	if strings.HasPrefix(cfg.Storage, "mem:") {
+		return fmt.Errorf("--storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage))
+	}
+	return o.report.apply(cfg)
+}
+
 // runAsRank runs this process as one rank of a job started by a launcher.
-func runAsRank(ctx context.Context, p *runner.Plan, statusDir, jsonPath, metrics string, stdout, stderr io.Writer) int {
+func runAsRank(ctx context.Context, p *runner.Plan, statusDir string, paths reportPaths, metrics string, stdout, stderr io.Writer) int {
 	out := runner.Output{StatusDir: statusDir}
 	if statusDir == "" {
 		out.Progress, out.Terminal, out.MetricsAddr = stderr, runner.IsTerminal(os.Stderr) && stderr == io.Writer(os.Stderr), metrics
 	}
 	rep, err := runner.RunRank(ctx, p, out)
 	if rep != nil && statusDir == "" {
-		if werr := emitReport(rep, jsonPath, stdout); werr != nil {
+		if werr := emitReport(rep, paths, stdout); werr != nil {
 			return fail(stderr, 1, werr)
 		}
 	}
@@ -193,23 +221,23 @@ func runAsRank(ctx context.Context, p *runner.Plan, statusDir, jsonPath, metrics
 	return 0
 }
 
-// runLocal starts the world as local ranks of this binary, draws their progress and prints
-// rank 0's report.
-func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metrics string, stdout, stderr io.Writer) int {
+// runLocal starts the world as local ranks of this binary, draws their progress and
+// returns rank 0's report (nil when the ranks left none) and the exit status.
+func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer) (*runner.Report, int) {
 	exe, err := os.Executable()
 	if err != nil {
-		return fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))
+		return nil, fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))
 	}
 	reclaimJobDirs()
 	dir, done, err := newJobDir("run")
 	if err != nil {
-		return fail(stderr, 1, fmt.Errorf("run: temporary directory: %w", err))
+		return nil, fail(stderr, 1, fmt.Errorf("run: temporary directory: %w", err))
 	}
 	defer done()
 	statusDir, storeDir := filepath.Join(dir, "status"), filepath.Join(dir, "store")
 	for _, d := range []string{statusDir, storeDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return fail(stderr, 1, fmt.Errorf("run: %w", err))
+			return nil, fail(stderr, 1, fmt.Errorf("run: %w", err))
 		}
 	}
 	store := p.Config.Store
@@ -218,7 +246,7 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metr
 	}
 	w, err := runner.NewWatcher(statusDir, len(p.Requests), metrics)
 	if err != nil {
-		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		return nil, fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
 	defer w.Close()
 	if a := w.MetricsAddr(); a != "" {
@@ -228,7 +256,7 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metr
 	// The ranks inherit the environment: the status directory tells them to report through
 	// it instead of printing.
 	if err := os.Setenv(runner.EnvStatusDir, statusDir); err != nil {
-		return fail(stderr, 1, err)
+		return nil, fail(stderr, 1, err)
 	}
 	defer os.Unsetenv(runner.EnvStatusDir)
 	l := &launcher{n: p.Layout.Config.World, argv: append([]string{exe, "run"}, args...), store: store,
@@ -246,31 +274,36 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metr
 	rep, rerr := runner.ReadReport(statusDir)
 	if rerr != nil {
 		if status == 0 {
-			return fail(stderr, 1, fmt.Errorf("run: the ranks finished without a report: %w", rerr))
+			return nil, fail(stderr, 1, fmt.Errorf("run: the ranks finished without a report: %w", rerr))
 		}
-		return status
+		return nil, status
 	}
-	if err := emitReport(rep, jsonPath, stdout); err != nil {
-		return fail(stderr, 1, err)
-	}
-	return status
+	return rep, status
 }
 
-func emitReport(rep *runner.Report, jsonPath string, stdout io.Writer) error {
+func emitReport(rep *runner.Report, paths reportPaths, stdout io.Writer) error {
 	rep.WriteText(stdout)
-	if jsonPath == "" {
+	if err := writeOutput(paths.json, "--json", rep.WriteJSON); err != nil {
+		return err
+	}
+	return writeOutput(paths.html, "--html", func(w io.Writer) error { return runner.WriteHTML(w, rep, nil) })
+}
+
+// writeOutput writes a file with write ("" path: nothing); errors name the flag and path.
+func writeOutput(path, flag string, write func(io.Writer) error) error {
+	if path == "" {
 		return nil
 	}
-	f, err := os.Create(jsonPath)
+	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("run: --json: %w", err)
+		return fmt.Errorf("run: %s: %w", flag, err)
 	}
-	err = rep.WriteJSON(f)
+	err = write(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("run: --json %s: %w", jsonPath, err)
+		return fmt.Errorf("run: %s %s: %w", flag, path, err)
 	}
 	return nil
 }

@@ -1,0 +1,218 @@
+package runner
+
+import (
+	"bytes"
+	"fmt"
+	"html"
+	"io"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Chart ids of the HTML report (each a <figure id=...> holding one inline SVG).
+const (
+	ChartHitTimeline = "hit-rate-timeline"
+	ChartTTFTCDF     = "ttft-cdf"
+	ChartMisses      = "miss-attribution"
+	ChartConsensus   = "consensus-latency"
+	ChartSweep       = "sweep-hit-rate"
+)
+
+// SweepResult is a sweep: one report per value of one parameter.
+type SweepResult struct {
+	Param   string    `json:"param"`
+	Values  []string  `json:"values"`
+	Reports []*Report `json:"reports"`
+}
+
+// WriteHTML writes a self-contained HTML report with inline SVG charts: hit rate per tier
+// over virtual time, the TTFT CDF with the cache on and off, the miss attribution, the
+// consensus-latency histogram (of rep), and with a sweep the hit rate against the swept
+// parameter beside the reference curves. Each chart is a <figure> with the chart's id and
+// a data-points attribute (how many values it draws).
+func WriteHTML(w io.Writer, rep *Report, sweep *SweepResult) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>cpcache run report</title>\n"+
+		"<style>body{font-family:sans-serif;margin:2em;max-width:1100px}figure{display:inline-block;margin:0.5em;vertical-align:top}"+
+		"pre{background:#f4f4f4;padding:1em;font-size:12px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>\n"+
+		"</head><body>\n<h1>cpcache run report</h1>\n")
+	var text strings.Builder
+	rep.WriteText(&text)
+	fmt.Fprintf(&b, "<pre>%s</pre>\n", html.EscapeString(text.String()))
+	if sweep != nil {
+		var t strings.Builder
+		WriteSweepTable(&t, sweep)
+		fmt.Fprintf(&b, "<h2>Sweep of %s</h2>\n<pre>%s</pre>\n", html.EscapeString(sweep.Param), html.EscapeString(t.String()))
+	}
+	charts := []func(*Report, *SweepResult) (string, string, int, *plot.Plot, error){hitTimelineChart, ttftChart, missChart, consensusChart}
+	if sweep != nil {
+		charts = append(charts, sweepChart)
+	}
+	for _, chart := range charts {
+		id, caption, n, p, err := chart(rep, sweep)
+		if err != nil {
+			return err
+		}
+		svg, err := renderSVG(p)
+		if err != nil {
+			return fmt.Errorf("runner: chart %s: %w", id, err)
+		}
+		fmt.Fprintf(&b, "<figure id=\"%s\" data-points=\"%d\">%s<figcaption>%s</figcaption></figure>\n", id, n, svg, html.EscapeString(caption))
+	}
+	b.WriteString("</body></html>\n")
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// renderSVG draws p as an SVG element (without its XML declaration, to inline it).
+func renderSVG(p *plot.Plot) (string, error) {
+	wt, err := p.WriterTo(6*vg.Inch, 3.6*vg.Inch, "svg")
+	if err != nil {
+		return "", err
+	}
+	var b bytes.Buffer
+	if _, err := wt.WriteTo(&b); err != nil {
+		return "", err
+	}
+	s := b.String()
+	if i := strings.Index(s, "<svg"); i >= 0 {
+		s = s[i:]
+	}
+	return s, nil
+}
+
+func hitTimelineChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Hit rate per tier over virtual time"
+	p.X.Label.Text = "virtual time (s)"
+	p.Y.Label.Text = "prompt tokens hit"
+	p.Y.Min, p.Y.Max = 0, 1
+	tiers := []struct {
+		name string
+		v    func(TimelinePoint) float64
+	}{{"L1", func(t TimelinePoint) float64 { return t.HitL1 }}, {"L2", func(t TimelinePoint) float64 { return t.HitL2 }}}
+	if rep.Storage != "" {
+		tiers = append(tiers, struct {
+			name string
+			v    func(TimelinePoint) float64
+		}{"storage", func(t TimelinePoint) float64 { return t.HitL3 }})
+	}
+	var args []any
+	n := 0
+	for _, tier := range tiers {
+		xy := make(plotter.XYs, len(rep.Timeline))
+		for i, t := range rep.Timeline {
+			xy[i] = plotter.XY{X: t.EndS, Y: tier.v(t)}
+		}
+		n += len(xy)
+		args = append(args, tier.name, xy)
+	}
+	err := plotutil.AddLinePoints(p, args...)
+	return ChartHitTimeline, "Share of the prompt tokens of the requests whose first token falls in each window served from each tier.", n, p, err
+}
+
+func ttftChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Time to first token (CDF)"
+	p.X.Label.Text = "TTFT (ms, log)"
+	p.Y.Label.Text = "fraction of requests"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	n := 0
+	var args []any
+	if l := rep.Latency; l != nil {
+		for _, f := range []struct {
+			name string
+			q    []float64
+		}{{"cache on", l.On.TTFTQuantilesMs}, {"cache off", l.Off.TTFTQuantilesMs}} {
+			xy := make(plotter.XYs, len(f.q))
+			for i, v := range f.q {
+				xy[i] = plotter.XY{X: max(v, 1e-3), Y: float64(i) / 100}
+			}
+			n += len(xy)
+			args = append(args, f.name, xy)
+		}
+	}
+	err := plotutil.AddLines(p, args...)
+	return ChartTTFTCDF, "TTFT in virtual time with the cache on (measured) and off (simulated from the same workload and costs).", n, p, err
+}
+
+func missChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
+	m := rep.MissCauses
+	causes := []struct {
+		name string
+		v    int64
+	}{{"compulsory", m.Compulsory}, {"capacity L1", m.CapacityL1}, {"capacity L2", m.CapacityL2}, {"in flight", m.InFlight},
+		{"quarantined", m.Quarantined}, {"storage", m.Storage}, {"partial page", m.PartialPage}}
+	p := plot.New()
+	p.Title.Text = "Missed prompt tokens by cause"
+	p.Y.Label.Text = "tokens"
+	vals := make(plotter.Values, len(causes))
+	names := make([]string, len(causes))
+	n := 0
+	for i, c := range causes {
+		vals[i], names[i] = float64(c.v), c.name
+		if c.v > 0 {
+			n++
+		}
+	}
+	bars, err := plotter.NewBarChart(vals, vg.Points(30))
+	if err != nil {
+		return ChartMisses, "", 0, nil, err
+	}
+	bars.Color = plotutil.Color(2)
+	p.Add(bars)
+	p.NominalX(names...)
+	return ChartMisses, fmt.Sprintf("Every missed prompt token under one cause (%d tokens missed).", rep.TokensMissed), n, p, nil
+}
+
+func consensusChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Consensus step latency"
+	p.X.Label.Text = "all-reduce latency (µs, log)"
+	p.Y.Label.Text = "steps"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	h := &plotter.Histogram{FillColor: plotutil.Color(0), LineStyle: plotter.DefaultLineStyle}
+	n := 0
+	for _, b := range rep.ConsensusHistogram {
+		h.Bins = append(h.Bins, plotter.HistogramBin{Min: b.LoUs, Max: b.HiUs, Weight: float64(b.Count)})
+		n += b.Count
+	}
+	if len(h.Bins) > 0 {
+		h.Width = h.Bins[0].Max - h.Bins[0].Min
+		p.Add(h)
+	}
+	return ChartConsensus, "Wall-clock latency of the consensus all-reduce of the latest steps of every rank (real time, not virtual).", n, p, nil
+}
+
+func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Hit rate against " + sw.Param
+	p.X.Label.Text = sw.Param
+	p.Y.Label.Text = "hit rate"
+	p.Y.Min, p.Y.Max = 0, 1
+	lines := []struct {
+		name string
+		v    func(*Report) float64
+	}{
+		{"measured", func(r *Report) float64 { return r.HitRate }},
+		{"LRU of 512-token blocks", func(r *Report) float64 { return r.Reference.LRUBlockHitRate }},
+		{"unlimited", func(r *Report) float64 { return r.Reference.ReuseBoundHitRate }},
+	}
+	var args []any
+	n := 0
+	for _, l := range lines {
+		xy := make(plotter.XYs, len(sw.Reports))
+		for i, r := range sw.Reports {
+			xy[i] = plotter.XY{X: float64(i), Y: l.v(r)}
+		}
+		n += len(xy)
+		args = append(args, l.name, xy)
+	}
+	err := plotutil.AddLinePoints(p, args...)
+	p.NominalX(sw.Values...)
+	return ChartSweep, "Measured hit rate at each value, beside an LRU over 512-token blocks of the same capacity and the unlimited-capacity bound.", n, p, err
+}
