@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"math"
 
 	"github.com/cpcache/cpcache/hicache"
@@ -13,10 +14,11 @@ import (
 // a request whose prefetch is under way is not scheduled yet).
 type pendingPrefetch struct {
 	id      uint64
-	askedNs float64 // virtual time the prefetch was asked
-	from    int     // pages of the prompt in the tree when it was asked
-	readyNs float64 // NaN until the cache finished it
-	pages   [2]int  // page range [from, to) of the prompt it added
+	askedNs float64       // virtual time the prefetch was asked
+	from    int           // pages of the prompt in the tree when it was asked
+	readyNs float64       // NaN until the cache finished it
+	pages   [2]int        // page range [from, to) of the prompt it added
+	locked  *hicache.Node // the prefix node locked while the cache reads
 }
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for
@@ -32,33 +34,66 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
 	pf := s.prefetches[r.ID]
 	if pf == nil {
-		m, err := c.Match(r.Tokens)
-		if err != nil {
+		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}}
+		started, err := s.askPrefetch(r, pf)
+		if err != nil || !started {
 			return false, err
 		}
-		if (m.DevicePages+m.HostPages)*P >= len(r.Tokens) {
-			return false, nil
-		}
-		res, err := c.Prefetch(r.Tokens)
-		if err != nil || res.ID == 0 {
-			return false, err
-		}
-		pf = &pendingPrefetch{id: res.ID, askedNs: s.clock.nowNs, from: m.DevicePages + m.HostPages, readyNs: math.NaN()}
 		s.prefetches[r.ID] = pf
 	}
 	if math.IsNaN(pf.readyNs) {
 		if c.PrefetchPending(pf.id) {
 			return true, nil
 		}
-		after, err := c.Match(r.Tokens)
+		if err := c.Unlock(pf.locked); err != nil {
+			return false, err
+		}
+		// Prefetches of a shared prefix asked together are read once: when this one
+		// gained pages but the prompt goes on, ask for the rest.
+		m, err := c.Match(r.Tokens)
 		if err != nil {
 			return false, err
 		}
-		to := max(after.DevicePages+after.HostPages, pf.from)
-		pf.pages = [2]int{pf.from, to}
-		pf.readyNs = s.clock.storageReady(pf.askedNs, to-pf.from)
+		if have := m.DevicePages + m.HostPages; have > pf.pages[1] && have*P < len(r.Tokens) {
+			started, err := s.askPrefetch(r, pf)
+			if err != nil || started {
+				return started, err
+			}
+		} else {
+			pf.pages[1] = max(pf.pages[1], have)
+		}
+		pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
 	}
 	return s.clock.nowNs < pf.readyNs, nil
+}
+
+// askPrefetch matches r and, when its prompt continues beyond the tree's L1 and L2 pages,
+// locks the matched prefix (the continuation is read for it, and an evicted prefix would
+// make the group discard what it read) and asks storage for the rest. It extends
+// pf.pages to the pages the tree holds now and reports whether a prefetch started.
+func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
+	c := s.cache
+	m, err := c.Match(r.Tokens)
+	if err != nil {
+		return false, err
+	}
+	have := m.DevicePages + m.HostPages
+	if pf.pages[0] < 0 {
+		pf.pages = [2]int{have, have}
+	}
+	pf.pages[1] = max(pf.pages[1], have)
+	if have*s.cfg.PageSize >= len(r.Tokens) {
+		return false, nil
+	}
+	if err := c.Lock(m.Last); err != nil {
+		return false, err
+	}
+	res, err := c.Prefetch(r.Tokens)
+	if err != nil || res.ID == 0 {
+		return false, errors.Join(err, c.Unlock(m.Last))
+	}
+	pf.id, pf.locked = res.ID, m.Last
+	return true, nil
 }
 
 // waitIdle moves the clock to the next event when nothing can happen before it: nothing

@@ -314,10 +314,12 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	if err := c.Unlock(m.Last); err != nil {
 		return nil, err
 	}
-	// Loaded pages [m.DevicePages, device) that were prefetched from storage are storage
-	// hits; the others L2 hits.
-	l3 := int64(max(0, min(device, stored[1])-max(m.DevicePages, stored[0])) * P)
-	l1, l2 := int64(m.DevicePages*P), int64((device-m.DevicePages)*P)-l3
+	// Served pages that were prefetched from storage for this request are storage hits
+	// (some may have reached L1 before its prefill); the others L1 or L2 hits.
+	overlap := func(from, to int) int { return max(0, min(to, stored[1])-max(from, stored[0])) }
+	l3 := int64(overlap(0, device) * P)
+	l1 := int64((m.DevicePages - overlap(0, m.DevicePages)) * P)
+	l2 := int64(device*P) - l1 - l3
 	s.counts.Requests++
 	s.counts.InputTokens += int64(len(r.Tokens))
 	s.counts.HitL1 += l1

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,12 +182,17 @@ func TestSecondRunHitsStorage(t *testing.T) {
 	// every page it writes to L2 and, with L2 holding everything, never needs storage; the
 	// second starts with empty L1 and L2 and prefetches the histories from storage. Every
 	// page prefetched and loaded back is verified.
-	for _, policy := range []string{"best-effort", "wait-complete", "timeout"} {
-		t.Run(policy, func(t *testing.T) {
+	// With PrefetchSync the scheduler waits for each prefetch in steps where nothing
+	// decodes; otherwise the request waits in the queue and the others run on.
+	for _, name := range []string{"best-effort", "wait-complete", "timeout", "best-effort/sync", "wait-complete/sync"} {
+		policy, mode, _ := strings.Cut(name, "/")
+		t.Run(name, func(t *testing.T) {
 			pp, err := ParsePrefetchPolicy(policy)
 			require.NoError(t, err)
 			url := "mem://runner-test-" + t.Name()
-			p := smallPlan(t, parallel.LayoutConfig{World: 4, AttnCP: 2}, func(c *Config) { c.Storage, c.PrefetchPolicy = url, pp })
+			p := smallPlan(t, parallel.LayoutConfig{World: 4, AttnCP: 2}, func(c *Config) {
+				c.Storage, c.PrefetchPolicy, c.Time.PrefetchSync = url, pp, mode == "sync"
+			})
 			st, _, err := p.openStorage(context.Background())
 			require.NoError(t, err)
 			require.NoError(t, st.Clear(context.Background()))
@@ -201,6 +207,11 @@ func TestSecondRunHitsStorage(t *testing.T) {
 			assert.Positive(t, second[0].counts.HitL3, "the second run hits storage")
 			assert.Positive(t, second[0].stats.L3PrefetchedPages)
 			assert.Less(t, second[0].counts.Missed, first[0].counts.Missed, "storage hits replace misses")
+			if mode == "sync" {
+				assert.Positive(t, second[0].counts.PrefetchSteps, "the synchronous scheduler waits in steps")
+			} else {
+				assert.Zero(t, second[0].counts.PrefetchSteps, "no step waits for a prefetch")
+			}
 			for rank, o := range append(first, second...) {
 				assert.Zero(t, o.stats.StorageErrors, "rank %d", rank%4)
 			}
