@@ -1,0 +1,126 @@
+package runner
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/parallel"
+)
+
+func TestCostProfilesLoadAndOverride(t *testing.T) {
+	for _, name := range CostProfiles() {
+		p, err := LoadCostProfile(name, "")
+		require.NoError(t, err, name)
+		assert.NotEmpty(t, p.Source, "profile %s names its source", name)
+	}
+	p, err := LoadCostProfile("", "prefill_ns_per_token=3000, h2d_gbps=25,kv_bytes_per_token=4096")
+	require.NoError(t, err)
+	assert.Equal(t, 3000.0, p.PrefillNsPerToken)
+	assert.Equal(t, 25.0, p.H2DGBps)
+	assert.Equal(t, 4096, p.KVBytesPerToken)
+	assert.Contains(t, p.Name, DefaultCostProfile)
+
+	path := filepath.Join(t.TempDir(), "profile.json")
+	require.NoError(t, os.WriteFile(path, []byte(`{"name": "mine", "prefill_ns_per_token": 2, "h2d_gbps": 1, "d2h_gbps": 1, "storage_gbps": 1}`), 0o600))
+	p, err = LoadCostProfile(path, "")
+	require.NoError(t, err)
+	assert.Equal(t, "mine", p.Name)
+	assert.Equal(t, 2.0, p.PrefillNsPerToken)
+
+	bad := map[string][2]string{
+		"neither a built-in profile":    {"no-such-profile", ""},
+		"want field=value":              {"unit", "prefill=3"},
+		`value "x" is not a number`:     {"unit", "decode_step_ns=x"},
+		"not a whole number":            {"unit", "kv_bytes_per_token=1.5"},
+		"h2d_gbps 0 must be positive":   {"unit", "h2d_gbps=0"},
+		"decode_step_ns -1 is negative": {"unit", "decode_step_ns=-1"},
+	}
+	for want, in := range bad {
+		_, err := LoadCostProfile(in[0], in[1])
+		require.ErrorIs(t, err, ErrBadInput, want)
+		assert.Contains(t, err.Error(), want)
+	}
+	require.NoError(t, os.WriteFile(path, []byte(`{"prefill_ns_per_tokens": 2}`), 0o600))
+	_, err = LoadCostProfile(path, "")
+	require.ErrorIs(t, err, ErrBadInput)
+	assert.Contains(t, err.Error(), "prefill_ns_per_tokens", "an unknown field is named")
+}
+
+func TestParseSweep(t *testing.T) {
+	param, values, err := ParseSweep("l2-pages=1024, 4096,16384")
+	require.NoError(t, err)
+	assert.Equal(t, "l2-pages", param)
+	assert.Equal(t, []string{"1024", "4096", "16384"}, values)
+	for _, in := range []string{"l2-pages", "page-size=1,2", "l1-pages=1,,2"} {
+		_, _, err := ParseSweep(in)
+		require.ErrorIs(t, err, ErrBadInput, in)
+		assert.Contains(t, err.Error(), in)
+	}
+}
+
+func TestPrepareRejectsBadTime(t *testing.T) {
+	for want, mutate := range map[string]func(*Config){
+		`time "wall"`:                        func(c *Config) { c.Time.Mode = "wall" },
+		"speed -2 must be a positive number": func(c *Config) { c.Time.Speed = -2 },
+	} {
+		cfg := DefaultConfig()
+		mutate(&cfg)
+		_, err := Prepare(cfg)
+		require.ErrorIs(t, err, ErrBadInput, want)
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestVirtualTimeReplaysArrivals(t *testing.T) {
+	// The unit profile: 1 µs per computed token, 1 ms + 10 µs per request per decode step.
+	lc := parallel.LayoutConfig{World: 2, AttnCP: 2}
+	run := func(mode string, speed float64) (*Plan, []requestTiming, float64) {
+		p := attributionPlan(t, lc, func(c *Config) { c.Time.Mode, c.Time.Speed = mode, speed })
+		out := runInProcess(t, p, -1)
+		requireAgreed(t, p, out)
+		return p, out[0].timing.Requests, out[0].timing.MakespanNs
+	}
+	p, virtual, span := run(TimeVirtual, 1)
+	require.Len(t, virtual, len(p.Requests))
+	last := p.Requests[len(p.Requests)-1].ArrivalMs
+	assert.GreaterOrEqual(t, span, float64(last)*1e6, "the replay lasts at least until the last arrival")
+	byArrival := map[int64]bool{}
+	for _, r := range p.Requests {
+		byArrival[r.ArrivalMs*1e6] = true
+	}
+	for _, tm := range virtual {
+		assert.True(t, byArrival[tm.ArrivalNs], "arrival %d ns is a trace timestamp", tm.ArrivalNs)
+		assert.GreaterOrEqual(t, tm.QueueNs, int64(0), "nothing is admitted before it arrives")
+		computed := int64(tm.Prompt - tm.HitL1 - tm.HitL2 - tm.HitL3)
+		assert.GreaterOrEqual(t, tm.TTFTNs, tm.QueueNs+computed*1000, "the first token comes after its prefill")
+	}
+	_, fast, fastSpan := run(TimeVirtual, 1000)
+	assert.Less(t, fastSpan, span, "--speed 1000 compresses the arrivals")
+	assert.Equal(t, int64(3e6/1000), fast[1].ArrivalNs-fast[0].ArrivalNs, "arrivals 3 ms apart become 3 µs apart")
+
+	_, none, _ := run(TimeNone, 1)
+	for _, tm := range none {
+		assert.Zero(t, tm.ArrivalNs, "--time none: every request arrived at 0")
+	}
+}
+
+func TestCacheOffSimulationComputesEveryToken(t *testing.T) {
+	p := attributionPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, func(c *Config) {})
+	off := simulateNoCache(&p.Config, p.Requests)
+	var prompt int64
+	for _, r := range p.Requests {
+		prompt += int64(len(r.Tokens))
+	}
+	assert.Equal(t, prompt, off.computed)
+	require.Len(t, off.timings, len(p.Requests))
+	out := runInProcess(t, p, -1)
+	on := out[0].timing
+	assert.Less(t, on.ComputedTokens, off.computed, "the cache saves prefill tokens")
+	onFig, offFig := figures([]replicaTiming{*on}, 0), figures([]replicaTiming{timingOf(off)}, 0)
+	assert.LessOrEqual(t, onFig.TTFTP50Ms, offFig.TTFTP50Ms, "hits shorten the prefill")
+	assert.Len(t, onFig.TTFTQuantilesMs, 101)
+}
