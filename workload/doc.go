@@ -6,6 +6,10 @@
 // derives the same requests from the same inputs without exchanging them, and two requests
 // that share a prefix in the source share it token for token.
 //
+// ReuseBound and LRUBlockHits compute reference hit counts from a workload alone: the
+// tokens an unlimited cache serves with requests one at a time, and what an LRU of
+// 512-token blocks of a given capacity serves.
+//
 // Contract: Synthetic and ReadTrace/ReadTraceFile return requests in issue order or an
 // error naming the bad field or trace line (trace errors wrap ErrBadTrace); nothing is
 // returned along with an error. Ownership: the returned slice and its token slices are the

@@ -80,8 +80,9 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
 	base := withoutFlags(args, "sweep", "html", "json")
-	// Every value is checked before the first run starts.
-	var plans []*runner.Plan
+	// Every value is checked before the first run starts; each run prepares its plan
+	// again when it starts (a plan holds the whole workload).
+	var cfgs []runner.Config
 	var runArgs [][]string
 	for _, v := range values {
 		a := append(base[:len(base):len(base)], "-"+param+"="+v)
@@ -93,17 +94,20 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		if err := ro.finish(); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, v, err))
 		}
-		p, err := runner.Prepare(ro.cfg)
-		if err != nil {
+		if _, err := runner.Prepare(ro.cfg); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, v, err))
 		}
-		plans, runArgs = append(plans, p), append(runArgs, a)
+		cfgs, runArgs = append(cfgs, ro.cfg), append(runArgs, a)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	sw := &runner.SweepResult{Param: param, Values: values}
-	for i, p := range plans {
+	for i, cfg := range cfgs {
 		fmt.Fprintf(stderr, "run: --sweep %s=%s\n", param, values[i])
+		p, err := runner.Prepare(cfg)
+		if err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, values[i], err))
+		}
 		rep, status := runLocal(ctx, p, runArgs[i], o.metrics, stdout, stderr)
 		if rep == nil || status != 0 {
 			return max(status, 1)

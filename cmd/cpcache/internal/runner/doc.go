@@ -24,8 +24,33 @@
 // "compute" the missing pages — each CP rank writes the pages it owns, as a function of
 // the page's prefix hash, position and the rank's TP shard — and insert), then makes
 // exactly one consensus step. The consensus group is wrapped in parallel.Count, and the report
-// states the collectives per scheduler step, which must be exactly 1. Trace timestamps are
-// not replayed: requests are served in order, as fast as the cache allows.
+// states the collectives per scheduler step, which must be exactly 1.
+//
+// # Virtual time
+//
+// Each replica keeps a virtual clock (vtime.go), the same on every rank because it advances
+// only from replicated decisions. With TimeVirtual (the default for traces) a request is
+// admitted only once the clock reached its trace timestamp (divided by Speed), and when
+// nothing runs the clock jumps to the next arrival; with TimeNone every request arrives at 0
+// and they are served back to back. Each scheduler step advances the clock by its modelled
+// duration from a CostProfile (cost.go: prefill per computed token plus a quadratic attention
+// term, decode per step and per running request, L2→L1 loads and L1→L2 backups from page
+// bytes and bandwidth, storage latency and bandwidth). Nothing sleeps. From the clock the
+// report gives TTFT and queueing quantiles, prefill tokens computed and throughput; the same
+// figures with the cache off come from simulateNoCache, the scheduler's rules replayed
+// without a cache under the same costs, so "TTFT saved" needs no second run.
+//
+// # Miss attribution and references
+//
+// A replica's leader keeps a missTracker (attrib.go) that observes which pages were
+// inserted, which are answers of running requests, and what each match found, and counts
+// every missed prompt token under one cause (MissCauses: compulsory, capacity in L1 or L2,
+// in flight, quarantined, storage, partial page); the causes sum to the tokens missed. The
+// report sets them beside references computed from the workload alone (workload.ReuseBound,
+// the unlimited-capacity bound, and workload.LRUBlockHits, an LRU of 512-token blocks of the
+// same capacity). A sweep (SweepResult, WriteSweepTable) is one run per value of a
+// parameter; WriteHTML draws a run (and a sweep) as a self-contained HTML page of inline
+// SVG charts made with gonum.org/v1/plot.
 //
 // # Storage (L3)
 //
@@ -38,15 +63,18 @@
 // unreachable server is a bad input. With StorageClear, world rank 0 clears the namespace
 // and every rank waits at a world barrier before its cache starts.
 //
-// Prefetch is synchronous: after the match (and lock) of a request whose L1 and L2 hit is
-// shorter than its prompt, the scheduler calls Prefetch and makes scheduler steps until
-// the prefetch is over (PrefetchPending false), then matches again: the pages inserted
-// from storage are host pages, loaded back into L1 and verified like any L2 page. Those
-// wait steps are scheduler steps — counted in Steps (and in PrefetchSteps), each with its
-// one consensus step, so collectives per step stays exactly 1 — in which running requests
-// decode nothing. Prompt tokens served from the inserted pages are counted as storage hits
-// (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and backed up
-// (per replica, from its leader) and the storage errors of the I/O ranks.
+// Prefetch overlaps decoding: when a queued request's prompt continues beyond its L1 and L2
+// hit, the scheduler locks the matched prefix and calls Prefetch, and the request waits in
+// the queue — every other request keeps being admitted and decoded — until the prefetch is
+// over (PrefetchPending false) and, in virtual time, its modelled read time has passed; then
+// it is admitted, and the pages inserted from storage are host pages, loaded back into L1 and
+// verified like any L2 page. Prefetches of a shared prefix asked together are read once; a
+// request whose prefetch gained pages and whose prompt goes on asks again for the rest. With
+// TimeConfig.PrefetchSync the scheduler of before is kept for comparison: it waits in
+// scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
+// makes its one consensus step). Prompt tokens served from prefetched pages are counted as
+// storage hits (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and
+// backed up (per replica, from its leader) and the storage errors of the I/O ranks.
 //
 // A bad page does not stop the run: it is counted, named (request and page) and makes
 // RunRank return an error wrapping ErrIntegrity after the report; so does a placement
