@@ -13,12 +13,11 @@ import (
 // read and the virtual clock passed the modelled read time (as in SGLang's HiCache, where
 // a request whose prefetch is under way is not scheduled yet).
 type pendingPrefetch struct {
-	id      uint64
-	askedNs float64       // virtual time the prefetch was asked
-	from    int           // pages of the prompt in the tree when it was asked
-	readyNs float64       // NaN until the cache finished it
-	pages   [2]int        // page range [from, to) of the prompt it added
+	id      uint64        // the cache's prefetch under way
 	locked  *hicache.Node // the prefix node locked while the cache reads
+	askedNs float64       // virtual time the first prefetch was asked
+	readyNs float64       // NaN until the cache finished
+	pages   [2]int        // page range [from, to) of the prompt the prefetches added
 }
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for
