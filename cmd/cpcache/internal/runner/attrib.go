@@ -17,8 +17,8 @@ type MissCauses struct {
 	CapacityL2 int64 `json:"capacity_l2"`
 	// InFlight: the page is part of a running request's answer, not inserted yet.
 	InFlight int64 `json:"in_flight"`
-	// Quarantined: the page was cached, but L2 was disabled by a divergence (the cache
-	// serves from L1 only until an agreed flush).
+	// Quarantined: the page was cached, but the group was in quarantine after a divergence
+	// (no hits until the agreed flush), or the flush that ended it dropped the page.
 	Quarantined int64 `json:"quarantined"`
 	// Storage: with an L3 tier, a page evicted from L2 that the prefetch from storage did
 	// not bring back (a storage error, a timeout under the prefetch policy, or a page whose
@@ -49,18 +49,20 @@ func (m *MissCauses) add(o MissCauses) {
 // running requests not inserted yet. It only observes; it decides nothing, so only a
 // replica's leader keeps one.
 type missTracker struct {
-	pageSize int
-	policy   hicache.Policy
-	storage  bool
-	seen     map[uint64]struct{} // pages ever inserted
-	inL2     map[uint64]struct{} // pages seen in L2 (write_through_selective only; see hadL2)
-	inflight map[uint64]int      // answer pages of running requests (count of requests)
-	causes   MissCauses
+	pageSize   int
+	policy     hicache.Policy
+	storage    bool
+	seen       map[uint64]struct{} // pages inserted since the cache started or was last flushed
+	flushed    map[uint64]struct{} // pages dropped by the flush that ended a quarantine
+	quarantine bool                // the group was in quarantine at the last prefill
+	inL2       map[uint64]struct{} // pages seen in L2 (write_through_selective only; see hadL2)
+	inflight   map[uint64]int      // answer pages of running requests (count of requests)
+	causes     MissCauses
 }
 
 func newMissTracker(cfg *Config) *missTracker {
 	return &missTracker{pageSize: cfg.PageSize, policy: cfg.Policy, storage: cfg.Storage != "",
-		seen: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}}
+		seen: map[uint64]struct{}{}, flushed: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}}
 }
 
 // hadL2 says whether a page that was inserted had an L2 copy when it was dropped. Under
@@ -75,26 +77,38 @@ func (t *missTracker) hadL2(h uint64) bool {
 	return ok
 }
 
+// quarantined records whether the group is in quarantine now; the end of a quarantine is
+// an agreed flush that dropped every page.
+func (t *missTracker) quarantined(q bool) {
+	if t.quarantine && !q {
+		for h := range t.seen {
+			t.flushed[h] = struct{}{}
+		}
+		clear(t.seen)
+	}
+	t.quarantine = q
+}
+
 // prefilled attributes the misses of r's prefill: the first matched pages were found in the
 // cache (device or host) by its match, served pages were served (hits), and the rest of the
-// prompt was computed. short says a prefetch from storage came back without some of
-// what it asked for; diverged that L2 was disabled.
-func (t *missTracker) prefilled(r workload.Request, matched, served int, diverged bool) {
+// prompt was computed.
+func (t *missTracker) prefilled(r workload.Request, matched, served int) {
 	P := t.pageSize
 	hashes := hicache.PrefixHashes(r.Tokens[:len(r.Tokens)/P*P], P)
 	t.causes.PartialPage += int64(len(r.Tokens) % P)
 	for i := served; i < len(hashes); i++ {
 		h := hashes[i]
 		_, seen := t.seen[h]
+		_, flushed := t.flushed[h]
 		switch {
-		case i < matched:
-			t.causes.CapacityL1 += int64(P) // in the cache, but L1 could not take it back
 		case t.inflight[h] > 0:
 			t.causes.InFlight += int64(P)
-		case !seen:
+		case !seen && !flushed:
 			t.causes.Compulsory += int64(P)
-		case diverged:
+		case t.quarantine || !seen:
 			t.causes.Quarantined += int64(P)
+		case i < matched:
+			t.causes.CapacityL1 += int64(P) // in the cache, but L1 could not take it back
 		case !t.hadL2(h):
 			t.causes.CapacityL1 += int64(P)
 		case t.storage:

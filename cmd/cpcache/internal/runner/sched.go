@@ -329,7 +329,10 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.clock.prefilled(r, l1, l2, l3)
 	s.clock.loadPages += device - m.DevicePages
 	if s.misses != nil {
-		s.misses.prefilled(r, matched, device, s.diverged != nil)
+		if s.diverged != nil { // only then can the group be in quarantine
+			s.misses.quarantined(c.Stats().Quarantined)
+		}
+		s.misses.prefilled(r, matched, device)
 	}
 	if s.live != nil {
 		s.live.inputTokens.Add(int64(len(r.Tokens)))
