@@ -94,7 +94,11 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		if err := ro.finish(); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, v, err))
 		}
-		if _, err := runner.Prepare(ro.cfg); err != nil {
+		p, err := runner.Prepare(ro.cfg)
+		if err == nil {
+			err = p.CheckHost(ro.cfg.Layout.World)
+		}
+		if err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, v, err))
 		}
 		cfgs, runArgs = append(cfgs, ro.cfg), append(runArgs, a)

@@ -37,8 +37,8 @@ type SweepResult struct {
 func WriteHTML(w io.Writer, rep *Report, sweep *SweepResult) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>cpcache run report</title>\n"+
-		"<style>body{font-family:sans-serif;margin:2em;max-width:1100px}figure{display:inline-block;margin:0.5em;vertical-align:top}"+
-		"pre{background:#f4f4f4;padding:1em;font-size:12px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>\n"+
+		"<style>body{font-family:sans-serif;margin:1.5em;max-width:1280px}figure{display:inline-block;margin:0.5em;vertical-align:top}"+
+		"pre{background:#f4f4f4;padding:1em;font-size:12px;overflow-x:auto}figcaption{font-size:13px;max-width:576px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>\n"+
 		"</head><body>\n<h1>cpcache run report</h1>\n")
 	var text strings.Builder
 	rep.WriteText(&text)
@@ -91,6 +91,7 @@ func hitTimelineChart(rep *Report, _ *SweepResult) (string, string, int, *plot.P
 	p.X.Label.Text = "virtual time (s)"
 	p.Y.Label.Text = "prompt tokens hit"
 	p.Y.Min, p.Y.Max = 0, 1
+	p.Legend.Top = true
 	tiers := []struct {
 		name string
 		v    func(TimelinePoint) float64
@@ -121,6 +122,7 @@ func ttftChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, er
 	p.X.Label.Text = "TTFT (ms, log)"
 	p.Y.Label.Text = "fraction of requests"
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
 	n := 0
 	var args []any
 	if l := rep.Latency; l != nil {
@@ -194,6 +196,7 @@ func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, er
 	p.X.Label.Text = sw.Param
 	p.Y.Label.Text = "hit rate"
 	p.Y.Min, p.Y.Max = 0, 1
+	p.Legend.Top = true
 	lines := []struct {
 		name string
 		v    func(*Report) float64
