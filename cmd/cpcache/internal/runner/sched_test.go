@@ -30,6 +30,9 @@ type rankOutcome struct {
 	timing      *replicaTiming // leaders: virtual time and miss causes
 }
 
+// inProcessTimeout bounds a runInProcess run.
+var inProcessTimeout = 2 * time.Minute
+
 // runInProcess runs the plan's replicas with every rank as a goroutine: local groups for
 // consensus, in-process slabs for L2. corruptRank (-1: none) damages one L2 page it owns
 // before its first load.
@@ -57,7 +60,7 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 		go func() {
 			defer wg.Done()
 			o := &out[rank]
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), inProcessTimeout)
 			defer cancel()
 			counted := parallel.Count(groups[rank])
 			hc := hicache.Config{
