@@ -131,3 +131,23 @@ func withoutLauncherEnv() []string {
 	}
 	return env
 }
+
+func TestWithoutFlagsDropsSweepOutputs(t *testing.T) {
+	args := []string{"--world", "2", "--sweep", "l2-pages=1,2", "-html=r.html", "--json", "x.json", "--trace", "t.jsonl", "--sweep=policy=a"}
+	assert.Equal(t, []string{"--world", "2", "--trace", "t.jsonl"}, withoutFlags(args, "sweep", "html", "json"))
+}
+
+func TestRunRejectsBadSweepAndCost(t *testing.T) {
+	for _, tc := range []struct{ flag, want string }{
+		{"--sweep=page-size=1,2", `sweep "page-size=1,2"`},
+		{"--sweep=l2-pages=0,8", "l2-pages=0"},
+		{"--cost=decode_step_ns=x", `decode_step_ns: value "x"`},
+		{"--cost-profile=nope", `cost profile "nope"`},
+		{"--time=wall", `time "wall"`},
+	} {
+		var stdout, stderr strings.Builder
+		status := runRun([]string{"--world", "2", "--attn-cp", "2", "--dp", "1", tc.flag}, &stdout, &stderr)
+		assert.Equal(t, 2, status, "%s: %s", tc.flag, stderr.String())
+		assert.Contains(t, stderr.String(), tc.want, tc.flag)
+	}
+}
