@@ -211,7 +211,7 @@ func (r *Report) writeTimeText(w io.Writer, pct func(int64) string) {
 	if l == nil {
 		return
 	}
-	fmt.Fprintf(w, "  time                 %s (speed %g), cost %s\n", l.Time, l.Speed, l.CostProfile.Name)
+	fmt.Fprintf(w, "  time                 %s (speed %g), cost %s\n", l.Time, l.Speed, l.CostProfile.String())
 	row := func(name string, f LatencyFigures) {
 		fmt.Fprintf(w, "  %-20s TTFT p50 %.1f ms, p90 %.1f ms, p99 %.1f ms; queue p50 %.1f ms, p99 %.1f ms; %d prefill tokens; %.2f req/s, %.0f output tok/s over %.1f s\n",
 			name, f.TTFTP50Ms, f.TTFTP90Ms, f.TTFTP99Ms, f.QueueP50Ms, f.QueueP99Ms, f.PrefillTokens, f.RequestsPerS, f.OutputTokPerS, f.MakespanS)

@@ -76,17 +76,19 @@ type vclock struct {
 	cp        int   // ranks of the CP group: each loads and backs up its own pages
 	pageBytes int64 // bytes of one page of one rank, in the cost model
 
-	nowNs     float64
-	stepStart float64
-	// this step's work
-	prefillNs    float64
-	loadPages    int
-	backupPages  int
-	decoding     int
-	admitted     []requestTiming
-	computed     int64 // prompt tokens computed (every step)
-	timings      []requestTiming
-	firstArrival float64
+	nowNs     float64 // the clock
+	stepStart float64 // the clock when the current step began
+
+	// The current step's work, charged by endStep.
+	prefillNs   float64
+	loadPages   int // pages loaded back L2→L1 (all ranks)
+	backupPages int // pages backed up L1→L2 (all ranks)
+	decoding    int // requests that decode a token
+	admitted    []requestTiming
+
+	computed     int64           // prompt tokens computed, over the run
+	timings      []requestTiming // every admitted request, in admission order
+	firstArrival float64         // NaN until the first admission
 }
 
 func newVClock(cfg *Config, cp int) *vclock {
