@@ -38,12 +38,19 @@ Requests go to DP replicas by client mod attn_dp (synthetic) or by a hash of the
 
 With --storage URL (file:///dir or redis://host:port/prefix) the cache gets an L3 tier:
 every replica backs its L2 pages up to the storage and, when a prompt continues beyond its
-L1 and L2 hit, prefetches the continuation from it before the prefill (the scheduler steps
-while it waits; those steps count as scheduler steps, each with its one consensus
-collective). Pages live in a namespace of the page size, KV bytes and attention-TP size,
+L1 and L2 hit, prefetches the continuation from it while the request waits in the queue and
+the others keep running (--prefetch-sync: wait in steps where nothing decodes, as before).
+Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
 the first one backed up. The report adds tokens hit in storage, pages prefetched and
 backed up, and storage errors.
+
+--time virtual (the default for traces) replays arrival times on a simulated clock that
+advances by each step's modelled duration (--cost-profile, --cost); nothing sleeps. The
+report adds TTFT, queueing and throughput in virtual time with the cache on and off, every
+missed token by cause, and reference hit rates (unlimited capacity; an LRU of 512-token
+blocks of the same capacity). --sweep PARAM=V1,V2,... runs once per value and prints one
+table; --html FILE writes a self-contained HTML report with charts.
 
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 )
@@ -103,8 +100,7 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		}
 		cfgs, runArgs = append(cfgs, ro.cfg), append(runArgs, a)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	ctx, signalled := signalContext()
 	sw := &runner.SweepResult{Param: param, Values: values}
 	for i, cfg := range cfgs {
 		fmt.Fprintf(stderr, "run: --sweep %s=%s\n", param, values[i])
@@ -113,6 +109,9 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, values[i], err))
 		}
 		rep, status := runLocal(ctx, p, runArgs[i], o.metrics, stdout, stderr)
+		if sig := signalled(); sig != 0 {
+			return 128 + int(sig)
+		}
 		if rep == nil || status != 0 {
 			return max(status, 1)
 		}
