@@ -265,6 +265,7 @@ func (c *Cache) reportLocked() {
 	c.inflight = keep
 	if c.l3 != nil {
 		c.l3.poll(d)
+		c.core.StorageCircuit(c.l3.brk.isOpen())
 	}
 	c.core.Report(*d)
 }

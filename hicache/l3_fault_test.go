@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // storageErrors sums the storage errors of every rank.
@@ -24,9 +25,10 @@ func (r *rig) storageErrors() int64 {
 }
 
 // TestL3RedisDown kills a real redis-server mid-run: backups are skipped and queries miss
-// with counted errors, a read cut off by the server's death inserts only what every I/O
-// rank verified, every step completes with agreeing digests, every loaded page has the right
-// content; once the server is back, backups succeed again.
+// with counted errors until the storage circuit opens, a read cut off by the server's death
+// inserts only what every I/O rank verified, every step completes with agreeing digests,
+// every loaded page has the right content; once the server is back, a probe closes the
+// circuit and backups succeed again.
 func TestL3RedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	ns := testNamespace(t)
@@ -35,7 +37,7 @@ func TestL3RedisDown(t *testing.T) {
 	var gateOn sync.Mutex             // protects holding
 	holding := false
 	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.Addr()+"/hicachetest?timeout=300ms", ns), ns,
-		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
+		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2, CircuitProbeInterval: 5 * time.Millisecond})
 	rc.l3Hook = func(int) func(context.Context, core.StorageKind, uint64, int) error {
 		return func(ctx context.Context, kind core.StorageKind, _ uint64, chunk int) error {
 			gateOn.Lock()
@@ -130,8 +132,15 @@ func TestL3RedisDown(t *testing.T) {
 		t.Fatalf("prefetched %d pages from a dead server", got-before)
 	}
 
-	// Server back (empty): backups succeed again, by themselves.
+	// Repeated failures opened the storage circuit on every rank alike.
+	if !r.sameCircuit() {
+		t.Fatal("server down: the storage circuit never opened")
+	}
+
+	// Server back (empty): a probe closes the circuit, and backups succeed again, by
+	// themselves.
 	srv.Start()
+	r.waitCircuit(false)
 	r.evictAll()
 	errs = r.storageErrors()
 	backed := r.sameStats().L3BackedUpPages

@@ -33,8 +33,8 @@
 //
 // Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel
 // (ErrUnavailable, ErrBadArgument, ErrClosed; ErrCorrupt only through OnCorrupt) and the
-// cause. Every call is bounded by its context's deadline, or Options.Timeout when it has
-// none. The Redis backend never panics or hangs on a dead or stopped server: the call fails
+// cause. Every call is bounded by Options.Timeout, or by its context's deadline when that
+// comes earlier. The Redis backend never panics or hangs on a dead or stopped server: the call fails
 // with ErrUnavailable by the deadline, and later calls reconnect by themselves once the
 // server is back (idle connections are dropped after a failure, and one failure on a reused
 // connection is retried on a fresh one). A call that failed may still have taken effect,
