@@ -96,7 +96,7 @@
 // skipped backup; it never blocks a step (storage calls run in the background on the I/O
 // rank) and never publishes an unverified page. Storage contents survive a Flush unless
 // L3Options.ClearOnFlush. Each storage call is bounded by L3Options.CallTimeout; after
-// CircuitFailures consecutive failed or timed-out calls the I/O rank's circuit breaker opens,
+// CircuitFailures consecutive failed calls (or the first one past the deadline) the I/O rank's circuit breaker opens,
 // the group agrees it at the next step and stops queueing prefetches and backups (serving
 // from L1 and L2), and the I/O rank probes the store with backoff (one Exists, in the
 // background) until it answers and the group agrees the circuit closed

@@ -79,7 +79,7 @@ func (r *rig) waitCircuit(open bool) {
 }
 
 // TestL3CircuitBreakerHangingStorage stops answering storage calls (they hang until their
-// deadline): the I/O ranks' breakers open after CircuitFailures timed-out calls, every rank
+// deadline): the I/O ranks' breakers open at the first timed-out call, every rank
 // agrees the circuit open at the same step, no prefetch or backup is queued and no storage
 // call is made but the probes while it is open, every step completes and hits are served
 // from L1/L2; once the store answers a probe, the circuit closes everywhere and backups and
@@ -160,7 +160,7 @@ func TestL3CircuitBreakerHangingStorage(t *testing.T) {
 }
 
 // TestBreakerBackoff checks the breaker alone: it opens at the threshold of consecutive
-// failures (a success in between resets the count), probes back off exponentially up to
+// failures (a success in between resets the count) or at the first timed-out call, probes back off exponentially up to
 // the cap, a canceled probe changes nothing, and an answered probe closes it and adds the
 // time open.
 func TestBreakerBackoff(t *testing.T) {
@@ -168,15 +168,15 @@ func TestBreakerBackoff(t *testing.T) {
 	b := newBreaker(&L3Options{CircuitFailures: 3, CircuitProbeInterval: time.Second})
 	b.now = func() time.Time { return now }
 	fail := context.DeadlineExceeded
-	b.record(fail)
-	b.record(fail)
-	b.record(nil)
-	b.record(fail)
-	b.record(fail)
+	b.record(fail, false)
+	b.record(fail, false)
+	b.record(nil, false)
+	b.record(fail, false)
+	b.record(fail, false)
 	if b.isOpen() {
 		t.Fatal("open after 2 consecutive failures")
 	}
-	b.record(fail)
+	b.record(fail, false)
 	if !b.isOpen() {
 		t.Fatal("closed after 3 consecutive failures")
 	}
@@ -208,5 +208,10 @@ func TestBreakerBackoff(t *testing.T) {
 	}
 	if got, want := b.openSeconds(), float64(1+2+4+8+16+32+32+32); got != want {
 		t.Fatalf("open for %vs, want %vs", got, want)
+	}
+	// One call past its deadline opens it at once.
+	b.record(fail, true)
+	if !b.isOpen() {
+		t.Fatal("closed after a timed-out call")
 	}
 }

@@ -12,7 +12,9 @@ import (
 var ErrStorageCircuitOpen = errors.New("hicache: storage circuit open")
 
 // breaker is the I/O rank's storage circuit breaker. After threshold consecutive storage
-// calls failed or ran past their deadline it opens: storage work fails at once (a miss, a
+// calls failed, or at once when a call ran past its deadline (a store that does not answer
+// within CallTimeout is as good as down, and waiting for more such calls, which may come one
+// after another, would stall prefetches for several deadlines), it opens: storage work fails at once (a miss, a
 // failed backup) and the core is told, so that the group agrees the circuit open at the next
 // step and queues no more prefetches or backups. While open, the driver probes the store
 // (one cheap Exists, see l3Driver.poll) with exponential backoff; the first answer closes
@@ -37,8 +39,8 @@ func newBreaker(o *L3Options) *breaker {
 	return &breaker{threshold: o.CircuitFailures, probeBase: o.CircuitProbeInterval, probeMax: 32 * o.CircuitProbeInterval, now: time.Now}
 }
 
-// record counts the result of one storage call.
-func (b *breaker) record(err error) {
+// record counts the result of one storage call; timedOut: it ran past its deadline.
+func (b *breaker) record(err error, timedOut bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err == nil {
@@ -46,7 +48,7 @@ func (b *breaker) record(err error) {
 		return
 	}
 	b.fails++
-	if !b.open && b.fails >= b.threshold {
+	if !b.open && (b.fails >= b.threshold || timedOut) {
 		b.open, b.openedAt, b.opens = true, b.now(), b.opens+1
 		b.backoff = b.probeBase
 		b.nextProbe = b.openedAt.Add(b.backoff)
@@ -108,7 +110,7 @@ func (d *l3Driver) call(ctx context.Context, f func(context.Context) error) erro
 	defer cancel()
 	err := f(cctx)
 	if ctx.Err() == nil {
-		d.brk.record(err)
+		d.brk.record(err, errors.Is(cctx.Err(), context.DeadlineExceeded))
 	}
 	return err
 }

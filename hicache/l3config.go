@@ -31,8 +31,8 @@ type L3Options struct {
 	// CallTimeout bounds each storage call of the I/O rank (default 2s; a storage's own,
 	// shorter timeout, such as a redis:// URL's timeout=, still holds). A call past it fails.
 	CallTimeout time.Duration
-	// CircuitFailures: after this many consecutive storage calls failed or timed out, the I/O
-	// rank opens its circuit breaker and the group agrees to stop prefetching from and
+	// CircuitFailures: after this many consecutive storage calls failed, or at the first one
+	// past CallTimeout, the I/O rank opens its circuit breaker and the group agrees to stop prefetching from and
 	// backing up to storage, serving from L1 and L2, until a probe of the store answers
 	// (default 3). Local to the I/O rank, like CallTimeout and CircuitProbeInterval.
 	CircuitFailures int

@@ -66,9 +66,10 @@ type rankResult struct {
 	Collectives      int64         `json:"collectives"` // on the consensus group while serving
 	DigestChecks     int64         `json:"digest_checks"`
 	DigestMismatches int64         `json:"digest_mismatches"`
-	L3Prefetched     int64         `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
-	L3BackedUp       int64         `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
-	StorageErrors    int64         `json:"storage_errors"` // this rank's (I/O ranks only)
+	L3Prefetched     int64         `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
+	L3BackedUp       int64         `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
+	StorageErrors    int64         `json:"storage_errors"`               // this rank's (I/O ranks only)
+	CircuitOpenSecs  float64       `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -187,7 +188,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Collectives:  int64(counted.Counts().Total() - before),
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
-		WallSeconds: time.Since(start).Seconds(),
+		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
+		WallSeconds:     time.Since(start).Seconds(),
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -272,6 +274,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.PagesVerified += x.Local.PagesVerified
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
+		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}

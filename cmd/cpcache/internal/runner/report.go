@@ -47,6 +47,9 @@ type Report struct {
 	PagesBackedUp   int64  `json:"pages_backed_up"`
 	StorageErrors   int64  `json:"storage_errors"`
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
+	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
+	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
+	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
 
 	WallSeconds float64 `json:"wall_seconds"`
 }
@@ -83,6 +86,7 @@ func (r *Report) WriteText(w io.Writer) {
 	if r.Storage != "" {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors\n", r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors)
+		fmt.Fprintf(w, "  storage circuit      open %.1f s\n", r.StorageCircuitOpenSeconds)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
 	if r.PrefetchSteps > 0 {
