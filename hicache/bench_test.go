@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cpcache/cpcache/hicache/core"
 	"os"
 	"strconv"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/internal/testenv/multiproc"
 	"github.com/cpcache/cpcache/parallel"

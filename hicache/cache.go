@@ -1,10 +1,12 @@
 package hicache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -56,10 +58,11 @@ type Config struct {
 // consensus step on the replica group. The driver talks to the core only through its
 // boundary (Ready, Report, Apply) and its read-only accessors.
 //
-// Methods are safe for concurrent use (one mutex), but the replicated calls (Match, Insert,
-// Lock, Unlock, EvictL1, EvictL2, LoadBack, Step, Flush) must be made by every rank of the
-// group in the same order with the same arguments — the scheduler's decisions. WaitL1,
-// HintEvict, Stats and the digests are local.
+// Methods are safe for concurrent use (one mutex, never held across a collective), but the
+// replicated calls (Match, Insert, Lock, Unlock, EvictL1, EvictL2, LoadBack, Prefetch, Step,
+// Flush, ...) must be made by one scheduler goroutine per rank, by every rank of the group in
+// the same order with the same arguments — the scheduler's decisions. WaitL1, HintEvict,
+// Stats and the digests are local and answer at once, even while a Step waits for a peer.
 type Cache struct {
 	group      parallel.Group
 	engine     Engine
@@ -74,8 +77,7 @@ type Cache struct {
 
 	mu       sync.Mutex // protects everything below
 	core     *core.Core
-	deferred []Transfer // backups made since the last Step: they start at the next Step, once
-	// the caller has written the KV of the pages an Insert returned
+	stepping bool      // a Step is in its collective (the mutex is released meanwhile)
 	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
 	loadTks  []*Ticket // load tickets the group has not finished, in seq order (for WaitL1)
 	vec      []int64   // the consensus vector, reused by every Step
@@ -93,14 +95,65 @@ type driverStats struct {
 	diverged     error
 }
 
-// New builds one rank's cache. It checks the scope (see checkScope: an error naming both
-// groups when a slab-group member is missing from the consensus group), then makes one
-// AllReduce on the group so that every rank learns at once whether all were configured
-// alike. Every rank of the group must call it.
+// New builds one rank's cache. It checks the scope first (see checkScope: an error naming
+// both groups when a slab-group member is missing from the consensus group; a group that
+// does not match the layout cannot be trusted to agree on anything). Then it builds the
+// rank's core, engine and storage driver, and makes one AllReduce on the group that carries
+// the configuration fingerprint and whether this rank failed: every rank learns at once
+// whether all were configured alike and all could start. When some rank failed, every rank
+// returns the same *StartError naming the lowest failing rank and its cause (broadcast from
+// it), instead of the other ranks waiting for it until the deadline. Every rank of the group
+// must call it.
 func New(ctx context.Context, cfg Config) (*Cache, error) {
 	if err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs); err != nil {
 		return nil, err
 	}
+	c, err := build(cfg)
+	fp := int64(0)
+	failed := int64(math.MaxInt64)
+	if err != nil {
+		failed = int64(cfg.Group.Rank())
+	} else {
+		fp = int64(c.core.Fingerprint() & (1<<63 - 1))
+	}
+	g := cfg.Group
+	v := []int64{fp, -fp, failed}
+	if cerr := collective(ctx, cfg.StepTimeout, func(ctx context.Context) error { return g.AllReduce(ctx, parallel.Min, v) }); cerr != nil {
+		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", g.Name(), cerr), err, c.Close())
+	}
+	if v[2] != math.MaxInt64 {
+		return nil, errors.Join(agreeStartError(ctx, cfg, int(v[2]), err), c.Close())
+	}
+	c.stats.collectives++
+	if v[0] != -v[1] {
+		return nil, errors.Join(fmt.Errorf("%w: configuration differs across ranks of group %s (fingerprints %#x..%#x, this rank %#x)",
+			ErrBadConfig, g.Name(), v[0], -v[1], fp), c.Close())
+	}
+	return c, nil
+}
+
+// startCauseLen bounds the cause text a failing rank broadcasts.
+const startCauseLen = 1024
+
+// agreeStartError broadcasts the cause of member failed's error from it and returns the
+// error every rank reports (own is this rank's error, if it failed).
+func agreeStartError(ctx context.Context, cfg Config, failed int, own error) error {
+	g := cfg.Group
+	cause := make([]byte, startCauseLen)
+	if failed == g.Rank() {
+		copy(cause, own.Error())
+	}
+	got, err := g.Broadcast(ctx, failed, cause)
+	se := &StartError{Rank: g.Ranks()[failed], Group: g.Name(), Cause: string(bytes.TrimRight(got, "\x00")), Err: own}
+	if err != nil {
+		se.Cause = fmt.Sprintf("(its cause could not be learned: %v)", err)
+	}
+	return se
+}
+
+// build makes this rank's core, engine and storage driver: everything New does before the
+// group agrees. On error it returns what it made, for the caller to close.
+func build(cfg Config) (*Cache, error) {
 	slabRanks := cfg.Slabs.Ranks()
 	cc := core.Config{
 		Options:      cfg.Options,
@@ -150,31 +203,21 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	if ccfg.L3 {
 		hs, ok := cfg.Slabs.(HostSlabs)
 		if !ok {
-			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages; slab set %T has none", ErrBadConfig, cfg.Slabs), c.Close())
+			return c, fmt.Errorf("%w: storage needs host slab pages; slab set %T has none", ErrBadConfig, cfg.Slabs)
 		}
 		if _, err := hs.Page(slab.Page{}); err != nil {
-			return nil, errors.Join(fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err), c.Close())
+			return c, fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err)
 		}
 		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, l3opts)
-	}
-	// Agree on the configuration before the first step.
-	fp := int64(cr.Fingerprint() & (1<<63 - 1))
-	v := []int64{fp, -fp}
-	if err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
-		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", c.group.Name(), err), c.Close())
-	}
-	if v[0] != -v[1] {
-		return nil, errors.Join(fmt.Errorf("%w: configuration differs across ranks of group %s (fingerprints %#x..%#x, this rank %#x)",
-			ErrBadConfig, c.group.Name(), v[0], -v[1], fp), c.Close())
 	}
 	return c, nil
 }
 
-func (c *Cache) collective(ctx context.Context, f func(context.Context) error) error {
-	c.stats.collectives++
-	if c.timeout > 0 {
+// collective runs f with the step timeout (0: the context's deadline, or the group's).
+func collective(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	return f(ctx)
@@ -202,18 +245,27 @@ func (c *Cache) usable() error {
 	return nil
 }
 
-// takeReadyLocked takes the work the core made: loads start at once, backups are deferred
-// to the next Step (the caller writes the KV of freshly inserted pages after Insert
-// returns), storage jobs start and cut reads stop. It returns the consensus vector when vec
-// is given (see core.Ready).
-func (c *Cache) takeReadyLocked(vec []int64) []int64 {
-	rd := c.core.Ready(vec)
+// replicable is usable for replicated calls, which may not overlap a Step's collective.
+func (c *Cache) replicable() error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if c.stepping {
+		return errStepping
+	}
+	return nil
+}
+
+// startLocked starts the work the core handed out: copies on the engine, storage jobs and
+// stops on the I/O rank. Only after the Apply that checked the state the work was chosen
+// from (see Step).
+func (c *Cache) startLocked(rd core.Ready) {
 	for _, t := range rd.Transfers {
-		if t.Kind == Write {
-			c.deferred = append(c.deferred, t)
-			continue
+		tk := c.engine.Submit(t)
+		c.inflight = append(c.inflight, tk)
+		if t.Kind == Load {
+			c.loadTks = append(c.loadTks, tk)
 		}
-		c.startLocked(t)
 	}
 	if c.l3 != nil {
 		for _, j := range rd.Jobs {
@@ -223,24 +275,6 @@ func (c *Cache) takeReadyLocked(vec []int64) []int64 {
 			c.l3.stop(s)
 		}
 	}
-	return rd.Vector
-}
-
-func (c *Cache) startLocked(t Transfer) {
-	tk := c.engine.Submit(t)
-	c.inflight = append(c.inflight, tk)
-	if t.Kind == Load {
-		c.loadTks = append(c.loadTks, tk)
-	}
-}
-
-// startDeferredLocked starts the backups deferred since the last step.
-func (c *Cache) startDeferredLocked() {
-	for _, t := range c.deferred {
-		c.startLocked(t)
-	}
-	clear(c.deferred)
-	c.deferred = c.deferred[:0]
 }
 
 // reportLocked reports finished transfers and storage jobs to the core (local events).
@@ -274,7 +308,7 @@ func (c *Cache) reportLocked() {
 func (c *Cache) Match(tokens []int32) (MatchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return MatchResult{}, err
 	}
 	return c.core.Match(tokens), nil
@@ -286,11 +320,10 @@ func (c *Cache) Match(tokens []int32) (MatchResult, error) {
 func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return InsertResult{}, err
 	}
 	res, err := c.core.Insert(tokens)
-	c.takeReadyLocked(nil)
 	return res, err
 }
 
@@ -298,7 +331,7 @@ func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
 func (c *Cache) Lock(n *Node) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return err
 	}
 	return c.core.Lock(n)
@@ -308,7 +341,7 @@ func (c *Cache) Lock(n *Node) error {
 func (c *Cache) Unlock(n *Node) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return err
 	}
 	return c.core.Unlock(n)
@@ -318,11 +351,10 @@ func (c *Cache) Unlock(n *Node) error {
 func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return 0, 0, err
 	}
 	freed, pending = c.core.EvictL1(pages)
-	c.takeReadyLocked(nil)
 	return freed, pending, nil
 }
 
@@ -330,7 +362,7 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 func (c *Cache) EvictL2(pages int) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return 0, err
 	}
 	return c.core.EvictL2(pages), nil
@@ -341,18 +373,21 @@ func (c *Cache) EvictL2(pages int) (int, error) {
 func (c *Cache) LoadBack(n *Node) (LoadResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return LoadResult{}, err
 	}
 	res, err := c.core.LoadBack(n)
-	c.takeReadyLocked(nil)
 	return res, err
 }
 
 // WaitL1 blocks until this rank's copies of every load in flight on n's prefix finished
 // (a local wait: other ranks may still be copying their pages). Call it before a layer reads
-// the prefix from L1. A failed load returns its error; the group marks the node stale at the
-// next step.
+// the prefix from L1, after the Step that follows the LoadBack (loads start only once that
+// Step's Apply checked the state they were chosen from); before it, WaitL1 returns an error
+// wrapping ErrNotStarted at once. A failed load returns its error here, on this rank only:
+// the group agrees on it at the next step, which marks the node stale on every rank, so a
+// scheduler must not act on this error alone — wait until LoadPending(n) is false and match
+// again (every rank then sees the same, shorter hit).
 func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	c.mu.Lock()
 	if err := c.usable(); err != nil {
@@ -361,9 +396,12 @@ func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	}
 	var wait []*Ticket
 	for _, seq := range c.core.Loading(n) {
-		if i := slices.IndexFunc(c.loadTks, func(tk *Ticket) bool { return tk.Transfer.Seq == seq }); i >= 0 {
-			wait = append(wait, c.loadTks[i])
+		i := slices.IndexFunc(c.loadTks, func(tk *Ticket) bool { return tk.Transfer.Seq == seq })
+		if i < 0 {
+			c.mu.Unlock()
+			return fmt.Errorf("%w: load %d on the prefix of node %d starts at the next Step", ErrNotStarted, seq, n.ID())
 		}
+		wait = append(wait, c.loadTks[i])
 	}
 	c.mu.Unlock()
 	for _, tk := range wait {
@@ -379,6 +417,15 @@ func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	return nil
 }
 
+// LoadPending reports whether the group has not yet agreed that every load-back on n's
+// prefix is over. Once it is false, a load that failed on any rank has made its nodes stale
+// on every rank, and Match of the same tokens gives every rank the same hit. Replicated.
+func (c *Cache) LoadPending(n *Node) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.core.Loading(n)) > 0
+}
+
 // HintEvict asks, from this rank only, that the group evict pages at the next step (e.g.
 // local memory pressure). Local.
 func (c *Cache) HintEvict(l1, l2 int) {
@@ -387,44 +434,74 @@ func (c *Cache) HintEvict(l1, l2 int) {
 	c.core.HintEvict(l1, l2)
 }
 
-// Step runs the consensus step: it reports finished transfers to the core, makes exactly
-// one AllReduce(MIN) of the fixed-length vector on the group — every step, whether or not
-// anything is pending — and applies the agreed result. Call it once per scheduler step on
-// every rank. A divergence returns a *DivergedError (wrapping ErrPlacementDiverged) on every
-// rank; the transfers in flight are canceled and drained before Step returns, so no slab
-// byte is written afterwards, and the cache keeps serving from L1. A collective failure
-// (peer lost, timeout) returns the group's error; the group is then unusable.
+// Step runs the consensus step: it reports finished transfers and storage jobs to the core,
+// makes exactly one AllReduce(MIN) of the fixed-length vector on the group — every step,
+// whether or not anything is pending — applies the agreed result, and only then starts the
+// copies and storage jobs chosen since the last step (and by this Apply): nothing is written
+// from a state the digests have not checked. Call it once per scheduler step on every rank.
+//
+// The mutex is not held during the collective: WaitL1, HintEvict and Stats answer at once
+// even while a peer stalls; replicated calls made meanwhile (a second scheduler goroutine)
+// fail with ErrBusy.
+//
+// A divergence returns a *DivergedError (wrapping ErrPlacementDiverged) on every rank at the
+// same step: the work chosen since the last step is dropped, the transfers in flight are
+// canceled and drained before Step returns (no slab byte is written afterwards), and the
+// group is in quarantine (see core.Core.Quarantined) until the first step at which every rank
+// is idle, which resets the cache on every rank at once. A collective failure (peer lost,
+// timeout) returns the group's error; the group is then unusable.
 func (c *Cache) Step(ctx context.Context) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
+		c.mu.Unlock()
 		return err
 	}
-	c.startDeferredLocked()
 	c.reportLocked()
-	v := c.takeReadyLocked(c.vec)
+	rd := c.core.Ready(c.vec)
+	step := c.core.NextStep()
+	c.stepping = true
+	c.stats.collectives++
+	c.mu.Unlock()
+
 	start := time.Now()
-	err := c.collective(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) })
-	c.recordLatency(time.Since(start))
+	err := collective(ctx, c.timeout, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, rd.Vector) })
+	elapsed := time.Since(start)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stepping = false
+	c.recordLatency(elapsed)
 	if err != nil {
-		return fmt.Errorf("hicache: consensus step %d on group %s: %w", c.core.NextStep(), c.group.Name(), err)
+		return fmt.Errorf("hicache: consensus step %d on group %s: %w", step, c.group.Name(), err)
 	}
-	derr := c.core.Apply(v)
-	if derr != nil && !c.core.L2Enabled() {
+	if c.closed {
+		return ErrClosed
+	}
+	wasQuarantined := c.core.Quarantined()
+	derr := c.core.Apply(rd.Vector)
+	switch {
+	case derr != nil:
 		c.stats.diverged = derr
 		c.drainLocked()
+		return derr
+	case wasQuarantined && !c.core.Quarantined():
+		c.stats.diverged = nil // recovered: everything was idle and is reset
+		c.inflight, c.loadTks = nil, nil
 	}
+	c.startLocked(rd)
+	c.startLocked(c.core.Ready(nil))
 	// Loads the group has finished need no ticket any more.
 	c.loadTks = slices.DeleteFunc(c.loadTks, func(tk *Ticket) bool {
 		return tk.Finished() && !c.core.LoadInFlight(tk.Transfer.Seq)
 	})
-	c.takeReadyLocked(nil)
-	return derr
+	return nil
 }
+
+// errStepping: a replicated call while this rank's Step waits in its collective.
+var errStepping = fmt.Errorf("%w: a replicated call was made while Step runs its collective (one scheduler goroutine per rank)", ErrBusy)
 
 // drainLocked cancels what has not started and waits for every transfer in flight.
 func (c *Cache) drainLocked() {
-	c.deferred = c.deferred[:0]
 	c.engine.Cancel()
 	c.l3.drain()
 	for _, tk := range c.inflight {
@@ -467,21 +544,29 @@ func (c *Cache) Idle() bool {
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return err
 	}
 	if err := c.core.Busy(); err != nil {
 		return err
 	}
-	if err := c.collective(ctx, c.group.Barrier); err != nil {
+	c.stats.collectives++
+	c.stepping = true
+	c.mu.Unlock()
+	err := collective(ctx, c.timeout, c.group.Barrier)
+	c.mu.Lock()
+	c.stepping = false
+	if err != nil {
 		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
+	}
+	if c.closed {
+		return ErrClosed
 	}
 	c.reportLocked()
 	if err := c.core.Reset(); err != nil {
 		return err
 	}
 	c.inflight = nil
-	c.deferred = c.deferred[:0]
 	c.loadTks = nil
 	c.stats.diverged = nil
 	c.l3.drain() // idle: nothing runs; forget finished results
@@ -525,11 +610,10 @@ func (c *Cache) Close() error {
 func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return PrefetchResult{}, err
 	}
 	res := c.core.Prefetch(tokens)
-	c.takeReadyLocked(nil)
 	return res, nil
 }
 
@@ -546,7 +630,7 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 func (c *Cache) RevokePrefetch(id uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usable(); err != nil {
+	if err := c.replicable(); err != nil {
 		return err
 	}
 	c.core.RevokePrefetch(id)

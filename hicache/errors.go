@@ -2,6 +2,7 @@ package hicache
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/engine"
@@ -25,11 +26,33 @@ var (
 	ErrBadArgument = core.ErrBadArgument
 	// ErrL1Full: not enough L1 pages could be freed for an insert or a load-back.
 	ErrL1Full = core.ErrL1Full
+	// ErrPeerFailed: some rank of the group could not start (New's *StartError) or reported
+	// a failure that the group agreed on.
+	ErrPeerFailed = errors.New("hicache: a rank of the group failed")
+	// ErrNotStarted: WaitL1 on a load-back that has not started yet; loads start at the Step
+	// after LoadBack (after the Apply that checked the state they were chosen from).
+	ErrNotStarted = errors.New("hicache: load not started")
 	// ErrCanceled: a transfer was canceled before it ran (divergence, Close).
 	ErrCanceled = engine.ErrCanceled
 	// ErrClosed: the cache or the transfer engine was closed.
 	ErrClosed = engine.ErrClosed
 )
+
+// StartError is New's error on every rank of a group when some rank could not start: the
+// lowest failing rank and its cause, identical on every rank (on the failing rank it also
+// wraps that rank's own error). It wraps ErrPeerFailed.
+type StartError struct {
+	Rank  int    // the failing rank's global rank
+	Group string // the consensus group's name
+	Cause string // its error's text
+	Err   error  // this rank's own error, when it is the failing rank
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("hicache: rank %d of group %s could not start: %s", e.Rank, e.Group, e.Cause)
+}
+
+func (e *StartError) Unwrap() []error { return []error{ErrPeerFailed, e.Err} }
 
 // DivergedError is the error of the step that detected divergence (see core.DivergedError).
 type DivergedError = core.DivergedError

@@ -97,8 +97,11 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	}
 	fmt.Fprintf(&log, "step 2: evicted %d L1 pages\n", freed)
 
-	// Step 3: the prompt comes back. Lock the prefix for the request, load the host part
-	// back, and wait for this rank's copies before a layer reads L1.
+	// Step 3: the prompt comes back. Lock the prefix for the request and load the host part
+	// back: the copies start at the next Step (once the state they were chosen from is
+	// checked), and the group agrees they are over a step or two later. Then match again
+	// (every rank sees the same hit, even if a copy failed somewhere) and wait for this
+	// rank's copies before a layer reads L1.
 	m, _ = cache.Match(prompt)
 	fmt.Fprintf(&log, "step 3: match %d device + %d host pages; ", m.DevicePages, m.HostPages)
 	if err := cache.Lock(m.Last); err != nil {
@@ -108,10 +111,15 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	if err != nil {
 		return "", err
 	}
+	for cache.LoadPending(m.Last) {
+		if err := cache.Step(ctx); err != nil {
+			return "", err
+		}
+	}
+	m, _ = cache.Match(prompt)
 	if err := cache.WaitL1(ctx, m.Last); err != nil {
 		return "", err
 	}
-	m, _ = cache.Match(prompt)
 	for i, slot := range m.L1Slots {
 		if cache.Owns(i) {
 			b, _ := cache.L1Page(slot)

@@ -2,9 +2,6 @@ package hicache
 
 import (
 	"context"
-	"github.com/cpcache/cpcache/hicache/core"
-	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/internal/testenv/redistest"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -13,6 +10,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/internal/testenv/redistest"
 )
 
 // storageErrors sums the storage errors of every rank.

@@ -2,7 +2,6 @@ package hicache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -112,10 +111,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 			return err
 		}
 		if m.HostPages > 0 {
-			if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, ErrL1Full) {
-				return err
-			}
-			if m, err = c.Match(s); err != nil {
+			if m, err = loadBackAndWait(c, s, m, step); err != nil {
 				return err
 			}
 		}

@@ -2,12 +2,12 @@ package hicache
 
 import (
 	"context"
-	"github.com/cpcache/cpcache/hicache/core"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )

@@ -3,12 +3,12 @@ package hicache
 import (
 	"context"
 	"errors"
-	"github.com/cpcache/cpcache/hicache/core"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
@@ -191,14 +191,8 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 			return err
 		}
 		if load && m.HostPages > 0 {
-			lr, err := c.LoadBack(m.Last)
-			if err != nil && !errors.Is(err, ErrL1Full) {
+			if m, err = loadBackAndWait(c, tokens, m, func() error { return c.Step(context.Background()) }); err != nil {
 				return err
-			}
-			if lr.Pages > 0 {
-				if m, err = c.Match(tokens); err != nil {
-					return err
-				}
 			}
 		}
 		res[i] = m

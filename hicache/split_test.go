@@ -146,6 +146,9 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := r.step(); err != nil { // the loads start
+		t.Fatal(err)
+	}
 	n := r.caches[0].core.Peek(a)
 	if n.State()&StateLoading == 0 {
 		t.Fatalf("node %d is not loading (state %v)", n.ID(), n.State())

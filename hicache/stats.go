@@ -16,8 +16,9 @@ type Stats struct {
 	L1Used           int             // L1 slots in use
 	L2FreePages      int             // free L2 pages (all slabs)
 	Nodes            int             // tree nodes
-	L2Enabled        bool            // false after a divergence, until Flush
-	Diverged         error           // the divergence error, if any
+	L2Enabled        bool            // false in quarantine (after a divergence, until the recovery)
+	Quarantined      bool            // the group is in quarantine: no hits, inserts or slab I/O
+	Diverged         error           // the divergence error of the current quarantine, if any
 	PlacementDigest  uint64          // the allocator's digest
 	// L3 (storage). The CoreStats L3 fields are agreed; these are this rank's (non-zero
 	// only on I/O ranks).
@@ -48,6 +49,7 @@ func (c *Cache) Stats() Stats {
 		L2FreePages:      c.core.Allocator().TotalFree(),
 		Nodes:            c.core.Nodes(),
 		L2Enabled:        c.core.L2Enabled(),
+		Quarantined:      c.core.Quarantined(),
 		Diverged:         c.stats.diverged,
 		PlacementDigest:  c.core.Allocator().Digest(),
 

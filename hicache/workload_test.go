@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cpcache/cpcache/hicache/core"
 	"math/rand/v2"
 	"slices"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 )
 
@@ -81,7 +81,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 					}
 				}
 			case op < 9:
-				m, err := matchLoadVerify(ctx, c, io, tokens, shard, rng.IntN(4) > 0)
+				m, err := matchLoadVerify(ctx, c, io, tokens, shard, rng.IntN(4) > 0, step)
 				if err != nil {
 					return recs, counts, err
 				}
@@ -150,22 +150,35 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 	return recs, counts, nil
 }
 
-// matchLoadVerify matches tokens, loads the host part back when asked, waits for this
-// rank's copies and verifies every device page this rank owns.
-func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool) (MatchResult, error) {
+// loadBackAndWait loads the host part of match m back, makes steps until the group agrees
+// the loads are over (they start at the Step after LoadBack), and matches again: a load that
+// failed on any rank is stale on every rank by then, so every rank gets the same hit.
+func loadBackAndWait(c *Cache, tokens []int32, m MatchResult, step func() error) (MatchResult, error) {
+	lr, err := c.LoadBack(m.Last)
+	if err != nil && !errors.Is(err, ErrL1Full) {
+		return m, err
+	}
+	if lr.Pages == 0 {
+		return m, nil
+	}
+	for c.LoadPending(m.Last) {
+		if err := step(); err != nil {
+			return m, err
+		}
+	}
+	return c.Match(tokens)
+}
+
+// matchLoadVerify matches tokens, loads the host part back when asked (stepping with step),
+// waits for this rank's copies and verifies every device page this rank owns.
+func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool, step func() error) (MatchResult, error) {
 	m, err := c.Match(tokens)
 	if err != nil {
 		return m, err
 	}
 	if load && m.HostPages > 0 {
-		lr, err := c.LoadBack(m.Last)
-		if err != nil && !errors.Is(err, ErrL1Full) {
+		if m, err = loadBackAndWait(c, tokens, m, step); err != nil {
 			return m, err
-		}
-		if lr.Pages > 0 {
-			if m, err = c.Match(tokens); err != nil {
-				return m, err
-			}
 		}
 	}
 	if err := c.WaitL1(ctx, m.Last); errors.Is(err, errInjected) {

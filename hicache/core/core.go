@@ -35,20 +35,28 @@ type Core struct {
 	lruL2   lruList
 	locks   int // outstanding Lock calls
 
-	writes     []*writeOp // backups in flight, in seq order
-	loads      []*loadOp  // load-backs in flight, in seq order
-	writeSeq   uint64     // seq of the next backup
-	loadSeq    uint64     // seq of the next load-back
-	loadingPgs int        // pages in loads
-	hintL1     int        // local eviction requests (pages) for the next step
-	hintL2     int
-	out        []Transfer // transfers to start
-	l2Off      bool       // divergence detected: no L2 use until Reset
-	step       uint64     // Apply calls so far
-	stats      Stats
-	perturb    bool    // PerturbPlacement: diverge this rank's allocator at the next vector
-	io         bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
-	l3         l3State // L3 queues (see l3core.go)
+	writes      []*writeOp // backups in flight, in seq order
+	loads       []*loadOp  // load-backs in flight, in seq order
+	writeSeq    uint64     // seq of the next backup
+	loadSeq     uint64     // seq of the next load-back
+	loadingPgs  int        // pages in loads
+	hintL1      int        // local eviction requests (pages) for the next step
+	hintL2      int
+	out         []Transfer // transfers to start
+	quarantined bool       // a digest diverged: no hits, inserts or slab I/O until the agreed recovery
+	step        uint64     // Apply calls so far
+	stats       Stats
+	perturb     bool // PerturbPlacement: diverge this rank's allocator at the next vector
+	perturbTree bool // PerturbTree: diverge this rank's tree at the next vector
+
+	// The tree digest's O(1) part for node state: stateSum is the sum of every live node's
+	// term; nodes whose state changed are in dirty and get a new term at the next vector.
+	stateSum uint64
+	dirty    []*Node
+	lruClock uint64  // LRU moves so far (each node remembers its last one)
+	treeSalt uint64  // PerturbTree on an empty tree
+	io       bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
+	l3       l3State // L3 queues (see l3core.go)
 }
 
 // Stats are cumulative counters of one rank's core.
@@ -64,7 +72,10 @@ type Stats struct {
 	DroppedNodes               int64 // nodes removed from every tier
 	Steps                      int64
 	DigestChecks               int64
-	DigestMismatches           int64
+	DigestMismatches           int64 // steps that found a digest diverged (each starts a quarantine)
+	Divergences                int64 // quarantines entered
+	Recoveries                 int64 // agreed recovery flushes that ended a quarantine
+	QuarantinedSteps           int64 // steps applied in quarantine
 	// L3 (storage), agreed (equal on every rank):
 	L3Queries           int64 // prefetch queries made
 	L3HitPages          int64 // pages the I/O ranks agreed are stored (storage hits)
@@ -99,6 +110,31 @@ func (c *Core) resetTree() {
 	c.lruL1.init()
 	c.lruL2.init()
 	c.locks = 0
+	c.stateSum, c.dirty, c.lruClock = 0, nil, 0
+}
+
+// mark records that n's state changed: its term is recomputed at the next vector.
+func (c *Core) mark(n *Node) {
+	if n == nil || n.isRoot() || n.dirty {
+		return
+	}
+	n.dirty = true
+	c.dirty = append(c.dirty, n)
+}
+
+// flushDirty brings stateSum up to date with the nodes marked since the last call.
+func (c *Core) flushDirty() {
+	for _, n := range c.dirty {
+		n.dirty = false
+		if n.removed {
+			continue // its term left the sum when it was removed
+		}
+		c.stateSum -= n.term
+		n.term = stateTerm(n)
+		c.stateSum += n.term
+	}
+	clear(c.dirty)
+	c.dirty = c.dirty[:0]
 }
 
 // Config returns the normalized configuration.
@@ -176,8 +212,29 @@ func (c *Core) perturbPlacement() {
 	}
 }
 
-// L2Enabled is false after a divergence was detected (until Reset).
-func (c *Core) L2Enabled() bool { return !c.l2Off }
+// L2Enabled is false in quarantine: after a divergence, until the agreed recovery (or Reset).
+func (c *Core) L2Enabled() bool { return !c.quarantined }
+
+// Quarantined reports whether the group is in quarantine after a divergence: Match serves
+// no hits, Insert caches nothing and no slab I/O starts, until the first step at which
+// every rank is idle, when every rank resets at once (Stats.Recoveries). Replicated.
+func (c *Core) Quarantined() bool { return c.quarantined }
+
+// PerturbTree is a fault injection: at the next vector this rank moves its least recently
+// used node to the back of its LRU list (or, on an empty tree, salts its digest), so its tree
+// digest differs and the step detects a divergence. Local.
+func (c *Core) PerturbTree() { c.perturbTree = true }
+
+func (c *Core) perturbTreeNow() {
+	switch {
+	case c.lruL1.front() != nil:
+		c.relist(c.lruL1.front(), true)
+	case c.lruL2.front() != nil:
+		c.relist(c.lruL2.front(), true)
+	default:
+		c.treeSalt++
+	}
+}
 
 // Owns reports whether this rank owns sequence page i (holds it in L1, writes its backup).
 func (c *Core) Owns(i int) bool { return i%c.cfg.Slabs == c.cfg.CPRank }
@@ -276,6 +333,9 @@ func (c *Core) relist(n *Node, toBack bool) {
 	if want == n.list && !toBack {
 		return
 	}
+	c.mark(n)
+	n.lruSeq = c.lruClock
+	c.lruClock++
 	switch n.list {
 	case inL1List:
 		c.lruL1.remove(n)
@@ -297,6 +357,8 @@ func (c *Core) setL1(n *Node, slots []int32) {
 	}
 	n.l1 = slots
 	n.stale = false
+	c.mark(n)
+	c.mark(n.parent)
 	c.relist(n, false)
 }
 
@@ -308,6 +370,8 @@ func (c *Core) clearL1(n *Node) {
 	n.l1 = nil
 	n.stale = false
 	n.parent.l1Kids--
+	c.mark(n)
+	c.mark(n.parent)
 	c.relist(n, false)
 }
 
@@ -335,6 +399,8 @@ func (c *Core) newNodeID(parent *Node, tokens []int32, hashes []uint64, id uint6
 	c.index[hashes[0]] = n
 	c.nodes++
 	c.treeSum += nodeTerm(n)
+	c.mark(n)
+	c.mark(parent)
 	return n
 }
 
@@ -357,7 +423,7 @@ func (c *Core) split(n *Node, at int) *Node {
 		n.l1 = n.l1[at:]
 		head.l1Kids = 1
 	}
-	if (n.l2 != nil || n.write != nil) && !c.l2Off {
+	if (n.l2 != nil || n.write != nil) && !c.quarantined {
 		if err := c.alloc.Split(alloc.RangeID(n.id), at, alloc.RangeID(head.id)); err != nil {
 			panic(fmt.Sprintf("hicache: allocator split of node %d: %v (replica invariant broken)", n.id, err))
 		}
@@ -377,8 +443,11 @@ func (c *Core) split(n *Node, at int) *Node {
 	c.nodes++
 	c.treeSum += nodeTerm(n) + nodeTerm(head)
 	// The head goes right behind n in n's list: behind its descendant, ahead of the rest.
+	c.mark(head)
+	c.mark(n)
+	c.mark(head.parent)
 	if n.list != inNoList {
-		head.list = n.list
+		head.list, head.lruSeq = n.list, n.lruSeq
 		head.prev, head.next = n, n.next
 		n.next.prev = head
 		n.next = head
@@ -398,7 +467,7 @@ func (c *Core) removeSubtree(n *Node) {
 		c.removeSubtree(n.children[len(n.children)-1])
 	}
 	if n.l2 != nil {
-		if !c.l2Off {
+		if !c.quarantined {
 			if err := c.alloc.Free(alloc.RangeID(n.id)); err != nil {
 				panic(fmt.Sprintf("hicache: allocator free of node %d: %v (replica invariant broken)", n.id, err))
 			}
@@ -409,6 +478,8 @@ func (c *Core) removeSubtree(n *Node) {
 	n.parent.unlinkChild(n)
 	delete(c.index, n.hashes[0])
 	c.treeSum -= nodeTerm(n)
+	c.stateSum -= n.term
+	n.term = 0
 	c.nodes--
 	n.removed = true
 	c.relist(n, false)
@@ -428,6 +499,7 @@ func pathTo(n *Node) []*Node {
 func (c *Core) lockPath(n *Node, d int) {
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		n.lockRef += d
+		c.mark(n)
 	}
 }
 

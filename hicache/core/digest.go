@@ -15,7 +15,7 @@ import (
 // meant for tests and debugging (the consensus step uses O(1) digests).
 func (c *Core) StateDigest() uint64 {
 	h := mix.Mix64(uint64(c.l1.used()) << 1)
-	if !c.l2Off { // after a divergence the allocator is abandoned (and may differ)
+	if !c.quarantined { // after a divergence the allocator is abandoned (and may differ)
 		h = mix.Mix64(h ^ c.alloc.Digest())
 	}
 	h = mix.Mix64(h ^ c.writeSeq ^ c.loadSeq<<32 ^ uint64(len(c.writes))<<48 ^ uint64(len(c.loads))<<56)
@@ -89,6 +89,7 @@ func (c *Core) CheckInvariants() error {
 		}
 	}
 	l1Pages, nodes, ownLocks := 0, 0, 0
+	var stateSum uint64 // what the incremental tree digest should hold once up to date
 	var visit func(n *Node)
 	visit = func(n *Node) {
 		kids := 0
@@ -120,6 +121,10 @@ func (c *Core) CheckInvariants() error {
 		}
 		ownLocks += n.ownLocks
 		nodes++
+		stateSum += stateTerm(n)
+		if !n.dirty && n.term != stateTerm(n) {
+			fail("node %d: state changed without a mark (term %#x, state %#x)", n.id, n.term, stateTerm(n))
+		}
 		if kids != n.l1Kids {
 			fail("node %d: l1Kids %d, counted %d", n.id, n.l1Kids, kids)
 		}
@@ -145,7 +150,7 @@ func (c *Core) CheckInvariants() error {
 				fail("node %d page %d (sequence page %d) in slab %d", n.id, j, n.depth+j, p.Slab)
 			}
 		}
-		if !c.l2Off {
+		if !c.quarantined {
 			pages, committed, ok := c.alloc.Range(alloc.RangeID(n.id))
 			switch {
 			case n.l2 != nil && (!ok || !committed || !slices.Equal(pages, n.l2)):
@@ -158,6 +163,15 @@ func (c *Core) CheckInvariants() error {
 		}
 	}
 	visit(c.root)
+	pending := c.stateSum // stateSum with the marked nodes' new terms, as flushDirty would make it
+	for _, n := range c.dirty {
+		if !n.removed {
+			pending += stateTerm(n) - n.term
+		}
+	}
+	if pending != stateSum {
+		fail("incremental node-state sum %#x, recomputed %#x", pending, stateSum)
+	}
 	if ownLocks != c.locks {
 		fail("%d locks outstanding, nodes hold %d", c.locks, ownLocks)
 	}
@@ -170,7 +184,7 @@ func (c *Core) CheckInvariants() error {
 	if c.lruL1.n+c.lruL2.n != nodes {
 		fail("lists hold %d+%d nodes, tree %d", c.lruL1.n, c.lruL2.n, nodes)
 	}
-	if !c.l2Off && c.alloc.NumRanges() != c.countRanges() {
+	if !c.quarantined && c.alloc.NumRanges() != c.countRanges() {
 		fail("allocator has %d ranges, tree %d", c.alloc.NumRanges(), c.countRanges())
 	}
 	return err

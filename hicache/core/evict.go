@@ -29,11 +29,12 @@ func (c *Core) evictL1(want int) (freed, pending int) {
 		if l1Evictable(n) {
 			k := len(n.hashes)
 			switch {
-			case n.l2 != nil && !c.l2Off:
+			case n.l2 != nil && !c.quarantined:
 				c.clearL1(n)
 				freed += k
-			case c.cfg.Policy == WriteBack && !c.l2Off && !n.stale && c.backup(n):
+			case c.cfg.Policy == WriteBack && !c.quarantined && !n.stale && c.backup(n):
 				n.evictAfterWrite = true
+				c.mark(n)
 				pending += k
 			default:
 				c.removeSubtree(n)
@@ -67,7 +68,7 @@ func (c *Core) evictL2(want int, done func() bool) int {
 // pages freed now and the pages that will be freed once their write-back backups commit.
 // Replicated: call it identically on every rank.
 func (c *Core) EvictL1(pages int) (freed, pending int) {
-	if pages <= 0 {
+	if pages <= 0 || c.quarantined { // a diverged tree's choices would differ across ranks
 		return 0, 0
 	}
 	return c.evictL1(pages)
@@ -76,7 +77,7 @@ func (c *Core) EvictL1(pages int) (freed, pending int) {
 // EvictL2 frees at least pages L2 pages of L2-only nodes if it can, and returns the number
 // freed. Replicated: call it identically on every rank.
 func (c *Core) EvictL2(pages int) int {
-	if pages <= 0 || c.l2Off {
+	if pages <= 0 || c.quarantined {
 		return 0
 	}
 	return c.evictL2(pages, nil)
@@ -93,6 +94,7 @@ func (c *Core) commitWrite(op *writeOp) {
 		}
 		n.write = nil
 		n.l2 = part.pages
+		c.mark(n)
 		c.stats.WrittenPages += int64(len(part.pages))
 		if c.cfg.L3 && !c.cfg.L3Config.NoBackup {
 			c.l3Backup(n)
@@ -103,6 +105,7 @@ func (c *Core) commitWrite(op *writeOp) {
 		n := op.parts[i].node
 		if n.evictAfterWrite {
 			n.evictAfterWrite = false
+			c.mark(n)
 			if l1Evictable(n) {
 				c.clearL1(n)
 				c.stats.EvictedL1Pages += int64(len(n.hashes))
@@ -121,6 +124,7 @@ func (c *Core) abortWrite(op *writeOp) {
 		}
 		n.write = nil
 		n.evictAfterWrite = false
+		c.mark(n)
 	}
 	c.stats.AbortedWrites++
 }
@@ -130,6 +134,7 @@ func (c *Core) abortWrite(op *writeOp) {
 func (c *Core) finishLoad(op *loadOp, ok bool) {
 	for _, n := range op.nodes {
 		n.load = nil
+		c.mark(n)
 		c.loadingPgs -= len(n.hashes)
 		if ok {
 			c.stats.LoadedPages += int64(len(n.hashes))

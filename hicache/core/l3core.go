@@ -136,7 +136,8 @@ func (c *Core) l3Backup(n *Node) {
 	c.l3.putSeq++
 	c.l3.puts = append(c.l3.puts, op)
 	n.l3Own++
-	pinL3(n, 1)
+	c.mark(n)
+	c.pinL3(n, 1)
 	if c.io {
 		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StoragePut, Seq: op.seq, Node: n.id, Hashes: slices.Clone(n.hashes), Pages: slices.Clone(n.l2)})
 	}
@@ -144,9 +145,10 @@ func (c *Core) l3Backup(n *Node) {
 
 // pinL3 adds d to the storage pins of n and its ancestors: a pinned node is not evicted
 // from L2 and not dropped with an ancestor.
-func pinL3(n *Node, d int) {
+func (c *Core) pinL3(n *Node, d int) {
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		n.l3Pins += d
+		c.mark(n)
 	}
 }
 
@@ -255,7 +257,7 @@ func (c *Core) l3Apply(v []int64) {
 		op := c.l3.puts[0]
 		c.l3.puts = c.l3.puts[1:]
 		op.node.l3Own--
-		pinL3(op.node, -1)
+		c.pinL3(op.node, -1)
 		if int64(op.seq) == fail {
 			c.stats.L3FailedBackups++
 			break
@@ -312,7 +314,7 @@ func (c *Core) abortRange(id alloc.RangeID) {
 func (c *Core) dropL3() {
 	for _, op := range c.l3.puts {
 		op.node.l3Own--
-		pinL3(op.node, -1)
+		c.pinL3(op.node, -1)
 	}
 	c.l3 = l3State{putSeq: c.l3.putSeq, querySeq: c.l3.querySeq, readSeq: c.l3.readSeq, releaseSeq: c.l3.releaseSeq,
 		circuitOpen: c.l3.circuitOpen, localOpen: c.l3.localOpen}

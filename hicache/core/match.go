@@ -18,10 +18,13 @@ type MatchResult struct {
 }
 
 // Match returns the longest cached prefix of tokens (whole pages only) and marks it recently
-// used. Replicated: call it identically on every rank.
+// used; in quarantine it returns no hit. Replicated: call it identically on every rank.
 func (c *Core) Match(tokens []int32) MatchResult {
 	c.stats.Matches++
 	res := MatchResult{Last: c.root}
+	if c.quarantined {
+		return res // the trees may differ: serve nothing
+	}
 	device := true
 	var buf [walkBuf]pathMatch
 	for _, m := range c.walk(buf[:0], tokens) {
@@ -29,7 +32,7 @@ func (c *Core) Match(tokens []int32) MatchResult {
 		if device && n.l1 != nil && !n.stale {
 			res.DevicePages += m.pages
 			res.L1Slots = append(res.L1Slots, n.l1[:m.pages]...)
-		} else if n.l1 == nil && n.l2 != nil && !c.l2Off {
+		} else if n.l1 == nil && n.l2 != nil && !c.quarantined {
 			device = false
 			res.HostPages += m.pages
 		} else {
@@ -76,6 +79,9 @@ type InsertResult struct {
 // Replicated: call it identically on every rank.
 func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
+	if c.quarantined {
+		return InsertResult{Last: c.root}, nil // cache nothing until the recovery
+	}
 	P := c.cfg.PageSize
 	np := len(tokens) / P
 	var buf [walkBuf]pathMatch
@@ -122,6 +128,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 			res.Fill = c.appendFill(res.Fill, n)
 		case n.stale && n.load == nil:
 			n.stale = false
+			c.mark(n)
 			res.Fill = c.appendFill(res.Fill, n)
 		}
 	}
@@ -145,8 +152,9 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	}
 	for _, n := range nodes {
 		n.hits++
+		c.mark(n)
 	}
-	if !c.l2Off && c.cfg.Policy != WriteBack {
+	if !c.quarantined && c.cfg.Policy != WriteBack {
 		threshold := 1
 		if c.cfg.Policy == WriteThroughSelective {
 			threshold = c.cfg.WriteThreshold

@@ -39,6 +39,10 @@ type Node struct {
 
 	list       int8 // inNoList, inL1List, inL2List
 	prev, next *Node
+	lruSeq     uint64 // Core.lruClock when last moved to the back of its list
+
+	term  uint64 // this node's current share of Core.stateSum (see stateTerm)
+	dirty bool   // in Core.dirty: term is recomputed at the next vector
 }
 
 // ID is the node's replicated id (also its L2 range id in the slab allocator).
@@ -132,6 +136,21 @@ func (n *Node) unlinkChild(c *Node) {
 }
 
 // nodeTerm is a node's contribution to the O(1)-maintained tree digest.
+// stateTerm is n's share of the tree digest beyond its identity (nodeTerm): its tiers,
+// transfers, flags, locks, storage pins, hits and LRU position — everything a replicated
+// decision (match, eviction, backup, load-back) reads.
+func stateTerm(n *Node) uint64 {
+	var f uint64
+	for i, b := range [...]bool{n.l1 != nil, n.l2 != nil, n.stale, n.write != nil, n.load != nil, n.evictAfterWrite} {
+		if b {
+			f |= 1 << i
+		}
+	}
+	x := mix.Mix64(n.id ^ f<<56 ^ uint64(n.list)<<52 ^ uint64(n.l1Kids)<<32)
+	x = mix.Mix64(x ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<16 ^ uint64(n.l3Pins)<<32 ^ uint64(n.l3Own)<<48)
+	return mix.Mix64(x ^ uint64(n.hits) ^ n.lruSeq<<20)
+}
+
 func nodeTerm(n *Node) uint64 {
 	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }

@@ -86,6 +86,7 @@ func (c *Core) backup(n *Node) bool {
 	op := &writeOp{seq: c.writeSeq, parts: []writePart{{node: n, pages: pages}}}
 	c.writeSeq++
 	n.write = op
+	c.mark(n)
 	c.writes = append(c.writes, op)
 	t := Transfer{Kind: Write, Seq: op.seq, Node: n.id}
 	for j, p := range pages {
@@ -110,7 +111,7 @@ type LoadResult struct {
 // reaches MinLoadPages), or when L2 is disabled. ErrL1Full when L1 cannot make room.
 // Replicated: call it identically on every rank.
 func (c *Core) LoadBack(n *Node) (LoadResult, error) {
-	if n != nil && n.isRoot() || c.l2Off {
+	if n != nil && n.isRoot() || c.quarantined {
 		return LoadResult{}, nil
 	}
 	if err := c.check(n); err != nil {
@@ -147,6 +148,7 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 		op := &loadOp{seq: c.loadSeq, nodes: []*Node{x}}
 		c.loadSeq++
 		x.load = op
+		c.mark(x)
 		c.loads = append(c.loads, op)
 		c.loadingPgs += len(x.hashes)
 		t := Transfer{Kind: Load, Seq: op.seq, Node: x.id}

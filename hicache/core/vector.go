@@ -24,6 +24,7 @@ const (
 	vLoadFail          // seq of this rank's first failed load-back, or MaxInt64
 	vEvictL1Neg        // -(L1 pages this rank asks to evict): MIN gives -max
 	vEvictL2Neg        // -(L2 pages this rank asks to evict)
+	vIdle              // 1 if this rank is idle (nothing in flight, no lock), else 0: MIN says all are
 	// L3 (storage). Ranks that are not I/O ranks contribute neutral values.
 	vL3PutDone                             // seq of the I/O rank's first unfinished backup to storage
 	vL3PutFail                             // seq of its first failed one among those, or MaxInt64
@@ -40,7 +41,9 @@ const mask63 = 1<<63 - 1
 
 // treeDigest folds the O(1)-maintained tree state into 63 bits.
 func (c *Core) treeDigest() int64 {
+	c.flushDirty()
 	x := mix.Mix64(c.treeSum ^ uint64(c.nodes)<<1)
+	x = mix.Mix64(x ^ c.stateSum ^ c.lruClock<<24 ^ c.treeSalt<<56)
 	x = mix.Mix64(x ^ uint64(c.l1.used()))
 	x = mix.Mix64(x ^ c.writeSeq<<20 ^ c.loadSeq)
 	x = mix.Mix64(x ^ uint64(len(c.writes))<<32 ^ uint64(len(c.loads)) ^ uint64(c.loadingPgs)<<16)
@@ -55,6 +58,10 @@ func (c *Core) fillVector(v []int64) []int64 {
 	if c.perturb {
 		c.perturb = false
 		c.perturbPlacement()
+	}
+	if c.perturbTree {
+		c.perturbTree = false
+		c.perturbTreeNow()
 	}
 	fp := int64(c.fp & mask63)
 	v[vConfig], v[vConfigNeg] = fp, -fp
@@ -83,6 +90,10 @@ func (c *Core) fillVector(v []int64) []int64 {
 		}
 	}
 	v[vEvictL1Neg], v[vEvictL2Neg] = -int64(c.hintL1), -int64(c.hintL2)
+	v[vIdle] = 0
+	if c.Idle() {
+		v[vIdle] = 1
+	}
 	c.l3Vector(v)
 	return v
 }
@@ -103,19 +114,32 @@ func (c *Core) Apply(v []int64) error {
 	if len(v) != VectorLen {
 		panic("hicache: consensus vector of wrong length")
 	}
-	if !c.l2Off {
-		c.stats.DigestChecks++
-		for _, chk := range digestSlots {
-			lo, hi := v[chk.i], -v[chk.i+1]
-			if lo != hi {
-				c.stats.DigestMismatches++
-				derr = &DivergedError{Step: step, What: chk.what, Min: lo, Max: hi, Local: c.localValue(chk.i)}
-				c.diverge()
-				break
-			}
+	// The digests are checked at every step. A mismatch outside quarantine starts one (on
+	// every rank: the vector is the same); in quarantine the replicas are known to differ
+	// and wait for the recovery.
+	wasQuarantined := c.quarantined
+	c.stats.DigestChecks++
+	for _, chk := range digestSlots {
+		lo, hi := v[chk.i], -v[chk.i+1]
+		if lo != hi && !wasQuarantined {
+			c.stats.DigestMismatches++
+			c.stats.Divergences++
+			derr = &DivergedError{Step: step, What: chk.what, Min: lo, Max: hi, Local: c.localValue(chk.i)}
+			c.diverge()
+			break
 		}
 	}
-	if derr == nil && !c.l2Off {
+	if wasQuarantined {
+		c.stats.QuarantinedSteps++
+		if v[vIdle] == 1 {
+			// Every rank is idle at this step: the agreed recovery flush. The rest of the
+			// vector describes the abandoned state.
+			c.recover()
+			c.hintL1, c.hintL2 = 0, 0
+			return nil
+		}
+	}
+	if derr == nil && !c.quarantined {
 		done, fail := uint64(v[vWriteDone]), v[vWriteFail]
 		for len(c.writes) > 0 && c.writes[0].seq < done {
 			op := c.writes[0]
@@ -138,10 +162,10 @@ func (c *Core) Apply(v []int64) error {
 		}
 		c.l3Apply(v)
 	}
-	if n := -v[vEvictL1Neg]; n > 0 {
+	if n := -v[vEvictL1Neg]; n > 0 && !c.quarantined {
 		c.evictL1(int(n))
 	}
-	if n := -v[vEvictL2Neg]; n > 0 && !c.l2Off {
+	if n := -v[vEvictL2Neg]; n > 0 && !c.quarantined {
 		c.evictL2(int(n), nil)
 	}
 	c.hintL1, c.hintL2 = 0, 0
@@ -176,17 +200,19 @@ func (c *Core) localValue(i int) int64 {
 // loaded ones become stale), every node forgets its L2 copy, and nodes held only in L2 are
 // removed. The allocator is left as it is (it is no longer trusted) until Reset.
 func (c *Core) diverge() {
-	c.l2Off = true
+	c.quarantined = true
 	for _, op := range c.writes {
 		for _, part := range op.parts {
 			part.node.write = nil
 			part.node.evictAfterWrite = false
+			c.mark(part.node)
 		}
 	}
 	for _, op := range c.loads {
 		for _, n := range op.nodes {
 			n.load = nil
 			n.stale = true
+			c.mark(n)
 		}
 	}
 	c.writes, c.loads, c.loadingPgs = nil, nil, 0
@@ -224,6 +250,7 @@ func (c *Core) dropLocks(n *Node) {
 		x.droppedLocks += x.ownLocks
 		c.locks -= x.ownLocks
 		x.ownLocks = 0
+		c.mark(x)
 		for _, ch := range x.children {
 			visit(ch)
 		}
@@ -231,6 +258,7 @@ func (c *Core) dropLocks(n *Node) {
 	visit(n)
 	c.lockPath(n.parent, -n.lockRef)
 	n.lockRef = 0
+	c.mark(n)
 }
 
 // Reset returns the core to its freshly constructed state: empty tree, all L1 slots free,
@@ -241,15 +269,26 @@ func (c *Core) Reset() error {
 	if !c.Idle() {
 		return c.Busy()
 	}
+	c.reset()
+	return nil
+}
+
+// recover ends a quarantine: the agreed flush of every rank at the first step where all are
+// idle. Nodes handed out before it are invalid afterwards (ErrBadArgument), as after Flush.
+func (c *Core) recover() {
+	c.reset()
+	c.stats.Recoveries++
+}
+
+func (c *Core) reset() {
 	c.resetTree()
 	c.l1.reset()
 	c.alloc.Reset()
 	c.writes, c.loads, c.out = nil, nil, nil
 	c.writeSeq, c.loadSeq, c.loadingPgs = 0, 0, 0
 	c.hintL1, c.hintL2 = 0, 0
-	c.l2Off = false
+	c.quarantined = false
 	c.l3 = l3State{}
-	return nil
 }
 
 // Busy returns nil when the core is idle (Flush may run), else an error wrapping ErrBusy

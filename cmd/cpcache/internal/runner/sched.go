@@ -25,6 +25,9 @@ type replicaCounts struct {
 	// PrefetchSteps are the scheduler steps made while a prefetch from storage was waited
 	// for (included in Steps: each makes the one consensus step of a scheduler step).
 	PrefetchSteps int64 `json:"prefetch_steps"`
+	// LoadSteps are the scheduler steps made while a load-back from L2 was waited for (until
+	// the group agreed it was over).
+	LoadSteps int64 `json:"load_steps"`
 }
 
 // localCounts are this rank's own checks.
@@ -227,12 +230,21 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, hicache.ErrL1Full) {
 			return nil, errors.Join(err, c.Unlock(m.Last))
 		}
-		if err := c.WaitL1(ctx, m.Last); err != nil {
-			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
+		// The loads start at the next step (after the Apply that checks the state they were
+		// chosen from). Wait until the group agrees they are over: a copy that failed on any
+		// rank is then stale on every rank, and the match below is the same everywhere.
+		for c.LoadPending(m.Last) {
+			if err := s.step(ctx); err != nil {
+				return nil, errors.Join(err, c.Unlock(m.Last))
+			}
+			s.counts.LoadSteps++
 		}
 		after, err := c.Match(r.Tokens)
 		if err != nil {
 			return nil, err
+		}
+		if err := c.WaitL1(ctx, after.Last); err != nil {
+			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
 		}
 		hashes := hicache.PrefixHashes(r.Tokens[:after.DevicePages*P], P)
 		for i := m.DevicePages; i < after.DevicePages; i++ {

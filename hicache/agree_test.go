@@ -1,0 +1,169 @@
+package hicache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
+)
+
+// A rank that cannot start (here: no engine and slabs without host pages) does not leave its
+// peers waiting for it until the deadline: New's first collective carries the failure, and
+// every rank returns the same *StartError naming that rank and its cause.
+func TestNewFailureOnOneRankIsAgreed(t *testing.T) {
+	const n, bad = 4, 2
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
+	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
+	errs := make([]error, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s SlabSet = slabs
+			if i == bad {
+				s = struct{ SlabSet }{slabs} // no host pages, and no engine given
+			}
+			c, err := New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: s})
+			errs[i] = errors.Join(err, c.Close())
+		}()
+	}
+	wg.Wait()
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("New took %v: the ranks waited for the failing one", d)
+	}
+	for i, err := range errs {
+		var se *StartError
+		if !errors.As(err, &se) || !errors.Is(err, ErrPeerFailed) || se.Rank != bad || err.Error() != errs[0].Error() {
+			t.Fatalf("rank %d: %v; want the StartError of rank %d, identical on every rank", i, err, bad)
+		}
+		if (i == bad) != errors.Is(err, ErrBadConfig) {
+			t.Fatalf("rank %d: wraps the failing rank's own error: %t", i, errors.Is(err, ErrBadConfig))
+		}
+	}
+	t.Log(errs[0])
+}
+
+// Step does not hold the cache's mutex across its collective: while a peer stalls, local
+// calls answer at once, and a replicated call from another goroutine is refused.
+func TestLocalCallsAnswerWhileStepWaits(t *testing.T) {
+	r := newRig(t, rigConfig{
+		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
+		pagesPerSlab: 16, pageBytes: 64,
+	})
+	res, err := r.insert(tokensN(100, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.caches[0]
+	stepped := make(chan error, 1)
+	go func() { stepped <- c.Step(context.Background()) }() // rank 1 stalls: it does not step
+	time.Sleep(50 * time.Millisecond)                       // let the Step reach its collective
+	for name, call := range map[string]func() error{
+		"Stats":     func() error { c.Stats(); return nil },
+		"HintEvict": func() error { c.HintEvict(1, 0); return nil },
+		"WaitL1":    func() error { return c.WaitL1(context.Background(), res[0].Last) },
+	} {
+		start := time.Now()
+		if err := call(); err != nil {
+			t.Fatalf("%s during a stalled step: %v", name, err)
+		}
+		if d := time.Since(start); d > 100*time.Millisecond {
+			t.Fatalf("%s took %v while a step waited for a peer", name, d)
+		}
+	}
+	if _, err := c.Match(tokensN(100, 8)); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a replicated call during the step's collective: %v, want ErrBusy", err)
+	}
+	select {
+	case err := <-stepped:
+		t.Fatalf("the step returned before its peer stepped: %v", err)
+	default:
+	}
+	if err := r.caches[1].Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stepped; err != nil {
+		t.Fatal(err)
+	}
+	r.checkAgree()
+}
+
+// countingEngine counts submitted transfers and finishes them at once.
+type countingEngine struct{ submitted atomic.Int64 }
+
+func (e *countingEngine) Submit(t Transfer) *Ticket {
+	e.submitted.Add(1)
+	tk := engine.NewTicket(t)
+	tk.Finish(nil)
+	return tk
+}
+func (e *countingEngine) Cancel()      {}
+func (e *countingEngine) Close() error { return nil }
+
+// No transfer starts before the Apply that checked the state it was chosen from: backups of
+// an Insert and loads of a LoadBack are submitted by the next Step, after its Apply; when that
+// Apply finds a divergence, they are never submitted.
+func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
+	for _, diverge := range []bool{false, true} {
+		l, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 20 * time.Second})
+		slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 16, 64)
+		engines := []*countingEngine{{}, {}}
+		caches := make([]*Cache, 2)
+		all := func(f func(i int, c *Cache) error) {
+			t.Helper()
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for i := range 2 {
+				wg.Add(1)
+				go func() { defer wg.Done(); errs[i] = f(i, caches[i]) }()
+			}
+			wg.Wait()
+			if diverge {
+				errs[0], errs[1] = nil, nil // the step's divergence is checked below
+			}
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		all(func(i int, _ *Cache) (err error) {
+			caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
+				Group: members[i], Slabs: slabs, Engine: engines[i]})
+			return err
+		})
+		all(func(_ int, c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
+		for i, e := range engines {
+			if n := e.submitted.Load(); n != 0 {
+				t.Fatalf("rank %d: %d transfers submitted before any step", i, n)
+			}
+		}
+		if diverge {
+			caches[1].core.PerturbTree()
+		}
+		all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
+		for i, e := range engines {
+			if n := e.submitted.Load(); (n == 0) != diverge {
+				t.Fatalf("diverged %t: rank %d submitted %d transfers at the checking step", diverge, i, n)
+			}
+		}
+		for _, c := range caches {
+			c.Close()
+		}
+	}
+}

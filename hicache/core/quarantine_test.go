@@ -1,0 +1,172 @@
+package core
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+)
+
+// stepAll makes one consensus step on every core without checking that they agree (the
+// digests may differ on purpose) and returns each core's Apply error.
+func (r *coreRig) stepAll() []error {
+	agreed := r.cores[0].Ready(make([]int64, VectorLen)).Vector
+	for _, c := range r.cores[1:] {
+		parallel.Min.Apply(agreed, c.Ready(make([]int64, VectorLen)).Vector)
+	}
+	var errs []error
+	for _, c := range r.cores {
+		errs = append(errs, c.Apply(slices.Clone(agreed)))
+	}
+	return errs
+}
+
+// A perturbation of one rank's tree or placement puts every rank into quarantine at the same
+// step; nothing is served or cached while locks are held; the first step at which every rank
+// is idle recovers them all at once, and the cache then works again with equal digests.
+func TestDivergenceQuarantinesThenRecovers(t *testing.T) {
+	for _, what := range []string{"tree digest", "placement digest"} {
+		t.Run(what, func(t *testing.T) {
+			r := newCoreRig(t, 4, Options{PageSize: 4, L1Pages: 64}, 64, 7)
+			seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(3, 4)), 20, 4)
+			for _, s := range seqs[:10] {
+				if _, err := r.insert(s); err != nil && !errors.Is(err, ErrL1Full) {
+					t.Fatal(err)
+				}
+				if err := r.step(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held := r.match(seqs[0])
+			if err := r.each(func(i int, c *Core) error { return c.Lock(held[i].Last) }); err != nil {
+				t.Fatal(err)
+			}
+			if what == "tree digest" {
+				r.cores[2].PerturbTree()
+			} else {
+				r.cores[2].PerturbPlacement()
+			}
+			errs := r.stepAll()
+			for i, err := range errs {
+				var de *DivergedError
+				if !errors.As(err, &de) || de.What != what || de.Step != errs[0].(*DivergedError).Step {
+					t.Fatalf("rank %d: %v, want a %s divergence at the step of rank 0", i, err, what)
+				}
+			}
+			for i, c := range r.cores {
+				if !c.Quarantined() || c.Stats().Divergences != 1 {
+					t.Fatalf("rank %d: quarantined %t, divergences %d", i, c.Quarantined(), c.Stats().Divergences)
+				}
+				if m := c.Match(seqs[0]); m.DevicePages+m.HostPages != 0 {
+					t.Fatalf("rank %d serves %d+%d pages in quarantine", i, m.DevicePages, m.HostPages)
+				}
+				if res, err := c.Insert(seqs[15]); err != nil || res.Pages != 0 || len(res.Fill) != 0 {
+					t.Fatalf("rank %d caches in quarantine: %+v, %v", i, res, err)
+				}
+				if rd := c.Ready(nil); len(rd.Transfers)+len(rd.Jobs) != 0 {
+					t.Fatalf("rank %d starts I/O in quarantine: %+v", i, rd)
+				}
+			}
+			// Busy (a lock held): no recovery, however long; digests are still checked.
+			for range 3 {
+				for i, err := range r.stepAll() {
+					if err != nil || !r.cores[i].Quarantined() {
+						t.Fatalf("rank %d while busy: %v, quarantined %t", i, err, r.cores[i].Quarantined())
+					}
+				}
+			}
+			if err := r.each(func(i int, c *Core) error { return c.Unlock(held[i].Last) }); err != nil {
+				t.Fatal(err)
+			}
+			for i, err := range r.stepAll() {
+				st := r.cores[i].Stats()
+				if err != nil || r.cores[i].Quarantined() || st.Recoveries != 1 || st.QuarantinedSteps != 4 {
+					t.Fatalf("rank %d after the idle step: %v, quarantined %t, stats %+v", i, err, r.cores[i].Quarantined(), st)
+				}
+			}
+			r.checkSame()
+			fresh, _ := New(r.cores[0].Config())
+			if r.cores[0].Allocator().Digest() != fresh.Allocator().Digest() || r.cores[0].Nodes() != 0 {
+				t.Fatal("the recovery did not reset to a fresh state")
+			}
+			for _, s := range seqs {
+				if _, err := r.insert(s); err != nil && !errors.Is(err, ErrL1Full) {
+					t.Fatal(err)
+				}
+				if err := r.step(); err != nil {
+					t.Fatal(err)
+				}
+				r.match(s)
+			}
+			if st := r.cores[0].Stats(); st.DigestMismatches != 1 {
+				t.Fatalf("mismatches after the recovery: %d, want the one", st.DigestMismatches)
+			}
+		})
+	}
+}
+
+// The tree digest sees what the replicated decisions read, not only counts: LRU order, which
+// nodes hold L1 pages, and which nodes are locked.
+func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
+	build := func() (*Core, [][]int32) {
+		c, err := New(Config{Options: Options{PageSize: 4, L1Pages: 16}, Slabs: 1, PagesPerSlab: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs := [][]int32{{1, 1, 1, 1, 2, 2, 2, 2}, {3, 3, 3, 3, 4, 4, 4, 4}}
+		for _, s := range seqs {
+			if _, err := c.Insert(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Commit the backups (one rank: its completions are the group's).
+		var done Done
+		for _, tr := range c.Ready(nil).Transfers {
+			done.Transfers = append(done.Transfers, TransferDone{Kind: tr.Kind, Seq: tr.Seq})
+		}
+		c.Report(done)
+		if err := c.Apply(c.Ready(make([]int64, VectorLen)).Vector); err != nil || c.Queues().Writes != 0 {
+			t.Fatalf("backups not committed: %v, %+v", err, c.Queues())
+		}
+		return c, seqs
+	}
+	digest := func(c *Core) int64 {
+		if err := c.CheckInvariants(); err != nil {
+			t.Fatal(err)
+		}
+		return c.treeDigest()
+	}
+	a, seqs := build()
+	b, _ := build()
+	if digest(a) != digest(b) {
+		t.Fatal("equal histories, different digests")
+	}
+	// LRU order: the same two matches in a different order.
+	a.Match(seqs[0])
+	a.Match(seqs[1])
+	b.Match(seqs[1])
+	b.Match(seqs[0])
+	if digest(a) == digest(b) {
+		t.Fatal("the tree digest is blind to LRU order")
+	}
+	// Residency: the same number of L1 pages, held by different nodes (the others L2-only).
+	a, _ = build()
+	b, _ = build()
+	a.clearL1(a.Peek(seqs[0]))
+	b.clearL1(b.Peek(seqs[1]))
+	if a.l1.used() != b.l1.used() || digest(a) == digest(b) {
+		t.Fatal("the tree digest is blind to which nodes hold L1 pages")
+	}
+	// Locks: one lock each, on different nodes.
+	a, _ = build()
+	b, _ = build()
+	if err := errors.Join(a.Lock(a.Peek(seqs[0])), b.Lock(b.Peek(seqs[1]))); err != nil {
+		t.Fatal(err)
+	}
+	if digest(a) == digest(b) {
+		t.Fatal("the tree digest is blind to which nodes are locked")
+	}
+}
