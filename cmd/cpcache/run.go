@@ -41,8 +41,12 @@ while it waits; those steps count as scheduler steps, each with its one consensu
 collective). Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
 the first one backed up. The report adds tokens hit in storage, pages prefetched and
-backed up, and storage errors. Exit status: 0 ok, 1 failure (a bad page, a
-placement divergence, a lost rank), 2 bad flags or input.`
+backed up, and storage errors. A divergence of the replicas' cache metadata quarantines
+the cache and recovers at the first idle step (the report counts divergences, recoveries
+and quarantined steps); --strict fails the run instead. Exit status: 0 ok, 1 failure (a
+bad page, a divergence under --strict, a lost rank), 2 bad flags or input.
+
+` + runner.FaultHelp
 
 // runOpts are the flags of `cpcache run`.
 type runOpts struct {
@@ -50,6 +54,7 @@ type runOpts struct {
 	layout                    *parallel.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
 	prefetch                  string
+	faults                    string
 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
@@ -77,6 +82,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	fs.StringVar(&o.faults, "fault", "", "inject failures: KIND[:PARAM=VALUE,...][;...] (see above)")
+	fs.BoolVar(&cfg.Strict, "strict", false, "a divergence of the replicas fails the run (exit 1) instead of quarantine and recovery")
 	return o
 }
 
@@ -98,6 +105,11 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	cfg.Policy = p
 	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: --prefetch-policy: %w", err))
+	}
+	if o.faults != "" {
+		if cfg.Faults, err = runner.ParseFaults(o.faults); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
 	}
 	if strings.HasPrefix(cfg.Storage, "mem:") {
 		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", cfg.Storage))

@@ -70,6 +70,9 @@ type rankResult struct {
 	L3BackedUp       int64         `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
 	StorageErrors    int64         `json:"storage_errors"`               // this rank's (I/O ranks only)
 	CircuitOpenSecs  float64       `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
+	Divergences      int64         `json:"divergences"`                  // agreed in the replica
+	Recoveries       int64         `json:"recoveries"`
+	QuarantinedSteps int64         `json:"quarantined_steps"`
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -95,6 +98,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if env.WorldSize != p.Layout.Config.World {
 		return nil, fmt.Errorf("%w: the launcher started %d ranks, the layout %s needs %d", ErrBadInput, env.WorldSize, p.Layout, p.Layout.Config.World)
 	}
+	cfg.killPoint(env.Rank, "start", 0)
 	world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Timeout: cfg.Timeout})
 	if err != nil {
 		return nil, err
@@ -118,6 +122,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		backend = "gloo"
 	}
 	counted := parallel.Count(cons)
+	cfg.killPoint(rank, "slabs", 0)
 	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), slab.Spec{
 		Backend: slab.Host, PageSize: cfg.PageBytes(), Pages: cfg.L2Pages, Tag: "cpcache-run",
 		Layout: fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
@@ -154,9 +159,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Slabs:          set,
 		StepTimeout:    stepTimeout,
 		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
+		Faults:         cfg.cacheFaults(rank),
 	}
 	if st != nil {
-		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
+		hc.Storage, hc.StorageNamespace, hc.L3 = cfg.faultyStorage(rank, st), ns, cfg.l3Options()
 	}
 	cache, err := hicache.New(ctx, hc)
 	if err != nil {
@@ -168,6 +174,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	sched.faults = newFaultRunner(cfg, rank)
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.corrupt = corruptOnce(set, cache.CPRank())
 	}
@@ -189,7 +196,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
-		WallSeconds:     time.Since(start).Seconds(),
+		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
+		WallSeconds: time.Since(start).Seconds(),
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -197,8 +205,6 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	var integrity error
 	if sched.firstBad != nil {
 		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
-	} else if sched.diverged != nil {
-		integrity = fmt.Errorf("rank %d: %w", rank, sched.diverged)
 	}
 	if integrity != nil {
 		res.Err = integrity.Error()
@@ -264,6 +270,11 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.SchedulerSteps += x.Replica.Steps
 			r.PrefetchSteps += x.Replica.PrefetchSteps
 			r.ConsensusSteps += x.Collectives
+			r.Divergences += x.Divergences
+			r.Recoveries += x.Recoveries
+			r.QuarantinedSteps += x.QuarantinedSteps
+			r.Flushes += x.Replica.Flushes
+			r.FlushesRefused += x.Replica.FlushesRefused
 		}
 		collectives += x.Collectives
 		steps += x.Replica.Steps

@@ -34,6 +34,13 @@ type Report struct {
 	ConsensusP99Us     float64 `json:"consensus_latency_p99_us"`
 	DigestChecks       int64   `json:"digest_checks"`
 	DigestMismatches   int64   `json:"digest_mismatches"`
+	// Divergences (quarantines entered), Recoveries (agreed recovery flushes) and
+	// QuarantinedSteps, summed over replicas; Flushes and FlushesRefused by --fault flush.
+	Divergences      int64 `json:"divergences"`
+	Recoveries       int64 `json:"recoveries"`
+	QuarantinedSteps int64 `json:"quarantined_steps"`
+	Flushes          int64 `json:"flushes"`
+	FlushesRefused   int64 `json:"flushes_refused"`
 
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
@@ -94,6 +101,10 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
+	fmt.Fprintf(w, "  divergences          %d, recoveries %d, quarantined steps %d\n", r.Divergences, r.Recoveries, r.QuarantinedSteps)
+	if r.Flushes+r.FlushesRefused > 0 {
+		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
+	}
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
 }
