@@ -85,6 +85,8 @@ func classify(status int, killed bool, out string) (where, kind string) {
 		where = "step " + m[1]
 	case strings.Contains(line, "could not start"):
 		where = "start"
+	case strings.Contains(line, "--storage-clear"):
+		where = "clear"
 	case strings.Contains(line, "slab: open set"):
 		where = "slabs"
 	case strings.Contains(line, "gathering the report"):
@@ -97,6 +99,8 @@ func classify(status int, killed bool, out string) (where, kind string) {
 	switch {
 	case strings.Contains(line, "could not start"):
 		kind = "start-error"
+	case strings.Contains(line, "--storage-clear"):
+		kind = "clear-error"
 	case strings.Contains(line, "diverged"):
 		kind = "diverged"
 	case strings.Contains(line, "peer lost"):
@@ -325,6 +329,8 @@ func TestFaultMatrix(t *testing.T) {
 		{name: "new-fail", args: []string{"--fault", "new-fail:rank=1"}, check: requireSurvivorsAgree(1, "start-error", "start")},
 		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=300ms,for=3s"}, storage: true, check: requireAllOK(0)},
 		{name: "storage-error", args: []string{"--fault", "storage-error:after=200ms"}, storage: true, check: requireAllOK(0)},
+		{name: "storage clear fails", args: []string{"--storage-clear", "--fault", "storage-error:op=clear,rank=0"}, storage: true,
+			check: requireSurvivorsAgree(-1, "clear-error", "clear")},
 		{name: "flush while busy", args: []string{"--fault", "flush:step=50"}, check: func(t *testing.T, m *matrixRun) {
 			requireAllOK(0)(t, m)
 			if m.report.FlushesRefused != int64(m.layout.dp) {

@@ -139,15 +139,25 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	if st != nil {
 		defer func() { err = errors.Join(err, st.Close()) }()
+		st = cfg.faultyStorage(rank, st)
 		if cfg.StorageClear {
+			// Rank 0 clears; no cache reads the storage before it is clear, and a failed
+			// clear is agreed (every rank stops now rather than wait for rank 0).
+			var clearErr error
+			cleared := []int64{0}
 			if rank == 0 {
-				if err := clearStorage(ctx, st, cfg.Storage); err != nil {
-					return nil, err
+				if clearErr = clearStorage(ctx, st, cfg.Storage); clearErr != nil {
+					cleared[0] = -1
 				}
 			}
-			// No cache reads the storage before it is clear.
-			if err := world.Barrier(ctx); err != nil {
-				return nil, fmt.Errorf("runner: after clearing the storage: %w", err)
+			if err := world.AllReduce(ctx, parallel.Min, cleared); err != nil {
+				return nil, errors.Join(fmt.Errorf("runner: after clearing the storage: %w", err), clearErr)
+			}
+			if clearErr != nil {
+				return nil, clearErr
+			}
+			if cleared[0] < 0 {
+				return nil, fmt.Errorf("runner: --storage-clear %s failed on rank 0", redactURL(cfg.Storage))
 			}
 		}
 	}
@@ -162,7 +172,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Faults:         cfg.cacheFaults(rank),
 	}
 	if st != nil {
-		hc.Storage, hc.StorageNamespace, hc.L3 = cfg.faultyStorage(rank, st), ns, cfg.l3Options()
+		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
 	}
 	cache, err := hicache.New(ctx, hc)
 	if err != nil {
