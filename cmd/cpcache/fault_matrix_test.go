@@ -272,24 +272,28 @@ func requireAllOK(wantDiv int64) func(t *testing.T, m *matrixRun) {
 	}
 }
 
-// requireSurvivorsAgree: the victim (if any, by SIGKILL) is gone; in each replica every other
-// rank ends with the same error kind at the same place (the victim's replica: wantKind at
-// wantWhere, or any place when wantWhere is ""), exits 1, and does so within the deadline
-// plus 5 s of the first end.
-func requireSurvivorsAgree(victim int, wantKind, wantWhere string) func(t *testing.T, m *matrixRun) {
+// How the victim of a fault must end (requireSurvivorsAgree).
+const (
+	victimKilled = "killed" // by SIGKILL
+	victimSame   = "same"   // like every rank of its replica
+	victimFailed = "failed" // with an error of its own (a rank stopped past the deadline)
+)
+
+// requireSurvivorsAgree: the victim (-1: none) ends as victimEnd says; in each replica every
+// other rank ends with the same error kind at the same place (the victim's replica: wantKind
+// at wantWhere), exits 1, and does so within the deadline plus 5 s of the first end.
+func requireSurvivorsAgree(victim int, victimEnd, wantKind, wantWhere string) func(t *testing.T, m *matrixRun) {
 	return func(t *testing.T, m *matrixRun) {
 		t.Helper()
 		first := slices.MinFunc(m.ends, func(a, b rankEnd) int { return int(a.at - b.at) }).at
 		byReplica := map[int]rankEnd{}
 		for r, e := range m.ends {
-			if r == victim {
-				if !e.killed && wantKind != "start-error" {
+			if r == victim && victimEnd != victimSame {
+				if victimEnd == victimKilled && !e.killed || e.status == 0 {
 					m.dump(t)
-					t.Fatalf("victim rank %d was not killed: %s@%s", r, e.kind, e.where)
+					t.Fatalf("victim rank %d ended %s@%s, status %d; want %s", r, e.kind, e.where, e.status, victimEnd)
 				}
-				if wantKind != "start-error" {
-					continue
-				}
+				continue
 			}
 			dp := m.replicaOf(r)
 			ref, ok := byReplica[dp]
@@ -306,7 +310,7 @@ func requireSurvivorsAgree(victim int, wantKind, wantWhere string) func(t *testi
 			}
 		}
 		vr := m.replicaOf(max(victim, 0))
-		if got := byReplica[vr]; got.kind != wantKind || wantWhere != "" && got.where != wantWhere {
+		if got := byReplica[vr]; got.kind != wantKind || got.where != wantWhere {
 			m.dump(t)
 			t.Fatalf("replica %d (the victim's) ended %s@%s, want %s@%s", vr, got.kind, got.where, wantKind, wantWhere)
 		}
@@ -325,22 +329,24 @@ func TestFaultMatrix(t *testing.T) {
 		{name: "diverge-tree", args: []string{"--fault", "diverge-tree:rank=2,step=150"}, check: requireAllOK(1)},
 		{name: "diverge-placement", args: []string{"--fault", "diverge-placement:rank=1,step=200"}, check: requireAllOK(1)},
 		{name: "diverge-tree --strict", args: []string{"--strict", "--fault", "diverge-tree:rank=2,step=150"},
-			check: requireSurvivorsAgree(-1, "diverged", "step 150")},
-		{name: "new-fail", args: []string{"--fault", "new-fail:rank=1"}, check: requireSurvivorsAgree(1, "start-error", "start")},
+			check: requireSurvivorsAgree(-1, victimSame, "diverged", "step 150")},
+		{name: "new-fail", args: []string{"--fault", "new-fail:rank=1"}, check: requireSurvivorsAgree(1, victimSame, "start-error", "start")},
 		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=300ms,for=3s"}, storage: true, check: requireAllOK(0)},
 		{name: "storage-error", args: []string{"--fault", "storage-error:after=200ms"}, storage: true, check: requireAllOK(0)},
 		{name: "storage clear fails", args: []string{"--storage-clear", "--fault", "storage-error:op=clear,rank=0"}, storage: true,
-			check: requireSurvivorsAgree(-1, "clear-error", "clear")},
+			check: requireSurvivorsAgree(-1, victimSame, "clear-error", "clear")},
 		{name: "flush while busy", args: []string{"--fault", "flush:step=50"}, check: func(t *testing.T, m *matrixRun) {
 			requireAllOK(0)(t, m)
 			if m.report.FlushesRefused != int64(m.layout.dp) {
 				t.Fatalf("%d flushes refused, want one per replica", m.report.FlushesRefused)
 			}
 		}},
-		{name: "kill -9 at start-up", args: []string{"--fault", "kill:rank=5,at=start"}, check: requireSurvivorsAgree(5, "timeout", "rendezvous")},
-		{name: "kill -9 in slab exchange", args: []string{"--fault", "kill:rank=6,at=slabs"}, check: requireSurvivorsAgree(6, "peer-lost", "slabs")},
-		{name: "kill -9 mid-run", args: []string{"--fault", "kill:rank=2,at=step,step=120"}, check: requireSurvivorsAgree(2, "peer-lost", "step 120")},
+		{name: "kill -9 at start-up", args: []string{"--fault", "kill:rank=5,at=start"}, check: requireSurvivorsAgree(5, victimKilled, "timeout", "rendezvous")},
+		{name: "kill -9 in slab exchange", args: []string{"--fault", "kill:rank=6,at=slabs"}, check: requireSurvivorsAgree(6, victimKilled, "peer-lost", "slabs")},
+		{name: "kill -9 mid-run", args: []string{"--fault", "kill:rank=2,at=step,step=120"}, check: requireSurvivorsAgree(2, victimKilled, "peer-lost", "step 120")},
 		{name: "SIGSTOP stall 1s", args: []string{"--fault", "stall:rank=4,step=80,for=1s"}, check: requireAllOK(0)},
+		{name: "SIGSTOP stall past deadline", args: []string{"--fault", "stall:rank=4,step=80,for=" + (faultDeadline + 2*time.Second).String()},
+			check: requireSurvivorsAgree(4, victimFailed, "timeout", "step 80")},
 	}
 	type combo struct {
 		layout    matrixLayout
@@ -362,10 +368,10 @@ func TestFaultMatrix(t *testing.T) {
 				}
 				m := runRanks(t, cb.layout, args)
 				c.check(t, m)
-				table = append(table, fmt.Sprintf("| %-26s | %-7s | %-4s | %-90s | %6.1fs |", c.name, cb.layout.name, cb.consensus, m.outcome(), m.wall.Seconds()))
+				table = append(table, fmt.Sprintf("| %-27s | %-7s | %-4s | %-90s | %6.1fs |", c.name, cb.layout.name, cb.consensus, m.outcome(), m.wall.Seconds()))
 			})
 		}
 	}
-	t.Logf("fault matrix (deadline %v):\n| %-26s | %-7s | %-4s | %-90s | %7s |\n%s", faultDeadline, "case", "layout", "cons", "outcome (kind@where [ranks])", "time",
+	t.Logf("fault matrix (deadline %v):\n| %-27s | %-7s | %-4s | %-90s | %7s |\n%s", faultDeadline, "case", "layout", "cons", "outcome (kind@where [ranks])", "time",
 		strings.Join(table, "\n"))
 }
