@@ -48,24 +48,41 @@
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
 //     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
 //     (R) does both for a scheduler that fetches before the prefill.
-//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots and starts
-//     this rank's reads of its own pages; before a layer reads that prefix from L1, the
-//     model calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
+//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots; this
+//     rank's reads of its own pages start at the next Step. The scheduler then waits until
+//     cache.LoadPending(m.Last) (R) is false — the group agreed the loads are over; a copy
+//     that failed on any rank has made its node stale on every rank — and matches again:
+//     every rank gets the same hit. Before a layer reads that prefix from L1, the model
+//     calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
 //  3. After prefill: res, err := cache.Insert(tokens) (R) caches the sequence's whole pages; the
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
 //     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
 //     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
 //     scheduler needs room. cache.HintEvict (L) reports local memory pressure instead.
 //  4. cache.Step(ctx) (R), exactly once per scheduler step, on every rank, even when
-//     nothing is pending: backups made since the last step start; finished transfers are
-//     counted (local events); one AllReduce(MIN) of a fixed-length int64 vector runs on the
-//     replica group; every rank applies the same agreed result — commits the backups every
-//     rank finished (aborts the first one any rank failed), finishes loads, evicts the
-//     largest hinted amount — and checks the digests.
+//     nothing is pending: finished transfers are counted (local events); one AllReduce(MIN)
+//     of a fixed-length int64 vector runs on the replica group, without the cache's mutex
+//     (local calls answer meanwhile); every rank applies the same agreed result — checks the
+//     digests, commits the backups every rank finished (aborts the first one any rank
+//     failed), finishes loads, evicts the largest hinted amount — and only then starts the
+//     backups and loads chosen since the last step: no slab byte is written from a state the
+//     digests have not checked.
 //  5. cache.Flush(ctx) (R), only when idle (Pending() == 0 and no locks; else ErrBusy and
 //     nothing changes): a barrier, then the tree, L1 accounting, queues, hints and the L2
 //     allocator are reset; the allocator's digest equals a fresh one on every rank. With
 //     L3Options.ClearOnFlush the I/O ranks then clear the storage namespace.
+//
+// # Failures are agreed
+//
+// No rank acts alone. New's first collective carries each rank's start failure, so every
+// rank returns the same *StartError. A copy that fails on one rank is reported in the vector
+// and aborts the backup, or makes the loaded node stale, on every rank at the same step.
+// A digest mismatch (configuration, tree or placement) returns a *DivergedError on every rank
+// at the same step and puts the group into quarantine: Match serves no hit, Insert caches
+// nothing, no slab I/O starts, running requests finish with the L1 pages they hold; at the
+// first step at which every rank is idle the group resets at once (Stats.Recoveries) and
+// caching resumes. Digests are checked at every step. Only process death ends a rank alone,
+// and the groups turn it into parallel.ErrPeerLost on every survivor within the deadline.
 //
 // # The consensus vector
 //
