@@ -10,6 +10,12 @@
 // every rank acknowledges it with its own nonce; rank 0 confirms the list of nonces), and
 // every key of the run lives under "<prefix>/<run id>/", so keys left by an earlier run in a
 // reused directory or a long-lived Redis are never read. Each group has its own sub-prefix.
+// Cancelling NewWorld's context (a SIGINT or SIGTERM of the rank) ends it at once with an
+// error wrapping context.Canceled: the rendezvous, which blocks in Gloo until its deadline,
+// is abandoned and closes what it built when it returns. CheckStore checks a store URL
+// (parsed, a file store's directory usable, a Redis store reachable) without changing
+// anything, so a launcher can refuse a bad one before starting ranks; store URL errors never
+// quote a password (the store has no authentication, so a URL with one is refused).
 //
 // Each process listens on one address: Options.Iface / CPCACHE_GLOO_IFACE /
 // GLOO_SOCKET_IFNAME (an interface), else Options.Hostname / CPCACHE_GLOO_HOSTNAME, else

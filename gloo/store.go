@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cpcache/cpcache/internal/redact"
 )
 
 // storeSpec is a parsed store URL.
@@ -33,15 +35,21 @@ func parseStore(raw string) (storeSpec, error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return storeSpec{}, fmt.Errorf("gloo: store URL %q: %v", raw, err)
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err // without the URL it quotes
+		}
+		return storeSpec{}, fmt.Errorf("gloo: store URL %q: %v", redact.URL(raw), redact.Error(err, raw))
+	}
+	if u.User != nil {
+		return storeSpec{}, fmt.Errorf("gloo: store URL %q: user or password given, but the rendezvous store has no authentication (keep it on a trusted network)", redact.URL(raw))
 	}
 	switch u.Scheme {
 	case "file":
 		if u.Host != "" && u.Host != "localhost" {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: file stores take no host (want file:///absolute/dir)", raw)
+			return storeSpec{}, fmt.Errorf("gloo: store URL %q: file stores take no host (want file:///absolute/dir)", redact.URL(raw))
 		}
 		if u.Path == "" || !strings.HasPrefix(u.Path, "/") {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: want file:///absolute/dir", raw)
+			return storeSpec{}, fmt.Errorf("gloo: store URL %q: want file:///absolute/dir", redact.URL(raw))
 		}
 		return storeSpec{scheme: "file", dir: u.Path, prefix: defaultPrefix}, nil
 	case "redis":
@@ -50,11 +58,11 @@ func parseStore(raw string) (storeSpec, error) {
 			host, portStr = h, p
 		}
 		if host == "" {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: no redis host", raw)
+			return storeSpec{}, fmt.Errorf("gloo: store URL %q: no redis host", redact.URL(raw))
 		}
 		port, err := strconv.Atoi(portStr)
 		if err != nil || port < 1 || port > 65535 {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: bad port %q", raw, portStr)
+			return storeSpec{}, fmt.Errorf("gloo: store URL %q: bad port %q", redact.URL(raw), portStr)
 		}
 		prefix := strings.Trim(u.Path, "/")
 		if prefix == "" {
@@ -62,7 +70,7 @@ func parseStore(raw string) (storeSpec, error) {
 		}
 		return storeSpec{scheme: "redis", host: host, port: port, prefix: prefix}, nil
 	}
-	return storeSpec{}, fmt.Errorf("gloo: store URL %q: unknown scheme %q (want file or redis)", raw, u.Scheme)
+	return storeSpec{}, fmt.Errorf("gloo: store URL %q: unknown scheme %q (want file or redis)", redact.URL(raw), u.Scheme)
 }
 
 func (s storeSpec) open() (*cStore, error) {

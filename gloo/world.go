@@ -100,7 +100,38 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		opts.Hostname = "127.0.0.1"
 	}
 	deadline := parallel.Deadline(ctx, opts.Timeout)
+	// The store and Gloo calls below block in C until their deadline; a cancelled context
+	// (a signal) must end the rank at once, so they run in a goroutine that is abandoned on
+	// cancellation and closes what it built when it returns.
+	type result struct {
+		g   *Group
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, err := rendezvous(opts, spec, deadline)
+		done <- result{g, err}
+	}()
+	select {
+	case r := <-done:
+		return r.g, r.err
+	case <-ctx.Done():
+		if ctx.Err() != context.Canceled {
+			r := <-done // the same deadline: the rendezvous reports its own timeout
+			return r.g, r.err
+		}
+		go func() {
+			if r := <-done; r.g != nil {
+				r.g.Close()
+			}
+		}()
+		return nil, fmt.Errorf("gloo: rendezvous of rank %d of %d interrupted: %w", opts.Rank, opts.Size, ctx.Err())
+	}
+}
 
+// rendezvous opens the store and the TCP device, agrees on the run id and connects the
+// world group before deadline.
+func rendezvous(opts Options, spec storeSpec, deadline time.Time) (*Group, error) {
 	cs, err := spec.open()
 	if err != nil {
 		return nil, err

@@ -46,9 +46,12 @@
 // OpenSet creates this rank's slab, exchanges specs and handles over the group (one
 // AllGather), maps every peer's slab, and agrees on the outcome (a second AllGather) so that
 // every rank succeeds or every rank fails with the same error, which names the odd ranks. The
-// backing shared-memory segments are created 0600 under unique names and unlinked once every
-// member has mapped them, so nothing remains in /dev/shm after setup, even if a rank crashes
-// later. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
+// backing shared-memory segments are anonymous (memfd, see internal/shmseg): each rank offers
+// its own to the others of the group over an abstract Unix socket, to processes of the same
+// user only, until every member has mapped it. They never have a name in /dev/shm, and the
+// kernel frees each with the last process that maps it, so no crash, at any moment of setup
+// or later, can leave one behind. The ranks of a group must share a host and a network
+// namespace. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
 // hicache checks against its consensus group.
 //
 // Backends: Host (shared memory; with Spec.PinHost and a registered HostPinner every slab is

@@ -69,8 +69,9 @@ var testHookAfterExchange func(rank int) error
 // ErrSpecMismatch; a rank that could not create or map a slab, ErrSetup). Every member must
 // call it, with its own spec. It makes exactly two AllGathers on group.
 //
-// Host segments are unlinked as soon as every member has mapped them (after the second
-// AllGather), and on every failure path, so nothing of the set remains in the directory.
+// Host segments are anonymous (memfd): each rank stops offering its own as soon as every
+// member has mapped it (after the second AllGather), and on every failure path; the memory
+// goes with the last process that maps it, so nothing of the set can outlive the job.
 // The caller keeps ownership of group, which must outlive the Set.
 func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error) {
 	if group == nil {
@@ -112,7 +113,7 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 		if r == rank {
 			continue
 		}
-		peer, err := openSlab(spec, r, offers[r].Handle, be)
+		peer, err := openSlab(ctx, spec, r, offers[r].Handle, be)
 		if err != nil {
 			status = fmt.Sprintf("slab of rank %d: %v", r, err)
 			break
@@ -128,16 +129,12 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 		}
 	}
 	statuses, gatherErr := group.AllGather(ctx, []byte(status))
-	// Every member has mapped every slab (or given up, or died): the names can go. Every rank
-	// removes every name (a missing one is fine), so none is left when OpenSet returns on any
-	// rank, including the name of a member that died between the exchange and here.
+	// Every member has mapped every slab (or given up, or died): stop offering this rank's.
+	// The segments are anonymous, so nothing of the set is left anywhere once the processes
+	// that map them are gone, whatever way they go.
 	var cleanup []error
-	if spec.Backend == Host {
-		for _, of := range offers {
-			if isSegmentPath(spec, string(of.Handle)) {
-				cleanup = append(cleanup, unlinkSegment(string(of.Handle)))
-			}
-		}
+	if own != nil {
+		cleanup = append(cleanup, own.host.unshare())
 	}
 	if gatherErr != nil {
 		err := fmt.Errorf("slab: open set on group %s: mapping barrier: %w", group.Name(), gatherErr)
@@ -160,7 +157,7 @@ func createSlab(spec Spec, rank int, be DeviceBackend) (*Slab, []byte, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return &Slab{owner: rank, host: h}, []byte(h.path), nil
+		return &Slab{owner: rank, host: h}, []byte(h.handle), nil
 	case CUDAIPC:
 		if be == nil {
 			return nil, nil, errNoDeviceBackend()
@@ -175,10 +172,10 @@ func createSlab(spec Spec, rank int, be DeviceBackend) (*Slab, []byte, error) {
 }
 
 // openSlab maps the slab of peer rank r from its handle.
-func openSlab(spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) {
+func openSlab(ctx context.Context, spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) {
 	switch spec.Backend {
 	case Host:
-		h, err := openHost(spec, string(handle))
+		h, err := openHost(ctx, spec, string(handle))
 		if err != nil {
 			return nil, err
 		}
@@ -196,16 +193,12 @@ func openSlab(spec Spec, r int, handle []byte, be DeviceBackend) (*Slab, error) 
 	return nil, fmt.Errorf("%w: backend %q", ErrBadArgument, spec.Backend)
 }
 
-// discard unlinks and unmaps a slab this rank created, on a failure path.
+// discard unmaps (and stops offering) a slab this rank created, on a failure path.
 func discard(own *Slab) error {
 	if own == nil {
 		return nil
 	}
-	var err error
-	if own.host != nil {
-		err = unlinkSegment(own.host.path)
-	}
-	return errors.Join(err, own.close())
+	return own.close()
 }
 
 // closeAllLocked closes every slab; the caller holds s.mu or has not published s yet.

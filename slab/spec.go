@@ -10,8 +10,8 @@ import (
 type Backend string
 
 const (
-	// Host is host shared memory: a 0600 segment in Spec.Dir (default /dev/shm), optionally
-	// registered with CUDA as pinned memory.
+	// Host is host shared memory: an anonymous segment (memfd) shared with the group's
+	// ranks on this host over a Unix socket, optionally registered with CUDA as pinned memory.
 	Host Backend = "host"
 	// CUDAIPC is device memory exported with a CUDA IPC handle and opened by peers on the same
 	// node. It needs a registered DeviceBackend (see RegisterDeviceBackend).
@@ -19,7 +19,7 @@ const (
 )
 
 // Spec describes the slab every rank creates. Backend, PageSize, Pages and Layout must be
-// equal on every rank of the group; Device, PinHost, Dir and Tag are local choices.
+// equal on every rank of the group; Device, PinHost and Tag are local choices.
 type Spec struct {
 	Backend  Backend
 	PageSize int    // bytes per page, > 0
@@ -27,24 +27,13 @@ type Spec struct {
 	Layout   string // the page layout (dtype, layers, heads, ...), compared verbatim
 	Device   int    // CUDAIPC: this rank's CUDA device ordinal
 	PinHost  bool   // Host: register with CUDA as pinned memory when a driver is present
-	Dir      string // Host: directory of the segments (default /dev/shm)
 	Tag      string // Host: [A-Za-z0-9_-]{0,32}, part of segment names (to find leftovers)
 }
-
-// DefaultDir is where host segments are created when Spec.Dir is empty.
-const DefaultDir = "/dev/shm"
 
 var tagRE = regexp.MustCompile(`^[A-Za-z0-9_-]{0,32}$`)
 
 // Bytes is the size of one slab.
 func (s Spec) Bytes() int { return s.PageSize * s.Pages }
-
-func (s Spec) dir() string {
-	if s.Dir == "" {
-		return DefaultDir
-	}
-	return s.Dir
-}
 
 // validate checks the spec on its own, before any collective.
 func (s Spec) validate() error {

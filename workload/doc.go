@@ -11,6 +11,12 @@
 // returned along with an error. Ownership: the returned slice and its token slices are the
 // caller's; the package keeps no state.
 //
+// Limits: a trace is checked line by line while it streams in, before a line's tokens exist
+// (MaxTraceLineBytes, MaxInputTokens, MaxOutputTokens, at most MaxInputTokens/BlockTokens
+// hash_ids), and a workload holds at most MaxWorkloadTokens prompt tokens
+// (TraceOptions.MaxTokens lowers it); a synthetic config is bounded so that its size is
+// known, and checked, before anything is generated.
+//
 // Usage loop:
 //
 //	reqs, err := workload.Synthetic(workload.DefaultSynthetic) // or ReadTraceFile(path, opts)

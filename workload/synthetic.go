@@ -1,7 +1,6 @@
 package workload
 
 import (
-	"errors"
 	"fmt"
 )
 
@@ -34,18 +33,38 @@ func (c SyntheticConfig) validate() error {
 		return fmt.Errorf("workload: question tokens %d must be positive", c.QuestionTokens)
 	case c.AnswerTokens < 0:
 		return fmt.Errorf("workload: answer tokens %d is negative", c.AnswerTokens)
+	case c.Clients > maxClients:
+		return fmt.Errorf("workload: clients %d is over the limit of %d", c.Clients, maxClients)
+	case c.Rounds > maxRounds:
+		return fmt.Errorf("workload: rounds %d is over the limit of %d", c.Rounds, maxRounds)
+	case c.SystemTokens > MaxInputTokens || c.QuestionTokens > MaxInputTokens || c.AnswerTokens > MaxOutputTokens:
+		return fmt.Errorf("workload: system %d, question %d, answer %d tokens: over the limit of %d input or %d output tokens",
+			c.SystemTokens, c.QuestionTokens, c.AnswerTokens, MaxInputTokens, MaxOutputTokens)
+	}
+	// Every field is bounded above, so these products fit an int64.
+	rounds, turn := int64(c.Rounds), int64(c.QuestionTokens+c.AnswerTokens)
+	if conv := int64(c.SystemTokens) + rounds*turn; conv > 1<<24 {
+		return fmt.Errorf("workload: a conversation of %d tokens is longer than 16M tokens", conv)
+	}
+	// Turn r's prompt is the system prompt, r earlier turns and a question.
+	perClient := rounds*int64(c.SystemTokens+c.QuestionTokens) + turn*rounds*(rounds-1)/2
+	if total := int64(c.Clients) * perClient; total > MaxWorkloadTokens {
+		return fmt.Errorf("workload: %d clients × %d rounds make %d prompt tokens, over the limit of %d", c.Clients, c.Rounds, total, MaxWorkloadTokens)
 	}
 	return nil
 }
+
+// Bounds of a synthetic workload beyond MaxWorkloadTokens, so its arithmetic cannot overflow.
+const (
+	maxClients = 1 << 20
+	maxRounds  = 1 << 16
+)
 
 // Synthetic returns the requests of the workload in issue order: round by round, every
 // client's turn r before any turn r+1, so a turn arrives after the previous one finished.
 func Synthetic(c SyntheticConfig) ([]Request, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
-	}
-	if c.SystemTokens+c.Rounds*(c.QuestionTokens+c.AnswerTokens) > 1<<24 {
-		return nil, errors.New("workload: conversation longer than 16M tokens")
 	}
 	system := make([]int32, c.SystemTokens)
 	for i := range system {

@@ -16,9 +16,21 @@ const BlockTokens = 512
 // ErrBadTrace is wrapped by every trace parsing error.
 var ErrBadTrace = errors.New("workload: bad trace")
 
+// Limits on a trace, checked line by line while it streams in, before a line's tokens exist,
+// so that a hostile or corrupt trace is refused before it can exhaust memory.
+const (
+	MaxTraceLineBytes = 1 << 20 // one line of JSON
+	MaxInputTokens    = 1 << 21 // input_length of one request (2 M tokens)
+	MaxOutputTokens   = 1 << 20 // output_length of one request (1 M tokens)
+	// MaxWorkloadTokens bounds the prompt tokens of a whole workload (trace or synthetic):
+	// every rank holds them all, 4 bytes each (1 GiB).
+	MaxWorkloadTokens = 1 << 28
+)
+
 // TraceOptions tune ReadTrace.
 type TraceOptions struct {
 	MaxRequests int // stop after this many requests (0: all)
+	MaxTokens   int // refuse a trace of more prompt tokens than this (0: MaxWorkloadTokens)
 }
 
 type traceLine struct {
@@ -48,9 +60,12 @@ func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) { return readT
 // readTrace is ReadTrace with where (the source's name and ": ", or "") in its errors.
 func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), MaxTraceLineBytes)
 	var reqs []Request
-	line := 0
+	line, total, maxTokens := 0, 0, opts.MaxTokens
+	if maxTokens <= 0 || maxTokens > MaxWorkloadTokens {
+		maxTokens = MaxWorkloadTokens
+	}
 	for sc.Scan() {
 		line++
 		if opts.MaxRequests > 0 && len(reqs) >= opts.MaxRequests {
@@ -64,9 +79,15 @@ func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: %sline %d: %v", ErrBadTrace, where, line, err)
 		}
+		if total += len(req.Tokens); total > maxTokens {
+			return nil, fmt.Errorf("%w: %sline %d: the trace holds over %d prompt tokens up to here (the limit of a workload; use --requests to serve fewer)", ErrBadTrace, where, line, maxTokens)
+		}
 		reqs = append(reqs, req)
 	}
 	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("%w: %sline %d is longer than %d bytes (the limit of a line)", ErrBadTrace, where, line+1, MaxTraceLineBytes)
+		}
 		return nil, fmt.Errorf("%w: %safter line %d: %v", ErrBadTrace, where, line, err)
 	}
 	if len(reqs) == 0 {
@@ -91,10 +112,16 @@ func parseTraceLine(text []byte, id int) (Request, error) {
 		return Request{}, fmt.Errorf("timestamp %d is negative", *tl.Timestamp)
 	case *tl.InputLength <= 0:
 		return Request{}, fmt.Errorf("input_length %d must be positive", *tl.InputLength)
+	case *tl.InputLength > MaxInputTokens:
+		return Request{}, fmt.Errorf("input_length %d is over the limit of %d tokens", *tl.InputLength, MaxInputTokens)
 	case *tl.OutputLength < 0:
 		return Request{}, fmt.Errorf("output_length %d is negative", *tl.OutputLength)
+	case *tl.OutputLength > MaxOutputTokens:
+		return Request{}, fmt.Errorf("output_length %d is over the limit of %d tokens", *tl.OutputLength, MaxOutputTokens)
 	case len(tl.HashIDs) == 0:
 		return Request{}, errors.New(`missing or empty "hash_ids"`)
+	case len(tl.HashIDs) > (MaxInputTokens+BlockTokens-1)/BlockTokens:
+		return Request{}, fmt.Errorf("%d hash_ids are over the limit of %d (%d tokens of %d-token blocks)", len(tl.HashIDs), (MaxInputTokens+BlockTokens-1)/BlockTokens, MaxInputTokens, BlockTokens)
 	case *tl.InputLength > len(tl.HashIDs)*BlockTokens:
 		return Request{}, fmt.Errorf("input_length %d exceeds %d hash_ids × %d tokens", *tl.InputLength, len(tl.HashIDs), BlockTokens)
 	}

@@ -4,14 +4,18 @@
 // workload through the cache on a world of ranks and report), launch (start N local ranks
 // of a command with torchrun-style variables and a rendezvous store), layout (print the
 // process groups of a parallel layout), collective-bench (time the small collectives) and
-// gpu-info (CUDA driver, NCCL, devices, topology).
+// gpu-info (CUDA driver, NCCL, devices, topology), and cleanup (remove the temporary
+// directories of crashed jobs).
 //
 // Contract: every subcommand returns the process's exit status: 0 success, 1 failure, 2 bad
 // usage or input (reported before any rank starts). Errors go to stderr as
 // "cpcache: <subcommand>: ...".
 //
 // Ownership: each subcommand owns what it starts (rank processes, groups, files in its
-// temporary directory) and stops or removes it before returning.
+// temporary directory) and stops or removes it before returning. What it cannot stop when
+// killed goes anyway: ranks die with their launcher (Pdeathsig), and a janitor process
+// removes the launcher's temporary directory (jobdir.go); at most 256 local ranks are
+// started (limits.go). SIGINT and SIGTERM end run and launch with 128+signal.
 //
 // Usage loop: `cpcache run` (or `mpirun -n N cpcache run`, each rank joining the job from its
 // launcher's environment), then read the report on stdout.

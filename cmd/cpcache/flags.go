@@ -21,15 +21,23 @@ func newFlagSet(name, synopsis, description string, stderr io.Writer) *flag.Flag
 }
 
 // parseFlags parses args; it returns (exit status, done): done when help was printed or the
-// flags were bad.
+// flags were bad. A bad flag is one line that points to --help, not the whole usage.
 func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, true
-		}
-		return 2, true
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	if err == nil {
+		return 0, false
 	}
-	return 0, false
+	if errors.Is(err, flag.ErrHelp) {
+		usage()
+		return 0, true
+	}
+	fmt.Fprintf(out, "cpcache: %s: %v (see cpcache %s --help)\n", fs.Name(), err, fs.Name())
+	return 2, true
 }
 
 // layoutFlags registers the parallel-layout flags shared by every multi-rank command.

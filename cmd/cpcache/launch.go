@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -39,9 +43,11 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		"Starts N processes of COMMAND on this machine with RANK, WORLD_SIZE, LOCAL_RANK,\n"+
 			"LOCAL_WORLD_SIZE and CPCACHE_STORE set (the store defaults to a fresh temporary\n"+
 			"directory, removed at the end). Each output line is prefixed with [rank].\n"+
-			"SIGINT and SIGTERM are forwarded to every rank. When a rank fails the others get\n"+
-			"SIGTERM (SIGKILL after 5s), and launch exits with the first failing rank's status\n"+
-			"(128+signal for a rank killed by a signal).", stderr)
+			"SIGINT and SIGTERM are forwarded to every rank, and launch then exits with 128+signal\n"+
+			"(130 for SIGINT). When a rank fails the others get SIGTERM (SIGKILL after 5s), and\n"+
+			"launch exits with the first failing rank's status (128+signal for a rank killed by a\n"+
+			"signal). The ranks die with launch (kill -9 included), and its temporary directory\n"+
+			"goes with the job. At most 256 local ranks.", stderr)
 	n := fs.Int("n", 0, "number of ranks to start")
 	store := fs.String("store", "", "rendezvous store URL (file:///dir or redis://host:port); default: a fresh temporary directory")
 	if status, done := parseFlags(fs, args); done {
@@ -51,15 +57,24 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 	if *n < 1 {
 		return fail(stderr, 2, fmt.Errorf("launch: -n %d: need at least 1 rank", *n))
 	}
+	if err := checkLocalRanks("-n", *n); err != nil {
+		return fail(stderr, 2, fmt.Errorf("launch: %w", err))
+	}
 	if len(argv) == 0 {
 		return fail(stderr, 2, fmt.Errorf("launch: no command (usage: cpcache launch -n N -- COMMAND ARGS...)"))
 	}
+	if *store != "" {
+		if err := gloo.CheckStore(context.Background(), *store); err != nil {
+			return fail(stderr, 2, fmt.Errorf("launch: --store: %w", redact.Error(err, *store)))
+		}
+	}
+	reclaimJobDirs()
 	if *store == "" {
-		dir, err := os.MkdirTemp("", "cpcache-launch-")
+		dir, done, err := newJobDir("launch")
 		if err != nil {
 			return fail(stderr, 1, fmt.Errorf("launch: store directory: %w", err))
 		}
-		defer os.RemoveAll(dir)
+		defer done()
 		*store = "file://" + dir
 	}
 	l := &launcher{n: *n, argv: argv, store: *store, stdout: &lineWriter{w: stdout}, stderr: &lineWriter{w: stderr}}
@@ -73,12 +88,13 @@ type launcher struct {
 	store          string
 	stdout, stderr *lineWriter
 
-	mu       sync.Mutex  // protects everything below
-	cmds     []*exec.Cmd // started ranks, in rank order
-	exited   []bool      // exited[r]: rank r was reaped (it gets no more signals)
-	failed   int         // first failing rank, -1 while none
-	status   int         // its exit status
-	stopping bool        // the ranks were told to stop
+	mu        sync.Mutex     // protects everything below
+	cmds      []*exec.Cmd    // started ranks, in rank order
+	exited    []bool         // exited[r]: rank r was reaped (it gets no more signals)
+	failed    int            // first failing rank, -1 while none
+	status    int            // its exit status
+	stopping  bool           // the ranks were told to stop
+	signalled syscall.Signal // the first SIGINT or SIGTERM received (0: none): the job's status is 128+signal
 }
 
 func (l *launcher) env(rank int) []string {
@@ -93,6 +109,10 @@ func (l *launcher) env(rank int) []string {
 }
 
 func (l *launcher) run() int {
+	// The ranks die with this process (Pdeathsig), which the kernel ties to the thread that
+	// started them: keep that thread until every rank has exited.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -106,11 +126,15 @@ func (l *launcher) run() int {
 	l.exited = make([]bool, l.n)
 	started := 0
 	for r := 0; r < l.n; r++ {
+		if len(sigs) > 0 {
+			break // interrupted while starting: start no more ranks; the loop below forwards it
+		}
 		cmd := exec.Command(l.argv[0], l.argv[1:]...)
 		cmd.Env = l.env(r)
 		cmd.Stdin = nil
-		// Each rank leads its own process group so that signals reach its children too.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		// Each rank leads its own process group so that signals reach its children too, and
+		// is killed if this process dies (kill -9 included), so no rank outlives its launcher.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		// Plain pipes (not StdoutPipe): Wait returns when the rank exits even if a child it
 		// left behind still holds the write end; the output is drained separately.
 		outR, outW, err1 := os.Pipe()
@@ -174,6 +198,9 @@ func (l *launcher) run() int {
 			l.mu.Lock()
 			first := !l.stopping
 			l.stopping = true
+			if l.signalled == 0 {
+				l.signalled = s.(syscall.Signal)
+			}
 			l.mu.Unlock()
 			if first {
 				time.AfterFunc(launchGrace, func() { l.signalAll(syscall.SIGKILL) })
@@ -182,6 +209,9 @@ func (l *launcher) run() int {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.signalled != 0 {
+		return 128 + int(l.signalled)
+	}
 	if l.failed >= 0 {
 		return l.status
 	}

@@ -10,10 +10,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -43,8 +45,15 @@ so runs of another shape never read them; a second run against the same storage 
 the first one backed up. The report adds tokens hit in storage, pages prefetched and
 backed up, and storage errors. A divergence of the replicas' cache metadata quarantines
 the cache and recovers at the first idle step (the report counts divergences, recoveries
-and quarantined steps); --strict fails the run instead. Exit status: 0 ok, 1 failure (a
-bad page, a divergence under --strict, a lost rank), 2 bad flags or input.
+and quarantined steps); --strict fails the run instead.
+
+Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
+RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
+what the host has available, every trace line within its limits, --store reachable,
+--json writable, --fault well formed. Ranks die with the process that started them; the
+temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
+divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
+interrupted (130 for SIGINT).
 
 ` + runner.FaultHelp
 
@@ -112,7 +121,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if strings.HasPrefix(cfg.Storage, "mem:") {
-		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", cfg.Storage))
+		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage)))
 	}
 	worldSet := false
 	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
@@ -120,21 +129,60 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
 	statusDir := os.Getenv(runner.EnvStatusDir)
 	joined := underRank || underMPI
-	if joined && !worldSet && statusDir == "" {
+	localRanks := cfg.Layout.World
+	if joined {
 		if env, err := parallel.FromEnv(); err == nil {
-			cfg.Layout.World = env.WorldSize
+			localRanks = env.LocalWorldSize
+			if !worldSet && statusDir == "" {
+				cfg.Layout.World = env.WorldSize
+			}
+		}
+	} else if err := checkLocalRanks("--world", cfg.Layout.World); err != nil {
+		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+	}
+	// The ranks of `cpcache run` itself were checked by the process that started them.
+	checkHere := statusDir == ""
+	if checkHere && o.jsonPath != "" {
+		if err := checkOutputFile("--json", o.jsonPath); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
 		}
 	}
 	plan, err := runner.Prepare(*cfg)
 	if err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if joined {
-		return runAsRank(ctx, plan, statusDir, o.jsonPath, o.metrics, stdout, stderr)
+	if checkHere {
+		if err := plan.CheckHost(localRanks); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
 	}
-	return runLocal(ctx, plan, args, o.jsonPath, o.metrics, stdout, stderr)
+	ctx, signalled := signalContext()
+	status := 0
+	if joined {
+		status = runAsRank(ctx, plan, statusDir, o.jsonPath, o.metrics, stdout, stderr)
+	} else {
+		status = runLocal(ctx, plan, args, o.jsonPath, o.metrics, stdout, stderr)
+	}
+	if sig := signalled(); sig != 0 {
+		return 128 + int(sig)
+	}
+	return status
+}
+
+// signalContext returns a context cancelled by the first SIGINT or SIGTERM, and a function
+// that returns that signal (0: none yet). The job then exits with 128+signal, 130 for a
+// Ctrl-C, like a shell.
+func signalContext() (context.Context, func() syscall.Signal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	var got atomic.Int32
+	go func() {
+		s := <-sigs
+		got.Store(int32(s.(syscall.Signal)))
+		cancel()
+	}()
+	return ctx, func() syscall.Signal { return syscall.Signal(got.Load()) }
 }
 
 // runAsRank runs this process as one rank of a job started by a launcher.
@@ -165,11 +213,12 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, jsonPath, metr
 	if err != nil {
 		return fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))
 	}
-	dir, err := os.MkdirTemp("", "cpcache-run-")
+	reclaimJobDirs()
+	dir, done, err := newJobDir("run")
 	if err != nil {
 		return fail(stderr, 1, fmt.Errorf("run: temporary directory: %w", err))
 	}
-	defer os.RemoveAll(dir)
+	defer done()
 	statusDir, storeDir := filepath.Join(dir, "status"), filepath.Join(dir, "store")
 	for _, d := range []string{statusDir, storeDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {

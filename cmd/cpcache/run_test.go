@@ -216,7 +216,7 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage", "ftp://host/pages"}, `unknown scheme "ftp"`},
 		{[]string{"--storage", "redis://127.0.0.1:99999/x"}, `port "99999"`},
 		{[]string{"--storage", "file://relative/dir"}, `file URL host "relative"`},
-		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "--storage: storage: redis"},
+		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "storage: redis"},
 		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
 		{[]string{"--storage", "mem://pages"}, "mem:// storage lives in one process"},
 		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},

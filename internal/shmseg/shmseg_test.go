@@ -1,78 +1,106 @@
 package shmseg
 
 import (
-	"errors"
+	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-func TestCreateOpenShare(t *testing.T) {
-	old := unix.Umask(0o277) // would strip the owner's write bit without the Fchmod
-	defer unix.Umask(old)
-	for _, reserve := range []bool{false, true} {
-		path := filepath.Join(t.TempDir(), "seg")
-		mem, err := Create(path, 8192, reserve)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Munmap(mem)
-		var st unix.Stat_t
-		if err := unix.Stat(path, &st); err != nil || st.Mode&0o777 != 0o600 || st.Size != 8192 {
-			t.Fatalf("reserve=%v: segment mode %#o size %d (%v), want 0600 and 8192", reserve, st.Mode&0o777, st.Size, err)
-		}
-		var seen int64
-		peer, err := Open(path, 8192, func(st *unix.Stat_t) error { seen = st.Size; return nil })
-		if err != nil || seen != 8192 {
-			t.Fatalf("reserve=%v: open: %v (check saw size %d)", reserve, err, seen)
-		}
-		defer unix.Munmap(peer)
-		mem[8191] = 42
-		if peer[8191] != 42 {
-			t.Errorf("reserve=%v: a write through one mapping is not seen through the other", reserve)
-		}
-		// A second Create on the same name fails and leaves the first segment alone.
-		if _, err := Create(path, 4096, reserve); !errors.Is(err, unix.EEXIST) || !strings.Contains(err.Error(), path) {
-			t.Errorf("reserve=%v: second create: %v, want EEXIST naming %s", reserve, err, path)
-		}
-		if _, err := os.Stat(path); err != nil {
-			t.Errorf("reserve=%v: failed second create removed the segment: %v", reserve, err)
-		}
-		if err := Unlink(path); err != nil {
-			t.Fatal(err)
-		}
-		if err := Unlink(path); err != nil {
-			t.Errorf("unlink of a missing name: %v, want nil", err)
-		}
-		if peer[8191] != 42 {
-			t.Errorf("mapping changed after unlink")
-		}
-	}
-}
-
-func TestOpenRefuses(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "seg")
-	mem, err := Create(path, 4096, false)
+// memfdsNamed counts this process's open descriptors that are memfds named name.
+func memfdsNamed(t *testing.T, name string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(mem)
-	bad := errors.New("wrong size")
-	if _, err := Open(path, 4096, func(*unix.Stat_t) error { return bad }); err != bad {
-		t.Errorf("open with a failing check: %v, want the check's error", err)
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(l, "/memfd:"+name) {
+			n++
+		}
 	}
-	link := filepath.Join(dir, "link")
-	if err := os.Symlink(path, link); err != nil {
+	return n
+}
+
+func TestCreateMapUnshare(t *testing.T) {
+	ctx := context.Background()
+	for _, reserve := range []bool{false, true} {
+		name := "shmseg-test-" + t.Name()
+		seg, err := Create(name, 8192, reserve)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(seg.Mem)
+		if !IsHandle(seg.Handle, name) {
+			t.Errorf("handle %q does not start with @%s", seg.Handle, name)
+		}
+		if got := memfdsNamed(t, name); got != 1 {
+			t.Errorf("reserve=%v: %d memfds open while shared, want 1", reserve, got)
+		}
+		peer, err := Map(ctx, seg.Handle, 8192)
+		if err != nil {
+			t.Fatalf("reserve=%v: map: %v", reserve, err)
+		}
+		defer unix.Munmap(peer)
+		seg.Mem[8191] = 42
+		if peer[8191] != 42 {
+			t.Errorf("reserve=%v: a write through one mapping is not seen through the other", reserve)
+		}
+		if _, err := Map(ctx, seg.Handle, 4096); err == nil || !strings.Contains(err.Error(), "want a regular file of 4096 bytes") {
+			t.Errorf("map with the wrong size: %v, want a size error", err)
+		}
+		if err := seg.Unshare(); err != nil {
+			t.Fatal(err)
+		}
+		if err := seg.Unshare(); err != nil {
+			t.Errorf("second unshare: %v, want nil", err)
+		}
+		if got := memfdsNamed(t, name); got != 0 {
+			t.Errorf("reserve=%v: %d memfds open after Unshare, want 0", reserve, got)
+		}
+		if _, err := Map(ctx, seg.Handle, 8192); err == nil || !strings.Contains(err.Error(), seg.Handle) {
+			t.Errorf("map after unshare: %v, want an error naming the handle", err)
+		}
+		if peer[8191] != 42 {
+			t.Errorf("mapping changed after unshare")
+		}
+	}
+	var nilSeg *Segment
+	if err := nilSeg.Unshare(); err != nil {
+		t.Errorf("nil Unshare: %v", err)
+	}
+}
+
+func TestMapRefuses(t *testing.T) {
+	ctx := context.Background()
+	if _, err := Map(ctx, "/dev/shm/x", 4096); err == nil || !strings.Contains(err.Error(), "not an abstract socket") {
+		t.Errorf("map of a path: %v, want a handle error", err)
+	}
+	if _, err := Map(ctx, "@shmseg-test-nobody-listens", 4096); err == nil {
+		t.Error("map of a handle nobody serves succeeded")
+	}
+	if _, err := Create("shmseg-test-zero", 0, false); err == nil {
+		t.Error("create of 0 bytes succeeded")
+	}
+	// A server that accepts but never sends: Map gives up when its context ends.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@shmseg-test-silent-" + t.Name(), Net: "unix"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(link, 4096, func(*unix.Stat_t) error { return nil }); err == nil || !strings.Contains(err.Error(), link) {
-		t.Errorf("open through a symlink: %v, want an error naming %s", err, link)
+	defer ln.Close()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := Map(cctx, ln.Addr().String(), 4096); err == nil {
+		t.Error("map from a silent server succeeded")
 	}
-	if _, err := Open(filepath.Join(dir, "missing"), 4096, func(*unix.Stat_t) error { return nil }); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("open of a missing segment: %v, want ErrNotExist", err)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("map ignored its context for %v", d)
 	}
 }

@@ -10,11 +10,13 @@
 // host identity (hostname, boot id, network and pid namespaces, and the device and inode of
 // the shared-memory directory) and pid over the bootstrap group; members that are not all on
 // one host make New fail on every member with an error wrapping ErrNotLocal. Rank 0 then
-// creates a segment with a unique random name, O_EXCL and mode 0600, in Options.Dir
-// (/dev/shm by default), sizes and initialises it and broadcasts its name; every other
-// member opens and maps it; the members agree that all mapped it (an AllGather of statuses
-// over the bootstrap group), and rank 0 unlinks it, whatever the outcome. After New returns,
-// nothing of the group is left in the directory, so a crash leaves nothing behind.
+// creates an anonymous segment (memfd, see internal/shmseg), sizes and initialises it and
+// broadcasts its handle, an abstract Unix socket that hands the segment's descriptor to
+// members of the same user; every other member receives and maps it; the members agree that
+// all mapped it (an AllGather of statuses over the bootstrap group), and rank 0 stops
+// offering it, whatever the outcome. The segment has no name in /dev/shm at any moment and
+// the kernel frees it with the last member's process, so no crash, kill -9 included, can
+// leave it behind.
 //
 // The Group has the bootstrap group's rank, size, global ranks and name. It implements:
 //   - AllReduce of int64 vectors up to SlotBytes/8 elements (512 by default) in shared

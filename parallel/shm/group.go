@@ -38,8 +38,9 @@ type Options struct {
 	// bytes go through the segment, longer ones through the bootstrap group. A multiple of 8
 	// between 64 and 1 MiB; default DefaultSlotBytes.
 	SlotBytes int
-	// Dir is where the segment is created (default DefaultDir). It must be the same
-	// filesystem on every member.
+	// Dir is the shared-memory directory (default DefaultDir) whose device and inode are part
+	// of a member's host identity: members that see different ones are not on one host. The
+	// segment itself is anonymous memory and lives in no directory.
 	Dir string
 	// PollInterval is how often a sleeping waiter checks its deadline and its peers' health
 	// (default DefaultPollInterval).
@@ -183,7 +184,7 @@ func create(ctx context.Context, boot parallel.Group, opts Options, mode string)
 		return nil, nil, err
 	}
 	l := newLayout(boot.Size(), opts.SlotBytes)
-	mem, err := attach(ctx, boot, l, opts.Dir)
+	mem, err := attach(ctx, boot, l)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -191,21 +192,20 @@ func create(ctx context.Context, boot parallel.Group, opts Options, mode string)
 }
 
 // attach creates (rank 0) or opens (others) the segment, agrees that every member mapped it
-// and unlinks it.
-func attach(ctx context.Context, boot parallel.Group, l layout, dir string) ([]byte, error) {
+// and stops offering it.
+func attach(ctx context.Context, boot parallel.Group, l layout) ([]byte, error) {
 	var (
-		mem  []byte
-		path string
-		msg  []byte
+		mem []byte
+		msg []byte
 	)
 	if boot.Rank() == 0 {
-		var err error
-		path, mem, err = createSegment(dir, l)
+		seg, err := createSegment(l)
 		if err != nil {
 			msg = []byte("error " + err.Error())
 		} else {
-			msg = []byte("path " + path)
-			defer unlinkSegment(path) // after the agreement below, whatever its outcome
+			mem = seg.Mem
+			msg = []byte("handle " + seg.Handle)
+			defer seg.Unshare() // after the agreement below, whatever its outcome
 		}
 	}
 	got, err := boot.Broadcast(ctx, 0, msg)
@@ -213,19 +213,19 @@ func attach(ctx context.Context, boot parallel.Group, l layout, dir string) ([]b
 		if mem != nil {
 			unix.Munmap(mem)
 		}
-		return nil, fmt.Errorf("shm: broadcast segment name over %s: %w", boot.Name(), err)
+		return nil, fmt.Errorf("shm: broadcast segment handle over %s: %w", boot.Name(), err)
 	}
 	if e, ok := strings.CutPrefix(string(got), "error "); ok {
 		return nil, fmt.Errorf("shm: member 0 could not create the segment: %s", e)
 	}
-	path, ok := strings.CutPrefix(string(got), "path ")
+	handle, ok := strings.CutPrefix(string(got), "handle ")
 	if !ok {
-		return nil, fmt.Errorf("shm: member 0 sent %q, not a segment name", got)
+		return nil, fmt.Errorf("shm: member 0 sent %q, not a segment handle", got)
 	}
 	status := ""
 	if boot.Rank() != 0 {
 		var err error
-		if mem, err = openSegment(path, l); err != nil {
+		if mem, err = openSegment(ctx, handle, l); err != nil {
 			status = err.Error()
 		}
 	}

@@ -1,60 +1,50 @@
 package shm
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
-func TestCreateSegmentIsPrivateUniqueAndChecked(t *testing.T) {
-	old := syscall.Umask(0) // a permissive umask must not widen the mode
-	defer syscall.Umask(old)
-	dir := t.TempDir()
+func TestCreateSegmentIsAnonymousUniqueAndChecked(t *testing.T) {
+	ctx := context.Background()
 	l := newLayout(4, 256)
-	path, mem, err := createSegment(dir, l)
+	seg, err := createSegment(l)
 	require.NoError(t, err)
-	defer syscall.Munmap(mem)
-	st, err := os.Stat(path)
+	defer seg.Unshare()
+	defer unix.Munmap(seg.Mem)
+	assert.Equal(t, l.total, len(seg.Mem))
+	seg2, err := createSegment(l)
 	require.NoError(t, err)
-	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
-	assert.Equal(t, int64(l.total), st.Size())
+	defer seg2.Unshare()
+	defer unix.Munmap(seg2.Mem)
+	assert.NotEqual(t, seg.Handle, seg2.Handle)
+	m, _ := filepath.Glob(filepath.Join(DefaultDir, segmentPrefix+"*"))
+	assert.Empty(t, m, "a segment must have no name in %s", DefaultDir)
 
-	path2, mem2, err := createSegment(dir, l)
+	peer, err := openSegment(ctx, seg.Handle, l)
 	require.NoError(t, err)
-	syscall.Munmap(mem2)
-	assert.NotEqual(t, path, path2)
+	unix.Munmap(peer)
 
-	peer, err := openSegment(path, l)
-	require.NoError(t, err)
-	syscall.Munmap(peer)
+	_, err = openSegment(ctx, seg.Handle, newLayout(5, 256))
+	assert.ErrorContains(t, err, "bytes", "a different group size is a different size")
+	// A well-formed handle that nobody serves fails, naming it.
+	_, err = openSegment(ctx, "@"+segmentPrefix+"00112233445566778899aabbccddeeff-00", l)
+	assert.ErrorContains(t, err, "00112233445566778899aabbccddeeff")
+	_, err = openSegment(ctx, "/dev/shm/stranger", l)
+	assert.ErrorContains(t, err, "not a segment handle")
 
-	_, err = openSegment(path, newLayout(5, 256))
-	assert.ErrorContains(t, err, "bytes, want", "a different group size is a different size")
-	_, err = openSegment(path2, l)
-	require.NoError(t, err)
-	// A segment renamed to another valid name fails the nonce check.
-	other := filepath.Join(dir, segmentPrefix+"00112233445566778899aabbccddeeff")
-	require.NoError(t, os.Rename(path2, other))
-	_, err = openSegment(other, l)
-	assert.ErrorContains(t, err, "nonce")
-	_, err = openSegment(filepath.Join(dir, "stranger"), l)
-	assert.ErrorContains(t, err, "not a segment name")
-
-	require.NoError(t, unlinkSegment(path))
-	require.NoError(t, unlinkSegment(path), "unlinking twice is fine")
-	_, err = os.Stat(path)
-	assert.True(t, os.IsNotExist(err))
-}
-
-func TestCreateSegmentNamesBadDirectory(t *testing.T) {
-	_, _, err := createSegment("/nonexistent-dir-for-shm-test", newLayout(2, 64))
-	assert.ErrorContains(t, err, "/nonexistent-dir-for-shm-test")
+	require.NoError(t, seg.Unshare())
+	require.NoError(t, seg.Unshare(), "unsharing twice is fine")
+	_, err = openSegment(ctx, seg.Handle, l)
+	assert.ErrorContains(t, err, seg.Handle, "an unshared segment can no longer be opened")
 }
 
 func TestExitedPeerDetectedBeforeReaping(t *testing.T) {

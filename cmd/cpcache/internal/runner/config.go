@@ -118,6 +118,12 @@ func Prepare(cfg Config) (*Plan, error) {
 	if cfg.Requests < 0 {
 		return nil, bad("requests %d is negative", cfg.Requests)
 	}
+	if err := cfg.checkBounds(); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkStore(); err != nil {
+		return nil, err
+	}
 	if int64(cfg.PageSize)*int64(cfg.KVBytesPerToken) > 1<<30 {
 		return nil, bad("page of %d tokens × %d bytes is over 1 GiB", cfg.PageSize, cfg.KVBytesPerToken)
 	}

@@ -8,7 +8,10 @@
 // Prepare validates a Config (layout, capacities, write policy) and loads the workload (the
 // built-in synthetic multi-turn conversations, or a Mooncake trace); every error wraps
 // ErrBadInput and names the bad value, so the command can exit with status 2 before any
-// rank starts. RunRank then runs the calling process as one rank of the job described by
+// rank starts. Every size is bounded (limits.go), so no product of them overflows; an
+// explicit rendezvous store is checked (gloo.CheckStore); URLs in errors and the report never
+// show a password (internal/redact). Plan.CheckHost then checks that the local ranks fit the
+// host's available memory (each rank's L1 pool, L2 slab and copy of the workload). RunRank then runs the calling process as one rank of the job described by
 // the launcher's environment (parallel.FromEnv): every rank calls it with the same Plan.
 //
 // Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every

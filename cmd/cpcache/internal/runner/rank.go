@@ -12,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -157,7 +158,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 				return nil, clearErr
 			}
 			if cleared[0] < 0 {
-				return nil, fmt.Errorf("runner: --storage-clear %s failed on rank 0", redactURL(cfg.Storage))
+				return nil, fmt.Errorf("runner: --storage-clear %s failed on rank 0", redact.URL(cfg.Storage))
 			}
 		}
 	}
@@ -263,7 +264,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *Report {
-	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redactURL(p.Config.Storage)}
+	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {

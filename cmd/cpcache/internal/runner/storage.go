@@ -3,11 +3,11 @@ package runner
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -40,7 +40,7 @@ func (p *Plan) StorageNamespace() (storage.Namespace, error) {
 func (p *Plan) openStorage(ctx context.Context) (storage.Storage, storage.Namespace, error) {
 	st, ns, err := p.openStorageRaw(ctx)
 	if err != nil {
-		return nil, ns, fmt.Errorf("runner: --storage: %w", err)
+		return nil, ns, fmt.Errorf("runner: --storage: %w", redact.Error(err, p.Config.Storage))
 	}
 	return st, ns, nil
 }
@@ -70,10 +70,10 @@ func (p *Plan) checkStorage() error {
 	}
 	st, _, err := p.openStorageRaw(context.Background())
 	if err != nil {
-		return bad("--storage: %v", err)
+		return bad("--storage %s: %v", redact.URL(p.Config.Storage), redact.Error(err, p.Config.Storage))
 	}
 	if err := st.Close(); err != nil {
-		return bad("--storage: %v", err)
+		return bad("--storage %s: %v", redact.URL(p.Config.Storage), redact.Error(err, p.Config.Storage))
 	}
 	return nil
 }
@@ -89,17 +89,7 @@ func clearStorage(ctx context.Context, st storage.Storage, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
 	defer cancel()
 	if err := st.Clear(ctx); err != nil {
-		return fmt.Errorf("runner: --storage-clear %s: %w", url, err)
+		return fmt.Errorf("runner: --storage-clear %s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nil
-}
-
-// redactURL hides the credentials of a storage URL (redis://secret@host) for the report.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	u.User = url.User("xxxxx")
-	return u.String()
 }
