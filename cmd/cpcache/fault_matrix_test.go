@@ -272,6 +272,15 @@ func requireAllOK(wantDiv int64) func(t *testing.T, m *matrixRun) {
 	}
 }
 
+// requireCircuitOpened: every rank exits 0 and the storage circuit opened.
+func requireCircuitOpened(t *testing.T, m *matrixRun) {
+	t.Helper()
+	requireAllOK(0)(t, m)
+	if m.report.StorageErrors == 0 || m.report.StorageCircuitOpenSeconds == 0 {
+		t.Fatalf("%d storage errors, circuit open %.2fs: the storage fault did not open the circuit", m.report.StorageErrors, m.report.StorageCircuitOpenSeconds)
+	}
+}
+
 // How the victim of a fault must end (requireSurvivorsAgree).
 const (
 	victimKilled = "killed" // by SIGKILL
@@ -325,14 +334,19 @@ func TestFaultMatrix(t *testing.T) {
 		t.Skip("the fault matrix runs 8-process jobs; skipped with -short")
 	}
 	cases := []faultCase{
-		{name: "copy-fail", args: []string{"--fault", "copy-fail:rank=3,step=100"}, check: requireAllOK(0)},
+		{name: "copy-fail", args: []string{"--fault", "copy-fail:rank=3,step=100"}, check: func(t *testing.T, m *matrixRun) {
+			requireAllOK(0)(t, m)
+			if m.report.CopyFailures != 1 {
+				t.Fatalf("%d copy failures agreed, want 1", m.report.CopyFailures)
+			}
+		}},
 		{name: "diverge-tree", args: []string{"--fault", "diverge-tree:rank=2,step=150"}, check: requireAllOK(1)},
 		{name: "diverge-placement", args: []string{"--fault", "diverge-placement:rank=1,step=200"}, check: requireAllOK(1)},
 		{name: "diverge-tree --strict", args: []string{"--strict", "--fault", "diverge-tree:rank=2,step=150"},
 			check: requireSurvivorsAgree(-1, victimSame, "diverged", "step 150")},
 		{name: "new-fail", args: []string{"--fault", "new-fail:rank=1"}, check: requireSurvivorsAgree(1, victimSame, "start-error", "start")},
-		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=300ms,for=3s"}, storage: true, check: requireAllOK(0)},
-		{name: "storage-error", args: []string{"--fault", "storage-error:after=200ms"}, storage: true, check: requireAllOK(0)},
+		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=300ms,for=3s"}, storage: true, check: requireCircuitOpened},
+		{name: "storage-error", args: []string{"--fault", "storage-error:after=200ms"}, storage: true, check: requireCircuitOpened},
 		{name: "storage clear fails", args: []string{"--storage-clear", "--fault", "storage-error:op=clear,rank=0"}, storage: true,
 			check: requireSurvivorsAgree(-1, victimSame, "clear-error", "clear")},
 		{name: "flush while busy", args: []string{"--fault", "flush:step=50"}, check: func(t *testing.T, m *matrixRun) {

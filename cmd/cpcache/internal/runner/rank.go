@@ -74,6 +74,7 @@ type rankResult struct {
 	Divergences      int64         `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64         `json:"recoveries"`
 	QuarantinedSteps int64         `json:"quarantined_steps"`
+	CopyFailures     int64         `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -208,7 +209,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
 		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
-		WallSeconds: time.Since(start).Seconds(),
+		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
+		WallSeconds:  time.Since(start).Seconds(),
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -284,6 +286,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.Divergences += x.Divergences
 			r.Recoveries += x.Recoveries
 			r.QuarantinedSteps += x.QuarantinedSteps
+			r.CopyFailures += x.CopyFailures
 			r.Flushes += x.Replica.Flushes
 			r.FlushesRefused += x.Replica.FlushesRefused
 		}

@@ -39,6 +39,7 @@ type Report struct {
 	Divergences      int64 `json:"divergences"`
 	Recoveries       int64 `json:"recoveries"`
 	QuarantinedSteps int64 `json:"quarantined_steps"`
+	CopyFailures     int64 `json:"copy_failures"` // backups aborted and loads made stale, on every rank of a replica
 	Flushes          int64 `json:"flushes"`
 	FlushesRefused   int64 `json:"flushes_refused"`
 
@@ -102,6 +103,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
 	fmt.Fprintf(w, "  divergences          %d, recoveries %d, quarantined steps %d\n", r.Divergences, r.Recoveries, r.QuarantinedSteps)
+	if r.CopyFailures > 0 {
+		fmt.Fprintf(w, "  copy failures        %d (backups aborted or loads made stale on every rank)\n", r.CopyFailures)
+	}
 	if r.Flushes+r.FlushesRefused > 0 {
 		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
 	}
