@@ -32,9 +32,10 @@ type L3Options struct {
 	// shorter timeout, such as a redis:// URL's timeout=, still holds). A call past it fails.
 	CallTimeout time.Duration
 	// CircuitFailures: after this many consecutive storage calls failed, or at the first one
-	// past CallTimeout, the I/O rank opens its circuit breaker and the group agrees to stop prefetching from and
-	// backing up to storage, serving from L1 and L2, until a probe of the store answers
-	// (default 3). Local to the I/O rank, like CallTimeout and CircuitProbeInterval.
+	// past CallTimeout, the I/O rank opens its circuit breaker and the group agrees to stop
+	// prefetching from and backing up to storage, serving from L1 and L2, until a probe of
+	// the store answers (default 3). Local to the I/O rank, like CallTimeout and
+	// CircuitProbeInterval (not part of the configuration fingerprint).
 	CircuitFailures int
 	// CircuitProbeInterval: the first probe of an open circuit's store comes this long after
 	// it opened; each failed probe doubles the wait, up to 32 times it (default 250ms).
