@@ -184,7 +184,7 @@ func runRanks(t *testing.T, l matrixLayout, args []string) *matrixRun {
 	if leaked := leakedSegments(start); len(leaked) > 0 {
 		t.Errorf("shared-memory segments left behind: %v", leaked)
 	}
-	if b, err := os.ReadFile(jsonPath); err == nil {
+	if b, err := os.ReadFile(jsonPath); err == nil && len(b) > 0 { // a failed run leaves it empty
 		m.report = &runner.Report{}
 		if err := json.Unmarshal(b, m.report); err != nil {
 			t.Fatal(err)
@@ -193,13 +193,18 @@ func runRanks(t *testing.T, l matrixLayout, args []string) *matrixRun {
 	return m
 }
 
-// leakedSegments lists the cpcache segments in /dev/shm made since start that no live
-// process maps (other jobs on the machine may be creating theirs meanwhile: those are mapped).
+// runSegmentRE matches the names of the segments a run makes: its L2 slabs (tag
+// cpcache-run) and its shared-memory consensus groups.
+var runSegmentRE = regexp.MustCompile(`^(cpcache-slab-cpcache-run|cpcache-shm-[0-9a-f]+$)`)
+
+// leakedSegments lists the segments in /dev/shm that a run makes, made since start, that no
+// live process maps (other jobs on the machine may be creating theirs meanwhile: those are
+// mapped).
 func leakedSegments(since time.Time) []string {
 	names, _ := filepath.Glob("/dev/shm/cpcache-*")
 	var out []string
 	for _, n := range names {
-		if fi, err := os.Stat(n); err != nil || fi.ModTime().Before(since) {
+		if fi, err := os.Stat(n); err != nil || fi.ModTime().Before(since) || !runSegmentRE.MatchString(filepath.Base(n)) {
 			continue
 		}
 		out = append(out, n)
