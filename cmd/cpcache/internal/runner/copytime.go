@@ -16,7 +16,7 @@ type timedEngine struct {
 	pageBytes int
 	wg        sync.WaitGroup // one per ticket being watched
 
-	mu    sync.Mutex       // protects spans
+	mu    sync.Mutex      // protects spans
 	spans [2][]copyPeriod // by hicache.Kind
 }
 
