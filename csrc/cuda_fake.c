@@ -102,6 +102,7 @@ CUresult cuCtxSetCurrent(void *ctx) {
   current = ctx;
   return 0;
 }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
 CUresult cuCtxSynchronize(void) { NEED_CTX(); return 0; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   NEED_CTX();
