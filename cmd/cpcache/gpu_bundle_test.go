@@ -34,7 +34,7 @@ func stubTest(t *testing.T, dir, name string, sleepSeconds int) {
 	script := "#!/bin/sh\n" +
 		`echo "info: ` + name + ` args: $* require=$CPCACHE_REQUIRE_GPU"` + "\n" +
 		"echo '=== RUN   TestGPUOne'\necho '--- PASS: TestGPUOne (0.00s)'\n" +
-		"echo '--- SKIP: TestGPUTwo (0.00s)'\necho '    x_test.go:1: NVML unavailable'\n"
+		"echo '=== RUN   TestGPUTwo'\necho '    x_test.go:1: NVML unavailable'\necho '--- SKIP: TestGPUTwo (0.00s)'\n"
 	if sleepSeconds > 0 {
 		script += "exec sleep " + strconv.Itoa(sleepSeconds) + "\n"
 	}

@@ -159,8 +159,9 @@ test_pkg() {
   fail=$(grep -cE '^--- FAIL' "$logs/$pkg.log")
   skip=$(grep -cE '^--- SKIP' "$logs/$pkg.log")
   total_pass=$((total_pass + pass)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + skip))
-  # Each failed or skipped test with the line after it (its reason).
-  grep -E '^\s*--- (FAIL|SKIP)' -A1 "$logs/$pkg.log" | grep -v '^--$' | sed 's/^/  /'
+  # Each failed or skipped test with the line before it (-v prints a test's last log line,
+  # its reason, just before its verdict).
+  grep -E -B1 '^\s*--- (FAIL|SKIP)' "$logs/$pkg.log" | grep -vE '^(--|\s*=== (RUN|PAUSE|CONT|NAME) .*)$' | sed 's/^/  /'
   if [ "$rc" -ne 0 ]; then
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
       problems+=(" $pkg.test timed out after ${secs}s")
