@@ -70,9 +70,10 @@
 // # Ownership and output
 //
 // RunRank creates and closes the world, layout groups, consensus group, device memory (L1
-// pool, driver), slab set, engine and cache of its process (closed in reverse order). At the end the ranks gather their results over the world group and rank
-// 0 builds the Report: per-replica counts (requests, tokens, steps) once per replica, page
-// and check counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
+// pool, driver), slab set, engine and cache of its process (closed in reverse order). At
+// the end the ranks gather their results over the world group and rank 0 builds the
+// Report: per-replica counts (requests, tokens, steps) once per replica, page and check
+// counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
 // its own ranks) every rank writes a status file there and rank 0 the report, and the
 // starting process draws the progress, serves the metrics (a Watcher) and prints the
 // report; otherwise (under mpirun or torchrun) rank 0 does that itself, for its replica.
