@@ -13,7 +13,8 @@
  *
  * It checks what the binding promises: every call that needs a context fails with
  * CUDA_ERROR_INVALID_CONTEXT (201) unless the device's primary context was made current on
- * the calling thread, and the batched copy checks its 12.8 attribute layout.
+ * the calling thread, and the batched copy checks its 12.8 attribute layout (and fails with
+ * CUDA_ERROR_NOT_SUPPORTED when CPCACHE_FAKE_CUDA_BATCH_FAIL=1, to test the fallback).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -287,6 +288,9 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
                             attrs *a, size_t *idx, size_t nattrs, size_t *failIdx, void *st) {
   NEED_CTX();
   *failIdx = (size_t)-1;
+  /* Failure injection for the binding's per-copy fallback. */
+  const char *fail = getenv("CPCACHE_FAKE_CUDA_BATCH_FAIL");
+  if (fail != NULL && fail[0] == '1') { *failIdx = 0; return 801; }
   if (st == NULL || nattrs != 1 || idx[0] != 0 || a[0].srcAccessOrder != 1 || a[0].flags != 0) return 1;
   for (size_t i = 0; i < count; i++) {
     if (sizes[i] == 0) { *failIdx = i; return 1; }

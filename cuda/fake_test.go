@@ -25,7 +25,21 @@ func TestFakeDriverRunsGPUTests(t *testing.T) {
 	if !strings.Contains(out, "info: ipc: same-process open refused as expected") {
 		t.Errorf("the fake driver opened an IPC handle in the exporting process:\n%s", out)
 	}
+	if !strings.Contains(out, "--- SKIP: TestGPUBatchCopyFallsBackToPerCopy") {
+		t.Errorf("the batch fallback test ran without its failure injection:\n%s", out)
+	}
 	if !strings.Contains(out, `entry point "cuMemcpyBatchAsync", used driver batch call: true`) {
 		t.Errorf("the fake driver's cuMemcpyBatchAsync was not used:\n%s", out)
+	}
+}
+
+// TestFakeDriverBatchFailureFallsBack runs the batch-fallback test against the fake driver
+// with its batch call failing.
+func TestFakeDriverBatchFailureFallsBack(t *testing.T) {
+	fakelib.SkipInChild(t)
+	lib := fakelib.Build(t, "cuda_fake")
+	out := fakelib.RunTests(t, "^TestGPUBatchCopyFallsBackToPerCopy$", "", "CPCACHE_CUDA_LIBRARY="+lib, envFakeBatchFail+"=1")
+	if !strings.Contains(out, "--- PASS: TestGPUBatchCopyFallsBackToPerCopy") {
+		t.Errorf("the per-copy fallback did not pass on the fake driver:\n%s", out)
 	}
 }

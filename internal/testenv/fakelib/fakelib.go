@@ -98,7 +98,13 @@ func SkipInChild(t testing.TB) {
 // output. It fails t when the child fails.
 func RunGPUTests(t testing.TB, skip string, env ...string) string {
 	t.Helper()
-	args := []string{"-test.v", "-test.count=1", "-test.run", "^TestGPU"}
+	return RunTests(t, "^TestGPU", skip, env...)
+}
+
+// RunTests is RunGPUTests for the tests matching run.
+func RunTests(t testing.TB, run, skip string, env ...string) string {
+	t.Helper()
+	args := []string{"-test.v", "-test.count=1", "-test.run", run}
 	if skip != "" {
 		args = append(args, "-test.skip", skip)
 	}
