@@ -74,7 +74,7 @@ bench: deps
 # Run there: gpu-bundle/run.sh
 gpu-check:
 	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
-	@for p in cuda nccl slab/cudaslab hicache; do \
+	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
 	    echo "gpu-check: gpu-bundle/$$p.test"; \
 	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \

@@ -94,7 +94,7 @@ func runScript(t *testing.T, dir string, env []string, during func(*exec.Cmd)) (
 // cuda` runs (device and pinned host L2) on the fake driver and prints its report, and the
 // summary line says it all.
 func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
 	out, status := runScript(t, dir, env, nil)
 	assert.Equal(t, 1, status, out)
 	assert.Regexp(t, `(?m)^preflight: glibc: \S+`, out)
@@ -113,14 +113,14 @@ func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	assert.Less(t, strings.Index(out, "pinned host shared memory"), strings.Index(out, "== nccl.test"), "nccl runs last")
 	m := summaryRE.FindStringSubmatch(out)
 	require.NotNil(t, m, "no summary line:\n%s", out)
-	assert.Equal(t, []string{"FAILED", "5", "0", "3", "360"}, m[1:6], "3 stubs pass and skip one each, 2 device runs pass")
+	assert.Equal(t, []string{"FAILED", "6", "0", "4", "360"}, m[1:6], "4 stubs pass and skip one each, 2 device runs pass")
 	assert.Contains(t, m[6], "cudaslab.test missing")
 }
 
 // TestGPUBundleSummaryAtDeadlineAndSignal: with no time left every step is reported as not
 // run, and a SIGTERM in the middle of a step still ends with the summary line.
 func TestGPUBundleSummaryAtDeadlineAndSignal(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 60, "cudaslab.test": 0, "hicache.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 60, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
 	out, status := runScript(t, dir, append(env, "CPCACHE_GPU_DEADLINE_S=5"), nil)
 	assert.Equal(t, 1, status, out)
 	assert.Contains(t, out, "cuda: NOT RUN: the 5s deadline was reached")
@@ -153,7 +153,7 @@ func TestGPUBundleSummaryAtDeadlineAndSignal(t *testing.T) {
 // TestGPUBundlePreflightRefusesAnImageTooOld: when the dynamic linker reports a missing
 // symbol version, the preflight says plainly that the bundle cannot run here and stops.
 func TestGPUBundlePreflightRefusesAnImageTooOld(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "cudaslab.test": 0, "hicache.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
 	fakeBin := t.TempDir()
 	ldd := "#!/bin/sh\ncase \"$1\" in *cuda.test) echo \"$1: /lib/libc.so.6: version \\`GLIBC_2.99' not found (required by $1)\";; esac\n"
 	require.NoError(t, os.WriteFile(filepath.Join(fakeBin, "ldd"), []byte(ldd), 0o755))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — cpcache's GPU checks (built by `make gpu-check`; no Go toolchain needed here).
 #
-# Runs the test binaries beside this script with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
+# Runs the test binaries beside this script (cuda, cudaslab, the TestGPU* tests of hicache
+# and hicache/cudaengine, nccl last) with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
 # driver or NCCL fails instead of skipping, then `cpcache run --device cuda` on 8 ranks, and
 # prints the device report, the bandwidth lines and one summary line. Full logs go to $OUT
 # when it is set, else beside this script.
@@ -198,6 +199,7 @@ device_run() {
 test_pkg cuda .
 test_pkg cudaslab .
 test_pkg hicache '^TestGPU'
+test_pkg cudaengine '^TestGPU' # the page-copy efficiency ratios
 device_run device
 device_run host
 test_pkg nccl . # last: an NCCL hang must not eat the others' time

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/slab/cudaslab"
 )
@@ -142,14 +143,14 @@ func (m *memory) slabSpec(s slab.Spec) slab.Spec {
 	return s
 }
 
-// newEngine returns the CUDA engine over the L1 pool and set's pages (addressed by their
+// newEngine returns the CUDA engine (hicache/cudaengine) over the L1 pool and set's pages (addressed by their
 // device pointers, also for pinned host slabs), wrapped to time its copies; nil for host
 // runs (the cache makes its own). The caller closes it after the cache.
 func (m *memory) newEngine(set *slab.Set) (hicache.Engine, error) {
 	if m.dev == nil {
 		return nil, nil
 	}
-	e, err := hicache.NewCUDAEngine(m.dev, m.l1.Ptr(), m.cfg.L1Pages, m.cfg.PageBytes(), hicache.DevicePageAddr(set), hicache.CUDAEngineOptions{})
+	e, err := cudaengine.New(m.dev, m.l1.Ptr(), m.cfg.L1Pages, m.cfg.PageBytes(), cudaengine.DevicePageAddr(set), cudaengine.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +282,7 @@ func (m *memory) result() *deviceResult {
 	}
 	r := &deviceResult{Ordinal: m.dev.Ordinal(), Name: m.name, L2: m.cfg.L2}
 	if m.timed != nil {
-		if ce, ok := m.timed.inner.(*hicache.CUDAEngine); ok {
+		if ce, ok := m.timed.inner.(*cudaengine.Engine); ok {
 			r.Batched = ce.Batched()
 		}
 		w, l := m.timed.busy()

@@ -1,4 +1,4 @@
-package hicache
+package cudaengine
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
+	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -29,7 +31,7 @@ func TestGPUPageCopyEfficiency(t *testing.T) {
 	for _, pb := range []int{16 << 10, 64 << 10, 256 << 10} {
 		transfers := large / (pages * pb)
 		for _, spin := range []bool{false, true} {
-			w, l, batched, err := pageCopyGBps(dev, pb, pages, transfers, CUDAEngineOptions{Spin: spin})
+			w, l, batched, err := pageCopyGBps(dev, pb, pages, transfers, Options{Spin: spin})
 			if err != nil {
 				t.Fatalf("%d KiB pages, spin %v: %v", pb>>10, spin, err)
 			}
@@ -82,7 +84,7 @@ func largePinnedCopyGBps(dev *cuda.Device, n int) (d2h, h2d float64, err error) 
 // CUDAEngine, all submitted back to back (as a step's transfers are), and returns each
 // direction's best bandwidth of three rounds, from the first Submit to the last completion.
 // The pages that come back must equal the pages that went out.
-func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOptions) (write, load float64, batched bool, err error) {
+func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options) (write, load float64, batched bool, err error) {
 	n := pages * transfers
 	l1, err := dev.Alloc(n * pb)
 	if err != nil {
@@ -95,7 +97,7 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOpt
 	}
 	defer l2.Close()
 	addr := func(p slab.Page) (cuda.DevicePtr, error) { return l2.DevicePtr().Add(p.Index * pb), nil }
-	e, err := NewCUDAEngine(dev, l1.Ptr(), n, pb, addr, opts)
+	e, err := New(dev, l1.Ptr(), n, pb, addr, opts)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -110,7 +112,7 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOpt
 	if err := dev.Synchronize(); err != nil {
 		return 0, 0, false, err
 	}
-	run := func(k Kind) (float64, error) {
+	run := func(k core.Kind) (float64, error) {
 		var top float64
 		for range 3 {
 			gbps, err := round(e, k, pb, pages, transfers)
@@ -121,7 +123,7 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOpt
 		}
 		return top, nil
 	}
-	if write, err = run(Write); err != nil {
+	if write, err = run(core.Write); err != nil {
 		return 0, 0, false, err
 	}
 	batched = e.Batched()
@@ -131,7 +133,7 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOpt
 	if err := dev.Synchronize(); err != nil { // a memset may return before it lands
 		return 0, 0, false, err
 	}
-	if load, err = run(Load); err != nil {
+	if load, err = run(core.Load); err != nil {
 		return 0, 0, false, err
 	}
 	got := make([]byte, n*pb)
@@ -146,15 +148,15 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts CUDAEngineOpt
 
 // round submits transfers transfers of pages pages (L1 slot s ↔ L2 page n-1-s, a scatter as
 // the allocator's choices are) back to back and returns GB/s to the last completion.
-func round(e *CUDAEngine, k Kind, pb, pages, transfers int) (float64, error) {
+func round(e *Engine, k core.Kind, pb, pages, transfers int) (float64, error) {
 	n := pages * transfers
-	tks := make([]*Ticket, transfers)
+	tks := make([]*engine.Ticket, transfers)
 	start := time.Now()
 	for i := range tks {
-		tr := Transfer{Kind: k, Seq: uint64(i), Node: uint64(i)}
+		tr := core.Transfer{Kind: k, Seq: uint64(i), Node: uint64(i)}
 		for j := range pages {
 			slot := i*pages + j
-			tr.Copies = append(tr.Copies, Copy{L1: int32(slot), L2: slab.Page{Index: n - 1 - slot}})
+			tr.Copies = append(tr.Copies, core.Copy{L1: int32(slot), L2: slab.Page{Index: n - 1 - slot}})
 		}
 		tks[i] = e.Submit(tr)
 	}
