@@ -53,12 +53,12 @@ type Options struct {
 }
 
 // Engine copies pages between a device KV pool (L1 slot s at L1 + s × pageBytes) and
-// L2 pages with the CUDA driver. Backups and loads each have a lane (Options.Streams lanes,
-// used in turn): a stream, on which each
-// transfer is enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed by
-// an event, and a waiter goroutine that waits for the lane's events in stream order and
-// finishes the tickets. Transfers are enqueued at Submit, so Cancel has nothing left to
-// cancel; the driver's drain waits for them.
+// L2 pages with the CUDA driver. Backups and loads each have Options.Streams lanes, used in
+// turn: a lane is a stream, on which each transfer is enqueued as one batch
+// (cuMemcpyBatchAsync where the driver has it) followed by an event, and a waiter goroutine
+// that waits for the lane's events in stream order and finishes the tickets. Transfers are
+// enqueued at Submit, so Cancel has nothing left to cancel; the driver's drain waits for
+// them.
 //
 // The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
 // stream synchronized, or an event waited on) before the Step that starts its backups.
