@@ -121,8 +121,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if strings.HasPrefix(cfg.Storage, "mem:") {
 		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage)))
 	}
-	worldSet := false
-	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
+	worldSet, cudaDeviceSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		worldSet = worldSet || f.Name == "world"
+		cudaDeviceSet = cudaDeviceSet || f.Name == "cuda-device"
+	})
+	if cudaDeviceSet && cfg.Device != runner.DeviceCUDA {
+		return fail(stderr, 2, fmt.Errorf("run: --cuda-device %d needs --device %s", cfg.CUDADevice, runner.DeviceCUDA))
+	}
 	_, underRank := os.LookupEnv("RANK")
 	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
 	statusDir := os.Getenv(runner.EnvStatusDir)

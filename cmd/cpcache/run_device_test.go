@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -72,4 +73,27 @@ func TestRunDeviceCUDAWithoutDriverFailsEveryRank(t *testing.T) {
 	assert.Equal(t, 1, status, errOut)
 	assert.Contains(t, errOut, "failed on 2 of 2 ranks")
 	assert.Contains(t, errOut, "/nonexistent/libcuda.so.1")
+}
+
+// TestRunDeviceBadFlagsExitTwo: memory flags that do not fit together are bad input, named
+// in one line, before any rank starts.
+func TestRunDeviceBadFlagsExitTwo(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--device", "gpu"}, `device "gpu" (want host or cuda)`},
+		{[]string{"--l2", "device"}, "--l2 device needs --device cuda"},
+		{[]string{"--cuda-device", "1"}, "--cuda-device 1 needs --device cuda"},
+		{[]string{"--device", "cuda", "--l2", "nvme"}, `--l2 "nvme"`},
+		{[]string{"--device", "cuda", "--cuda-device", "-2"}, "--cuda-device -2"},
+		{[]string{"--device", "cuda", "--storage", "file://" + t.TempDir()}, "needs L2 pages in host memory: use --l2 host"},
+	} {
+		status, out, errOut := runCmd(append([]string{"run"}, c.args...)...)
+		assert.Equal(t, 2, status, "%v: %s", c.args, errOut)
+		assert.Empty(t, out, c.args)
+		assert.Contains(t, errOut, c.want, c.args)
+		assert.NotContains(t, errOut, "starting", "%v: no rank may start", c.args)
+		assert.Len(t, strings.Split(strings.TrimSpace(errOut), "\n"), 1, "%v: one line: %q", c.args, errOut)
+	}
 }

@@ -21,15 +21,14 @@ const (
 )
 
 // checkDevice validates the memory options (Prepare calls it) and fills in their defaults.
+// CUDADevice means nothing to a host run (so a zero Config is a valid host run); the command
+// rejects --cuda-device without --device cuda itself.
 func (c *Config) checkDevice() error {
 	switch c.Device {
 	case "", DeviceHost:
 		c.Device = DeviceHost
 		if c.L2 != "" && c.L2 != L2Host {
 			return bad("--l2 %s needs --device %s (host runs keep L2 in host shared memory)", c.L2, DeviceCUDA)
-		}
-		if c.CUDADevice >= 0 {
-			return bad("--cuda-device %d needs --device %s", c.CUDADevice, DeviceCUDA)
 		}
 		c.L2 = L2Host
 		return nil

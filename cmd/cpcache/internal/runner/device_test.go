@@ -25,8 +25,8 @@ func TestSelectDeviceSpreadsLocalRanksOverDevices(t *testing.T) {
 }
 
 func TestCheckDeviceDefaultsAndRejects(t *testing.T) {
-	c := Config{CUDADevice: -1}
-	require.NoError(t, c.checkDevice())
+	c := Config{}
+	require.NoError(t, c.checkDevice(), "a zero Config is a host run")
 	assert.Equal(t, DeviceHost, c.Device)
 	assert.Equal(t, L2Host, c.L2)
 
@@ -40,7 +40,6 @@ func TestCheckDeviceDefaultsAndRejects(t *testing.T) {
 	}{
 		{Config{Device: "gpu", CUDADevice: -1}, `device "gpu"`},
 		{Config{L2: L2Device, CUDADevice: -1}, "--l2 device needs --device cuda"},
-		{Config{CUDADevice: 1}, "--cuda-device 1 needs --device cuda"},
 		{Config{Device: DeviceCUDA, L2: "nvme", CUDADevice: -1}, `--l2 "nvme"`},
 		{Config{Device: DeviceCUDA, CUDADevice: -2}, "--cuda-device -2"},
 		{Config{Device: DeviceCUDA, CUDADevice: -1, Storage: "file:///x"}, "--l2 host"},
