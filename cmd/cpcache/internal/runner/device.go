@@ -62,7 +62,7 @@ func SelectDevice(explicit, localRank, count int) (int, error) {
 		return localRank % count, nil
 	}
 	if explicit >= count {
-		return 0, fmt.Errorf("%s%w: --cuda-device %d, but this node has %d CUDA device(s)", deviceErrPrefix, ErrBadInput, explicit, count)
+		return 0, bad("--cuda-device %d, but this node has %d CUDA device(s)", explicit, count)
 	}
 	return explicit, nil
 }

@@ -30,15 +30,17 @@ func openMemoryAgreed(ctx context.Context, world *gloo.Group, cfg *Config, local
 	var failed []string
 	for r, b := range all {
 		if len(b) > 0 {
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, strings.TrimPrefix(string(b), deviceErrPrefix)))
+			msg := strings.TrimPrefix(strings.TrimPrefix(string(b), deviceErrPrefix), ErrBadInput.Error()+": ")
+			failed = append(failed, fmt.Sprintf("rank %d: %s", r, msg))
 		}
 	}
 	if len(failed) == 0 {
 		return m, nil
 	}
-	agreed := fmt.Errorf("%sfailed on %d of %d ranks: %s", deviceErrPrefix, len(failed), len(all), strings.Join(failed, "; "))
+	what := fmt.Sprintf("--device cuda failed on %d of %d ranks: %s", len(failed), len(all), strings.Join(failed, "; "))
+	agreed := errors.New("runner: " + what)
 	if errors.Is(err, ErrBadInput) {
-		agreed = fmt.Errorf("%w: %w", ErrBadInput, agreed)
+		agreed = fmt.Errorf("%w: %s", ErrBadInput, what)
 	}
 	return nil, errors.Join(agreed, m.Close())
 }
