@@ -171,3 +171,35 @@ func TestGPUBundlePreflightRefusesAnImageTooOld(t *testing.T) {
 	require.NotNil(t, m, "no summary line:\n%s", out)
 	assert.Contains(t, m[6], "the bundle cannot run on this image: cuda.test")
 }
+
+// TestGPUBundleFindsNCCLThroughPython: without CPCACHE_NCCL_LIBRARY and with no NCCL where
+// the loader looks, run.sh asks Python where the nvidia.nccl package is (here a python3
+// stand-in first on PATH) and uses its lib/libnccl.so.2 before walking the filesystem.
+func TestGPUBundleFindsNCCLThroughPython(t *testing.T) {
+	dir, env := gpuBundle(t, nil)
+	pkg := filepath.Join(t.TempDir(), "site-packages", "nvidia", "nccl")
+	require.NoError(t, os.MkdirAll(filepath.Join(pkg, "lib"), 0o755))
+	nccl := filepath.Join(pkg, "lib", "libnccl.so.2")
+	var kept []string
+	for _, kv := range env {
+		if name, lib, _ := strings.Cut(kv, "="); name == "CPCACHE_NCCL_LIBRARY" {
+			require.NoError(t, os.Symlink(lib, nccl))
+			continue
+		}
+		kept = append(kept, kv)
+	}
+	bin := t.TempDir()
+	python := "#!/bin/sh\necho " + pkg + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "python3"), []byte(python), 0o755))
+	for i, kv := range kept {
+		if strings.HasPrefix(kv, "PATH=") {
+			kept[i] = "PATH=" + bin + ":" + strings.TrimPrefix(kv, "PATH=")
+		}
+	}
+	// No time for the steps: only the preflight, the NCCL search and gpu-info run.
+	out, _ := runScript(t, dir, append(kept, "CPCACHE_GPU_DEADLINE_S=5"), nil)
+	assert.Contains(t, out, "run.sh: NCCL from the Python package nvidia.nccl: "+nccl)
+	assert.Contains(t, out, "nccl: 2.18.3 from "+nccl, "gpu-info loads the NCCL Python pointed to")
+	assert.NotContains(t, out, "filesystem walk")
+	assert.Regexp(t, summaryRE, out)
+}

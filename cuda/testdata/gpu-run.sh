@@ -42,11 +42,14 @@ summary() {
   local verdict=ok
   if [ "$total_fail" -gt 0 ] || [ "${#problems[@]}" -gt 0 ]; then verdict=FAILED; fi
   local why=""
-  if [ "${#problems[@]}" -gt 0 ]; then why="; problems: $(IFS=';'; echo "${problems[*]}")"; fi
+  if [ "${#problems[@]}" -gt 0 ]; then
+    why=$(printf '%s; ' "${problems[@]}")
+    why="; problems: ${why%; }"
+  fi
   echo "== gpu checks: $verdict: $total_pass passed, $total_fail failed, $total_skip skipped in $(( $(date +%s) - t0 ))s of a ${deadline_s}s deadline$why (logs in $logs)" >&3
 }
 interrupted() {
-  problems+=(" interrupted by SIG$1")
+  problems+=("interrupted by SIG$1")
   [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
   exit 1
 }
@@ -73,13 +76,20 @@ run() {
   return $rc
 }
 
+# upto N: N seconds, or what is left of the deadline when that is less (at least 1).
+upto() {
+  local left=$((deadline - $(date +%s)))
+  [ "$left" -lt "$1" ] && { echo $((left > 1 ? left : 1)); return; }
+  echo "$1"
+}
+
 # budget NAME sets secs to the seconds step NAME may take (at most step_s, at most what is
 # left of the deadline), or records a problem and fails when that is under min_step.
 secs=0
 budget() {
   local left=$((deadline - $(date +%s) - 5))
   if [ "$left" -lt "$min_step" ]; then
-    problems+=(" $1 not run: the ${deadline_s}s deadline was reached")
+    problems+=("$1 not run: the ${deadline_s}s deadline was reached")
     echo "  $1: NOT RUN: the ${deadline_s}s deadline was reached"
     return 1
   fi
@@ -111,18 +121,18 @@ for bin in "$here"/*.test "$here/cpcache"; do
 done
 if [ -n "$unrunnable" ]; then
   echo "preflight: THIS BUNDLE CANNOT RUN ON THIS IMAGE (${glibc:-unknown glibc}):$unrunnable need newer system libraries; build the bundle on an image with an older or equal glibc/libstdc++"
-  problems+=(" the bundle cannot run on this image:$unrunnable")
+  problems+=("the bundle cannot run on this image:$unrunnable")
   exit 1
 fi
 echo "preflight: every bundled binary links on this image"
 
 # ---- NCCL: often only inside a Python wheel or an unusual prefix (CPCACHE_NCCL_LIBRARY set by
 # the caller wins). Ask Python where its nvidia.nccl package is before walking the filesystem.
-if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run 30 "$here/cpcache" gpu-info 2>/dev/null | grep -q '^nccl: [0-9]'; then
+if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run "$(upto 30)" "$here/cpcache" gpu-info 2>/dev/null | grep -q '^nccl: [0-9]'; then
   cand=""
   for py in python3 python; do
     command -v "$py" >/dev/null 2>&1 || continue
-    dir=$(timeout 20 "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+    dir=$(timeout "$(upto 20)" "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
     if [ -n "$dir" ] && [ -e "$dir/lib/libnccl.so.2" ]; then
       cand="$dir/lib/libnccl.so.2"
       echo "run.sh: NCCL from the Python package nvidia.nccl: $cand"
@@ -130,7 +140,7 @@ if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run 30 "$here/cpcache" gpu-info 2>/de
     fi
   done
   if [ -z "$cand" ]; then
-    cand=$(timeout 30 find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
+    cand=$(timeout "$(upto 30)" find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
       \( -name 'libnccl.so.2' -o -name 'libnccl.so.2.*' \) -print 2>/dev/null | head -n 1)
     [ -n "$cand" ] && echo "run.sh: default search found no NCCL; a filesystem walk found $cand"
   fi
@@ -138,14 +148,14 @@ if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run 30 "$here/cpcache" gpu-info 2>/de
 fi
 
 echo "== gpu-info"
-run 30 "$here/cpcache" gpu-info 2>&1 | tee "$logs/gpu-info.txt"
+run "$(upto 30)" "$here/cpcache" gpu-info 2>&1 | tee "$logs/gpu-info.txt"
 
 # test_pkg NAME PATTERN: one test binary; a missing one is a failure.
 test_pkg() {
   local pkg="$1" pattern="$2" bin="$here/$1.test" start rc pass fail skip
   echo "== $pkg.test -test.run '$pattern'"
   if ! [ -x "$bin" ]; then
-    problems+=(" $pkg.test missing")
+    problems+=("$pkg.test missing")
     echo "  $pkg: FAILED: $bin is missing"
     return
   fi
@@ -165,9 +175,9 @@ test_pkg() {
   grep -E -B1 '^\s*--- (FAIL|SKIP)' "$logs/$pkg.log" | grep -vE '^(--|\s*=== (RUN|PAUSE|CONT|NAME) .*)$' | sed 's/^/  /'
   if [ "$rc" -ne 0 ]; then
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      problems+=(" $pkg.test timed out after ${secs}s")
+      problems+=("$pkg.test timed out after ${secs}s")
     else
-      problems+=(" $pkg.test exit $rc")
+      problems+=("$pkg.test exit $rc")
     fi
     echo "  $pkg: FAILED (exit $rc); log tail:"
     grep -vE '^(=== (RUN|PAUSE|CONT)|info:|bandwidth:)' "$logs/$pkg.log" | tail -n 60 | sed 's/^/    /'
@@ -190,7 +200,7 @@ device_run() {
     total_pass=$((total_pass + 1))
   else
     total_fail=$((total_fail + 1))
-    problems+=(" $name exit $rc")
+    problems+=("$name exit $rc")
     echo "  $name: FAILED (exit $rc); log tail:"
     tail -n 30 "$logs/$name.log" | sed 's/^/    /'
   fi
