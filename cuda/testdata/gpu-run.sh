@@ -112,7 +112,7 @@ fi
 unrunnable=""
 for bin in "$here"/*.test "$here/cpcache"; do
   [ -x "$bin" ] || continue
-  bad=$(LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" 2>&1 | grep -E "version .* not found|=> not found|not a dynamic executable" | grep -v 'not a dynamic executable' | sed 's/^[[:space:]]*//')
+  bad=$(LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" 2>&1 | grep -E "version .* not found|=> not found" | sed 's/^[[:space:]]*//')
   if [ -n "$bad" ]; then
     unrunnable="$unrunnable $(basename "$bin")"
     echo "preflight: $(basename "$bin") cannot run here:"
