@@ -8,6 +8,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/slab/cudaslab"
 )
@@ -47,7 +48,7 @@ func (c *Config) checkDevice() error {
 		return bad("--cuda-device %d (want a device ordinal, or -1 for LOCAL_RANK mod the device count)", c.CUDADevice)
 	}
 	if c.Storage != "" && c.L2 == L2Device {
-		return bad("--storage %s needs L2 pages in host memory: use --l2 %s with --device %s", redactURL(c.Storage), L2Host, DeviceCUDA)
+		return bad("--storage %s needs L2 pages in host memory: use --l2 %s with --device %s", redact.URL(c.Storage), L2Host, DeviceCUDA)
 	}
 	return nil
 }

@@ -66,3 +66,19 @@ func TestUnionTotalCountsOverlapOnce(t *testing.T) {
 	assert.InDelta(t, 2.0, gbps(2e9, 1), 1e-9)
 	assert.Zero(t, gbps(1, 0))
 }
+
+func TestRankBytesCountsOnlyHostMemory(t *testing.T) {
+	p := &Plan{Config: Config{L1Pages: 10, L2Pages: 20, PageSize: 4, KVBytesPerToken: 8}}
+	for _, c := range []struct {
+		device, l2 string
+		l1, l2b    int64
+	}{
+		{DeviceHost, L2Host, 320, 640},
+		{DeviceCUDA, L2Host, 0, 640},
+		{DeviceCUDA, L2Device, 0, 0},
+	} {
+		p.Config.Device, p.Config.L2 = c.device, c.l2
+		l1, l2, _ := p.RankBytes()
+		assert.Equal(t, [2]int64{c.l1, c.l2b}, [2]int64{l1, l2}, "device %s, L2 %s", c.device, c.l2)
+	}
+}
