@@ -26,7 +26,7 @@ func TestGPUPageCopyEfficiency(t *testing.T) {
 	_, dev := cudatest.RequireGPU(t)
 	large := 64 << 20
 	if os.Getenv(fakelib.Env) != "" {
-		large = 4 << 20 // the fake driver: check the copies, do not time memmove at length
+		large = 1 << 20 // the fake driver: check the copies, do not time memmove at length
 	}
 	d2h, h2d, err := largePinnedCopyGBps(dev, large)
 	if err != nil {

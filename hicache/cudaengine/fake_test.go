@@ -8,7 +8,7 @@ import (
 )
 
 // TestFakeDriverRunsGPUTests runs this package's TestGPU* tests against the host-memory fake
-// of libcuda (csrc/cuda_fake.c): the page-copy measurement then moves 4 MiB each way through
+// of libcuda (csrc/cuda_fake.c): the page-copy measurement then moves 1 MiB each way through
 // every engine variant (blocking or spinning waits, 1 or 4 streams per direction) and
 // checks every byte; its timings are memmove's and mean nothing.
 func TestFakeDriverRunsGPUTests(t *testing.T) {
