@@ -48,6 +48,9 @@ type Report struct {
 	StorageErrors   int64  `json:"storage_errors"`
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 
+	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
+	Device *DeviceReport `json:"device,omitempty"`
+
 	WallSeconds float64 `json:"wall_seconds"`
 }
 
@@ -91,6 +94,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
+	r.Device.writeText(w)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
 }
 
