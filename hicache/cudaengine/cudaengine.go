@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache/core"
@@ -17,20 +16,9 @@ import (
 // pointer, or a host pointer in the unified address space).
 type L2Addr func(p slab.Page) (cuda.DevicePtr, error)
 
-// HostPageAddr resolves pages of host slabs by their host address. Under unified addressing
-// the driver accepts host pointers in async copies; the slabs should be pinned (slab.Spec
-// PinHost, or memory from cuda.AllocHost) for the copies to be truly asynchronous.
-func HostPageAddr(s engine.HostSlabs) L2Addr {
-	return func(p slab.Page) (cuda.DevicePtr, error) {
-		b, err := s.Page(p)
-		if err != nil {
-			return 0, err
-		}
-		return cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), nil
-	}
-}
-
-// DevicePageAddr resolves pages of device slabs (slab.Set over CUDA IPC memory).
+// DevicePageAddr resolves pages by their device address: device slabs (slab.Set over CUDA
+// IPC memory) or pinned host slabs (their registered memory's device pointer; no reliance on
+// CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM).
 func DevicePageAddr(s interface {
 	DevicePtr(p slab.Page) (uintptr, error)
 }) L2Addr {

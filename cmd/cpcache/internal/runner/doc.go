@@ -59,7 +59,7 @@
 // (SelectDevice: Config.CUDADevice, else LOCAL_RANK mod the device count; the ranks agree
 // over the world that every one of them has one before any slab is made), allocates its L1
 // pool in device memory and runs the cache on a hicache.CUDAEngine whose L2 addresses are
-// the slab pages' device pointers (hicache.DevicePageAddr): CUDA IPC device slabs
+// the slab pages' device pointers (cudaengine.DevicePageAddr): CUDA IPC device slabs
 // (L2Device) or host slabs registered with the driver (L2Host, whose device pointer is used,
 // never the host pointer). The scheduler reaches L1 through a pinned staging page: computed
 // KV is copied to the device, and every page loaded back is copied to the host and checked.
