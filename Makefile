@@ -67,11 +67,14 @@ bench: deps
 # (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at run time), the
 # cpcache binary, the few non-base shared libraries the others link (Gloo and its deps, in
 # gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs the tests on
-# a GPU machine with CPCACHE_REQUIRE_GPU=1 and prints the device report, bandwidth lines and
-# a summary. Run there: gpu-bundle/run.sh
+# a GPU machine with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most 120 s a step,
+# nccl last), runs `cpcache run --device cuda` on 8 ranks, and prints the device report,
+# bandwidth lines and a summary line. built-on.txt records this machine's glibc and
+# libstdc++ and the newest glibc symbol version the binaries need, for run.sh's preflight.
+# Run there: gpu-bundle/run.sh
 gpu-check:
 	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
-	@for p in cuda nccl slab/cudaslab hicache; do \
+	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
 	    echo "gpu-check: gpu-bundle/$$p.test"; \
 	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \
@@ -82,6 +85,8 @@ gpu-check:
 	  grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' | \
 	  while read -r lib; do cp -L "$$lib" gpu-bundle/lib/ && echo "gpu-check: bundled $$lib"; done
 	install -m 0755 cuda/testdata/gpu-run.sh gpu-bundle/run.sh
+	@{ echo "built with glibc $$(getconf GNU_LIBC_VERSION | awk '{print $$2}'), libstdc++ $$(readlink -f $$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $$NF; exit}') | sed 's/.*\.so\.//')"; \
+	  echo "needs glibc symbols up to $$(cat gpu-bundle/*.test gpu-bundle/cpcache | grep -ao 'GLIBC_2\.[0-9.]*[0-9]' | sort -uV | tail -n 1)"; } > gpu-bundle/built-on.txt
 	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
 
 clean:

@@ -143,7 +143,7 @@
 // With no Config.Engine the Cache makes a hostengine.Engine: worker goroutines copying
 // between a host L1 pool it allocates (Cache.L1Page) and host slabs. A GPU engine passes a
 // cudaengine.Engine: copies between a device KV pool and pinned host slabs
-// (cudaengine.HostPageAddr) or device slabs (cudaengine.DevicePageAddr), one stream per
+// or device slabs, both by device address (cudaengine.DevicePageAddr), one stream per
 // direction, each transfer one batched copy plus an event; its streams are non-blocking, so
 // the model's writes into L1 must be complete before the Step that starts their backups.
 //

@@ -47,6 +47,14 @@ backed up, and storage errors. A divergence of the replicas' cache metadata quar
 the cache and recovers at the first idle step (the report counts divergences, recoveries
 and quarantined steps); --strict fails the run instead.
 
+With --device cuda each rank's L1 pool is device memory and pages move through the CUDA
+engine (streams, batched copies); --l2 device (the default) puts the L2 slabs in device
+memory shared between the rank processes over CUDA IPC (so the ranks of a CP group must be
+on one node), --l2 host in pinned host shared memory. Every page loaded back is copied to
+the host and checked. Rank r uses device LOCAL_RANK mod the device count (--cuda-device N:
+device N); several ranks may share one GPU. The report adds the devices, the memory kinds
+and the page-copy bandwidth against a large copy's.
+
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
 what the host has available, every trace line within its limits, --store reachable,
@@ -86,6 +94,9 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
+	fs.StringVar(&cfg.Device, "device", runner.DeviceHost, "where L1 lives and who copies: host (host memory, goroutines) or cuda (device memory, the CUDA engine; needs libcuda)")
+	fs.StringVar(&cfg.L2, "l2", "", "with --device cuda: L2 slabs in device memory shared over CUDA IPC (device, the default) or in pinned host memory (host)")
+	fs.IntVar(&cfg.CUDADevice, "cuda-device", def.CUDADevice, "with --device cuda: the device ordinal of every rank (-1: LOCAL_RANK mod the device count)")
 	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")
 	fs.StringVar(&cfg.Consensus, "consensus", "", "consensus backend: auto (shared memory when a replica is on one host), shm or gloo; default CPCACHE_CONSENSUS_BACKEND, else auto")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
@@ -123,8 +134,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if strings.HasPrefix(cfg.Storage, "mem:") {
 		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage)))
 	}
-	worldSet := false
-	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
+	worldSet, cudaDeviceSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		worldSet = worldSet || f.Name == "world"
+		cudaDeviceSet = cudaDeviceSet || f.Name == "cuda-device"
+	})
+	if cudaDeviceSet && cfg.Device != runner.DeviceCUDA {
+		return fail(stderr, 2, fmt.Errorf("run: --cuda-device %d needs --device %s", cfg.CUDADevice, runner.DeviceCUDA))
+	}
 	_, underRank := os.LookupEnv("RANK")
 	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
 	statusDir := os.Getenv(runner.EnvStatusDir)

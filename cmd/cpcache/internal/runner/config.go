@@ -44,6 +44,13 @@ type Config struct {
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	StorageClear   bool                   // clear the run's namespace in Storage before serving
 
+	// Memory (see device.go): Device is DeviceHost (default) or DeviceCUDA; with DeviceCUDA,
+	// L2 is L2Device (CUDA IPC device slabs, the default) or L2Host (pinned host slabs) and
+	// CUDADevice the device ordinal (-1: LOCAL_RANK mod the device count).
+	Device     string
+	L2         string
+	CUDADevice int
+
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
@@ -66,6 +73,7 @@ func DefaultConfig() Config {
 		MaxRunning:      16,
 		Workload:        WorkloadSynthetic,
 		Synthetic:       DefaultSynthetic,
+		CUDADevice:      -1,
 	}
 }
 
@@ -131,6 +139,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	case "", "auto", "shm", "gloo":
 	default:
 		return nil, bad("consensus backend %q (want auto, shm or gloo)", cfg.Consensus)
+	}
+	if err := cfg.checkDevice(); err != nil {
+		return nil, err
 	}
 	p := &Plan{Config: cfg, Layout: layout}
 	switch cfg.Workload {

@@ -37,23 +37,6 @@ type Output struct {
 // owns of the first node it is about to load back, so that the integrity check must fail.
 const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
 
-// corruptOnce returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
-// slab, once.
-func corruptOnce(set *slab.Set, cpRank int) func(*hicache.Node) {
-	done := false
-	return func(n *hicache.Node) {
-		for _, pg := range n.L2Pages() {
-			if done || pg.Slab != cpRank {
-				continue
-			}
-			if b, err := set.Page(pg); err == nil {
-				b[len(b)/2] ^= 0x5a
-				done = true
-			}
-		}
-	}
-}
-
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
 	Rank             int           `json:"rank"`
@@ -78,6 +61,7 @@ type rankResult struct {
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
+	Device           *deviceResult `json:"device,omitempty"`
 }
 
 // ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
@@ -124,15 +108,27 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		backend = "gloo"
 	}
 	counted := parallel.Count(cons)
+	mem, err := openMemoryAgreed(ctx, world, cfg, env.LocalRank)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, mem.Close()) }()
 	cfg.killPoint(rank, "slabs", 0)
-	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), slab.Spec{
+	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), mem.slabSpec(slab.Spec{
 		Backend: slab.Host, PageSize: cfg.PageBytes(), Pages: cfg.L2Pages, Tag: "cpcache-run",
 		Layout: fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
-	})
+	}))
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, set.Close()) }()
+	engine, err := mem.newEngine(set) // nil for host runs: the cache makes its own
+	if err != nil {
+		return nil, err
+	}
+	if engine != nil {
+		defer func() { err = errors.Join(err, engine.Close()) }()
+	}
 	// Every rank opens its own handle on the storage (the cache uses it on the I/O ranks);
 	// it is closed after the cache (defers run in reverse).
 	st, ns, err := p.openStorage(ctx)
@@ -169,6 +165,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Rank:           rank,
 		Group:          counted,
 		Slabs:          set,
+		Engine:         engine,
 		StepTimeout:    stepTimeout,
 		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
 		Faults:         cfg.cacheFaults(rank),
@@ -186,9 +183,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	sched.kv = mem.kv(cache)
 	sched.faults = newFaultRunner(cfg, rank)
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.corrupt = corruptOnce(set, cache.CPRank())
+		sched.corrupt = mem.corrupter(set, cache.CPRank())
 	}
 	stop, err := startReporting(ctx, rank, leader, lv, cache, out)
 	if err != nil {
@@ -210,7 +208,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
 		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
 		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
-		WallSeconds:  time.Since(start).Seconds(),
+		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -243,6 +241,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		}
 	}
 	rep = buildReport(p, results)
+	rep.Device = buildDeviceReport(results, mem)
 	if err := checkReplicas(results); err != nil {
 		return rep, err
 	}

@@ -59,6 +59,9 @@ type Report struct {
 	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
 	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
 
+	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
+	Device *DeviceReport `json:"device,omitempty"`
+
 	WallSeconds float64 `json:"wall_seconds"`
 }
 
@@ -110,6 +113,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
 	}
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
+	r.Device.writeText(w)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
 }
 

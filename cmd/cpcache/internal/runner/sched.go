@@ -61,6 +61,7 @@ type active struct {
 // the L1 pages left, then runs the cache's consensus step — exactly one per scheduler step.
 type scheduler struct {
 	cache *hicache.Cache
+	kv    kvMemory // this rank's L1 pages, in host or device memory
 	cfg   *Config
 	shard int // this rank's attention-TP index: which part of a page's KV it holds
 	live  *live
@@ -78,7 +79,7 @@ type scheduler struct {
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
-	s := &scheduler{cache: cache, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{}}
+	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{}}
 	if l != nil {
 		l.total.Store(int64(len(reqs)))
 	}
@@ -338,7 +339,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 // verify checks the KV of sequence page i that this rank loaded back into L1 slot.
 func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
 	s.local.PagesVerified++
-	b, err := s.cache.L1Page(slot)
+	b, err := s.kv.read(slot)
 	if err == nil {
 		err = kvtest.CheckKV(b, hash, i, s.shard)
 	}
@@ -360,11 +361,9 @@ func (s *scheduler) fill(pages []hicache.FillPage) error {
 		if !s.cache.Owns(f.Index) {
 			continue
 		}
-		b, err := s.cache.L1Page(f.Slot)
-		if err != nil {
+		if err := s.kv.fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) }); err != nil {
 			return err
 		}
-		kvtest.FillKV(b, f.Hash, f.Index, s.shard)
 		s.local.PagesFilled++
 	}
 	return nil
