@@ -28,17 +28,17 @@ or more faults separated by ';', each KIND[:PARAM=VALUE,...]:
   new-fail:rank=R                  rank R's cache fails to start: every rank reports it
   storage-hang[:after=D,for=D,op=OPS,rank=R]
                                    storage calls hang until their deadline, from D after the
-                                   start, for D (default: to the end); OPS: exists, get, put,
-                                   delete, clear joined by '+' (default all); rank: only its
-                                   handle (default every rank's)
+                                   storage was opened, for D (default: to the end); OPS:
+                                   exists, get, put, delete, clear joined by '+' (default
+                                   all); rank: only its handle (default every rank's)
   storage-error[:after=D,for=D,op=OPS,rank=R]
                                    the same, failing at once
-  flush:step=S                     every rank asks its cache to flush from step S on, until
-                                   it is idle and the flush is done (refused while busy)
+  flush:step=S                     every rank asks its cache to flush before step S (refused
+                                   on every rank alike while it is busy)
   kill:rank=R,at=start|slabs|step[,step=S]
                                    rank R kills itself with SIGKILL before joining the job,
-                                   before the slab exchange, or at step S
-  stall:rank=R,step=S,for=D        rank R stops itself (SIGSTOP) at step S for D
+                                   before the slab exchange, or before step S
+  stall:rank=R,step=S,for=D        rank R stops itself (SIGSTOP) before step S, for D
 Steps count consensus steps of the rank's replica from 0; D is a Go duration (2s, 500ms).`
 
 // Fault is one parsed --fault entry.
