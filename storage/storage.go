@@ -63,10 +63,27 @@ type Options struct {
 	// TTL, if positive, makes Redis expire each page this long after it was written (URL
 	// "ttl=1h"); shared Redis instances then evict old pages by themselves.
 	TTL time.Duration
-	// OnCorrupt, if set, is called during Get for each value that failed verification, with
-	// an error wrapping ErrCorrupt that names the key and the reason. The directory backend
-	// may call it from several goroutines at once.
+	// OnCorrupt, if set, is called for each value that failed verification (during Get, and
+	// during Exists on the directory backend), with an error wrapping ErrCorrupt (and
+	// ErrForged for a forged or replayed value) that names the key and the reason. The
+	// directory backend may call it from several goroutines at once.
 	OnCorrupt func(error)
+
+	// MACKey authenticates every stored value (HMAC-SHA256 over the value's key, length and
+	// payload; see format.go): a value written without it is never loaded. At least 16
+	// bytes; every user of one store needs the same key. If empty, Open reads the key from
+	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile), else
+	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use
+	// (LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
+	// refuses to open (ErrNoKey) unless Insecure is set.
+	MACKey []byte
+	// MACKeyFile names a file holding the MAC key (ReadKeyFile), used when MACKey is empty.
+	MACKeyFile string
+	// Insecure lets a Redis store open without a MAC key: its values are then checksummed,
+	// not authenticated, and whoever can write to the server can inject pages.
+	Insecure bool
+
+	auth *authenticator // the resolved MAC key (Open)
 }
 
 // DefaultTimeout bounds a call whose context has no deadline.
