@@ -44,7 +44,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 		return nil, bad(nil, "%w", unwrapPath(err))
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, bad(ErrBadArgument, "not a regular file (%v)", fi.Mode().Type())
+		return nil, bad(ErrBadArgument, "not a regular file")
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return nil, bad(ErrBadArgument, "mode %#o lets group or others read or write it (chmod 600 %s)", perm, path)
