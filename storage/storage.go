@@ -12,15 +12,16 @@ type Storage interface {
 	// Exists reports which keys are stored. If present is non-nil it must have len(keys)
 	// entries and every entry is set. It returns the number of leading keys present; with
 	// present == nil a backend may stop at the first missing key, which makes the common
-	// "how much of this prefix is stored" query cheap. Presence is not verification: a
-	// present value can still turn out corrupt on Get.
+	// "how much of this prefix is stored" query cheap. Presence is not full verification: a
+	// present value can still turn out corrupt on Get (the directory backend authenticates
+	// headers, so only a damaged payload can; Redis checks nothing).
 	Exists(ctx context.Context, keys []Key, present []bool) (int, error)
 
 	// Get reads the value of keys[i] into dst[i], which must have the stored length (the page
 	// size). found, if non-nil, must have len(keys) entries and is set to whether dst[i] holds
 	// a verified copy. It returns the number of leading keys found; with found == nil a
-	// backend may stop at the first miss. A missing, torn, foreign or corrupt value is a miss,
-	// not an error (corrupt ones are counted in Stats.Corrupt). The contents of dst[i] for a
+	// backend may stop at the first miss. A missing, torn, foreign, corrupt or forged value is
+	// a miss, not an error (rejected ones are counted in Stats.Corrupt and deleted). The contents of dst[i] for a
 	// miss are unspecified: a value may be read into dst[i] before its checksum fails. On
 	// error, the count and found still describe only verified hits.
 	Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error)
