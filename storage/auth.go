@@ -7,16 +7,21 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
-	"sync"
 )
 
 // authenticator computes and checks the MACs of stored values (format.go) with one storage
-// key. It is safe for concurrent use: each call takes a keyed HMAC state from a pool.
+// key. It is safe for concurrent use: each call takes a keyed HMAC state from a free list
+// (a channel, not a sync.Pool, which drops states at random under the race detector: MACs
+// must not allocate per page).
 type authenticator struct {
-	pool        sync.Pool // of *macState keyed with the storage key
-	fingerprint uint64    // of the key (keyFingerprint); never the key itself
-	insecure    bool      // the key is empty (Options.Insecure): anyone can forge values
+	key         []byte
+	free        chan *macState // idle states keyed with key
+	fingerprint uint64         // of the key (KeyFingerprint); never the key itself
+	insecure    bool           // the key is empty (Options.Insecure): anyone can forge values
 }
+
+// maxIdleMACStates bounds the free list: more concurrent MACs than this allocate.
+const maxIdleMACStates = 64
 
 // macState is one pooled HMAC-SHA256 state and its output buffer (no allocation per MAC).
 type macState struct {
@@ -36,8 +41,7 @@ const fingerprintID = "cpcache/storage/key-fingerprint/v1"
 // (a MAC anyone can compute, i.e. a checksum).
 func newAuthenticator(key []byte) *authenticator {
 	key = append([]byte(nil), key...)
-	a := &authenticator{insecure: len(key) == 0}
-	a.pool.New = func() any { return &macState{h: hmac.New(sha256.New, key)} }
+	a := &authenticator{key: key, free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
 	var fp [sha256.Size]byte
 	h := hmac.New(sha256.New, key)
 	h.Write([]byte(fingerprintID))
@@ -53,13 +57,21 @@ func newRandomAuthenticator() *authenticator {
 
 // sum writes the first len(out) bytes of HMAC(key, domain ‖ a ‖ b) to out.
 func (m *authenticator) sum(out []byte, domain, a, b []byte) {
-	st := m.pool.Get().(*macState)
-	st.h.Reset()
+	var st *macState
+	select {
+	case st = <-m.free:
+		st.h.Reset()
+	default:
+		st = &macState{h: hmac.New(sha256.New, m.key)}
+	}
 	st.h.Write(domain)
 	st.h.Write(a)
 	st.h.Write(b)
 	copy(out, st.h.Sum(st.out[:0]))
-	m.pool.Put(st)
+	select {
+	case m.free <- st:
+	default:
+	}
 }
 
 // verify reports whether tag is the MAC of domain ‖ a ‖ b (constant time).
@@ -77,4 +89,14 @@ func (m *authenticator) fingerprintString() string {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], m.fingerprint)
 	return hex.EncodeToString(b[:])
+}
+
+// KeyFingerprint returns a fingerprint of the MAC key s was opened with (16 hex digits,
+// "insecure" for Options.Insecure; "" for a Storage not made by Open). It reveals nothing
+// of the key: users of one store compare fingerprints to find a mismatched key.
+func KeyFingerprint(s Storage) string {
+	if b, ok := s.(interface{ common() *base }); ok && b.common().opts.auth != nil {
+		return b.common().opts.auth.fingerprintString()
+	}
+	return ""
 }

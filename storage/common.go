@@ -97,8 +97,6 @@ func (b *base) checkPayload(hdr []byte, payload []byte) error {
 	return b.opts.auth.checkPayload(hdr, payload)
 }
 
-func (b *base) base() *base { return b }
-
 func (b *base) Stats() Stats { return b.stats.snapshot() }
 
 // forEach runs fn(i) for i in [0,n) on up to workers goroutines and returns the first error.

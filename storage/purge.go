@@ -77,13 +77,3 @@ func (q *keyQueue) take() []Key {
 	q.keys = nil
 	return out
 }
-
-// KeyFingerprint returns a fingerprint of the MAC key s was opened with (16 hex digits,
-// "insecure" for Options.Insecure; "" for a Storage not made by Open). It reveals nothing
-// of the key: users of one store compare fingerprints to find a mismatched key.
-func KeyFingerprint(s Storage) string {
-	if b, ok := s.(interface{ common() *base }); ok && b.common().opts.auth != nil {
-		return b.common().opts.auth.fingerprintString()
-	}
-	return ""
-}
