@@ -55,23 +55,32 @@ func newRandomAuthenticator() *authenticator {
 	return newAuthenticator([]byte(rand.Text()))
 }
 
-// sum writes the first len(out) bytes of HMAC(key, domain ‖ a ‖ b) to out.
-func (m *authenticator) sum(out []byte, domain, a, b []byte) {
-	var st *macState
+// state takes an HMAC state, reset, from the free list; release gives it back.
+func (m *authenticator) state() *macState {
 	select {
-	case st = <-m.free:
+	case st := <-m.free:
 		st.h.Reset()
+		return st
 	default:
-		st = &macState{h: hmac.New(sha256.New, m.key)}
+		return &macState{h: hmac.New(sha256.New, m.key)}
 	}
-	st.h.Write(domain)
-	st.h.Write(a)
-	st.h.Write(b)
-	copy(out, st.h.Sum(st.out[:0]))
+}
+
+func (m *authenticator) release(st *macState) {
 	select {
 	case m.free <- st:
 	default:
 	}
+}
+
+// sum writes the first len(out) bytes of HMAC(key, domain ‖ a ‖ b) to out.
+func (m *authenticator) sum(out []byte, domain, a, b []byte) {
+	st := m.state()
+	st.h.Write(domain)
+	st.h.Write(a)
+	st.h.Write(b)
+	copy(out, st.h.Sum(st.out[:0]))
+	m.release(st)
 }
 
 // verify reports whether tag is the MAC of domain ‖ a ‖ b (constant time).

@@ -62,6 +62,10 @@ func isMissing(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
+// Exists on the directory backend authenticates what it counts. With present == nil (the
+// cheap "how much of this prefix is stored" query, followed by a Get that verifies the rest)
+// it checks headers; with present (what a backup asks before writing) whole values, so that
+// a damaged or forged one reads as absent and the backup rewrites it.
 func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
 	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
 	if err != nil {
@@ -69,7 +73,7 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
-		ok, err := s.existsOne(keys[i])
+		ok, err := s.existsOne(keys[i], present != nil)
 		flags[i] = ok
 		return ok, err
 	})
@@ -98,10 +102,10 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 }
 
 // existsOne reports whether k holds a value whose header is genuine (its MAC verifies for
-// this key) and whose length matches the header. A file that fails is a corrupt value
-// (counted, reported, purged), so the next backup of the page replaces it. The payload is
-// verified by Get.
-func (s *dirStore) existsOne(k Key) (bool, error) {
+// this key) and whose length matches the header; with full, whether the whole value is
+// genuine. A value that fails is corrupt (counted, reported, purged), so the next backup of
+// the page replaces it.
+func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 	_, name := s.path(k)
 	f, err := os.Open(name)
 	if err != nil {
@@ -125,6 +129,16 @@ func (s *dirStore) existsOne(k Key) (bool, error) {
 	if err := s.checkHeader(hdr[:], k, int(fi.Size()-HeaderSize)); err != nil {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
+	}
+	if full {
+		reason, err := s.opts.auth.checkPayloadFrom(hdr[:], f)
+		if err != nil {
+			return false, err
+		}
+		if reason != nil {
+			s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, reason))
+			return false, nil
+		}
 	}
 	return true, nil
 }

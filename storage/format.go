@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"crypto/hmac"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 )
 
 // On-storage value format, shared by every backend: a fixed header followed by the payload.
@@ -96,9 +98,43 @@ func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
 		return fmt.Errorf("payload checksum %08x, header says %08x", got, want)
 	}
 	if !m.verify(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload) {
-		return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
+		return errPayloadMAC()
 	}
 	return nil
+}
+
+// checkPayloadFrom is checkPayload for a payload read from r to its end, in pieces (the
+// directory backend's Exists verifies whole files without a page-sized buffer). ioErr is a
+// failure to read; reason says why a payload that was read is not genuine.
+func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr error) {
+	st := m.state()
+	defer m.release(st)
+	st.h.Write(domainPayload)
+	st.h.Write(hdr[:offPayloadMAC])
+	var crc uint32
+	var buf [32 << 10]byte
+	for {
+		n, err := r.Read(buf[:])
+		crc = crc32.Update(crc, castagnoli, buf[:n])
+		st.h.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if want := binary.LittleEndian.Uint32(hdr[offPayloadCRC:]); crc != want {
+		return fmt.Errorf("payload checksum %08x, header says %08x", crc, want), nil
+	}
+	if !hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], st.h.Sum(st.out[:0])[:macSize]) {
+		return errPayloadMAC(), nil
+	}
+	return nil, nil
+}
+
+func errPayloadMAC() error {
+	return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
 }
 
 // storedLen returns the total stored size of a payload of n bytes.
