@@ -104,7 +104,7 @@ func (m *authenticator) fingerprintString() string {
 // "insecure" for Options.Insecure; "" for a Storage not made by Open). It reveals nothing
 // of the key: users of one store compare fingerprints to find a mismatched key.
 func KeyFingerprint(s Storage) string {
-	if b, ok := s.(interface{ common() *base }); ok && b.common().opts.auth != nil {
+	if b, ok := s.(backend); ok && b.common().opts.auth != nil {
 		return b.common().opts.auth.fingerprintString()
 	}
 	return ""

@@ -94,13 +94,9 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 // checkPayload verifies payload against the checksum and MAC in a header that passed
 // checkHeader.
 func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
-	if got, want := checksum(payload), binary.LittleEndian.Uint32(hdr[offPayloadCRC:]); got != want {
-		return fmt.Errorf("payload checksum %08x, header says %08x", got, want)
-	}
-	if !m.verify(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload) {
-		return errPayloadMAC()
-	}
-	return nil
+	var mac [macSize]byte
+	m.sum(mac[:], domainPayload, hdr[:offPayloadMAC], payload)
+	return comparePayload(hdr, checksum(payload), mac[:])
 }
 
 // checkPayloadFrom is checkPayload for a payload read from r to its end, in pieces (the
@@ -124,17 +120,18 @@ func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr
 			return nil, err
 		}
 	}
-	if want := binary.LittleEndian.Uint32(hdr[offPayloadCRC:]); crc != want {
-		return fmt.Errorf("payload checksum %08x, header says %08x", crc, want), nil
-	}
-	if !hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], st.h.Sum(st.out[:0])[:macSize]) {
-		return errPayloadMAC(), nil
-	}
-	return nil, nil
+	return comparePayload(hdr, crc, st.h.Sum(st.out[:0])[:macSize]), nil
 }
 
-func errPayloadMAC() error {
-	return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
+// comparePayload checks a payload's checksum and MAC, as computed, against hdr's.
+func comparePayload(hdr []byte, crc uint32, mac []byte) error {
+	if want := binary.LittleEndian.Uint32(hdr[offPayloadCRC:]); crc != want {
+		return fmt.Errorf("payload checksum %08x, header says %08x", crc, want)
+	}
+	if !hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], mac) {
+		return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
+	}
+	return nil
 }
 
 // storedLen returns the total stored size of a payload of n bytes.

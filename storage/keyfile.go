@@ -112,3 +112,37 @@ func unwrapPath(err error) error {
 	}
 	return err
 }
+
+// explicitKey returns the authenticator of the key that opts name (MACKey, MACKeyFile or
+// $CPCACHE_STORAGE_KEY_FILE), or nil if they name none.
+func explicitKey(opts Options) (*authenticator, error) {
+	switch {
+	case len(opts.MACKey) > 0:
+		if len(opts.MACKey) < minKeySize {
+			return nil, &OpError{Backend: "key", Op: "open", Kind: ErrBadArgument,
+				Err: fmt.Errorf("MAC key of %d bytes is too short (want at least %d)", len(opts.MACKey), minKeySize)}
+		}
+		return newAuthenticator(opts.MACKey), nil
+	case opts.MACKeyFile != "":
+		return readKeyAuthenticator(opts.MACKeyFile)
+	case os.Getenv(EnvKeyFile) != "":
+		return readKeyAuthenticator(os.Getenv(EnvKeyFile))
+	}
+	return nil, nil
+}
+
+func readKeyAuthenticator(path string) (*authenticator, error) {
+	key, err := ReadKeyFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return newAuthenticator(key), nil
+}
+
+// errNoKey is the refusal to open the Redis store at addr without a MAC key.
+func errNoKey(addr string) error {
+	return &OpError{Backend: "redis", Where: addr, Op: "open", Kind: ErrBadArgument, Err: &kindError{kind: ErrNoKey, err: errors.New(
+		"a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: " +
+			"name a key file (mode 0600, e.g. from `openssl rand -hex 32`) in $" + EnvKeyFile + " or Options.MACKeyFile, " +
+			"or accept unauthenticated pages with Options.Insecure")}}
+}

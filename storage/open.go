@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -21,9 +20,12 @@ import (
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
-// URL query values override the matching Options. The Redis backend checks that the server
+// Stored values are authenticated with the MAC key that opts name (Options.MACKey: a Redis
+// URL without one is refused, ErrNoKey, unless Options.Insecure; a file store makes its
+// own). URL query values override the matching Options. The Redis backend checks that the server
 // answers before returning (an error wrapping ErrUnavailable if not); later calls reconnect
-// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes it.
+// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
+// it, without its password (RedactURL).
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	st, err := openBackend(ctx, rawURL, opts)
 	if err != nil {
@@ -46,9 +48,6 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 			err = ue.Err // url.Error quotes the whole URL, password included
 		}
 		return nil, bad("%v", err)
-	}
-	if opts.auth, err = explicitKey(opts); err != nil {
-		return nil, err
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -76,6 +75,9 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 			default:
 				return nil, bad("unknown file URL parameter %q (known: fsync)", name)
 			}
+		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
 		}
 		return openDir(u.Path, opts.withDefaults())
 	case "redis":
@@ -127,12 +129,12 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 				user, pass = "", user
 			}
 		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
+		}
 		if opts.auth == nil {
 			if !opts.Insecure {
-				return nil, &OpError{Backend: "redis", Where: addr, Op: "open", Kind: ErrBadArgument, Err: &kindError{kind: ErrNoKey, err: errors.New(
-					"a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: " +
-						"name a key file (mode 0600, e.g. from `openssl rand -hex 32`) in $" + EnvKeyFile + " or Options.MACKeyFile, " +
-						"or accept unauthenticated pages with Options.Insecure")}}
+				return nil, errNoKey(addr)
 			}
 			opts.auth = newAuthenticator(nil)
 		}
@@ -145,80 +147,13 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 		if len(q) > 0 {
 			return nil, bad("mem URLs take no parameters")
 		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
+		}
 		return openMem(name, opts.withDefaults()), nil
 	case "":
 		return nil, bad("no scheme (want file:///dir or redis://host:port/prefix)")
 	default:
 		return nil, bad("unknown scheme %q (want file, redis or mem)", u.Scheme)
 	}
-}
-
-// explicitKey returns the authenticator of the key that opts name (MACKey, MACKeyFile or
-// $CPCACHE_STORAGE_KEY_FILE), or nil if they name none.
-func explicitKey(opts Options) (*authenticator, error) {
-	switch {
-	case len(opts.MACKey) > 0:
-		if len(opts.MACKey) < minKeySize {
-			return nil, &OpError{Backend: "key", Op: "open", Kind: ErrBadArgument,
-				Err: fmt.Errorf("MAC key of %d bytes is too short (want at least %d)", len(opts.MACKey), minKeySize)}
-		}
-		return newAuthenticator(opts.MACKey), nil
-	case opts.MACKeyFile != "":
-		return readKeyAuthenticator(opts.MACKeyFile)
-	case os.Getenv(EnvKeyFile) != "":
-		return readKeyAuthenticator(os.Getenv(EnvKeyFile))
-	}
-	return nil, nil
-}
-
-func readKeyAuthenticator(path string) (*authenticator, error) {
-	key, err := ReadKeyFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return newAuthenticator(key), nil
-}
-
-// RedactURL returns rawURL with its user information (redis://user:password@host) and the
-// values of query parameters that look secret (names containing pass, secret, key, token or
-// auth) replaced by "xxxxx", even if rawURL does not parse. Use it wherever a storage URL
-// is shown.
-func RedactURL(rawURL string) string {
-	if i := strings.IndexByte(rawURL, '?'); i >= 0 {
-		return redactUserinfo(rawURL[:i]) + "?" + redactQuery(rawURL[i+1:])
-	}
-	return redactUserinfo(rawURL)
-}
-
-func redactQuery(q string) string {
-	params := strings.Split(q, "&")
-	for i, p := range params {
-		name, _, hasValue := strings.Cut(p, "=")
-		lower := strings.ToLower(name)
-		for _, w := range []string{"pass", "secret", "key", "token", "auth"} {
-			if hasValue && strings.Contains(lower, w) {
-				params[i] = name + "=xxxxx"
-			}
-		}
-	}
-	return strings.Join(params, "&")
-}
-
-func redactUserinfo(rawURL string) string {
-	rest := rawURL
-	if i := strings.Index(rest, "://"); i >= 0 {
-		rest = rest[i+3:]
-	} else if i := strings.IndexByte(rest, ':'); i >= 0 {
-		rest = rest[i+1:]
-	}
-	authority := rest
-	if i := strings.IndexAny(authority, "/#"); i >= 0 {
-		authority = authority[:i]
-	}
-	at := strings.LastIndexByte(authority, '@')
-	if at < 0 {
-		return rawURL
-	}
-	start := len(rawURL) - len(rest)
-	return rawURL[:start] + "xxxxx" + rawURL[start+at:]
 }

@@ -34,6 +34,14 @@ func (p *purging) Get(ctx context.Context, keys []Key, dst [][]byte, found []boo
 	return n, err
 }
 
+// Close is nil-safe, as every backend's.
+func (p *purging) Close() error {
+	if p == nil {
+		return nil
+	}
+	return p.backend.Close()
+}
+
 // purge deletes the queued keys. It runs even if the call's context was canceled (with the
 // storage's own timeout); a failed Delete is counted in Stats.Errors and the keys stay bad
 // until their next read.

@@ -12,18 +12,20 @@ type Storage interface {
 	// Exists reports which keys are stored. If present is non-nil it must have len(keys)
 	// entries and every entry is set. It returns the number of leading keys present; with
 	// present == nil a backend may stop at the first missing key, which makes the common
-	// "how much of this prefix is stored" query cheap. Presence is not full verification: a
-	// present value can still turn out corrupt on Get (the directory backend authenticates
-	// headers, so only a damaged payload can; Redis checks nothing).
+	// "how much of this prefix is stored" query cheap. Presence is not always verification:
+	// a present value can still turn out corrupt on Get. The directory backend authenticates
+	// headers, and with present (what a backup asks before writing) whole values; a value
+	// that fails is absent, counted and deleted, as on Get. Redis checks nothing.
 	Exists(ctx context.Context, keys []Key, present []bool) (int, error)
 
 	// Get reads the value of keys[i] into dst[i], which must have the stored length (the page
 	// size). found, if non-nil, must have len(keys) entries and is set to whether dst[i] holds
 	// a verified copy. It returns the number of leading keys found; with found == nil a
 	// backend may stop at the first miss. A missing, torn, foreign, corrupt or forged value is
-	// a miss, not an error (rejected ones are counted in Stats.Corrupt and deleted). The contents of dst[i] for a
-	// miss are unspecified: a value may be read into dst[i] before its checksum fails. On
-	// error, the count and found still describe only verified hits.
+	// a miss, not an error (rejected ones are counted in Stats.Corrupt and deleted). The
+	// contents of dst[i] for a miss are unspecified: a value may be read into dst[i] before
+	// its checksum or MAC fails. On error, the count and found still describe only verified
+	// hits.
 	Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error)
 
 	// Put stores src[i] under keys[i], replacing any previous value. Each value is written
