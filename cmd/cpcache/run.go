@@ -42,8 +42,11 @@ L1 and L2 hit, prefetches the continuation from it before the prefill (the sched
 while it waits; those steps count as scheduler steps, each with its one consensus
 collective). Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
-the first one backed up. The report adds tokens hit in storage, pages prefetched and
-backed up, and storage errors.
+the first one backed up. Stored pages are authenticated with a MAC key: a file store makes
+its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
+CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
+tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
+rejected (and deleted) or forged.
 
 With --device cuda each rank's L1 pool is device memory and pages move through the CUDA
 engine (streams, batched copies); --l2 device (the default) puts the L2 slabs in device
