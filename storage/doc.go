@@ -51,13 +51,14 @@
 //
 // Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel
 // (ErrUnavailable, ErrBadArgument, ErrClosed, ErrNoKey with ErrBadArgument; ErrCorrupt and
-// ErrForged only through OnCorrupt) and the cause. Every call is bounded by its context's deadline, or Options.Timeout when it has
-// none. The Redis backend never panics or hangs on a dead or stopped server: the call fails
-// with ErrUnavailable by the deadline, and later calls reconnect by themselves once the
-// server is back (idle connections are dropped after a failure, and one failure on a reused
-// connection is retried on a fresh one). A call that failed may still have taken effect,
-// wholly or in part (a Put or Delete the server received before the deadline runs when it
-// resumes): every operation is idempotent, so the remedy is to repeat it or ignore it.
+// ErrForged only through OnCorrupt) and the cause. Every call is bounded by its context's
+// deadline, or Options.Timeout when it has none. The Redis backend never panics or hangs on
+// a dead or stopped server: the call fails with ErrUnavailable by the deadline, and later
+// calls reconnect by themselves once the server is back (idle connections are dropped after
+// a failure, and one failure on a reused connection is retried on a fresh one). A call that
+// failed may still have taken effect, wholly or in part (a Put or Delete the server
+// received before the deadline runs when it resumes): every operation is idempotent, so the
+// remedy is to repeat it or ignore it.
 //
 // # Ownership and usage
 //

@@ -2,9 +2,10 @@ package storage
 
 import "strings"
 
-// RedactURL returns rawURL with its user information (redis://user:password@host) and the
-// values of query parameters that look secret (names containing pass, secret, key, token or
-// auth) replaced by "xxxxx", even if rawURL does not parse. Use it wherever a storage URL
+// RedactURL returns rawURL with its password (redis://user:xxxxx@host; a lone
+// redis://xxxxx@host, which Redis reads as a password) and the values of query parameters
+// that look secret (names containing pass, secret, key, token or auth) replaced by "xxxxx",
+// even if rawURL does not parse. Use it wherever a storage URL
 // is shown.
 func RedactURL(rawURL string) string {
 	if i := strings.IndexByte(rawURL, '?'); i >= 0 {
@@ -43,5 +44,14 @@ func redactUserinfo(rawURL string) string {
 		return rawURL
 	}
 	start := len(rawURL) - len(rest)
-	return rawURL[:start] + "xxxxx" + rawURL[start+at:]
+	userinfo := authority[:at]
+	user, pass, hasPass := strings.Cut(userinfo, ":")
+	switch {
+	case hasPass && pass == "": // user:@host: no secret
+		return rawURL
+	case hasPass: // user:password@host
+		return rawURL[:start] + user + ":xxxxx" + rawURL[start+at:]
+	default: // secret@host: Redis reads a lone user name as the password
+		return rawURL[:start] + "xxxxx" + rawURL[start+at:]
+	}
 }

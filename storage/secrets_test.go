@@ -48,14 +48,17 @@ func TestSecretsNotShown(t *testing.T) {
 		}
 	}
 	for url, want := range map[string]string{
-		"redis://:" + pw + "@h:1/p":             "redis://xxxxx@h:1/p",
-		"redis://u:" + pw + "@h/p?ttl=1h":       "redis://xxxxx@h/p?ttl=1h",
-		"redis://h/p?ttl=1h&password=" + pw:     "redis://h/p?ttl=1h&password=xxxxx",
-		"redis://:" + pw + "%zz@h:99999:9/p?x":  "redis://xxxxx@h:99999:9/p?x",
-		"redis:" + pw + "@h":                    "redis:xxxxx@h",
-		"file:///var/cache/cpcache?fsync=true":  "file:///var/cache/cpcache?fsync=true",
-		"redis://h:6379/p@q":                    "redis://h:6379/p@q",
-		"redis://a@b:" + pw + "@h/p?auth_tok=1": "redis://xxxxx@h/p?auth_tok=xxxxx",
+		"redis://:" + pw + "@h:1/p":            "redis://:xxxxx@h:1/p",
+		"redis://" + pw + "@h:1/p":             "redis://xxxxx@h:1/p",
+		"redis://u:" + pw + "@h/p?ttl=1h":      "redis://u:xxxxx@h/p?ttl=1h",
+		"redis://user:@h/p":                    "redis://user:@h/p",
+		"redis://h/p?ttl=1h&password=" + pw:    "redis://h/p?ttl=1h&password=xxxxx",
+		"redis://:" + pw + "%zz@h:99999:9/p?x": "redis://:xxxxx@h:99999:9/p?x",
+		"redis://u:" + pw + "@[::1/p":          "redis://u:xxxxx@[::1/p",
+		"redis:" + pw + "@h":                   "redis:xxxxx@h",
+		"file:///var/cache/cpcache?fsync=true": "file:///var/cache/cpcache?fsync=true",
+		"redis://h:6379/p@q":                   "redis://h:6379/p@q",
+		"redis://a@b:" + pw + "@h/p?auth_t=1":  "redis://a@b:xxxxx@h/p?auth_t=xxxxx",
 	} {
 		if got := storage.RedactURL(url); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", url, got, want)
