@@ -45,7 +45,7 @@
 // (LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
 // open (ErrNoKey) unless Options.Insecure accepts unauthenticated values. Every user of a
 // store must use the same key; KeyFingerprint lets them compare keys without showing them.
-// No error shows a key or a URL's password (RedactURL).
+// No error shows a key or a URL's password.
 //
 // # Errors and deadlines
 //

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cpcache/cpcache/internal/redact"
 )
 
 // Open opens the storage named by rawURL for opts.Namespace:
@@ -25,7 +27,7 @@ import (
 // own). URL query values override the matching Options. The Redis backend checks that the server
 // answers before returning (an error wrapping ErrUnavailable if not); later calls reconnect
 // by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
-// it, without its password (RedactURL).
+// it, without its password.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	st, err := openBackend(ctx, rawURL, opts)
 	if err != nil {
@@ -36,7 +38,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 
 func openBackend(ctx context.Context, rawURL string, opts Options) (backend, error) {
 	bad := func(format string, args ...any) error {
-		return &OpError{Backend: "url", Where: strconv.Quote(RedactURL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
+		return &OpError{Backend: "url", Where: strconv.Quote(redact.URL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 	}
 	if opts.Namespace.IsZero() {
 		return nil, bad("options have no namespace (build one with storage.NewNamespace)")
