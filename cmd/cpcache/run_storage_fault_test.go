@@ -24,7 +24,7 @@ func TestRunRedisStoppedMidRun(t *testing.T) {
 
 	// A short per-call timeout (the URL's timeout= bounds each storage call) keeps the test
 	// quick; the default deadline is 2s.
-	wait := startBinary(t, nil, append([]string{"--storage", srv.URL("stopped") + "?timeout=300ms", "--storage-clear"}, args...)...)
+	wait := startBinary(t, nil, append([]string{"--storage", srv.URL("stopped") + "?timeout=300ms", "--storage-insecure", "--storage-clear"}, args...)...)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		n, err := srv.DBSize()
 		require.NoError(t, err)

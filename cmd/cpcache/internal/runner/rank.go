@@ -53,6 +53,8 @@ type rankResult struct {
 	L3Prefetched     int64         `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
 	L3BackedUp       int64         `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
 	StorageErrors    int64         `json:"storage_errors"`               // this rank's (I/O ranks only)
+	StorageRejected  int64         `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
+	StorageForged    int64         `json:"storage_forged"`               // of them, failing authentication
 	CircuitOpenSecs  float64       `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
 	Divergences      int64         `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64         `json:"recoveries"`
@@ -137,7 +139,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	if st != nil {
 		defer func() { err = errors.Join(err, st.Close()) }()
-		st = cfg.faultyStorage(rank, st)
+		if err := agreeStorageKey(ctx, world, st); err != nil {
+			return nil, err
+		}
+		st = cfg.faultyStorage(rank, st) // after the key check: the wrapper hides the key
 		if cfg.StorageClear {
 			// Rank 0 clears; no cache reads the storage before it is clear, and a failed
 			// clear is agreed (every rank stops now rather than wait for rank 0).
@@ -209,6 +214,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
 		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
 		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
+	}
+	if st != nil {
+		sst := st.Stats()
+		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -298,6 +307,8 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.PagesVerified += x.Local.PagesVerified
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
+		r.StorageRejected += x.StorageRejected
+		r.StorageForged += x.StorageForged
 		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
