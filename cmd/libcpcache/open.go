@@ -116,15 +116,14 @@ type sessionInfo struct {
 
 // openSession joins the job and builds the cache (see cpcache_open). On failure everything
 // made so far is closed.
-func openSession(ctx context.Context, c *openConfig) (s *session, err error) {
+func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
 	}
-	s = &session{}
+	s := &session{}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, s.close())
-			s = nil
 		}
 	}()
 	wopts := gloo.Options{Store: c.store, Timeout: c.timeout}

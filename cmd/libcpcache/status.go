@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"unsafe"
 
 	"github.com/cpcache/cpcache/hicache"
@@ -92,6 +93,6 @@ func result(err error) C.int {
 // library must not take the engine's process down. Use as `defer guard(&status)`.
 func guard(status *C.int) {
 	if r := recover(); r != nil {
-		*status = fail(fmt.Errorf("%w: panic: %v", errInternal, r))
+		*status = fail(fmt.Errorf("%w: panic: %v\n%s", errInternal, r, debug.Stack()))
 	}
 }
