@@ -79,13 +79,17 @@ build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
 
 # capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
-# cpcache launch (CP4·DP2 on 8 ranks), and the Python suite.
+# cpcache launch (CP4·DP2 on 8 ranks), a lost peer, and the Python suite.
 capi-test: build/engine build/bad_calls
 	$(GO) build -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 $(MPIRUN) -np 4 -x CPCACHE_STORE=file://$$store build/engine --attn-cp 4
 	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2 --dp-attention
+	@echo "capi-test: rank 2 of 4 dies at step 20: the others must report a lost peer (status 3)"
+	out=$$(CPCACHE_CONSENSUS_BACKEND=gloo timeout 120 bin/cpcache launch -n 4 -- \
+	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \
+	  if [ $$rc != 3 ] || ! grep -q "peer lost at step 20" <<<"$$out"; then echo "$$out"; echo "capi-test: want status 3 and 'peer lost', got $$rc"; exit 1; fi
 	CPCACHE_LIBRARY=$(CURDIR)/build/libcpcache.so CPCACHE_BIN=$(CURDIR)/bin/cpcache \
 	  timeout 600 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 

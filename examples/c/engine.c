@@ -10,12 +10,16 @@
 // their token prefix, page index and TP shard, so every page read back is checked.
 //
 // Usage: engine [--attn-cp N] [--dp N] [--dp-attention] [--clients N] [--rounds N]
-//               [--l1-pages N] [--l2-pages N]
-// Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error.
+//               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
+// --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
+// Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
+// peer was lost.
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpcache.h"
 
@@ -191,6 +195,10 @@ static int flag(int argc, char **argv, const char *name) {
 }
 
 int main(int argc, char **argv) {
+  // Gloo writes to sockets without MSG_NOSIGNAL: a SIGPIPE on one of this process's own
+  // threads would otherwise kill it when a peer dies (see cmd/libcpcache/doc.go, Signals).
+  signal(SIGPIPE, SIG_IGN);
+  long exit_rank = arg(argc, argv, "--exit-rank", -1), exit_step = arg(argc, argv, "--exit-step", -1);
   cpcache_config cfg;
   check(cpcache_config_init(&cfg));
   cfg.attn_cp = (int32_t)arg(argc, argv, "--attn-cp", 1);
@@ -243,7 +251,14 @@ int main(int argc, char **argv) {
       reserved += reqs[next].pages;
       running[nrun++] = &reqs[next++];
     }
-    check(cpcache_step(cache)); // exactly once per scheduler step, on every rank
+    if (info.rank == exit_rank && cnt.steps == exit_step) _exit(0); // a crash: no close
+    int rc = cpcache_step(cache); // exactly once per scheduler step, on every rank
+    if (rc == CPCACHE_ERR_PEER_LOST) {
+      fprintf(stderr, "engine: rank %d: peer lost at step %" PRId64 ": %s\n", info.rank, cnt.steps, cpcache_last_error());
+      cpcache_close(cache);
+      return 3;
+    }
+    check(rc);
     cnt.steps++;
   }
   for (int64_t pending = 1; pending > 0; cnt.steps++) {
