@@ -27,13 +27,17 @@
  *   [C] collective: like [R], and it also waits for every rank of the job (open) or group.
  *
  * Thread safety: every function may be called from any thread; calls on one cache are
- * serialised by a lock. The [R] calls of a cache must be issued by one scheduler thread (their
- * order is part of the replicated state). cpcache_wait_l1 may run on a model thread while
- * the scheduler thread makes other calls.
+ * serialised by a lock, which cpcache_step and cpcache_flush release while they wait for
+ * peers and cpcache_wait_l1 while it waits for copies (so [L] calls answer meanwhile). The
+ * [R] calls of a cache must be issued by one scheduler thread (their order is part of the
+ * replicated state); one made while this rank's step waits fails with CPCACHE_ERR_BUSY.
  *
  * Usage loop (one scheduler step, every rank):
- *   for each new request:  cpcache_match [R] → cpcache_lock [R] → cpcache_load_back [R]
- *                          (model: cpcache_wait_l1 [L] before reading the loaded prefix)
+ *   for each new request:  cpcache_match [R] → cpcache_lock [R] → cpcache_load_back [R];
+ *                          cpcache_step until cpcache_load_pending [R] says 0 (the group
+ *                          agreed the loads are over), then cpcache_match again (every rank
+ *                          gets the same hit); the model calls cpcache_wait_l1 [L] before
+ *                          reading the loaded prefix
  *   after its prefill:     cpcache_insert [R] → write the KV of every fill page this rank
  *                          owns into its L1 slot (before the next step)
  *   when it finishes:      cpcache_unlock [R]
@@ -64,11 +68,12 @@ extern "C" {
 #define CPCACHE_ERR_CONFIG (-6)       /* configuration rejected (layout, sizes, ranks disagree) */
 #define CPCACHE_ERR_NODE (-7)         /* a node handle that is not in the tree (evicted, flushed) */
 #define CPCACHE_ERR_L1_FULL (-8)      /* L1 cannot make room (insert, load-back) */
-#define CPCACHE_ERR_BUSY (-9)         /* flush while transfers are in flight or nodes are locked */
+#define CPCACHE_ERR_BUSY (-9)         /* flush while busy; a replicated call while a step waits */
 #define CPCACHE_ERR_DIVERGED (-10)    /* placement digests differ: L2 is off until a flush */
 #define CPCACHE_ERR_PEER_LOST (-11)   /* a rank of a group exited */
 #define CPCACHE_ERR_TIMEOUT (-12)     /* a collective or a wait passed its deadline */
 #define CPCACHE_ERR_IO (-13)          /* a transfer (copy) failed on this rank */
+#define CPCACHE_ERR_NOT_STARTED (-14) /* wait_l1 before the step that starts the load */
 #define CPCACHE_ERR_INTERNAL (-100)   /* a bug: the message says where */
 
 /* Handles. */
@@ -232,11 +237,19 @@ int cpcache_match(cpcache_t c, const int32_t *tokens, size_t n, cpcache_match_re
 /* Pins (unpins) node's prefix against eviction while a request uses it. [R] */
 int cpcache_lock(cpcache_t c, cpcache_node_t node);
 int cpcache_unlock(cpcache_t c, cpcache_node_t node);
-/* Starts loading the L2-only part of node's prefix into L1; *pages (may be NULL) is the
- * number of pages now loading. Nothing loads below min_load_pages or beyond the quota. [R] */
+/* Allocates L1 slots for the L2-only part of node's prefix; *pages (may be NULL) is the
+ * number of pages that will load. This rank's copies start at the next cpcache_step (after
+ * the group checked the state they were chosen from). Nothing loads below min_load_pages or
+ * beyond the quota. [R] */
 int cpcache_load_back(cpcache_t c, cpcache_node_t node, int64_t *pages);
+/* *pending = 1 while the group has not agreed that every load on node's prefix is over. Once
+ * it is 0, a load that failed on any rank has made its pages unservable on every rank, and
+ * cpcache_match of the same tokens gives every rank the same hit. [R] */
+int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
 /* Waits until this rank's copies of every load on node's prefix finished, at most
- * timeout_ms (< 0: no limit). Call before a layer reads the prefix from L1. [L] */
+ * timeout_ms (< 0: no limit). Call before a layer reads the prefix from L1, after the step
+ * that follows cpcache_load_back (before it: CPCACHE_ERR_NOT_STARTED at once). A failed copy
+ * is reported here on this rank only; act on cpcache_load_pending and cpcache_match. [L] */
 int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
 /* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
  * must hold n / page_tokens entries; the rank that owns each (fill[i].owned) writes its KV
@@ -249,9 +262,13 @@ int cpcache_evict_l1(cpcache_t c, int64_t pages, int64_t *freed);
 /* Frees up to pages L2 pages of nodes held only in L2; *freed may be NULL. [R] */
 int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
 /* The consensus step: exactly once per scheduler step, on every rank, even when nothing is
- * pending. Starts the backups of the pages inserted since the last step, then one
- * all-reduce on the replica group, then every rank applies the agreed result.
- * CPCACHE_ERR_DIVERGED leaves the cache serving from L1 (keep stepping, flush when idle). [R] */
+ * pending. One all-reduce on the replica group; every rank applies the agreed result (checks
+ * the digests, commits backups, finishes loads) and only then starts the copies chosen since
+ * the last step (backups of inserted pages, load-backs). CPCACHE_ERR_DIVERGED: every rank
+ * is quarantined at the same step (no hits, no inserts, no slab I/O); keep stepping — at the
+ * first step at which every rank is idle the cache resets on every rank, and node handles
+ * from before are stale (CPCACHE_ERR_NODE). CPCACHE_ERR_PEER_LOST or _TIMEOUT: the group is
+ * unusable; close. [R] */
 int cpcache_step(cpcache_t c);
 /* Backups, loads and storage operations in flight (equal on every rank: "step while
  * pending" makes the same steps everywhere). [R] */

@@ -22,13 +22,14 @@
 // L1 pools: CPCACHE_L1_ALLOC is an anonymous mapping the library makes (not Go heap, so its
 // address may be handed to C); CPCACHE_L1_HOST is the engine's host buffer; both are copied
 // by poolEngine. CPCACHE_L1_DEVICE is the engine's device pointer, copied by
-// hicache.CUDAEngine (pinned host slabs or CUDA IPC slabs).
+// cudaengine.Engine (pinned host slabs or CUDA IPC slabs).
 //
 // # The boundary
 //
 // No Go pointer crosses it. Handles are integers: a cache handle names the one open session
-// (never reused, so a closed handle stays invalid); a node handle is (flush generation << 40
-// | node id), equal on every rank of the replica group (nodeTable). Tokens are read from C
+// (never reused, so a closed handle stays invalid); a node handle is (generation << 40 |
+// node id), equal on every rank of the replica group (nodeTable); the generation changes at
+// every flush and every recovery from a quarantine, which restart node ids. Tokens are read from C
 // memory in place by Match and copied for Insert and Prefetch (the tree keeps them).
 // Results are written into caller-provided structs and arrays whose sizes are checked
 // before anything changes, so a replicated call either happens on every rank or fails on

@@ -180,6 +180,21 @@ func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (
 	})
 }
 
+//export cpcache_load_pending
+func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32_t) (status C.int) {
+	defer guard(&status)
+	return nodeCall(c, node, "cpcache_load_pending", func(s *session, n *hicache.Node) error {
+		if pending == nil {
+			return fmt.Errorf("%w: pending is NULL", errInvalid)
+		}
+		*pending = 0
+		if s.cache.LoadPending(n) {
+			*pending = 1
+		}
+		return nil
+	})
+}
+
 //export cpcache_wait_l1
 func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) (status C.int) {
 	defer guard(&status)
@@ -294,11 +309,27 @@ func cpcache_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status 
 //export cpcache_step
 func cpcache_step(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return sessionCall(c, "cpcache_step", func(s *session) error {
-		err := s.cache.Step(context.Background())
-		s.stepped()
-		return err
-	})
+	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) },
+		func(s *session, err error) { s.stepped(err) })
+}
+
+// collectiveCall runs f — a call with a collective, which may wait for peers — without the
+// session's lock, so that local calls (cpcache_wait_l1, cpcache_get_stats) answer meanwhile
+// as the cache allows; after runs under the lock once f returned.
+func collectiveCall(c C.cpcache_t, what string, f func(*session) error, after func(*session, error)) C.int {
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	s.mu.Unlock()
+	err = f(s)
+	s.mu.Lock()
+	after(s, err)
+	s.mu.Unlock()
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", what, err))
+	}
+	return C.CPCACHE_OK
 }
 
 //export cpcache_pending
@@ -316,13 +347,12 @@ func cpcache_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
 //export cpcache_flush
 func cpcache_flush(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return sessionCall(c, "cpcache_flush", func(s *session) error {
-		if err := s.cache.Flush(context.Background()); err != nil {
-			return err
-		}
-		s.flushed()
-		return nil
-	})
+	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) },
+		func(s *session, err error) {
+			if err == nil {
+				s.flushed()
+			}
+		})
 }
 
 //export cpcache_prefetch

@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -96,15 +97,19 @@ func checkConfig(c *openConfig) error {
 
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
-	handle  uint64     // set once before the session is published
-	mu      sync.Mutex // protects closed and nodes; held through every call on the session
-	closed  bool
-	cache   *hicache.Cache
-	engine  *poolEngine    // nil with a device L1
-	l1Base  unsafe.Pointer // host L1 pool (nil with a device L1): memory outside the Go heap
-	info    sessionInfo
-	closers []func() error
-	nodes   nodeTable
+	handle uint64     // set once before the session is published
+	mu     sync.Mutex // protects closed and nodes; held through every call on the session
+	closed bool
+	// quarantined: a Step returned a divergence and no recovery has been seen since;
+	// recoveries is Stats.Recoveries when last read (see stepped).
+	quarantined bool
+	recoveries  int64
+	cache       *hicache.Cache
+	engine      *poolEngine    // nil with a device L1
+	l1Base      unsafe.Pointer // host L1 pool (nil with a device L1): memory outside the Go heap
+	info        sessionInfo
+	closers     []func() error
+	nodes       nodeTable
 }
 
 // sessionInfo is what cpcache_get_info reports.
@@ -220,11 +225,11 @@ func (s *session) newEngine(c *openConfig, set *slab.Set, dev *cuda.Device) (hic
 	size := c.l1Pages * c.pageBytes
 	switch c.l1Kind {
 	case l1Device:
-		addr := hicache.HostPageAddr(set)
+		addr := cudaengine.HostPageAddr(set)
 		if c.slabKind == slabCUDAIPC {
-			addr = hicache.DevicePageAddr(set)
+			addr = cudaengine.DevicePageAddr(set)
 		}
-		e, err := hicache.NewCUDAEngine(dev, cuda.DevicePtr(uintptr(c.l1Base)), c.l1Pages, c.pageBytes, addr, hicache.CUDAEngineOptions{})
+		e, err := cudaengine.New(dev, cuda.DevicePtr(uintptr(c.l1Base)), c.l1Pages, c.pageBytes, addr, cudaengine.Options{})
 		if err != nil {
 			return nil, err
 		}

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache"
 )
 
 // lib is the process's registry: at most one open session (a cache joins one job; its
@@ -105,8 +108,22 @@ func latencyQuantiles(lat []time.Duration) (median, p99 time.Duration) {
 	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
 }
 
-// stepped is called after every Step: it lets the node table forget dead nodes.
-func (s *session) stepped() { s.nodes.sweep() }
+// stepped is called, under s.mu, after every Step that returned err. A divergence puts the
+// group into quarantine, which ends at the first all-idle step with a reset of the tree on
+// every rank (Stats.Recoveries): node handles from before it are then stale, as after a
+// flush. Only a quarantined session pays for reading the stats.
+func (s *session) stepped(err error) {
+	if errors.Is(err, hicache.ErrPlacementDiverged) {
+		s.quarantined = true
+	}
+	if s.quarantined && err == nil {
+		if r := s.cache.Stats().Recoveries; r != s.recoveries {
+			s.recoveries, s.quarantined = r, false
+			s.nodes.init()
+		}
+	}
+	s.nodes.sweep()
+}
 
 // flushed is called after a successful Flush: every handle from before it is stale.
 func (s *session) flushed() { s.nodes.init() }

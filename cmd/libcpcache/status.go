@@ -49,6 +49,8 @@ func statusOf(err error) C.int {
 		return C.CPCACHE_ERR_NODE
 	case errors.Is(err, hicache.ErrL1Full):
 		return C.CPCACHE_ERR_L1_FULL
+	case errors.Is(err, hicache.ErrNotStarted):
+		return C.CPCACHE_ERR_NOT_STARTED
 	case errors.Is(err, hicache.ErrBusy):
 		return C.CPCACHE_ERR_BUSY
 	case errors.Is(err, hicache.ErrPlacementDiverged):
@@ -63,6 +65,8 @@ func statusOf(err error) C.int {
 		errors.Is(err, slab.ErrBadArgument), errors.Is(err, slab.ErrSpecMismatch),
 		errors.Is(err, slab.ErrUnsupported), errors.Is(err, storage.ErrBadArgument):
 		return C.CPCACHE_ERR_CONFIG
+	case errors.Is(err, hicache.ErrPeerFailed):
+		return C.CPCACHE_ERR_PEER_LOST
 	case errors.Is(err, hicache.ErrBadArgument):
 		return C.CPCACHE_ERR_INVALID
 	case errors.Is(err, errInternal):

@@ -138,26 +138,45 @@ static cpcache_node_t insert(const int32_t *tokens, int n) {
   return res.node;
 }
 
+// step makes the one consensus step of a scheduler step; a lost peer ends this rank.
+static void step(void) {
+  int rc = cpcache_step(cache); // exactly once per scheduler step, on every rank
+  if (rc == CPCACHE_ERR_PEER_LOST) {
+    fprintf(stderr, "engine: rank %d: peer lost at step %" PRId64 ": %s\n", info.rank, cnt.steps, cpcache_last_error());
+    cpcache_close(cache);
+    exit(3);
+  }
+  check(rc);
+  cnt.steps++;
+}
+
 // prefill admits r: match, lock, load back, check, compute the rest, insert.
 static int prefill(request *r) {
   int32_t slots[MAX_PAGES];
-  cpcache_match_result m;
+  cpcache_match_result m, after;
   check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &m, slots, MAX_PAGES));
   check(cpcache_lock(cache, m.node));
-  int64_t loading = 0;
+  after = m;
   if (m.host_pages > 0) {
+    int64_t loading = 0;
     int rc = cpcache_load_back(cache, m.node, &loading);
     if (rc == CPCACHE_ERR_L1_FULL) { // L1 full for now: retry at a later step
       check(cpcache_unlock(cache, m.node));
       return 0;
     }
     check(rc);
+    // The copies start at the next step; wait until the group agrees they are over (a copy
+    // that failed on any rank then leaves the same shorter hit everywhere), match again,
+    // and wait for this rank's own copies before reading the pages.
+    for (int32_t pending = 1;;) {
+      check(cpcache_load_pending(cache, m.node, &pending));
+      if (!pending) break;
+      step();
+    }
+    check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &after, slots, MAX_PAGES));
+    check(cpcache_wait_l1(cache, after.node, -1));
   }
-  if (loading > 0) {
-    check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &m, slots, MAX_PAGES));
-    check(cpcache_wait_l1(cache, m.node, -1));
-  }
-  verify(r->tokens, (int)m.device_pages, slots);
+  verify(r->tokens, (int)after.device_pages, slots);
   cpcache_node_t node = insert(r->tokens, r->prompt_len);
   if (node == 0) { // L1 full for now: retry at a later step
     check(cpcache_unlock(cache, m.node));
@@ -166,7 +185,7 @@ static int prefill(request *r) {
   check(cpcache_lock(cache, node));
   check(cpcache_unlock(cache, m.node));
   r->locked = node;
-  int64_t l1 = m.device_pages * PAGE_TOKENS - loading * PAGE_TOKENS, l2 = loading * PAGE_TOKENS;
+  int64_t l1 = m.device_pages * PAGE_TOKENS, l2 = (after.device_pages - m.device_pages) * PAGE_TOKENS;
   cnt.requests++;
   cnt.input_tokens += r->prompt_len;
   cnt.hit_l1 += l1;
@@ -251,19 +270,12 @@ int main(int argc, char **argv) {
       reserved += reqs[next].pages;
       running[nrun++] = &reqs[next++];
     }
-    if (info.rank == exit_rank && cnt.steps == exit_step) _exit(0); // a crash: no close
-    int rc = cpcache_step(cache); // exactly once per scheduler step, on every rank
-    if (rc == CPCACHE_ERR_PEER_LOST) {
-      fprintf(stderr, "engine: rank %d: peer lost at step %" PRId64 ": %s\n", info.rank, cnt.steps, cpcache_last_error());
-      cpcache_close(cache);
-      return 3;
-    }
-    check(rc);
-    cnt.steps++;
+    if (info.rank == exit_rank && cnt.steps >= exit_step) _exit(0); // a crash: no close
+    step();
   }
-  for (int64_t pending = 1; pending > 0; cnt.steps++) {
+  for (int64_t pending = 1; pending > 0;) {
     check(cpcache_pending(cache, &pending));
-    check(cpcache_step(cache));
+    step();
   }
 
   cpcache_stats st;

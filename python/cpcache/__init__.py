@@ -24,7 +24,7 @@ from collections import namedtuple
 __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
-    "TimeoutError_", "IOError_", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "ABI_VERSION",
 ]
@@ -59,12 +59,14 @@ class DivergedError(Error): pass         # CPCACHE_ERR_DIVERGED
 class PeerLostError(Error): pass         # CPCACHE_ERR_PEER_LOST
 class TimeoutError_(Error): pass         # CPCACHE_ERR_TIMEOUT
 class IOError_(Error): pass              # CPCACHE_ERR_IO
+class NotStartedError(Error): pass       # CPCACHE_ERR_NOT_STARTED
 class InternalError(Error): pass         # CPCACHE_ERR_INTERNAL
 
 
 _ERRORS = {-1: InvalidError, -2: SizeError, -3: RangeError, -4: ClosedError, -5: AlreadyOpenError,
            -6: ConfigError, -7: NodeError, -8: L1FullError, -9: BusyError, -10: DivergedError,
-           -11: PeerLostError, -12: TimeoutError_, -13: IOError_, -100: InternalError}
+           -11: PeerLostError, -12: TimeoutError_, -13: IOError_, -14: NotStartedError,
+           -100: InternalError}
 
 _i32, _i64, _u32, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 
@@ -158,6 +160,7 @@ def library():
         "cpcache_lock": ([_u64, _u64], ctypes.c_int),
         "cpcache_unlock": ([_u64, _u64], ctypes.c_int),
         "cpcache_load_back": ([_u64, _u64, P(_i64)], ctypes.c_int),
+        "cpcache_load_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
         "cpcache_wait_l1": ([_u64, _u64, _i64], ctypes.c_int),
         "cpcache_insert": ([_u64, P(_i32), ctypes.c_size_t, P(_InsertResult), P(_FillPage), ctypes.c_size_t], ctypes.c_int),
         "cpcache_evict_l1": ([_u64, _i64, P(_i64)], ctypes.c_int),
@@ -259,13 +262,20 @@ class Cache:
         _check(self._lib.cpcache_unlock(self._h, node))
 
     def load_back(self, node):
-        """Starts loading node's L2-only pages into L1; returns the pages loading [R]."""
+        """Allocates L1 slots for node's L2-only pages; their copies start at the next step.
+        Returns the pages that will load [R]."""
         pages = _i64()
         _check(self._lib.cpcache_load_back(self._h, node, ctypes.byref(pages)))
         return pages.value
 
+    def load_pending(self, node):
+        """Whether the group has not yet agreed that the loads on node's prefix are over [R]."""
+        p = _i32()
+        _check(self._lib.cpcache_load_pending(self._h, node, ctypes.byref(p)))
+        return bool(p.value)
+
     def wait_l1(self, node, timeout_ms=-1):
-        """Waits for this rank's loads on node's prefix [L]."""
+        """Waits for this rank's loads on node's prefix, after the step that starts them [L]."""
         _check(self._lib.cpcache_wait_l1(self._h, node, timeout_ms))
 
     def insert(self, tokens):

@@ -46,9 +46,13 @@ class HiCacheController:
         self.cache.unlock(node)
 
     def init_load_back(self, last_node, host_hit_length):
-        """init_load_back / load_back → load_back [R]: allocates L1 slots and starts this rank's
-        reads of its own pages; returns the pages loading."""
+        """init_load_back / load_back → load_back [R]: allocates L1 slots; this rank's reads of
+        its own pages start at the next step. Returns the pages loading."""
         return self.cache.load_back(last_node) if host_hit_length > 0 else 0
+
+    def loading_check(self, node):
+        """loading_check → load_pending [R]: True until the group agreed the loads are over."""
+        return self.cache.load_pending(node)
 
     def ready_to_load_host_cache(self, node):
         """The layer-wise wait before attention reads loaded KV → wait_l1 [L]."""
@@ -65,8 +69,9 @@ class HiCacheController:
         the KV."""
 
     def check_hicache_events(self):
-        """writing_check + loading_check + their all_reduce → step [R], exactly once per
-        scheduler step on every rank: one collective agrees on finished backups and loads."""
+        """The per-step sync (writing_check and the all_reduce of finished transfers) → step
+        [R], exactly once per scheduler step on every rank: one collective agrees on finished
+        backups and loads, then starts the copies chosen since the last step."""
         self.cache.step()
 
     def evict(self, num_tokens):
@@ -109,10 +114,12 @@ class Scheduler:
     def prefill(self, tokens):
         slots, node, host_tokens = self.ctl.match_prefix(tokens)
         self.ctl.inc_lock_ref(node)
-        loading = self.ctl.init_load_back(node, host_tokens)
-        if loading:
-            slots, node, _ = self.ctl.match_prefix(tokens)
-            self.ctl.ready_to_load_host_cache(node)
+        device = len(slots)
+        if self.ctl.init_load_back(node, host_tokens):
+            while self.ctl.loading_check(node):  # the copies run from the next step on
+                self.step()
+            slots, after, _ = self.ctl.match_prefix(tokens)  # the same hit on every rank
+            self.ctl.ready_to_load_host_cache(after)
         for i, slot in enumerate(slots):
             if self.own(i):
                 self.counts["pages_verified"] += 1
@@ -123,7 +130,7 @@ class Scheduler:
         self.ctl.inc_lock_ref(res.node)
         self.ctl.dec_lock_ref(node)
         c = self.counts
-        l1, l2 = (len(slots) - loading) * PAGE_TOKENS, loading * PAGE_TOKENS
+        l1, l2 = device * PAGE_TOKENS, (len(slots) - device) * PAGE_TOKENS
         c["requests"] += 1
         c["input_tokens"] += len(tokens)
         c["tokens_hit_l1"] += l1

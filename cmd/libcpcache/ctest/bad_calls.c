@@ -180,6 +180,40 @@ int main(void) {
   expect_true(m.node == ins.node && m.device_pages == 4 && m.host_pages == 0);
   for (int i = 0; i < 4; i++) expect_true(slots[i] == fill[i].slot);
   cpcache_node_t node = m.node;
+
+  // Load-back: once the backup committed and L1 dropped the pages, they come back from L2
+  // with the bytes written above. wait_l1 before the step that starts the copies fails.
+  int64_t pending = -1;
+  for (;;) {
+    expect(cpcache_pending(c, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+    expect(cpcache_step(c), CPCACHE_OK);
+  }
+  int64_t freed = 0;
+  expect(cpcache_evict_l1(c, 4, &freed), CPCACHE_OK);
+  expect_true(freed == 4);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 0 && m.host_pages == 4);
+  expect(cpcache_lock(c, m.node), CPCACHE_OK);
+  int64_t loading = 0;
+  expect(cpcache_load_back(c, m.node, &loading), CPCACHE_OK);
+  expect_true(loading == 4);
+  expect(cpcache_wait_l1(c, m.node, 0), CPCACHE_ERR_NOT_STARTED);
+  expect(cpcache_load_pending(c, m.node, NULL), CPCACHE_ERR_INVALID);
+  int32_t load_pending = 1;
+  for (int i = 0; i < 1000 && load_pending; i++) {
+    expect(cpcache_step(c), CPCACHE_OK);
+    expect(cpcache_load_pending(c, m.node, &load_pending), CPCACHE_OK);
+  }
+  expect_true(load_pending == 0);
+  expect(cpcache_wait_l1(c, m.node, 10000), CPCACHE_OK);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 4 && m.node == node);
+  for (int i = 0; i < 4; i++) {
+    expect(cpcache_l1_page(c, slots[i], &page, &len), CPCACHE_OK);
+    expect_true(((unsigned char *)page)[0] == 0x40 + i && ((unsigned char *)page)[len - 1] == 0x40 + i);
+  }
+  expect(cpcache_unlock(c, m.node), CPCACHE_OK);
   int32_t short_tokens[3] = {1, 2, 3}; // less than a page: no slots wanted, none needed
   expect(cpcache_match(c, short_tokens, 3, &m, NULL, 0), CPCACHE_OK);
   expect(cpcache_insert(c, short_tokens, 3, &ins, NULL, 0), CPCACHE_OK);
@@ -187,7 +221,6 @@ int main(void) {
 
   // Flush while a node is locked: busy, nothing changes; then unlocked, it empties.
   expect(cpcache_lock(c, node), CPCACHE_OK);
-  int64_t pending = -1;
   for (;;) {
     expect(cpcache_pending(c, &pending), CPCACHE_OK);
     if (pending <= 0) break;

@@ -5,11 +5,12 @@ import (
 	"sync"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/engine"
 )
 
 // poolEngine is a hicache.Engine that copies pages between an L1 pool in host memory the
 // Go runtime does not own — the engine's own KV buffer, or an anonymous mapping the library
-// made — and host slabs, with worker goroutines. hicache.HostEngine allocates its pool on
+// made — and host slabs, with worker goroutines. hostengine.Engine allocates its pool on
 // the Go heap, whose addresses must not be handed to C.
 type poolEngine struct {
 	slabs     hicache.HostSlabs
@@ -46,7 +47,7 @@ func (e *poolEngine) page(s int32) ([]byte, error) {
 
 // Submit implements hicache.Engine.
 func (e *poolEngine) Submit(t hicache.Transfer) *hicache.Ticket {
-	tk := hicache.NewTicket(t)
+	tk := engine.NewTicket(t)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
