@@ -14,6 +14,17 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 )
 
+// The Go names of the header's kinds must equal its macros: a difference makes one of these
+// constants negative, which does not compile as a uint.
+const (
+	_ = uint(C.CPCACHE_L1_ALLOC-l1Alloc) + uint(l1Alloc-C.CPCACHE_L1_ALLOC)
+	_ = uint(C.CPCACHE_L1_HOST-l1Host) + uint(l1Host-C.CPCACHE_L1_HOST)
+	_ = uint(C.CPCACHE_L1_DEVICE-l1Device) + uint(l1Device-C.CPCACHE_L1_DEVICE)
+	_ = uint(C.CPCACHE_SLAB_HOST-slabHost) + uint(slabHost-C.CPCACHE_SLAB_HOST)
+	_ = uint(C.CPCACHE_SLAB_CUDA_IPC-slabCUDAIPC) + uint(slabCUDAIPC-C.CPCACHE_SLAB_CUDA_IPC)
+	_ = uint(C.CPCACHE_POLICY_WRITE_BACK-int(hicache.WriteBack)) + uint(int(hicache.WriteBack)-C.CPCACHE_POLICY_WRITE_BACK)
+)
+
 // The exported functions: each checks its pointers and sizes, recovers panics (guard),
 // and turns errors into status codes with a thread-local message (fail). Documentation of
 // each is in include/cpcache.h.

@@ -111,11 +111,23 @@ class Scheduler:
             if p.owned:  # each CP rank computes the KV of the pages it owns
                 self.ctl.cache.l1_page(p.slot)[:] = page_content(tokens, p.index, self.info.tp_rank)
 
+    def with_room(self, call, *args):
+        """call(*args), making room in L1 once if it is full: pages with backups in flight
+        cannot be evicted, so step until none is, then evict. Every rank sees the same
+        L1FullError at the same call (L1 accounting is replicated), so all make the same steps."""
+        try:
+            return call(*args)
+        except cpcache.L1FullError:
+            while self.ctl.cache.pending():
+                self.step()
+            self.ctl.evict(self.info.l1_pages // 2 * PAGE_TOKENS)
+            return call(*args)
+
     def prefill(self, tokens):
         slots, node, host_tokens = self.ctl.match_prefix(tokens)
         self.ctl.inc_lock_ref(node)
         device = len(slots)
-        if self.ctl.init_load_back(node, host_tokens):
+        if self.with_room(self.ctl.init_load_back, node, host_tokens):
             while self.ctl.loading_check(node):  # the copies run from the next step on
                 self.step()
             slots, after, _ = self.ctl.match_prefix(tokens)  # the same hit on every rank
@@ -125,7 +137,7 @@ class Scheduler:
                 self.counts["pages_verified"] += 1
                 if bytes(self.ctl.cache.l1_page(slot)) != page_content(tokens, i, self.info.tp_rank):
                     self.counts["bad_pages"] += 1
-        res = self.ctl.insert(tokens)
+        res = self.with_room(self.ctl.insert, tokens)
         self.write_pages(tokens, res.fill)
         self.ctl.inc_lock_ref(res.node)
         self.ctl.dec_lock_ref(node)
