@@ -8,10 +8,12 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // The Go names of the header's kinds must equal its macros: a difference makes one of these
@@ -63,6 +65,10 @@ func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 
 // goConfig copies a C configuration into Go values (checkConfig judges them).
 func goConfig(cfg *C.cpcache_config) *openConfig {
+	timeout := time.Duration(cfg.timeout_ms) * time.Millisecond
+	if cfg.timeout_ms > C.int64_t(math.MaxInt64/time.Millisecond) {
+		timeout = -time.Millisecond // overflows: rejected as not positive
+	}
 	str := func(p *C.char) string {
 		if p == nil {
 			return ""
@@ -70,9 +76,10 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		return C.GoString(p)
 	}
 	return &openConfig{
-		layout: parallelLayout(int(cfg.world), int(cfg.tp), int(cfg.dp), int(cfg.attn_cp), int(cfg.ep), cfg.dp_attention != 0),
-		rank:   int(cfg.rank), store: str(cfg.store_url), consensus: str(cfg.consensus),
-		timeout:    time.Duration(cfg.timeout_ms) * time.Millisecond,
+		layout: parallel.LayoutConfig{World: int(cfg.world), TP: int(cfg.tp), DP: int(cfg.dp), AttnCP: int(cfg.attn_cp),
+			EP: int(cfg.ep), DPAttention: cfg.dp_attention != 0},
+		rank: int(cfg.rank), store: str(cfg.store_url), consensus: str(cfg.consensus),
+		timeout:    timeout,
 		pageTokens: int(cfg.page_tokens), pageBytes: int(cfg.page_bytes),
 		slabKind: int(cfg.slab_backend), device: int(cfg.device), pinHost: cfg.pin_host != 0, l2Pages: int(cfg.l2_pages),
 		l1Kind: int(cfg.l1_kind), l1Base: cfg.l1_base, l1Pages: int(cfg.l1_pages),

@@ -201,9 +201,10 @@ int main(void) {
   expect(cpcache_wait_l1(c, m.node, 0), CPCACHE_ERR_NOT_STARTED);
   expect(cpcache_load_pending(c, m.node, NULL), CPCACHE_ERR_INVALID);
   int32_t load_pending = 1;
-  for (int i = 0; i < 1000 && load_pending; i++) {
+  for (int i = 0; i < 10000 && load_pending; i++) { // the copy workers may be slow to run: 10 s
     expect(cpcache_step(c), CPCACHE_OK);
     expect(cpcache_load_pending(c, m.node, &load_pending), CPCACHE_OK);
+    if (load_pending) usleep(1000);
   }
   expect_true(load_pending == 0);
   expect(cpcache_wait_l1(c, m.node, 10000), CPCACHE_OK);
