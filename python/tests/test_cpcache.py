@@ -1,5 +1,5 @@
-"""pytest suite of the Python binding: bad calls in this process (a world of one rank), the
-SGLang-style example on 4 ranks under `cpcache launch`, and Ctrl-C.
+"""pytest suite of the Python binding: bad calls and the storage round trip in this process
+(a world of one rank), the SGLang-style example on 4 ranks under `cpcache launch`, and Ctrl-C.
 
 Needs libcpcache.so (make capi, or CPCACHE_LIBRARY) and the cpcache binary (bin/cpcache, or
 CPCACHE_BIN). Run with Debian's interpreter: /usr/bin/python3 -m pytest python/tests
@@ -110,3 +110,49 @@ def test_ctrl_c_closes_and_exits_130(tmp_path):
     assert "interrupted after" in out and "closing the cache" in out, out
     # No Go runtime crash dump, no Python traceback.
     assert "goroutine " not in err and "Traceback" not in err and "panic" not in err, err
+
+
+def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
+    """The L3 path through the C ABI: pages backed up to a file:// storage survive a flush
+    and come back by prefetch, then load-back, with their bytes."""
+    store, l3 = tmp_path / "store", tmp_path / "l3"
+    store.mkdir()
+    c = one_rank(tmp_path, store=f"file://{store}", storage_url=f"file://{l3}", model="test-model")
+    try:
+        tokens = list(range(500, 516))
+        res = c.insert(tokens)
+        for p in res.fill:
+            c.l1_page(p.slot)[:] = bytes([0x70 + p.index]) * 64
+        deadline = time.time() + 10
+        while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        assert c.stats()["storage_backed_up_pages"] == 4
+        while c.pending():
+            c.step()
+        c.flush()
+        assert c.match(tokens).host_pages == 0  # L1 and L2 are empty
+        pid = c.prefetch(tokens)
+        assert pid != 0
+        deadline = time.time() + 10
+        while c.prefetch_pending(pid) and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        assert not c.prefetch_pending(pid)
+        m = c.match(tokens)
+        assert m.host_pages == 4, m
+        c.lock(m.node)
+        assert c.load_back(m.node) == 4
+        with pytest.raises(cpcache.NotStartedError):
+            c.wait_l1(m.node, 0)
+        deadline = time.time() + 10
+        while c.load_pending(m.node) and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        m = c.match(tokens)
+        c.wait_l1(m.node)
+        assert [bytes(c.l1_page(s)) for s in m.l1_slots] == [bytes([0x70 + i]) * 64 for i in range(4)]
+        assert c.stats()["storage_prefetched_pages"] == 4
+        c.unlock(m.node)
+    finally:
+        c.close()
