@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
-	"unsafe"
 
 	"github.com/cpcache/cpcache/hicache"
 )
 
-// lib is the process's registry: at most one open session (a cache joins one job; its
-// rendezvous and shared-memory names are per process).
+// lib is the process's registry: at most one open session — a process is one rank of one
+// job, and the slab backends a session registers (cudaslab) are process-wide.
 var lib struct {
 	mu   sync.Mutex              // protects next and serialises open and close
 	next uint64                  // the next cache handle (handles are never reused)
@@ -68,44 +65,6 @@ func use(h uint64) (*session, error) {
 		return nil, fmt.Errorf("%w: cache handle %d is not open", errClosed, h)
 	}
 	return s, nil
-}
-
-// tokenSlice views n C tokens; NULL is accepted only with n == 0.
-func tokenSlice(p unsafe.Pointer, n uint64, what string) ([]int32, error) {
-	switch {
-	case n == 0:
-		return nil, nil
-	case p == nil:
-		return nil, fmt.Errorf("%w: %s is NULL with n = %d", errInvalid, what, n)
-	case n > 1<<40:
-		return nil, fmt.Errorf("%w: %s length %d", errInvalid, what, n)
-	}
-	return unsafe.Slice((*int32)(p), n), nil
-}
-
-// needCap checks a caller's buffer for up to pages entries: NULL with capacity 0 means "not
-// wanted" when allowNull; otherwise it must hold them all, so that a replicated call never
-// stops half-way on one rank.
-func needCap(p unsafe.Pointer, capacity uint64, pages int, what string, allowNull bool) error {
-	if p == nil {
-		if allowNull && capacity == 0 {
-			return nil
-		}
-		return fmt.Errorf("%w: %s is NULL (capacity %d)", errInvalid, what, capacity)
-	}
-	if capacity < uint64(pages) {
-		return fmt.Errorf("%w: %s holds %d entries, the call may return %d (n / page_tokens)", errSize, what, capacity, pages)
-	}
-	return nil
-}
-
-// latencyQuantiles returns the median and p99 of the consensus latencies.
-func latencyQuantiles(lat []time.Duration) (median, p99 time.Duration) {
-	if len(lat) == 0 {
-		return 0, 0
-	}
-	slices.Sort(lat)
-	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
 }
 
 // stepped is called, under s.mu, after every Step that returned err. A divergence puts the
