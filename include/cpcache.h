@@ -119,7 +119,7 @@ typedef struct cpcache_config {
   /* L2: slabs of the CP group, l2_pages pages each. */
   int32_t slab_backend; /* CPCACHE_SLAB_* */
   int32_t device;       /* CUDA device ordinal (CUDA IPC slabs, device L1) */
-  int32_t pin_host;     /* host slabs: register with CUDA as pinned memory */
+  int32_t pin_host;     /* host slabs: register with CUDA as pinned memory (required with a device L1) */
   int64_t l2_pages;     /* required */
 
   /* L1: l1_pages pages of page_bytes at l1_base (not used with CPCACHE_L1_ALLOC). */

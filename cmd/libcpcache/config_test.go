@@ -37,6 +37,9 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 		{"cuda ipc with host l1", func(c *openConfig) {
 			c.slabKind, c.l1Kind, c.l1Base = slabCUDAIPC, l1Host, unsafe.Pointer(&buf)
 		}, "need a device L1"},
+		{"device l1 with unpinned host slabs", func(c *openConfig) {
+			c.l1Kind, c.l1Base = l1Device, unsafe.Pointer(&buf)
+		}, "needs pin_host = 1"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
 	}

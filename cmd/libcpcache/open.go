@@ -85,6 +85,8 @@ func checkConfig(c *openConfig) error {
 		return bad("l1_base is NULL with l1_kind %d", c.l1Kind)
 	case c.l1Kind != l1Device && c.slabKind == slabCUDAIPC:
 		return bad("CUDA IPC slabs need a device L1 (l1_kind CPCACHE_L1_DEVICE)")
+	case c.l1Kind == l1Device && c.slabKind == slabHost && !c.pinHost:
+		return bad("a device L1 with host slabs needs pin_host = 1 (copies reach the slabs through their registered device pointers)")
 	case c.storageURL != "" && c.slabKind != slabHost:
 		return bad("storage needs host slabs")
 	case c.options.Policy < hicache.WriteThrough || c.options.Policy > hicache.WriteBack:
@@ -225,10 +227,8 @@ func (s *session) newEngine(c *openConfig, set *slab.Set, dev *cuda.Device) (hic
 	size := c.l1Pages * c.pageBytes
 	switch c.l1Kind {
 	case l1Device:
-		addr := cudaengine.HostPageAddr(set)
-		if c.slabKind == slabCUDAIPC {
-			addr = cudaengine.DevicePageAddr(set)
-		}
+		// Device slabs, or pinned host slabs through their registered device pointers.
+		addr := cudaengine.DevicePageAddr(set)
 		e, err := cudaengine.New(dev, cuda.DevicePtr(uintptr(c.l1Base)), c.l1Pages, c.pageBytes, addr, cudaengine.Options{})
 		if err != nil {
 			return nil, err
