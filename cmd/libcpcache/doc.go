@@ -21,8 +21,8 @@
 //
 // L1 pools: CPCACHE_L1_ALLOC is an anonymous mapping the library makes (not Go heap, so its
 // address may be handed to C); CPCACHE_L1_HOST is the engine's host buffer; both are copied
-// by poolEngine. CPCACHE_L1_DEVICE is the engine's device pointer, copied by
-// cudaengine.Engine (pinned host slabs or CUDA IPC slabs).
+// by a hostengine.Engine over that memory (Options.Pool). CPCACHE_L1_DEVICE is the engine's
+// device pointer, copied by a cudaengine.Engine (pinned host slabs or CUDA IPC slabs).
 //
 // # The boundary
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/hicache/hostengine"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -107,8 +108,8 @@ type session struct {
 	quarantined bool
 	recoveries  int64
 	cache       *hicache.Cache
-	engine      *poolEngine    // nil with a device L1
-	l1Base      unsafe.Pointer // host L1 pool (nil with a device L1): memory outside the Go heap
+	engine      *hostengine.Engine // nil with a device L1
+	l1Base      unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
 	info        sessionInfo
 	closers     []func() error
 	nodes       nodeTable
@@ -246,9 +247,13 @@ func (s *session) newEngine(c *openConfig, set *slab.Set, dev *cuda.Device) (hic
 		s.closers = append(s.closers, func() error { return syscall.Munmap(mem) })
 		s.l1Base = unsafe.Pointer(unsafe.SliceData(mem))
 	}
-	s.engine = newPoolEngine(set, unsafe.Slice((*byte)(s.l1Base), size), c.pageBytes)
-	s.closers = append(s.closers, s.engine.Close)
-	return s.engine, nil
+	e, err := hostengine.New(set, c.l1Pages, c.pageBytes, hostengine.Options{Pool: unsafe.Slice((*byte)(s.l1Base), size)})
+	if err != nil {
+		return nil, err
+	}
+	s.engine = e
+	s.closers = append(s.closers, e.Close)
+	return e, nil
 }
 
 // close releases everything in reverse order of creation. Idempotent.
