@@ -3,16 +3,28 @@
  * cpcache). Built by the cuda package's tests with gcc into a shared library and loaded
  * through CPCACHE_CUDA_LIBRARY, it lets the GPU tests exercise the Go binding end to end on a
  * machine without a GPU: one device; "device" memory is host memory (unified addresses);
- * streams run copies immediately; IPC is not supported.
+ * streams run copies immediately.
+ *
+ * IPC works between processes of one user: every device allocation is a memfd mapped
+ * MAP_SHARED, its handle carries the exporter's pid, the memfd's descriptor number and the
+ * size, and cuIpcOpenMemHandle maps /proc/PID/fd/N (so the exporter must still hold the
+ * allocation, as with a real driver). A process cannot open its own handle (as with CUDA).
+ * Event handles open as fresh events: copies are synchronous, so every event is complete.
  *
  * It checks what the binding promises: every call that needs a context fails with
  * CUDA_ERROR_INVALID_CONTEXT (201) unless the device's primary context was made current on
- * the calling thread, and the batched copy checks its 12.8 attribute layout.
+ * the calling thread, and the batched copy checks its 12.8 attribute layout (and fails with
+ * CUDA_ERROR_NOT_SUPPORTED when CPCACHE_FAKE_CUDA_BATCH_FAIL=1, to test the fallback).
  */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -91,6 +103,7 @@ CUresult cuCtxSetCurrent(void *ctx) {
   current = ctx;
   return 0;
 }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
 CUresult cuCtxSynchronize(void) { NEED_CTX(); return 0; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   NEED_CTX();
@@ -98,14 +111,62 @@ CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   *f = *t / 2;
   return 0;
 }
+/* Device memory: memfd mappings, remembered so that cuMemFree can unmap them and
+ * cuIpcGetMemHandle can name their descriptor; IPC mappings opened from peers likewise. */
+typedef struct mapping {
+  CUdeviceptr base;
+  size_t size;
+  int fd;       /* the memfd of an own allocation; -1 for a peer's mapping */
+  struct mapping *next;
+} mapping;
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static mapping *maps; /* protected by maps_mu */
+
+static void maps_add(CUdeviceptr base, size_t size, int fd) {
+  mapping *m = malloc(sizeof *m);
+  m->base = base; m->size = size; m->fd = fd;
+  pthread_mutex_lock(&maps_mu);
+  m->next = maps;
+  maps = m;
+  pthread_mutex_unlock(&maps_mu);
+}
+
+/* maps_take removes the mapping at base (own: fd >= 0, or a peer's: fd < 0) and returns it. */
+static mapping *maps_take(CUdeviceptr base, int own) {
+  pthread_mutex_lock(&maps_mu);
+  for (mapping **pp = &maps; *pp; pp = &(*pp)->next) {
+    mapping *m = *pp;
+    if (m->base == base && (m->fd >= 0) == own) {
+      *pp = m->next;
+      pthread_mutex_unlock(&maps_mu);
+      return m;
+    }
+  }
+  pthread_mutex_unlock(&maps_mu);
+  return NULL;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   NEED_CTX();
-  void *m = malloc(n);
-  if (m == NULL) return 2;
+  if (n == 0) return 1;
+  int fd = memfd_create("cpcache-fake-cuda", MFD_CLOEXEC);
+  if (fd < 0) return 2;
+  if (ftruncate(fd, (off_t)n) != 0) { close(fd); return 2; }
+  void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) { close(fd); return 2; }
   *p = (CUdeviceptr)(uintptr_t)m;
+  maps_add(*p, n, fd);
   return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { NEED_CTX(); free((void *)(uintptr_t)p); return 0; }
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  NEED_CTX();
+  mapping *m = maps_take(p, 1);
+  if (m == NULL) return 1;
+  munmap((void *)(uintptr_t)m->base, m->size);
+  close(m->fd);
+  free(m);
+  return 0;
+}
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
   NEED_CTX();
   if (flags & ~7u) return 1;
@@ -161,12 +222,64 @@ CUresult cuEventRecord(void *ev, void *st) { NEED_CTX(); return (ev && st) ? 0 :
 CUresult cuEventSynchronize(void *ev) { NEED_CTX(); return ev ? 0 : 1; }
 CUresult cuEventQuery(void *ev) { NEED_CTX(); return ev ? 0 : 1; }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { NEED_CTX(); *ms = (a && b) ? 0.5f : 0; return 0; }
-CUresult cuIpcGetMemHandle(void *h, CUdeviceptr p) { (void)h; (void)p; NEED_CTX(); return 801; }
 typedef struct { char reserved[64]; } handle64;
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, handle64 h, unsigned int f) { (void)p; (void)h; (void)f; NEED_CTX(); return 801; }
-CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; NEED_CTX(); return 801; }
-CUresult cuIpcGetEventHandle(void *h, void *ev) { (void)h; (void)ev; NEED_CTX(); return 801; }
-CUresult cuIpcOpenEventHandle(void **ev, handle64 h) { (void)ev; (void)h; NEED_CTX(); return 801; }
+/* The fake's IPC memory handle, inside the 64 opaque bytes. */
+typedef struct { char magic[8]; int32_t pid, fd; uint64_t size; } fake_ipc;
+static const char ipc_magic[8] = "cpfkipc";
+
+CUresult cuIpcGetMemHandle(handle64 *h, CUdeviceptr p) {
+  NEED_CTX();
+  fake_ipc f = {0};
+  pthread_mutex_lock(&maps_mu);
+  for (mapping *m = maps; m; m = m->next) {
+    if (m->base == p && m->fd >= 0) { f.fd = m->fd; f.size = m->size; }
+  }
+  pthread_mutex_unlock(&maps_mu);
+  if (f.size == 0) return 1; /* not the base of an own allocation */
+  memcpy(f.magic, ipc_magic, sizeof f.magic);
+  f.pid = (int32_t)getpid();
+  memset(h, 0, sizeof *h);
+  memcpy(h, &f, sizeof f);
+  return 0;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, handle64 h, unsigned int flags) {
+  NEED_CTX();
+  fake_ipc f;
+  memcpy(&f, &h, sizeof f);
+  if (memcmp(f.magic, ipc_magic, sizeof f.magic) != 0 || f.size == 0 || flags > 1) return 1;
+  if (f.pid == (int32_t)getpid()) return 201; /* like CUDA: not in the exporting process */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)f.pid, (int)f.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return 1;
+  void *m = mmap(NULL, f.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return 2;
+  *p = (CUdeviceptr)(uintptr_t)m;
+  maps_add(*p, f.size, -1);
+  return 0;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  NEED_CTX();
+  mapping *m = maps_take(p, 0);
+  if (m == NULL) return 1;
+  munmap((void *)(uintptr_t)m->base, m->size);
+  free(m);
+  return 0;
+}
+CUresult cuIpcGetEventHandle(handle64 *h, void *ev) {
+  NEED_CTX();
+  if (ev == NULL) return 1;
+  memset(h, 0, sizeof *h);
+  memcpy(h, ipc_magic, sizeof ipc_magic);
+  return 0;
+}
+CUresult cuIpcOpenEventHandle(void **ev, handle64 h) {
+  NEED_CTX();
+  if (memcmp(&h, ipc_magic, sizeof ipc_magic) != 0) return 1;
+  *ev = malloc(1);
+  return 0;
+}
 
 /* The CUDA 12.8 batched copy: checks the attribute layout the binding sends. */
 typedef struct { int type; int id; } loc;
@@ -175,6 +288,9 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
                             attrs *a, size_t *idx, size_t nattrs, size_t *failIdx, void *st) {
   NEED_CTX();
   *failIdx = (size_t)-1;
+  /* Failure injection for the binding's per-copy fallback. */
+  const char *fail = getenv("CPCACHE_FAKE_CUDA_BATCH_FAIL");
+  if (fail != NULL && fail[0] == '1') { *failIdx = 0; return 801; }
   if (st == NULL || nattrs != 1 || idx[0] != 0 || a[0].srcAccessOrder != 1 || a[0].flags != 0) return 1;
   for (size_t i = 0; i < count; i++) {
     if (sizes[i] == 0) { *failIdx = i; return 1; }

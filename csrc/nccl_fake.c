@@ -25,8 +25,13 @@
  *    communicator of 0 ranks, and a non-blocking init there fails with "Blocking and
  *    nonblocking communicators are not allowed in the same group". Because Go reuses OS
  *    threads at random, the fake also latches such a leak process-wide (every later call
- *    fails with ncclInvalidUsage) so that a test catches it deterministically.
+ *    fails with ncclInvalidUsage) so that a test catches it deterministically;
+ *  - every call on a communicator needs a CUDA context current on the calling thread (NCCL
+ *    >= 2.19 checks the device of the calling thread in ncclCommGetAsyncError, the queries
+ *    and abort): with the fake libcuda loaded (CPCACHE_CUDA_LIBRARY) it asks that library's
+ *    cuCtxGetCurrent and fails with ncclUnhandledCudaError when none is current.
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +70,32 @@ static int fail(int code, const char *msg) {
   if (__atomic_load_n(&leaked, __ATOMIC_ACQUIRE)) \
     return fail(5, "fake: an earlier ncclCommDestroy of a busy communicator left a thread inside a group")
 
+/* need_ctx: 0 when a CUDA context is current on this thread (or no fake libcuda to ask). */
+typedef int (*get_current_fn)(void **);
+static get_current_fn cuda_get_current(void) {
+  static get_current_fn fn;
+  static int looked;
+  if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+    const char *path = getenv("CPCACHE_CUDA_LIBRARY");
+    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    get_current_fn f = h ? (get_current_fn)dlsym(h, "cuCtxGetCurrent") : NULL;
+    __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+  }
+  return __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+}
+static int need_ctx(const char *call) {
+  get_current_fn f = cuda_get_current();
+  void *ctx = NULL;
+  if (f != NULL && (f(&ctx) != 0 || ctx == NULL)) {
+    snprintf(last_error, sizeof last_error, "fake: %s without a current CUDA context", call);
+    return 1;
+  }
+  return 0;
+}
+#define NEED_CTX(call) \
+  if (need_ctx(call)) return 1
+
 static int type_size(int t) {
   static const int sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
   return (t >= 0 && t < 10) ? sizes[t] : 0;
@@ -82,6 +113,7 @@ const char *ncclGetErrorString(int r) {
     case 2: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
     case 4: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
     case 5: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case 1: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
     case 7: return "NCCL operation in progress";
   }
   return "unknown result code";
@@ -148,6 +180,7 @@ int ncclCommInitRankConfig(comm **c, int nranks, uid id, int rank, config_prefix
 
 int ncclCommGetAsyncError(comm *c, int *r) {
   if (c == NULL || r == NULL) return 4;
+  NEED_CTX("ncclCommGetAsyncError");
   if (c->polls_left == 0) {
     *r = 0;
   } else {
@@ -171,9 +204,9 @@ static int in_progress(comm *c) {
   return 7;
 }
 
-int ncclCommCount(comm *c, int *n) { LEAK_CHECK(); if (ensure_ready(c)) return 4; *n = c->nranks; return 0; }
-int ncclCommCuDevice(comm *c, int *d) { LEAK_CHECK(); if (ensure_ready(c)) return 4; *d = 0; return 0; }
-int ncclCommUserRank(comm *c, int *r) { LEAK_CHECK(); if (ensure_ready(c)) return 4; *r = c->rank; return 0; }
+int ncclCommCount(comm *c, int *n) { LEAK_CHECK(); NEED_CTX("ncclCommCount"); if (ensure_ready(c)) return 4; *n = c->nranks; return 0; }
+int ncclCommCuDevice(comm *c, int *d) { LEAK_CHECK(); NEED_CTX("ncclCommCuDevice"); if (ensure_ready(c)) return 4; *d = 0; return 0; }
+int ncclCommUserRank(comm *c, int *r) { LEAK_CHECK(); NEED_CTX("ncclCommUserRank"); if (ensure_ready(c)) return 4; *r = c->rank; return 0; }
 
 static int collective(comm *c, const void *send, void *recv, size_t bytes, int root) {
   LEAK_CHECK();
@@ -269,6 +302,7 @@ int ncclCommDestroy(comm *c) {
 }
 int ncclCommAbort(comm *c) {
   if (c == NULL) return 0;
+  NEED_CTX("ncclCommAbort");
   if (c->pending_split && c->pending_out != NULL) {
     /* the aborted split job still finishes (and publishes NULL) before abort returns */
     __atomic_store_n(c->pending_out, NULL, __ATOMIC_RELEASE);

@@ -370,6 +370,10 @@ func TestGPUIPCAcrossProcesses(t *testing.T) {
 func TestGPUTopology(t *testing.T) {
 	_, dev := cudatest.RequireGPU(t)
 	topo, err := cuda.QueryTopology()
+	if errors.Is(err, cuda.ErrNVMLUnavailable) {
+		// Containers given only the compute capability do not mount libnvidia-ml.
+		t.Skipf("NVML unavailable on this GPU machine (not an error: containers with only the compute capability lack it): %v", err)
+	}
 	if err != nil {
 		t.Fatalf("NVML on a GPU machine: %v", err)
 	}

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 )
 
@@ -68,21 +69,38 @@ func fileExists(p string) bool {
 }
 
 // PythonLibGlobs returns glob patterns for a library shipped in a Python wheel under
-// site-packages/<rel> (e.g. rel "nvidia/nccl/lib/libnccl.so.2"): virtualenv, conda, the user
-// site and the system prefixes.
+// site-packages/<rel> (e.g. rel "nvidia/nccl/lib/libnccl.so.2"), in the order Python would
+// import the package: PYTHONPATH entries, the active virtualenv or conda prefix, the prefix
+// of the python3 first on PATH (a venv or conda python need not be activated), the user site
+// and the system prefixes. No process is started: this is pure path arithmetic.
 func PythonLibGlobs(rel string) []string {
+	var out []string
+	for _, d := range filepath.SplitList(os.Getenv("PYTHONPATH")) {
+		if d != "" {
+			out = append(out, filepath.Join(d, rel))
+		}
+	}
 	var prefixes []string
 	for _, env := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
 		if v := os.Getenv(env); v != "" {
 			prefixes = append(prefixes, v)
 		}
 	}
+	if exe, err := exec.LookPath("python3"); err == nil {
+		if abs, err := filepath.Abs(exe); err == nil {
+			prefixes = append(prefixes, filepath.Dir(filepath.Dir(abs))) // <prefix>/bin/python3
+		}
+	}
 	if h, err := os.UserHomeDir(); err == nil {
 		prefixes = append(prefixes, filepath.Join(h, ".local"))
 	}
 	prefixes = append(prefixes, "/usr/local", "/usr", "/opt/conda")
-	var out []string
+	seen := map[string]bool{}
 	for _, p := range prefixes {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
 		for _, site := range []string{"site-packages", "dist-packages"} {
 			out = append(out, filepath.Join(p, "lib", "python3*", site, rel))
 		}

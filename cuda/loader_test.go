@@ -149,4 +149,29 @@ func TestCandidates(t *testing.T) {
 	if !found {
 		t.Errorf("PythonLibGlobs does not find the wheel layout under VIRTUAL_ENV")
 	}
+	t.Setenv("VIRTUAL_ENV", "")
+
+	// A venv's python3 first on PATH (not activated), and a PYTHONPATH entry, come first.
+	bin := filepath.Join(dir, "venv", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "python3"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	t.Setenv("PYTHONPATH", filepath.Join(dir, "pp"))
+	globs := PythonLibGlobs("nvidia/nccl/lib/libx.so.2")
+	if globs[0] != filepath.Join(dir, "pp", "nvidia/nccl/lib/libx.so.2") {
+		t.Errorf("PythonLibGlobs does not start with the PYTHONPATH entry: %q", globs)
+	}
+	found = false
+	for _, g := range globs {
+		if m, _ := filepath.Glob(g); len(m) == 1 && m[0] == filepath.Join(wheel, "libx.so.2") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("PythonLibGlobs does not find the wheel of the python3 on PATH: %q", globs)
+	}
 }

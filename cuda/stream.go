@@ -7,6 +7,7 @@ package cuda
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -24,8 +25,9 @@ type Stream struct {
 	dev *Device
 	h   unsafe.Pointer // CUstream
 
-	mu     sync.Mutex // protects closed
-	closed bool
+	mu       sync.Mutex // protects closed and batchErr
+	closed   bool
+	batchErr error // the batch call's run-time failure: later batches go copy by copy
 }
 
 // NewStream creates a stream on the device.
@@ -192,8 +194,9 @@ type Copy1 struct {
 // CopyBatch enqueues copies that may run in any order relative to each other (they must not
 // overlap or depend on one another); as a whole they run in stream order. With a driver
 // that has cuMemcpyBatchAsync (CUDA >= 12.8, see Driver.BatchCopyABI) the batch is one
-// driver call; otherwise each copy is enqueued with cuMemcpyAsync. It returns whether the
-// driver's batch call was used.
+// driver call; otherwise each copy is enqueued with cuMemcpyAsync. When the batch call fails
+// at run time, the copies are enqueued one by one instead and the stream stays per-copy
+// (BatchError says why). It returns whether the driver's batch call was used.
 func (s *Stream) CopyBatch(copies []Copy1) (batched bool, err error) {
 	if err := validBatch(copies); err != nil {
 		return false, err
@@ -205,7 +208,7 @@ func (s *Stream) CopyBatch(copies []Copy1) (batched bool, err error) {
 		return false, err
 	}
 	abi := s.dev.drv.BatchCopyABI()
-	if abi == "" {
+	if abi == "" || s.BatchError() != nil {
 		return false, s.CopyEach(copies)
 	}
 	n := len(copies)
@@ -229,7 +232,25 @@ func (s *Stream) CopyBatch(copies []Copy1) (batched bool, err error) {
 		c := copies[fail]
 		detail += fmt.Sprintf(", failed at copy %d: %d bytes %v -> %v", uint64(fail), c.Size, c.Src, c.Dst)
 	}
-	return true, check(rc, abi, detail)
+	// The batch call failed at run time (a driver that rejects the attributes, say): enqueue
+	// the copies one by one — copies the batch may have enqueued are repeated with the same
+	// bytes, in stream order — and use per-copy for this stream from now on.
+	batchErr := check(rc, abi, detail)
+	if err := s.CopyEach(copies); err != nil {
+		return false, errors.Join(batchErr, err)
+	}
+	s.mu.Lock()
+	s.batchErr = batchErr
+	s.mu.Unlock()
+	return false, nil
+}
+
+// BatchError is the failure of the driver's batch call that made CopyBatch fall back to
+// per-copy for this stream, or nil.
+func (s *Stream) BatchError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.batchErr
 }
 
 // CopyEach enqueues the copies one by one with cuMemcpyAsync (the batch fallback).

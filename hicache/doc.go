@@ -98,10 +98,11 @@
 // I/O rank per slab group (CP rank 0) does all storage traffic for its slabs, in background
 // goroutines of the driver; the core only queues work and applies agreed results. Keys are
 // the nodes' chained page hashes plus the slab group's TP index, in the namespace. Wiring
-// it (every rank opens its own handle on the same URL):
+// it (every rank opens its own handle on the same URL, with the same MAC key: a shared
+// Redis needs one, see package storage):
 //
 //	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
-//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns})
+//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
 //	defer st.Close() // after cache.Close
 //	cfg.Storage, cfg.StorageNamespace = st, ns
 //	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}
@@ -112,7 +113,19 @@
 // (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
 // skipped backup; it never blocks a step (storage calls run in the background on the I/O
 // rank) and never publishes an unverified page. Storage contents survive a Flush unless
-// L3Options.ClearOnFlush.
+// L3Options.ClearOnFlush. Each storage call is bounded by L3Options.CallTimeout; after
+// CircuitFailures consecutive failed calls, or the first one past the deadline, the I/O
+// rank's circuit breaker opens, the group agrees it at the next step and stops queueing
+// prefetches and backups (serving from L1 and L2), and the I/O rank probes the store with
+// backoff (one Exists, in the background) until it answers and the group agrees the circuit
+// closed (Stats.StorageCircuitOpen, StorageCircuitOpenSeconds).
+//
+// # Fault injection
+//
+// Config.Faults (nil by default: one nil check per failpoint) injects failures on one rank:
+// an error in New, a copy reported failed at completion, a tree or placement perturbation
+// before a step's vector; storage.WithFaults makes a storage hang or fail. cpcache run
+// --fault uses both; every injected failure must end as the failure model above says.
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
 // L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;
@@ -131,7 +144,7 @@
 // With no Config.Engine the Cache makes a hostengine.Engine: worker goroutines copying
 // between a host L1 pool it allocates (Cache.L1Page) and host slabs. A GPU engine passes a
 // cudaengine.Engine: copies between a device KV pool and pinned host slabs
-// (cudaengine.HostPageAddr) or device slabs (cudaengine.DevicePageAddr), one stream per
+// or device slabs, both by device address (cudaengine.DevicePageAddr), one stream per
 // direction, each transfer one batched copy plus an event; its streams are non-blocking, so
 // the model's writes into L1 must be complete before the Step that starts their backups.
 //

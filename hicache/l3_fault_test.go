@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
@@ -25,9 +26,10 @@ func (r *rig) storageErrors() int64 {
 }
 
 // TestL3RedisDown kills a real redis-server mid-run: backups are skipped and queries miss
-// with counted errors, a read cut off by the server's death inserts only what every I/O
-// rank verified, every step completes with agreeing digests, every loaded page has the right
-// content; once the server is back, backups succeed again.
+// with counted errors until the storage circuit opens, a read cut off by the server's death
+// inserts only what every I/O rank verified, every step completes with agreeing digests,
+// every loaded page has the right content; once the server is back, a probe closes the
+// circuit and backups succeed again.
 func TestL3RedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	ns := testNamespace(t)
@@ -36,7 +38,7 @@ func TestL3RedisDown(t *testing.T) {
 	var gateOn sync.Mutex             // protects holding
 	holding := false
 	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.Addr()+"/hicachetest?timeout=300ms", ns), ns,
-		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
+		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2, CircuitProbeInterval: 5 * time.Millisecond})
 	rc.l3Hook = func(int) func(context.Context, core.StorageKind, uint64, int) error {
 		return func(ctx context.Context, kind core.StorageKind, _ uint64, chunk int) error {
 			gateOn.Lock()
@@ -131,8 +133,15 @@ func TestL3RedisDown(t *testing.T) {
 		t.Fatalf("prefetched %d pages from a dead server", got-before)
 	}
 
-	// Server back (empty): backups succeed again, by themselves.
+	// Repeated failures opened the storage circuit on every rank alike.
+	if !r.sameCircuit() {
+		t.Fatal("server down: the storage circuit never opened")
+	}
+
+	// Server back (empty): a probe closes the circuit, and backups succeed again, by
+	// themselves.
 	srv.Start()
+	r.waitCircuit(false)
 	r.evictAll()
 	errs = r.storageErrors()
 	backed := r.sameStats().L3BackedUpPages
@@ -153,9 +162,10 @@ func TestL3RedisDown(t *testing.T) {
 	r.checkCollectives()
 }
 
-// TestL3TornFileIsMiss tears and replaces page files of the directory backend: a prefetch
-// stops at the first page any I/O rank could not verify (a miss with a counted error), and
-// every page that reaches L1 has the right content.
+// TestL3TornFileIsMiss tears, damages and replaces page files of the directory backend: a
+// query stops at the first page whose header does not verify, a prefetch at the first page
+// any I/O rank could not verify (a miss with a counted error), and every page that reaches
+// L1 has the right content.
 func TestL3TornFileIsMiss(t *testing.T) {
 	ns := testNamespace(t)
 	dir := t.TempDir()
@@ -178,6 +188,15 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	}
 	for i, f := range files {
 		switch i % 9 {
+		case 1: // a payload bit flip: the header verifies (the query counts the page), the read does not
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-1] ^= 1
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		case 4: // torn: the second half is missing
 			b, err := os.ReadFile(f)
 			if err != nil {

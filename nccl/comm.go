@@ -181,7 +181,15 @@ func timeoutError(ctx context.Context, call, detail string, timeout time.Duratio
 // deadline (ctx, else timeout). A non-blocking communicator must not be used (not even
 // finalised or destroyed) before this returned nil: NCCL's ncclCommEnsureReady rejects it
 // with "Attempt to use communicator before the previous operation returned ncclSuccess".
-func pollAsync(ctx context.Context, comm unsafe.Pointer, timeout time.Duration, call, detail string) error {
+//
+// NCCL asks the CUDA runtime for the calling thread's device in ncclCommGetAsyncError, so the
+// poll runs on a locked OS thread with dev's context current.
+func pollAsync(ctx context.Context, dev *cuda.Device, comm unsafe.Pointer, timeout time.Duration, call, detail string) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := dev.MakeCurrent(); err != nil {
+		return fmt.Errorf("nccl: %s (%s): %w", call, detail, err)
+	}
 	deadline := parallel.Deadline(ctx, timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		var st C.int
@@ -204,7 +212,7 @@ func pollAsync(ctx context.Context, comm unsafe.Pointer, timeout time.Duration, 
 
 // waitReady is pollAsync that aborts the communicator on failure or at the deadline.
 func (c *Comm) waitReady(ctx context.Context, comm unsafe.Pointer, call, detail string) error {
-	if err := pollAsync(ctx, comm, c.timeout, call, detail); err != nil {
+	if err := pollAsync(ctx, c.dev, comm, c.timeout, call, detail); err != nil {
 		return c.fail(err)
 	}
 	return nil
@@ -262,13 +270,27 @@ func (c *Comm) Query() (count, device, rank int, err error) {
 		return 0, 0, 0, err
 	}
 	var n, d, r C.int
-	if err := check(C.cp_ncclCommCount(comm, &n), "ncclCommCount", "", comm); err != nil {
-		return 0, 0, 0, err
+	var call string
+	rc, err := c.onDevice(func() C.int {
+		for _, q := range []struct {
+			name string
+			f    func() C.int
+		}{
+			{"ncclCommCount", func() C.int { return C.cp_ncclCommCount(comm, &n) }},
+			{"ncclCommCuDevice", func() C.int { return C.cp_ncclCommCuDevice(comm, &d) }},
+			{"ncclCommUserRank", func() C.int { return C.cp_ncclCommUserRank(comm, &r) }},
+		} {
+			if rc := q.f(); rc != 0 {
+				call = q.name
+				return rc
+			}
+		}
+		return 0
+	})
+	if err == nil {
+		err = check(rc, call, "", comm)
 	}
-	if err := check(C.cp_ncclCommCuDevice(comm, &d), "ncclCommCuDevice", "", comm); err != nil {
-		return 0, 0, 0, err
-	}
-	if err := check(C.cp_ncclCommUserRank(comm, &r), "ncclCommUserRank", "", comm); err != nil {
+	if err != nil {
 		return 0, 0, 0, err
 	}
 	return int(n), int(d), int(r), nil
@@ -282,7 +304,11 @@ func (c *Comm) AsyncError() error {
 		return err
 	}
 	var st C.int
-	if err := check(C.cp_ncclCommGetAsyncError(comm, &st), "ncclCommGetAsyncError", "", comm); err != nil {
+	rc, err := c.onDevice(func() C.int { return C.cp_ncclCommGetAsyncError(comm, &st) })
+	if err == nil {
+		err = check(rc, "ncclCommGetAsyncError", "", comm)
+	}
+	if err != nil {
 		return err
 	}
 	if Result(st) == Success || Result(st) == InProgress {
@@ -420,6 +446,12 @@ func (c *Comm) Wait(ctx context.Context, s *cuda.Stream) error {
 	if err != nil {
 		return err
 	}
+	// ncclCommGetAsyncError below needs the device's context current on this thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := c.dev.MakeCurrent(); err != nil {
+		return c.fail(err)
+	}
 	deadline := parallel.Deadline(ctx, c.timeout)
 	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 		done, err := s.Query()
@@ -477,12 +509,12 @@ func (c *Comm) Close() error {
 		// Never hand NCCL a busy communicator here: ncclCommFinalize rejects it, and 2.28's
 		// ncclCommDestroy returns from inside its internal group (NCCLCHECK(ncclCommEnsureReady)
 		// after ncclGroupStartInternal), leaving the calling thread in a group for good.
-		err := pollAsync(context.Background(), comm, c.timeout, "wait before ncclCommFinalize", detail)
+		err := pollAsync(context.Background(), c.dev, comm, c.timeout, "wait before ncclCommFinalize", detail)
 		if err == nil {
 			var rc C.int
 			rc, err = onFreshThread(c.dev, func() C.int { return C.cp_ncclCommFinalize(comm) })
 			if err == nil && (Result(rc) == InProgress || Result(rc) == Success) {
-				err = pollAsync(context.Background(), comm, c.timeout, "ncclCommFinalize", detail)
+				err = pollAsync(context.Background(), c.dev, comm, c.timeout, "ncclCommFinalize", detail)
 			} else if err == nil {
 				err = check(rc, "ncclCommFinalize", detail, comm)
 			}

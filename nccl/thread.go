@@ -59,13 +59,22 @@ func onFreshThread(dev *cuda.Device, f func() C.int) (C.int, error) {
 	return r.rc, r.err
 }
 
-// abortComm aborts comm (nil is a no-op) on a fresh thread with dev current, or on this
-// thread when dev cannot be made current: an abort must happen either way.
+// abortComm aborts comm (nil is a no-op) on a fresh thread with dev current. When dev cannot
+// be made current (closed too early, or a driver error) the abort still happens, on a fresh
+// thread that is then retired: an abort must happen either way, and it must not leave NCCL
+// thread state, or the context some other code made current, on a thread Go reuses.
 func abortComm(dev *cuda.Device, comm unsafe.Pointer) {
 	if comm == nil {
 		return
 	}
-	if _, err := onFreshThread(dev, func() C.int { return C.cp_ncclCommAbort(comm) }); err != nil {
-		C.cp_ncclCommAbort(comm)
+	if _, err := onFreshThread(dev, func() C.int { return C.cp_ncclCommAbort(comm) }); err == nil {
+		return
 	}
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		C.cp_ncclCommAbort(comm)
+		close(done)
+	}()
+	<-done
 }

@@ -11,13 +11,13 @@ import (
 
 // DirPath returns the file that holds k in a directory storage.
 func DirPath(s Storage, k Key) string {
-	_, name := s.(*dirStore).path(k)
+	_, name := s.(*purging).backend.(*dirStore).path(k)
 	return name
 }
 
 // RedisKeyName returns the Redis key that holds k.
 func RedisKeyName(s Storage, k Key) string {
-	rs := s.(*redisStore)
+	rs := s.(*purging).backend.(*redisStore)
 	return rs.keyPrefix + hex.EncodeToString(k[NamespaceSize:])
 }
 

@@ -2,12 +2,15 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cpcache/cpcache/internal/redact"
 )
 
 // Open opens the storage named by rawURL for opts.Namespace:
@@ -19,18 +22,33 @@ import (
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
-// URL query values override the matching Options. The Redis backend checks that the server
+// Stored values are authenticated with the MAC key that opts name (Options.MACKey: a Redis
+// URL without one is refused, ErrNoKey, unless Options.Insecure; a file store makes its
+// own). URL query values override the matching Options. The Redis backend checks that the server
 // answers before returning (an error wrapping ErrUnavailable if not); later calls reconnect
-// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes it.
+// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
+// it, without its password.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
+	st, err := openBackend(ctx, rawURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &purging{st}, nil
+}
+
+func openBackend(ctx context.Context, rawURL string, opts Options) (backend, error) {
 	bad := func(format string, args ...any) error {
-		return &OpError{Backend: "url", Where: strconv.Quote(rawURL), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
+		return &OpError{Backend: "url", Where: strconv.Quote(redact.URL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 	}
 	if opts.Namespace.IsZero() {
 		return nil, bad("options have no namespace (build one with storage.NewNamespace)")
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error quotes the whole URL, password included
+		}
 		return nil, bad("%v", err)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
@@ -59,6 +77,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 			default:
 				return nil, bad("unknown file URL parameter %q (known: fsync)", name)
 			}
+		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
 		}
 		return openDir(u.Path, opts.withDefaults())
 	case "redis":
@@ -110,6 +131,15 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 				user, pass = "", user
 			}
 		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
+		}
+		if opts.auth == nil {
+			if !opts.Insecure {
+				return nil, errNoKey(addr)
+			}
+			opts.auth = newAuthenticator(nil)
+		}
 		return openRedis(ctx, addr, user, pass, prefix, opts.withDefaults())
 	case "mem":
 		name := u.Host + u.Path
@@ -118,6 +148,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 		}
 		if len(q) > 0 {
 			return nil, bad("mem URLs take no parameters")
+		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
 		}
 		return openMem(name, opts.withDefaults()), nil
 	case "":

@@ -236,7 +236,7 @@ func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (res getResult, re
 	if _, err := io.ReadFull(c.r, hdr); err != nil {
 		return 0, nil, err
 	}
-	if err := checkHeader(hdr, k, len(dst)); err != nil {
+	if err := s.checkHeader(hdr, k, len(dst)); err != nil {
 		return s.skipCorrupt(c, k, err, n-HeaderSize, true)
 	}
 	if _, err := io.ReadFull(c.r, dst); err != nil {
@@ -245,7 +245,7 @@ func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (res getResult, re
 	if err := c.readCRLF(); err != nil {
 		return 0, nil, err
 	}
-	if err := checkPayload(hdr, dst); err != nil {
+	if err := s.checkPayload(hdr, dst); err != nil {
 		return s.skipCorrupt(c, k, err, 0, false)
 	}
 	return getHit, nil, nil
@@ -286,7 +286,7 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 				}
 				c.writeBulkString("SET")
 				s.writeKey(c, keys[i])
-				encodeHeader(&hdr, keys[i], src[i])
+				s.encodeHeader(&hdr, keys[i], src[i])
 				c.writeBulkHeader(storedLen(len(src[i])))
 				c.w.Write(hdr[:])
 				c.w.Write(src[i])

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,10 +47,14 @@ func (j *jobEnv) command(args ...string) *exec.Cmd {
 	return cmd
 }
 
-// shmNames lists the cpcache names in /dev/shm.
+// shmNames lists the cpcache segment files in /dev/shm (directories are other tests'
+// private segment directories, made while packages are tested in parallel).
 func shmNames() []string {
 	m, _ := filepath.Glob("/dev/shm/cpcache-*")
-	return m
+	return slices.DeleteFunc(m, func(name string) bool {
+		fi, err := os.Lstat(name)
+		return err != nil || fi.IsDir()
+	})
 }
 
 // leftovers describes what the job left behind: entries in its TMPDIR, new cpcache names

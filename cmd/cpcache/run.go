@@ -42,8 +42,21 @@ L1 and L2 hit, prefetches the continuation from it while the request waits in th
 the others keep running (--prefetch-sync: wait in steps where nothing decodes, as before).
 Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
-the first one backed up. The report adds tokens hit in storage, pages prefetched and
-backed up, and storage errors.
+the first one backed up. Stored pages are authenticated with a MAC key: a file store makes
+its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
+CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
+tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
+rejected (and deleted) or forged. A divergence of the replicas' cache metadata quarantines
+the cache and recovers at the first idle step (the report counts divergences, recoveries
+and quarantined steps); --strict fails the run instead.
+
+With --device cuda each rank's L1 pool is device memory and pages move through the CUDA
+engine (streams, batched copies); --l2 device (the default) puts the L2 slabs in device
+memory shared between the rank processes over CUDA IPC (so the ranks of a CP group must be
+on one node), --l2 host in pinned host shared memory. Every page loaded back is copied to
+the host and checked. Rank r uses device LOCAL_RANK mod the device count (--cuda-device N:
+device N); several ranks may share one GPU. The report adds the devices, the memory kinds
+and the page-copy bandwidth against a large copy's.
 
 --time virtual (the default for traces) replays arrival times on a simulated clock that
 advances by each step's modelled duration (--cost-profile, --cost); nothing sleeps. The
@@ -55,9 +68,12 @@ table; --html FILE writes a self-contained HTML report with charts.
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
 what the host has available, every trace line within its limits, --store reachable,
---json writable. Ranks die with the process that started them; the temporary directory
-goes with the job. Exit status: 0 ok, 1 failure (a bad page, a placement divergence, a
-lost rank), 2 bad flags or input, 128+signal when interrupted (130 for SIGINT).`
+--json writable, --fault well formed. Ranks die with the process that started them; the
+temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
+divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
+interrupted (130 for SIGINT).
+
+` + runner.FaultHelp
 
 // runOpts are the flags of `cpcache run`.
 type runOpts struct {
@@ -66,6 +82,7 @@ type runOpts struct {
 	jsonPath, metrics, policy string
 	prefetch                  string
 	report                    reportOpts // virtual time, sweep and HTML (run_report.go)
+	faults                    string     // --fault, parsed into cfg.Faults
 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
@@ -88,11 +105,18 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
+	fs.StringVar(&cfg.StorageKeyFile, "storage-key-file", "", "with --storage: file holding the MAC key that authenticates stored pages (mode 0600; the same on every rank); default CPCACHE_STORAGE_KEY_FILE, else a file store's own key file (created on first use)")
+	fs.BoolVar(&cfg.StorageInsecure, "storage-insecure", false, "with a redis:// --storage and no key: accept unauthenticated pages (anyone who can write to the server can inject them)")
+	fs.StringVar(&cfg.Device, "device", runner.DeviceHost, "where L1 lives and who copies: host (host memory, goroutines) or cuda (device memory, the CUDA engine; needs libcuda)")
+	fs.StringVar(&cfg.L2, "l2", "", "with --device cuda: L2 slabs in device memory shared over CUDA IPC (device, the default) or in pinned host memory (host)")
+	fs.IntVar(&cfg.CUDADevice, "cuda-device", def.CUDADevice, "with --device cuda: the device ordinal of every rank (-1: LOCAL_RANK mod the device count)")
 	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")
 	fs.StringVar(&cfg.Consensus, "consensus", "", "consensus backend: auto (shared memory when a replica is on one host), shm or gloo; default CPCACHE_CONSENSUS_BACKEND, else auto")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	fs.StringVar(&o.faults, "fault", "", "inject failures: KIND[:PARAM=VALUE,...][;...] (see above)")
+	fs.BoolVar(&cfg.Strict, "strict", false, "a divergence of the replicas fails the run (exit 1) instead of quarantine and recovery")
 	o.report.flags(fs)
 	return o
 }
@@ -110,8 +134,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
 	cfg := &o.cfg
-	worldSet := false
-	fs.Visit(func(f *flag.Flag) { worldSet = worldSet || f.Name == "world" })
+	worldSet, cudaDeviceSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		worldSet = worldSet || f.Name == "world"
+		cudaDeviceSet = cudaDeviceSet || f.Name == "cuda-device"
+	})
+	if cudaDeviceSet && cfg.Device != runner.DeviceCUDA {
+		return fail(stderr, 2, fmt.Errorf("run: --cuda-device %d needs --device %s", cfg.CUDADevice, runner.DeviceCUDA))
+	}
 	_, underRank := os.LookupEnv("RANK")
 	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
 	statusDir := os.Getenv(runner.EnvStatusDir)
@@ -200,6 +230,11 @@ func (o *runOpts) finish() error {
 	cfg.Policy = p
 	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
 		return fmt.Errorf("--prefetch-policy: %w", err)
+	}
+	if o.faults != "" {
+		if cfg.Faults, err = runner.ParseFaults(o.faults); err != nil {
+			return err
+		}
 	}
 	if strings.HasPrefix(cfg.Storage, "mem:") {
 		return fmt.Errorf("--storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage))

@@ -1,55 +1,168 @@
 #!/usr/bin/env bash
 # run.sh — cpcache's GPU checks (built by `make gpu-check`; no Go toolchain needed here).
 #
-# Runs the test binaries beside this script with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
-# driver or NCCL fails instead of skipping, then prints the device report, the bandwidth
-# lines and a summary. Full logs go to $OUT when it is set, else beside this script.
-# Usage: run.sh            (all of cuda.test, nccl.test and cudaslab.test, the TestGPU* tests of hicache.test)
+# Runs the test binaries beside this script (cuda, cudaslab, the TestGPU* tests of hicache
+# and hicache/cudaengine, nccl last) with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
+# driver or NCCL fails instead of skipping, then `cpcache run --device cuda` on 8 ranks, and
+# prints the device report, the bandwidth lines and one summary line. Full logs go to $OUT
+# when it is set, else beside this script.
+#
+# Budget: the whole run ends within CPCACHE_GPU_DEADLINE_S seconds (default and maximum 360),
+# each step within CPCACHE_GPU_STEP_S (default and maximum 120) or what is left of the
+# deadline; nccl.test runs last. A step the deadline leaves no time for, and a missing test
+# binary, count as failures. The summary line ("== gpu checks: ...") is printed however the
+# run ends: finished, out of time, or killed with SIGTERM/SIGINT.
+# Usage: run.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${OUT:-$here}"
 mkdir -p "$logs"
 export CPCACHE_REQUIRE_GPU=1
+# fd 3 is the script's stdout: the summary goes there even from a trap that fires while a
+# step's output is redirected to its log.
+exec 3>&1
 
-# run [SECONDS] BIN ARGS... runs a bundled binary (under `timeout SECONDS` when given),
-# pointing the dynamic linker at gpu-bundle/lib only when the binary needs a library this
-# machine lacks (Gloo and its deps), so the system's own libraries (libibverbs for NCCL, say)
-# are never shadowed otherwise.
-run() {
-  local pre=()
-  case "$1" in [0-9]*) pre=(timeout "$1"); shift ;; esac
-  if ldd "$1" 2>/dev/null | grep -q 'not found'; then
-    LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ${pre[@]+"${pre[@]}"} "$@"
-  else
-    ${pre[@]+"${pre[@]}"} "$@"
+clamp() { # clamp VALUE MAX: VALUE when it is a positive integer not above MAX, else MAX
+  case "$1" in '' | *[!0-9]*) echo "$2" ;; *) if [ "$1" -gt 0 ] && [ "$1" -le "$2" ]; then echo "$1"; else echo "$2"; fi ;; esac
+}
+deadline_s=$(clamp "${CPCACHE_GPU_DEADLINE_S:-}" 360)
+step_s=$(clamp "${CPCACHE_GPU_STEP_S:-}" 120)
+t0=$(date +%s)
+deadline=$((t0 + deadline_s))
+min_step=10 # a step with less time left than this is not started
+
+total_pass=0 total_fail=0 total_skip=0
+problems=()
+child=""
+summarized=""
+
+summary() {
+  [ -n "$summarized" ] && return
+  summarized=1
+  local verdict=ok
+  if [ "$total_fail" -gt 0 ] || [ "${#problems[@]}" -gt 0 ]; then verdict=FAILED; fi
+  local why=""
+  if [ "${#problems[@]}" -gt 0 ]; then
+    why=$(printf '%s; ' "${problems[@]}")
+    why="; problems: ${why%; }"
   fi
+  echo "== gpu checks: $verdict: $total_pass passed, $total_fail failed, $total_skip skipped in $(( $(date +%s) - t0 ))s of a ${deadline_s}s deadline$why (logs in $logs)" >&3
+}
+interrupted() {
+  problems+=("interrupted by SIG$1")
+  [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
+  exit 1
+}
+trap 'summary' EXIT
+trap 'interrupted TERM' TERM
+trap 'interrupted INT' INT
+
+# run SECONDS BIN ARGS... runs a bundled binary under `timeout SECONDS` in the background (so
+# a signal to this script is handled at once), pointing the dynamic linker at gpu-bundle/lib
+# only when the binary needs a library this machine lacks (Gloo and its deps), so the
+# system's own libraries (libibverbs for NCCL, say) are never shadowed otherwise.
+run() {
+  local secs="$1"
+  shift
+  if ldd "$1" 2>/dev/null | grep -q '=> not found'; then
+    LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout -k 5 "$secs" "$@" 3>&- &
+  else
+    timeout -k 5 "$secs" "$@" 3>&- &
+  fi
+  child=$!
+  wait "$child"
+  local rc=$?
+  child=""
+  return $rc
 }
 
-# NCCL is often only inside a Python wheel or an unusual prefix: look for it when the
-# default search does not find it (CPCACHE_NCCL_LIBRARY set by the caller wins).
-if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run "$here/cpcache" gpu-info 2>/dev/null | grep -q '^nccl: [0-9]'; then
-  cand=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
-    \( -name 'libnccl.so.2' -o -name 'libnccl.so.2.*' \) -print 2>/dev/null | head -n 1)
-  if [ -n "$cand" ]; then
-    export CPCACHE_NCCL_LIBRARY="$cand"
-    echo "run.sh: default search found no NCCL; using $cand"
+# upto N: N seconds, or what is left of the deadline when that is less (at least 1).
+upto() {
+  local left=$((deadline - $(date +%s)))
+  [ "$left" -lt "$1" ] && { echo $((left > 1 ? left : 1)); return; }
+  echo "$1"
+}
+
+# budget NAME sets secs to the seconds step NAME may take (at most step_s, at most what is
+# left of the deadline), or records a problem and fails when that is under min_step.
+secs=0
+budget() {
+  local left=$((deadline - $(date +%s) - 5))
+  if [ "$left" -lt "$min_step" ]; then
+    problems+=("$1 not run: the ${deadline_s}s deadline was reached")
+    echo "  $1: NOT RUN: the ${deadline_s}s deadline was reached"
+    return 1
   fi
+  secs=$step_s
+  [ "$left" -lt "$secs" ] && secs=$left
+  return 0
+}
+
+# ---- preflight: can this image run the bundle at all?
+echo "== preflight"
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>/dev/null | head -n 1)
+echo "preflight: glibc: ${glibc:-unknown}"
+stdcxx=$( (ldconfig -p 2>/dev/null || true) | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')
+if [ -n "$stdcxx" ] && [ -r "$stdcxx" ]; then
+  echo "preflight: libstdc++: $(readlink -f "$stdcxx") (newest symbol version $(grep -ao 'GLIBCXX_[0-9][0-9.]*' "$stdcxx" | sort -uV | tail -n 1))"
+else
+  echo "preflight: libstdc++: not found (only binaries that need Gloo use it)"
+fi
+[ -r "$here/built-on.txt" ] && sed 's/^/preflight: bundle /' "$here/built-on.txt"
+unrunnable=""
+for bin in "$here"/*.test "$here/cpcache"; do
+  [ -x "$bin" ] || continue
+  bad=$(LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" 2>&1 | grep -E "version .* not found|=> not found" | sed 's/^[[:space:]]*//')
+  if [ -n "$bad" ]; then
+    unrunnable="$unrunnable $(basename "$bin")"
+    echo "preflight: $(basename "$bin") cannot run here:"
+    echo "$bad" | sed 's/^/    /'
+  fi
+done
+if [ -n "$unrunnable" ]; then
+  echo "preflight: THIS BUNDLE CANNOT RUN ON THIS IMAGE (${glibc:-unknown glibc}):$unrunnable need newer system libraries; build the bundle on an image with an older or equal glibc/libstdc++"
+  problems+=("the bundle cannot run on this image:$unrunnable")
+  exit 1
+fi
+echo "preflight: every bundled binary links on this image"
+
+# ---- NCCL: often only inside a Python wheel or an unusual prefix (CPCACHE_NCCL_LIBRARY set by
+# the caller wins). Ask Python where its nvidia.nccl package is before walking the filesystem.
+if [ -z "${CPCACHE_NCCL_LIBRARY:-}" ] && ! run "$(upto 30)" "$here/cpcache" gpu-info 2>/dev/null | grep -q '^nccl: [0-9]'; then
+  cand=""
+  for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    dir=$(timeout "$(upto 20)" "$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+    if [ -n "$dir" ] && [ -e "$dir/lib/libnccl.so.2" ]; then
+      cand="$dir/lib/libnccl.so.2"
+      echo "run.sh: NCCL from the Python package nvidia.nccl: $cand"
+      break
+    fi
+  done
+  if [ -z "$cand" ]; then
+    cand=$(timeout "$(upto 30)" find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
+      \( -name 'libnccl.so.2' -o -name 'libnccl.so.2.*' \) -print 2>/dev/null | head -n 1)
+    [ -n "$cand" ] && echo "run.sh: default search found no NCCL; a filesystem walk found $cand"
+  fi
+  [ -n "$cand" ] && export CPCACHE_NCCL_LIBRARY="$cand"
 fi
 
 echo "== gpu-info"
-run "$here/cpcache" gpu-info 2>&1 | tee "$logs/gpu-info.txt"
+run "$(upto 30)" "$here/cpcache" gpu-info 2>&1 | tee "$logs/gpu-info.txt"
 
-status=0
-total_pass=0 total_fail=0 total_skip=0
-for pkg in cuda nccl cudaslab hicache; do
-  bin="$here/$pkg.test"
-  [ -x "$bin" ] || continue
-  pattern='.'
-  [ "$pkg" = hicache ] && pattern='^TestGPU'
+# test_pkg NAME PATTERN: one test binary; a missing one is a failure.
+test_pkg() {
+  local pkg="$1" pattern="$2" bin="$here/$1.test" start rc pass fail skip
   echo "== $pkg.test -test.run '$pattern'"
+  if ! [ -x "$bin" ]; then
+    problems+=("$pkg.test missing")
+    echo "  $pkg: FAILED: $bin is missing"
+    return
+  fi
+  budget "$pkg" || return
   start=$(date +%s)
   # ShimDigest checks the source tree, which need not be here.
-  run 280 "$bin" -test.v -test.count=1 -test.timeout=270s -test.run "$pattern" \
+  run "$secs" "$bin" -test.v -test.count=1 -test.timeout="$((secs - 5))s" -test.run "$pattern" \
     -test.skip 'ShimDigest' >"$logs/$pkg.log" 2>&1
   rc=$?
   grep -E '^(info|bandwidth|run\.sh):' "$logs/$pkg.log"
@@ -57,13 +170,47 @@ for pkg in cuda nccl cudaslab hicache; do
   fail=$(grep -cE '^--- FAIL' "$logs/$pkg.log")
   skip=$(grep -cE '^--- SKIP' "$logs/$pkg.log")
   total_pass=$((total_pass + pass)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + skip))
-  grep -E '^--- (FAIL|SKIP)' "$logs/$pkg.log" | sed 's/^/  /'
+  # Each failed or skipped test with the line before it (-v prints a test's last log line,
+  # its reason, just before its verdict).
+  grep -E -B1 '^\s*--- (FAIL|SKIP)' "$logs/$pkg.log" | grep -vE '^(--|\s*=== (RUN|PAUSE|CONT|NAME) .*)$' | sed 's/^/  /'
   if [ "$rc" -ne 0 ]; then
-    status=1
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      problems+=("$pkg.test timed out after ${secs}s")
+    else
+      problems+=("$pkg.test exit $rc")
+    fi
     echo "  $pkg: FAILED (exit $rc); log tail:"
     grep -vE '^(=== (RUN|PAUSE|CONT)|info:|bandwidth:)' "$logs/$pkg.log" | tail -n 60 | sed 's/^/    /'
   fi
-  echo "  $pkg: $pass passed, $fail failed, $skip skipped; exit $rc; $(( $(date +%s) - start ))s"
-done
-echo "== gpu checks: $total_pass passed, $total_fail failed, $total_skip skipped (logs in $logs)"
-exit $status
+  echo "  $pkg: $pass passed, $fail failed, $skip skipped; exit $rc; $(($(date +%s) - start))s"
+}
+
+# device_run L2: `cpcache run --device cuda --l2 L2` on 8 ranks sharing this machine's
+# devices, a small workload of 64 KiB pages; it passes with exit 0 and 0 bad pages.
+device_run() {
+  local l2="$1" name="cpcache-run-$1" rc
+  echo "== cpcache run --device cuda --l2 $l2 (8 ranks)"
+  budget "$name" || return
+  run "$secs" "$here/cpcache" run --device cuda --l2 "$l2" --world 8 --dp 1 --attn-cp 8 \
+    --clients 8 --rounds 4 --l1-pages 160 --l2-pages 512 --kv-bytes-per-token 4096 \
+    --timeout "$((secs - 5))s" >"$logs/$name.log" 2>&1
+  rc=$?
+  sed -n '/^cpcache run report/,$p' "$logs/$name.log"
+  if [ "$rc" -eq 0 ] && grep -qE 'bad pages 0$' "$logs/$name.log"; then
+    total_pass=$((total_pass + 1))
+  else
+    total_fail=$((total_fail + 1))
+    problems+=("$name exit $rc")
+    echo "  $name: FAILED (exit $rc); log tail:"
+    tail -n 30 "$logs/$name.log" | sed 's/^/    /'
+  fi
+}
+
+test_pkg cuda .
+test_pkg cudaslab .
+test_pkg hicache '^TestGPU'
+test_pkg cudaengine '^TestGPU' # the page-copy efficiency ratios
+device_run device
+device_run host
+test_pkg nccl . # last: an NCCL hang must not eat the others' time
+[ "$total_fail" -eq 0 ] && [ "${#problems[@]}" -eq 0 ]

@@ -79,6 +79,19 @@ func (r *coreRig) step() error {
 		c.Report(done)
 		r.pending[i] = keep
 	}
+	errs := r.stepAll()
+	for i := 1; i < len(errs); i++ {
+		if (errs[i] == nil) != (errs[0] == nil) {
+			r.t.Fatalf("rank 0 error %v, rank %d error %v", errs[0], i, errs[i])
+		}
+	}
+	r.checkSame()
+	return errs[0]
+}
+
+// stepAll makes one consensus step on every core without checking that they agree (the
+// digests may differ on purpose) and returns each core's Apply error.
+func (r *coreRig) stepAll() []error {
 	agreed := r.cores[0].Ready(make([]int64, VectorLen)).Vector
 	for _, c := range r.cores[1:] {
 		parallel.Min.Apply(agreed, c.Ready(make([]int64, VectorLen)).Vector)
@@ -87,13 +100,7 @@ func (r *coreRig) step() error {
 	for _, c := range r.cores {
 		errs = append(errs, c.Apply(slices.Clone(agreed)))
 	}
-	for i := 1; i < len(errs); i++ {
-		if (errs[i] == nil) != (errs[0] == nil) {
-			r.t.Fatalf("rank 0 error %v, rank %d error %v", errs[0], i, errs[i])
-		}
-	}
-	r.checkSame()
-	return errs[0]
+	return errs
 }
 
 func (r *coreRig) checkSame() {

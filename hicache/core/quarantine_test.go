@@ -3,26 +3,10 @@ package core
 import (
 	"errors"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/cpcache/cpcache/hicache/kvtest"
-	"github.com/cpcache/cpcache/parallel"
 )
-
-// stepAll makes one consensus step on every core without checking that they agree (the
-// digests may differ on purpose) and returns each core's Apply error.
-func (r *coreRig) stepAll() []error {
-	agreed := r.cores[0].Ready(make([]int64, VectorLen)).Vector
-	for _, c := range r.cores[1:] {
-		parallel.Min.Apply(agreed, c.Ready(make([]int64, VectorLen)).Vector)
-	}
-	var errs []error
-	for _, c := range r.cores {
-		errs = append(errs, c.Apply(slices.Clone(agreed)))
-	}
-	return errs
-}
 
 // A perturbation of one rank's tree or placement puts every rank into quarantine at the same
 // step; nothing is served or cached while locks are held; the first step at which every rank

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
+	"sync/atomic"
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache/core"
@@ -16,20 +16,9 @@ import (
 // pointer, or a host pointer in the unified address space).
 type L2Addr func(p slab.Page) (cuda.DevicePtr, error)
 
-// HostPageAddr resolves pages of host slabs by their host address. Under unified addressing
-// the driver accepts host pointers in async copies; the slabs should be pinned (slab.Spec
-// PinHost, or memory from cuda.AllocHost) for the copies to be truly asynchronous.
-func HostPageAddr(s engine.HostSlabs) L2Addr {
-	return func(p slab.Page) (cuda.DevicePtr, error) {
-		b, err := s.Page(p)
-		if err != nil {
-			return 0, err
-		}
-		return cuda.DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), nil
-	}
-}
-
-// DevicePageAddr resolves pages of device slabs (slab.Set over CUDA IPC memory).
+// DevicePageAddr resolves pages by their device address: device slabs (slab.Set over CUDA
+// IPC memory) or pinned host slabs (their registered memory's device pointer; no reliance on
+// CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM).
 func DevicePageAddr(s interface {
 	DevicePtr(p slab.Page) (uintptr, error)
 }) L2Addr {
@@ -45,14 +34,19 @@ type Options struct {
 	// thread per direction while transfers are in flight) instead of blocking in the driver
 	// (cuda.EventBlockingSync, the default).
 	Spin bool
+	// Streams is the number of streams (lanes) per direction, default 1. With more, the
+	// transfers of a direction go to them in turn, so page copies of several transfers can
+	// overlap on the bus; their tickets then finish in stream order per lane only.
+	Streams int
 }
 
 // Engine copies pages between a device KV pool (L1 slot s at L1 + s × pageBytes) and
-// L2 pages with the CUDA driver. Backups and loads each have a lane: a stream, on which each
-// transfer is enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed by
-// an event, and a waiter goroutine that waits for the lane's events in stream order and
-// finishes the tickets. Transfers are enqueued at Submit, so Cancel has nothing left to
-// cancel; the driver's drain waits for them.
+// L2 pages with the CUDA driver. Backups and loads each have Options.Streams lanes, used in
+// turn: a lane is a stream, on which each transfer is enqueued as one batch
+// (cuMemcpyBatchAsync where the driver has it) followed by an event, and a waiter goroutine
+// that waits for the lane's events in stream order and finishes the tickets. Transfers are
+// enqueued at Submit, so Cancel has nothing left to cancel; the driver's drain waits for
+// them.
 //
 // The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
 // stream synchronized, or an event waited on) before the Step that starts its backups.
@@ -63,7 +57,8 @@ type Engine struct {
 	pageBytes int
 	l2        L2Addr
 	evFlags   cuda.EventFlags
-	lanes     [2]*lane // by Kind
+	lanes     [2][]*lane       // by Kind
+	next      [2]atomic.Uint64 // by Kind: transfers submitted, which picks the lane
 }
 
 // lane is one direction's stream, its transfers in flight and their waiter.
@@ -98,25 +93,28 @@ func New(dev *cuda.Device, l1 cuda.DevicePtr, l1Pages, pageBytes int, l2 L2Addr,
 		e.evFlags |= cuda.EventBlockingSync
 	}
 	for k := range e.lanes {
-		s, err := dev.NewStream()
-		if err != nil {
-			e.Close()
-			return nil, fmt.Errorf("hicache: CUDA engine: %w", err)
+		for range max(opts.Streams, 1) {
+			s, err := dev.NewStream()
+			if err != nil {
+				e.Close()
+				return nil, fmt.Errorf("hicache: CUDA engine: %w", err)
+			}
+			ln := &lane{stream: s, done: make(chan struct{})}
+			ln.cond = sync.NewCond(&ln.mu)
+			e.lanes[k] = append(e.lanes[k], ln)
+			go ln.wait()
 		}
-		ln := &lane{stream: s, done: make(chan struct{})}
-		ln.cond = sync.NewCond(&ln.mu)
-		e.lanes[k] = ln
-		go ln.wait()
 	}
 	return e, nil
 }
 
 // Batched reports whether the last backup used the driver's batch copy call.
 func (e *Engine) Batched() bool {
-	ln := e.lanes[core.Write]
-	if ln == nil {
+	lanes := e.lanes[core.Write]
+	if len(lanes) == 0 {
 		return false
 	}
+	ln := lanes[(e.next[core.Write].Load()+uint64(len(lanes))-1)%uint64(len(lanes))]
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	return ln.batched
@@ -147,7 +145,12 @@ func (e *Engine) Submit(t core.Transfer) *engine.Ticket {
 		tk.Finish(nil)
 		return tk
 	}
-	ln := e.lanes[t.Kind]
+	lanes := e.lanes[t.Kind]
+	if len(lanes) == 0 {
+		tk.Finish(engine.ErrClosed)
+		return tk
+	}
+	ln := lanes[(e.next[t.Kind].Add(1)-1)%uint64(len(lanes))]
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed {
@@ -217,20 +220,22 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	var errs []error
-	for k, ln := range e.lanes {
-		if ln == nil {
-			continue
+	for _, lanes := range e.lanes {
+		for _, ln := range lanes {
+			ln.mu.Lock()
+			done := ln.closed
+			ln.closed = true
+			ln.cond.Broadcast()
+			ln.mu.Unlock()
+			<-ln.done // the waiter finishes every pending transfer before it exits
+			if done {
+				continue
+			}
+			for _, ev := range ln.events {
+				errs = append(errs, ev.Close())
+			}
+			errs = append(errs, ln.stream.Close())
 		}
-		ln.mu.Lock()
-		ln.closed = true
-		ln.cond.Broadcast()
-		ln.mu.Unlock()
-		<-ln.done // the waiter finishes every pending transfer before it exits
-		for _, ev := range ln.events {
-			errs = append(errs, ev.Close())
-		}
-		errs = append(errs, ln.stream.Close())
-		e.lanes[k] = nil
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,6 @@
 //
 // Usage:
 //
-//	e, err := cudaengine.New(dev, l1.Ptr(), l1Pages, pageBytes, cudaengine.HostPageAddr(set), cudaengine.Options{})
+//	e, err := cudaengine.New(dev, l1.Ptr(), l1Pages, pageBytes, cudaengine.DevicePageAddr(set), cudaengine.Options{})
 //	cache, err := hicache.New(ctx, hicache.Config{..., Engine: e})
 package cudaengine

@@ -21,13 +21,13 @@ func gcc(t testing.TB, what string) string {
 	return path
 }
 
-// Build compiles csrc/<name>.c (csrc beside the package directory the test runs in) into
-// lib<name>.so.
+// Build compiles csrc/<name>.c (csrc in the package directory the test runs in or the
+// nearest directory above it that has one) into lib<name>.so.
 func Build(t testing.TB, name string) string {
 	t.Helper()
 	cc := gcc(t, "fake libraries")
-	src := filepath.Join("..", "csrc", name+".c")
-	if _, err := os.Stat(src); err != nil {
+	src, err := findSource(name + ".c")
+	if err != nil {
 		t.Skipf("fake library source not here (bundle run?): %v", err)
 	}
 	lib := filepath.Join(t.TempDir(), "lib"+name+".so")
@@ -35,6 +35,25 @@ func Build(t testing.TB, name string) string {
 		t.Fatalf("fakelib: build %s: %v\n%s", src, err, out)
 	}
 	return lib
+}
+
+// findSource looks for csrc/file in the working directory and its parents.
+func findSource(file string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, "csrc", file)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no csrc/%s in the working directory or above it", file)
+		}
+		dir = parent
+	}
 }
 
 // Stub compiles a library named file that defines every symbol in symbols: as special[name]
@@ -79,7 +98,13 @@ func SkipInChild(t testing.TB) {
 // output. It fails t when the child fails.
 func RunGPUTests(t testing.TB, skip string, env ...string) string {
 	t.Helper()
-	args := []string{"-test.v", "-test.count=1", "-test.run", "^TestGPU"}
+	return RunTests(t, "^TestGPU", skip, env...)
+}
+
+// RunTests is RunGPUTests for the tests matching run.
+func RunTests(t testing.TB, run, skip string, env ...string) string {
+	t.Helper()
+	args := []string{"-test.v", "-test.count=1", "-test.run", run}
 	if skip != "" {
 		args = append(args, "-test.skip", skip)
 	}

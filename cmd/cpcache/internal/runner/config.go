@@ -43,12 +43,27 @@ type Config struct {
 	Storage        string
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	StorageClear   bool                   // clear the run's namespace in Storage before serving
+	// StorageKeyFile names the file of the storage's MAC key ("": CPCACHE_STORAGE_KEY_FILE,
+	// else a file store's own key file); StorageInsecure lets a Redis storage run without
+	// one (see storage.Options).
+	StorageKeyFile  string
+	StorageInsecure bool
+
+	// Memory (see device.go): Device is DeviceHost (default) or DeviceCUDA; with DeviceCUDA,
+	// L2 is L2Device (CUDA IPC device slabs, the default) or L2Host (pinned host slabs) and
+	// CUDADevice the device ordinal (-1: LOCAL_RANK mod the device count).
+	Device     string
+	L2         string
+	CUDADevice int
 
 	Time TimeConfig // virtual time and its cost model (see vtime.go)
 
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
+
+	Faults []Fault // --fault: failures to inject (see FaultHelp)
+	Strict bool    // --strict: a divergence fails the run (exit 1) instead of quarantine and recovery
 }
 
 // DefaultConfig is `cpcache run` without flags: CP8 DP2 EP16 with DP attention on 16 ranks
@@ -65,6 +80,7 @@ func DefaultConfig() Config {
 		MaxRunning:      16,
 		Workload:        WorkloadSynthetic,
 		Synthetic:       DefaultSynthetic,
+		CUDADevice:      -1,
 	}
 }
 
@@ -134,6 +150,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := cfg.Time.normalize(cfg.Workload); err != nil {
 		return nil, err
 	}
+	if err := cfg.checkDevice(); err != nil {
+		return nil, err
+	}
 	p := &Plan{Config: cfg, Layout: layout}
 	switch cfg.Workload {
 	case WorkloadSynthetic:
@@ -166,6 +185,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if err := p.checkStorage(); err != nil {
+		return nil, err
+	}
+	if err := p.checkFaultRanks(); err != nil {
 		return nil, err
 	}
 	return p, nil

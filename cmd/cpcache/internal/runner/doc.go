@@ -59,8 +59,10 @@
 // content, the page size in tokens and bytes, and the attention-TP size: runs of another
 // shape never read these pages; runs differing only in CP or DP size share them) and the
 // cache gets its L3 tier: CP rank 0 of each slab group backs committed L2 pages up and
-// reads prefetches. Prepare opens and closes the storage once, so a bad URL or an
-// unreachable server is a bad input. With StorageClear, world rank 0 clears the namespace
+// reads prefetches. Prepare opens and closes the storage once, so a bad URL, an
+// unreachable server or a missing or unsafe MAC key file is a bad input; before serving,
+// the ranks compare their storage key fingerprints (agreeStorageKey) and stop with a bad
+// input if they differ. With StorageClear, world rank 0 clears the namespace
 // and every rank waits at a world barrier before its cache starts.
 //
 // Prefetch overlaps decoding: when a queued request's prompt continues beyond its L1 and L2
@@ -81,12 +83,27 @@
 // divergence (the cache then serves from L1 only). A lost peer or a failed collective
 // fails the rank at once.
 //
+// # Device memory (--device cuda)
+//
+// With Config.Device DeviceCUDA every rank loads the CUDA driver, picks its device
+// (SelectDevice: Config.CUDADevice, else LOCAL_RANK mod the device count; the ranks agree
+// over the world that every one of them has one before any slab is made), allocates its L1
+// pool in device memory and runs the cache on a hicache.CUDAEngine whose L2 addresses are
+// the slab pages' device pointers (cudaengine.DevicePageAddr): CUDA IPC device slabs
+// (L2Device) or host slabs registered with the driver (L2Host, whose device pointer is used,
+// never the host pointer). The scheduler reaches L1 through a pinned staging page: computed
+// KV is copied to the device, and every page loaded back is copied to the host and checked.
+// Each rank times its engine's transfers (bytes over the time a transfer was in flight, per
+// direction) and rank 0 adds a large copy of the same directions as the baseline; the
+// report's Device section states devices, memory kinds and both bandwidths.
+//
 // # Ownership and output
 //
-// RunRank creates and closes the world, layout groups, consensus group, slab set and cache
-// of its process. At the end the ranks gather their results over the world group and rank
-// 0 builds the Report: per-replica counts (requests, tokens, steps) once per replica, page
-// and check counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
+// RunRank creates and closes the world, layout groups, consensus group, device memory (L1
+// pool, driver), slab set, engine and cache of its process (closed in reverse order). At
+// the end the ranks gather their results over the world group and rank 0 builds the
+// Report: per-replica counts (requests, tokens, steps) once per replica, page and check
+// counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting
 // its own ranks) every rank writes a status file there and rank 0 the report, and the
 // starting process draws the progress, serves the metrics (a Watcher) and prints the
 // report; otherwise (under mpirun or torchrun) rank 0 does that itself, for its replica.

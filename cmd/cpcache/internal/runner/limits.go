@@ -50,8 +50,9 @@ func (c *Config) checkStore() error {
 	return nil
 }
 
-// RankBytes is the memory one rank needs at least: its L1 pool, its L2 slab and its copy of
-// the workload's prompt tokens.
+// RankBytes is the host memory one rank needs at least: its L1 pool, its L2 slab and its copy
+// of the workload's prompt tokens. With --device cuda the L1 pool is device memory, and so is
+// the L2 slab with --l2 device: they count 0 here.
 func (p *Plan) RankBytes() (l1, l2, workload int64) {
 	c := &p.Config
 	page := int64(c.PageBytes())
@@ -59,7 +60,14 @@ func (p *Plan) RankBytes() (l1, l2, workload int64) {
 	for _, r := range p.Requests {
 		tokens += int64(len(r.Tokens))
 	}
-	return int64(c.L1Pages) * page, int64(c.L2Pages) * page, 4 * tokens
+	l1, l2 = int64(c.L1Pages)*page, int64(c.L2Pages)*page
+	if c.Device == DeviceCUDA {
+		l1 = 0
+		if c.L2 == L2Device {
+			l2 = 0
+		}
+	}
+	return l1, l2, 4 * tokens
 }
 
 // CheckHost checks that localRanks ranks of the plan fit this host's available memory

@@ -1,0 +1,353 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/slab"
+	"github.com/cpcache/cpcache/slab/cudaslab"
+)
+
+// Memory kinds of Config.Device and Config.L2.
+const (
+	DeviceHost = "host" // L1 and L2 in host memory, copies by goroutines (the default)
+	DeviceCUDA = "cuda" // L1 in device memory, copies through the CUDA engine
+	L2Device   = "device"
+	L2Host     = "host"
+)
+
+// checkDevice validates the memory options (Prepare calls it) and fills in their defaults.
+// CUDADevice means nothing to a host run (so a zero Config is a valid host run); the command
+// rejects --cuda-device without --device cuda itself.
+func (c *Config) checkDevice() error {
+	switch c.Device {
+	case "", DeviceHost:
+		c.Device = DeviceHost
+		if c.L2 != "" && c.L2 != L2Host {
+			return bad("--l2 %s needs --device %s (host runs keep L2 in host shared memory)", c.L2, DeviceCUDA)
+		}
+		c.L2 = L2Host
+		return nil
+	case DeviceCUDA:
+	default:
+		return bad("device %q (want %s or %s)", c.Device, DeviceHost, DeviceCUDA)
+	}
+	switch c.L2 {
+	case "":
+		c.L2 = L2Device
+	case L2Device, L2Host:
+	default:
+		return bad("--l2 %q (want %s or %s)", c.L2, L2Device, L2Host)
+	}
+	if c.CUDADevice < -1 {
+		return bad("--cuda-device %d (want a device ordinal, or -1 for LOCAL_RANK mod the device count)", c.CUDADevice)
+	}
+	if c.Storage != "" && c.L2 == L2Device {
+		return bad("--storage %s needs L2 pages in host memory: use --l2 %s with --device %s", redact.URL(c.Storage), L2Host, DeviceCUDA)
+	}
+	return nil
+}
+
+// SelectDevice is the CUDA device a rank uses: explicit when it is an ordinal (>= 0), else
+// its local rank mod the device count, so that the ranks of a node spread over its GPUs.
+func SelectDevice(explicit, localRank, count int) (int, error) {
+	if count <= 0 {
+		return 0, fmt.Errorf("%sno CUDA device (the driver reports %d)", deviceErrPrefix, count)
+	}
+	if explicit < 0 {
+		return localRank % count, nil
+	}
+	if explicit >= count {
+		return 0, bad("--cuda-device %d, but this node has %d CUDA device(s)", explicit, count)
+	}
+	return explicit, nil
+}
+
+// memory is where one rank's L1 and L2 live and how pages move between them. For host
+// runs it holds nothing: the cache makes its HostEngine over host slabs. For CUDA runs it
+// owns the driver backend, the device, the L1 pool in device memory and a pinned staging
+// page through which the scheduler writes computed KV and reads loaded KV back.
+//
+// Close order: the cache, then the engine (newEngine), then the slab set, then memory.
+type memory struct {
+	cfg     *Config
+	be      *cudaslab.Backend
+	dev     *cuda.Device
+	name    string
+	l1      *cuda.DeviceBuffer
+	staging *cuda.HostBuffer
+	timed   *timedEngine
+}
+
+// openMemory prepares this rank's memory: for a CUDA run it loads the driver, picks the
+// device (SelectDevice) and allocates the L1 pool and the staging page on it.
+func openMemory(cfg *Config, localRank int) (m *memory, err error) {
+	m = &memory{cfg: cfg}
+	if cfg.Device != DeviceCUDA {
+		return m, nil
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.Close())
+			m = nil
+		}
+	}()
+	drv, err := cuda.Open()
+	if err != nil {
+		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
+	}
+	n, err := drv.DeviceCount()
+	drv.Close() // the backend below holds its own reference
+	if err != nil {
+		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
+	}
+	ordinal, err := SelectDevice(cfg.CUDADevice, localRank, n)
+	if err != nil {
+		return m, err
+	}
+	if m.be, err = cudaslab.Open(ordinal); err != nil {
+		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
+	}
+	if m.dev, err = m.be.Device(ordinal); err != nil {
+		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
+	}
+	m.be.Register()
+	if m.name, err = m.dev.Name(); err != nil {
+		return m, err
+	}
+	if m.l1, err = m.dev.Alloc(cfg.L1Pages * cfg.PageBytes()); err != nil {
+		return m, fmt.Errorf("runner: L1 pool of %d pages × %d bytes on device %d: %w", cfg.L1Pages, cfg.PageBytes(), ordinal, err)
+	}
+	if m.staging, err = m.dev.AllocHost(cfg.PageBytes()); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// slabSpec sets the memory kind of the L2 slabs: CUDA IPC device slabs, or host slabs
+// pinned with the driver.
+func (m *memory) slabSpec(s slab.Spec) slab.Spec {
+	if m.dev == nil {
+		return s
+	}
+	if m.cfg.L2 == L2Device {
+		s.Backend, s.Device = slab.CUDAIPC, m.dev.Ordinal()
+	} else {
+		s.PinHost = true
+	}
+	return s
+}
+
+// newEngine returns the CUDA engine (hicache/cudaengine) over the L1 pool and set's pages (addressed by their
+// device pointers, also for pinned host slabs), wrapped to time its copies; nil for host
+// runs (the cache makes its own). The caller closes it after the cache.
+func (m *memory) newEngine(set *slab.Set) (hicache.Engine, error) {
+	if m.dev == nil {
+		return nil, nil
+	}
+	e, err := cudaengine.New(m.dev, m.l1.Ptr(), m.cfg.L1Pages, m.cfg.PageBytes(), cudaengine.DevicePageAddr(set), cudaengine.Options{})
+	if err != nil {
+		return nil, err
+	}
+	m.timed = newTimedEngine(e, m.cfg.PageBytes())
+	return m.timed, nil
+}
+
+// kv is how the scheduler reaches this rank's L1 pages.
+func (m *memory) kv(c *hicache.Cache) kvMemory {
+	if m.dev == nil {
+		return hostKV{c}
+	}
+	return &deviceKV{m: m}
+}
+
+// corrupter returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
+// slab, once, through the host mapping or the device.
+func (m *memory) corrupter(set *slab.Set, cpRank int) func(*hicache.Node) {
+	done := false
+	return func(n *hicache.Node) {
+		for _, pg := range n.L2Pages() {
+			if done || pg.Slab != cpRank {
+				continue
+			}
+			done = m.flipByte(set, pg) == nil
+		}
+	}
+}
+
+func (m *memory) flipByte(set *slab.Set, pg slab.Page) error {
+	if b, err := set.Page(pg); err == nil {
+		b[len(b)/2] ^= 0x5a
+		return nil
+	}
+	if m.dev == nil {
+		return errors.New("runner: no way to reach the page")
+	}
+	p, err := set.DevicePtr(pg)
+	if err != nil {
+		return err
+	}
+	at := cuda.DevicePtr(p).Add(set.PageSize() / 2)
+	one := m.staging.Bytes()[:1]
+	if err := m.dev.CopyDtoH(one, at); err != nil {
+		return err
+	}
+	one[0] ^= 0x5a
+	return m.dev.CopyHtoD(at, one)
+}
+
+// Close releases the staging page, the L1 pool and the driver backend. Nil-safe and
+// idempotent.
+func (m *memory) Close() error {
+	if m == nil {
+		return nil
+	}
+	err := errors.Join(m.staging.Close(), m.l1.Close(), m.be.Close())
+	m.staging, m.l1, m.be, m.dev = nil, nil, nil, nil
+	return err
+}
+
+// kvMemory is the scheduler's view of L1: it writes the KV it "computes" into a slot
+// (fill) and reads a loaded slot to check it (read).
+type kvMemory interface {
+	fill(slot int32, write func([]byte)) error
+	read(slot int32) ([]byte, error)
+}
+
+// hostKV is L1 in host memory (the cache's HostEngine).
+type hostKV struct{ c *hicache.Cache }
+
+func (h hostKV) fill(slot int32, write func([]byte)) error {
+	b, err := h.c.L1Page(slot)
+	if err == nil {
+		write(b)
+	}
+	return err
+}
+
+func (h hostKV) read(slot int32) ([]byte, error) { return h.c.L1Page(slot) }
+
+// deviceKV is L1 in device memory, reached through the pinned staging page with
+// synchronous copies (from pinned memory they are complete when they return, so a backup
+// started later reads the new KV; a load's WaitL1 came before the read).
+type deviceKV struct{ m *memory }
+
+func (d *deviceKV) slot(slot int32) (cuda.DevicePtr, error) {
+	if slot < 0 || int(slot) >= d.m.cfg.L1Pages {
+		return 0, fmt.Errorf("runner: L1 slot %d outside a pool of %d pages", slot, d.m.cfg.L1Pages)
+	}
+	return d.m.l1.Ptr().Add(int(slot) * d.m.cfg.PageBytes()), nil
+}
+
+func (d *deviceKV) fill(slot int32, write func([]byte)) error {
+	p, err := d.slot(slot)
+	if err != nil {
+		return err
+	}
+	b := d.m.staging.Bytes()
+	write(b)
+	return d.m.dev.CopyHtoD(p, b)
+}
+
+func (d *deviceKV) read(slot int32) ([]byte, error) {
+	p, err := d.slot(slot)
+	if err != nil {
+		return nil, err
+	}
+	b := d.m.staging.Bytes()
+	return b, d.m.dev.CopyDtoH(b, p)
+}
+
+// deviceResult is what a CUDA rank reports about its memory and copies.
+type deviceResult struct {
+	Ordinal      int     `json:"ordinal"`
+	Name         string  `json:"name"`
+	L2           string  `json:"l2"` // L2Device or L2Host
+	Batched      bool    `json:"batched"`
+	WriteBytes   int64   `json:"write_bytes"` // L1 → L2
+	WriteSeconds float64 `json:"write_seconds"`
+	LoadBytes    int64   `json:"load_bytes"` // L2 → L1
+	LoadSeconds  float64 `json:"load_seconds"`
+}
+
+// result is this rank's deviceResult (nil for host runs).
+func (m *memory) result() *deviceResult {
+	if m.dev == nil {
+		return nil
+	}
+	r := &deviceResult{Ordinal: m.dev.Ordinal(), Name: m.name, L2: m.cfg.L2}
+	if m.timed != nil {
+		if ce, ok := m.timed.inner.(*cudaengine.Engine); ok {
+			r.Batched = ce.Batched()
+		}
+		w, l := m.timed.busy()
+		r.WriteBytes, r.WriteSeconds = w.bytes, w.busy.Seconds()
+		r.LoadBytes, r.LoadSeconds = l.bytes, l.busy.Seconds()
+	}
+	return r
+}
+
+// largeCopyGBps measures the bandwidth of one large copy each way between an L1-kind
+// buffer (device memory) and an L2-kind buffer (device memory, or pinned host memory): the
+// baseline the page copies are compared with. Best of three; 64 MiB or the L1 pool's size
+// when smaller.
+func (m *memory) largeCopyGBps() (write, load float64, err error) {
+	n := min(64<<20, m.cfg.L1Pages*m.cfg.PageBytes())
+	a, err := m.dev.Alloc(n)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer a.Close()
+	var b cuda.DevicePtr
+	if m.cfg.L2 == L2Device {
+		buf, err := m.dev.Alloc(n)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer buf.Close()
+		b = buf.Ptr()
+	} else {
+		buf, err := m.dev.AllocHost(n)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer buf.Close()
+		b = buf.DevicePtr()
+	}
+	s, err := m.dev.NewStream()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.Close()
+	best := func(dst, src cuda.DevicePtr) (float64, error) {
+		var top float64
+		for range 3 {
+			start := time.Now()
+			if err := s.Copy(dst, src, n); err != nil {
+				return 0, err
+			}
+			if err := s.Synchronize(); err != nil {
+				return 0, err
+			}
+			top = max(top, gbps(int64(n), time.Since(start).Seconds()))
+		}
+		return top, nil
+	}
+	if write, err = best(b, a.Ptr()); err != nil {
+		return 0, 0, err
+	}
+	load, err = best(a.Ptr(), b)
+	return write, load, err
+}
+
+func gbps(bytes int64, seconds float64) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return float64(bytes) / seconds / 1e9
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
+)
+
+// fakeCUDA builds the host-memory fake of libcuda (csrc/cuda_fake.c: memfd-backed device
+// memory whose IPC handles other processes open) and returns the variable that loads it.
+func fakeCUDA(t *testing.T) string {
+	t.Helper()
+	return "CPCACHE_CUDA_LIBRARY=" + fakelib.Build(t, "cuda_fake")
+}
+
+// TestRunDeviceCUDAOnFakeDriver runs `cpcache run --device cuda` as 8 rank processes
+// sharing one (fake) device: L1 pools in device memory, L2 slabs in device memory opened by
+// every peer over IPC, copies through the CUDA engine, every loaded page copied back and
+// checked. The same with pinned host L2 on 4 ranks.
+func TestRunDeviceCUDAOnFakeDriver(t *testing.T) {
+	lib := fakeCUDA(t)
+	for _, c := range []struct {
+		l2     string
+		world  int
+		memory string
+	}{
+		{"device", 8, "CUDA IPC"},
+		{"host", 4, "pinned host"},
+	} {
+		t.Run("l2="+c.l2, func(t *testing.T) {
+			status, rep, out, errOut := runBinary(t, []string{lib},
+				append([]string{"--device", "cuda", "--l2", c.l2, "--world", strconv.Itoa(c.world), "--dp", "1", "--attn-cp", strconv.Itoa(c.world)}, smallSynthetic...)...)
+			requireHealthy(t, status, rep, out, errOut)
+			assert.Positive(t, rep.TokensHitL2, "histories evicted from L1 must come back from L2")
+			assert.Positive(t, rep.PagesVerified)
+			require.NotNil(t, rep.Device, "a CUDA run reports its device")
+			assert.Equal(t, []string{"0 cpcache fake GPU"}, rep.Device.Devices)
+			assert.Equal(t, c.world, rep.Device.RanksPerDevice, "every rank shares the one device")
+			assert.Contains(t, rep.Device.L2Memory, c.memory)
+			assert.True(t, rep.Device.Batched, "the fake driver has cuMemcpyBatchAsync")
+			assert.Positive(t, rep.Device.BackupGBps)
+			assert.Positive(t, rep.Device.LoadGBps)
+			assert.Positive(t, rep.Device.LargeLoadGBps)
+			assert.Empty(t, rep.Device.BaselineError)
+			assert.Contains(t, out, "page copies          backup")
+			assert.Contains(t, out, "L1 memory            device memory")
+		})
+	}
+}
+
+// TestRunDeviceCUDADetectsACorruptDevicePage flips a byte of a device slab page (through
+// the driver) before it is loaded back: the copy-back check must catch it.
+func TestRunDeviceCUDADetectsACorruptDevicePage(t *testing.T) {
+	status, rep, _, errOut := runBinary(t, []string{fakeCUDA(t), runner.EnvCorruptRank + "=2"},
+		append([]string{"--device", "cuda", "--world", "4", "--dp", "1", "--attn-cp", "4"}, smallSynthetic...)...)
+	assert.Equal(t, 1, status, errOut)
+	require.NotNil(t, rep, errOut)
+	assert.Positive(t, rep.BadPages)
+	assert.Regexp(t, `rank 2: request \d+: page \d+ loaded from L2 is wrong`, errOut)
+}
+
+// TestRunDeviceCUDAWithoutDriverFailsEveryRank: a rank that cannot load the driver makes
+// every rank fail at once with its reason.
+func TestRunDeviceCUDAWithoutDriverFailsEveryRank(t *testing.T) {
+	status, _, _, errOut := runBinary(t, []string{"CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1"},
+		"--device", "cuda", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "2", "--rounds", "2")
+	assert.Equal(t, 1, status, errOut)
+	assert.Contains(t, errOut, "failed on 2 of 2 ranks")
+	assert.Contains(t, errOut, "/nonexistent/libcuda.so.1")
+}
+
+// TestRunDeviceBadFlagsExitTwo: memory flags that do not fit together are bad input, named
+// in one line, before any rank starts.
+func TestRunDeviceBadFlagsExitTwo(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--device", "gpu"}, `device "gpu" (want host or cuda)`},
+		{[]string{"--l2", "device"}, "--l2 device needs --device cuda"},
+		{[]string{"--cuda-device", "1"}, "--cuda-device 1 needs --device cuda"},
+		{[]string{"--device", "cuda", "--l2", "nvme"}, `--l2 "nvme"`},
+		{[]string{"--device", "cuda", "--cuda-device", "-2"}, "--cuda-device -2"},
+		{[]string{"--device", "cuda", "--storage", "file://" + t.TempDir()}, "needs L2 pages in host memory: use --l2 host"},
+	} {
+		status, out, errOut := runCmd(append([]string{"run"}, c.args...)...)
+		assert.Equal(t, 2, status, "%v: %s", c.args, errOut)
+		assert.Empty(t, out, c.args)
+		assert.Contains(t, errOut, c.want, c.args)
+		assert.NotContains(t, errOut, "starting", "%v: no rank may start", c.args)
+		assert.Len(t, strings.Split(strings.TrimSpace(errOut), "\n"), 1, "%v: one line: %q", c.args, errOut)
+	}
+}

@@ -1,0 +1,24 @@
+package cudaengine
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cpcache/cpcache/internal/testenv/fakelib"
+)
+
+// TestFakeDriverRunsGPUTests runs this package's TestGPU* tests against the host-memory fake
+// of libcuda (csrc/cuda_fake.c): the page-copy measurement then moves 1 MiB each way through
+// every engine variant (blocking or spinning waits, 1 or 4 streams per direction) and
+// checks every byte; its timings are memmove's and mean nothing.
+func TestFakeDriverRunsGPUTests(t *testing.T) {
+	fakelib.SkipInChild(t)
+	lib := fakelib.Build(t, "cuda_fake")
+	out := fakelib.RunGPUTests(t, "", "CPCACHE_CUDA_LIBRARY="+lib)
+	if !strings.Contains(out, "--- PASS: TestGPUPageCopyEfficiency") {
+		t.Errorf("TestGPUPageCopyEfficiency did not pass on the fake driver:\n%s", out)
+	}
+	if !strings.Contains(out, "streams 4 batched true") {
+		t.Errorf("the 4-stream engine did not run:\n%s", out)
+	}
+}
