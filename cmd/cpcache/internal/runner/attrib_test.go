@@ -167,3 +167,21 @@ func TestMissAttributionUnderCapacity(t *testing.T) {
 	ref := reuseReference(p.Requests, p.Config.PageSize)
 	assert.Equal(t, ref, c.HitL1+c.HitL2+m.CapacityL1+m.CapacityL2+m.InFlight, "every reusable token is a hit, or a capacity or in-flight miss")
 }
+
+func TestMissAttributionCountsQuarantine(t *testing.T) {
+	// Rank 1 perturbs its tree before step 40: every rank quarantines (no hits) and recovers
+	// with a flush at the first idle step; misses of cached pages meanwhile, and of pages the
+	// flush dropped, are quarantined.
+	faults, err := ParseFaults("diverge-tree:rank=1,step=40")
+	require.NoError(t, err)
+	p := attributionPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, func(c *Config) { c.Faults = faults })
+	out := runInProcess(t, p, -1)
+	for rank, o := range out {
+		require.NoError(t, o.err, "rank %d", rank)
+	}
+	c, m := leaderTotals(p, out)
+	assert.Equal(t, c.Missed, m.Total(), "the causes sum to the tokens missed: %+v", m)
+	assert.Positive(t, m.Quarantined, "%+v", m)
+	ref := reuseReference(p.Requests, p.Config.PageSize)
+	assert.Equal(t, ref, c.HitL1+c.HitL2+m.Quarantined+m.InFlight, "unlimited capacity: every reusable token is a hit or quarantined")
+}

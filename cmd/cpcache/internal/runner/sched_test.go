@@ -65,7 +65,7 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			counted := parallel.Count(groups[rank])
 			hc := hicache.Config{
 				Options: hicache.Options{PageSize: p.Config.PageSize, L1Pages: p.Config.L1Pages, Policy: p.Config.Policy},
-				Layout:  l, Rank: rank, Group: counted, Slabs: slabs[rank],
+				Layout:  l, Rank: rank, Group: counted, Slabs: slabs[rank], Faults: p.Config.cacheFaults(rank),
 			}
 			st, ns, err := p.openStorage(ctx)
 			if err != nil {
