@@ -2,20 +2,20 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strconv"
-	"strings"
-	"time"
 )
 
 // Open opens the storage named by rawURL for opts.Namespace:
 //
 //	file:///abs/dir[?fsync=true]             a directory on a local or shared filesystem
-//	redis://[user:pass@]host[:port][/prefix][?ttl=1h&pool=8&timeout=5s]
-//	                                         a Redis server; keys are "<prefix>:<ns>:<hash>"
-//	                                         (prefix defaults to "cpcache")
+//	redis://[[user]:pass@]host[:port][/prefix][?ttl=1h&pool_size=8&timeout=5s&db=0]
+//	rediss://...[&tls_ca=ca.pem&tls_cert=c.pem&tls_key=k.pem]
+//	                                         a Redis server (rediss: over TLS); keys are
+//	                                         "<prefix>:<ns>:<hash>" (prefix defaults to
+//	                                         "cpcache"); see parseRedisURL for every option
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
@@ -24,13 +24,17 @@ import (
 // by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes it.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	bad := func(format string, args ...any) error {
-		return &OpError{Backend: "url", Where: strconv.Quote(rawURL), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
+		return &OpError{Backend: "url", Where: strconv.Quote(redactURL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 	}
 	if opts.Namespace.IsZero() {
 		return nil, bad("options have no namespace (build one with storage.NewNamespace)")
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		var ue *url.Error // quotes the whole URL, password included
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, bad("%v", err)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
@@ -61,56 +65,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 			}
 		}
 		return openDir(u.Path, opts.withDefaults())
-	case "redis":
-		if u.Host == "" {
-			return nil, bad("a redis URL needs a host, like redis://127.0.0.1:6379/prefix")
+	case "redis", "rediss":
+		cfg, err := parseRedisURL(u, opts)
+		if err != nil {
+			return nil, bad("%v", err)
 		}
-		addr := u.Host
-		if u.Port() == "" {
-			addr = net.JoinHostPort(u.Hostname(), "6379")
-		} else if p, err := strconv.Atoi(u.Port()); err != nil || p <= 0 || p > 65535 {
-			return nil, bad("port %q is not a TCP port", u.Port())
-		}
-		prefix := strings.Trim(u.Path, "/")
-		if prefix == "" {
-			prefix = "cpcache"
-		}
-		for _, r := range prefix {
-			if r <= ' ' || r == 0x7f {
-				return nil, bad("key prefix %q has a space or control character", prefix)
-			}
-		}
-		for name, vals := range q {
-			switch name {
-			case "ttl", "timeout":
-				d, err := time.ParseDuration(vals[0])
-				if err != nil || d < 0 {
-					return nil, bad("%s=%q is not a duration", name, vals[0])
-				}
-				if name == "ttl" {
-					opts.TTL = d
-				} else {
-					opts.Timeout = d
-				}
-			case "pool":
-				n, err := strconv.Atoi(vals[0])
-				if err != nil || n <= 0 {
-					return nil, bad("pool=%q is not a positive integer", vals[0])
-				}
-				opts.PoolSize = n
-			default:
-				return nil, bad("unknown redis URL parameter %q (known: ttl, pool, timeout)", name)
-			}
-		}
-		var user, pass string
-		if u.User != nil {
-			user = u.User.Username()
-			pass, _ = u.User.Password()
-			if pass == "" { // redis://secret@host means a password, as in redis-cli
-				user, pass = "", user
-			}
-		}
-		return openRedis(ctx, addr, user, pass, prefix, opts.withDefaults())
+		return openRedis(ctx, cfg)
 	case "mem":
 		name := u.Host + u.Path
 		if name == "" {
@@ -123,6 +83,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	case "":
 		return nil, bad("no scheme (want file:///dir or redis://host:port/prefix)")
 	default:
-		return nil, bad("unknown scheme %q (want file, redis or mem)", u.Scheme)
+		if isRedisTopologyScheme(u.Scheme) {
+			return nil, bad("%v", errRedisTopology)
+		}
+		return nil, bad("unknown scheme %q (want file, redis, rediss or mem)", u.Scheme)
 	}
 }
