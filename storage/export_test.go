@@ -1,6 +1,5 @@
 package storage
 
-
 // Test hooks into the backends' internals.
 
 // DirPath returns the file that holds k in a directory storage.
