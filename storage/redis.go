@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -221,16 +222,21 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		// Values are copies (header + payload) that the round trip owns: a cancelled call
 		// may still be writing them when Put has returned.
 		names := s.names(keys[lo:hi])
-		vals := make([][]byte, len(names))
+		vals := make([]*[]byte, len(names))
 		bytes := 0
 		for i := range vals {
 			vals[i] = encodeValue(keys[lo+i], src[lo+i])
 			bytes += len(src[lo+i])
 		}
 		err := call(ctx, func() error {
+			defer func() {
+				for _, v := range vals {
+					valuePool.Put(v)
+				}
+			}()
 			pipe := s.client.Pipeline()
 			for i, n := range names {
-				pipe.Set(ctx, n, vals[i], ttl)
+				pipe.Set(ctx, n, *vals[i], ttl)
 			}
 			_, err := pipe.Exec(ctx)
 			return err
@@ -248,11 +254,22 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	return nil
 }
 
-// encodeValue returns the stored form of payload under key: header, then payload.
-func encodeValue(key Key, payload []byte) []byte {
-	v := make([]byte, storedLen(len(payload)))
-	encodeHeader((*[HeaderSize]byte)(v), key, payload)
-	copy(v[HeaderSize:], payload)
+// valuePool recycles the buffers of stored values (*[]byte), which Put fills and the round
+// trip that sent them returns.
+var valuePool sync.Pool
+
+// encodeValue returns the stored form of payload under key, header then payload, in a
+// buffer of valuePool.
+func encodeValue(key Key, payload []byte) *[]byte {
+	n := storedLen(len(payload))
+	v, _ := valuePool.Get().(*[]byte)
+	if v == nil || cap(*v) < n {
+		b := make([]byte, n)
+		v = &b
+	}
+	*v = (*v)[:n]
+	encodeHeader((*[HeaderSize]byte)(*v), key, payload)
+	copy((*v)[HeaderSize:], payload)
 	return v
 }
 
