@@ -90,7 +90,7 @@ type driverStats struct {
 	collectives  int64
 	latencies    []time.Duration // ring of recent consensus latencies
 	next         int
-	timed        int64 // consensus latencies recorded in all
+	timed        int64    // consensus latencies recorded in all
 	pagesCopied  [2]int64 // this rank's copies that completed, by kind
 	transferErrs int64
 	diverged     error

@@ -46,12 +46,12 @@ var ConsensusLatencyBuckets = prometheus.ExponentialBuckets(10e-6, 4, 10)
 //
 // Safe for concurrent scrapes.
 type Collector struct {
-	cache     *Cache
-	st        storage.Storage // nil: no storage counters
-	pageSize  float64         // tokens per page
-	l1Pages   float64
-	l2Pages   float64
-	descs     []*prometheus.Desc // of metricDefs, nil where the def needs the absent storage
+	cache    *Cache
+	st       storage.Storage // nil: no storage counters
+	pageSize float64         // tokens per page
+	l1Pages  float64
+	l2Pages  float64
+	descs    []*prometheus.Desc // of metricDefs, nil where the def needs the absent storage
 
 	mu      sync.Mutex // protects timed and latency (a scrape observes new samples)
 	timed   int64      // Stats.ConsensusTimed already observed
@@ -61,7 +61,7 @@ type Collector struct {
 // NewCollector returns the collector of cache. st, if not nil, is the Storage the cache was
 // given (Config.Storage): its own counters (bytes, hits, corrupt values) are added.
 func NewCollector(cache *Cache, labels MetricLabels, st storage.Storage) *Collector {
-	cfg := cache.Core().Config()
+	cfg := cache.core.Config() // fixed at New
 	constants := prometheus.Labels{
 		"rank":       strconv.Itoa(labels.Rank),
 		"replica":    strconv.Itoa(labels.Replica),
@@ -143,7 +143,9 @@ var metricDefs = []metricDef{
 	{"l1_capacity_pages", "L1 slots in all.", prometheus.GaugeValue, "", nil,
 		func(c *Collector, _ *Stats, _ *storage.Stats, _ int) float64 { return c.l1Pages }, false},
 	{"l2_used_pages", "L2 pages in use, over every slab of the slab group.", prometheus.GaugeValue, "", nil,
-		func(c *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return c.l2Pages - float64(s.L2FreePages) }, false},
+		func(c *Collector, s *Stats, _ *storage.Stats, _ int) float64 {
+			return c.l2Pages - float64(s.L2FreePages)
+		}, false},
 	{"l2_capacity_pages", "L2 pages in all, over every slab of the slab group.", prometheus.GaugeValue, "", nil,
 		func(c *Collector, _ *Stats, _ *storage.Stats, _ int) float64 { return c.l2Pages }, false},
 	{"tree_nodes", "Radix tree nodes.", prometheus.GaugeValue, "", nil,
@@ -152,12 +154,16 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.Steps) }, false},
 	{"collectives_total", "Collectives this cache made (one per step, plus New and Flush).", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.Collectives) }, false},
-	{"divergences_total", "Steps whose placement digests differed across the replicas (L2 use stopped until Flush).",
+	{"divergences_total", "Quarantines entered: steps whose digests differed across the replicas.",
 		prometheus.CounterValue, "", nil,
-		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.DigestMismatches) }, false},
-	{"l2_enabled", "1 while L2 is in use, 0 after a divergence until Flush.", prometheus.GaugeValue, "", nil,
+		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.Divergences) }, false},
+	{"recoveries_total", "Agreed recovery flushes that ended a quarantine.", prometheus.CounterValue, "", nil,
+		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.Recoveries) }, false},
+	{"quarantined_steps_total", "Steps applied in quarantine (no hits, inserts or slab I/O).", prometheus.CounterValue, "", nil,
+		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.QuarantinedSteps) }, false},
+	{"quarantined", "1 while the group is in quarantine (after a divergence, until the recovery), else 0.", prometheus.GaugeValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 {
-			if s.L2Enabled {
+			if s.Quarantined {
 				return 1
 			}
 			return 0

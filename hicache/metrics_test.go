@@ -60,8 +60,9 @@ func TestCollector(t *testing.T) {
 	}
 	defer st.Close()
 	r := newRig(t, rigConfig{
-		layout: parallel.LayoutConfig{World: 4, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
-		pagesPerSlab: 24, pageBytes: 128, maxDelay: time.Millisecond, seed: 3,
+		layout: parallel.LayoutConfig{World: 4, AttnCP: 2},
+		opts:   Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
+		pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 3,
 	})
 	reg := prometheus.NewPedanticRegistry()
 	for i, c := range r.caches {
@@ -71,7 +72,7 @@ func TestCollector(t *testing.T) {
 		}
 		reg.MustRegister(NewCollector(c, LabelsOf(r.layout, r.layout.ReplicaGroup(0)[i]), cst))
 	}
-	r.workload(60, 7, 0)
+	r.workload(300, 11, 0)
 	r.drain()
 	if err := st.Put(t.Context(), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{make([]byte, 100)}); err != nil {
 		t.Fatal(err)
@@ -107,14 +108,15 @@ func TestCollector(t *testing.T) {
 			{"cpcache_l2_capacity_pages", lbl(), 2 * 24},
 			{"cpcache_steps_total", lbl(), s.Steps},
 			{"cpcache_collectives_total", lbl(), s.Collectives},
-			{"cpcache_divergences_total", lbl(), s.DigestMismatches},
+			{"cpcache_divergences_total", lbl(), s.Divergences},
+			{"cpcache_recoveries_total", lbl(), s.Recoveries},
 			{"cpcache_consensus_latency_seconds", lbl(), s.ConsensusTimed},
 		} {
 			if got := metricValue(t, fams, want.name, want.labels); got != float64(want.value) {
 				t.Errorf("rank %d: %s%v = %v, Stats say %d", rank, want.name, want.labels, got, want.value)
 			}
 		}
-		if s.L1HitPages == 0 || s.PagesWritten == 0 || s.EvictedL1Pages == 0 || s.ConsensusTimed < 60 {
+		if s.L1HitPages == 0 || s.PagesWritten == 0 || s.EvictedL1Pages == 0 || s.EvictedL2Pages == 0 || s.PagesLoaded == 0 || s.ConsensusTimed < 300 {
 			t.Fatalf("rank %d: the workload exercised too little: %+v", rank, s.CoreStats)
 		}
 	}
