@@ -60,8 +60,8 @@ func TestCollector(t *testing.T) {
 	}
 	defer st.Close()
 	r := newRig(t, rigConfig{
-		layout: parallel.LayoutConfig{World: 4, AttnCP: 2},
-		opts:   Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
+		layout:       parallel.LayoutConfig{World: 4, AttnCP: 2},
+		opts:         Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
 		pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 3,
 	})
 	reg := prometheus.NewPedanticRegistry()
