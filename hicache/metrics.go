@@ -18,6 +18,15 @@ type MetricLabels struct {
 	Rank, Replica, SlabGroup int
 }
 
+// Labels returns the labels as Prometheus constant labels.
+func (l MetricLabels) Labels() prometheus.Labels {
+	return prometheus.Labels{
+		"rank":       strconv.Itoa(l.Rank),
+		"replica":    strconv.Itoa(l.Replica),
+		"slab_group": strconv.Itoa(l.SlabGroup),
+	}
+}
+
 // LabelsOf returns the labels of rank in layout.
 func LabelsOf(layout *parallel.Layout, rank int) MetricLabels {
 	sg := layout.SlabGroup(rank)
@@ -62,11 +71,7 @@ type Collector struct {
 // given (Config.Storage): its own counters (bytes, hits, corrupt values) are added.
 func NewCollector(cache *Cache, labels MetricLabels, st storage.Storage) *Collector {
 	cfg := cache.core.Config() // fixed at New
-	constants := prometheus.Labels{
-		"rank":       strconv.Itoa(labels.Rank),
-		"replica":    strconv.Itoa(labels.Replica),
-		"slab_group": strconv.Itoa(labels.SlabGroup),
-	}
+	constants := labels.Labels()
 	c := &Collector{
 		cache: cache, st: st, pageSize: float64(cfg.PageSize),
 		l1Pages: float64(cfg.L1Pages), l2Pages: float64(cfg.Slabs * cfg.PagesPerSlab),
