@@ -109,3 +109,14 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 		assert.True(t, slices.ContainsFunc(titles, func(s string) bool { return strings.HasPrefix(s, want) }), "no panel %q in %v", want, titles)
 	}
 }
+
+// TestREADMEListsMetrics: the README's metrics table names every family a rank exports.
+func TestREADMEListsMetrics(t *testing.T) {
+	fams, err := rankRegistryOfTestCache(t).Gather()
+	require.NoError(t, err)
+	readme, err := os.ReadFile("../../../../README.md")
+	require.NoError(t, err)
+	for _, f := range fams {
+		assert.Contains(t, string(readme), "`"+f.GetName(), "README's metrics table lacks %s", f.GetName())
+	}
+}
