@@ -15,8 +15,8 @@ import (
 // redisStore is the Redis backend, a go-redis client. Page keys are
 // "<prefix>:<namespace hex>:<hash hex>"; values are header + payload (format.go), so a value
 // written by something else under the same name, or a truncated one, is a miss. Batches go
-// in chunks (chunkKeys keys or chunkBytes bytes per round trip): one MGET or UNLINK, or a
-// pipeline of EXISTS or SET.
+// in chunks (chunkKeys keys or chunkBytes bytes per round trip, several at once): one MGET
+// or UNLINK, or a pipeline of EXISTS or SET.
 type redisStore struct {
 	base
 	client    *redis.Client
@@ -25,7 +25,7 @@ type redisStore struct {
 
 const (
 	chunkKeys  = 256
-	chunkBytes = 16 << 20
+	chunkBytes = 1 << 20
 )
 
 func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
@@ -100,22 +100,27 @@ func (s *redisStore) names(keys []Key) []string {
 	return out
 }
 
-// chunks calls fn on consecutive [lo,hi) ranges of keys bounded by chunkKeys and chunkBytes
-// (size(i) is the bytes of key i) until fn returns false or an error.
-func chunks(n int, size func(i int) int, fn func(lo, hi int) (bool, error)) error {
+// chunks splits keys [0,n) into consecutive ranges of at most chunkKeys keys and
+// chunkBytes bytes (size(i) is the bytes of key i; a larger key is a range of its own) and
+// calls fn on each, on up to PoolSize connections at once: a batch of pages streams over
+// several connections, so verifying and copying one range overlaps the transfer of the
+// next. fn returning false says later ranges are not needed (they may run anyway); the
+// first error is returned.
+func (s *redisStore) chunks(ctx context.Context, n int, size func(i int) int, fn func(lo, hi int) (bool, error)) error {
+	var bounds []int // range r is [bounds[r], bounds[r+1])
 	for lo := 0; lo < n; {
+		bounds = append(bounds, lo)
 		hi, bytes := lo, 0
 		for hi < n && hi-lo < chunkKeys && (hi == lo || bytes+size(hi) <= chunkBytes) {
 			bytes += size(hi)
 			hi++
 		}
-		more, err := fn(lo, hi)
-		if err != nil || !more {
-			return err
-		}
 		lo = hi
 	}
-	return nil
+	bounds = append(bounds, n)
+	return forEach(ctx, len(bounds)-1, s.opts.PoolSize, true, func(r int) (bool, error) {
+		return fn(bounds[r], bounds[r+1])
+	})
 }
 
 func noBytes(int) int { return 0 }
@@ -126,7 +131,7 @@ func (s *redisStore) Exists(ctx context.Context, keys []Key, present []bool) (in
 		return 0, err
 	}
 	defer cancel()
-	err = chunks(len(keys), noBytes, func(lo, hi int) (bool, error) {
+	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
 		cmds := make([]*redis.IntCmd, len(names))
 		err := call(ctx, func() error {
@@ -158,7 +163,7 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 		return 0, err
 	}
 	defer cancel()
-	err = chunks(len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
+	err = s.chunks(ctx, len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
 		var vals []any
 		err := call(ctx, func() error {
@@ -218,7 +223,7 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	if ttl > 0 && ttl < time.Millisecond {
 		ttl = time.Millisecond // the least PX takes; 0 would mean no expiry
 	}
-	err = chunks(len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
+	err = s.chunks(ctx, len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
 		// Values are copies (header + payload) that the round trip owns: a cancelled call
 		// may still be writing them when Put has returned.
 		names := s.names(keys[lo:hi])
@@ -279,7 +284,7 @@ func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 		return err
 	}
 	defer cancel()
-	err = chunks(len(keys), noBytes, func(lo, hi int) (bool, error) {
+	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
 		err := call(ctx, func() error { return s.client.Unlink(ctx, names...).Err() })
 		if err == nil {
