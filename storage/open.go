@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+
+	"github.com/cpcache/cpcache/internal/redact"
 )
 
 // Open opens the storage named by rawURL for opts.Namespace:
@@ -24,7 +26,7 @@ import (
 // by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes it.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	bad := func(format string, args ...any) error {
-		return &OpError{Backend: "url", Where: strconv.Quote(redactURL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
+		return &OpError{Backend: "url", Where: strconv.Quote(redact.URL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 	}
 	if opts.Namespace.IsZero() {
 		return nil, bad("options have no namespace (build one with storage.NewNamespace)")

@@ -185,32 +185,3 @@ func redisTLS(co *redis.Options, own url.Values) error {
 	}
 	return nil
 }
-
-// redactURL hides the password of a URL for error messages: user:xxxxx@, or xxxxx@ for a
-// lone password. A URL that does not parse loses everything before its last '@'.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		at := strings.LastIndex(raw, "@")
-		if at < 0 {
-			return raw
-		}
-		start := 0
-		if i := strings.Index(raw, "://"); i >= 0 && i < at {
-			start = i + 3
-		}
-		return raw[:start] + "xxxxx" + raw[at:]
-	}
-	if u.User == nil {
-		return raw
-	}
-	switch pass, ok := u.User.Password(); {
-	case ok && pass == "":
-		return raw
-	case ok:
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	default: // a lone password
-		u.User = url.User("xxxxx")
-	}
-	return u.String()
-}
