@@ -99,6 +99,13 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	// Every call has a deadline (its context's or Options.Timeout): go-redis must honour it
 	// on the socket; the read and write timeouts then only shorten it.
 	co.ContextTimeoutEnabled = true
+	// A dead server must fail a call at once, not at its deadline: one dial attempt per
+	// connection, and one retry of a failed command (on a fresh connection) unless the URL
+	// says otherwise.
+	co.DialerRetries = 1
+	if !q.Has("max_retries") {
+		co.MaxRetries = 1
+	}
 	co.DisableIdentity = true // no CLIENT SETINFO per connection
 	co.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	if err := redisTLS(co, own); err != nil {
