@@ -42,7 +42,7 @@
 // cause. Every call is bounded by its context's deadline, or Options.Timeout when it has
 // none. The Redis backend never panics or hangs on a dead or stopped server: the call fails
 // with ErrUnavailable by the deadline (or at once when its context is cancelled), and later
-// calls reconnect by themselves once the server is back (go-redis retries a failed command
+// calls reconnect by themselves once the server is back (go-redis retries a failed command once
 // on a fresh connection, and probes a server that refused every connection once a second).
 // A server's refusal (NOAUTH, WRONGPASS, OOM) is an error naming it, without a sentinel. No
 // error quotes a password: URLs in errors have their userinfo redacted. A call that failed
