@@ -98,10 +98,11 @@
 // I/O rank per slab group (CP rank 0) does all storage traffic for its slabs, in background
 // goroutines of the driver; the core only queues work and applies agreed results. Keys are
 // the nodes' chained page hashes plus the slab group's TP index, in the namespace. Wiring
-// it (every rank opens its own handle on the same URL):
+// it (every rank opens its own handle on the same URL, with the same MAC key: a shared
+// Redis needs one, see package storage):
 //
 //	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
-//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns})
+//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
 //	defer st.Close() // after cache.Close
 //	cfg.Storage, cfg.StorageNamespace = st, ns
 //	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}

@@ -185,9 +185,10 @@ func TestL3RedisDown(t *testing.T) {
 	r.checkCollectives()
 }
 
-// TestL3TornFileIsMiss tears and replaces page files of the directory backend: a prefetch
-// stops at the first page any I/O rank could not verify (a miss with a counted error), and
-// every page that reaches L1 has the right content.
+// TestL3TornFileIsMiss tears, damages and replaces page files of the directory backend: a
+// query stops at the first page whose header does not verify, a prefetch at the first page
+// any I/O rank could not verify (a miss with a counted error), and every page that reaches
+// L1 has the right content.
 func TestL3TornFileIsMiss(t *testing.T) {
 	ns := testNamespace(t)
 	dir := t.TempDir()
@@ -210,6 +211,15 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	}
 	for i, f := range files {
 		switch i % 9 {
+		case 1: // a payload bit flip: the header verifies (the query counts the page), the read does not
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-1] ^= 1
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		case 4: // torn: the second half is missing
 			b, err := os.ReadFile(f)
 			if err != nil {

@@ -31,7 +31,7 @@ func openStores(t testing.TB, url string, ns storage.Namespace) func(int) storag
 	return func(int) storage.Storage {
 		mu.Lock()
 		defer mu.Unlock()
-		st, err := storage.Open(context.Background(), url, storage.Options{Namespace: ns})
+		st, err := storage.Open(context.Background(), url, storage.Options{Namespace: ns, MACKey: []byte("hicache test storage MAC key....")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 )
@@ -14,6 +15,8 @@ type base struct {
 	opts    Options
 	stats   counters
 	closed  atomic.Bool
+	// rejected holds keys of values that failed verification, for the purge (purge.go).
+	rejected keyQueue
 }
 
 func (b *base) err(op string, kind, cause error) error {
@@ -64,12 +67,34 @@ func buffers(bufs [][]byte) [][]byte {
 	return bufs
 }
 
-// corrupt counts a value that failed verification and reports it to OnCorrupt.
-func (b *base) corrupt(key Key, reason error) {
+// corrupt counts a value that failed verification during Get, reports it to OnCorrupt and
+// queues it for deletion (purge.go).
+func (b *base) corrupt(key Key, reason error) { b.corruptIn("get", key, reason) }
+
+// corruptIn is corrupt for a value found by operation op.
+func (b *base) corruptIn(op string, key Key, reason error) {
 	b.stats.corrupt.Add(1)
-	if b.opts.OnCorrupt != nil {
-		b.opts.OnCorrupt(&OpError{Backend: b.backend, Where: b.where, Op: "get " + key.String(), Kind: ErrCorrupt, Err: reason})
+	if errors.Is(reason, ErrForged) {
+		b.stats.forged.Add(1)
 	}
+	b.rejected.add(key)
+	if b.opts.OnCorrupt != nil {
+		b.opts.OnCorrupt(&OpError{Backend: b.backend, Where: b.where, Op: op + " " + key.String(), Kind: ErrCorrupt, Err: reason})
+	}
+}
+
+// The value format of every backend, authenticated with the storage's MAC key.
+
+func (b *base) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+	b.opts.auth.encodeHeader(hdr, key, payload)
+}
+
+func (b *base) checkHeader(hdr []byte, key Key, wantLen int) error {
+	return b.opts.auth.checkHeader(hdr, key, wantLen)
+}
+
+func (b *base) checkPayload(hdr []byte, payload []byte) error {
+	return b.opts.auth.checkPayload(hdr, payload)
 }
 
 func (b *base) Stats() Stats { return b.stats.snapshot() }

@@ -35,6 +35,13 @@ func openDir(root string, opts Options) (*dirStore, error) {
 	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
 		return nil, &OpError{Backend: "file", Where: root, Op: "open", Err: err}
 	}
+	if s.opts.auth == nil {
+		key, err := LoadOrCreateKeyFile(filepath.Join(root, DirKeyFile))
+		if err != nil {
+			return nil, &OpError{Backend: "file", Where: root, Op: "open", Err: err}
+		}
+		s.opts.auth = newAuthenticator(key)
+	}
 	return s, nil
 }
 
@@ -55,6 +62,10 @@ func isMissing(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
+// Exists on the directory backend authenticates what it counts. With present == nil (the
+// cheap "how much of this prefix is stored" query, followed by a Get that verifies the rest)
+// it checks headers; with present (what a backup asks before writing) whole values, so that
+// a damaged or forged one reads as absent and the backup rewrites it.
 func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
 	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
 	if err != nil {
@@ -62,17 +73,9 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
-		_, name := s.path(keys[i])
-		fi, err := os.Stat(name)
-		switch {
-		case err == nil:
-			flags[i] = fi.Mode().IsRegular() && fi.Size() >= HeaderSize
-			return flags[i], nil
-		case isMissing(err):
-			return false, nil
-		default:
-			return false, err
-		}
+		ok, err := s.existsOne(keys[i], present != nil)
+		flags[i] = ok
+		return ok, err
 	})
 	if err != nil {
 		return leading(flags), s.err("exists", kindOf(ctx, err), err)
@@ -98,6 +101,48 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 	return leading(flags), nil
 }
 
+// existsOne reports whether k holds a value whose header is genuine (its MAC verifies for
+// this key) and whose length matches the header; with full, whether the whole value is
+// genuine. A value that fails is corrupt (counted, reported, purged), so the next backup of
+// the page replaces it.
+func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
+	_, name := s.path(k)
+	f, err := os.Open(name)
+	if err != nil {
+		if isMissing(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	if !fi.Mode().IsRegular() {
+		return false, nil
+	}
+	var hdr [HeaderSize]byte
+	if _, err := io.ReadFull(f, hdr[:]); err != nil {
+		return s.readFailed("exists", k, name, err, "header")
+	}
+	if err := s.checkHeader(hdr[:], k, int(fi.Size()-HeaderSize)); err != nil {
+		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
+		return false, nil
+	}
+	if full {
+		reason, err := s.opts.auth.checkPayloadFrom(hdr[:], f)
+		if err != nil {
+			return false, err
+		}
+		if reason != nil {
+			s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, reason))
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // getOne reads one page into dst. A missing or corrupt file is (false, nil).
 func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 	_, name := s.path(k)
@@ -112,14 +157,14 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 	defer f.Close()
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(f, hdr[:]); err != nil {
-		return s.readFailed(k, name, err, "header")
+		return s.readFailed("get", k, name, err, "header")
 	}
-	if err := checkHeader(hdr[:], k, len(dst)); err != nil {
+	if err := s.checkHeader(hdr[:], k, len(dst)); err != nil {
 		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
 	if _, err := io.ReadFull(f, dst); err != nil {
-		return s.readFailed(k, name, err, "payload")
+		return s.readFailed("get", k, name, err, "payload")
 	}
 	var extra [1]byte
 	if n, err := f.Read(extra[:]); n != 0 || err != io.EOF {
@@ -129,7 +174,7 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 		s.corrupt(k, fmt.Errorf("file %s: longer than header+payload", name))
 		return false, nil
 	}
-	if err := checkPayload(hdr[:], dst); err != nil {
+	if err := s.checkPayload(hdr[:], dst); err != nil {
 		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
@@ -139,9 +184,9 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 }
 
 // readFailed classifies a short read (a torn file: corrupt, a miss) from an I/O error.
-func (s *dirStore) readFailed(k Key, name string, err error, what string) (bool, error) {
+func (s *dirStore) readFailed(op string, k Key, name string, err error, what string) (bool, error) {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		s.corrupt(k, fmt.Errorf("file %s: truncated %s", name, what))
+		s.corruptIn(op, k, fmt.Errorf("file %s: truncated %s", name, what))
 		return false, nil
 	}
 	return false, err
@@ -182,7 +227,7 @@ func (s *dirStore) putOne(k Key, payload []byte) (err error) {
 		}
 	}()
 	var hdr [HeaderSize]byte
-	encodeHeader(&hdr, k, payload)
+	s.encodeHeader(&hdr, k, payload)
 	if _, err = f.Write(hdr[:]); err != nil {
 		return err
 	}

@@ -26,36 +26,54 @@
 //	                                  ?timeout=, ?dial_timeout=, ?read_timeout=,
 //	                                  ?write_timeout=, ?tls_ca=, ?tls_cert=, ?tls_key=,
 //	                                  ?skip_verify= and go-redis's other URL options
-//	                                  (Sentinel and Cluster are refused)
+//	                                  (Sentinel and Cluster are refused); needs a MAC
+//	                                  key (see Authentication)
 //	mem://name                        process memory, for tests
 //
-// Every value is stored as a 48-byte header (magic, version, key, length, CRC-32C of the
-// payload and of the header) followed by the payload. A value that is torn, foreign, stored
-// under another key, of the wrong length or failing its checksum is never loaded: Get treats
-// it as a miss, counts it in Stats.Corrupt and reports it to Options.OnCorrupt (an error
-// wrapping ErrCorrupt). A miss is not an error.
+// Every value is stored as an 80-byte header (magic, version, key, length, CRC-32C of the
+// payload, a MAC of the payload, a MAC of the header, CRC-32C of the header) followed by the
+// payload (format.go). A value that is torn, foreign, stored under another key, of the wrong
+// length, failing its checksum or its MAC is never loaded: Get treats it as a miss, counts
+// it in Stats.Corrupt (and Stats.Forged when its checksums hold but its MAC or key does not),
+// reports it to Options.OnCorrupt (an error wrapping ErrCorrupt, and ErrForged) and deletes
+// it (Stats.Purged), so that the next backup of the page, which asks Exists first, writes a
+// genuine copy. Exists on the directory backend authenticates each header too. A miss is
+// not an error.
+//
+// # Authentication
+//
+// The MACs are HMAC-SHA256 (truncated to 128 bits) with the storage's secret MAC key, over
+// the value's key, length and payload: without the key nobody can write a value that loads,
+// and a genuine value copied under another key does not load either. Values are not
+// encrypted. The key is Options.MACKey, else the file Options.MACKeyFile, else the file
+// named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile refuses files that group or others can
+// read or write); without any, a file store creates and uses <dir>/.cpcache-storage-key
+// (LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
+// open (ErrNoKey) unless Options.Insecure accepts unauthenticated values. Every user of a
+// store must use the same key; KeyFingerprint lets them compare keys without showing them.
+// No error shows a key or a URL's password.
 //
 // # Errors and deadlines
 //
 // Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel
-// (ErrUnavailable, ErrBadArgument, ErrClosed; ErrCorrupt only through OnCorrupt) and the
-// cause. Every call is bounded by its context's deadline, or Options.Timeout when it has
-// none. The Redis backend never panics or hangs on a dead or stopped server: the call fails
-// with ErrUnavailable by the deadline (or at once when its context is cancelled), and later
-// calls reconnect by themselves once the server is back (go-redis retries a failed command once
-// on a fresh connection, and probes a server that refused every connection once a second).
-// A server's refusal (NOAUTH, WRONGPASS, OOM) is an error naming it, without a sentinel. No
-// error quotes a password: URLs in errors have their userinfo redacted. A call that failed
-// may still have taken effect, wholly or in part (a Put or Delete the server received
-// before the deadline runs when it
-// resumes): every operation is idempotent, so the remedy is to repeat it or ignore it.
+// (ErrUnavailable, ErrBadArgument, ErrClosed, ErrNoKey with ErrBadArgument; ErrCorrupt and
+// ErrForged only through OnCorrupt) and the cause. Every call is bounded by its context's
+// deadline, or Options.Timeout when it has none. The Redis backend never panics or hangs on
+// a dead or stopped server: the call fails with ErrUnavailable by the deadline (or at once
+// when its context is cancelled), and later calls reconnect by themselves once the server
+// is back (go-redis retries a failed command once on a fresh connection, and probes a
+// server that refused every connection once a second). A server's refusal (NOAUTH,
+// WRONGPASS, OOM) is an error naming it, without a sentinel. A call that failed may still
+// have taken effect, wholly or in part (a Put or Delete the server received before the
+// deadline runs when it resumes): every operation is idempotent, so the remedy is to
+// repeat it or ignore it.
 //
 // # Ownership and usage
 //
 // A Storage is safe for concurrent use; the caller owns it and closes it (Close is nil-safe
 // and idempotent). Get reads into caller-provided buffers (L2 slab pages; the Redis backend
-// copies there the value go-redis read); a buffer's contents are unspecified after a miss, so only
-// pages reported found may be published. Put does not retain its buffers. In cpcache the
+// copies there the value go-redis read); a buffer's contents are unspecified after a miss,
+// so only pages reported found may be published. Put does not retain its buffers. In cpcache the
 // group's I/O rank owns the Storage and drives it from the cache's backup and prefetch
 // queues; results take effect only through the consensus step. A typical loop:
 //

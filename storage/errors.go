@@ -21,6 +21,14 @@ var (
 	ErrBadArgument = errors.New("storage: bad argument")
 	// ErrClosed: the storage was closed.
 	ErrClosed = errors.New("storage: closed")
+	// ErrForged: a stored value whose checksums hold failed authentication: its MAC does
+	// not verify with this storage's key (forged, or written by a store user with another
+	// key), or a genuine value of another key was copied under this one. Such values are
+	// also ErrCorrupt: a miss, counted in Stats.Corrupt and Stats.Forged.
+	ErrForged = errors.New("storage: forged value")
+	// ErrNoKey: a shared store (Redis) was opened without a MAC key and without
+	// Options.Insecure. It comes with ErrBadArgument.
+	ErrNoKey = errors.New("storage: no MAC key")
 )
 
 // OpError reports a failed operation: which backend, which operation, and why. It wraps
@@ -63,6 +71,20 @@ func (e *OpError) Unwrap() []error {
 
 // kindText is a sentinel's text without the package prefix the whole message already has.
 func kindText(k error) string { return strings.TrimPrefix(k.Error(), "storage: ") }
+
+// kindError is a cause of a sentinel's kind (ErrForged, ErrNoKey) inside an OpError, whose
+// text already has the package prefix.
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string   { return kindText(e.kind) + ": " + e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+func forged(format string, args ...any) error {
+	return &kindError{kind: ErrForged, err: fmt.Errorf(format, args...)}
+}
 
 func badArg(backend, where, op, format string, args ...any) error {
 	return &OpError{Backend: backend, Where: where, Op: op, Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}

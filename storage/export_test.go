@@ -4,13 +4,13 @@ package storage
 
 // DirPath returns the file that holds k in a directory storage.
 func DirPath(s Storage, k Key) string {
-	_, name := s.(*dirStore).path(k)
+	_, name := s.(*purging).backend.(*dirStore).path(k)
 	return name
 }
 
 // RedisKeyName returns the Redis key that holds k.
 func RedisKeyName(s Storage, k Key) string {
-	return s.(*redisStore).name(k)
+	return s.(*purging).backend.(*redisStore).name(k)
 }
 
 // MutateMem replaces the stored bytes of k in mem table name with mutate(old).

@@ -1,69 +1,89 @@
 package storage
 
 import (
+	"crypto/hmac"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 )
 
 // On-storage value format, shared by every backend: a fixed header followed by the payload.
 //
 //	off  size  field
 //	  0     4  magic "CPKV"
-//	  4     2  format version (1), little endian
+//	  4     2  format version (2), little endian
 //	  6     2  flags, must be 0
 //	  8    24  key
 //	 32     8  payload length, little endian
 //	 40     4  CRC-32C of the payload
-//	 44     4  CRC-32C of bytes 0..43
-//	 48     -  payload
+//	 44    16  payload MAC: HMAC-SHA256(storage key, "P" ‖ bytes 0..43 ‖ payload), first 16 bytes
+//	 60    16  header MAC:  HMAC-SHA256(storage key, "H" ‖ bytes 0..59), first 16 bytes
+//	 76     4  CRC-32C of bytes 0..75
+//	 80     -  payload
 //
 // A value is accepted only if every field checks out and the total length is exactly
 // HeaderSize+length: a torn write, a file written by something else, or a value stored
-// under the wrong key is a miss.
+// under the wrong key is a miss. The CRCs tell damage from forgery: a value whose checksums
+// hold but whose MACs do not was written without the storage's MAC key (forged, or by a
+// store user with another key), and one whose MACs hold for another key was replayed under
+// this one; both are errors wrapping ErrForged. The header MAC lets Exists authenticate a
+// value from its header alone (auth.go).
 const (
-	HeaderSize    = 48
-	formatVersion = 1
+	HeaderSize    = 80
+	formatVersion = 2
 	formatMagic   = "CPKV"
 	// MaxValueSize bounds a page (Redis bulk strings are limited to 512 MiB).
 	MaxValueSize = 256 << 20
+
+	offPayloadCRC = 40
+	offPayloadMAC = 44
+	offHeaderMAC  = 60
+	offHeaderCRC  = 76
+	macSize       = 16
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// encodeHeader fills hdr for payload stored under key.
-func encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+// encodeHeader fills hdr for payload stored under key, authenticated with m.
+func (m *authenticator) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
 	binary.LittleEndian.PutUint16(hdr[6:8], 0)
 	copy(hdr[8:32], key[:])
 	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
-	binary.LittleEndian.PutUint32(hdr[40:44], checksum(payload))
-	binary.LittleEndian.PutUint32(hdr[44:48], checksum(hdr[:44]))
+	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], checksum(payload))
+	m.sum(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload)
+	m.sum(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil)
+	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], checksum(hdr[:offHeaderCRC]))
 }
 
 // checkHeader verifies hdr against the expected key and payload length. The returned error
-// says what is wrong (it is wrapped into an ErrCorrupt OpError by the caller).
-func checkHeader(hdr []byte, key Key, wantLen int) error {
+// says what is wrong (it is wrapped into an ErrCorrupt OpError by the caller); it wraps
+// ErrForged when the header's checksum holds but its MAC or key does not.
+func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 	if len(hdr) < HeaderSize {
 		return fmt.Errorf("value of %d bytes is shorter than the %d-byte header", len(hdr), HeaderSize)
 	}
 	if string(hdr[0:4]) != formatMagic {
 		return fmt.Errorf("bad magic %q", hdr[0:4])
 	}
-	if got, want := binary.LittleEndian.Uint32(hdr[44:48]), checksum(hdr[:44]); got != want {
-		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
-	}
 	if v := binary.LittleEndian.Uint16(hdr[4:6]); v != formatVersion {
-		return fmt.Errorf("format version %d, want %d", v, formatVersion)
+		return fmt.Errorf("format version %d, want %d (version 1 values were not authenticated)", v, formatVersion)
+	}
+	if got, want := binary.LittleEndian.Uint32(hdr[offHeaderCRC:]), checksum(hdr[:offHeaderCRC]); got != want {
+		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
 	}
 	if f := binary.LittleEndian.Uint16(hdr[6:8]); f != 0 {
 		return fmt.Errorf("unknown flags %#x", f)
 	}
+	if !m.verify(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil) {
+		return forged("header MAC does not verify (written without this storage's key)")
+	}
 	if Key(hdr[8:32]) != key {
-		return fmt.Errorf("value holds key %s", Key(hdr[8:32]))
+		return forged("value of key %s replayed under another key", Key(hdr[8:32]))
 	}
 	if n := binary.LittleEndian.Uint64(hdr[32:40]); n != uint64(wantLen) {
 		return fmt.Errorf("payload length %d, want %d", n, wantLen)
@@ -71,10 +91,45 @@ func checkHeader(hdr []byte, key Key, wantLen int) error {
 	return nil
 }
 
-// checkPayload verifies payload against the checksum in a header that passed checkHeader.
-func checkPayload(hdr []byte, payload []byte) error {
-	if got, want := checksum(payload), binary.LittleEndian.Uint32(hdr[40:44]); got != want {
-		return fmt.Errorf("payload checksum %08x, header says %08x", got, want)
+// checkPayload verifies payload against the checksum and MAC in a header that passed
+// checkHeader.
+func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
+	var mac [macSize]byte
+	m.sum(mac[:], domainPayload, hdr[:offPayloadMAC], payload)
+	return comparePayload(hdr, checksum(payload), mac[:])
+}
+
+// checkPayloadFrom is checkPayload for a payload read from r to its end, in pieces (the
+// directory backend's Exists verifies whole files without a page-sized buffer). ioErr is a
+// failure to read; reason says why a payload that was read is not genuine.
+func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr error) {
+	st := m.state()
+	defer m.release(st)
+	st.h.Write(domainPayload)
+	st.h.Write(hdr[:offPayloadMAC])
+	var crc uint32
+	var buf [32 << 10]byte
+	for {
+		n, err := r.Read(buf[:])
+		crc = crc32.Update(crc, castagnoli, buf[:n])
+		st.h.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return comparePayload(hdr, crc, st.h.Sum(st.out[:0])[:macSize]), nil
+}
+
+// comparePayload checks a payload's checksum and MAC, as computed, against hdr's.
+func comparePayload(hdr []byte, crc uint32, mac []byte) error {
+	if want := binary.LittleEndian.Uint32(hdr[offPayloadCRC:]); crc != want {
+		return fmt.Errorf("payload checksum %08x, header says %08x", crc, want)
+	}
+	if !hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], mac) {
+		return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ type memStore struct {
 }
 
 type memTable struct {
+	auth *authenticator // the table's random MAC key, for stores opened without one
 	mu   sync.Mutex     // protects vals
 	vals map[Key][]byte // header + payload
 }
@@ -28,10 +29,13 @@ func openMem(name string, opts Options) *memStore {
 	memTablesMu.Lock()
 	t := memTables[name]
 	if t == nil {
-		t = &memTable{vals: map[Key][]byte{}}
+		t = &memTable{auth: newRandomAuthenticator(), vals: map[Key][]byte{}}
 		memTables[name] = t
 	}
 	memTablesMu.Unlock()
+	if opts.auth == nil {
+		opts.auth = t.auth
+	}
 	return &memStore{base: base{backend: "mem", where: name, ns: opts.Namespace.ID(), opts: opts}, table: t}
 }
 
@@ -82,7 +86,7 @@ func (s *memStore) getOne(k Key, dst []byte) bool {
 		s.stats.misses.Add(1)
 		return false
 	}
-	if err := checkHeader(v, k, len(dst)); err != nil {
+	if err := s.checkHeader(v, k, len(dst)); err != nil {
 		s.corrupt(k, err)
 		return false
 	}
@@ -91,7 +95,7 @@ func (s *memStore) getOne(k Key, dst []byte) bool {
 		return false
 	}
 	copy(dst, v[HeaderSize:])
-	if err := checkPayload(v[:HeaderSize], dst); err != nil {
+	if err := s.checkPayload(v[:HeaderSize], dst); err != nil {
 		s.corrupt(k, err)
 		return false
 	}
@@ -107,7 +111,7 @@ func (s *memStore) Put(_ context.Context, keys []Key, src [][]byte) error {
 	}
 	for i, k := range keys {
 		v := make([]byte, storedLen(len(src[i])))
-		encodeHeader((*[HeaderSize]byte)(v), k, src[i])
+		s.encodeHeader((*[HeaderSize]byte)(v), k, src[i])
 		copy(v[HeaderSize:], src[i])
 		s.table.mu.Lock()
 		s.table.vals[k] = v

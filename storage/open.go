@@ -21,10 +21,21 @@ import (
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
-// URL query values override the matching Options. The Redis backend checks that the server
+// Stored values are authenticated with the MAC key that opts name (Options.MACKey: a Redis
+// URL without one is refused, ErrNoKey, unless Options.Insecure; a file store makes its
+// own). URL query values override the matching Options. The Redis backend checks that the server
 // answers before returning (an error wrapping ErrUnavailable if not); later calls reconnect
-// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes it.
+// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
+// it, without its password.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
+	st, err := openBackend(ctx, rawURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &purging{st}, nil
+}
+
+func openBackend(ctx context.Context, rawURL string, opts Options) (backend, error) {
 	bad := func(format string, args ...any) error {
 		return &OpError{Backend: "url", Where: strconv.Quote(redact.URL(rawURL)), Op: "open", Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 	}
@@ -33,9 +44,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		var ue *url.Error // quotes the whole URL, password included
+		var ue *url.Error
 		if errors.As(err, &ue) {
-			err = ue.Err
+			err = ue.Err // url.Error quotes the whole URL, password included
 		}
 		return nil, bad("%v", err)
 	}
@@ -66,11 +77,23 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 				return nil, bad("unknown file URL parameter %q (known: fsync)", name)
 			}
 		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
+		}
 		return openDir(u.Path, opts.withDefaults())
 	case "redis", "rediss":
 		cfg, err := parseRedisURL(u, opts)
 		if err != nil {
 			return nil, bad("%v", err)
+		}
+		if cfg.opts.auth, err = explicitKey(cfg.opts); err != nil {
+			return nil, err
+		}
+		if cfg.opts.auth == nil {
+			if !cfg.opts.Insecure {
+				return nil, errNoKey(cfg.client.Addr)
+			}
+			cfg.opts.auth = newAuthenticator(nil)
 		}
 		return openRedis(ctx, cfg)
 	case "mem":
@@ -80,6 +103,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 		}
 		if len(q) > 0 {
 			return nil, bad("mem URLs take no parameters")
+		}
+		if opts.auth, err = explicitKey(opts); err != nil {
+			return nil, err
 		}
 		return openMem(name, opts.withDefaults()), nil
 	case "":

@@ -199,9 +199,9 @@ func (s *redisStore) loadValue(k Key, v any, dst []byte, hit *bool) {
 	var reason error
 	if len(val) != storedLen(len(dst)) {
 		reason = errLength(len(val), storedLen(len(dst)))
-	} else if reason = checkHeader([]byte(val[:HeaderSize]), k, len(dst)); reason == nil {
+	} else if reason = s.checkHeader([]byte(val[:HeaderSize]), k, len(dst)); reason == nil {
 		copy(dst, val[HeaderSize:])
-		reason = checkPayload([]byte(val[:HeaderSize]), dst)
+		reason = s.checkPayload([]byte(val[:HeaderSize]), dst)
 	}
 	if reason != nil {
 		s.corrupt(k, fmt.Errorf("redis key %s: %w", s.name(k), reason))
@@ -230,7 +230,7 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		vals := make([]*[]byte, len(names))
 		bytes := 0
 		for i := range vals {
-			vals[i] = encodeValue(keys[lo+i], src[lo+i])
+			vals[i] = s.encodeValue(keys[lo+i], src[lo+i])
 			bytes += len(src[lo+i])
 		}
 		err := call(ctx, func() error {
@@ -265,7 +265,7 @@ var valuePool sync.Pool
 
 // encodeValue returns the stored form of payload under key, header then payload, in a
 // buffer of valuePool.
-func encodeValue(key Key, payload []byte) *[]byte {
+func (s *redisStore) encodeValue(key Key, payload []byte) *[]byte {
 	n := storedLen(len(payload))
 	v, _ := valuePool.Get().(*[]byte)
 	if v == nil || cap(*v) < n {
@@ -273,7 +273,7 @@ func encodeValue(key Key, payload []byte) *[]byte {
 		v = &b
 	}
 	*v = (*v)[:n]
-	encodeHeader((*[HeaderSize]byte)(*v), key, payload)
+	s.encodeHeader((*[HeaderSize]byte)(*v), key, payload)
 	copy((*v)[HeaderSize:], payload)
 	return v
 }

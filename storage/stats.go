@@ -6,7 +6,9 @@ import "sync/atomic"
 type Stats struct {
 	Hits         uint64 // Get: verified values read
 	Misses       uint64 // Get: keys absent (corrupt values are counted in Corrupt, not here)
-	Corrupt      uint64 // Get: values that failed verification and were treated as misses
+	Corrupt      uint64 // values that failed verification: misses, deleted (Get; Exists on file stores)
+	Forged       uint64 // of Corrupt: values whose checksums held but whose MAC or key did not (ErrForged)
+	Purged       uint64 // values deleted because they failed verification
 	Puts         uint64 // values stored
 	Deletes      uint64 // keys deleted (whether or not they existed)
 	BytesRead    uint64 // payload bytes of verified hits
@@ -16,7 +18,7 @@ type Stats struct {
 
 // counters is the live, atomically updated form of Stats.
 type counters struct {
-	hits, misses, corrupt, puts, deletes, bytesRead, bytesWritten, errors atomic.Uint64
+	hits, misses, corrupt, forged, purged, puts, deletes, bytesRead, bytesWritten, errors atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -24,6 +26,8 @@ func (c *counters) snapshot() Stats {
 		Hits:         c.hits.Load(),
 		Misses:       c.misses.Load(),
 		Corrupt:      c.corrupt.Load(),
+		Forged:       c.forged.Load(),
+		Purged:       c.purged.Load(),
 		Puts:         c.puts.Load(),
 		Deletes:      c.deletes.Load(),
 		BytesRead:    c.bytesRead.Load(),

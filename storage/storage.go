@@ -12,17 +12,20 @@ type Storage interface {
 	// Exists reports which keys are stored. If present is non-nil it must have len(keys)
 	// entries and every entry is set. It returns the number of leading keys present; with
 	// present == nil a backend may stop at the first missing key, which makes the common
-	// "how much of this prefix is stored" query cheap. Presence is not verification: a
-	// present value can still turn out corrupt on Get.
+	// "how much of this prefix is stored" query cheap. Presence is not always verification:
+	// a present value can still turn out corrupt on Get. The directory backend authenticates
+	// headers, and with present (what a backup asks before writing) whole values; a value
+	// that fails is absent, counted and deleted, as on Get. Redis checks nothing.
 	Exists(ctx context.Context, keys []Key, present []bool) (int, error)
 
 	// Get reads the value of keys[i] into dst[i], which must have the stored length (the page
 	// size). found, if non-nil, must have len(keys) entries and is set to whether dst[i] holds
 	// a verified copy. It returns the number of leading keys found; with found == nil a
-	// backend may stop at the first miss. A missing, torn, foreign or corrupt value is a miss,
-	// not an error (corrupt ones are counted in Stats.Corrupt). The contents of dst[i] for a
-	// miss are unspecified: a value may be read into dst[i] before its checksum fails. On
-	// error, the count and found still describe only verified hits.
+	// backend may stop at the first miss. A missing, torn, foreign, corrupt or forged value is
+	// a miss, not an error (rejected ones are counted in Stats.Corrupt and deleted). The
+	// contents of dst[i] for a miss are unspecified: a value may be read into dst[i] before
+	// its checksum or MAC fails. On error, the count and found still describe only verified
+	// hits.
 	Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error)
 
 	// Put stores src[i] under keys[i], replacing any previous value. Each value is written
@@ -64,10 +67,27 @@ type Options struct {
 	// TTL, if positive, makes Redis expire each page this long after it was written (URL
 	// "ttl=1h"); shared Redis instances then evict old pages by themselves.
 	TTL time.Duration
-	// OnCorrupt, if set, is called during Get for each value that failed verification, with
-	// an error wrapping ErrCorrupt that names the key and the reason. The directory backend
-	// may call it from several goroutines at once.
+	// OnCorrupt, if set, is called for each value that failed verification (during Get, and
+	// during Exists on the directory backend), with an error wrapping ErrCorrupt (and
+	// ErrForged for a forged or replayed value) that names the key and the reason. The
+	// directory backend may call it from several goroutines at once.
 	OnCorrupt func(error)
+
+	// MACKey authenticates every stored value (HMAC-SHA256 over the value's key, length and
+	// payload; see format.go): a value written without it is never loaded. At least 16
+	// bytes; every user of one store needs the same key. If empty, Open reads the key from
+	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile), else
+	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use
+	// (LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
+	// refuses to open (ErrNoKey) unless Insecure is set.
+	MACKey []byte
+	// MACKeyFile names a file holding the MAC key (ReadKeyFile), used when MACKey is empty.
+	MACKeyFile string
+	// Insecure lets a Redis store open without a MAC key: its values are then checksummed,
+	// not authenticated, and whoever can write to the server can inject pages.
+	Insecure bool
+
+	auth *authenticator // the resolved MAC key (Open)
 }
 
 // DefaultTimeout bounds a call whose context has no deadline.

@@ -42,8 +42,11 @@ L1 and L2 hit, prefetches the continuation from it before the prefill (the sched
 while it waits; those steps count as scheduler steps, each with its one consensus
 collective). Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
-the first one backed up. The report adds tokens hit in storage, pages prefetched and
-backed up, and storage errors.
+the first one backed up. Stored pages are authenticated with a MAC key: a file store makes
+its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
+CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
+tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
+rejected (and deleted) or forged.
 
 With --device cuda each rank's L1 pool is device memory and pages move through the CUDA
 engine (streams, batched copies); --l2 device (the default) puts the L2 slabs in device
@@ -88,6 +91,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
+	fs.StringVar(&cfg.StorageKeyFile, "storage-key-file", "", "with --storage: file holding the MAC key that authenticates stored pages (mode 0600; the same on every rank); default CPCACHE_STORAGE_KEY_FILE, else a file store's own key file (created on first use)")
+	fs.BoolVar(&cfg.StorageInsecure, "storage-insecure", false, "with a redis:// --storage and no key: accept unauthenticated pages (anyone who can write to the server can inject them)")
 	fs.StringVar(&cfg.Device, "device", runner.DeviceHost, "where L1 lives and who copies: host (host memory, goroutines) or cuda (device memory, the CUDA engine; needs libcuda)")
 	fs.StringVar(&cfg.L2, "l2", "", "with --device cuda: L2 slabs in device memory shared over CUDA IPC (device, the default) or in pinned host memory (host)")
 	fs.IntVar(&cfg.CUDADevice, "cuda-device", def.CUDADevice, "with --device cuda: the device ordinal of every rank (-1: LOCAL_RANK mod the device count)")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/internal/testenv/redistest"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // The end-to-end tests run a cpcache binary built once without the race detector: up to 16
@@ -205,7 +206,9 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage", "ftp://host/pages"}, `unknown scheme "ftp"`},
 		{[]string{"--storage", "redis://127.0.0.1:99999/x"}, `port "99999"`},
 		{[]string{"--storage", "file://relative/dir"}, `file URL host "relative"`},
-		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "storage: redis"},
+		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x", "--storage-insecure"}, "storage: redis"},
+		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "needs a MAC key"},
+		{[]string{"--storage", "redis://127.0.0.1:6379/x", "--storage-key-file", filepath.Join(dir, "none")}, "none read: bad argument: open: no such file"},
 		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
 		{[]string{"--storage", "mem://pages"}, "mem:// storage lives in one process"},
 		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},
@@ -263,6 +266,9 @@ func requireSecondRunHitsStorage(t *testing.T, url string, extra ...string) {
 func TestRunTwiceSharesFileStorage(t *testing.T) {
 	dir := t.TempDir()
 	requireSecondRunHitsStorage(t, "file://"+dir)
+	fi, err := os.Stat(filepath.Join(dir, storage.DirKeyFile))
+	require.NoError(t, err, "the first run creates the store's MAC key beside it")
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	// Another page size in bytes is another namespace: it never reads those pages.
 	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--storage", "file://" + dir}, storageArgs...), "--kv-bytes-per-token", "32")...)
 	requireHealthy(t, status, rep, out, errOut)
@@ -275,5 +281,8 @@ func TestRunTwiceSharesFileStorage(t *testing.T) {
 
 func TestRunTwiceSharesRedisStorage(t *testing.T) {
 	srv := redistest.Start(t) // skips, saying why, without redis-server
-	requireSecondRunHitsStorage(t, srv.URL("cpcache-run-test"), "--prefetch-policy", "wait-complete")
+	keyFile := filepath.Join(t.TempDir(), "key")
+	_, err := storage.LoadOrCreateKeyFile(keyFile)
+	require.NoError(t, err)
+	requireSecondRunHitsStorage(t, srv.URL("cpcache-run-test"), "--prefetch-policy", "wait-complete", "--storage-key-file", keyFile)
 }

@@ -26,6 +26,9 @@ func URL(raw string) string {
 	if len(secrets(raw)) == 0 {
 		return raw
 	}
+	if userinfo, ok := opaqueUserinfo(u); ok && userinfo != "" {
+		u.Opaque = Mask + u.Opaque[len(userinfo):] // redis:SECRET@host: no "//", so no u.User
+	}
 	if u.User != nil {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), Mask)
@@ -61,6 +64,16 @@ func splitUserinfo(raw string) (scheme, userinfo, rest string, ok bool) {
 		return "", "", "", false
 	}
 	return scheme, after[:at], after[at:], true
+}
+
+// opaqueUserinfo returns what precedes the last '@' of an opaque URL (scheme:USERINFO@host,
+// without "//").
+func opaqueUserinfo(u *url.URL) (string, bool) {
+	at := strings.LastIndex(u.Opaque, "@")
+	if at < 0 {
+		return "", false
+	}
+	return u.Opaque[:at], true
 }
 
 // maskAuthority masks the userinfo of a URL that does not parse.
@@ -100,6 +113,9 @@ func secrets(raw string) []string {
 		} else {
 			add(u.User.Username())
 		}
+	}
+	if userinfo, ok := opaqueUserinfo(u); ok {
+		add(userinfo)
 	}
 	for name, vals := range u.Query() {
 		if isSecretParam(name) {

@@ -13,7 +13,9 @@ func TestURLHidesEverySecret(t *testing.T) {
 		{"redis://user:s3cretPW@host:6379/p", "redis://user:xxxxx@host:6379/p"},
 		{"redis://s3cretPW@host/p", "redis://xxxxx@host/p"},
 		{"redis://host:6379/p?password=s3cretPW&db=2", "redis://host:6379/p?db=2&password=xxxxx"},
-		{"redis://:s3cret%zzPW@host/p", "redis://xxxxx@host/p"}, // does not parse
+		{"redis://:s3cret%zzPW@host/p", "redis://xxxxx@host/p"},                    // does not parse
+		{"redis:s3cretPW@127.0.0.1", "redis:xxxxx@127.0.0.1"},                      // no "//": opaque
+		{"redis:s3cretPW@h?token=s3cretTK&db=2", "redis:xxxxx@h?db=2&token=xxxxx"}, // opaque, with a query
 		{"file:///tmp/x", "file:///tmp/x"},
 		{"not a url", "not a url"},
 	} {

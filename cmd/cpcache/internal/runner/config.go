@@ -43,6 +43,11 @@ type Config struct {
 	Storage        string
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	StorageClear   bool                   // clear the run's namespace in Storage before serving
+	// StorageKeyFile names the file of the storage's MAC key ("": CPCACHE_STORAGE_KEY_FILE,
+	// else a file store's own key file); StorageInsecure lets a Redis storage run without
+	// one (see storage.Options).
+	StorageKeyFile  string
+	StorageInsecure bool
 
 	// Memory (see device.go): Device is DeviceHost (default) or DeviceCUDA; with DeviceCUDA,
 	// L2 is L2Device (CUDA IPC device slabs, the default) or L2Host (pinned host slabs) and

@@ -34,8 +34,10 @@
 // content, the page size in tokens and bytes, and the attention-TP size: runs of another
 // shape never read these pages; runs differing only in CP or DP size share them) and the
 // cache gets its L3 tier: CP rank 0 of each slab group backs committed L2 pages up and
-// reads prefetches. Prepare opens and closes the storage once, so a bad URL or an
-// unreachable server is a bad input. With StorageClear, world rank 0 clears the namespace
+// reads prefetches. Prepare opens and closes the storage once, so a bad URL, an
+// unreachable server or a missing or unsafe MAC key file is a bad input; before serving,
+// the ranks compare their storage key fingerprints (agreeStorageKey) and stop with a bad
+// input if they differ. With StorageClear, world rank 0 clears the namespace
 // and every rank waits at a world barrier before its cache starts.
 //
 // Prefetch is synchronous: after the match (and lock) of a request whose L1 and L2 hit is

@@ -50,9 +50,11 @@ type rankResult struct {
 	Collectives      int64         `json:"collectives"` // on the consensus group while serving
 	DigestChecks     int64         `json:"digest_checks"`
 	DigestMismatches int64         `json:"digest_mismatches"`
-	L3Prefetched     int64         `json:"l3_prefetched"`  // agreed in the replica: its leader's counts
-	L3BackedUp       int64         `json:"l3_backed_up"`   // agreed in the replica: its leader's counts
-	StorageErrors    int64         `json:"storage_errors"` // this rank's (I/O ranks only)
+	L3Prefetched     int64         `json:"l3_prefetched"`    // agreed in the replica: its leader's counts
+	L3BackedUp       int64         `json:"l3_backed_up"`     // agreed in the replica: its leader's counts
+	StorageErrors    int64         `json:"storage_errors"`   // this rank's (I/O ranks only)
+	StorageRejected  int64         `json:"storage_rejected"` // stored values this rank's storage rejected (and deleted)
+	StorageForged    int64         `json:"storage_forged"`   // of them, failing authentication
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -130,6 +132,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	if st != nil {
 		defer func() { err = errors.Join(err, st.Close()) }()
+		if err := agreeStorageKey(ctx, world, st); err != nil {
+			return nil, err
+		}
 		if cfg.StorageClear {
 			if rank == 0 {
 				if err := clearStorage(ctx, st, cfg.Storage); err != nil {
@@ -188,6 +193,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		WallSeconds: time.Since(start).Seconds(), Device: mem.result(),
+	}
+	if st != nil {
+		sst := st.Stats()
+		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -273,6 +282,8 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.PagesVerified += x.Local.PagesVerified
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
+		r.StorageRejected += x.StorageRejected
+		r.StorageForged += x.StorageForged
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}

@@ -41,11 +41,16 @@ type Report struct {
 	// L3 storage (with --storage): its URL, prompt tokens served from pages prefetched from
 	// it (TokensHitL3), pages the replicas inserted from it and backed up to it (agreed
 	// counts, summed over replicas), and failed storage calls (summed over I/O ranks; each
-	// a miss or a skipped backup).
+	// a miss or a skipped backup), stored values that failed verification (each a miss,
+	// deleted so that the next backup replaces it) and, of them, those that failed
+	// authentication (forged, replayed under another key, or written with another MAC key).
+	// The URL is shown without its password.
 	Storage         string `json:"storage,omitempty"`
 	PagesPrefetched int64  `json:"pages_prefetched"`
 	PagesBackedUp   int64  `json:"pages_backed_up"`
 	StorageErrors   int64  `json:"storage_errors"`
+	StorageRejected int64  `json:"storage_rejected"`
+	StorageForged   int64  `json:"storage_forged"`
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 
 	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
@@ -85,7 +90,8 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  bytes moved          %s\n", humanBytes(r.BytesMoved))
 	if r.Storage != "" {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
-		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors\n", r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors)
+		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
+			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
 	if r.PrefetchSteps > 0 {

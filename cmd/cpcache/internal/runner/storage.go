@@ -2,12 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -55,8 +57,30 @@ func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Nam
 	}
 	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
 	defer cancel()
-	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns})
+	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile, Insecure: p.Config.StorageInsecure})
+	if errors.Is(err, storage.ErrNoKey) {
+		err = fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
+			"give every rank the same key file (mode 0600, e.g. from `openssl rand -hex 32`) with --storage-key-file FILE or %s, "+
+			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, storage.EnvKeyFile)
+	}
 	return st, ns, err
+}
+
+// agreeStorageKey checks that every rank opened the storage with the same MAC key,
+// comparing fingerprints (never keys): a rank with another key would reject, and delete,
+// every page the others back up.
+func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Storage) error {
+	all, err := world.AllGather(ctx, []byte(storage.KeyFingerprint(st)))
+	if err != nil {
+		return fmt.Errorf("runner: comparing storage keys: %w", err)
+	}
+	for rank, fp := range all {
+		if string(fp) != string(all[0]) {
+			return bad("--storage: ranks use different storage MAC keys (key fingerprint %s on rank 0, %s on rank %d): give every rank the same key file (--storage-key-file or %s)",
+				all[0], fp, rank, storage.EnvKeyFile)
+		}
+	}
+	return nil
 }
 
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable

@@ -1,0 +1,51 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// TestAgreeStorageKey: ranks whose storages have the same MAC key pass; one rank with
+// another key makes every rank fail with a bad input naming both fingerprints (not keys).
+func TestAgreeStorageKey(t *testing.T) {
+	ns, err := storage.NewNamespace(t.Name())
+	require.NoError(t, err)
+	key, other := bytes.Repeat([]byte("a"), 32), bytes.Repeat([]byte("b"), 32)
+	for _, odd := range []int{-1, 2} {
+		members := local.New([]int{0, 1, 2, 3}, local.Options{Kind: "world"})
+		errs := make([]error, len(members))
+		var wg sync.WaitGroup
+		for i, m := range members {
+			k := key
+			if i == odd {
+				k = other
+			}
+			st, err := storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: k})
+			require.NoError(t, err)
+			defer st.Close()
+			wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if odd < 0 {
+				assert.NoError(t, err, "rank %d", i)
+				continue
+			}
+			require.Error(t, err, "rank %d", i)
+			assert.True(t, errors.Is(err, ErrBadInput), "rank %d: %v", i, err)
+			assert.Contains(t, err.Error(), "different storage MAC keys")
+			assert.Contains(t, err.Error(), "on rank 2")
+			assert.False(t, strings.Contains(err.Error(), string(key[:8])) || strings.Contains(err.Error(), string(other[:8])), "the key shows: %v", err)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package storage
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash"
+)
+
+// authenticator computes and checks the MACs of stored values (format.go) with one storage
+// key. It is safe for concurrent use: each call takes a keyed HMAC state from a free list
+// (a channel, not a sync.Pool, which drops states at random under the race detector: MACs
+// must not allocate per page).
+type authenticator struct {
+	key         []byte
+	free        chan *macState // idle states keyed with key
+	fingerprint uint64         // of the key (KeyFingerprint); never the key itself
+	insecure    bool           // the key is empty (Options.Insecure): anyone can forge values
+}
+
+// maxIdleMACStates bounds the free list: more concurrent MACs than this allocate.
+const maxIdleMACStates = 64
+
+// macState is one pooled HMAC-SHA256 state and its output buffer (no allocation per MAC).
+type macState struct {
+	h   hash.Hash
+	out [sha256.Size]byte
+}
+
+// Domains: the payload MAC and the header MAC of a value never verify as each other.
+var (
+	domainPayload = []byte{'P'}
+	domainHeader  = []byte{'H'}
+)
+
+const fingerprintID = "cpcache/storage/key-fingerprint/v1"
+
+// newAuthenticator returns the authenticator of key; an empty key is the insecure one
+// (a MAC anyone can compute, i.e. a checksum).
+func newAuthenticator(key []byte) *authenticator {
+	key = append([]byte(nil), key...)
+	a := &authenticator{key: key, free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
+	var fp [sha256.Size]byte
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(fingerprintID))
+	h.Sum(fp[:0])
+	a.fingerprint = binary.BigEndian.Uint64(fp[:8])
+	return a
+}
+
+// newRandomAuthenticator returns an authenticator with a fresh random key (mem tables).
+func newRandomAuthenticator() *authenticator {
+	return newAuthenticator([]byte(rand.Text()))
+}
+
+// state takes an HMAC state, reset, from the free list; release gives it back.
+func (m *authenticator) state() *macState {
+	select {
+	case st := <-m.free:
+		st.h.Reset()
+		return st
+	default:
+		return &macState{h: hmac.New(sha256.New, m.key)}
+	}
+}
+
+func (m *authenticator) release(st *macState) {
+	select {
+	case m.free <- st:
+	default:
+	}
+}
+
+// sum writes the first len(out) bytes of HMAC(key, domain ‖ a ‖ b) to out.
+func (m *authenticator) sum(out []byte, domain, a, b []byte) {
+	st := m.state()
+	st.h.Write(domain)
+	st.h.Write(a)
+	st.h.Write(b)
+	copy(out, st.h.Sum(st.out[:0]))
+	m.release(st)
+}
+
+// verify reports whether tag is the MAC of domain ‖ a ‖ b (constant time).
+func (m *authenticator) verify(tag []byte, domain, a, b []byte) bool {
+	var want [macSize]byte
+	m.sum(want[:], domain, a, b)
+	return hmac.Equal(tag, want[:len(tag)])
+}
+
+// fingerprintString is the printable key fingerprint ("insecure" for the empty key).
+func (m *authenticator) fingerprintString() string {
+	if m.insecure {
+		return "insecure"
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], m.fingerprint)
+	return hex.EncodeToString(b[:])
+}
+
+// KeyFingerprint returns a fingerprint of the MAC key s was opened with (16 hex digits,
+// "insecure" for Options.Insecure; "" for a Storage not made by Open). It reveals nothing
+// of the key: users of one store compare fingerprints to find a mismatched key.
+func KeyFingerprint(s Storage) string {
+	if b, ok := s.(backend); ok && b.common().opts.auth != nil {
+		return b.common().opts.auth.fingerprintString()
+	}
+	return ""
+}
