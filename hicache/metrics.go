@@ -191,10 +191,16 @@ var metricDefs = []metricDef{
 		"direction", []string{"read", "written"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
 			return float64([]uint64{st.BytesRead, st.BytesWritten}[i])
 		}, true},
-	{"storage_gets_total", "Values this rank's storage looked up, by result (hit, miss, corrupt: failed verification).",
-		prometheus.CounterValue, "result", []string{"hit", "miss", "corrupt"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
-			return float64([]uint64{st.Hits, st.Misses, st.Corrupt}[i])
+	{"storage_gets_total", "Values this rank's storage looked up, by result (hit: verified, miss: absent).",
+		prometheus.CounterValue, "result", []string{"hit", "miss"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
+			return float64([]uint64{st.Hits, st.Misses}[i])
 		}, true},
+	{"storage_rejected_values_total", "Stored values that failed verification (each a miss, deleted), by cause (forged: checksums held but the MAC or key did not; damaged: the rest).",
+		prometheus.CounterValue, "cause", []string{"forged", "damaged"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
+			return float64([]uint64{st.Forged, st.Corrupt - st.Forged}[i])
+		}, true},
+	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
+		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},
 }
 
 // Describe implements prometheus.Collector.
