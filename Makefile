@@ -6,7 +6,8 @@ STATICCHECK_VERSION := v0.8.2
 GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
-DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps
+DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps \
+	cmake python3 python3-pytest
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
 # hicache driver (the CUDA engine, the CUDA slab backend and the bindings are the exceptions).
@@ -14,7 +15,7 @@ PURE_PKGS := ./parallel/... ./slab ./slab/alloc ./hicache ./hicache/core ./hicac
 	./hicache/hostengine ./hicache/kvtest ./storage/... ./workload
 TEST_TIMEOUT ?= 40m
 
-.PHONY: all deps build test vet fmt-check staticcheck pure unit demo bench gpu-check clean
+.PHONY: all deps build test vet fmt-check staticcheck pure unit demo bench gpu-check clean capi capi-test cmake-test bench-capi
 
 all: build
 
@@ -55,7 +56,63 @@ staticcheck:
 unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
-test: deps fmt-check vet staticcheck pure unit
+test: deps fmt-check vet staticcheck pure unit capi-test cmake-test
+
+# --- libcpcache: the C ABI (include/cpcache.h), its C example and the Python binding ------
+# The libraries are built without NVML (tag cpcache_nonvml): go-nvml would leave undefined
+# symbols that executables linked with -lcpcache and ctypes (RTLD_NOW) refuse.
+CAPI_TAGS := cpcache_nonvml
+CAPI_GOFLAGS := -tags $(CAPI_TAGS) -trimpath
+CAPI_CFLAGS := -O2 -Wall -Wextra -Werror -Iinclude
+# Debian's interpreter: the python3 on PATH may be another (pyenv) without python3-pytest.
+PYTHON := /usr/bin/python3
+# As gloo's mpirun test: root is allowed (CI runs as root), TCP only between ranks.
+MPIRUN := mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp
+
+capi:
+	$(GO) build $(CAPI_GOFLAGS) -buildmode=c-shared -o build/libcpcache.so ./cmd/libcpcache
+	$(GO) build $(CAPI_GOFLAGS) -buildmode=c-archive -o build/libcpcache.a ./cmd/libcpcache
+
+build/engine: examples/c/engine.c include/cpcache.h capi
+	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
+
+build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
+	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
+
+# capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
+# cpcache launch (CP4·DP2 on 8 ranks), a lost peer, and the Python suite.
+capi-test: build/engine build/bad_calls
+	$(GO) build -o bin/cpcache ./cmd/cpcache
+	build/bad_calls
+	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
+	  timeout 300 $(MPIRUN) -np 4 -x CPCACHE_STORE=file://$$store build/engine --attn-cp 4
+	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2 --dp-attention
+	@echo "capi-test: rank 2 of 4 dies at step 20: the others must report a lost peer (status 3)"
+	out=$$(CPCACHE_CONSENSUS_BACKEND=gloo timeout 120 bin/cpcache launch -n 4 -- \
+	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \
+	  if [ $$rc != 3 ] || ! grep -q "peer lost at step" <<<"$$out"; then echo "$$out"; echo "capi-test: want status 3 and 'peer lost', got $$rc"; exit 1; fi
+	CPCACHE_LIBRARY=$(CURDIR)/build/libcpcache.so CPCACHE_BIN=$(CURDIR)/bin/cpcache \
+	  timeout 600 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+
+# cmake-test: CMake builds libcpcache (go build), runs its test, installs the package; an
+# outside project then finds it with find_package(cpcache), links libcpcache.a and runs the
+# loop on 2 ranks.
+cmake-test:
+	$(GO) build -o bin/cpcache ./cmd/cpcache
+	cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(CURDIR)/build/prefix >/dev/null
+	cmake --build build/cmake -j2
+	ctest --test-dir build/cmake --output-on-failure
+	cmake --install build/cmake >/dev/null
+	cmake -S examples/c -B build/consumer -DCMAKE_PREFIX_PATH=$(CURDIR)/build/prefix -DCPCACHE_EXAMPLE_STATIC=ON >/dev/null
+	cmake --build build/consumer
+	timeout 300 bin/cpcache launch -n 2 -- build/consumer/cpcache_engine --attn-cp 2
+
+# bench-capi: per-call cost of the C ABI against the Go API, interleaved in one process
+# (a library with the cpcache_bench hook, in build/bench/), as ratios.
+bench-capi:
+	$(GO) build -tags $(CAPI_TAGS),cpcache_bench -trimpath -buildmode=c-shared -o build/bench/libcpcache.so ./cmd/libcpcache
+	$(CC) -O2 -Iinclude -o build/bench/bench_capi cmd/libcpcache/ctest/bench.c -Lbuild/bench -lcpcache -Wl,-rpath,'$$ORIGIN'
+	build/bench/bench_capi
 
 demo: build
 	./bin/cpcache run
@@ -90,4 +147,4 @@ gpu-check:
 	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
 
 clean:
-	rm -rf bin gpu-bundle
+	rm -rf bin gpu-bundle build

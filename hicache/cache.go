@@ -51,6 +51,8 @@ type Config struct {
 	StorageNamespace storage.Namespace
 	// L3 tunes the storage protocol.
 	L3 L3Options
+	// Faults injects failures on this rank (tests, rehearsals); nil injects nothing.
+	Faults *Faults
 }
 
 // Cache is one rank's hierarchical KV cache: the deterministic core (package core) plus the
@@ -84,6 +86,7 @@ type Cache struct {
 	done     core.Done // local completions, reused by every Step
 	closed   bool
 	stats    driverStats
+	faults   faultState
 }
 
 type driverStats struct {
@@ -184,7 +187,7 @@ func build(cfg Config) (*Cache, error) {
 	c := &Cache{
 		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
 		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,
-		clearOnFlush: l3opts.ClearOnFlush && cr.IORank(),
+		clearOnFlush: l3opts.ClearOnFlush && cr.IORank(), faults: faultState{f: cfg.Faults},
 	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
@@ -211,7 +214,7 @@ func build(cfg Config) (*Cache, error) {
 		}
 		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, l3opts)
 	}
-	return c, nil
+	return c, c.faults.newError()
 }
 
 // collective runs f with the step timeout (0: the context's deadline, or the group's).
@@ -289,6 +292,9 @@ func (c *Cache) reportLocked() {
 			continue
 		}
 		t, err := tk.Transfer, tk.Err()
+		if err == nil {
+			err = c.faults.copyError(t, c.core.NextStep())
+		}
 		if err != nil {
 			c.stats.transferErrs++
 		} else {
@@ -300,6 +306,7 @@ func (c *Cache) reportLocked() {
 	c.inflight = keep
 	if c.l3 != nil {
 		c.l3.poll(d)
+		c.core.StorageCircuit(c.l3.brk.isOpen())
 	}
 	c.core.Report(*d)
 }
@@ -457,8 +464,9 @@ func (c *Cache) Step(ctx context.Context) error {
 		return err
 	}
 	c.reportLocked()
-	rd := c.core.Ready(c.vec)
 	step := c.core.NextStep()
+	c.faults.beforeVector(c.core, step)
+	rd := c.core.Ready(c.vec)
 	c.stepping = true
 	c.stats.collectives++
 	c.mu.Unlock()

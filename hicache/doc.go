@@ -113,7 +113,19 @@
 // (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
 // skipped backup; it never blocks a step (storage calls run in the background on the I/O
 // rank) and never publishes an unverified page. Storage contents survive a Flush unless
-// L3Options.ClearOnFlush.
+// L3Options.ClearOnFlush. Each storage call is bounded by L3Options.CallTimeout; after
+// CircuitFailures consecutive failed calls, or the first one past the deadline, the I/O
+// rank's circuit breaker opens, the group agrees it at the next step and stops queueing
+// prefetches and backups (serving from L1 and L2), and the I/O rank probes the store with
+// backoff (one Exists, in the background) until it answers and the group agrees the circuit
+// closed (Stats.StorageCircuitOpen, StorageCircuitOpenSeconds).
+//
+// # Fault injection
+//
+// Config.Faults (nil by default: one nil check per failpoint) injects failures on one rank:
+// an error in New, a copy reported failed at completion, a tree or placement perturbation
+// before a step's vector; storage.WithFaults makes a storage hang or fail. cpcache run
+// --fault uses both; every injected failure must end as the failure model above says.
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
 // L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;

@@ -14,7 +14,6 @@ import (
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/internal/testenv/redistest"
-	"github.com/cpcache/cpcache/storage"
 )
 
 // storageErrors sums the storage errors of every rank.
@@ -26,26 +25,11 @@ func (r *rig) storageErrors() int64 {
 	return n
 }
 
-// waitAnswers waits up to 5 seconds for st to answer a query.
-func waitAnswers(t *testing.T, st storage.Storage, ns storage.Namespace) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := st.Exists(context.Background(), []storage.Key{storage.NewKey(ns, 0)}, nil)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("storage does not answer 5s after the server is back: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestL3RedisDown kills a real redis-server mid-run: backups are skipped and queries miss
-// with counted errors, a read cut off by the server's death inserts only what every I/O
-// rank verified, every step completes with agreeing digests, every loaded page has the right
-// content; once the server is back, backups succeed again.
+// with counted errors until the storage circuit opens, a read cut off by the server's death
+// inserts only what every I/O rank verified, every step completes with agreeing digests,
+// every loaded page has the right content; once the server is back, a probe closes the
+// circuit and backups succeed again.
 func TestL3RedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	ns := testNamespace(t)
@@ -54,17 +38,7 @@ func TestL3RedisDown(t *testing.T) {
 	var gateOn sync.Mutex             // protects holding
 	holding := false
 	rc := l3RigConfig(l3Layout, openStores(t, "redis://"+srv.Addr()+"/hicachetest?timeout=300ms", ns), ns,
-		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2})
-	var storesMu sync.Mutex // protects stores (the ranks open theirs concurrently)
-	var stores []storage.Storage
-	open := rc.store
-	rc.store = func(i int) storage.Storage {
-		st := open(i)
-		storesMu.Lock()
-		stores = append(stores, st)
-		storesMu.Unlock()
-		return st
-	}
+		L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2, CircuitProbeInterval: 5 * time.Millisecond})
 	rc.l3Hook = func(int) func(context.Context, core.StorageKind, uint64, int) error {
 		return func(ctx context.Context, kind core.StorageKind, _ uint64, chunk int) error {
 			gateOn.Lock()
@@ -159,12 +133,15 @@ func TestL3RedisDown(t *testing.T) {
 		t.Fatalf("prefetched %d pages from a dead server", got-before)
 	}
 
-	// Server back (empty): backups succeed again, by themselves, once the storage answers
-	// (go-redis probes a server that refused every connection of its pool once a second).
-	srv.Start()
-	for _, st := range stores {
-		waitAnswers(t, st, ns)
+	// Repeated failures opened the storage circuit on every rank alike.
+	if !r.sameCircuit() {
+		t.Fatal("server down: the storage circuit never opened")
 	}
+
+	// Server back (empty): a probe closes the circuit, and backups succeed again, by
+	// themselves.
+	srv.Start()
+	r.waitCircuit(false)
 	r.evictAll()
 	errs = r.storageErrors()
 	backed := r.sameStats().L3BackedUpPages

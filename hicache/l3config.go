@@ -28,6 +28,18 @@ type L3Options struct {
 	ReadChunkPages int
 	// Workers: storage calls in flight at once on the I/O rank (default 4).
 	Workers int
+	// CallTimeout bounds each storage call of the I/O rank (default 2s; a storage's own,
+	// shorter timeout, such as a redis:// URL's timeout=, still holds). A call past it fails.
+	CallTimeout time.Duration
+	// CircuitFailures: after this many consecutive storage calls failed, or at the first one
+	// past CallTimeout, the I/O rank opens its circuit breaker and the group agrees to stop
+	// prefetching from and backing up to storage, serving from L1 and L2, until a probe of
+	// the store answers (default 3). Local to the I/O rank, like CallTimeout and
+	// CircuitProbeInterval (not part of the configuration fingerprint).
+	CircuitFailures int
+	// CircuitProbeInterval: the first probe of an open circuit's store comes this long after
+	// it opened; each failed probe doubles the wait, up to 32 times it (default 250ms).
+	CircuitProbeInterval time.Duration
 	// ClearOnFlush makes Flush also clear the storage's namespace (default: storage contents
 	// survive a flush).
 	ClearOnFlush bool
@@ -55,13 +67,25 @@ func (o *L3Options) normalize() error {
 	if o.Workers == 0 {
 		o.Workers = 4
 	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = 2 * time.Second
+	}
+	if o.CircuitFailures == 0 {
+		o.CircuitFailures = 3
+	}
+	if o.CircuitProbeInterval == 0 {
+		o.CircuitProbeInterval = 250 * time.Millisecond
+	}
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"read chunk pages", o.ReadChunkPages}, {"storage workers", o.Workers}} {
+	}{{"read chunk pages", o.ReadChunkPages}, {"storage workers", o.Workers}, {"circuit failures", o.CircuitFailures}} {
 		if v.v <= 0 {
 			return fmt.Errorf("%w: %s %d must be positive", ErrBadConfig, v.name, v.v)
 		}
+	}
+	if o.CallTimeout < 0 || o.CircuitProbeInterval < 0 {
+		return fmt.Errorf("%w: storage call timeout %v and circuit probe interval %v must not be negative", ErrBadConfig, o.CallTimeout, o.CircuitProbeInterval)
 	}
 	if o.PrefetchTimeoutBase < 0 || o.PrefetchTimeoutPerPage < 0 {
 		return fmt.Errorf("%w: prefetch timeout %v + %v per page must not be negative", ErrBadConfig, o.PrefetchTimeoutBase, o.PrefetchTimeoutPerPage)

@@ -25,10 +25,12 @@ type l3Driver struct {
 	opts  L3Options
 	sem   chan struct{}
 	wg    sync.WaitGroup
+	brk   *breaker
 
-	mu       sync.Mutex // protects running and finished
-	running  map[l3Key]*l3Run
-	finished []*l3Run
+	mu          sync.Mutex // protects running, finished and probeCancel
+	running     map[l3Key]*l3Run
+	finished    []*l3Run
+	probeCancel context.CancelFunc // stops the running probe (nil: none yet)
 
 	errs         atomic.Int64 // storage errors on this rank
 	pagesRead    atomic.Int64 // pages this rank read from storage (verified)
@@ -53,7 +55,7 @@ type l3Run struct {
 
 func newL3Driver(st storage.Storage, ns storage.Namespace, shard int, slabs HostSlabs, opts L3Options) *l3Driver {
 	return &l3Driver{st: st, ns: ns, shard: uint32(shard), slabs: slabs, opts: opts,
-		sem: make(chan struct{}, opts.Workers), running: map[l3Key]*l3Run{}}
+		sem: make(chan struct{}, opts.Workers), running: map[l3Key]*l3Run{}, brk: newBreaker(&opts)}
 }
 
 // key is the storage key of the page with chained hash h: the namespace, the hash and the
@@ -111,8 +113,10 @@ func (d *l3Driver) stop(seq uint64) {
 	}
 }
 
-// poll appends finished jobs and the progress of running reads to done.
+// poll appends finished jobs and the progress of running reads to done, and probes the
+// store when the circuit breaker is open and a probe is due.
 func (d *l3Driver) poll(done *core.Done) {
+	d.startProbe()
 	d.mu.Lock()
 	finished := d.finished
 	d.finished = nil
@@ -148,6 +152,9 @@ func (d *l3Driver) drain() {
 	d.mu.Lock()
 	for _, r := range d.running {
 		r.cancel()
+	}
+	if d.probeCancel != nil {
+		d.probeCancel()
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
@@ -187,7 +194,9 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 	keys := d.keys(job.Hashes)
 	wrap := func(err error) error {
 		err = fmt.Errorf("hicache: storage %s %d: %w", job.Kind, job.Seq, err)
-		d.fail(err)
+		if !errors.Is(err, ErrStorageCircuitOpen) {
+			d.fail(err)
+		}
 		return err
 	}
 	switch job.Kind {
@@ -195,7 +204,8 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		if err := d.sleep(ctx, job.Kind, job.Seq, 0); err != nil {
 			return 0, err
 		}
-		n, err := d.st.Exists(ctx, keys, nil)
+		var n int
+		err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Exists(ctx, keys, nil); return err })
 		if err != nil {
 			return 0, wrap(err) // a miss
 		}
@@ -205,7 +215,7 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			return 0, err
 		}
 		present := make([]bool, len(keys))
-		if _, err := d.st.Exists(ctx, keys, present); err != nil {
+		if err := d.call(ctx, func(ctx context.Context) error { _, err := d.st.Exists(ctx, keys, present); return err }); err != nil {
 			return 0, wrap(err)
 		}
 		var put []storage.Key
@@ -221,7 +231,7 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			put, src = append(put, keys[i]), append(src, b)
 		}
 		if len(put) > 0 {
-			if err := d.st.Put(ctx, put, src); err != nil {
+			if err := d.call(ctx, func(ctx context.Context) error { return d.st.Put(ctx, put, src) }); err != nil {
 				return 0, wrap(fmt.Errorf("backup of node %d: %w", job.Node, err))
 			}
 		}
@@ -244,7 +254,8 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 				dst[i] = b
 			}
 			found := make([]bool, hi-lo)
-			n, err := d.st.Get(ctx, keys[lo:hi], dst, found)
+			var n int
+			err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Get(ctx, keys[lo:hi], dst, found); return err })
 			done += n
 			r.progress.Store(int64(done))
 			d.pagesRead.Add(int64(n))
@@ -260,7 +271,7 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 				// the value lets a later backup of the page replace it.
 				bad := keys[lo+n]
 				err := fmt.Errorf("page %d of %d (key %s) missing or corrupt: %w", lo+n, len(keys), bad, storage.ErrCorrupt)
-				if derr := d.st.Delete(ctx, []storage.Key{bad}); derr != nil {
+				if derr := d.call(ctx, func(ctx context.Context) error { return d.st.Delete(ctx, []storage.Key{bad}) }); derr != nil {
 					err = fmt.Errorf("%w; deleting it: %v", err, derr)
 				}
 				return done, wrap(err)

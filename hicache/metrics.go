@@ -175,6 +175,15 @@ var metricDefs = []metricDef{
 		}, false},
 	{"storage_errors_total", "Storage calls that failed on this rank (each a miss or a skipped backup).", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.StorageErrors) }, false},
+	{"storage_circuit_open", "1 while the group agreed the storage circuit open (no prefetch or backup to storage), else 0.",
+		prometheus.GaugeValue, "", nil, func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 {
+			if s.StorageCircuitOpen {
+				return 1
+			}
+			return 0
+		}, false},
+	{"storage_circuit_open_seconds_total", "Time this rank's storage circuit breaker has been open in all.", prometheus.CounterValue, "", nil,
+		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return s.StorageCircuitOpenSeconds }, false},
 	{"storage_queries_total", "Prefetch queries made to storage.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.L3Queries) }, false},
 	{"storage_prefetch_pages_total", "Pages storage had, by outcome (inserted into the tree, discarded after reading, skipped unread).",

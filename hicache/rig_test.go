@@ -37,6 +37,7 @@ type rigConfig struct {
 	seed         uint64
 	delay        func(rank int) func(Transfer) time.Duration // overrides maxDelay
 	fail         func(rank int) func(Transfer) error         // injected transfer failures
+	faults       func(rank int) *Faults                      // failpoints (nil: none)
 	// L3: store(i) is rank i's handle on the shared storage (nil: no L3), opened for ns.
 	store  func(rank int) storage.Storage
 	ns     storage.Namespace
@@ -89,6 +90,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
 			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail},
+		}
+		if rc.faults != nil {
+			cfg.Faults = rc.faults(i)
 		}
 		if rc.store != nil {
 			cfg.Storage, cfg.StorageNamespace, cfg.L3 = rc.store(i), rc.ns, rc.l3

@@ -27,6 +27,12 @@ type Stats struct {
 	StorageErrors       int64 // storage calls that failed on this rank (each a miss or a skipped backup)
 	StoragePagesRead    int64 // pages this rank read from storage
 	StoragePagesWritten int64 // pages this rank wrote to storage (pages already stored are skipped)
+	// StorageCircuitOpen: the group agreed the storage circuit open (every rank alike): no
+	// prefetch or backup to storage is queued (see L3Options.CircuitFailures).
+	StorageCircuitOpen bool
+	// StorageCircuitOpenSeconds: how long this rank's circuit breaker has been open in all
+	// (non-zero only on I/O ranks).
+	StorageCircuitOpenSeconds float64
 }
 
 // Stats returns a snapshot of the counters.
@@ -48,12 +54,15 @@ func (c *Cache) Stats() Stats {
 		Quarantined:      c.core.Quarantined(),
 		Diverged:         c.stats.diverged,
 		PlacementDigest:  c.core.Allocator().Digest(),
+
+		StorageCircuitOpen: c.core.StorageCircuitOpen(),
 	}
 	st.StorageHitTokens = st.L3HitPages * int64(c.core.Config().PageSize)
 	if c.l3 != nil {
 		st.StorageErrors = c.l3.errs.Load()
 		st.StoragePagesRead = c.l3.pagesRead.Load()
 		st.StoragePagesWritten = c.l3.pagesWritten.Load()
+		st.StorageCircuitOpenSeconds = c.l3.brk.openSeconds()
 	}
 	return st
 }

@@ -53,7 +53,8 @@ type Storage interface {
 type Options struct {
 	// Namespace scopes every key and Clear. Required.
 	Namespace Namespace
-	// Timeout bounds each call whose context has no deadline (default DefaultTimeout).
+	// Timeout bounds each call (default DefaultTimeout); a context deadline that comes
+	// earlier wins.
 	Timeout time.Duration
 	// Fsync makes the directory backend fsync each file and its directory before Put returns
 	// (URL query "fsync=true"). Without it a crash may lose recent pages, never tear them.
@@ -90,7 +91,7 @@ type Options struct {
 	auth *authenticator // the resolved MAC key (Open)
 }
 
-// DefaultTimeout bounds a call whose context has no deadline.
+// DefaultTimeout bounds a call when Options.Timeout is not set.
 const DefaultTimeout = 10 * time.Second
 
 func (o Options) withDefaults() Options {
@@ -106,11 +107,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// callContext applies the default timeout to a context that has no deadline.
+// callContext bounds a call by the storage's timeout, or the context's deadline when that
+// comes earlier (a caller's shorter deadline, or a URL's timeout= shorter than it, both hold).
 func callContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
 	return context.WithTimeout(ctx, timeout)
 }
 

@@ -46,7 +46,9 @@ the first one backed up. Stored pages are authenticated with a MAC key: a file s
 its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
 CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
 tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
-rejected (and deleted) or forged.
+rejected (and deleted) or forged. A divergence of the replicas' cache metadata quarantines
+the cache and recovers at the first idle step (the report counts divergences, recoveries
+and quarantined steps); --strict fails the run instead.
 
 With --device cuda each rank's L1 pool is device memory and pages move through the CUDA
 engine (streams, batched copies); --l2 device (the default) puts the L2 slabs in device
@@ -59,9 +61,12 @@ and the page-copy bandwidth against a large copy's.
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
 what the host has available, every trace line within its limits, --store reachable,
---json writable. Ranks die with the process that started them; the temporary directory
-goes with the job. Exit status: 0 ok, 1 failure (a bad page, a placement divergence, a
-lost rank), 2 bad flags or input, 128+signal when interrupted (130 for SIGINT).`
+--json writable, --fault well formed. Ranks die with the process that started them; the
+temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
+divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
+interrupted (130 for SIGINT).
+
+` + runner.FaultHelp
 
 // runOpts are the flags of `cpcache run`.
 type runOpts struct {
@@ -69,6 +74,7 @@ type runOpts struct {
 	layout                    *parallel.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
 	prefetch                  string
+	faults                    string
 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
@@ -101,6 +107,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	fs.StringVar(&o.faults, "fault", "", "inject failures: KIND[:PARAM=VALUE,...][;...] (see above)")
+	fs.BoolVar(&cfg.Strict, "strict", false, "a divergence of the replicas fails the run (exit 1) instead of quarantine and recovery")
 	return o
 }
 
@@ -122,6 +130,11 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	cfg.Policy = p
 	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: --prefetch-policy: %w", err))
+	}
+	if o.faults != "" {
+		if cfg.Faults, err = runner.ParseFaults(o.faults); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
 	}
 	if strings.HasPrefix(cfg.Storage, "mem:") {
 		return fail(stderr, 2, fmt.Errorf("run: --storage %s: a mem:// storage lives in one process and its ranks are separate processes (use file:///dir or redis://host:port/prefix)", redact.URL(cfg.Storage)))

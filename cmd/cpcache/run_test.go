@@ -59,6 +59,13 @@ func cpcacheBinary(t *testing.T) string {
 // the exit status, the report (when --json was written) and stderr.
 func runBinary(t *testing.T, env []string, args ...string) (int, *runner.Report, string, string) {
 	t.Helper()
+	return startBinary(t, env, args...)()
+}
+
+// startBinary starts `cpcache run args...` (see runBinary) and returns a function that waits
+// for it and returns what runBinary returns.
+func startBinary(t *testing.T, env []string, args ...string) func() (int, *runner.Report, string, string) {
+	t.Helper()
 	jsonPath := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(cpcacheBinary(t), append([]string{"run", "--json", jsonPath}, args...)...)
 	for _, kv := range os.Environ() {
@@ -74,20 +81,24 @@ func runBinary(t *testing.T, env []string, args ...string) (int, *runner.Report,
 	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	status := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		status = ee.ExitCode()
-	} else {
-		require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	return func() (int, *runner.Report, string, string) {
+		t.Helper()
+		err := cmd.Wait()
+		status := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			status = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		var rep *runner.Report
+		if b, err := os.ReadFile(jsonPath); err == nil {
+			rep = &runner.Report{}
+			require.NoError(t, json.Unmarshal(b, rep))
+		}
+		return status, rep, stdout.String(), stderr.String()
 	}
-	var rep *runner.Report
-	if b, err := os.ReadFile(jsonPath); err == nil {
-		rep = &runner.Report{}
-		require.NoError(t, json.Unmarshal(b, rep))
-	}
-	return status, rep, stdout.String(), stderr.String()
 }
 
 // requireHealthy asserts what every good run must show.

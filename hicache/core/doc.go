@@ -80,6 +80,11 @@
 //     skipped backup; it never blocks a step (storage calls run in the background, each
 //     bounded by the storage's deadline) and never publishes an unverified page. A stored page that fails verification is deleted,
 //     so that the next backup of it replaces it.
+//   - Storage circuit: slot vL3Circuit is -1 when an I/O rank's circuit breaker is open
+//     (the driver reports it with StorageCircuit; others contribute 0). While the agreed
+//     circuit is open no prefetch starts and no backup to storage is queued (the node
+//     stays in L2 without a storage copy); work already queued ends as misses or failed
+//     backups. The agreed state is in the tree digest.
 //   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
 //     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
 //     the namespace).

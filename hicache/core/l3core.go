@@ -105,14 +105,33 @@ type l3State struct {
 	reserved   int          // L2 pages held by reads and releases
 	jobs       []StorageJob // to start (I/O rank only)
 	stops      []uint64     // read seqs whose I/O must stop (I/O rank only)
+	// circuitOpen: the group agreed that an I/O rank's storage circuit breaker is open: no
+	// prefetch or backup to storage is queued until it agrees the circuit closed again.
+	circuitOpen bool
+	localOpen   bool // local (I/O rank): this rank's breaker is open (StorageCircuit)
 }
 
 func (l *l3State) pending() int {
 	return len(l.puts) + len(l.queries) + len(l.reads) + len(l.releases)
 }
 
-// l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages.
+// StorageCircuit records whether this rank's storage circuit breaker is open (the driver
+// calls it once per step, before Ready with a vector). Only an I/O rank's breaker counts: it
+// contributes to the next vector, and the group opens or closes the circuit at the step it
+// agrees. Local.
+func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
+
+// StorageCircuitOpen reports whether the group agreed the storage circuit open: no prefetch
+// or backup to storage is queued; work already queued ends as misses or failed backups.
+// Replicated.
+func (c *Core) StorageCircuitOpen() bool { return c.l3.circuitOpen }
+
+// l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages
+// (not while the storage circuit is open: the node stays in L2 without a storage copy).
 func (c *Core) l3Backup(n *Node) {
+	if c.l3.circuitOpen {
+		return
+	}
 	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
 	c.l3.putSeq++
 	c.l3.puts = append(c.l3.puts, op)
@@ -180,6 +199,10 @@ func (c *Core) l3Progress(seq uint64, n int, cut bool) {
 func (c *Core) l3Vector(v []int64) {
 	v[vL3PutDone], v[vL3PutFail] = int64(c.l3.putSeq), math.MaxInt64
 	v[vL3ReleaseAck] = int64(c.l3.releaseSeq)
+	v[vL3Circuit] = 0
+	if c.io && c.l3.localOpen {
+		v[vL3Circuit] = -1
+	}
 	for i := range l3Slots {
 		v[vL3QueryAns+i] = math.MaxInt64
 		v[vL3ReadDone+i], v[vL3ReadPages+i], v[vL3ReadCut+i] = 1, math.MaxInt64, 0
@@ -228,6 +251,7 @@ func (c *Core) l3Vector(v []int64) {
 // releases free their pages, finished or cut reads insert the agreed pages, answered
 // queries reserve L2 pages and start reads.
 func (c *Core) l3Apply(v []int64) {
+	c.l3.circuitOpen = v[vL3Circuit] < 0
 	done, fail := uint64(v[vL3PutDone]), v[vL3PutFail]
 	for len(c.l3.puts) > 0 && c.l3.puts[0].seq < done {
 		op := c.l3.puts[0]
@@ -292,12 +316,16 @@ func (c *Core) dropL3() {
 		op.node.l3Own--
 		c.pinL3(op.node, -1)
 	}
-	c.l3 = l3State{putSeq: c.l3.putSeq, querySeq: c.l3.querySeq, readSeq: c.l3.readSeq, releaseSeq: c.l3.releaseSeq}
+	c.l3 = l3State{putSeq: c.l3.putSeq, querySeq: c.l3.querySeq, readSeq: c.l3.readSeq, releaseSeq: c.l3.releaseSeq,
+		circuitOpen: c.l3.circuitOpen, localOpen: c.l3.localOpen}
 }
 
 // l3Digest folds the L3 queue positions into the tree digest.
 func (c *Core) l3Digest(x uint64) uint64 {
 	l := &c.l3
 	x = mix.Mix64(x ^ l.putSeq ^ l.querySeq<<16 ^ l.readSeq<<32 ^ l.releaseSeq<<48)
+	if l.circuitOpen {
+		x = mix.Mix64(x ^ 0xc1c)
+	}
 	return mix.Mix64(x ^ uint64(len(l.puts)) ^ uint64(len(l.queries))<<16 ^ uint64(len(l.reads))<<32 ^ uint64(len(l.releases))<<48 ^ uint64(l.reserved)<<8)
 }

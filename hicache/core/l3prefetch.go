@@ -25,10 +25,10 @@ type PrefetchResult struct {
 // stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
 // them in; when the policy says the read is over, every rank inserts the agreed number of
 // pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
-// as host pages. Nothing starts without L3, after a divergence, or when the continuation is
-// shorter than MinPrefetchPages. Replicated.
+// as host pages. Nothing starts without L3, in quarantine, while the storage circuit is
+// open, or when the continuation is shorter than MinPrefetchPages. Replicated.
 func (c *Core) Prefetch(tokens []int32) PrefetchResult {
-	if !c.cfg.L3 || c.quarantined {
+	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return PrefetchResult{}
 	}
 	o := &c.cfg.L3Config

@@ -12,6 +12,9 @@ import (
 // Options tune an Engine.
 type Options struct {
 	Workers int // copy goroutines (default 2)
+	// Pool, when set, is the L1 pool (l1Pages × pageBytes bytes) owned by the caller, e.g. an
+	// engine's KV buffer outside the Go heap; nil: the engine allocates it.
+	Pool []byte
 	// Delay, when set, is slept before each transfer's copies (tests: random per-rank copy
 	// delays). Called from worker goroutines.
 	Delay func(core.Transfer) time.Duration
@@ -34,8 +37,8 @@ type Engine struct {
 	workers sync.WaitGroup
 }
 
-// New returns an engine over an L1 pool of l1Pages pages of pageBytes each (it
-// allocates the pool) and the given slabs.
+// New returns an engine over an L1 pool of l1Pages pages of pageBytes each (opts.Pool, or
+// one it allocates) and the given slabs.
 func New(slabs engine.HostSlabs, l1Pages, pageBytes int, opts Options) (*Engine, error) {
 	if slabs == nil {
 		return nil, fmt.Errorf("%w: host engine needs slabs", core.ErrBadConfig)
@@ -46,7 +49,14 @@ func New(slabs engine.HostSlabs, l1Pages, pageBytes int, opts Options) (*Engine,
 	if opts.Workers <= 0 {
 		opts.Workers = 2
 	}
-	e := &Engine{slabs: slabs, l1: make([]byte, l1Pages*pageBytes), pageBytes: pageBytes, opts: opts}
+	l1 := opts.Pool
+	switch {
+	case l1 == nil:
+		l1 = make([]byte, l1Pages*pageBytes)
+	case len(l1) != l1Pages*pageBytes:
+		return nil, fmt.Errorf("%w: host engine pool of %d bytes for %d pages × %d bytes", core.ErrBadConfig, len(l1), l1Pages, pageBytes)
+	}
+	e := &Engine{slabs: slabs, l1: l1, pageBytes: pageBytes, opts: opts}
 	e.cond = sync.NewCond(&e.mu)
 	for range opts.Workers {
 		e.workers.Add(1)

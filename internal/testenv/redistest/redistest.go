@@ -161,6 +161,27 @@ func (s *Server) ping() error {
 	return nil
 }
 
+// DBSize is the number of keys the server holds (its DBSIZE reply).
+func (s *Server) DBSize() (int, error) {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("DBSIZE\r\n")); err != nil {
+		return 0, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	if len(line) < 3 || line[0] != ':' {
+		return 0, fmt.Errorf("redistest: unexpected DBSIZE reply %q", line)
+	}
+	return strconv.Atoi(line[1 : len(line)-2])
+}
+
 // Kill stops the server abruptly (SIGKILL) and waits for it to exit. A no-op when it is
 // not running.
 func (s *Server) Kill() {

@@ -59,6 +59,9 @@ type Config struct {
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
+
+	Faults []Fault // --fault: failures to inject (see FaultHelp)
+	Strict bool    // --strict: a divergence fails the run (exit 1) instead of quarantine and recovery
 }
 
 // DefaultConfig is `cpcache run` without flags: CP8 DP2 EP16 with DP attention on 16 ranks
@@ -177,6 +180,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if err := p.checkStorage(); err != nil {
+		return nil, err
+	}
+	if err := p.checkFaultRanks(); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -50,11 +50,16 @@ type rankResult struct {
 	Collectives      int64         `json:"collectives"` // on the consensus group while serving
 	DigestChecks     int64         `json:"digest_checks"`
 	DigestMismatches int64         `json:"digest_mismatches"`
-	L3Prefetched     int64         `json:"l3_prefetched"`    // agreed in the replica: its leader's counts
-	L3BackedUp       int64         `json:"l3_backed_up"`     // agreed in the replica: its leader's counts
-	StorageErrors    int64         `json:"storage_errors"`   // this rank's (I/O ranks only)
-	StorageRejected  int64         `json:"storage_rejected"` // stored values this rank's storage rejected (and deleted)
-	StorageForged    int64         `json:"storage_forged"`   // of them, failing authentication
+	L3Prefetched     int64         `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
+	L3BackedUp       int64         `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
+	StorageErrors    int64         `json:"storage_errors"`               // this rank's (I/O ranks only)
+	StorageRejected  int64         `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
+	StorageForged    int64         `json:"storage_forged"`               // of them, failing authentication
+	CircuitOpenSecs  float64       `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
+	Divergences      int64         `json:"divergences"`                  // agreed in the replica
+	Recoveries       int64         `json:"recoveries"`
+	QuarantinedSteps int64         `json:"quarantined_steps"`
+	CopyFailures     int64         `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
 	LatencyNs        []int64       `json:"latency_ns"`
 	WallSeconds      float64       `json:"wall_seconds"`
 	Err              string        `json:"err,omitempty"` // an integrity failure on this rank
@@ -81,6 +86,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if env.WorldSize != p.Layout.Config.World {
 		return nil, fmt.Errorf("%w: the launcher started %d ranks, the layout %s needs %d", ErrBadInput, env.WorldSize, p.Layout, p.Layout.Config.World)
 	}
+	cfg.killPoint(env.Rank, "start", 0)
 	world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Timeout: cfg.Timeout})
 	if err != nil {
 		return nil, err
@@ -109,6 +115,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, mem.Close()) }()
+	cfg.killPoint(rank, "slabs", 0)
 	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), mem.slabSpec(slab.Spec{
 		Backend: slab.Host, PageSize: cfg.PageBytes(), Pages: cfg.L2Pages, Tag: "cpcache-run",
 		Layout: fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
@@ -135,15 +142,25 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		if err := agreeStorageKey(ctx, world, st); err != nil {
 			return nil, err
 		}
+		st = cfg.faultyStorage(rank, st) // after the key check: the wrapper hides the key
 		if cfg.StorageClear {
+			// Rank 0 clears; no cache reads the storage before it is clear, and a failed
+			// clear is agreed (every rank stops now rather than wait for rank 0).
+			var clearErr error
+			cleared := []int64{0}
 			if rank == 0 {
-				if err := clearStorage(ctx, st, cfg.Storage); err != nil {
-					return nil, err
+				if clearErr = clearStorage(ctx, st, cfg.Storage); clearErr != nil {
+					cleared[0] = -1
 				}
 			}
-			// No cache reads the storage before it is clear.
-			if err := world.Barrier(ctx); err != nil {
-				return nil, fmt.Errorf("runner: after clearing the storage: %w", err)
+			if err := world.AllReduce(ctx, parallel.Min, cleared); err != nil {
+				return nil, errors.Join(fmt.Errorf("runner: after clearing the storage: %w", err), clearErr)
+			}
+			if clearErr != nil {
+				return nil, clearErr
+			}
+			if cleared[0] < 0 {
+				return nil, fmt.Errorf("runner: --storage-clear %s failed on rank 0", redact.URL(cfg.Storage))
 			}
 		}
 	}
@@ -156,6 +173,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Engine:         engine,
 		StepTimeout:    stepTimeout,
 		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
+		Faults:         cfg.cacheFaults(rank),
 	}
 	if st != nil {
 		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
@@ -171,6 +189,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
 	sched.kv = mem.kv(cache)
+	sched.faults = newFaultRunner(cfg, rank)
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.corrupt = mem.corrupter(set, cache.CPRank())
 	}
@@ -192,7 +211,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Collectives:  int64(counted.Counts().Total() - before),
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
-		WallSeconds: time.Since(start).Seconds(), Device: mem.result(),
+		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
+		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
+		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
+		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
 	}
 	if st != nil {
 		sst := st.Stats()
@@ -204,8 +226,6 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	var integrity error
 	if sched.firstBad != nil {
 		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
-	} else if sched.diverged != nil {
-		integrity = fmt.Errorf("rank %d: %w", rank, sched.diverged)
 	}
 	if integrity != nil {
 		res.Err = integrity.Error()
@@ -272,6 +292,12 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.SchedulerSteps += x.Replica.Steps
 			r.PrefetchSteps += x.Replica.PrefetchSteps
 			r.ConsensusSteps += x.Collectives
+			r.Divergences += x.Divergences
+			r.Recoveries += x.Recoveries
+			r.QuarantinedSteps += x.QuarantinedSteps
+			r.CopyFailures += x.CopyFailures
+			r.Flushes += x.Replica.Flushes
+			r.FlushesRefused += x.Replica.FlushesRefused
 		}
 		collectives += x.Collectives
 		steps += x.Replica.Steps
@@ -284,6 +310,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.StorageErrors += x.StorageErrors
 		r.StorageRejected += x.StorageRejected
 		r.StorageForged += x.StorageForged
+		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}

@@ -34,6 +34,14 @@ type Report struct {
 	ConsensusP99Us     float64 `json:"consensus_latency_p99_us"`
 	DigestChecks       int64   `json:"digest_checks"`
 	DigestMismatches   int64   `json:"digest_mismatches"`
+	// Divergences (quarantines entered), Recoveries (agreed recovery flushes) and
+	// QuarantinedSteps, summed over replicas; Flushes and FlushesRefused by --fault flush.
+	Divergences      int64 `json:"divergences"`
+	Recoveries       int64 `json:"recoveries"`
+	QuarantinedSteps int64 `json:"quarantined_steps"`
+	CopyFailures     int64 `json:"copy_failures"` // backups aborted and loads made stale, on every rank of a replica
+	Flushes          int64 `json:"flushes"`
+	FlushesRefused   int64 `json:"flushes_refused"`
 
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
@@ -52,6 +60,9 @@ type Report struct {
 	StorageRejected int64  `json:"storage_rejected"`
 	StorageForged   int64  `json:"storage_forged"`
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
+	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
+	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
+	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
 
 	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
 	Device *DeviceReport `json:"device,omitempty"`
@@ -92,6 +103,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
+		fmt.Fprintf(w, "  storage circuit      open %.1f s\n", r.StorageCircuitOpenSeconds)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
 	if r.PrefetchSteps > 0 {
@@ -99,6 +111,13 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  consensus latency    median %.1f µs, p99 %.1f µs\n", r.ConsensusMedianUs, r.ConsensusP99Us)
 	fmt.Fprintf(w, "  digest checks        %d, mismatches %d\n", r.DigestChecks, r.DigestMismatches)
+	fmt.Fprintf(w, "  divergences          %d, recoveries %d, quarantined steps %d\n", r.Divergences, r.Recoveries, r.QuarantinedSteps)
+	if r.CopyFailures > 0 {
+		fmt.Fprintf(w, "  copy failures        %d (backups aborted or loads made stale on every rank)\n", r.CopyFailures)
+	}
+	if r.Flushes+r.FlushesRefused > 0 {
+		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
+	}
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
 	r.Device.writeText(w)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)

@@ -1,0 +1,287 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// FaultHelp documents the --fault grammar (cpcache run --help and the README).
+const FaultHelp = `--fault SPEC injects failures, to rehearse a deployment's failure handling. SPEC is one
+or more faults separated by ';', each KIND[:PARAM=VALUE,...]:
+  copy-fail:rank=R,step=S          rank R reports its first copy finished at step S or later
+                                   as failed (the group aborts the backup or makes the node
+                                   stale, on every rank)
+  diverge-tree:rank=R,step=S       rank R perturbs its tree (LRU order) before step S: every
+                                   rank detects the divergence at S, quarantines, recovers
+  diverge-placement:rank=R,step=S  the same with its L2 placement
+  new-fail:rank=R                  rank R's cache fails to start: every rank reports it
+  storage-hang[:after=D,for=D,op=OPS,rank=R]
+                                   storage calls hang until their deadline, from D after the
+                                   storage was opened, for D (default: to the end); OPS:
+                                   exists, get, put, delete, clear joined by '+' (default
+                                   all); rank: only its handle (default every rank's)
+  storage-error[:after=D,for=D,op=OPS,rank=R]
+                                   the same, failing at once
+  flush:step=S                     every rank asks its cache to flush before step S (refused
+                                   on every rank alike while it is busy)
+  kill:rank=R,at=start|slabs|step[,step=S]
+                                   rank R kills itself with SIGKILL before joining the job,
+                                   before the slab exchange, or before step S
+  stall:rank=R,step=S,for=D        rank R stops itself (SIGSTOP) before step S, for D
+Steps count consensus steps of the rank's replica from 0; D is a Go duration (2s, 500ms).`
+
+// Fault is one parsed --fault entry.
+type Fault struct {
+	Kind       string
+	Rank       int // -1: every rank
+	Step       uint64
+	After, For time.Duration
+	Ops        []string
+	At         string // kill: start, slabs or step
+}
+
+// faultParams are the parameters each kind accepts, and which it requires.
+var faultParams = map[string]struct{ allowed, required []string }{
+	"copy-fail":         {[]string{"rank", "step"}, []string{"rank"}},
+	"diverge-tree":      {[]string{"rank", "step"}, []string{"rank"}},
+	"diverge-placement": {[]string{"rank", "step"}, []string{"rank"}},
+	"new-fail":          {[]string{"rank"}, []string{"rank"}},
+	"storage-hang":      {[]string{"after", "for", "op", "rank"}, nil},
+	"storage-error":     {[]string{"after", "for", "op", "rank"}, nil},
+	"flush":             {[]string{"step"}, []string{"step"}},
+	"kill":              {[]string{"rank", "at", "step"}, []string{"rank", "at"}},
+	"stall":             {[]string{"rank", "step", "for"}, []string{"rank", "step", "for"}},
+}
+
+var storageOps = []string{"exists", "get", "put", "delete", "clear"}
+
+// ParseFaults parses a --fault SPEC (see FaultHelp); every error wraps ErrBadInput and names
+// the bad part.
+func ParseFaults(spec string) ([]Fault, error) {
+	var out []Fault
+	for part := range strings.SplitSeq(spec, ";") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		f, err := parseFault(part)
+		if err != nil {
+			return nil, bad("--fault %q: %v", part, err)
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil, bad("--fault %q: no fault given", spec)
+	}
+	return out, nil
+}
+
+func parseFault(part string) (Fault, error) {
+	kind, params, _ := strings.Cut(part, ":")
+	f := Fault{Kind: kind, Rank: -1}
+	ps, ok := faultParams[kind]
+	if !ok {
+		kinds := make([]string, 0, len(faultParams))
+		for k := range faultParams {
+			kinds = append(kinds, k)
+		}
+		slices.Sort(kinds)
+		return f, fmt.Errorf("unknown fault %q (known: %s)", kind, strings.Join(kinds, ", "))
+	}
+	seen := map[string]bool{}
+	for kv := range strings.SplitSeq(params, ",") {
+		if kv == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok || val == "" {
+			return f, fmt.Errorf("parameter %q is not NAME=VALUE", kv)
+		}
+		if !slices.Contains(ps.allowed, name) {
+			return f, fmt.Errorf("%s takes no parameter %q (it takes %s)", kind, name, strings.Join(ps.allowed, ", "))
+		}
+		if seen[name] {
+			return f, fmt.Errorf("parameter %q given twice", name)
+		}
+		seen[name] = true
+		var err error
+		switch name {
+		case "rank":
+			f.Rank, err = strconv.Atoi(val)
+			if err != nil || f.Rank < 0 {
+				err = fmt.Errorf("want a rank number")
+			}
+		case "step":
+			if f.Step, err = strconv.ParseUint(val, 10, 63); err != nil {
+				err = fmt.Errorf("want a step number")
+			}
+		case "after":
+			f.After, err = parseDuration(val)
+		case "for":
+			f.For, err = parseDuration(val)
+		case "op":
+			f.Ops = strings.Split(val, "+")
+			for _, op := range f.Ops {
+				if !slices.Contains(storageOps, op) {
+					err = fmt.Errorf("unknown operation %q (known: %s)", op, strings.Join(storageOps, ", "))
+				}
+			}
+		case "at":
+			f.At = val
+			if !slices.Contains([]string{"start", "slabs", "step"}, val) {
+				err = fmt.Errorf("want start, slabs or step")
+			}
+		}
+		if err != nil {
+			return f, fmt.Errorf("%s=%s: %v", name, val, err)
+		}
+	}
+	for _, name := range ps.required {
+		if !seen[name] {
+			return f, fmt.Errorf("%s needs %s=", kind, name)
+		}
+	}
+	if kind == "kill" && f.At == "step" && !seen["step"] {
+		return f, fmt.Errorf("kill at=step needs step=")
+	}
+	return f, nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("want a duration such as 2s or 500ms")
+	}
+	return d, nil
+}
+
+// checkFaultRanks rejects faults aimed at a rank the world does not have.
+func (p *Plan) checkFaultRanks() error {
+	for _, f := range p.Config.Faults {
+		if f.Rank >= p.Layout.Config.World {
+			return bad("--fault %s: rank %d is not in the world of %d ranks", f.Kind, f.Rank, p.Layout.Config.World)
+		}
+	}
+	return nil
+}
+
+// mine returns the faults of kind aimed at rank (or at every rank).
+func (c *Config) mine(kind string, rank int) []Fault {
+	var out []Fault
+	for _, f := range c.Faults {
+		if f.Kind == kind && (f.Rank < 0 || f.Rank == rank) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// cacheFaults are rank's failpoints in the cache (nil: none).
+func (c *Config) cacheFaults(rank int) *hicache.Faults {
+	var hf hicache.Faults
+	on := false
+	for _, f := range c.mine("new-fail", rank) {
+		hf.NewError, on = fmt.Errorf("--fault new-fail:rank=%d", f.Rank), true
+	}
+	for _, k := range []struct {
+		kind string
+		sf   *hicache.StepFault
+	}{{"copy-fail", &hf.CopyFail}, {"diverge-tree", &hf.DivergeTree}, {"diverge-placement", &hf.DivergePlacement}} {
+		for _, f := range c.mine(k.kind, rank) {
+			*k.sf, on = hicache.StepFault{On: true, Step: f.Step}, true
+		}
+	}
+	if !on {
+		return nil
+	}
+	return &hf
+}
+
+// faultyStorage wraps rank's storage handle with its storage faults.
+func (c *Config) faultyStorage(rank int, st storage.Storage) storage.Storage {
+	for _, kind := range []string{"storage-hang", "storage-error"} {
+		for _, f := range c.mine(kind, rank) {
+			st = storage.WithFaults(st, storage.Faults{After: f.After, For: f.For, Hang: kind == "storage-hang", Ops: f.Ops})
+		}
+	}
+	return st
+}
+
+// killPoint ends this process with SIGKILL when a kill fault names rank at this point (at
+// "step": at step).
+func (c *Config) killPoint(rank int, at string, step uint64) {
+	for _, f := range c.mine("kill", rank) {
+		if f.At == at && (at != "step" || f.Step == step) {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal is on its way
+		}
+	}
+}
+
+// stallPoint stops this process (SIGSTOP) for the fault's duration when a stall fault names
+// rank at step: a helper process sends SIGCONT.
+func (c *Config) stallPoint(rank int, step uint64) {
+	for _, f := range c.mine("stall", rank) {
+		if f.Step != step {
+			continue
+		}
+		pid := os.Getpid()
+		wake := exec.Command("sh", "-c", fmt.Sprintf("sleep %.3f; kill -CONT %d", f.For.Seconds(), pid))
+		if err := wake.Start(); err != nil {
+			continue // no shell: no stall
+		}
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+		_ = wake.Wait()
+	}
+}
+
+// faultRunner runs one rank's scheduler-level faults (kill, stall, flush) before its steps.
+// nil when the run has no faults.
+type faultRunner struct {
+	cfg  *Config
+	rank int
+}
+
+func newFaultRunner(cfg *Config, rank int) *faultRunner {
+	if len(cfg.Faults) == 0 {
+		return nil
+	}
+	return &faultRunner{cfg: cfg, rank: rank}
+}
+
+// beforeStep runs the faults due before step s.counts.Steps. A flush is replicated: every
+// rank of the replica makes it at the same step and gets the same answer (refused while
+// busy).
+func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
+	if f == nil {
+		return nil
+	}
+	step := uint64(s.counts.Steps)
+	f.cfg.killPoint(f.rank, "step", step)
+	f.cfg.stallPoint(f.rank, step)
+	for _, fl := range f.cfg.mine("flush", f.rank) {
+		if fl.Step != step {
+			continue
+		}
+		switch err := s.cache.Flush(ctx); {
+		case err == nil:
+			s.counts.Flushes++
+		case errors.Is(err, hicache.ErrBusy):
+			s.counts.FlushesRefused++
+		default:
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"time"
+	"unsafe"
+)
+
+// Argument checks and conversions of the exported functions.
+
+// tokenSlice views n C tokens; NULL is accepted only with n == 0.
+func tokenSlice(p unsafe.Pointer, n uint64, what string) ([]int32, error) {
+	switch {
+	case n == 0:
+		return nil, nil
+	case p == nil:
+		return nil, fmt.Errorf("%w: %s is NULL with n = %d", errInvalid, what, n)
+	case n > 1<<40:
+		return nil, fmt.Errorf("%w: %s length %d", errInvalid, what, n)
+	}
+	return unsafe.Slice((*int32)(p), n), nil
+}
+
+// needCap checks a caller's buffer for up to pages entries: NULL with capacity 0 means "not
+// wanted" when allowNull; otherwise it must hold them all, so that a replicated call never
+// stops half-way on one rank.
+func needCap(p unsafe.Pointer, capacity uint64, pages int, what string, allowNull bool) error {
+	if p == nil {
+		if allowNull && capacity == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is NULL (capacity %d)", errInvalid, what, capacity)
+	}
+	if capacity < uint64(pages) {
+		return fmt.Errorf("%w: %s holds %d entries, the call may return %d (n / page_tokens)", errSize, what, capacity, pages)
+	}
+	return nil
+}
+
+// latencyQuantiles returns the median and p99 of the consensus latencies.
+func latencyQuantiles(lat []time.Duration) (median, p99 time.Duration) {
+	if len(lat) == 0 {
+		return 0, 0
+	}
+	slices.Sort(lat)
+	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache"
+)
+
+func goodConfig() openConfig {
+	return openConfig{rank: -1, timeout: time.Minute, pageTokens: 16, pageBytes: 64, l1Pages: 8, l2Pages: 16}
+}
+
+// Every bad value is rejected before any rank talks to another, with a message naming it.
+func TestCheckConfigRejectsBadValues(t *testing.T) {
+	var buf [64]byte
+	cases := []struct {
+		name string
+		edit func(*openConfig)
+		want string
+	}{
+		{"negative world", func(c *openConfig) { c.layout.World = -1 }, "world -1"},
+		{"rank below -1", func(c *openConfig) { c.rank = -2 }, "rank -2"},
+		{"explicit rank without world", func(c *openConfig) { c.rank = 0 }, "needs an explicit world"},
+		{"rank outside world", func(c *openConfig) { c.rank, c.layout.World = 4, 4 }, "rank 4 outside world size 4"},
+		{"zero page tokens", func(c *openConfig) { c.pageTokens = 0 }, "page_tokens 0"},
+		{"zero page bytes", func(c *openConfig) { c.pageBytes = 0 }, "page_bytes 0"},
+		{"zero l1", func(c *openConfig) { c.l1Pages = 0 }, "l1_pages 0"},
+		{"huge l2", func(c *openConfig) { c.l2Pages = 1 << 40 }, "l2_pages"},
+		{"overflow", func(c *openConfig) { c.pageBytes, c.l2Pages = 1<<40, 1<<30 }, "overflows"},
+		{"slab backend", func(c *openConfig) { c.slabKind = 9 }, "slab_backend 9"},
+		{"l1 kind", func(c *openConfig) { c.l1Kind = 9 }, "l1_kind 9"},
+		{"host l1 without base", func(c *openConfig) { c.l1Kind = l1Host }, "l1_base is NULL"},
+		{"cuda ipc with host l1", func(c *openConfig) {
+			c.slabKind, c.l1Kind, c.l1Base = slabCUDAIPC, l1Host, unsafe.Pointer(&buf)
+		}, "need a device L1"},
+		{"device l1 with unpinned host slabs", func(c *openConfig) {
+			c.l1Kind, c.l1Base = l1Device, unsafe.Pointer(&buf)
+		}, "needs pin_host = 1"},
+		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
+		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
+	}
+	good := goodConfig()
+	if err := checkConfig(&good); err != nil {
+		t.Fatalf("good config rejected: %v", err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := goodConfig()
+			tc.edit(&c)
+			err := checkConfig(&c)
+			if !errors.Is(err, errInvalid) {
+				t.Fatalf("err = %v, want errInvalid", err)
+			}
+			if got := err.Error(); !strings.Contains(got, tc.want) {
+				t.Fatalf("err = %q, want it to name %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// Status codes follow the error's kind, whatever wraps it.
+func TestStatusOfMapsErrorKinds(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{errInvalid, -1}, {errSize, -2}, {errRange, -3}, {errClosed, -4}, {hicache.ErrClosed, -4},
+		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {errNode, -7},
+		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
+		{errInternal, -100}, {errors.New("copy failed"), -13},
+	} {
+		wrapped := tc.err
+		if wrapped != nil {
+			wrapped = errors.Join(errors.New("context"), tc.err)
+		}
+		if got := int(statusOf(wrapped)); got != tc.want {
+			t.Errorf("statusOf(%v) = %d, want %d", wrapped, got, tc.want)
+		}
+	}
+}

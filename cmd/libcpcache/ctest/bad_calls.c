@@ -1,0 +1,295 @@
+// bad_calls.c — every bad call of include/cpcache.h returns its error code (with a
+// message) and changes nothing; nothing crashes. One process, a world of one rank.
+// Also: the last error is per thread, and the engine's own SIGINT handler keeps working
+// with the Go runtime loaded (see "Signals" in cmd/libcpcache/doc.go).
+//
+// Usage: bad_calls (exit 0 when every check passed; each failed check is printed).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpcache.h"
+
+static int failures;
+
+#define expect(call, want)                                                                      \
+  do {                                                                                          \
+    int got_ = (call);                                                                          \
+    if (got_ != (want)) {                                                                       \
+      fprintf(stderr, "FAIL %s:%d: %s = %d, want %s (%d); last error: %s\n", __FILE__, __LINE__, \
+              #call, got_, #want, (want), cpcache_last_error());                               \
+      failures++;                                                                               \
+    } else if ((want) != CPCACHE_OK && cpcache_last_error()[0] == 0) {                          \
+      fprintf(stderr, "FAIL %s:%d: %s gave no message\n", __FILE__, __LINE__, #call);            \
+      failures++;                                                                               \
+    }                                                                                           \
+  } while (0)
+
+#define expect_true(cond)                                                        \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);             \
+      failures++;                                                                \
+    }                                                                            \
+  } while (0)
+
+enum { PAGE_TOKENS = 4, PAGE_BYTES = 64, L1_PAGES = 16 };
+
+static char store[256];
+
+static void base_config(cpcache_config *cfg) {
+  expect(cpcache_config_init(cfg), CPCACHE_OK);
+  cfg->world = 1;
+  cfg->rank = 0;
+  cfg->store_url = store;
+  cfg->page_tokens = PAGE_TOKENS;
+  cfg->page_bytes = PAGE_BYTES;
+  cfg->l1_pages = L1_PAGES;
+  cfg->l2_pages = 32;
+}
+
+static void *other_thread(void *arg) {
+  (void)arg;
+  expect(cpcache_match(0, NULL, 0, NULL, NULL, 0), CPCACHE_ERR_CLOSED);
+  expect_true(strstr(cpcache_last_error(), "not open") != NULL);
+  return NULL;
+}
+
+static volatile sig_atomic_t got_sigint;
+static void on_sigint(int sig) { (void)sig; got_sigint = 1; }
+
+int main(void) {
+  char dir[] = "/tmp/cpcache-badcalls-XXXXXX";
+  if (!mkdtemp(dir)) return 2;
+  snprintf(store, sizeof store, "file://%s", dir);
+
+  // The library and the header agree.
+  expect_true(cpcache_abi_version() == CPCACHE_ABI_VERSION);
+  expect_true(strncmp(cpcache_version(), "cpcache ", 8) == 0);
+  expect_true(cpcache_last_error() != NULL);
+
+  // NULL pointers and wrong struct sizes.
+  cpcache_config cfg;
+  cpcache_t c = 0;
+  expect(cpcache_config_init(NULL), CPCACHE_ERR_INVALID);
+  base_config(&cfg);
+  expect(cpcache_open(NULL, &c), CPCACHE_ERR_INVALID);
+  expect(cpcache_open(&cfg, NULL), CPCACHE_ERR_INVALID);
+  cfg.struct_size = sizeof cfg - 8;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_SIZE);
+  base_config(&cfg);
+  cfg.abi_version = CPCACHE_ABI_VERSION + 1;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_SIZE);
+
+  // Bad configuration values, rejected before any rendezvous.
+  base_config(&cfg);
+  cfg.page_bytes = 0;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "page_bytes 0") != NULL);
+  base_config(&cfg);
+  cfg.l1_kind = CPCACHE_L1_HOST; // without l1_base
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  base_config(&cfg);
+  cfg.rank = 3; // outside a world of 1
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  base_config(&cfg);
+  cfg.l1_kind = 7;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  base_config(&cfg);
+  cfg.attn_cp = 2; // does not divide a world of 1
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_CONFIG);
+  expect_true(c == 0);
+
+  // Calls on handles that were never opened.
+  cpcache_stats st = {.struct_size = sizeof st};
+  expect(cpcache_step(0), CPCACHE_ERR_CLOSED);
+  expect(cpcache_step(12345), CPCACHE_ERR_CLOSED);
+  expect(cpcache_get_stats(99, &st), CPCACHE_ERR_CLOSED);
+  expect(cpcache_close(0), CPCACHE_ERR_CLOSED);
+
+  // Open; a second open in this process fails.
+  base_config(&cfg);
+  expect(cpcache_open(&cfg, &c), CPCACHE_OK);
+  cpcache_t c2 = 0;
+  expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_ALREADY_OPEN);
+  expect_true(c2 == 0);
+
+  cpcache_info info = {.struct_size = sizeof info};
+  expect(cpcache_get_info(c, &info), CPCACHE_OK);
+  expect_true(info.world == 1 && info.cp_size == 1 && info.page_bytes == PAGE_BYTES && info.l1_base != NULL);
+  cpcache_info short_info = {.struct_size = 4};
+  expect(cpcache_get_info(c, &short_info), CPCACHE_ERR_SIZE);
+  expect(cpcache_get_info(c, NULL), CPCACHE_ERR_INVALID);
+  cpcache_stats short_stats = {.struct_size = sizeof short_stats + 8};
+  expect(cpcache_get_stats(c, &short_stats), CPCACHE_ERR_SIZE);
+  expect(cpcache_get_stats(c, NULL), CPCACHE_ERR_INVALID);
+
+  // match and insert: NULL pointers, short buffers — nothing changes.
+  int32_t tokens[4 * PAGE_TOKENS];
+  for (int i = 0; i < 4 * PAGE_TOKENS; i++) tokens[i] = 100 + i;
+  cpcache_match_result m;
+  cpcache_insert_result ins;
+  int32_t slots[4];
+  cpcache_fill_page fill[4];
+  expect(cpcache_match(c, NULL, 16, &m, slots, 4), CPCACHE_ERR_INVALID);
+  expect(cpcache_match(c, tokens, 16, NULL, slots, 4), CPCACHE_ERR_INVALID);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 3), CPCACHE_ERR_SIZE);
+  expect(cpcache_match(c, tokens, 16, &m, NULL, 4), CPCACHE_ERR_INVALID);
+  expect(cpcache_insert(c, NULL, 16, &ins, fill, 4), CPCACHE_ERR_INVALID);
+  expect(cpcache_insert(c, tokens, 16, NULL, fill, 4), CPCACHE_ERR_INVALID);
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 3), CPCACHE_ERR_SIZE);
+  expect(cpcache_insert(c, tokens, 16, &ins, NULL, 0), CPCACHE_ERR_INVALID);
+  expect(cpcache_get_stats(c, &st), CPCACHE_OK);
+  expect_true(st.matches == 0 && st.inserts == 0 && st.nodes == 0);
+
+  // Node handles that name nothing.
+  expect(cpcache_lock(c, 0), CPCACHE_ERR_NODE);
+  expect(cpcache_unlock(c, 0xdeadbeef), CPCACHE_ERR_NODE);
+  expect(cpcache_load_back(c, 42, NULL), CPCACHE_ERR_NODE);
+  expect(cpcache_wait_l1(c, 42, 0), CPCACHE_ERR_NODE);
+
+  // L1 slots out of range, NULL outputs, negative counts.
+  void *page;
+  size_t len;
+  expect(cpcache_l1_page(c, -1, &page, &len), CPCACHE_ERR_RANGE);
+  expect(cpcache_l1_page(c, L1_PAGES, &page, &len), CPCACHE_ERR_RANGE);
+  expect(cpcache_l1_page(c, 0, NULL, &len), CPCACHE_ERR_INVALID);
+  expect(cpcache_l1_page(c, 0, &page, NULL), CPCACHE_ERR_INVALID);
+  expect(cpcache_evict_l1(c, -1, NULL), CPCACHE_ERR_INVALID);
+  expect(cpcache_evict_l2(c, -5, NULL), CPCACHE_ERR_INVALID);
+  expect(cpcache_pending(c, NULL), CPCACHE_ERR_INVALID);
+  expect(cpcache_prefetch(c, tokens, 16, NULL), CPCACHE_ERR_INVALID);
+  expect(cpcache_prefetch_pending(c, 1, NULL), CPCACHE_ERR_INVALID);
+
+  // A correct round: insert, write the pages, step, match hits them in L1.
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
+  expect_true(ins.pages == 4 && ins.n_fill == 4 && ins.node != 0);
+  for (int i = 0; i < ins.n_fill; i++) {
+    expect_true(fill[i].owned == 1 && fill[i].index == i);
+    expect(cpcache_l1_page(c, fill[i].slot, &page, &len), CPCACHE_OK);
+    expect_true(len == PAGE_BYTES);
+    memset(page, 0x40 + i, len);
+  }
+  expect(cpcache_step(c), CPCACHE_OK);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.node == ins.node && m.device_pages == 4 && m.host_pages == 0);
+  for (int i = 0; i < 4; i++) expect_true(slots[i] == fill[i].slot);
+  cpcache_node_t node = m.node;
+
+  // Load-back: once the backup committed and L1 dropped the pages, they come back from L2
+  // with the bytes written above. wait_l1 before the step that starts the copies fails.
+  int64_t pending = -1;
+  for (;;) {
+    expect(cpcache_pending(c, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+    expect(cpcache_step(c), CPCACHE_OK);
+  }
+  int64_t freed = 0;
+  expect(cpcache_evict_l1(c, 4, &freed), CPCACHE_OK);
+  expect_true(freed == 4);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 0 && m.host_pages == 4);
+  expect(cpcache_lock(c, m.node), CPCACHE_OK);
+  int64_t loading = 0;
+  expect(cpcache_load_back(c, m.node, &loading), CPCACHE_OK);
+  expect_true(loading == 4);
+  expect(cpcache_wait_l1(c, m.node, 0), CPCACHE_ERR_NOT_STARTED);
+  expect(cpcache_load_pending(c, m.node, NULL), CPCACHE_ERR_INVALID);
+  int32_t load_pending = 1;
+  for (int i = 0; i < 10000 && load_pending; i++) { // the copy workers may be slow to run: 10 s
+    expect(cpcache_step(c), CPCACHE_OK);
+    expect(cpcache_load_pending(c, m.node, &load_pending), CPCACHE_OK);
+    if (load_pending) usleep(1000);
+  }
+  expect_true(load_pending == 0);
+  expect(cpcache_wait_l1(c, m.node, 10000), CPCACHE_OK);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 4 && m.node == node);
+  for (int i = 0; i < 4; i++) {
+    expect(cpcache_l1_page(c, slots[i], &page, &len), CPCACHE_OK);
+    expect_true(((unsigned char *)page)[0] == 0x40 + i && ((unsigned char *)page)[len - 1] == 0x40 + i);
+  }
+  expect(cpcache_unlock(c, m.node), CPCACHE_OK);
+  int32_t short_tokens[3] = {1, 2, 3}; // less than a page: no slots wanted, none needed
+  expect(cpcache_match(c, short_tokens, 3, &m, NULL, 0), CPCACHE_OK);
+  expect(cpcache_insert(c, short_tokens, 3, &ins, NULL, 0), CPCACHE_OK);
+  expect_true(ins.pages == 0 && ins.n_fill == 0);
+
+  // Flush while a node is locked: busy, nothing changes; then unlocked, it empties.
+  expect(cpcache_lock(c, node), CPCACHE_OK);
+  for (;;) {
+    expect(cpcache_pending(c, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+    expect(cpcache_step(c), CPCACHE_OK);
+  }
+  expect(cpcache_flush(c), CPCACHE_ERR_BUSY);
+  expect(cpcache_unlock(c, node), CPCACHE_OK);
+  expect(cpcache_flush(c), CPCACHE_OK);
+  expect(cpcache_lock(c, node), CPCACHE_ERR_NODE); // a handle from before the flush
+  expect_true(strstr(cpcache_last_error(), "before a flush") != NULL);
+  expect(cpcache_get_stats(c, &st), CPCACHE_OK);
+  expect_true(st.nodes == 0 && st.l1_used == 0);
+
+  // The last error is per thread.
+  expect(cpcache_lock(c, 0), CPCACHE_ERR_NODE);
+  pthread_t t;
+  pthread_create(&t, NULL, other_thread, NULL);
+  pthread_join(t, NULL);
+  expect_true(strstr(cpcache_last_error(), "node handle 0") != NULL);
+
+  // Signals: the engine's SIGINT handler still runs with the Go runtime loaded (Go
+  // installs no handler for it in a library), and a write to a broken pipe on an engine
+  // thread fails with EPIPE instead of killing the process (Gloo made the runtime catch
+  // SIGPIPE; it forwards signals on non-Go threads to the previous disposition, which for
+  // an engine that ignores SIGPIPE, as most servers do, is "ignore").
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_ONSTACK | SA_RESTART;
+  sigaction(SIGINT, &sa, NULL);
+  raise(SIGINT);
+  expect_true(got_sigint == 1);
+  signal(SIGPIPE, SIG_IGN);
+  int fds[2];
+  if (pipe(fds) == 0) {
+    close(fds[0]);
+    expect_true(write(fds[1], "x", 1) == -1 && errno == EPIPE);
+    close(fds[1]);
+  }
+  expect(cpcache_step(c), CPCACHE_OK);
+
+  // Close: idempotent; every other call on the handle then fails.
+  expect(cpcache_close(c), CPCACHE_OK);
+  expect(cpcache_close(c), CPCACHE_OK);
+  expect(cpcache_step(c), CPCACHE_ERR_CLOSED);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_ERR_CLOSED);
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_ERR_CLOSED);
+  expect(cpcache_lock(c, 1), CPCACHE_ERR_CLOSED);
+  expect(cpcache_wait_l1(c, 1, 0), CPCACHE_ERR_CLOSED);
+  expect(cpcache_l1_page(c, 0, &page, &len), CPCACHE_ERR_CLOSED);
+  expect(cpcache_get_stats(c, &st), CPCACHE_ERR_CLOSED);
+  expect(cpcache_flush(c), CPCACHE_ERR_CLOSED);
+
+  // A process may open again after closing; the new handle differs.
+  base_config(&cfg);
+  expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+  expect_true(c2 != c);
+  expect(cpcache_step(c), CPCACHE_ERR_CLOSED);
+  expect(cpcache_step(c2), CPCACHE_OK);
+  expect(cpcache_close(c2), CPCACHE_OK);
+
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) fprintf(stderr, "bad_calls: could not remove %s\n", dir);
+  if (failures) {
+    fprintf(stderr, "bad_calls: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("bad_calls: all checks passed\n");
+  return 0;
+}

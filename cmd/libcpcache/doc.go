@@ -1,0 +1,67 @@
+// Command libcpcache is cpcache's hierarchical KV cache (package hicache) as a C library for
+// engines written in C, C++ or Python: built with -buildmode=c-shared (libcpcache.so) or
+// -buildmode=c-archive (libcpcache.a), declared by the hand-written header
+// include/cpcache.h (the contract: per-function replicated/local marks and thread safety),
+// bound to Python by python/cpcache (ctypes). `make capi` builds both libraries into build/;
+// CMakeLists.txt builds and installs them with a find_package(cpcache) configuration.
+//
+// Build with -tags cpcache_nonvml: package cuda's NVML topology query (go-nvml) leaves
+// hundreds of undefined nvml* symbols in a c-shared library, which executables linked with
+// -lcpcache and ctypes (RTLD_NOW) refuse; the cache does not need it.
+//
+// # What the library does at cpcache_open
+//
+// It joins the job as one rank — rank and world from the launcher's environment
+// (parallel.FromEnv: cpcache launch, torchrun, mpirun, Slurm) or explicit — through the
+// rendezvous store (gloo.NewWorld), makes the layout's groups (gloo.NewLayoutGroups), the
+// consensus group (shm.Consensus: shared memory on one host, else Gloo), the slab set of this
+// rank's CP group (slab.OpenSet: host shared memory, or CUDA IPC through slab/cudaslab), the
+// copy engine over the L1 pool, the optional storage (storage.Open) and the hicache.Cache.
+// cpcache_close closes them in reverse order. One cache per process (lib.cur).
+//
+// L1 pools: CPCACHE_L1_ALLOC is an anonymous mapping the library makes (not Go heap, so its
+// address may be handed to C); CPCACHE_L1_HOST is the engine's host buffer; both are copied
+// by a hostengine.Engine over that memory (Options.Pool). CPCACHE_L1_DEVICE is the engine's
+// device pointer, copied by a cudaengine.Engine (pinned host slabs or CUDA IPC slabs).
+//
+// # The boundary
+//
+// No Go pointer crosses it. Handles are integers: a cache handle names the one open session
+// (never reused, so a closed handle stays invalid); a node handle is (generation << 40 |
+// node id), equal on every rank of the replica group (nodeTable); the generation changes at
+// every flush and every recovery from a quarantine, which restart node ids. Tokens are read from C
+// memory in place by Match and copied for Insert and Prefetch (the tree keeps them).
+// Results are written into caller-provided structs and arrays whose sizes are checked
+// before anything changes, so a replicated call either happens on every rank or fails on
+// every rank. Every exported function recovers panics (CPCACHE_ERR_INTERNAL) and records
+// the error text in a thread-local buffer (csrc/cpcache_capi.c), which works because an
+// exported function runs on its C caller's thread from entry to return.
+//
+// # Signals in a foreign process
+//
+// The Go runtime starts when libcpcache.so is loaded (c-shared) or at program start
+// (c-archive). It installs handlers only for the synchronous signals (SIGSEGV, SIGBUS,
+// SIGFPE) and SIGPIPE, keeping the engine's own handlers for everything else (adding
+// SA_ONSTACK to them): the engine's SIGINT/SIGTERM handling is untouched — Python still
+// raises KeyboardInterrupt, a C engine's handler still runs. A fault in the engine's own
+// code still reaches the engine's handler (the runtime forwards synchronous signals raised
+// in non-Go code). Gloo writes to sockets without MSG_NOSIGNAL, and package gloo routes
+// SIGPIPE to a channel (os/signal.Notify) on its first world: a broken connection on a Go
+// thread is then an error (parallel.ErrPeerLost), but a SIGPIPE raised on a thread the engine
+// created is forwarded to the engine's disposition — so engines should ignore SIGPIPE, as
+// servers do (Python does by default; examples/c/engine.c does). Tested by
+// ctest/bad_calls.c (SIGINT handler, EPIPE on an engine thread) and python/tests (Ctrl-C in
+// the example exits 130 after closing the cache, with no Go crash dump).
+//
+// # Threads
+//
+// Calls on a session hold its mutex (session.mu; cpcache_wait_l1 releases it before waiting),
+// and the cache has its own, so any thread may call; the replicated calls must come from one
+// scheduler thread in the replicated order. Go's threads (copy workers, Gloo's waits) are
+// the runtime's; the engine's threads are never taken over.
+//
+// # Usage
+//
+// See the header, examples/c/engine.c (C), python/examples/hicache_controller.py (Python,
+// mapped onto an SGLang-style HiCache controller) and README.md, "Linking into an engine".
+package main

@@ -1,0 +1,468 @@
+package main
+
+/*
+#include "../../csrc/cpcache_capi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
+)
+
+// The Go names of the header's kinds must equal its macros: a difference makes one of these
+// constants negative, which does not compile as a uint.
+const (
+	_ = uint(C.CPCACHE_L1_ALLOC-l1Alloc) + uint(l1Alloc-C.CPCACHE_L1_ALLOC)
+	_ = uint(C.CPCACHE_L1_HOST-l1Host) + uint(l1Host-C.CPCACHE_L1_HOST)
+	_ = uint(C.CPCACHE_L1_DEVICE-l1Device) + uint(l1Device-C.CPCACHE_L1_DEVICE)
+	_ = uint(C.CPCACHE_SLAB_HOST-slabHost) + uint(slabHost-C.CPCACHE_SLAB_HOST)
+	_ = uint(C.CPCACHE_SLAB_CUDA_IPC-slabCUDAIPC) + uint(slabCUDAIPC-C.CPCACHE_SLAB_CUDA_IPC)
+	_ = uint(C.CPCACHE_POLICY_WRITE_BACK-int(hicache.WriteBack)) + uint(int(hicache.WriteBack)-C.CPCACHE_POLICY_WRITE_BACK)
+)
+
+// The exported functions: each checks its pointers and sizes, recovers panics (guard),
+// and turns errors into status codes with a thread-local message (fail). Documentation of
+// each is in include/cpcache.h.
+
+//export cpcache_config_init
+func cpcache_config_init(cfg *C.cpcache_config) (status C.int) {
+	defer guard(&status)
+	if cfg == nil {
+		return fail(fmt.Errorf("%w: cpcache_config_init: cfg is NULL", errInvalid))
+	}
+	*cfg = C.cpcache_config{
+		struct_size: C.sizeof_cpcache_config, abi_version: C.CPCACHE_ABI_VERSION,
+		rank: -1, timeout_ms: C.int64_t(60_000), page_tokens: 16,
+		slab_backend: C.CPCACHE_SLAB_HOST, l1_kind: C.CPCACHE_L1_ALLOC, policy: C.CPCACHE_POLICY_WRITE_THROUGH,
+	}
+	return C.CPCACHE_OK
+}
+
+//export cpcache_open
+func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
+	defer guard(&status)
+	if cfg == nil || out == nil {
+		return fail(fmt.Errorf("%w: cpcache_open: cfg (%p) and out (%p) must not be NULL", errInvalid, cfg, out))
+	}
+	if cfg.struct_size != C.sizeof_cpcache_config || cfg.abi_version != C.CPCACHE_ABI_VERSION {
+		return fail(fmt.Errorf("%w: cpcache_open: config struct_size %d, abi_version %d; this library has %d, %d (call cpcache_config_init; rebuild against this cpcache.h)",
+			errSize, cfg.struct_size, cfg.abi_version, C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION))
+	}
+	h, err := openHandle(goConfig(cfg))
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_open: %w", err))
+	}
+	*out = C.cpcache_t(h)
+	return C.CPCACHE_OK
+}
+
+// goConfig copies a C configuration into Go values (checkConfig judges them).
+func goConfig(cfg *C.cpcache_config) *openConfig {
+	timeout := time.Duration(cfg.timeout_ms) * time.Millisecond
+	if cfg.timeout_ms > C.int64_t(math.MaxInt64/time.Millisecond) {
+		timeout = -time.Millisecond // overflows: rejected as not positive
+	}
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	return &openConfig{
+		layout: parallel.LayoutConfig{World: int(cfg.world), TP: int(cfg.tp), DP: int(cfg.dp), AttnCP: int(cfg.attn_cp),
+			EP: int(cfg.ep), DPAttention: cfg.dp_attention != 0},
+		rank: int(cfg.rank), store: str(cfg.store_url), consensus: str(cfg.consensus),
+		timeout:    timeout,
+		pageTokens: int(cfg.page_tokens), pageBytes: int(cfg.page_bytes),
+		slabKind: int(cfg.slab_backend), device: int(cfg.device), pinHost: cfg.pin_host != 0, l2Pages: int(cfg.l2_pages),
+		l1Kind: int(cfg.l1_kind), l1Base: cfg.l1_base, l1Pages: int(cfg.l1_pages),
+		options: hicache.Options{
+			Policy: hicache.Policy(cfg.policy), WriteThreshold: int(cfg.write_threshold),
+			MinLoadPages: int(cfg.min_load_pages), LoadQuotaPages: int(cfg.load_quota_pages),
+		},
+		storageURL: str(cfg.storage_url), model: str(cfg.model),
+	}
+}
+
+//export cpcache_close
+func cpcache_close(c C.cpcache_t) (status C.int) {
+	defer guard(&status)
+	return result(closeHandle(uint64(c)))
+}
+
+//export cpcache_get_info
+func cpcache_get_info(c C.cpcache_t, info *C.cpcache_info) (status C.int) {
+	defer guard(&status)
+	if info == nil {
+		return fail(fmt.Errorf("%w: cpcache_get_info: info is NULL", errInvalid))
+	}
+	if info.struct_size != C.sizeof_cpcache_info {
+		return fail(fmt.Errorf("%w: cpcache_info: struct_size %d, want %d", errSize, info.struct_size, C.sizeof_cpcache_info))
+	}
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	in := s.info
+	name := C.CPCAPI_NAME_GLOO
+	if in.consensus == "shm" {
+		name = C.CPCAPI_NAME_SHM
+	}
+	*info = C.cpcache_info{
+		struct_size: C.sizeof_cpcache_info,
+		rank:        C.int32_t(in.rank), world: C.int32_t(in.world), cp_rank: C.int32_t(in.cpRank), cp_size: C.int32_t(in.cpSize),
+		tp_rank: C.int32_t(in.tpRank), dp_rank: C.int32_t(in.dpRank), replica_size: C.int32_t(in.replicaSize),
+		page_tokens: C.int32_t(in.pageTokens), page_bytes: C.int64_t(in.pageBytes),
+		l1_pages: C.int64_t(in.l1Pages), l2_pages: C.int64_t(in.l2Pages),
+		l1_base: s.l1Base, consensus: C.cpcapi_static_name(C.int(name)),
+	}
+	return C.CPCACHE_OK
+}
+
+//export cpcache_match
+func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
+	defer guard(&status)
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+	if err == nil && out == nil {
+		err = fmt.Errorf("%w: cpcache_match: out is NULL", errInvalid)
+	}
+	if err == nil {
+		err = needCap(unsafe.Pointer(slots), uint64(slotsCap), len(toks)/s.info.pageTokens, "l1_slots", true)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_match: %w", err))
+	}
+	// Match does not keep tokens: the C memory is read in place.
+	m, err := s.cache.Match(toks)
+	if err != nil {
+		return fail(err)
+	}
+	if slots != nil {
+		copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), slotsCap), m.L1Slots)
+	}
+	*out = C.cpcache_match_result{node: C.cpcache_node_t(s.nodes.handle(m.Last)), device_pages: C.int64_t(m.DevicePages), host_pages: C.int64_t(m.HostPages)}
+	return C.CPCACHE_OK
+}
+
+// nodeCall runs f on the node named by h under the session's lock.
+func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, *hicache.Node) error) C.int {
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	n, err := s.nodes.node(uint64(h))
+	if err == nil {
+		err = f(s, n)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", what, err))
+	}
+	return C.CPCACHE_OK
+}
+
+//export cpcache_lock
+func cpcache_lock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
+	defer guard(&status)
+	return nodeCall(c, node, "cpcache_lock", func(s *session, n *hicache.Node) error { return s.cache.Lock(n) })
+}
+
+//export cpcache_unlock
+func cpcache_unlock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
+	defer guard(&status)
+	return nodeCall(c, node, "cpcache_unlock", func(s *session, n *hicache.Node) error { return s.cache.Unlock(n) })
+}
+
+//export cpcache_load_back
+func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return nodeCall(c, node, "cpcache_load_back", func(s *session, n *hicache.Node) error {
+		res, err := s.cache.LoadBack(n)
+		if err == nil && pages != nil {
+			*pages = C.int64_t(res.Pages)
+		}
+		return err
+	})
+}
+
+//export cpcache_load_pending
+func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32_t) (status C.int) {
+	defer guard(&status)
+	return nodeCall(c, node, "cpcache_load_pending", func(s *session, n *hicache.Node) error {
+		if pending == nil {
+			return fmt.Errorf("%w: pending is NULL", errInvalid)
+		}
+		*pending = 0
+		if s.cache.LoadPending(n) {
+			*pending = 1
+		}
+		return nil
+	})
+}
+
+//export cpcache_wait_l1
+func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) (status C.int) {
+	defer guard(&status)
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	n, err := s.nodes.node(uint64(node))
+	cache := s.cache
+	// The wait is local and may be long: it must not hold the session, which the scheduler
+	// thread needs meanwhile.
+	s.mu.Unlock()
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_wait_l1: %w", err))
+	}
+	ctx := context.Background()
+	if timeoutMs >= 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+		defer cancel()
+	}
+	return result(cache.WaitL1(ctx, n))
+}
+
+//export cpcache_insert
+func cpcache_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
+	defer guard(&status)
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+	if err == nil && out == nil {
+		err = fmt.Errorf("%w: cpcache_insert: out is NULL", errInvalid)
+	}
+	if err == nil {
+		err = needCap(unsafe.Pointer(fill), uint64(fillCap), len(toks)/s.info.pageTokens, "fill", len(toks) < s.info.pageTokens)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_insert: %w", err))
+	}
+	// The tree keeps the tokens of new nodes: they must live in Go memory.
+	res, err := s.cache.Insert(append([]int32(nil), toks...))
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_insert: %w", err))
+	}
+	if len(res.Fill) > 0 {
+		dst := unsafe.Slice(fill, fillCap)
+		for i, p := range res.Fill {
+			owned := C.int32_t(0)
+			if p.Owner == s.info.cpRank {
+				owned = 1
+			}
+			dst[i] = C.cpcache_fill_page{slot: C.int32_t(p.Slot), owner: C.int32_t(p.Owner), index: C.int64_t(p.Index), hash: C.uint64_t(p.Hash), owned: owned}
+		}
+	}
+	*out = C.cpcache_insert_result{node: C.cpcache_node_t(s.nodes.handle(res.Last)), pages: C.int64_t(res.Pages), n_fill: C.int64_t(len(res.Fill)), backups: C.int64_t(res.Backups)}
+	return C.CPCACHE_OK
+}
+
+// sessionCall runs f under the session's lock.
+func sessionCall(c C.cpcache_t, what string, f func(*session) error) C.int {
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	if err := f(s); err != nil {
+		return fail(fmt.Errorf("%s: %w", what, err))
+	}
+	return C.CPCACHE_OK
+}
+
+func nonNegative(v C.int64_t, what string) error {
+	if v < 0 {
+		return fmt.Errorf("%w: %s %d is negative", errInvalid, what, v)
+	}
+	return nil
+}
+
+//export cpcache_evict_l1
+func cpcache_evict_l1(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_evict_l1", func(s *session) error {
+		if err := nonNegative(pages, "pages"); err != nil {
+			return err
+		}
+		f, _, err := s.cache.EvictL1(int(pages))
+		if err == nil && freed != nil {
+			*freed = C.int64_t(f)
+		}
+		return err
+	})
+}
+
+//export cpcache_evict_l2
+func cpcache_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_evict_l2", func(s *session) error {
+		if err := nonNegative(pages, "pages"); err != nil {
+			return err
+		}
+		f, err := s.cache.EvictL2(int(pages))
+		if err == nil && freed != nil {
+			*freed = C.int64_t(f)
+		}
+		return err
+	})
+}
+
+//export cpcache_step
+func cpcache_step(c C.cpcache_t) (status C.int) {
+	defer guard(&status)
+	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) },
+		func(s *session, err error) { s.stepped(err) })
+}
+
+// collectiveCall runs f — a call with a collective, which may wait for peers — without the
+// session's lock, so that local calls (cpcache_wait_l1, cpcache_get_stats) answer meanwhile
+// as the cache allows; after runs under the lock once f returned.
+func collectiveCall(c C.cpcache_t, what string, f func(*session) error, after func(*session, error)) C.int {
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	s.mu.Unlock()
+	err = f(s)
+	s.mu.Lock()
+	after(s, err)
+	s.mu.Unlock()
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", what, err))
+	}
+	return C.CPCACHE_OK
+}
+
+//export cpcache_pending
+func cpcache_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_pending", func(s *session) error {
+		if pending == nil {
+			return fmt.Errorf("%w: pending is NULL", errInvalid)
+		}
+		*pending = C.int64_t(s.cache.Pending())
+		return nil
+	})
+}
+
+//export cpcache_flush
+func cpcache_flush(c C.cpcache_t) (status C.int) {
+	defer guard(&status)
+	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) },
+		func(s *session, err error) {
+			if err == nil {
+				s.flushed()
+			}
+		})
+}
+
+//export cpcache_prefetch
+func cpcache_prefetch(c C.cpcache_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_prefetch", func(s *session) error {
+		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+		if err != nil {
+			return err
+		}
+		if id == nil {
+			return fmt.Errorf("%w: id is NULL", errInvalid)
+		}
+		res, err := s.cache.Prefetch(append([]int32(nil), toks...))
+		if err == nil {
+			*id = C.uint64_t(res.ID)
+		}
+		return err
+	})
+}
+
+//export cpcache_prefetch_pending
+func cpcache_prefetch_pending(c C.cpcache_t, id C.uint64_t, pending *C.int32_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_prefetch_pending", func(s *session) error {
+		if pending == nil {
+			return fmt.Errorf("%w: pending is NULL", errInvalid)
+		}
+		*pending = 0
+		if s.cache.PrefetchPending(uint64(id)) {
+			*pending = 1
+		}
+		return nil
+	})
+}
+
+//export cpcache_prefetch_revoke
+func cpcache_prefetch_revoke(c C.cpcache_t, id C.uint64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_prefetch_revoke", func(s *session) error { return s.cache.RevokePrefetch(uint64(id)) })
+}
+
+//export cpcache_l1_page
+func cpcache_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *C.size_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_l1_page", func(s *session) error {
+		switch {
+		case page == nil || size == nil:
+			return fmt.Errorf("%w: page (%p) and len (%p) must not be NULL", errInvalid, page, size)
+		case s.l1Base == nil:
+			return fmt.Errorf("%w: the L1 pool is device memory (no host address)", errInvalid)
+		case slot < 0 || int(slot) >= s.info.l1Pages:
+			return fmt.Errorf("%w: L1 slot %d outside 0..%d", errRange, slot, s.info.l1Pages-1)
+		}
+		*page = unsafe.Add(s.l1Base, int(slot)*s.info.pageBytes)
+		*size = C.size_t(s.info.pageBytes)
+		return nil
+	})
+}
+
+//export cpcache_get_stats
+func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
+	defer guard(&status)
+	if out == nil {
+		return fail(fmt.Errorf("%w: cpcache_get_stats: stats is NULL", errInvalid))
+	}
+	if out.struct_size != C.sizeof_cpcache_stats {
+		return fail(fmt.Errorf("%w: cpcache_get_stats: struct_size %d, want %d", errSize, out.struct_size, C.sizeof_cpcache_stats))
+	}
+	return sessionCall(c, "cpcache_get_stats", func(s *session) error {
+		st := s.cache.Stats()
+		med, p99 := latencyQuantiles(st.ConsensusLatency)
+		l2 := C.int64_t(0)
+		if st.L2Enabled {
+			l2 = 1
+		}
+		*out = C.cpcache_stats{
+			struct_size: C.sizeof_cpcache_stats,
+			matches:     C.int64_t(st.Matches), inserts: C.int64_t(st.Inserts),
+			l1_hit_pages: C.int64_t(st.L1HitPages), l2_hit_pages: C.int64_t(st.L2HitPages), inserted_pages: C.int64_t(st.InsertedPages),
+			written_pages: C.int64_t(st.WrittenPages), loaded_pages: C.int64_t(st.LoadedPages),
+			evicted_l1_pages: C.int64_t(st.EvictedL1Pages), evicted_l2_pages: C.int64_t(st.EvictedL2Pages),
+			steps: C.int64_t(st.Steps), digest_checks: C.int64_t(st.DigestChecks), digest_mismatches: C.int64_t(st.DigestMismatches),
+			collectives:      C.int64_t(st.Collectives),
+			pages_written_l2: C.int64_t(st.PagesWritten), pages_loaded_l2: C.int64_t(st.PagesLoaded),
+			transfer_errors: C.int64_t(st.TransferErrors),
+			l1_used:         C.int64_t(st.L1Used), l2_free_pages: C.int64_t(st.L2FreePages), nodes: C.int64_t(st.Nodes),
+			pending: C.int64_t(s.cache.Pending()), l2_enabled: l2,
+			consensus_latency_median_ns: C.int64_t(med), consensus_latency_p99_ns: C.int64_t(p99),
+			storage_hit_pages: C.int64_t(st.L3HitPages), storage_prefetched_pages: C.int64_t(st.L3PrefetchedPages),
+			storage_backed_up_pages: C.int64_t(st.L3BackedUpPages), storage_errors: C.int64_t(st.StorageErrors),
+		}
+		return nil
+	})
+}

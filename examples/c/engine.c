@@ -1,0 +1,300 @@
+// engine.c — a small engine loop over libcpcache, for C engines to copy from.
+//
+// Every rank of the job runs this program (mpirun, cpcache launch, torchrun...). It serves
+// a synthetic multi-turn workload — each turn's prompt is the conversation so far plus a
+// new question — with a scheduler like `cpcache run`'s: each step decodes one token of
+// every running request (a finished one is inserted with its answer, so the next turn hits,
+// and unlocked), admits queued requests (match, lock, load the L2 part back, check every
+// loaded page, "compute" the missing pages — each CP rank writes the KV of the pages it
+// owns — insert), then makes exactly one cpcache_step. KV pages hold content derived from
+// their token prefix, page index and TP shard, so every page read back is checked.
+//
+// Usage: engine [--attn-cp N] [--dp N] [--dp-attention] [--clients N] [--rounds N]
+//               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
+// --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
+// Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
+// peer was lost.
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpcache.h"
+
+#define PAGE_TOKENS 16
+#define PAGE_BYTES 4096
+#define QUESTION_TOKENS 40
+#define ANSWER_TOKENS 24
+#define MAX_RUNNING 4
+#define MAX_PAGES 256
+
+// check exits with status 2 when a cpcache call failed.
+#define check(call)                                                                          \
+  do {                                                                                       \
+    int rc_ = (call);                                                                        \
+    if (rc_ != CPCACHE_OK) {                                                                 \
+      fprintf(stderr, "engine: %s: status %d: %s\n", #call, rc_, cpcache_last_error());      \
+      exit(2);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// prefix_hashes computes a chained hash per whole page of tokens: page i's content is a
+// function of every token up to the end of page i, as real KV is.
+static void prefix_hashes(const int32_t *tokens, int pages, uint64_t *out) {
+  uint64_t h = 0x243f6a8885a308d3ULL;
+  for (int p = 0; p < pages; p++) {
+    for (int t = 0; t < PAGE_TOKENS; t++) h = mix64(h ^ (uint32_t)tokens[p * PAGE_TOKENS + t]);
+    out[p] = h;
+  }
+}
+
+// kv_fill writes page `index`'s content for this rank's TP shard; kv_check verifies it.
+static void kv_fill(uint8_t *page, uint64_t hash, int index, int shard) {
+  uint64_t x = mix64(hash ^ mix64((uint64_t)index) ^ ((uint64_t)shard << 48));
+  for (int i = 0; i < PAGE_BYTES; i += 8) {
+    x += 0x9e3779b97f4a7c15ULL;
+    uint64_t v = mix64(x);
+    memcpy(page + i, &v, 8);
+  }
+}
+
+static int kv_check(const uint8_t *page, uint64_t hash, int index, int shard) {
+  uint8_t want[PAGE_BYTES];
+  kv_fill(want, hash, index, shard);
+  return memcmp(page, want, PAGE_BYTES) == 0;
+}
+
+typedef struct request {
+  int client, round;
+  int32_t *tokens; // prompt, then room for the answer
+  int prompt_len, answer_len, decoded;
+  int pages; // L1 pages reserved while it runs (prompt and answer)
+  cpcache_node_t locked;
+} request;
+
+typedef struct counters {
+  int64_t requests, input_tokens, hit_l1, hit_l2, missed, steps, verified, bad;
+} counters;
+
+static cpcache_t cache;
+static cpcache_info info;
+static counters cnt;
+
+// conversation_tokens returns client's tokens up to and including round's question
+// (answer = 0) or answer (answer = 1); deterministic, so every rank builds the same.
+static int conversation_tokens(int client, int round, int answer, int32_t *out) {
+  int n = 0;
+  for (int r = 0; r <= round; r++) {
+    for (int t = 0; t < QUESTION_TOKENS; t++) out[n++] = (int32_t)(mix64((uint64_t)client << 32 | r << 16 | t) % 32000);
+    if (r < round || answer)
+      for (int t = 0; t < ANSWER_TOKENS; t++) out[n++] = (int32_t)(mix64((uint64_t)client << 32 | r << 16 | (t + 1000)) % 32000);
+  }
+  return n;
+}
+
+// verify checks the L1 content of the device pages of tokens this rank owns.
+static void verify(const int32_t *tokens, int pages, const int32_t *slots) {
+  uint64_t hashes[MAX_PAGES];
+  prefix_hashes(tokens, pages, hashes);
+  for (int p = 0; p < pages; p++) {
+    if (p % info.cp_size != info.cp_rank) continue;
+    void *mem;
+    size_t len;
+    check(cpcache_l1_page(cache, slots[p], &mem, &len));
+    cnt.verified++;
+    if (!kv_check(mem, hashes[p], p, info.tp_rank)) {
+      if (cnt.bad++ == 0) fprintf(stderr, "engine: rank %d: page %d (slot %d) holds the wrong bytes\n", info.rank, p, slots[p]);
+    }
+  }
+}
+
+// insert caches tokens' whole pages and writes the KV of the new pages this rank owns; it
+// returns the node to lock, or 0 when L1 is full (nothing cached).
+static cpcache_node_t insert(const int32_t *tokens, int n) {
+  cpcache_fill_page fill[MAX_PAGES];
+  cpcache_insert_result res;
+  int rc = cpcache_insert(cache, tokens, (size_t)n, &res, fill, MAX_PAGES);
+  if (rc == CPCACHE_ERR_L1_FULL) return 0;
+  check(rc);
+  uint64_t hashes[MAX_PAGES];
+  prefix_hashes(tokens, n / PAGE_TOKENS, hashes);
+  for (int64_t i = 0; i < res.n_fill; i++) {
+    if (!fill[i].owned) continue;
+    void *mem;
+    size_t len;
+    check(cpcache_l1_page(cache, fill[i].slot, &mem, &len));
+    kv_fill(mem, hashes[fill[i].index], (int)fill[i].index, info.tp_rank);
+  }
+  return res.node;
+}
+
+// step makes the one consensus step of a scheduler step; a lost peer ends this rank.
+static void step(void) {
+  int rc = cpcache_step(cache); // exactly once per scheduler step, on every rank
+  if (rc == CPCACHE_ERR_PEER_LOST) {
+    fprintf(stderr, "engine: rank %d: peer lost at step %" PRId64 ": %s\n", info.rank, cnt.steps, cpcache_last_error());
+    cpcache_close(cache);
+    exit(3);
+  }
+  check(rc);
+  cnt.steps++;
+}
+
+// prefill admits r: match, lock, load back, check, compute the rest, insert.
+static int prefill(request *r) {
+  int32_t slots[MAX_PAGES];
+  cpcache_match_result m, after;
+  check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &m, slots, MAX_PAGES));
+  check(cpcache_lock(cache, m.node));
+  after = m;
+  if (m.host_pages > 0) {
+    int64_t loading = 0;
+    int rc = cpcache_load_back(cache, m.node, &loading);
+    if (rc == CPCACHE_ERR_L1_FULL) { // L1 full for now: retry at a later step
+      check(cpcache_unlock(cache, m.node));
+      return 0;
+    }
+    check(rc);
+    // The copies start at the next step; wait until the group agrees they are over (a copy
+    // that failed on any rank then leaves the same shorter hit everywhere), match again,
+    // and wait for this rank's own copies before reading the pages.
+    for (int32_t pending = 1;;) {
+      check(cpcache_load_pending(cache, m.node, &pending));
+      if (!pending) break;
+      step();
+    }
+    check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &after, slots, MAX_PAGES));
+    check(cpcache_wait_l1(cache, after.node, -1));
+  }
+  verify(r->tokens, (int)after.device_pages, slots);
+  cpcache_node_t node = insert(r->tokens, r->prompt_len);
+  if (node == 0) { // L1 full for now: retry at a later step
+    check(cpcache_unlock(cache, m.node));
+    return 0;
+  }
+  check(cpcache_lock(cache, node));
+  check(cpcache_unlock(cache, m.node));
+  r->locked = node;
+  int64_t l1 = m.device_pages * PAGE_TOKENS, l2 = (after.device_pages - m.device_pages) * PAGE_TOKENS;
+  cnt.requests++;
+  cnt.input_tokens += r->prompt_len;
+  cnt.hit_l1 += l1;
+  cnt.hit_l2 += l2;
+  cnt.missed += r->prompt_len - l1 - l2;
+  return 1;
+}
+
+// finish inserts the prompt with its answer (the next turn's history) and unlocks it.
+static void finish(request *r) {
+  int n = conversation_tokens(r->client, r->round, 1, r->tokens);
+  insert(r->tokens, n); // best effort: a full L1 only loses the answer's pages
+  check(cpcache_unlock(cache, r->locked));
+}
+
+static long arg(int argc, char **argv, const char *name, long def) {
+  for (int i = 1; i + 1 < argc; i++)
+    if (strcmp(argv[i], name) == 0) return strtol(argv[i + 1], NULL, 10);
+  return def;
+}
+
+static int flag(int argc, char **argv, const char *name) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], name) == 0) return 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  // Gloo writes to sockets without MSG_NOSIGNAL: a SIGPIPE on one of this process's own
+  // threads would otherwise kill it when a peer dies (see cmd/libcpcache/doc.go, Signals).
+  signal(SIGPIPE, SIG_IGN);
+  long exit_rank = arg(argc, argv, "--exit-rank", -1), exit_step = arg(argc, argv, "--exit-step", -1);
+  cpcache_config cfg;
+  check(cpcache_config_init(&cfg));
+  cfg.attn_cp = (int32_t)arg(argc, argv, "--attn-cp", 1);
+  cfg.dp = (int32_t)arg(argc, argv, "--dp", 1);
+  cfg.dp_attention = flag(argc, argv, "--dp-attention");
+  cfg.page_tokens = PAGE_TOKENS;
+  cfg.page_bytes = PAGE_BYTES;
+  cfg.l1_pages = arg(argc, argv, "--l1-pages", 96);
+  cfg.l2_pages = arg(argc, argv, "--l2-pages", 512);
+  int clients = (int)arg(argc, argv, "--clients", 16), rounds = (int)arg(argc, argv, "--rounds", 4);
+  check(cpcache_open(&cfg, &cache)); // rank and world from the launcher's environment
+  info.struct_size = sizeof info;
+  check(cpcache_get_info(cache, &info));
+
+  // This replica's requests: clients with client mod dp == dp_rank, round by round.
+  int dp = info.world / info.replica_size, nreq = 0, next = 0, nrun = 0, reserved = 0;
+  request *reqs = calloc((size_t)(clients * rounds), sizeof(request));
+  request *running[MAX_RUNNING];
+  int *done_round = calloc((size_t)clients, sizeof(int)); // rounds finished per client
+  for (int r = 0; r < rounds; r++)
+    for (int c = info.dp_rank; c < clients; c += dp) {
+      request *q = &reqs[nreq++];
+      q->client = c, q->round = r;
+      q->tokens = malloc(sizeof(int32_t) * (size_t)(rounds * (QUESTION_TOKENS + ANSWER_TOKENS)));
+      q->prompt_len = conversation_tokens(c, r, 0, q->tokens);
+      q->answer_len = ANSWER_TOKENS;
+      q->pages = (q->prompt_len + q->answer_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    }
+
+  int finished = 0;
+  while (finished < nreq) {
+    // Decode one token of every running request; finish complete ones.
+    for (int i = 0; i < nrun;) {
+      request *r = running[i];
+      if (++r->decoded < r->answer_len) {
+        i++;
+        continue;
+      }
+      finish(r);
+      reserved -= r->pages;
+      done_round[r->client]++;
+      finished++;
+      running[i] = running[--nrun];
+    }
+    // Admit in order while L1 has room for the running requests' pages; a turn waits for
+    // its conversation's previous one. Every condition is replicated state.
+    while (next < nreq && nrun < MAX_RUNNING && done_round[reqs[next].client] == reqs[next].round &&
+           (nrun == 0 || reserved + reqs[next].pages <= info.l1_pages)) {
+      if (!prefill(&reqs[next])) break;
+      reserved += reqs[next].pages;
+      running[nrun++] = &reqs[next++];
+    }
+    if (info.rank == exit_rank && cnt.steps >= exit_step) _exit(0); // a crash: no close
+    step();
+  }
+  for (int64_t pending = 1; pending > 0;) {
+    check(cpcache_pending(cache, &pending));
+    step();
+  }
+
+  cpcache_stats st;
+  st.struct_size = sizeof st;
+  check(cpcache_get_stats(cache, &st));
+  double hit = cnt.input_tokens ? (double)(cnt.hit_l1 + cnt.hit_l2) / (double)cnt.input_tokens : 0;
+  printf("rank %d/%d (cp %d/%d, dp %d, consensus %s): requests=%" PRId64 " input_tokens=%" PRId64
+         " tokens_hit_l1=%" PRId64 " tokens_hit_l2=%" PRId64 " tokens_missed=%" PRId64 " hit_rate=%.3f"
+         " pages_written_l2=%" PRId64 " pages_loaded_l2=%" PRId64 " scheduler_steps=%" PRId64
+         " consensus_steps=%" PRId64 " collectives_per_step=%.3f digest_checks=%" PRId64
+         " digest_mismatches=%" PRId64 " pages_verified=%" PRId64 " bad_pages=%" PRId64 "\n",
+         info.rank, info.world, info.cp_rank, info.cp_size, info.dp_rank, info.consensus, cnt.requests,
+         cnt.input_tokens, cnt.hit_l1, cnt.hit_l2, cnt.missed, hit, st.pages_written_l2, st.pages_loaded_l2,
+         cnt.steps, st.steps, cnt.steps ? (double)st.steps / (double)cnt.steps : 0, st.digest_checks,
+         st.digest_mismatches, cnt.verified, cnt.bad);
+  check(cpcache_close(cache));
+  for (int i = 0; i < nreq; i++) free(reqs[i].tokens);
+  free(reqs);
+  free(done_round);
+  if (cnt.bad > 0 || st.digest_mismatches > 0 || st.steps != cnt.steps) return 1;
+  return 0;
+}

@@ -1,0 +1,67 @@
+package core
+
+import (
+	"testing"
+)
+
+// Only an I/O rank's breaker opens the storage circuit; the group agrees it at one step, and
+// while it is open no rank starts a prefetch or queues storage work; closing is agreed too.
+func TestStorageCircuitAgreed(t *testing.T) {
+	const n = 4
+	cores := make([]*Core, n)
+	for i := range cores {
+		c, err := New(Config{Options: Options{PageSize: 4, L1Pages: 32}, Slabs: n, PagesPerSlab: 32, CPRank: i, L3: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cores[i] = c
+	}
+	r := &coreRig{cores: cores}
+	step := func() {
+		t.Helper()
+		for i, err := range r.stepAll() {
+			if err != nil {
+				t.Fatalf("rank %d: %v", i, err)
+			}
+		}
+	}
+	open := func(want bool) {
+		t.Helper()
+		for i, c := range cores {
+			if c.StorageCircuitOpen() != want {
+				t.Fatalf("rank %d: circuit open %t, want %t", i, c.StorageCircuitOpen(), want)
+			}
+		}
+	}
+	tokens := make([]int32, 16)
+	for i := range tokens {
+		tokens[i] = int32(i + 1)
+	}
+
+	cores[1].StorageCircuit(true) // not an I/O rank: its breaker does not count
+	step()
+	open(false)
+	cores[0].StorageCircuit(true)
+	open(false) // agreed only at the next step
+	step()
+	open(true)
+	for i, c := range cores {
+		if res := c.Prefetch(tokens); res.ID != 0 {
+			t.Fatalf("rank %d: prefetch %+v started with the circuit open", i, res)
+		}
+		if rd := c.Ready(nil); len(rd.Jobs) != 0 {
+			t.Fatalf("rank %d: storage jobs %+v queued with the circuit open", i, rd.Jobs)
+		}
+	}
+	cores[0].StorageCircuit(false)
+	step()
+	open(false)
+	for i, c := range cores {
+		if res := c.Prefetch(tokens); res.ID == 0 {
+			t.Fatalf("rank %d: no prefetch once the circuit closed", i)
+		}
+	}
+	if rd := cores[0].Ready(nil); len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageQuery {
+		t.Fatalf("I/O rank jobs %+v, want one query", rd.Jobs)
+	}
+}

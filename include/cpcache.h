@@ -1,0 +1,299 @@
+/*
+ * cpcache.h — the C ABI of libcpcache: cpcache's hierarchical KV cache for context-parallel
+ * (CP) groups, for engines written in C, C++ or Python (ctypes). Link with -lcpcache
+ * (libcpcache.so) or with libcpcache.a plus the libraries CMake's cpcache::cpcache_static
+ * names. Hand-written and stable: CPCACHE_ABI_VERSION changes only when a declaration here
+ * changes incompatibly.
+ *
+ * Conventions
+ *   - Every function returns a status: CPCACHE_OK (0) or a negative CPCACHE_ERR_* code; out
+ *     parameters are written only on success. cpcache_last_error() returns the message of
+ *     the last failed call on the calling thread.
+ *   - Handles (cpcache_t, cpcache_node_t) are opaque integers; 0 is never a valid cache.
+ *     No memory owned by the library's runtime crosses the boundary: every pointer the
+ *     library returns (cpcache_l1_page) points into memory the caller or the library
+ *     allocated outside any garbage collector, valid until cpcache_close.
+ *   - Bad calls (NULL pointers, wrong struct sizes, buffers that are too small, slots or
+ *     nodes out of range, calls after close, a second open) return an error code and change
+ *     nothing; they never crash the process.
+ *
+ * Replicated and local calls (see hicache/doc.go). The ranks of a replica group (the
+ * attention-DP block: attn_cp × attn_tp ranks) hold identical cache metadata because they
+ * run the same scheduler:
+ *   [R] replicated: every rank of the replica group makes the call, in the same order, with
+ *       the same arguments. Results (node handles, page counts, L1 slots) are equal on every
+ *       rank. Skipping one on one rank is a divergence the next step detects.
+ *   [L] local: this rank only; never waits on another rank.
+ *   [C] collective: like [R], and it also waits for every rank of the job (open) or group.
+ *
+ * Thread safety: every function may be called from any thread; calls on one cache are
+ * serialised by a lock, which cpcache_step and cpcache_flush release while they wait for
+ * peers and cpcache_wait_l1 while it waits for copies (so [L] calls answer meanwhile). The
+ * [R] calls of a cache must be issued by one scheduler thread (their order is part of the
+ * replicated state); one made while this rank's step waits fails with CPCACHE_ERR_BUSY.
+ *
+ * Usage loop (one scheduler step, every rank):
+ *   for each new request:  cpcache_match [R] → cpcache_lock [R] → cpcache_load_back [R];
+ *                          cpcache_step until cpcache_load_pending [R] says 0 (the group
+ *                          agreed the loads are over), then cpcache_match again (every rank
+ *                          gets the same hit); the model calls cpcache_wait_l1 [L] before
+ *                          reading the loaded prefix
+ *   after its prefill:     cpcache_insert [R] → write the KV of every fill page this rank
+ *                          owns into its L1 slot (before the next step)
+ *   when it finishes:      cpcache_unlock [R]
+ *   once per step:         cpcache_step [R] — always, even when nothing is pending
+ *   when idle:             cpcache_flush [C]
+ *   any time:              cpcache_get_stats [L], cpcache_get_info [L]
+ */
+#ifndef CPCACHE_H
+#define CPCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version of this header; cpcache_abi_version() returns the library's. */
+#define CPCACHE_ABI_VERSION 1
+
+/* Status codes. */
+#define CPCACHE_OK 0
+#define CPCACHE_ERR_INVALID (-1)      /* a NULL pointer or a bad value (named in the message) */
+#define CPCACHE_ERR_SIZE (-2)         /* a struct_size that is not this header's, a short buffer */
+#define CPCACHE_ERR_RANGE (-3)        /* an L1 slot or page index out of range */
+#define CPCACHE_ERR_CLOSED (-4)       /* a cache handle that was closed or never opened */
+#define CPCACHE_ERR_ALREADY_OPEN (-5) /* a second open while this process has a cache */
+#define CPCACHE_ERR_CONFIG (-6)       /* configuration rejected (layout, sizes, ranks disagree) */
+#define CPCACHE_ERR_NODE (-7)         /* a node handle that is not in the tree (evicted, flushed) */
+#define CPCACHE_ERR_L1_FULL (-8)      /* L1 cannot make room (insert, load-back) */
+#define CPCACHE_ERR_BUSY (-9)         /* flush while busy; a replicated call while a step waits */
+#define CPCACHE_ERR_DIVERGED (-10)    /* placement digests differ: L2 is off until a flush */
+#define CPCACHE_ERR_PEER_LOST (-11)   /* a rank of a group exited */
+#define CPCACHE_ERR_TIMEOUT (-12)     /* a collective or a wait passed its deadline */
+#define CPCACHE_ERR_IO (-13)          /* a transfer (copy) failed on this rank */
+#define CPCACHE_ERR_NOT_STARTED (-14) /* wait_l1 before the step that starts the load */
+#define CPCACHE_ERR_INTERNAL (-100)   /* a bug: the message says where */
+
+/* Handles. */
+typedef uint64_t cpcache_t;      /* one open cache; 0 is never valid */
+typedef uint64_t cpcache_node_t; /* a node of the tree; equal on every rank of the replica group */
+
+/* Where the L2 slabs live. */
+#define CPCACHE_SLAB_HOST 0     /* host shared memory (/dev/shm) */
+#define CPCACHE_SLAB_CUDA_IPC 1 /* device memory exported with CUDA IPC (one process per rank) */
+
+/* The L1 pool: this rank's KV pages, page slot s at base + s × page_bytes. */
+#define CPCACHE_L1_ALLOC 0  /* the library allocates host memory (see cpcache_l1_page) */
+#define CPCACHE_L1_HOST 1   /* l1_base is host memory the engine owns */
+#define CPCACHE_L1_DEVICE 2 /* l1_base is a CUDA device pointer on `device` the engine owns */
+
+/* Write policies. */
+#define CPCACHE_POLICY_WRITE_THROUGH 0
+#define CPCACHE_POLICY_WRITE_THROUGH_SELECTIVE 1
+#define CPCACHE_POLICY_WRITE_BACK 2
+
+/* Configuration of cpcache_open. Fill it with cpcache_config_init, then set fields. */
+typedef struct cpcache_config {
+  uint32_t struct_size; /* sizeof(cpcache_config), set by cpcache_config_init */
+  uint32_t abi_version; /* CPCACHE_ABI_VERSION, set by cpcache_config_init */
+
+  /* Parallel layout (SGLang's rules; see `cpcache layout`). world 0: the launcher's. */
+  int32_t world, tp, dp, attn_cp, ep;
+  int32_t dp_attention; /* 0 or 1 */
+
+  /* This process's rank: -1 (default) reads the launcher's environment (torchrun, OpenMPI,
+   * Slurm variables, as `cpcache launch` and mpirun set them). */
+  int32_t rank;
+  /* Rendezvous store URL (file:///dir or redis://host:port[/prefix]); NULL: CPCACHE_STORE. */
+  const char *store_url;
+  /* Consensus backend: NULL or "auto" (shared memory on one host, else Gloo), "shm", "gloo". */
+  const char *consensus;
+  int64_t timeout_ms; /* deadline of each collective (default 60000) */
+
+  /* Page geometry: tokens per page and bytes of one rank's KV shard of a page. */
+  int32_t page_tokens; /* default 16 */
+  int64_t page_bytes;  /* required */
+
+  /* L2: slabs of the CP group, l2_pages pages each. */
+  int32_t slab_backend; /* CPCACHE_SLAB_* */
+  int32_t device;       /* CUDA device ordinal (CUDA IPC slabs, device L1) */
+  int32_t pin_host;     /* host slabs: register with CUDA as pinned memory (required with a device L1) */
+  int64_t l2_pages;     /* required */
+
+  /* L1: l1_pages pages of page_bytes at l1_base (not used with CPCACHE_L1_ALLOC). */
+  int32_t l1_kind; /* CPCACHE_L1_* */
+  void *l1_base;
+  int64_t l1_pages; /* required */
+
+  /* Cache policy. */
+  int32_t policy;           /* CPCACHE_POLICY_* */
+  int32_t write_threshold;  /* write_through_selective: insertions before a backup (default 2) */
+  int32_t min_load_pages;   /* load back host hits of at least this many pages (default 1) */
+  int32_t load_quota_pages; /* pages loading at once (default l1_pages/2) */
+
+  /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
+   * model names the KV content (with the page geometry and TP size it scopes the keys). */
+  const char *storage_url;
+  const char *model;
+} cpcache_config;
+
+/* Static facts about an open cache (cpcache_get_info). */
+typedef struct cpcache_info {
+  uint32_t struct_size;
+  int32_t rank, world;       /* global rank and world size */
+  int32_t cp_rank, cp_size;  /* index in the slab (attention-CP) group, its size */
+  int32_t tp_rank;           /* attention-TP index: which shard of a page's KV this rank holds */
+  int32_t dp_rank;           /* DP replica (attention-DP block) */
+  int32_t replica_size;      /* ranks of the replica group (consensus) */
+  int32_t page_tokens;
+  int64_t page_bytes, l1_pages, l2_pages;
+  void *l1_base;             /* the L1 pool (NULL for none the caller can address) */
+  const char *consensus;     /* "shm" or "gloo"; static storage */
+} cpcache_info;
+
+/* Result of cpcache_match. */
+typedef struct cpcache_match_result {
+  cpcache_node_t node;  /* the deepest node of the hit (lock it while the request runs) */
+  int64_t device_pages; /* leading pages held in L1 (their slots go to l1_slots) */
+  int64_t host_pages;   /* following pages held only in L2: cpcache_load_back brings them */
+} cpcache_match_result;
+
+/* A page an insert gave an L1 slot: the rank that owns it writes its KV there. */
+typedef struct cpcache_fill_page {
+  int32_t slot;   /* L1 slot */
+  int32_t owner;  /* CP rank that holds it: index mod cp_size */
+  int64_t index;  /* page index in the sequence */
+  uint64_t hash;  /* chained page hash (the page's identity) */
+  int32_t owned;  /* 1 when this rank is the owner */
+  int32_t _pad;
+} cpcache_fill_page;
+
+/* Result of cpcache_insert. */
+typedef struct cpcache_insert_result {
+  cpcache_node_t node; /* the deepest node of the inserted prefix */
+  int64_t pages;       /* leading whole pages now in the tree */
+  int64_t n_fill;      /* entries written to fill */
+  int64_t backups;     /* backups this insert started */
+} cpcache_insert_result;
+
+/* Counters (cpcache_get_stats). Agreed counters are equal on every rank of the replica group;
+ * the others are this rank's own. */
+typedef struct cpcache_stats {
+  uint32_t struct_size;
+  int64_t matches, inserts;                   /* agreed */
+  int64_t l1_hit_pages, l2_hit_pages;         /* agreed */
+  int64_t inserted_pages;                     /* agreed */
+  int64_t written_pages, loaded_pages;        /* agreed: committed backups, finished loads */
+  int64_t evicted_l1_pages, evicted_l2_pages; /* agreed */
+  int64_t steps, digest_checks, digest_mismatches;
+  int64_t collectives;                         /* this rank's collectives (one per step + open, flush) */
+  int64_t pages_written_l2, pages_loaded_l2;   /* this rank's page copies */
+  int64_t transfer_errors;
+  int64_t l1_used, l2_free_pages, nodes, pending;
+  int64_t l2_enabled;                          /* 0 after a divergence, until a flush */
+  int64_t consensus_latency_median_ns, consensus_latency_p99_ns;
+  int64_t storage_hit_pages, storage_prefetched_pages, storage_backed_up_pages; /* agreed */
+  int64_t storage_errors;                      /* this rank's */
+} cpcache_stats;
+
+#ifndef CPCACHE_NO_PROTOTYPES /* defined only where the library itself is compiled */
+
+/* --- library --- */
+
+/* The library's version string ("cpcache x.y.z"); static storage. [L] */
+const char *cpcache_version(void);
+/* The library's CPCACHE_ABI_VERSION. [L] */
+int cpcache_abi_version(void);
+/* The message of the last failed call on this thread ("" if none); valid until the
+ * thread's next failed call. [L] */
+const char *cpcache_last_error(void);
+
+/* --- lifetime --- */
+
+/* Fills cfg with the defaults and sets struct_size and abi_version. [L] */
+int cpcache_config_init(cpcache_config *cfg);
+/* Joins the job: rendezvous on the store, the layout's groups, the slab set of this rank's
+ * CP group, the cache; checks that every rank of the replica group is configured alike.
+ * One cache per process: a second open before cpcache_close fails with
+ * CPCACHE_ERR_ALREADY_OPEN. [C: every rank of the job] */
+int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
+/* Cancels transfers that have not started, waits for running ones, and releases the cache,
+ * its slabs, groups and L1 allocation. Closing a closed handle is CPCACHE_OK; every other
+ * call on it returns CPCACHE_ERR_CLOSED. Call it on every rank at the end (peers see a
+ * closed rank as lost). [L] */
+int cpcache_close(cpcache_t c);
+/* Static facts about the cache. info->struct_size must be sizeof(cpcache_info). [L] */
+int cpcache_get_info(cpcache_t c, cpcache_info *info);
+
+/* --- the scheduler's calls --- */
+
+/* The longest cached prefix of tokens[0..n) (whole pages), marked recently used. The L1
+ * slots of the device pages go to l1_slots, which must hold n / page_tokens entries (or be
+ * NULL with slots_cap 0 when they are not wanted). [R] */
+int cpcache_match(cpcache_t c, const int32_t *tokens, size_t n, cpcache_match_result *out,
+                  int32_t *l1_slots, size_t slots_cap);
+/* Pins (unpins) node's prefix against eviction while a request uses it. [R] */
+int cpcache_lock(cpcache_t c, cpcache_node_t node);
+int cpcache_unlock(cpcache_t c, cpcache_node_t node);
+/* Allocates L1 slots for the L2-only part of node's prefix; *pages (may be NULL) is the
+ * number of pages that will load. This rank's copies start at the next cpcache_step (after
+ * the group checked the state they were chosen from). Nothing loads below min_load_pages or
+ * beyond the quota. [R] */
+int cpcache_load_back(cpcache_t c, cpcache_node_t node, int64_t *pages);
+/* *pending = 1 while the group has not agreed that every load on node's prefix is over. Once
+ * it is 0, a load that failed on any rank has made its pages unservable on every rank, and
+ * cpcache_match of the same tokens gives every rank the same hit. [R] */
+int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
+/* Waits until this rank's copies of every load on node's prefix finished, at most
+ * timeout_ms (< 0: no limit). Call before a layer reads the prefix from L1, after the step
+ * that follows cpcache_load_back (before it: CPCACHE_ERR_NOT_STARTED at once). A failed copy
+ * is reported here on this rank only; act on cpcache_load_pending and cpcache_match. [L] */
+int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
+/* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
+ * must hold n / page_tokens entries; the rank that owns each (fill[i].owned) writes its KV
+ * into the slot before the next cpcache_step. CPCACHE_ERR_L1_FULL when L1 cannot make
+ * room. [R] */
+int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_result *out,
+                   cpcache_fill_page *fill, size_t fill_cap);
+/* Frees up to pages L1 pages (least recently used, unlocked); *freed may be NULL. [R] */
+int cpcache_evict_l1(cpcache_t c, int64_t pages, int64_t *freed);
+/* Frees up to pages L2 pages of nodes held only in L2; *freed may be NULL. [R] */
+int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
+/* The consensus step: exactly once per scheduler step, on every rank, even when nothing is
+ * pending. One all-reduce on the replica group; every rank applies the agreed result (checks
+ * the digests, commits backups, finishes loads) and only then starts the copies chosen since
+ * the last step (backups of inserted pages, load-backs). CPCACHE_ERR_DIVERGED: every rank
+ * is quarantined at the same step (no hits, no inserts, no slab I/O); keep stepping — at the
+ * first step at which every rank is idle the cache resets on every rank, and node handles
+ * from before are stale (CPCACHE_ERR_NODE). CPCACHE_ERR_PEER_LOST or _TIMEOUT: the group is
+ * unusable; close. [R] */
+int cpcache_step(cpcache_t c);
+/* Backups, loads and storage operations in flight (equal on every rank: "step while
+ * pending" makes the same steps everywhere). [R] */
+int cpcache_pending(cpcache_t c, int64_t *pending);
+/* Empties the cache when idle (else CPCACHE_ERR_BUSY and nothing changes). [C: the replica group] */
+int cpcache_flush(cpcache_t c);
+
+/* --- storage (L3; no-ops without storage_url) --- */
+
+/* Asks storage for the continuation of tokens beyond the tree; *id is 0 when nothing was
+ * asked. Step until cpcache_prefetch_pending says 0, then match again. [R] */
+int cpcache_prefetch(cpcache_t c, const int32_t *tokens, size_t n, uint64_t *id);
+int cpcache_prefetch_pending(cpcache_t c, uint64_t id, int32_t *pending); /* [R] */
+int cpcache_prefetch_revoke(cpcache_t c, uint64_t id);                    /* [R] */
+
+/* --- memory and counters --- */
+
+/* The host address and size of L1 slot `slot` (host L1 only). [L] */
+int cpcache_l1_page(cpcache_t c, int32_t slot, void **page, size_t *len);
+/* Counters; stats->struct_size must be sizeof(cpcache_stats). [L] */
+int cpcache_get_stats(cpcache_t c, cpcache_stats *stats);
+
+#endif /* CPCACHE_NO_PROTOTYPES */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CPCACHE_H */

@@ -1,0 +1,340 @@
+"""cpcache — Python binding of libcpcache (include/cpcache.h) over ctypes.
+
+No compiled extension: the module loads libcpcache.so (the library built from
+cmd/libcpcache) and mirrors the header's structs; the library checks each struct's size, so a
+mirror that drifted from the header fails with SizeError instead of corrupting memory.
+
+The library is found at $CPCACHE_LIBRARY, else next to this package, else in the
+repository's build/ directory, else by the loader (ctypes.util.find_library("cpcache")).
+
+Replicated calls ([R] in cpcache.h) must be made by every rank of the replica group in the
+same order with the same arguments; local ones ([L]) are this rank's. Calls release the GIL.
+
+Signals: the Go runtime inside libcpcache installs no SIGINT handler in a foreign process,
+so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running call returns
+(a step waits at most its collective's deadline). Close the cache in a finally block (or use
+`with`); peers then see this rank as lost and fail promptly instead of at their deadline.
+"""
+
+import ctypes
+import ctypes.util
+import os
+from collections import namedtuple
+
+__all__ = [
+    "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
+    "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
+    "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
+    "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "ABI_VERSION",
+]
+
+ABI_VERSION = 1  # CPCACHE_ABI_VERSION of the header this module mirrors
+
+SLAB_HOST, SLAB_CUDA_IPC = 0, 1
+L1_ALLOC, L1_HOST, L1_DEVICE = 0, 1, 2
+WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK = 0, 1, 2
+
+
+class Error(Exception):
+    """A failed libcpcache call: code is the CPCACHE_ERR_* status, the message the library's."""
+
+    code = None
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidError(Error): pass          # CPCACHE_ERR_INVALID
+class SizeError(Error): pass             # CPCACHE_ERR_SIZE
+class RangeError(Error): pass            # CPCACHE_ERR_RANGE
+class ClosedError(Error): pass           # CPCACHE_ERR_CLOSED
+class AlreadyOpenError(Error): pass      # CPCACHE_ERR_ALREADY_OPEN
+class ConfigError(Error): pass           # CPCACHE_ERR_CONFIG
+class NodeError(Error): pass             # CPCACHE_ERR_NODE
+class L1FullError(Error): pass           # CPCACHE_ERR_L1_FULL
+class BusyError(Error): pass             # CPCACHE_ERR_BUSY
+class DivergedError(Error): pass         # CPCACHE_ERR_DIVERGED
+class PeerLostError(Error): pass         # CPCACHE_ERR_PEER_LOST
+class TimeoutError_(Error): pass         # CPCACHE_ERR_TIMEOUT
+class IOError_(Error): pass              # CPCACHE_ERR_IO
+class NotStartedError(Error): pass       # CPCACHE_ERR_NOT_STARTED
+class InternalError(Error): pass         # CPCACHE_ERR_INTERNAL
+
+
+_ERRORS = {-1: InvalidError, -2: SizeError, -3: RangeError, -4: ClosedError, -5: AlreadyOpenError,
+           -6: ConfigError, -7: NodeError, -8: L1FullError, -9: BusyError, -10: DivergedError,
+           -11: PeerLostError, -12: TimeoutError_, -13: IOError_, -14: NotStartedError,
+           -100: InternalError}
+
+_i32, _i64, _u32, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("abi_version", _u32),
+                ("world", _i32), ("tp", _i32), ("dp", _i32), ("attn_cp", _i32), ("ep", _i32),
+                ("dp_attention", _i32), ("rank", _i32),
+                ("store_url", ctypes.c_char_p), ("consensus", ctypes.c_char_p), ("timeout_ms", _i64),
+                ("page_tokens", _i32), ("page_bytes", _i64),
+                ("slab_backend", _i32), ("device", _i32), ("pin_host", _i32), ("l2_pages", _i64),
+                ("l1_kind", _i32), ("l1_base", ctypes.c_void_p), ("l1_pages", _i64),
+                ("policy", _i32), ("write_threshold", _i32), ("min_load_pages", _i32),
+                ("load_quota_pages", _i32),
+                ("storage_url", ctypes.c_char_p), ("model", ctypes.c_char_p)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("rank", _i32), ("world", _i32), ("cp_rank", _i32),
+                ("cp_size", _i32), ("tp_rank", _i32), ("dp_rank", _i32), ("replica_size", _i32),
+                ("page_tokens", _i32), ("page_bytes", _i64), ("l1_pages", _i64), ("l2_pages", _i64),
+                ("l1_base", ctypes.c_void_p), ("consensus", ctypes.c_char_p)]
+
+
+class _MatchResult(ctypes.Structure):
+    _fields_ = [("node", _u64), ("device_pages", _i64), ("host_pages", _i64)]
+
+
+class _FillPage(ctypes.Structure):
+    _fields_ = [("slot", _i32), ("owner", _i32), ("index", _i64), ("hash", _u64), ("owned", _i32),
+                ("_pad", _i32)]
+
+
+class _InsertResult(ctypes.Structure):
+    _fields_ = [("node", _u64), ("pages", _i64), ("n_fill", _i64), ("backups", _i64)]
+
+
+_STATS_FIELDS = ["matches", "inserts", "l1_hit_pages", "l2_hit_pages", "inserted_pages",
+                 "written_pages", "loaded_pages", "evicted_l1_pages", "evicted_l2_pages", "steps",
+                 "digest_checks", "digest_mismatches", "collectives", "pages_written_l2",
+                 "pages_loaded_l2", "transfer_errors", "l1_used", "l2_free_pages", "nodes", "pending",
+                 "l2_enabled", "consensus_latency_median_ns", "consensus_latency_p99_ns",
+                 "storage_hit_pages", "storage_prefetched_pages", "storage_backed_up_pages",
+                 "storage_errors"]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("struct_size", _u32)] + [(f, _i64) for f in _STATS_FIELDS]
+
+
+MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots")
+InsertResult = namedtuple("InsertResult", "node pages fill backups")
+FillPage = namedtuple("FillPage", "slot owner index hash owned")
+Info = namedtuple("Info", [f for f, _ in _Info._fields_ if f != "struct_size"])
+
+
+def _find_library():
+    env = os.environ.get("CPCACHE_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "libcpcache.so"),
+                 os.path.join(here, "..", "..", "build", "libcpcache.so")):
+        if os.path.exists(cand):
+            return cand
+    found = ctypes.util.find_library("cpcache")
+    if found:
+        return found
+    raise OSError("cpcache: libcpcache.so not found: set CPCACHE_LIBRARY, or build it (make capi)")
+
+
+_lib = None
+
+
+def library():
+    """Loads libcpcache.so once and declares its functions."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = ctypes.CDLL(_find_library())
+    P = ctypes.POINTER
+    sigs = {
+        "cpcache_version": ([], ctypes.c_char_p),
+        "cpcache_abi_version": ([], ctypes.c_int),
+        "cpcache_last_error": ([], ctypes.c_char_p),
+        "cpcache_config_init": ([P(_Config)], ctypes.c_int),
+        "cpcache_open": ([P(_Config), P(_u64)], ctypes.c_int),
+        "cpcache_close": ([_u64], ctypes.c_int),
+        "cpcache_get_info": ([_u64, P(_Info)], ctypes.c_int),
+        "cpcache_match": ([_u64, P(_i32), ctypes.c_size_t, P(_MatchResult), P(_i32), ctypes.c_size_t], ctypes.c_int),
+        "cpcache_lock": ([_u64, _u64], ctypes.c_int),
+        "cpcache_unlock": ([_u64, _u64], ctypes.c_int),
+        "cpcache_load_back": ([_u64, _u64, P(_i64)], ctypes.c_int),
+        "cpcache_load_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
+        "cpcache_wait_l1": ([_u64, _u64, _i64], ctypes.c_int),
+        "cpcache_insert": ([_u64, P(_i32), ctypes.c_size_t, P(_InsertResult), P(_FillPage), ctypes.c_size_t], ctypes.c_int),
+        "cpcache_evict_l1": ([_u64, _i64, P(_i64)], ctypes.c_int),
+        "cpcache_evict_l2": ([_u64, _i64, P(_i64)], ctypes.c_int),
+        "cpcache_step": ([_u64], ctypes.c_int),
+        "cpcache_pending": ([_u64, P(_i64)], ctypes.c_int),
+        "cpcache_flush": ([_u64], ctypes.c_int),
+        "cpcache_prefetch": ([_u64, P(_i32), ctypes.c_size_t, P(_u64)], ctypes.c_int),
+        "cpcache_prefetch_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
+        "cpcache_prefetch_revoke": ([_u64, _u64], ctypes.c_int),
+        "cpcache_l1_page": ([_u64, _i32, P(ctypes.c_void_p), P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_get_stats": ([_u64, P(_Stats)], ctypes.c_int),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    if lib.cpcache_abi_version() != ABI_VERSION:
+        raise OSError(f"cpcache: {_find_library()} has ABI version {lib.cpcache_abi_version()}, "
+                      f"this module mirrors {ABI_VERSION}")
+    _lib = lib
+    return lib
+
+
+def _check(status):
+    if status != 0:
+        msg = (library().cpcache_last_error() or b"").decode(errors="replace")
+        raise _ERRORS.get(status, Error)(status, msg)
+
+
+def _tokens(tokens):
+    """A ctypes int32 array over tokens (a list, or an int32 buffer such as array('i'))."""
+    n = len(tokens)
+    arr_t = _i32 * n
+    try:
+        return arr_t.from_buffer(tokens), n
+    except TypeError:
+        return arr_t(*tokens), n
+
+
+def _bytes(s):
+    return s.encode() if isinstance(s, str) else s
+
+
+class Cache:
+    """One rank's cache (cpcache_open): at most one per process. Use as a context manager,
+    or call close() in a finally block."""
+
+    def __init__(self, *, page_bytes, l1_pages, l2_pages, page_tokens=16, world=0, tp=0, dp=0,
+                 attn_cp=0, ep=0, dp_attention=False, rank=-1, store=None, consensus=None,
+                 timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
+                 l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
+                 min_load_pages=0, load_quota_pages=0, storage_url=None, model=None):
+        lib = library()
+        cfg = _Config()
+        _check(lib.cpcache_config_init(ctypes.byref(cfg)))
+        cfg.world, cfg.tp, cfg.dp, cfg.attn_cp, cfg.ep = world, tp, dp, attn_cp, ep
+        cfg.dp_attention, cfg.rank = int(bool(dp_attention)), rank
+        cfg.store_url, cfg.consensus = _bytes(store), _bytes(consensus)
+        cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
+        cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
+        cfg.l1_kind, cfg.l1_base, cfg.l1_pages = l1_kind, l1_base, l1_pages
+        cfg.policy, cfg.write_threshold = policy, write_threshold
+        cfg.min_load_pages, cfg.load_quota_pages = min_load_pages, load_quota_pages
+        cfg.storage_url, cfg.model = _bytes(storage_url), _bytes(model)
+        self._lib = lib
+        h = _u64()
+        _check(lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h)))
+        self._h = h.value
+        info = _Info(struct_size=ctypes.sizeof(_Info))
+        _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
+        self.info = Info(**{f: getattr(info, f) for f in Info._fields})
+        self._max_pages = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Releases the cache (idempotent) [L]."""
+        _check(self._lib.cpcache_close(self._h))
+
+    def match(self, tokens):
+        """The longest cached prefix [R]."""
+        arr, n = _tokens(tokens)
+        cap = n // self.info.page_tokens
+        slots = (_i32 * max(cap, 1))()
+        res = _MatchResult()
+        _check(self._lib.cpcache_match(self._h, arr, n, ctypes.byref(res), slots, cap))
+        return MatchResult(res.node, res.device_pages, res.host_pages, list(slots[:res.device_pages]))
+
+    def lock(self, node):
+        """Pins node's prefix [R]."""
+        _check(self._lib.cpcache_lock(self._h, node))
+
+    def unlock(self, node):
+        """Releases a lock [R]."""
+        _check(self._lib.cpcache_unlock(self._h, node))
+
+    def load_back(self, node):
+        """Allocates L1 slots for node's L2-only pages; their copies start at the next step.
+        Returns the pages that will load [R]."""
+        pages = _i64()
+        _check(self._lib.cpcache_load_back(self._h, node, ctypes.byref(pages)))
+        return pages.value
+
+    def load_pending(self, node):
+        """Whether the group has not yet agreed that the loads on node's prefix are over [R]."""
+        p = _i32()
+        _check(self._lib.cpcache_load_pending(self._h, node, ctypes.byref(p)))
+        return bool(p.value)
+
+    def wait_l1(self, node, timeout_ms=-1):
+        """Waits for this rank's loads on node's prefix, after the step that starts them [L]."""
+        _check(self._lib.cpcache_wait_l1(self._h, node, timeout_ms))
+
+    def insert(self, tokens):
+        """Caches tokens' whole pages; the owner of each fill page writes its KV [R]."""
+        arr, n = _tokens(tokens)
+        cap = n // self.info.page_tokens
+        fill = (_FillPage * max(cap, 1))()
+        res = _InsertResult()
+        _check(self._lib.cpcache_insert(self._h, arr, n, ctypes.byref(res), fill, cap))
+        pages = [FillPage(f.slot, f.owner, f.index, f.hash, bool(f.owned)) for f in fill[:res.n_fill]]
+        return InsertResult(res.node, res.pages, pages, res.backups)
+
+    def evict_l1(self, pages):
+        """Frees up to pages L1 pages; returns how many [R]."""
+        freed = _i64()
+        _check(self._lib.cpcache_evict_l1(self._h, pages, ctypes.byref(freed)))
+        return freed.value
+
+    def evict_l2(self, pages):
+        """Frees up to pages L2 pages of L2-only nodes; returns how many [R]."""
+        freed = _i64()
+        _check(self._lib.cpcache_evict_l2(self._h, pages, ctypes.byref(freed)))
+        return freed.value
+
+    def step(self):
+        """The consensus step: once per scheduler step, on every rank [R]."""
+        _check(self._lib.cpcache_step(self._h))
+
+    def pending(self):
+        """Transfers and storage operations in flight (replicated) [R]."""
+        n = _i64()
+        _check(self._lib.cpcache_pending(self._h, ctypes.byref(n)))
+        return n.value
+
+    def flush(self):
+        """Empties the cache when idle, else BusyError [R, collective]."""
+        _check(self._lib.cpcache_flush(self._h))
+
+    def prefetch(self, tokens):
+        """Asks storage for the continuation of tokens; returns the id (0: nothing asked) [R]."""
+        arr, n = _tokens(tokens)
+        pid = _u64()
+        _check(self._lib.cpcache_prefetch(self._h, arr, n, ctypes.byref(pid)))
+        return pid.value
+
+    def prefetch_pending(self, pid):
+        """Whether prefetch pid is still running [R]."""
+        p = _i32()
+        _check(self._lib.cpcache_prefetch_pending(self._h, pid, ctypes.byref(p)))
+        return bool(p.value)
+
+    def l1_page(self, slot):
+        """A writable memoryview of L1 slot's bytes (host L1 only) [L]. Valid until close."""
+        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        _check(self._lib.cpcache_l1_page(self._h, slot, ctypes.byref(addr), ctypes.byref(size)))
+        return memoryview((ctypes.c_ubyte * size.value).from_address(addr.value)).cast("B")
+
+    def stats(self):
+        """The counters, as a dict [L]."""
+        st = _Stats(struct_size=ctypes.sizeof(_Stats))
+        _check(self._lib.cpcache_get_stats(self._h, ctypes.byref(st)))
+        return {f: getattr(st, f) for f in _STATS_FIELDS}

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Where an SGLang-style HiCache controller's calls go in cpcache, as a runnable rank.
+
+SGLang's HiRadixCache and its HiCacheController make these calls per request and per
+scheduler step; HiCacheController below maps each onto the cpcache API (ctypes binding of
+libcpcache). The scheduler under it serves a synthetic multi-turn workload — each turn's
+prompt is the conversation so far plus a question — and checks the bytes of every page it
+reads back from L2.
+
+Run every rank of a job, e.g.:
+    cpcache launch -n 4 -- /usr/bin/python3 python/examples/hicache_controller.py --attn-cp 4
+--forever keeps serving new conversations until Ctrl-C: the rank then closes its cache and
+exits with status 130 (peers see it as lost and stop too).
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cpcache  # noqa: E402
+
+PAGE_TOKENS, PAGE_BYTES = 16, 256
+
+
+class HiCacheController:
+    """SGLang HiCache call → cpcache call. Replicated calls ([R]) happen on every rank of the
+    replica group in the same order, as SGLang's scheduler makes them on every TP rank."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def match_prefix(self, key):
+        """HiRadixCache.match_prefix → match [R]: device indices (L1 slots), last node, and the
+        host hit (pages only in L2) that init_load_back can bring back."""
+        m = self.cache.match(key)
+        return m.l1_slots, m.node, m.host_pages * PAGE_TOKENS
+
+    def inc_lock_ref(self, node):
+        """inc_lock_ref → lock [R]."""
+        self.cache.lock(node)
+
+    def dec_lock_ref(self, node):
+        """dec_lock_ref → unlock [R]."""
+        self.cache.unlock(node)
+
+    def init_load_back(self, last_node, host_hit_length):
+        """init_load_back / load_back → load_back [R]: allocates L1 slots; this rank's reads of
+        its own pages start at the next step. Returns the pages loading."""
+        return self.cache.load_back(last_node) if host_hit_length > 0 else 0
+
+    def loading_check(self, node):
+        """loading_check → load_pending [R]: True until the group agreed the loads are over."""
+        return self.cache.load_pending(node)
+
+    def ready_to_load_host_cache(self, node):
+        """The layer-wise wait before attention reads loaded KV → wait_l1 [L]."""
+        self.cache.wait_l1(node)
+
+    def insert(self, key):
+        """cache_finished_req / cache_unfinished_req → insert [R]: the pages to fill, each with
+        its L1 slot and whether this rank owns it."""
+        return self.cache.insert(key)
+
+    def write_backup(self, node):
+        """write_backup: no call. The write policy (write_through here) backs inserted pages up
+        to the CP group's L2 slabs; the copies start at the next step, after the model wrote
+        the KV."""
+
+    def check_hicache_events(self):
+        """The per-step sync (writing_check and the all_reduce of finished transfers) → step
+        [R], exactly once per scheduler step on every rank: one collective agrees on finished
+        backups and loads, then starts the copies chosen since the last step."""
+        self.cache.step()
+
+    def evict(self, num_tokens):
+        """evict (device pool pressure) → evict_l1 [R]."""
+        return self.cache.evict_l1(num_tokens // PAGE_TOKENS)
+
+
+def page_content(tokens, index, shard):
+    """KV bytes of page `index`: a function of its token prefix and this rank's TP shard."""
+    h = hashlib.blake2b(digest_size=64)
+    h.update(repr((tokens[: (index + 1) * PAGE_TOKENS], index, shard)).encode())
+    return h.digest() * (PAGE_BYTES // 64)
+
+
+def conversation(client, rnd, with_answer):
+    toks = []
+    for r in range(rnd + 1):
+        toks += [(client * 7919 + r * 131 + t * 17) % 32000 for t in range(40)]
+        if r < rnd or with_answer:
+            toks += [(client * 104729 + r * 151 + t * 13 + 5) % 32000 for t in range(24)]
+    return toks
+
+
+class Scheduler:
+    """Admit, compute, finish — one step at a time, the same on every rank of the replica."""
+
+    def __init__(self, ctl, info):
+        self.ctl, self.info = ctl, info
+        self.counts = dict(requests=0, input_tokens=0, tokens_hit_l1=0, tokens_hit_l2=0, tokens_missed=0,
+                           scheduler_steps=0, pages_verified=0, bad_pages=0)
+
+    def own(self, index):
+        return index % self.info.cp_size == self.info.cp_rank
+
+    def write_pages(self, tokens, fill):
+        for p in fill:
+            if p.owned:  # each CP rank computes the KV of the pages it owns
+                self.ctl.cache.l1_page(p.slot)[:] = page_content(tokens, p.index, self.info.tp_rank)
+
+    def with_room(self, call, *args):
+        """call(*args), making room in L1 once if it is full: pages with backups in flight
+        cannot be evicted, so step until none is, then evict. Every rank sees the same
+        L1FullError at the same call (L1 accounting is replicated), so all make the same steps."""
+        try:
+            return call(*args)
+        except cpcache.L1FullError:
+            while self.ctl.cache.pending():
+                self.step()
+            self.ctl.evict(self.info.l1_pages // 2 * PAGE_TOKENS)
+            return call(*args)
+
+    def prefill(self, tokens):
+        slots, node, host_tokens = self.ctl.match_prefix(tokens)
+        self.ctl.inc_lock_ref(node)
+        device = len(slots)
+        if self.with_room(self.ctl.init_load_back, node, host_tokens):
+            while self.ctl.loading_check(node):  # the copies run from the next step on
+                self.step()
+            slots, after, _ = self.ctl.match_prefix(tokens)  # the same hit on every rank
+            self.ctl.ready_to_load_host_cache(after)
+        for i, slot in enumerate(slots):
+            if self.own(i):
+                self.counts["pages_verified"] += 1
+                if bytes(self.ctl.cache.l1_page(slot)) != page_content(tokens, i, self.info.tp_rank):
+                    self.counts["bad_pages"] += 1
+        res = self.with_room(self.ctl.insert, tokens)
+        self.write_pages(tokens, res.fill)
+        self.ctl.inc_lock_ref(res.node)
+        self.ctl.dec_lock_ref(node)
+        c = self.counts
+        l1, l2 = device * PAGE_TOKENS, (len(slots) - device) * PAGE_TOKENS
+        c["requests"] += 1
+        c["input_tokens"] += len(tokens)
+        c["tokens_hit_l1"] += l1
+        c["tokens_hit_l2"] += l2
+        c["tokens_missed"] += len(tokens) - l1 - l2
+        return res.node
+
+    def finish(self, client, rnd, node):
+        tokens = conversation(client, rnd, True)
+        try:
+            res = self.ctl.insert(tokens)
+            self.write_pages(tokens, res.fill)
+        except cpcache.L1FullError:
+            pass  # the answer is not cached; every rank sees the same
+        self.ctl.dec_lock_ref(node)
+
+    def step(self):
+        self.ctl.check_hicache_events()
+        self.counts["scheduler_steps"] += 1
+
+    def serve(self, clients, rounds):
+        """Serves rounds turns of clients (this replica's share), one request per step with a
+        short decode, then steps until no transfer is in flight."""
+        for rnd in range(rounds):
+            for client in clients:
+                node = self.prefill(conversation(client, rnd, False))
+                for _ in range(3):  # decode steps
+                    self.step()
+                self.finish(client, rnd, node)
+                if self.ctl.cache.stats()["l1_used"] > self.info.l1_pages // 2:
+                    self.ctl.evict(self.info.l1_pages // 4 * PAGE_TOKENS)
+        while self.ctl.cache.pending() > 0:
+            self.step()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--attn-cp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--dp-attention", action="store_true")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--l1-pages", type=int, default=64)
+    ap.add_argument("--forever", action="store_true", help="serve new conversations until Ctrl-C")
+    a = ap.parse_args()
+    cache = cpcache.Cache(attn_cp=a.attn_cp, dp=a.dp, dp_attention=a.dp_attention, page_tokens=PAGE_TOKENS,
+                          page_bytes=PAGE_BYTES, l1_pages=a.l1_pages, l2_pages=512)
+    sched = None
+    try:
+        info = cache.info
+        sched = Scheduler(HiCacheController(cache), info)
+        dp = info.world // info.replica_size
+        mine = [c for c in range(a.clients) if c % dp == info.dp_rank]
+        if a.forever:
+            print(f"rank {info.rank}: serving until interrupted", flush=True)
+            base = 0
+            while True:
+                sched.serve([base + c for c in mine], a.rounds)
+                base += a.clients
+        sched.serve(mine, a.rounds)
+        st = cache.stats()
+        c = sched.counts
+        hit = (c["tokens_hit_l1"] + c["tokens_hit_l2"]) / max(1, c["input_tokens"])
+        print(f"rank {info.rank}/{info.world} (cp {info.cp_rank}/{info.cp_size}, dp {info.dp_rank}): "
+              + " ".join(f"{k}={v}" for k, v in c.items())
+              + f" hit_rate={hit:.3f} pages_written_l2={st['pages_written_l2']} pages_loaded_l2={st['pages_loaded_l2']}"
+              f" consensus_steps={st['steps']} digest_mismatches={st['digest_mismatches']}", flush=True)
+        return 1 if c["bad_pages"] or st["digest_mismatches"] or st["steps"] != c["scheduler_steps"] else 0
+    except KeyboardInterrupt:
+        steps = sched.counts["scheduler_steps"] if sched else 0
+        print(f"rank {cache.info.rank}: interrupted after {steps} steps; closing the cache", flush=True)
+        return 130
+    finally:
+        cache.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

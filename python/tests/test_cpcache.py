@@ -1,0 +1,158 @@
+"""pytest suite of the Python binding: bad calls and the storage round trip in this process
+(a world of one rank), the SGLang-style example on 4 ranks under `cpcache launch`, and Ctrl-C.
+
+Needs libcpcache.so (make capi, or CPCACHE_LIBRARY) and the cpcache binary (bin/cpcache, or
+CPCACHE_BIN). Run with Debian's interpreter: /usr/bin/python3 -m pytest python/tests
+"""
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import cpcache  # noqa: E402
+
+EXAMPLE = os.path.join(ROOT, "python", "examples", "hicache_controller.py")
+CPCACHE_BIN = os.environ.get("CPCACHE_BIN", os.path.join(ROOT, "bin", "cpcache"))
+
+
+def one_rank(tmp_path, **kw):
+    args = dict(world=1, rank=0, store=f"file://{tmp_path}", page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16)
+    args.update(kw)
+    return cpcache.Cache(**args)
+
+
+def test_bad_calls_raise_typed_errors(tmp_path):
+    with pytest.raises(cpcache.InvalidError, match="page_bytes 0"):
+        one_rank(tmp_path, page_bytes=0)
+    with pytest.raises(cpcache.InvalidError, match="l1_base is NULL"):
+        one_rank(tmp_path, l1_kind=cpcache.L1_HOST)
+    with pytest.raises(cpcache.ConfigError):
+        one_rank(tmp_path, attn_cp=2)  # does not divide a world of one
+    c = one_rank(tmp_path)
+    try:
+        with pytest.raises(cpcache.AlreadyOpenError):
+            one_rank(tmp_path)
+        with pytest.raises(cpcache.RangeError):
+            c.l1_page(8)
+        with pytest.raises(cpcache.NodeError):
+            c.lock(0)
+        with pytest.raises(cpcache.InvalidError):
+            c.evict_l1(-1)
+        # A stats struct of the wrong size is refused, not overrun.
+        small = (ctypes.c_uint32 * 4)(8)
+        assert cpcache.library().cpcache_get_stats(c._h, ctypes.cast(small, ctypes.POINTER(cpcache._Stats))) == -2
+        # A correct round trip: the bytes written into the fill pages are what L1 holds.
+        tokens = list(range(100, 116))
+        res = c.insert(tokens)
+        assert res.pages == 4 and all(p.owned for p in res.fill)
+        for p in res.fill:
+            c.l1_page(p.slot)[:] = bytes([p.index + 1]) * 64
+        c.step()
+        m = c.match(tokens)
+        assert m.node == res.node and m.device_pages == 4
+        assert [bytes(c.l1_page(s))[0] for s in m.l1_slots] == [1, 2, 3, 4]
+        c.lock(m.node)
+        while c.pending():
+            c.step()
+        with pytest.raises(cpcache.BusyError):
+            c.flush()
+        c.unlock(m.node)
+        c.flush()
+        with pytest.raises(cpcache.NodeError, match="before a flush"):
+            c.lock(m.node)
+    finally:
+        c.close()
+    c.close()  # idempotent
+    with pytest.raises(cpcache.ClosedError):
+        c.step()
+    with pytest.raises(cpcache.ClosedError):
+        c.match([1, 2, 3, 4])
+
+
+def test_four_ranks_under_launch():
+    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "4", "--", sys.executable, EXAMPLE, "--attn-cp", "4"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [line for line in out.stdout.splitlines() if "requests=" in line]
+    assert len(reports) == 4, out.stdout
+    for line in reports:
+        kv = dict(re.findall(r"(\w+)=([\d.]+)", line))
+        assert kv["bad_pages"] == "0" and kv["digest_mismatches"] == "0", line
+        assert int(kv["pages_verified"]) > 0 and int(kv["tokens_hit_l2"]) > 0, line
+        assert kv["scheduler_steps"] == kv["consensus_steps"], line
+    # Every rank of the replica made the same decisions.
+    strip = [re.sub(r"^\[\d\] rank \d/4 \(cp \d/4, dp 0\): ", "", r) for r in reports]
+    assert all(re.sub(r"pages_(written|loaded)_l2=\d+ ", "", s) == re.sub(r"pages_(written|loaded)_l2=\d+ ", "", strip[0]) for s in strip)
+
+
+def test_ctrl_c_closes_and_exits_130(tmp_path):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               CPCACHE_STORE=f"file://{tmp_path}")
+    p = subprocess.Popen([sys.executable, EXAMPLE, "--forever"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert "serving until interrupted" in line, line + p.stderr.read()
+        time.sleep(0.5)  # inside the serving loop: steps, inserts, loads
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, out + err
+    assert "interrupted after" in out and "closing the cache" in out, out
+    # No Go runtime crash dump, no Python traceback.
+    assert "goroutine " not in err and "Traceback" not in err and "panic" not in err, err
+
+
+def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
+    """The L3 path through the C ABI: pages backed up to a file:// storage survive a flush
+    and come back by prefetch, then load-back, with their bytes."""
+    store, l3 = tmp_path / "store", tmp_path / "l3"
+    store.mkdir()
+    c = one_rank(tmp_path, store=f"file://{store}", storage_url=f"file://{l3}", model="test-model")
+    try:
+        tokens = list(range(500, 516))
+        res = c.insert(tokens)
+        for p in res.fill:
+            c.l1_page(p.slot)[:] = bytes([0x70 + p.index]) * 64
+        deadline = time.time() + 10
+        while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        assert c.stats()["storage_backed_up_pages"] == 4
+        while c.pending():
+            c.step()
+        c.flush()
+        assert c.match(tokens).host_pages == 0  # L1 and L2 are empty
+        pid = c.prefetch(tokens)
+        assert pid != 0
+        deadline = time.time() + 10
+        while c.prefetch_pending(pid) and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        assert not c.prefetch_pending(pid)
+        m = c.match(tokens)
+        assert m.host_pages == 4, m
+        c.lock(m.node)
+        assert c.load_back(m.node) == 4
+        with pytest.raises(cpcache.NotStartedError):
+            c.wait_l1(m.node, 0)
+        deadline = time.time() + 10
+        while c.load_pending(m.node) and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        m = c.match(tokens)
+        c.wait_l1(m.node)
+        assert [bytes(c.l1_page(s)) for s in m.l1_slots] == [bytes([0x70 + i]) * 64 for i in range(4)]
+        assert c.stats()["storage_prefetched_pages"] == 4
+        c.unlock(m.node)
+    finally:
+        c.close()
