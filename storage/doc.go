@@ -61,12 +61,11 @@
 // or by its context's deadline when that comes earlier. The Redis backend never panics or
 // hangs on a dead or stopped server: the call fails with ErrUnavailable by the deadline (or
 // at once when its context is cancelled), and later calls reconnect by themselves once the
-// server is back (go-redis retries a failed command once on a fresh connection, and probes
-// a server that refused every connection once a second). A server's refusal (NOAUTH,
-// WRONGPASS, OOM) is an error naming it, without a sentinel. A call that failed may still
-// have taken effect, wholly or in part (a Put or Delete the server received before the
-// deadline runs when it resumes): every operation is idempotent, so the remedy is to
-// repeat it or ignore it.
+// server is back (go-redis retries a failed command once on a fresh connection). A
+// server's refusal (NOAUTH, WRONGPASS, OOM) is an error naming it, without a sentinel. A
+// call that failed may still have taken effect, wholly or in part (a Put or Delete the
+// server received before the deadline runs when it resumes): every operation is
+// idempotent, so the remedy is to repeat it or ignore it.
 //
 // # Ownership and usage
 //

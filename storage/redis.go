@@ -20,7 +20,8 @@ import (
 type redisStore struct {
 	base
 	client    *redis.Client
-	keyPrefix string // "<prefix>:<namespace hex>:"
+	keyPrefix string        // "<prefix>:<namespace hex>:"
+	conns     chan struct{} // one token per round trip in flight: at most PoolSize connections
 }
 
 const (
@@ -34,24 +35,34 @@ func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 		base:      base{backend: "redis", where: cfg.client.Addr, ns: opts.Namespace.ID(), opts: opts},
 		client:    redis.NewClient(cfg.client),
 		keyPrefix: cfg.prefix + ":" + opts.Namespace.String() + ":",
+		conns:     make(chan struct{}, opts.PoolSize),
 	}
 	ctx, cancel := callContext(ctx, opts.Timeout)
 	defer cancel()
-	if err := call(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
+	if err := s.call(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
 		s.client.Close()
 		return nil, s.opErr(ctx, "open", err)
 	}
 	return s, nil
 }
 
-// call runs fn, the I/O of one round trip, and returns when it does or when ctx is done,
-// whichever comes first. go-redis bounds its socket I/O by ctx's deadline but does not watch
-// cancellation: a cancelled call returns at once and fn ends in the background by the
-// deadline (every call has one, see callContext). So fn must not touch the caller's buffers;
-// its results are read only after call returned nil.
-func call(ctx context.Context, fn func() error) error {
+// call runs fn, the I/O of one round trip on one connection, and returns when it does or
+// when ctx is done, whichever comes first. go-redis bounds its socket I/O by ctx's deadline
+// but does not watch cancellation: a cancelled call returns at once and fn ends in the
+// background by the deadline (every call has one, see callContext), still holding its
+// connection token. So fn must not touch the caller's buffers; its results are read only
+// after call returned nil.
+func (s *redisStore) call(ctx context.Context, fn func() error) error {
+	select {
+	case s.conns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	done := make(chan error, 1)
-	go func() { done <- fn() }()
+	go func() {
+		defer func() { <-s.conns }()
+		done <- fn()
+	}()
 	select {
 	case err := <-done:
 		return err
@@ -134,7 +145,7 @@ func (s *redisStore) Exists(ctx context.Context, keys []Key, present []bool) (in
 	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
 		cmds := make([]*redis.IntCmd, len(names))
-		err := call(ctx, func() error {
+		err := s.call(ctx, func() error {
 			pipe := s.client.Pipeline()
 			for i, n := range names {
 				cmds[i] = pipe.Exists(ctx, n)
@@ -166,7 +177,7 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 	err = s.chunks(ctx, len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
 		var vals []any
-		err := call(ctx, func() error {
+		err := s.call(ctx, func() error {
 			var err error
 			vals, err = s.client.MGet(ctx, names...).Result()
 			return err
@@ -233,7 +244,7 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 			vals[i] = s.encodeValue(keys[lo+i], src[lo+i])
 			bytes += len(src[lo+i])
 		}
-		err := call(ctx, func() error {
+		err := s.call(ctx, func() error {
 			defer func() {
 				for _, v := range vals {
 					valuePool.Put(v)
@@ -286,7 +297,7 @@ func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 	defer cancel()
 	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
-		err := call(ctx, func() error { return s.client.Unlink(ctx, names...).Err() })
+		err := s.call(ctx, func() error { return s.client.Unlink(ctx, names...).Err() })
 		if err == nil {
 			s.stats.deletes.Add(uint64(hi - lo))
 		}
@@ -309,7 +320,7 @@ func (s *redisStore) Clear(ctx context.Context) error {
 	pattern := globEscape(s.keyPrefix) + "*"
 	var cursor uint64
 	for {
-		err := call(ctx, func() error {
+		err := s.call(ctx, func() error {
 			names, next, err := s.client.Scan(ctx, cursor, pattern, 1000).Result()
 			if err != nil {
 				return err

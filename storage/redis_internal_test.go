@@ -33,8 +33,8 @@ func TestParseRedisURL(t *testing.T) {
 	if co.DialTimeout.String() != "2s" || co.ReadTimeout.String() != "250ms" || co.WriteTimeout.String() != "3s" || co.MaxRetries != 1 {
 		t.Errorf("timeouts: dial %v read %v write %v retries %d", co.DialTimeout, co.ReadTimeout, co.WriteTimeout, co.MaxRetries)
 	}
-	if co.PoolSize != 9 || cfg.opts.PoolSize != 9 || cfg.opts.TTL.String() != "1h0m0s" || cfg.opts.Timeout.String() != "7s" || cfg.prefix != "pfx" {
-		t.Errorf("pool %d/%d ttl %v timeout %v prefix %q", co.PoolSize, cfg.opts.PoolSize, cfg.opts.TTL, cfg.opts.Timeout, cfg.prefix)
+	if co.MaxIdleConns != 9 || cfg.opts.PoolSize != 9 || cfg.opts.TTL.String() != "1h0m0s" || cfg.opts.Timeout.String() != "7s" || cfg.prefix != "pfx" {
+		t.Errorf("pool %d/%d ttl %v timeout %v prefix %q", co.MaxIdleConns, cfg.opts.PoolSize, cfg.opts.TTL, cfg.opts.Timeout, cfg.prefix)
 	}
 	if !co.ContextTimeoutEnabled {
 		t.Error("go-redis would ignore the call's deadline")
@@ -53,7 +53,7 @@ func TestParseRedisURL(t *testing.T) {
 	}
 	u, _ = url.Parse("rediss://h:6380/p?skip_verify=true&pool=3")
 	cfg, err = parseRedisURL(u, Options{Namespace: ns, PoolSize: 5})
-	if err != nil || cfg.client.TLSConfig == nil || !cfg.client.TLSConfig.InsecureSkipVerify || cfg.client.TLSConfig.ServerName != "h" || cfg.client.PoolSize != 3 {
+	if err != nil || cfg.client.TLSConfig == nil || !cfg.client.TLSConfig.InsecureSkipVerify || cfg.client.TLSConfig.ServerName != "h" || cfg.opts.PoolSize != 3 {
 		t.Errorf("rediss: %+v, %v", cfg, err)
 	}
 }

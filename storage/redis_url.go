@@ -32,6 +32,10 @@ func isRedisTopologyScheme(scheme string) bool {
 	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
 }
 
+// redisDialBreaker is the go-redis pool size: the failed dials after which go-redis stops
+// dialing until its once-a-second probe succeeds.
+const redisDialBreaker = 1024
+
 // redisOwnParams are the URL parameters this package reads itself; every other one is
 // go-redis's (redis.ParseURL: db, dial_timeout, read_timeout, write_timeout, pool_size,
 // skip_verify, max_retries, protocol, ...).
@@ -95,7 +99,15 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 		}
 		opts.PoolSize = co.PoolSize
 	}
-	co.PoolSize = opts.withDefaults().PoolSize
+	// The store caps its connections itself (redisStore.conns). go-redis's pool size is
+	// also its dial breaker: after that many failed dials it refuses every dial until a
+	// background probe, once a second, gets through, so a restarted server would be
+	// refused for up to a second while it answers. Sized far above the connections in use,
+	// the breaker only trips in a long outage (hicache's own circuit breaker stops calling
+	// a dead store long before).
+	opts.PoolSize = opts.withDefaults().PoolSize
+	co.PoolSize = max(redisDialBreaker, opts.PoolSize)
+	co.MaxIdleConns = opts.PoolSize
 	// Every call has a deadline (its context's or Options.Timeout): go-redis must honour it
 	// on the socket; the read and write timeouts then only shorten it.
 	co.ContextTimeoutEnabled = true
