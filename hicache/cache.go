@@ -93,6 +93,7 @@ type driverStats struct {
 	collectives  int64
 	latencies    []time.Duration // ring of recent consensus latencies
 	next         int
+	timed        int64    // consensus latencies recorded in all
 	pagesCopied  [2]int64 // this rank's copies that completed, by kind
 	transferErrs int64
 	diverged     error
@@ -520,6 +521,7 @@ func (c *Cache) drainLocked() {
 
 func (c *Cache) recordLatency(d time.Duration) {
 	s := &c.stats
+	s.timed++
 	if len(s.latencies) < c.maxSamples {
 		s.latencies = append(s.latencies, d)
 		return

@@ -131,6 +131,13 @@
 // L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;
 // Stats.StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own.
 //
+// # Metrics
+//
+// NewCollector(cache, LabelsOf(layout, rank), storage) is a prometheus.Collector of one
+// rank's Stats (cpcache_ names, labels rank, replica and slab_group, a histogram of the
+// consensus latency fed from Stats.ConsensusLatency) that the engine registers; each scrape
+// takes one Stats snapshot. The caller owns the registry; the collector holds the Cache.
+//
 // # Write policies
 //
 // WriteThrough backs a node up when inserted; WriteThroughSelective after WriteThreshold

@@ -9,7 +9,8 @@ import (
 type Stats struct {
 	CoreStats
 	Collectives      int64           // collectives this cache made (one per Step, plus New and Flush)
-	ConsensusLatency []time.Duration // recent consensus step latencies (AllReduce wall time)
+	ConsensusLatency []time.Duration // recent consensus step latencies (AllReduce wall time), oldest first
+	ConsensusTimed   int64           // consensus steps timed since New; ConsensusLatency holds the newest
 	PagesWritten     int64           // pages this rank copied into its slab
 	PagesLoaded      int64           // pages this rank copied back into L1
 	TransferErrors   int64           // transfers that failed on this rank
@@ -41,7 +42,8 @@ func (c *Cache) Stats() Stats {
 	st := Stats{
 		CoreStats:        c.core.Stats(),
 		Collectives:      c.stats.collectives,
-		ConsensusLatency: slices.Clone(c.stats.latencies),
+		ConsensusLatency: append(slices.Clone(c.stats.latencies[c.stats.next:]), c.stats.latencies[:c.stats.next]...),
+		ConsensusTimed:   c.stats.timed,
 		PagesWritten:     c.stats.pagesCopied[Write],
 		PagesLoaded:      c.stats.pagesCopied[Load],
 		TransferErrors:   c.stats.transferErrs,

@@ -19,9 +19,15 @@
 //	file:///dir[?fsync=true]          one file per page under dir/<ns>/<xx>/<hash>, written to
 //	                                  a temporary file in the same directory and renamed (and
 //	                                  fsynced, file and directory, with fsync=true)
-//	redis://[pass@]host:port/prefix   keys "<prefix>:<ns>:<hash>", pipelined MGET / SET /
-//	                                  EXISTS / UNLINK; optional ?ttl=, ?pool=, ?timeout=;
-//	                                  needs a MAC key (see Authentication)
+//	redis://[[user]:pass@]host:port/prefix
+//	rediss://...                      a Redis server through go-redis (rediss: TLS); keys
+//	                                  "<prefix>:<ns>:<hash>", MGET / UNLINK per chunk and
+//	                                  pipelined EXISTS / SET; ?db=, ?ttl=, ?pool_size=,
+//	                                  ?timeout=, ?dial_timeout=, ?read_timeout=,
+//	                                  ?write_timeout=, ?tls_ca=, ?tls_cert=, ?tls_key=,
+//	                                  ?skip_verify= and go-redis's other URL options
+//	                                  (Sentinel and Cluster are refused); needs a MAC
+//	                                  key (see Authentication)
 //	mem://name                        process memory, for tests
 //
 // Every value is stored as an 80-byte header (magic, version, key, length, CRC-32C of the
@@ -52,20 +58,21 @@
 // Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel
 // (ErrUnavailable, ErrBadArgument, ErrClosed, ErrNoKey with ErrBadArgument; ErrCorrupt and
 // ErrForged only through OnCorrupt) and the cause. Every call is bounded by Options.Timeout,
-// or by its context's deadline when that comes earlier. The Redis backend never panics or hangs on
-// a dead or stopped server: the call fails with ErrUnavailable by the deadline, and later
-// calls reconnect by themselves once the server is back (idle connections are dropped after
-// a failure, and one failure on a reused connection is retried on a fresh one). A call that
-// failed may still have taken effect, wholly or in part (a Put or Delete the server
-// received before the deadline runs when it resumes): every operation is idempotent, so the
-// remedy is to repeat it or ignore it.
+// or by its context's deadline when that comes earlier. The Redis backend never panics or
+// hangs on a dead or stopped server: the call fails with ErrUnavailable by the deadline (or
+// at once when its context is cancelled), and later calls reconnect by themselves once the
+// server is back (go-redis retries a failed command once on a fresh connection). A
+// server's refusal (NOAUTH, WRONGPASS, OOM) is an error naming it, without a sentinel. A
+// call that failed may still have taken effect, wholly or in part (a Put or Delete the
+// server received before the deadline runs when it resumes): every operation is
+// idempotent, so the remedy is to repeat it or ignore it.
 //
 // # Ownership and usage
 //
 // A Storage is safe for concurrent use; the caller owns it and closes it (Close is nil-safe
-// and idempotent). Get reads into caller-provided buffers (L2 slab pages) without allocating
-// per page on the Redis backend; a buffer's contents are unspecified after a miss, so only
-// pages reported found may be published. Put does not retain its buffers. In cpcache the
+// and idempotent). Get reads into caller-provided buffers (L2 slab pages; the Redis backend
+// copies there the value go-redis read); a buffer's contents are unspecified after a miss,
+// so only pages reported found may be published. Put does not retain its buffers. In cpcache the
 // group's I/O rank owns the Storage and drives it from the cache's backup and prefetch
 // queues; results take effect only through the consensus step. A typical loop:
 //

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/cpcache/cpcache/internal/redact"
 )
@@ -16,9 +13,11 @@ import (
 // Open opens the storage named by rawURL for opts.Namespace:
 //
 //	file:///abs/dir[?fsync=true]             a directory on a local or shared filesystem
-//	redis://[user:pass@]host[:port][/prefix][?ttl=1h&pool=8&timeout=5s]
-//	                                         a Redis server; keys are "<prefix>:<ns>:<hash>"
-//	                                         (prefix defaults to "cpcache")
+//	redis://[[user]:pass@]host[:port][/prefix][?ttl=1h&pool_size=8&timeout=5s&db=0]
+//	rediss://...[&tls_ca=ca.pem&tls_cert=c.pem&tls_key=k.pem]
+//	                                         a Redis server (rediss: over TLS); keys are
+//	                                         "<prefix>:<ns>:<hash>" (prefix defaults to
+//	                                         "cpcache"); see parseRedisURL for every option
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
@@ -82,65 +81,21 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 			return nil, err
 		}
 		return openDir(u.Path, opts.withDefaults())
-	case "redis":
-		if u.Host == "" {
-			return nil, bad("a redis URL needs a host, like redis://127.0.0.1:6379/prefix")
+	case "redis", "rediss":
+		cfg, err := parseRedisURL(u, opts)
+		if err != nil {
+			return nil, bad("%v", err)
 		}
-		addr := u.Host
-		if u.Port() == "" {
-			addr = net.JoinHostPort(u.Hostname(), "6379")
-		} else if p, err := strconv.Atoi(u.Port()); err != nil || p <= 0 || p > 65535 {
-			return nil, bad("port %q is not a TCP port", u.Port())
-		}
-		prefix := strings.Trim(u.Path, "/")
-		if prefix == "" {
-			prefix = "cpcache"
-		}
-		for _, r := range prefix {
-			if r <= ' ' || r == 0x7f {
-				return nil, bad("key prefix %q has a space or control character", prefix)
-			}
-		}
-		for name, vals := range q {
-			switch name {
-			case "ttl", "timeout":
-				d, err := time.ParseDuration(vals[0])
-				if err != nil || d < 0 {
-					return nil, bad("%s=%q is not a duration", name, vals[0])
-				}
-				if name == "ttl" {
-					opts.TTL = d
-				} else {
-					opts.Timeout = d
-				}
-			case "pool":
-				n, err := strconv.Atoi(vals[0])
-				if err != nil || n <= 0 {
-					return nil, bad("pool=%q is not a positive integer", vals[0])
-				}
-				opts.PoolSize = n
-			default:
-				return nil, bad("unknown redis URL parameter %q (known: ttl, pool, timeout)", name)
-			}
-		}
-		var user, pass string
-		if u.User != nil {
-			user = u.User.Username()
-			pass, _ = u.User.Password()
-			if pass == "" { // redis://secret@host means a password, as in redis-cli
-				user, pass = "", user
-			}
-		}
-		if opts.auth, err = explicitKey(opts); err != nil {
+		if cfg.opts.auth, err = explicitKey(cfg.opts); err != nil {
 			return nil, err
 		}
-		if opts.auth == nil {
-			if !opts.Insecure {
-				return nil, errNoKey(addr)
+		if cfg.opts.auth == nil {
+			if !cfg.opts.Insecure {
+				return nil, errNoKey(cfg.client.Addr)
 			}
-			opts.auth = newAuthenticator(nil)
+			cfg.opts.auth = newAuthenticator(nil)
 		}
-		return openRedis(ctx, addr, user, pass, prefix, opts.withDefaults())
+		return openRedis(ctx, cfg)
 	case "mem":
 		name := u.Host + u.Path
 		if name == "" {
@@ -156,6 +111,9 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 	case "":
 		return nil, bad("no scheme (want file:///dir or redis://host:port/prefix)")
 	default:
-		return nil, bad("unknown scheme %q (want file, redis or mem)", u.Scheme)
+		if isRedisTopologyScheme(u.Scheme) {
+			return nil, bad("%v", errRedisTopology)
+		}
+		return nil, bad("unknown scheme %q (want file, redis, rediss or mem)", u.Scheme)
 	}
 }

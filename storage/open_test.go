@@ -25,7 +25,18 @@ func TestOpenBadURLs(t *testing.T) {
 		{"redis://127.0.0.1:99999/p", `port "99999"`},
 		{"redis://127.0.0.1:6379/p?ttl=soon", `ttl="soon"`},
 		{"redis://127.0.0.1:6379/p?pool=0", `pool="0"`},
-		{"redis://127.0.0.1:6379/p?db=2", `unknown redis URL parameter "db"`},
+		{"redis://127.0.0.1:6379/p?color=red", "unexpected option: color"},
+		{"redis://127.0.0.1:6379/p?db=x", "invalid database number"},
+		{"redis://127.0.0.1:6379/p?db=-1", "db -1 is negative"},
+		{"redis://127.0.0.1:6379/p?dial_timeout=soon", "invalid dial_timeout duration"},
+		{"redis://127.0.0.1:6379/p?pool_size=-2", `pool_size="-2"`},
+		{"redis://127.0.0.1:6379/p?tls_ca=/x.pem", "need a rediss:// URL"},
+		{"rediss://127.0.0.1:6379/p?tls_cert=/x.pem", "go together"},
+		{"redis://user:@127.0.0.1:6379/p", `user "user" has an empty password`},
+		{"redis+sentinel://127.0.0.1:26379/p", "sentinel and cluster URLs are not supported"},
+		{"redis-cluster://127.0.0.1:7000/p", "sentinel and cluster URLs are not supported"},
+		{"redis://127.0.0.1:7000/p?addr=127.0.0.1:7001", "sentinel and cluster URLs are not supported"},
+		{"redis://127.0.0.1:7000,127.0.0.1:7001/p", "sentinel and cluster URLs are not supported"},
 		{"redis://127.0.0.1:6379/a%20b", "space or control"},
 		{"mem://", "needs a name"},
 		{"mem://x?a=b", "no parameters"},
@@ -35,6 +46,19 @@ func TestOpenBadURLs(t *testing.T) {
 		if !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), c.want) ||
 			!strings.HasPrefix(err.Error(), "storage: ") || !strings.Contains(err.Error(), `"`+c.url+`"`) {
 			t.Errorf("Open(%q): err=%v; want ErrBadArgument quoting the URL and saying %q", c.url, err, c.want)
+		}
+	}
+	// A URL with a password is quoted without it, even when it does not parse.
+	for _, url := range []string{
+		"redis://:s3cretPW@127.0.0.1:99999/p",
+		"redis://s3cretPW@127.0.0.1:6379/p?color=red",
+		"redis://alice:s3cretPW@127.0.0.1:6379/p?ttl=soon",
+		"redis://alice:s3cretPW@[::1/p",
+		"redis+sentinel://:s3cretPW@127.0.0.1:26379/p",
+	} {
+		_, err := storage.Open(testCtx(t), url, storage.Options{Namespace: ns})
+		if !errors.Is(err, storage.ErrBadArgument) || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
+			t.Errorf("Open(%q): err=%v; want ErrBadArgument with the password redacted", url, err)
 		}
 	}
 	if _, err := storage.Open(testCtx(t), "mem://x", storage.Options{}); !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "namespace") {

@@ -5,92 +5,136 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// redisStore is the Redis backend. Page keys are "<prefix>:<namespace hex>:<hash hex>";
-// values are header + payload (format.go), so a value written by something else under the
-// same name, or a truncated one, is a miss. Batches are pipelined in chunks (chunkKeys
-// keys or chunkBytes bytes per round trip).
+// redisStore is the Redis backend, a go-redis client. Page keys are
+// "<prefix>:<namespace hex>:<hash hex>"; values are header + payload (format.go), so a value
+// written by something else under the same name, or a truncated one, is a miss. Batches go
+// in chunks (chunkKeys keys or chunkBytes bytes per round trip, several at once): one MGET
+// or UNLINK, or a pipeline of EXISTS or SET.
 type redisStore struct {
 	base
-	pool      *respPool
-	keyPrefix string // "<prefix>:<namespace hex>:"
+	client    *redis.Client
+	keyPrefix string        // "<prefix>:<namespace hex>:"
+	conns     chan struct{} // one token per round trip in flight: at most PoolSize connections
 }
 
 const (
 	chunkKeys  = 256
-	chunkBytes = 16 << 20
-	keyHexLen  = 2 * (KeySize - NamespaceSize)
+	chunkBytes = 1 << 20
 )
 
-func openRedis(ctx context.Context, addr, user, pass, prefix string, opts Options) (*redisStore, error) {
+func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
+	opts := cfg.opts.withDefaults()
 	s := &redisStore{
-		base:      base{backend: "redis", where: addr, ns: opts.Namespace.ID(), opts: opts},
-		pool:      &respPool{addr: addr, user: user, pass: pass, maxIdle: opts.PoolSize},
-		keyPrefix: prefix + ":" + opts.Namespace.String() + ":",
+		base:      base{backend: "redis", where: cfg.client.Addr, ns: opts.Namespace.ID(), opts: opts},
+		client:    redis.NewClient(cfg.client),
+		keyPrefix: cfg.prefix + ":" + opts.Namespace.String() + ":",
+		conns:     make(chan struct{}, opts.PoolSize),
 	}
 	ctx, cancel := callContext(ctx, opts.Timeout)
 	defer cancel()
-	err := s.pool.do(ctx, func(c *respConn) error {
-		c.writeArrayHeader(1)
-		c.writeBulkString("PING")
-		if err := c.w.Flush(); err != nil {
-			return err
-		}
-		return c.readStatus()
-	})
-	if err != nil {
-		s.pool.close()
-		return nil, s.opErr("open", err)
+	if err := s.call(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
+		s.client.Close()
+		return nil, s.opErr(ctx, "open", err)
 	}
 	return s, nil
 }
 
-// opErr wraps a pool error: a server error reply has no kind (e.g. OOM: the server is
-// full) unless it says the server is temporarily unable to serve; everything else means
-// the server could not be used (ErrUnavailable).
-func (s *redisStore) opErr(op string, err error) error {
-	var re redisError
-	switch {
-	case errors.As(err, &re) && transientReply(string(re)):
-		return s.err(op, ErrUnavailable, err)
-	case errors.As(err, &re):
-		return s.err(op, nil, err)
-	case errors.Is(err, ErrClosed):
-		return s.err(op, ErrClosed, nil)
-	default:
-		return s.err(op, ErrUnavailable, err)
+// call runs fn, the I/O of one round trip on one connection, and returns when it does or
+// when ctx is done, whichever comes first. go-redis bounds its socket I/O by ctx's deadline
+// but does not watch cancellation: a cancelled call returns at once and fn ends in the
+// background by the deadline (every call has one, see callContext), still holding its
+// connection token. So fn must not touch the caller's buffers; its results are read only
+// after call returned nil.
+func (s *redisStore) call(ctx context.Context, fn func() error) error {
+	select {
+	case s.conns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-s.conns }()
+		done <- fn()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-func (s *redisStore) writeKey(c *respConn, k Key) {
-	c.writeBulkHeader(len(s.keyPrefix) + keyHexLen)
-	c.w.WriteString(s.keyPrefix)
-	c.num = hex.AppendEncode(c.num[:0], k[NamespaceSize:])
-	c.w.Write(c.num)
-	c.w.WriteString("\r\n")
+// opErr classifies an error of go-redis: a server error reply has no kind (e.g. OOM: the
+// server is full; NOAUTH, WRONGPASS: the credentials are wrong) unless it says the server is
+// temporarily unable to serve; everything else means the server could not be used
+// (ErrUnavailable), and wraps ctx's error when the deadline passed or ctx was cancelled.
+func (s *redisStore) opErr(ctx context.Context, op string, err error) error {
+	var reply redis.Error
+	switch {
+	case errors.As(err, &reply) && transientReply(err.Error()):
+		return s.err(op, ErrUnavailable, err)
+	case errors.As(err, &reply):
+		return s.err(op, nil, err)
+	case errors.Is(err, redis.ErrClosed):
+		return s.err(op, ErrClosed, nil)
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w (%v)", cerr, err)
+	}
+	return s.err(op, ErrUnavailable, err)
 }
 
-// chunks calls fn on consecutive [lo,hi) ranges of keys bounded by chunkKeys and chunkBytes
-// (size(i) is the bytes of key i) until fn returns false or an error.
-func chunks(n int, size func(i int) int, fn func(lo, hi int) (bool, error)) error {
+// name is the Redis key of k.
+func (s *redisStore) name(k Key) string {
+	return s.keyPrefix + hex.EncodeToString(k[NamespaceSize:])
+}
+
+// names returns the Redis keys of keys, slices of one string (one allocation per batch).
+func (s *redisStore) names(keys []Key) []string {
+	nameLen := len(s.keyPrefix) + 2*(KeySize-NamespaceSize)
+	buf := make([]byte, 0, nameLen*len(keys))
+	for _, k := range keys {
+		buf = hex.AppendEncode(append(buf, s.keyPrefix...), k[NamespaceSize:])
+	}
+	all := string(buf)
+	out := make([]string, len(keys))
+	for i := range out {
+		out[i] = all[i*nameLen : (i+1)*nameLen]
+	}
+	return out
+}
+
+// chunks splits keys [0,n) into consecutive ranges of at most chunkKeys keys and
+// chunkBytes bytes (size(i) is the bytes of key i; a larger key is a range of its own) and
+// calls fn on each, on up to PoolSize connections at once: a batch of pages streams over
+// several connections, so verifying and copying one range overlaps the transfer of the
+// next. fn returning false says later ranges are not needed (they may run anyway); the
+// first error is returned.
+func (s *redisStore) chunks(ctx context.Context, n int, size func(i int) int, fn func(lo, hi int) (bool, error)) error {
+	var bounds []int // range r is [bounds[r], bounds[r+1])
 	for lo := 0; lo < n; {
+		bounds = append(bounds, lo)
 		hi, bytes := lo, 0
 		for hi < n && hi-lo < chunkKeys && (hi == lo || bytes+size(hi) <= chunkBytes) {
 			bytes += size(hi)
 			hi++
 		}
-		more, err := fn(lo, hi)
-		if err != nil || !more {
-			return err
-		}
 		lo = hi
 	}
-	return nil
+	bounds = append(bounds, n)
+	return forEach(ctx, len(bounds)-1, s.opts.PoolSize, true, func(r int) (bool, error) {
+		return fn(bounds[r], bounds[r+1])
+	})
 }
+
+func noBytes(int) int { return 0 }
 
 func (s *redisStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
 	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
@@ -98,57 +142,30 @@ func (s *redisStore) Exists(ctx context.Context, keys []Key, present []bool) (in
 		return 0, err
 	}
 	defer cancel()
-	err = chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
-		err := s.pool.do(ctx, func(c *respConn) error {
-			for i := lo; i < hi; i++ {
-				c.writeArrayHeader(2)
-				c.writeBulkString("EXISTS")
-				s.writeKey(c, keys[i])
+	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
+		names := s.names(keys[lo:hi])
+		cmds := make([]*redis.IntCmd, len(names))
+		err := s.call(ctx, func() error {
+			pipe := s.client.Pipeline()
+			for i, n := range names {
+				cmds[i] = pipe.Exists(ctx, n)
 			}
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			var first error
-			for i := lo; i < hi; i++ {
-				n, err := c.readInt()
-				if err != nil {
-					var re redisError
-					if !errors.As(err, &re) {
-						return err
-					}
-					first = cmp(first, err)
-				}
-				flags[i] = n > 0
-			}
-			return first
+			_, err := pipe.Exec(ctx)
+			return err
 		})
 		if err != nil {
 			return false, err
 		}
+		for i, c := range cmds {
+			flags[lo+i] = c.Val() > 0
+		}
 		return present != nil || leading(flags[lo:hi]) == hi-lo, nil
 	})
 	if err != nil {
-		return leading(flags), s.opErr("exists", err)
+		return leading(flags), s.opErr(ctx, "exists", err)
 	}
 	return leading(flags), nil
 }
-
-func cmp(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
-}
-
-// getResult is the outcome of one key of a Get round trip, applied to the counters only
-// once the round trip succeeded (a retried round trip must not count twice).
-type getResult uint8
-
-const (
-	getMiss getResult = iota
-	getHit
-	getCorrupt
-)
 
 func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bool) (int, error) {
 	dst = buffers(dst)
@@ -157,111 +174,53 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 		return 0, err
 	}
 	defer cancel()
-	var results [chunkKeys]getResult
-	var corrupt []corruption // corrupt values of the current chunk, reported after success
-	err = chunks(len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
-		err := s.pool.do(ctx, func(c *respConn) error {
-			corrupt = corrupt[:0]
-			c.writeArrayHeader(1 + hi - lo)
-			c.writeBulkString("MGET")
-			for i := lo; i < hi; i++ {
-				s.writeKey(c, keys[i])
-			}
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			n, err := c.readLen('*')
-			if err != nil {
-				return err
-			}
-			if n != int64(hi-lo) {
-				return fmt.Errorf("%w: MGET of %d keys returned %d values", errProtocol, hi-lo, n)
-			}
-			for i := lo; i < hi; i++ {
-				r, reason, err := s.readPage(c, keys[i], dst[i])
-				if err != nil {
-					return err
-				}
-				results[i-lo] = r
-				if reason != nil {
-					corrupt = append(corrupt, corruption{keys[i], reason})
-				}
-			}
-			return nil
+	err = s.chunks(ctx, len(keys), func(i int) int { return storedLen(len(dst[i])) }, func(lo, hi int) (bool, error) {
+		names := s.names(keys[lo:hi])
+		var vals []any
+		err := s.call(ctx, func() error {
+			var err error
+			vals, err = s.client.MGet(ctx, names...).Result()
+			return err
 		})
 		if err != nil {
 			return false, err
 		}
-		for i := lo; i < hi; i++ {
-			switch results[i-lo] {
-			case getHit:
-				flags[i] = true
-				s.stats.hits.Add(1)
-				s.stats.bytesRead.Add(uint64(len(dst[i])))
-			case getMiss:
-				s.stats.misses.Add(1)
-			}
+		if len(vals) != hi-lo {
+			return false, fmt.Errorf("MGET of %d keys returned %d values", hi-lo, len(vals))
 		}
-		for _, c := range corrupt {
-			s.corrupt(c.key, c.reason)
+		for i, v := range vals {
+			s.loadValue(keys[lo+i], v, dst[lo+i], &flags[lo+i])
 		}
 		return found != nil || leading(flags[lo:hi]) == hi-lo, nil
 	})
 	if err != nil {
-		return leading(flags), s.opErr("get", err)
+		return leading(flags), s.opErr(ctx, "get", err)
 	}
 	return leading(flags), nil
 }
 
-// corruption is a value of a Get chunk that failed verification, and why.
-type corruption struct {
-	key    Key
-	reason error
-}
-
-// readPage reads one MGET element into dst. A corrupt value yields getCorrupt and a reason;
-// err is only for failures of the connection.
-func (s *redisStore) readPage(c *respConn, k Key, dst []byte) (res getResult, reason, err error) {
-	n, err := c.readLen('$')
-	if err != nil {
-		return 0, nil, err
+// loadValue verifies one MGET value (nil for a missing key) and copies its payload into
+// dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt.
+func (s *redisStore) loadValue(k Key, v any, dst []byte, hit *bool) {
+	val, ok := v.(string)
+	if !ok {
+		s.stats.misses.Add(1)
+		return
 	}
-	if n < 0 {
-		return getMiss, nil, nil
+	var reason error
+	if len(val) != storedLen(len(dst)) {
+		reason = errLength(len(val), storedLen(len(dst)))
+	} else if reason = s.checkHeader([]byte(val[:HeaderSize]), k, len(dst)); reason == nil {
+		copy(dst, val[HeaderSize:])
+		reason = s.checkPayload([]byte(val[:HeaderSize]), dst)
 	}
-	if n != int64(storedLen(len(dst))) {
-		return s.skipCorrupt(c, k, errLength(int(n), storedLen(len(dst))), n, true)
+	if reason != nil {
+		s.corrupt(k, fmt.Errorf("redis key %s: %w", s.name(k), reason))
+		return
 	}
-	hdr := c.hdr[:]
-	if _, err := io.ReadFull(c.r, hdr); err != nil {
-		return 0, nil, err
-	}
-	if err := s.checkHeader(hdr, k, len(dst)); err != nil {
-		return s.skipCorrupt(c, k, err, n-HeaderSize, true)
-	}
-	if _, err := io.ReadFull(c.r, dst); err != nil {
-		return 0, nil, err
-	}
-	if err := c.readCRLF(); err != nil {
-		return 0, nil, err
-	}
-	if err := s.checkPayload(hdr, dst); err != nil {
-		return s.skipCorrupt(c, k, err, 0, false)
-	}
-	return getHit, nil, nil
-}
-
-// skipCorrupt skips the rest of a corrupt value: rest bytes, then the CRLF unless read.
-func (s *redisStore) skipCorrupt(c *respConn, k Key, why error, rest int64, crlf bool) (getResult, error, error) {
-	if _, err := c.r.Discard(int(rest)); err != nil {
-		return 0, nil, err
-	}
-	if crlf {
-		if err := c.readCRLF(); err != nil {
-			return 0, nil, err
-		}
-	}
-	return getCorrupt, fmt.Errorf("redis key %s%x: %w", s.keyPrefix, k[NamespaceSize:], why), nil
+	*hit = true
+	s.stats.hits.Add(1)
+	s.stats.bytesRead.Add(uint64(len(dst)))
 }
 
 func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
@@ -271,61 +230,63 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		return err
 	}
 	defer cancel()
-	var ttl []byte
-	if s.opts.TTL > 0 {
-		ttl = strconv.AppendInt(nil, max(1, s.opts.TTL.Milliseconds()), 10)
+	ttl := s.opts.TTL
+	if ttl > 0 && ttl < time.Millisecond {
+		ttl = time.Millisecond // the least PX takes; 0 would mean no expiry
 	}
-	err = chunks(len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
-		err := s.pool.do(ctx, func(c *respConn) error {
-			var hdr [HeaderSize]byte
-			for i := lo; i < hi; i++ {
-				if ttl != nil {
-					c.writeArrayHeader(5)
-				} else {
-					c.writeArrayHeader(3)
+	err = s.chunks(ctx, len(keys), func(i int) int { return storedLen(len(src[i])) }, func(lo, hi int) (bool, error) {
+		// Values are copies (header + payload) that the round trip owns: a cancelled call
+		// may still be writing them when Put has returned.
+		names := s.names(keys[lo:hi])
+		vals := make([]*[]byte, len(names))
+		bytes := 0
+		for i := range vals {
+			vals[i] = s.encodeValue(keys[lo+i], src[lo+i])
+			bytes += len(src[lo+i])
+		}
+		err := s.call(ctx, func() error {
+			defer func() {
+				for _, v := range vals {
+					valuePool.Put(v)
 				}
-				c.writeBulkString("SET")
-				s.writeKey(c, keys[i])
-				s.encodeHeader(&hdr, keys[i], src[i])
-				c.writeBulkHeader(storedLen(len(src[i])))
-				c.w.Write(hdr[:])
-				c.w.Write(src[i])
-				c.w.WriteString("\r\n")
-				if ttl != nil {
-					c.writeBulkString("PX")
-					c.writeBulk(ttl)
-				}
+			}()
+			pipe := s.client.Pipeline()
+			for i, n := range names {
+				pipe.Set(ctx, n, *vals[i], ttl)
 			}
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			var first error
-			for i := lo; i < hi; i++ {
-				if err := c.readStatus(); err != nil {
-					var re redisError
-					if !errors.As(err, &re) {
-						return err
-					}
-					first = cmp(first, err)
-				}
-			}
-			return first
+			_, err := pipe.Exec(ctx)
+			return err
 		})
 		if err != nil {
 			return false, err
-		}
-		bytes := 0
-		for _, b := range src[lo:hi] {
-			bytes += len(b)
 		}
 		s.stats.puts.Add(uint64(hi - lo))
 		s.stats.bytesWritten.Add(uint64(bytes))
 		return true, nil
 	})
 	if err != nil {
-		return s.opErr("put", err)
+		return s.opErr(ctx, "put", err)
 	}
 	return nil
+}
+
+// valuePool recycles the buffers of stored values (*[]byte), which Put fills and the round
+// trip that sent them returns.
+var valuePool sync.Pool
+
+// encodeValue returns the stored form of payload under key, header then payload, in a
+// buffer of valuePool.
+func (s *redisStore) encodeValue(key Key, payload []byte) *[]byte {
+	n := storedLen(len(payload))
+	v, _ := valuePool.Get().(*[]byte)
+	if v == nil || cap(*v) < n {
+		b := make([]byte, n)
+		v = &b
+	}
+	*v = (*v)[:n]
+	s.encodeHeader((*[HeaderSize]byte)(*v), key, payload)
+	copy((*v)[HeaderSize:], payload)
+	return v
 }
 
 func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
@@ -334,26 +295,16 @@ func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 		return err
 	}
 	defer cancel()
-	err = chunks(len(keys), func(int) int { return 0 }, func(lo, hi int) (bool, error) {
-		err := s.pool.do(ctx, func(c *respConn) error {
-			c.writeArrayHeader(1 + hi - lo)
-			c.writeBulkString("UNLINK")
-			for i := lo; i < hi; i++ {
-				s.writeKey(c, keys[i])
-			}
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			_, err := c.readInt()
-			return err
-		})
+	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
+		names := s.names(keys[lo:hi])
+		err := s.call(ctx, func() error { return s.client.Unlink(ctx, names...).Err() })
 		if err == nil {
 			s.stats.deletes.Add(uint64(hi - lo))
 		}
 		return true, err
 	})
 	if err != nil {
-		return s.opErr("delete", err)
+		return s.opErr(ctx, "delete", err)
 	}
 	return nil
 }
@@ -367,62 +318,27 @@ func (s *redisStore) Clear(ctx context.Context) error {
 	ctx, cancel := callContext(ctx, s.opts.Timeout)
 	defer cancel()
 	pattern := globEscape(s.keyPrefix) + "*"
-	cursor := "0"
+	var cursor uint64
 	for {
-		var next string
-		var names [][]byte
-		err := s.pool.do(ctx, func(c *respConn) error {
-			c.writeArrayHeader(6)
-			c.writeBulkString("SCAN")
-			c.writeBulkString(cursor)
-			c.writeBulkString("MATCH")
-			c.writeBulkString(pattern)
-			c.writeBulkString("COUNT")
-			c.writeBulkString("1000")
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			if n, err := c.readLen('*'); err != nil || n != 2 {
-				return cmp(err, fmt.Errorf("%w: SCAN reply of %d elements", errProtocol, n))
-			}
-			cur, err := c.readBulkBytes()
+		err := s.call(ctx, func() error {
+			names, next, err := s.client.Scan(ctx, cursor, pattern, 1000).Result()
 			if err != nil {
 				return err
 			}
-			n, err := c.readLen('*')
-			if err != nil {
-				return err
-			}
-			names = names[:0]
-			for range n {
-				b, err := c.readBulkBytes()
-				if err != nil {
+			if len(names) > 0 {
+				if err := s.client.Unlink(ctx, names...).Err(); err != nil {
 					return err
 				}
-				names = append(names, b)
 			}
-			next = string(cur)
-			if len(names) == 0 {
-				return nil
-			}
-			c.writeArrayHeader(1 + len(names))
-			c.writeBulkString("UNLINK")
-			for _, b := range names {
-				c.writeBulk(b)
-			}
-			if err := c.w.Flush(); err != nil {
-				return err
-			}
-			_, err = c.readInt()
-			return err
+			cursor = next
+			return nil
 		})
 		if err != nil {
-			return s.opErr("clear", err)
+			return s.opErr(ctx, "clear", err)
 		}
-		if next == "0" {
+		if cursor == 0 {
 			return nil
 		}
-		cursor = next
 	}
 }
 
@@ -454,6 +370,5 @@ func (s *redisStore) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.pool.close()
-	return nil
+	return s.client.Close()
 }

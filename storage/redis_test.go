@@ -15,19 +15,36 @@ import (
 	"github.com/cpcache/cpcache/storage/storagetest"
 )
 
+// TestRedisConformance runs the contract against a plain server, one that requires a
+// password (and an ACL user), and one that speaks only TLS with a throwaway CA.
 func TestRedisConformance(t *testing.T) {
-	r := redistest.Start(t)
+	t.Run("plain", func(t *testing.T) {
+		r := redistest.Start(t)
+		redisConformance(t, r, r.URL("conformance"))
+	})
+	t.Run("requirepass", func(t *testing.T) {
+		r := redistest.Start(t, "--requirepass", "s3cret")
+		redisConformance(t, r, "redis://:s3cret@"+r.Addr()+"/conformance")
+	})
+	t.Run("tls", func(t *testing.T) {
+		r := redistest.StartTLS(t, redistest.NewTLSFiles(t))
+		redisConformance(t, r, r.URL("conformance"))
+	})
+}
+
+func redisConformance(t *testing.T, r *redistest.Server, url string) {
+	raw := r.Client()
 	storagetest.Conformance(t, storagetest.Backend{
 		Open: func(t *testing.T, opts storage.Options) storage.Storage {
-			return openURL(t, r.URL("conformance"), opts)
+			return openURL(t, url, opts)
 		},
 		Mutate: func(t *testing.T, s storage.Storage, k storage.Key, mutate func([]byte) []byte) {
-			name := []byte(storage.RedisKeyName(s, k))
-			old, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("GET"), name)
-			if err != nil || old == nil {
-				t.Fatalf("mutate: GET %s: %q, %v", name, old, err)
+			name := storage.RedisKeyName(s, k)
+			old, err := raw.Get(testCtx(t), name).Bytes()
+			if err != nil {
+				t.Fatalf("mutate: GET %s: %v", name, err)
 			}
-			if _, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("SET"), name, mutate(old)); err != nil {
+			if err := raw.Set(testCtx(t), name, mutate(old), 0).Err(); err != nil {
 				t.Fatalf("mutate: SET %s: %v", name, err)
 			}
 		},
@@ -169,7 +186,8 @@ func TestRedisPrefixes(t *testing.T) {
 	if err := a.Put(testCtx(t), keys, pages); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("SET"), []byte("unrelated"), []byte("v")); err != nil {
+	raw := r.Client()
+	if err := raw.Set(testCtx(t), "unrelated", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Clear(testCtx(t)); err != nil {
@@ -181,7 +199,7 @@ func TestRedisPrefixes(t *testing.T) {
 	if n, err := x.Exists(testCtx(t), keys, nil); err != nil || n != 2 {
 		t.Fatalf("clear of prefix a*b removed pages of prefix axb: %d remain, %v", n, err)
 	}
-	if v, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("GET"), []byte("unrelated")); err != nil || string(v) != "v" {
+	if v, err := raw.Get(testCtx(t), "unrelated").Result(); err != nil || v != "v" {
 		t.Fatalf("clear removed an unrelated key: %q, %v", v, err)
 	}
 	if !strings.HasPrefix(storage.RedisKeyName(x, keys[0]), "axb:"+ns.String()+":") {
@@ -198,28 +216,71 @@ func TestRedisTTL(t *testing.T) {
 	if err := s.Put(testCtx(t), []storage.Key{k}, [][]byte{{1}}); err != nil {
 		t.Fatal(err)
 	}
-	v, err := storage.RedisCommand(testCtx(t), r.Addr(), []byte("PTTL"), []byte(storage.RedisKeyName(s, k)))
-	ms, _ := strconv.Atoi(string(v))
-	if err != nil || ms <= 0 || ms > 3600_000 {
-		t.Fatalf("PTTL of a page written with ttl=1h: %q, %v", v, err)
+	ttl, err := r.Client().PTTL(testCtx(t), storage.RedisKeyName(s, k)).Result()
+	if err != nil || ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("PTTL of a page written with ttl=1h: %v, %v", ttl, err)
 	}
 }
 
+// TestRedisAuth: a password alone (as redis-cli reads redis://pw@host, or :pw@), an ACL
+// user with its password, and refusals that name the server's reply but never the password.
 func TestRedisAuth(t *testing.T) {
-	r := redistest.Start(t, "--requirepass", "s3cret")
+	r := redistest.Start(t, "--requirepass", "s3cretPW")
 	ns := mustNamespace(t, "auth")
-	s := openURL(t, "redis://s3cret@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
-	defer s.Close()
-	if err := s.Put(testCtx(t), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{{1}}); err != nil {
-		t.Fatalf("put with a password: %v", err)
+	if err := r.Client().Do(testCtx(t), "ACL", "SETUSER", "alice", "on", ">al1cePW", "~*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, userinfo := range []string{"s3cretPW", ":s3cretPW", "default:s3cretPW", "alice:al1cePW"} {
+		s := openURL(t, "redis://"+userinfo+"@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
+		if err := s.Put(testCtx(t), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{{1}}); err != nil {
+			t.Errorf("put as %s: %v", strings.Split(userinfo, ":")[0], err)
+		}
+		s.Close()
 	}
 	_, err := storage.Open(testCtx(t), "redis://"+r.Addr()+"/auth", storage.Options{Namespace: ns})
 	if err == nil || errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Fatalf("open without the password: %v; want the server's NOAUTH refusal", err)
 	}
-	_, err = storage.Open(testCtx(t), "redis://wrong@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
-	if err == nil || !strings.Contains(err.Error(), "auth") {
-		t.Fatalf("open with a wrong password: %v", err)
+	for _, userinfo := range []string{"wrongPW", "alice:wrongPW", "bob:s3cretPW"} {
+		_, err = storage.Open(testCtx(t), "redis://"+userinfo+"@"+r.Addr()+"/auth", storage.Options{Namespace: ns})
+		if err == nil || errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGPASS") || strings.Contains(err.Error(), "PW") {
+			t.Errorf("open as %s: %v; want the server's WRONGPASS refusal without the password", userinfo, err)
+		}
+	}
+}
+
+// TestRedisTLS: a TLS-only server takes rediss:// with the test CA; a client that does not
+// trust the CA, has no client certificate, or speaks plain TCP is refused.
+func TestRedisTLS(t *testing.T) {
+	files := redistest.NewTLSFiles(t)
+	r := redistest.StartTLS(t, files)
+	ns := mustNamespace(t, "tls")
+	s := openURL(t, r.URL("tls")+"&dial_timeout=2s&read_timeout=2s&write_timeout=2s&pool_size=2", storage.Options{Namespace: ns})
+	defer s.Close()
+	page := bytes.Repeat([]byte{9}, 64<<10)
+	keys := []storage.Key{storage.NewKey(ns, 1)}
+	if err := s.Put(testCtx(t), keys, [][]byte{page}); err != nil {
+		t.Fatal(err)
+	}
+	dst := [][]byte{make([]byte, len(page))}
+	if n, err := s.Get(testCtx(t), keys, dst, nil); err != nil || n != 1 || !bytes.Equal(dst[0], page) {
+		t.Fatalf("get over TLS: %d, %v", n, err)
+	}
+	for what, url := range map[string]string{
+		"system roots only":     "rediss://" + r.Addr() + "/tls?tls_cert=" + files.ClientCert + "&tls_key=" + files.ClientKey,
+		"no client certificate": "rediss://" + r.Addr() + "/tls?tls_ca=" + files.CA,
+		"plain TCP":             "redis://" + r.Addr() + "/tls",
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := storage.Open(ctx, url, storage.Options{Namespace: ns})
+		cancel()
+		if !errors.Is(err, storage.ErrUnavailable) {
+			t.Errorf("%s: %v; want ErrUnavailable", what, err)
+		}
+	}
+	_, err := storage.Open(testCtx(t), "rediss://"+r.Addr()+"/tls?tls_ca=/no/such/ca.pem", storage.Options{Namespace: ns})
+	if !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "/no/such/ca.pem") {
+		t.Errorf("missing CA file: %v", err)
 	}
 }
 

@@ -62,7 +62,8 @@ type Options struct {
 	// Workers is how many files the directory backend reads or writes at once per batch
 	// (default 4).
 	Workers int
-	// PoolSize is how many idle connections the Redis backend keeps (default 4, URL "pool=").
+	// PoolSize is how many connections the Redis backend opens at most (default 4, URL
+	// "pool_size=" or "pool=").
 	PoolSize int
 	// TTL, if positive, makes Redis expire each page this long after it was written (URL
 	// "ttl=1h"); shared Redis instances then evict old pages by themselves.

@@ -6,6 +6,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/redis/go-redis/v9/logging"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand's name and returns
@@ -26,7 +28,12 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	// go-redis logs every failed dial to stderr; the storage errors it causes are already
+	// counted and reported (rate-limited) by the cache.
+	logging.Disable()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

@@ -13,6 +13,9 @@
 //
 //	srv := redistest.Start(t)              // extra redis-server flags may follow t
 //	url := srv.URL("prefix")               // redis://127.0.0.1:port/prefix
+//	tlsSrv := redistest.StartTLS(t, redistest.NewTLSFiles(t)) // a throwaway CA, TLS only
+//	url = tlsSrv.URL("prefix")             // rediss://...?tls_ca=...&tls_cert=...&tls_key=...
+//	srv.Client().Get(ctx, key)             // a go-redis client with the server's password and TLS
 //	srv.Kill(); srv.Start()                // lose the server, bring back an empty one
 //	srv.Signal(syscall.SIGSTOP)            // stall it (SIGCONT resumes)
 package redistest

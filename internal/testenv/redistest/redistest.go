@@ -2,14 +2,19 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/url"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Server is a redis-server process owned by one test.
@@ -19,6 +24,8 @@ type Server struct {
 	dir   string
 	port  int
 	extra []string
+	tls   *TLSFiles // nil: plain TCP
+	pass  string    // the --requirepass flag's value
 
 	mu   sync.Mutex // guards cmd and done (Close may run from cleanup while a test kills)
 	cmd  *exec.Cmd
@@ -28,6 +35,19 @@ type Server struct {
 // Start starts a server with extra redis-server flags, or skips the test if redis-server
 // is not installed. The test's cleanup kills it.
 func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return start(t, nil, extra)
+}
+
+// StartTLS starts a server that accepts only TLS on its port, with the server certificate
+// of files; clients must present a certificate its CA signed (redis-server's default,
+// tls-auth-clients yes).
+func StartTLS(t testing.TB, files *TLSFiles, extra ...string) *Server {
+	t.Helper()
+	return start(t, files, extra)
+}
+
+func start(t testing.TB, files *TLSFiles, extra []string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -39,7 +59,10 @@ func Start(t testing.TB, extra ...string) *Server {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), port: port, extra: extra}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), port: port, extra: extra, tls: files}
+	if i := slices.Index(extra, "--requirepass"); i >= 0 && i+1 < len(extra) {
+		s.pass = extra[i+1]
+	}
 	s.Start()
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -48,8 +71,27 @@ func Start(t testing.TB, extra ...string) *Server {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-// URL is a cpcache storage URL for the server with a key prefix.
-func (s *Server) URL(prefix string) string { return "redis://" + s.Addr() + "/" + prefix }
+// URL is a cpcache storage URL for the server with a key prefix: redis://, or rediss://
+// with the CA and client certificate for a TLS server. It has no password.
+func (s *Server) URL(prefix string) string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr() + "/" + url.PathEscape(prefix) + "?" + s.tls.Query()
+	}
+	return "redis://" + s.Addr() + "/" + url.PathEscape(prefix)
+}
+
+// Client is a go-redis client of the server (with its password and TLS), for tests that
+// look at or change what is stored. The test's cleanup closes it.
+func (s *Server) Client() *redis.Client {
+	s.t.Helper()
+	o := &redis.Options{Addr: s.Addr(), Password: s.pass, DisableIdentity: true}
+	if s.tls != nil {
+		o.TLSConfig = s.tls.ClientConfig(s.t)
+	}
+	c := redis.NewClient(o)
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
 
 func (s *Server) String() string { return fmt.Sprintf("redis-server :%d", s.port) }
 
@@ -57,8 +99,13 @@ func (s *Server) String() string { return fmt.Sprintf("redis-server :%d", s.port
 // answers; it fails the test if it exits or does not answer within 15 seconds.
 func (s *Server) Start() {
 	s.t.Helper()
-	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.extra...)
+	args := []string{"--port", strconv.Itoa(s.port)}
+	if s.tls != nil {
+		args = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port), "--tls-cert-file", s.tls.ServerCert,
+			"--tls-key-file", s.tls.ServerKey, "--tls-ca-cert-file", s.tls.CA}
+	}
+	args = append(append(args, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"), s.extra...)
 	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server on port %d: %v", s.port, err)
@@ -89,7 +136,13 @@ func (s *Server) Start() {
 
 // ping sends an inline PING and reads one reply line (+PONG, or an error such as NOAUTH).
 func (s *Server) ping() error {
-	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	var c net.Conn
+	var err error
+	if s.tls != nil {
+		c, err = tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.Addr(), s.tls.ClientConfig(s.t))
+	} else {
+		c, err = net.DialTimeout("tcp", s.Addr(), time.Second)
+	}
 	if err != nil {
 		return err
 	}

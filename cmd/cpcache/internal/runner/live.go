@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -39,43 +37,6 @@ func (l *live) status(rank int, leader bool) rankStatus {
 		InputTokens: l.inputTokens.Load(), HitTokens: l.hitTokens.Load(), Steps: l.steps.Load(),
 		PagesWritten: l.pagesWritten.Load(), PagesLoaded: l.pagesLoaded.Load(), BadPages: l.badPages.Load(),
 	}
-}
-
-// writeMetrics writes the counters in the Prometheus text exposition format, each with the
-// given labels (`rank="0"`, or `job="cpcache-run"` for a whole job).
-func (l *live) writeMetrics(w io.Writer, labels string) {
-	metric := func(name, help, kind string, v float64) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %g\n", name, help, name, kind, name, labels, v)
-	}
-	metric("cpcache_requests_total", "Requests in the workload (of this replica, for a rank).", "gauge", float64(l.total.Load()))
-	metric("cpcache_requests_done", "Requests finished.", "counter", float64(l.done.Load()))
-	metric("cpcache_input_tokens", "Prompt tokens of finished prefills.", "counter", float64(l.inputTokens.Load()))
-	metric("cpcache_hit_tokens", "Prompt tokens served from the cache (L1, L2 or storage).", "counter", float64(l.hitTokens.Load()))
-	metric("cpcache_scheduler_steps", "Scheduler steps (one consensus each).", "counter", float64(l.steps.Load()))
-	metric("cpcache_l2_pages_written", "Pages written into L2 slabs by this rank.", "counter", float64(l.pagesWritten.Load()))
-	metric("cpcache_l2_pages_loaded", "Pages loaded back from L2 by this rank.", "counter", float64(l.pagesLoaded.Load()))
-	metric("cpcache_bad_pages", "Loaded pages whose bytes were wrong.", "counter", float64(l.badPages.Load()))
-}
-
-// serveMetrics serves /metrics on addr until ctx ends. The listener is opened before it
-// returns, so a bad or busy address is reported at once.
-func serveMetrics(ctx context.Context, addr string, l *live, labels string) (string, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", fmt.Errorf("runner: metrics address %q: %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		l.writeMetrics(w, labels)
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	return ln.Addr().String(), nil
 }
 
 // progressLine renders "[#####.....] 120/192 requests, hit rate 61.2%".

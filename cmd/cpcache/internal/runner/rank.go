@@ -197,7 +197,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.corrupt = mem.corrupter(set, cache.CPRank())
 	}
-	stop, err := startReporting(ctx, rank, leader, lv, cache, out)
+	reg := rankRegistry(lv, cache, st, hicache.LabelsOf(p.Layout, rank))
+	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
 	if err != nil {
 		return nil, err
 	}

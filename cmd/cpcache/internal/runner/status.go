@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cpcache/cpcache/hicache"
 )
 
@@ -42,6 +44,11 @@ func writeFileAtomic(dir, name string, v any) error {
 	if err != nil {
 		return err
 	}
+	return writeBytesAtomic(dir, name, b)
+}
+
+// writeBytesAtomic writes b to dir/name through a rename.
+func writeBytesAtomic(dir, name string, b []byte) error {
 	tmp, err := os.CreateTemp(dir, "."+name+".*")
 	if err != nil {
 		return fmt.Errorf("runner: status: %w", err)
@@ -60,10 +67,10 @@ func writeFileAtomic(dir, name string, v any) error {
 	return nil
 }
 
-// startReporting starts what a rank shows while it runs: its status file when out has a
-// status directory (every rank), else progress and metrics on rank 0. stop ends it (after
-// a last status write).
-func startReporting(ctx context.Context, rank int, leader bool, l *live, cache *hicache.Cache, out Output) (stop func(), err error) {
+// startReporting starts what a rank shows while it runs: its status and metrics files when
+// out has a status directory (every rank), else progress and metrics (reg, plus this
+// process's Go and process collectors) on rank 0. stop ends it (after a last status write).
+func startReporting(ctx context.Context, rank int, leader bool, l *live, cache *hicache.Cache, reg prometheus.Gatherer, out Output) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	refresh := func() {
@@ -76,12 +83,13 @@ func startReporting(ctx context.Context, rank int, leader bool, l *live, cache *
 		write := func() {
 			refresh()
 			_ = writeFileAtomic(out.StatusDir, fmt.Sprintf("status-%d.json", rank), l.status(rank, leader))
+			_ = writeMetricsFile(out.StatusDir, rank, reg)
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); every(ctx, statusInterval, write, true) }()
 	case rank == 0:
 		if out.MetricsAddr != "" {
-			addr, err := serveMetrics(ctx, out.MetricsAddr, l, fmt.Sprintf(`rank="%d"`, rank))
+			addr, err := serveMetrics(ctx, out.MetricsAddr, prometheus.Gatherers{servingRegistry(), reg})
 			if err != nil {
 				cancel()
 				return nil, err
@@ -117,7 +125,8 @@ func every(ctx context.Context, interval time.Duration, fn func(), last bool) {
 }
 
 // Watcher shows the progress of a job whose ranks write status files into a directory:
-// a bar (or plain lines) and, optionally, Prometheus metrics summed over the job.
+// a bar (or plain lines) and, optionally, the ranks' Prometheus metrics (from their metrics
+// files) with this process's Go and process collectors.
 type Watcher struct {
 	dir  string
 	l    live
@@ -135,7 +144,7 @@ func NewWatcher(dir string, total int, metricsAddr string) (*Watcher, error) {
 	w := &Watcher{dir: dir, cancel: cancel}
 	w.l.total.Store(int64(total))
 	if metricsAddr != "" {
-		addr, err := serveMetrics(ctx, metricsAddr, &w.l, `job="cpcache-run"`)
+		addr, err := serveMetrics(ctx, metricsAddr, prometheus.Gatherers{servingRegistry(), statusDirGatherer(dir)})
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("%w: %v", ErrBadInput, err)

@@ -5,15 +5,22 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/hicache"
 )
 
+// TestWatcherSumsStatusFilesAndServesMetrics: the progress sums the ranks' status files;
+// /metrics serves every rank's metrics file, each with its labels, and the watcher's own
+// Go and process collectors.
 func TestWatcherSumsStatusFilesAndServesMetrics(t *testing.T) {
 	dir := t.TempDir()
 	// Two replicas of two ranks: replica counts come from the leaders only, page counts
@@ -24,7 +31,13 @@ func TestWatcherSumsStatusFilesAndServesMetrics(t *testing.T) {
 		{Rank: 2, Leader: true, Done: 2, InputTokens: 50, HitTokens: 10, Steps: 5, PagesWritten: 1, BadPages: 1},
 		{Rank: 3, Leader: false, Done: 2, InputTokens: 50, HitTokens: 10, Steps: 5},
 	} {
-		require.NoError(t, writeFileAtomic(dir, "status-"+string(rune('0'+s.Rank))+".json", s))
+		require.NoError(t, writeFileAtomic(dir, "status-"+strconv.Itoa(s.Rank)+".json", s))
+		var l live
+		l.done.Store(s.Done)
+		l.inputTokens.Store(s.InputTokens)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(liveCollectors(&l, hicache.MetricLabels{Rank: s.Rank, Replica: s.Rank / 2, SlabGroup: s.Rank % 2}.Labels())...)
+		require.NoError(t, writeMetricsFile(dir, s.Rank, reg))
 	}
 	w, err := NewWatcher(dir, 9, "127.0.0.1:0")
 	require.NoError(t, err)
@@ -40,9 +53,12 @@ func TestWatcherSumsStatusFilesAndServesMetrics(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Contains(t, string(body), `cpcache_requests_done{job="cpcache-run"} 5`)
-	assert.Contains(t, string(body), `cpcache_requests_total{job="cpcache-run"} 9`)
-	assert.Contains(t, string(body), "# TYPE cpcache_bad_pages counter")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	assert.Contains(t, string(body), `cpcache_run_requests_done_total{rank="2",replica="1",slab_group="0"} 2`)
+	assert.Contains(t, string(body), `cpcache_run_prompt_tokens_total{rank="1",replica="0",slab_group="1"} 100`)
+	assert.Contains(t, string(body), "# TYPE cpcache_run_bad_pages_total counter")
+	assert.Contains(t, string(body), "go_goroutines ")
+	assert.Contains(t, string(body), "process_cpu_seconds_total ")
 	require.NoError(t, w.Close())
 	require.NoError(t, w.Close(), "idempotent")
 	var nilW *Watcher

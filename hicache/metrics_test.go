@@ -1,0 +1,179 @@
+package hicache
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// metricValue returns the value of family name's sample whose labels include want (a
+// counter, gauge, or a histogram's sample count), failing the test when there is none.
+func metricValue(t *testing.T, fams []*dto.MetricFamily, name string, want map[string]string) float64 {
+	t.Helper()
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	t.Fatalf("no sample %s%v", name, want)
+	return 0
+}
+
+// TestCollector: four ranks (two slab groups of two CP ranks) run a workload; every
+// exported figure equals the rank's Stats, labels name rank, replica and slab group, the
+// histogram holds the latencies Stats kept, and the metrics pass the Prometheus linter.
+func TestCollector(t *testing.T) {
+	ns, err := storage.NewNamespace("metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := storage.Open(t.Context(), "mem://metrics-test", storage.Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	r := newRig(t, rigConfig{
+		layout:       parallel.LayoutConfig{World: 4, AttnCP: 2},
+		opts:         Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
+		pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 3,
+	})
+	reg := prometheus.NewPedanticRegistry()
+	for i, c := range r.caches {
+		var cst storage.Storage
+		if i == 0 {
+			cst = st // counters of a storage, on one rank
+		}
+		reg.MustRegister(NewCollector(c, LabelsOf(r.layout, r.layout.ReplicaGroup(0)[i]), cst))
+	}
+	r.workload(300, 11, 0)
+	r.drain()
+	if err := st.Put(t.Context(), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{make([]byte, 100)}); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSlabGroup := map[int]string{0: "0", 1: "1", 2: "0", 3: "1"} // slab groups {0,2} and {1,3}
+	for i, c := range r.caches {
+		s := c.Stats()
+		rank := r.layout.ReplicaGroup(0)[i]
+		lbl := func(kv ...string) map[string]string {
+			m := map[string]string{"rank": strconv.Itoa(rank), "replica": "0", "slab_group": wantSlabGroup[rank]}
+			for j := 0; j < len(kv); j += 2 {
+				m[kv[j]] = kv[j+1]
+			}
+			return m
+		}
+		for _, want := range []struct {
+			name   string
+			labels map[string]string
+			value  int64
+		}{
+			{"cpcache_hit_tokens_total", lbl("tier", "l1"), 4 * s.L1HitPages},
+			{"cpcache_hit_tokens_total", lbl("tier", "l2"), 4 * s.L2HitPages},
+			{"cpcache_pages_written_total", lbl("tier", "l2"), s.PagesWritten},
+			{"cpcache_pages_loaded_total", lbl("tier", "l2"), s.PagesLoaded},
+			{"cpcache_pages_evicted_total", lbl("tier", "l1"), s.EvictedL1Pages},
+			{"cpcache_pages_evicted_total", lbl("tier", "l2"), s.EvictedL2Pages},
+			{"cpcache_l1_used_pages", lbl(), int64(s.L1Used)},
+			{"cpcache_l2_used_pages", lbl(), int64(2*24 - s.L2FreePages)},
+			{"cpcache_l2_capacity_pages", lbl(), 2 * 24},
+			{"cpcache_steps_total", lbl(), s.Steps},
+			{"cpcache_collectives_total", lbl(), s.Collectives},
+			{"cpcache_divergences_total", lbl(), s.Divergences},
+			{"cpcache_recoveries_total", lbl(), s.Recoveries},
+			// The first scrape observes the latencies Stats kept (the newest LatencySamples).
+			{"cpcache_consensus_latency_seconds", lbl(), min(s.ConsensusTimed, int64(len(s.ConsensusLatency)))},
+		} {
+			if got := metricValue(t, fams, want.name, want.labels); got != float64(want.value) {
+				t.Errorf("rank %d: %s%v = %v, Stats say %d", rank, want.name, want.labels, got, want.value)
+			}
+		}
+		if s.L1HitPages == 0 || s.PagesWritten == 0 || s.EvictedL1Pages == 0 || s.ConsensusTimed < 300 {
+			t.Fatalf("rank %d: the workload exercised too little: %+v", rank, s.CoreStats)
+		}
+	}
+	if got := metricValue(t, fams, "cpcache_storage_bytes_total", map[string]string{"rank": "0", "direction": "written"}); got != 100 {
+		t.Errorf("storage bytes written: %v, want 100", got)
+	}
+	problems, err := testutil.CollectAndLint(NewCollector(r.caches[0], LabelsOf(r.layout, 0), st))
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %+v", err, problems)
+	}
+}
+
+// TestCollectorLatencyWindow: a scrape observes only the steps timed since the previous
+// one, at most the LatencySamples that Stats keeps, each once.
+func TestCollectorLatencyWindow(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	for _, c := range r.caches {
+		c.maxSamples = 4 // before any step: New records no latency
+	}
+	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), nil)
+	count := func() (uint64, float64) {
+		var m dto.Metric
+		if err := col.latency.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum()
+	}
+	steps := func(n int) {
+		for range n {
+			if err := r.step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	steps(3)
+	testutil.CollectAndCount(col)
+	if n, sum := count(); n != 3 || sum <= 0 {
+		t.Fatalf("after 3 steps: %d samples, sum %v", n, sum)
+	}
+	testutil.CollectAndCount(col)
+	n3, sum3 := count()
+	if n3 != 3 {
+		t.Fatalf("a second scrape without steps: %d samples, want 3 (none twice)", n3)
+	}
+	steps(10)
+	testutil.CollectAndCount(col)
+	s := r.caches[0].Stats()
+	var want float64
+	for _, d := range s.ConsensusLatency {
+		want += d.Seconds()
+	}
+	n, sum := count()
+	if n != 3+4 || s.ConsensusTimed != 13 {
+		t.Fatalf("10 more steps with a window of 4: %d samples (timed %d), want 7", n, s.ConsensusTimed)
+	}
+	if diff := sum - sum3 - want; diff > 1e-9 || diff < -1e-9 {
+		t.Fatalf("the scrape added %vs, the 4 newest latencies are %vs", sum-sum3, want)
+	}
+}

@@ -1,0 +1,206 @@
+package storage
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// redisConfig is what a redis:// or rediss:// URL says, resolved against Options.
+type redisConfig struct {
+	client *redis.Options
+	prefix string  // key prefix, from the URL path
+	opts   Options // with the URL's ttl, timeout and pool applied
+}
+
+// errRedisTopology rejects what go-redis could reach but this backend does not do: its
+// batches are multi-key (MGET, UNLINK), which a Cluster splits by slot, and a Sentinel
+// setup needs failover handling the conformance suite cannot exercise.
+var errRedisTopology = errors.New("redis sentinel and cluster URLs are not supported; name one server (the master), redis://host:port/prefix or rediss:// for TLS")
+
+// isRedisTopologyScheme reports schemes other clients use for Sentinel or Cluster URLs.
+func isRedisTopologyScheme(scheme string) bool {
+	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
+}
+
+// redisDialBreaker is the go-redis pool size: the failed dials after which go-redis stops
+// dialing until its once-a-second probe succeeds.
+const redisDialBreaker = 1024
+
+// redisOwnParams are the URL parameters this package reads itself; every other one is
+// go-redis's (redis.ParseURL: db, dial_timeout, read_timeout, write_timeout, pool_size,
+// skip_verify, max_retries, protocol, ...).
+var redisOwnParams = []string{"ttl", "timeout", "pool", "tls_ca", "tls_cert", "tls_key"}
+
+// parseRedisURL turns a redis:// or rediss:// URL into client options. The path is the key
+// prefix (not go-redis's database number: use ?db=). Userinfo is user:password, :password, or
+// a lone password (as redis-cli reads it). Errors never quote the password.
+func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
+	if u.Host == "" {
+		return nil, fmt.Errorf("a redis URL needs a host, like redis://127.0.0.1:6379/prefix")
+	}
+	if strings.Contains(u.Host, ",") {
+		return nil, errRedisTopology
+	}
+	if u.Port() != "" {
+		if p, err := strconv.Atoi(u.Port()); err != nil || p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("port %q is not a TCP port", u.Port())
+		}
+	}
+	prefix := strings.Trim(u.Path, "/")
+	if prefix == "" {
+		prefix = "cpcache"
+	}
+	for _, r := range prefix {
+		if r <= ' ' || r == 0x7f {
+			return nil, fmt.Errorf("key prefix %q has a space or control character", prefix)
+		}
+	}
+	q := u.Query()
+	if q.Has("addr") || q.Has("master_name") {
+		return nil, errRedisTopology
+	}
+	own := url.Values{}
+	for _, name := range redisOwnParams {
+		if q.Has(name) {
+			own[name] = q[name]
+			q.Del(name)
+		}
+	}
+	if err := applyRedisParams(own, &opts); err != nil {
+		return nil, err
+	}
+	// go-redis reads everything else; it must not see the prefix path or the userinfo
+	// (a lone password is a user name to it).
+	rest := url.URL{Scheme: u.Scheme, Host: u.Host, RawQuery: q.Encode()}
+	co, err := redis.ParseURL(rest.String())
+	if err != nil {
+		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	if co.DB < 0 {
+		return nil, fmt.Errorf("db %d is negative", co.DB)
+	}
+	co.Username, co.Password, err = redisCredentials(u.User)
+	if err != nil {
+		return nil, err
+	}
+	if q.Has("pool_size") {
+		if co.PoolSize <= 0 {
+			return nil, fmt.Errorf("pool_size=%q is not a positive integer", q.Get("pool_size"))
+		}
+		opts.PoolSize = co.PoolSize
+	}
+	// The store caps its connections itself (redisStore.conns). go-redis's pool size is
+	// also its dial breaker: after that many failed dials it refuses every dial until a
+	// background probe, once a second, gets through, so a restarted server would be
+	// refused for up to a second while it answers. Sized far above the connections in use,
+	// the breaker only trips in a long outage (hicache's own circuit breaker stops calling
+	// a dead store long before).
+	opts.PoolSize = opts.withDefaults().PoolSize
+	co.PoolSize = max(redisDialBreaker, opts.PoolSize)
+	co.MaxIdleConns = opts.PoolSize
+	// Every call has a deadline (its context's or Options.Timeout): go-redis must honour it
+	// on the socket; the read and write timeouts then only shorten it.
+	co.ContextTimeoutEnabled = true
+	// A dead server must fail a call at once, not at its deadline: one dial attempt per
+	// connection, and one retry of a failed command (on a fresh connection) unless the URL
+	// says otherwise.
+	co.DialerRetries = 1
+	if !q.Has("max_retries") {
+		co.MaxRetries = 1
+	}
+	co.DisableIdentity = true // no CLIENT SETINFO per connection
+	co.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	if err := redisTLS(co, own); err != nil {
+		return nil, err
+	}
+	return &redisConfig{client: co, prefix: prefix, opts: opts}, nil
+}
+
+// applyRedisParams sets the Options the URL overrides.
+func applyRedisParams(own url.Values, opts *Options) error {
+	for _, name := range []string{"ttl", "timeout"} {
+		if !own.Has(name) {
+			continue
+		}
+		v := own.Get(name)
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%s=%q is not a duration", name, v)
+		}
+		if name == "ttl" {
+			opts.TTL = d
+		} else {
+			opts.Timeout = d
+		}
+	}
+	if own.Has("pool") {
+		v := own.Get("pool")
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("pool=%q is not a positive integer", v)
+		}
+		opts.PoolSize = n
+	}
+	return nil
+}
+
+// redisCredentials reads the URL's userinfo.
+func redisCredentials(ui *url.Userinfo) (user, pass string, err error) {
+	if ui == nil {
+		return "", "", nil
+	}
+	user = ui.Username()
+	pass, hasPass := ui.Password()
+	switch {
+	case !hasPass: // redis://secret@host: a password, as in redis-cli
+		return "", user, nil
+	case pass == "" && user != "":
+		return "", "", fmt.Errorf("user %q has an empty password", user)
+	}
+	return user, pass, nil
+}
+
+// redisTLS completes the TLS configuration of a rediss:// URL: tls_ca is a PEM file of the
+// authorities to trust instead of the system's, tls_cert and tls_key a client certificate
+// (for servers with tls-auth-clients). A redis:// URL may not name TLS files.
+func redisTLS(co *redis.Options, own url.Values) error {
+	ca, cert, key := own.Get("tls_ca"), own.Get("tls_cert"), own.Get("tls_key")
+	if co.TLSConfig == nil {
+		if ca != "" || cert != "" || key != "" {
+			return fmt.Errorf("tls_ca, tls_cert and tls_key need a rediss:// URL (redis:// is plain TCP)")
+		}
+		return nil
+	}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return fmt.Errorf("tls_ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("tls_ca %q holds no PEM certificate", ca)
+		}
+		co.TLSConfig.RootCAs = pool
+	}
+	if (cert == "") != (key == "") {
+		return fmt.Errorf("tls_cert and tls_key go together (got only one)")
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return fmt.Errorf("tls_cert/tls_key: %w", err)
+		}
+		co.TLSConfig.Certificates = []tls.Certificate{pair}
+	}
+	return nil
+}
