@@ -350,8 +350,8 @@ func TestFaultMatrix(t *testing.T) {
 		{name: "diverge-tree --strict", args: []string{"--strict", "--fault", "diverge-tree:rank=2,step=150"},
 			check: requireSurvivorsAgree(-1, victimSame, "diverged", "step 150")},
 		{name: "new-fail", args: []string{"--fault", "new-fail:rank=1"}, check: requireSurvivorsAgree(1, victimSame, "start-error", "start")},
-		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=300ms,for=3s"}, storage: true, check: requireCircuitOpened},
-		{name: "storage-error", args: []string{"--fault", "storage-error:after=200ms"}, storage: true, check: requireCircuitOpened},
+		{name: "storage-hang", args: []string{"--fault", "storage-hang:after=0s,for=3s", "--storage-timeout", "200ms"}, storage: true, check: requireCircuitOpened},
+		{name: "storage-error", args: []string{"--fault", "storage-error:after=0s"}, storage: true, check: requireCircuitOpened},
 		{name: "storage clear fails", args: []string{"--storage-clear", "--fault", "storage-error:op=clear,rank=0"}, storage: true,
 			check: requireSurvivorsAgree(-1, victimSame, "clear-error", "clear")},
 		{name: "flush while busy", args: []string{"--fault", "flush:step=50"}, check: func(t *testing.T, m *matrixRun) {

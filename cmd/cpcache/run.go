@@ -104,6 +104,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
+	fs.DurationVar(&cfg.StorageTimeout, "storage-timeout", 0, "with --storage: bound on each storage call; a call past it opens the storage circuit (default 2s)")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
 	fs.StringVar(&cfg.StorageKeyFile, "storage-key-file", "", "with --storage: file holding the MAC key that authenticates stored pages (mode 0600; the same on every rank); default CPCACHE_STORAGE_KEY_FILE, else a file store's own key file (created on first use)")
 	fs.BoolVar(&cfg.StorageInsecure, "storage-insecure", false, "with a redis:// --storage and no key: accept unauthenticated pages (anyone who can write to the server can inject them)")

@@ -43,6 +43,9 @@ type Config struct {
 	Storage        string
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	StorageClear   bool                   // clear the run's namespace in Storage before serving
+	// StorageTimeout bounds each storage call (0: hicache's default, 2s); a call past it
+	// opens the storage circuit (see hicache.L3Options.CallTimeout).
+	StorageTimeout time.Duration
 	// StorageKeyFile names the file of the storage's MAC key ("": CPCACHE_STORAGE_KEY_FILE,
 	// else a file store's own key file); StorageInsecure lets a Redis storage run without
 	// one (see storage.Options).
@@ -146,6 +149,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	case "", "auto", "shm", "gloo":
 	default:
 		return nil, bad("consensus backend %q (want auto, shm or gloo)", cfg.Consensus)
+	}
+	if cfg.StorageTimeout < 0 {
+		return nil, bad("storage timeout %v is negative", cfg.StorageTimeout)
 	}
 	if err := cfg.Time.normalize(cfg.Workload); err != nil {
 		return nil, err

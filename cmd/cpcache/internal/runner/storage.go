@@ -105,7 +105,7 @@ func (p *Plan) checkStorage() error {
 // l3Options are the cache's L3 options for the run: its prefetch policy, defaults for the
 // rest.
 func (c *Config) l3Options() hicache.L3Options {
-	return hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy}
+	return hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy, CallTimeout: c.StorageTimeout}
 }
 
 // clearStorage removes every page of the run's namespace.
