@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -172,6 +173,23 @@ func (s *Stream) Copy(dst, src DevicePtr, n int) error {
 		return check(rc, callMemcpyAsync, fmt.Sprintf("%s, %d bytes %v -> %v", s.dev.detail(), n, src, dst))
 	}
 	return nil
+}
+
+// CopyBandwidth times tries copies of n bytes from src to dst, each waited for, and returns
+// the best rate in GB/s (the bus's bandwidth for large copies; a baseline for page copies).
+func (s *Stream) CopyBandwidth(dst, src DevicePtr, n, tries int) (float64, error) {
+	var best float64
+	for range tries {
+		start := time.Now()
+		if err := s.Copy(dst, src, n); err != nil {
+			return 0, err
+		}
+		if err := s.Synchronize(); err != nil {
+			return 0, err
+		}
+		best = max(best, float64(n)/time.Since(start).Seconds()/1e9)
+	}
+	return best, nil
 }
 
 // Memset enqueues setting n bytes at dst to v.

@@ -7,13 +7,17 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"time"
 	"unsafe"
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/slab"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // The Go names of the header's kinds must equal its macros: a difference makes one of these
@@ -127,6 +131,24 @@ func cpcache_get_info(c C.cpcache_t, info *C.cpcache_info) (status C.int) {
 	return C.CPCACHE_OK
 }
 
+// pagedArgs checks what match and insert share: the tokens, a non-NULL out, and a buffer
+// (buf, bufCap) for up to one entry per whole page of the tokens; NULL with capacity 0 is
+// accepted when nullOK, or when the tokens hold no whole page.
+func (s *session) pagedArgs(fn string, tokens *C.int32_t, n C.size_t, outNil bool, buf unsafe.Pointer, bufCap C.size_t, what string, nullOK bool) ([]int32, error) {
+	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+	if err == nil && outNil {
+		err = fmt.Errorf("%w: %s: out is NULL", errInvalid, fn)
+	}
+	pages := len(toks) / s.info.pageTokens
+	if err == nil {
+		err = needCap(buf, uint64(bufCap), pages, what, nullOK || pages == 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fn, err)
+	}
+	return toks, nil
+}
+
 //export cpcache_match
 func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
@@ -135,15 +157,9 @@ func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_
 		return fail(err)
 	}
 	defer s.mu.Unlock()
-	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
-	if err == nil && out == nil {
-		err = fmt.Errorf("%w: cpcache_match: out is NULL", errInvalid)
-	}
-	if err == nil {
-		err = needCap(unsafe.Pointer(slots), uint64(slotsCap), len(toks)/s.info.pageTokens, "l1_slots", true)
-	}
+	toks, err := s.pagedArgs("cpcache_match", tokens, n, out == nil, unsafe.Pointer(slots), slotsCap, "l1_slots", true)
 	if err != nil {
-		return fail(fmt.Errorf("cpcache_match: %w", err))
+		return fail(err)
 	}
 	// Match does not keep tokens: the C memory is read in place.
 	m, err := s.cache.Match(toks)
@@ -245,15 +261,9 @@ func cpcache_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache
 		return fail(err)
 	}
 	defer s.mu.Unlock()
-	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
-	if err == nil && out == nil {
-		err = fmt.Errorf("%w: cpcache_insert: out is NULL", errInvalid)
-	}
-	if err == nil {
-		err = needCap(unsafe.Pointer(fill), uint64(fillCap), len(toks)/s.info.pageTokens, "fill", len(toks) < s.info.pageTokens)
-	}
+	toks, err := s.pagedArgs("cpcache_insert", tokens, n, out == nil, unsafe.Pointer(fill), fillCap, "fill", false)
 	if err != nil {
-		return fail(fmt.Errorf("cpcache_insert: %w", err))
+		return fail(err)
 	}
 	// The tree keeps the tokens of new nodes: they must live in Go memory.
 	res, err := s.cache.Insert(append([]int32(nil), toks...))
@@ -465,4 +475,76 @@ func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 		}
 		return nil
 	})
+}
+
+// statusOf maps an error to its CPCACHE_ERR_* code: the ABI's own sentinels first, then the
+// packages' typed errors.
+func statusOf(err error) C.int {
+	switch {
+	case err == nil:
+		return C.CPCACHE_OK
+	case errors.Is(err, errInvalid):
+		return C.CPCACHE_ERR_INVALID
+	case errors.Is(err, errSize):
+		return C.CPCACHE_ERR_SIZE
+	case errors.Is(err, errRange):
+		return C.CPCACHE_ERR_RANGE
+	case errors.Is(err, errClosed), errors.Is(err, hicache.ErrClosed):
+		return C.CPCACHE_ERR_CLOSED
+	case errors.Is(err, errAlreadyOpen):
+		return C.CPCACHE_ERR_ALREADY_OPEN
+	case errors.Is(err, errNode):
+		return C.CPCACHE_ERR_NODE
+	case errors.Is(err, hicache.ErrL1Full):
+		return C.CPCACHE_ERR_L1_FULL
+	case errors.Is(err, hicache.ErrNotStarted):
+		return C.CPCACHE_ERR_NOT_STARTED
+	case errors.Is(err, hicache.ErrBusy):
+		return C.CPCACHE_ERR_BUSY
+	case errors.Is(err, hicache.ErrPlacementDiverged):
+		return C.CPCACHE_ERR_DIVERGED
+	case errors.Is(err, parallel.ErrPeerLost):
+		return C.CPCACHE_ERR_PEER_LOST
+	case errors.Is(err, parallel.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return C.CPCACHE_ERR_TIMEOUT
+	case errors.Is(err, hicache.ErrBadConfig), errors.Is(err, hicache.ErrScope),
+		errors.Is(err, parallel.ErrBadLayout), errors.Is(err, parallel.ErrBadEnv),
+		errors.Is(err, parallel.ErrBadArgument), errors.Is(err, parallel.ErrMismatch),
+		errors.Is(err, slab.ErrBadArgument), errors.Is(err, slab.ErrSpecMismatch),
+		errors.Is(err, slab.ErrUnsupported), errors.Is(err, storage.ErrBadArgument):
+		return C.CPCACHE_ERR_CONFIG
+	case errors.Is(err, hicache.ErrPeerFailed):
+		return C.CPCACHE_ERR_PEER_LOST
+	case errors.Is(err, hicache.ErrBadArgument):
+		return C.CPCACHE_ERR_INVALID
+	case errors.Is(err, errInternal):
+		return C.CPCACHE_ERR_INTERNAL
+	default:
+		return C.CPCACHE_ERR_IO
+	}
+}
+
+// fail records err as the calling thread's last error and returns its status. An exported
+// function runs on the C caller's thread for its whole duration, so the thread-local buffer
+// is the caller's.
+func fail(err error) C.int {
+	code := statusOf(err)
+	msg := err.Error()
+	return C.cpcapi_set_error(code, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// result turns an error into a status (CPCACHE_OK for nil).
+func result(err error) C.int {
+	if err == nil {
+		return C.CPCACHE_OK
+	}
+	return fail(err)
+}
+
+// guard turns a panic in an exported function into CPCACHE_ERR_INTERNAL: a bug in the
+// library must not take the engine's process down. Use as `defer guard(&status)`.
+func guard(status *C.int) {
+	if r := recover(); r != nil {
+		*status = fail(fmt.Errorf("%w: panic: %v\n%s", errInternal, r, debug.Stack()))
+	}
 }

@@ -65,20 +65,7 @@ func largePinnedCopyGBps(dev *cuda.Device, n int) (d2h, h2d float64, err error) 
 		return 0, 0, err
 	}
 	defer s.Close()
-	best := func(dst, src cuda.DevicePtr) (float64, error) {
-		var top float64
-		for range 3 {
-			start := time.Now()
-			if err := s.Copy(dst, src, n); err != nil {
-				return 0, err
-			}
-			if err := s.Synchronize(); err != nil {
-				return 0, err
-			}
-			top = max(top, float64(n)/time.Since(start).Seconds()/1e9)
-		}
-		return top, nil
-	}
+	best := func(dst, src cuda.DevicePtr) (float64, error) { return s.CopyBandwidth(dst, src, n, 3) }
 	if d2h, err = best(h.DevicePtr(), d.Ptr()); err != nil {
 		return 0, 0, err
 	}

@@ -3,7 +3,6 @@ package runner
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
@@ -324,20 +323,7 @@ func (m *memory) largeCopyGBps() (write, load float64, err error) {
 		return 0, 0, err
 	}
 	defer s.Close()
-	best := func(dst, src cuda.DevicePtr) (float64, error) {
-		var top float64
-		for range 3 {
-			start := time.Now()
-			if err := s.Copy(dst, src, n); err != nil {
-				return 0, err
-			}
-			if err := s.Synchronize(); err != nil {
-				return 0, err
-			}
-			top = max(top, gbps(int64(n), time.Since(start).Seconds()))
-		}
-		return top, nil
-	}
+	best := func(dst, src cuda.DevicePtr) (float64, error) { return s.CopyBandwidth(dst, src, n, 3) }
 	if write, err = best(b, a.Ptr()); err != nil {
 		return 0, 0, err
 	}
