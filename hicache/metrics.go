@@ -118,6 +118,14 @@ var metricDefs = []metricDef{
 		prometheus.CounterValue, "tier", tiers.l1l2l3, func(c *Collector, s *Stats, _ *storage.Stats, i int) float64 {
 			return c.pageSize * float64([]int64{s.L1HitPages, s.L2HitPages, s.L3HitPages}[i])
 		}, false},
+	{"prompt_tokens_total", "Prompt tokens given to Match (every call: a request matched twice counts twice).",
+		prometheus.CounterValue, "", nil, func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 {
+			return float64(s.PromptTokens)
+		}, false},
+	{"missed_tokens_total", "Prompt tokens in neither L1 nor L2 at match time; storage hits (hit_tokens_total{tier=\"l3\"}) are found later among them.",
+		prometheus.CounterValue, "", nil, func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 {
+			return float64(s.MissedTokens)
+		}, false},
 	{"matches_total", "Match calls.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.Matches) }, false},
 	{"inserted_pages_total", "Pages that got L1 slots from Insert.", prometheus.CounterValue, "", nil,

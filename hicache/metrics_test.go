@@ -99,6 +99,8 @@ func TestCollector(t *testing.T) {
 		}{
 			{"cpcache_hit_tokens_total", lbl("tier", "l1"), 4 * s.L1HitPages},
 			{"cpcache_hit_tokens_total", lbl("tier", "l2"), 4 * s.L2HitPages},
+			{"cpcache_prompt_tokens_total", lbl(), s.PromptTokens},
+			{"cpcache_missed_tokens_total", lbl(), s.MissedTokens},
 			{"cpcache_pages_written_total", lbl("tier", "l2"), s.PagesWritten},
 			{"cpcache_pages_loaded_total", lbl("tier", "l2"), s.PagesLoaded},
 			{"cpcache_pages_evicted_total", lbl("tier", "l1"), s.EvictedL1Pages},
@@ -116,6 +118,9 @@ func TestCollector(t *testing.T) {
 			if got := metricValue(t, fams, want.name, want.labels); got != float64(want.value) {
 				t.Errorf("rank %d: %s%v = %v, Stats say %d", rank, want.name, want.labels, got, want.value)
 			}
+		}
+		if hits := 4 * (s.L1HitPages + s.L2HitPages); s.MissedTokens != s.PromptTokens-hits || s.MissedTokens == 0 {
+			t.Errorf("rank %d: %d prompt tokens, %d hit, %d missed", rank, s.PromptTokens, hits, s.MissedTokens)
 		}
 		if s.L1HitPages == 0 || s.PagesWritten == 0 || s.EvictedL1Pages == 0 || s.ConsensusTimed < 300 {
 			t.Fatalf("rank %d: the workload exercised too little: %+v", rank, s.CoreStats)

@@ -6,16 +6,19 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
+
+	"github.com/zeebo/blake3"
 )
 
 // authenticator computes and checks the MACs of stored values (format.go) with one storage
-// key. It is safe for concurrent use: each call takes a keyed HMAC state from a free list
-// (a channel, not a sync.Pool, which drops states at random under the race detector: MACs
-// must not allocate per page).
+// key. The MAC is keyed BLAKE3 (twice the speed of HMAC-SHA256 with SHA extensions, more
+// on cores with AVX-512) under a 32-byte key derived from the storage key. It is safe for
+// concurrent use: each call takes a keyed state from a free list (a channel, not a
+// sync.Pool, which drops states at random under the race detector: MACs must not allocate
+// per page).
 type authenticator struct {
-	key         []byte
-	free        chan *macState // idle states keyed with key
+	macKey      [32]byte       // derived from the storage key (macKeyContext)
+	free        chan *macState // idle states keyed with macKey
 	fingerprint uint64         // of the key (KeyFingerprint); never the key itself
 	insecure    bool           // the key is empty (Options.Insecure): anyone can forge values
 }
@@ -23,10 +26,10 @@ type authenticator struct {
 // maxIdleMACStates bounds the free list: more concurrent MACs than this allocate.
 const maxIdleMACStates = 64
 
-// macState is one pooled HMAC-SHA256 state and its output buffer (no allocation per MAC).
+// macState is one pooled keyed BLAKE3 state and its output buffer (no allocation per MAC).
 type macState struct {
-	h   hash.Hash
-	out [sha256.Size]byte
+	h   *blake3.Hasher
+	out [32]byte
 }
 
 // Domains: the payload MAC and the header MAC of a value never verify as each other.
@@ -35,13 +38,18 @@ var (
 	domainHeader  = []byte{'H'}
 )
 
-const fingerprintID = "cpcache/storage/key-fingerprint/v1"
+const (
+	fingerprintID = "cpcache/storage/key-fingerprint/v1"
+	// macKeyContext derives the BLAKE3 MAC key from the storage key (any length).
+	macKeyContext = "cpcache storage value MAC v3"
+)
 
 // newAuthenticator returns the authenticator of key; an empty key is the insecure one
 // (a MAC anyone can compute, i.e. a checksum).
 func newAuthenticator(key []byte) *authenticator {
-	key = append([]byte(nil), key...)
-	a := &authenticator{key: key, free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
+	a := &authenticator{free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
+	blake3.DeriveKey(macKeyContext, key, a.macKey[:])
+	// The fingerprint stays HMAC-SHA256 so that it does not change with the MAC.
 	var fp [sha256.Size]byte
 	h := hmac.New(sha256.New, key)
 	h.Write([]byte(fingerprintID))
@@ -55,14 +63,18 @@ func newRandomAuthenticator() *authenticator {
 	return newAuthenticator([]byte(rand.Text()))
 }
 
-// state takes an HMAC state, reset, from the free list; release gives it back.
+// state takes a keyed state, reset, from the free list; release gives it back.
 func (m *authenticator) state() *macState {
 	select {
 	case st := <-m.free:
 		st.h.Reset()
 		return st
 	default:
-		return &macState{h: hmac.New(sha256.New, m.key)}
+		h, err := blake3.NewKeyed(m.macKey[:])
+		if err != nil {
+			panic("storage: blake3 rejected a 32-byte key: " + err.Error())
+		}
+		return &macState{h: h}
 	}
 }
 
@@ -73,7 +85,7 @@ func (m *authenticator) release(st *macState) {
 	}
 }
 
-// sum writes the first len(out) bytes of HMAC(key, domain ‖ a ‖ b) to out.
+// sum writes the first len(out) bytes of BLAKE3(macKey; domain ‖ a ‖ b) to out.
 func (m *authenticator) sum(out []byte, domain, a, b []byte) {
 	st := m.state()
 	st.h.Write(domain)

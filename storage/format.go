@@ -12,13 +12,13 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "CPKV"
-//	  4     2  format version (2), little endian
-//	  6     2  flags, must be 0
+//	  4     2  format version (3), little endian
+//	  6     2  flags: 0, or flagUnauthenticated (the MAC fields are zero)
 //	  8    24  key
 //	 32     8  payload length, little endian
 //	 40     4  CRC-32C of the payload
-//	 44    16  payload MAC: HMAC-SHA256(storage key, "P" ‖ bytes 0..43 ‖ payload), first 16 bytes
-//	 60    16  header MAC:  HMAC-SHA256(storage key, "H" ‖ bytes 0..59), first 16 bytes
+//	 44    16  payload MAC: BLAKE3(MAC key; "P" ‖ bytes 0..43 ‖ payload), first 16 bytes
+//	 60    16  header MAC:  BLAKE3(MAC key; "H" ‖ bytes 0..59), first 16 bytes
 //	 76     4  CRC-32C of bytes 0..75
 //	 80     -  payload
 //
@@ -28,10 +28,12 @@ import (
 // hold but whose MACs do not was written without the storage's MAC key (forged, or by a
 // store user with another key), and one whose MACs hold for another key was replayed under
 // this one; both are errors wrapping ErrForged. The header MAC lets Exists authenticate a
-// value from its header alone (auth.go).
+// value from its header alone (auth.go). An insecure store (Options.Insecure) computes no
+// MACs: it writes flagUnauthenticated and zero MAC fields, and reads only such values; a
+// keyed store rejects them as forged.
 const (
 	HeaderSize    = 80
-	formatVersion = 2
+	formatVersion = 3
 	formatMagic   = "CPKV"
 	// MaxValueSize bounds a page (Redis bulk strings are limited to 512 MiB).
 	MaxValueSize = 256 << 20
@@ -41,6 +43,9 @@ const (
 	offHeaderMAC  = 60
 	offHeaderCRC  = 76
 	macSize       = 16
+
+	// flagUnauthenticated marks a value written by an insecure store.
+	flagUnauthenticated = 1
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -51,12 +56,17 @@ func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 func (m *authenticator) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
-	binary.LittleEndian.PutUint16(hdr[6:8], 0)
 	copy(hdr[8:32], key[:])
 	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
 	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], checksum(payload))
-	m.sum(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload)
-	m.sum(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil)
+	if m.insecure {
+		binary.LittleEndian.PutUint16(hdr[6:8], flagUnauthenticated)
+		clear(hdr[offPayloadMAC:offHeaderCRC])
+	} else {
+		binary.LittleEndian.PutUint16(hdr[6:8], 0)
+		m.sum(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload)
+		m.sum(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil)
+	}
 	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], checksum(hdr[:offHeaderCRC]))
 }
 
@@ -71,15 +81,20 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 		return fmt.Errorf("bad magic %q", hdr[0:4])
 	}
 	if v := binary.LittleEndian.Uint16(hdr[4:6]); v != formatVersion {
-		return fmt.Errorf("format version %d, want %d (version 1 values were not authenticated)", v, formatVersion)
+		return fmt.Errorf("format version %d, want %d (%s)", v, formatVersion, oldFormat(v))
 	}
 	if got, want := binary.LittleEndian.Uint32(hdr[offHeaderCRC:]), checksum(hdr[:offHeaderCRC]); got != want {
 		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
 	}
-	if f := binary.LittleEndian.Uint16(hdr[6:8]); f != 0 {
+	switch f := binary.LittleEndian.Uint16(hdr[6:8]); {
+	case f&^flagUnauthenticated != 0:
 		return fmt.Errorf("unknown flags %#x", f)
+	case f == flagUnauthenticated && !m.insecure:
+		return forged("value written without a MAC key (by an insecure store)")
+	case f != flagUnauthenticated && m.insecure:
+		return forged("value authenticated with a MAC key that this insecure store does not have")
 	}
-	if !m.verify(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil) {
+	if !m.insecure && !m.verify(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil) {
 		return forged("header MAC does not verify (written without this storage's key)")
 	}
 	if Key(hdr[8:32]) != key {
@@ -95,7 +110,9 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 // checkHeader.
 func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
 	var mac [macSize]byte
-	m.sum(mac[:], domainPayload, hdr[:offPayloadMAC], payload)
+	if !m.insecure {
+		m.sum(mac[:], domainPayload, hdr[:offPayloadMAC], payload)
+	}
 	return comparePayload(hdr, checksum(payload), mac[:])
 }
 
@@ -112,7 +129,9 @@ func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr
 	for {
 		n, err := r.Read(buf[:])
 		crc = crc32.Update(crc, castagnoli, buf[:n])
-		st.h.Write(buf[:n])
+		if !m.insecure {
+			st.h.Write(buf[:n])
+		}
 		if err == io.EOF {
 			break
 		}
@@ -120,7 +139,11 @@ func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr
 			return nil, err
 		}
 	}
-	return comparePayload(hdr, crc, st.h.Sum(st.out[:0])[:macSize]), nil
+	var mac [macSize]byte
+	if !m.insecure {
+		copy(mac[:], st.h.Sum(st.out[:0]))
+	}
+	return comparePayload(hdr, crc, mac[:]), nil
 }
 
 // comparePayload checks a payload's checksum and MAC, as computed, against hdr's.
@@ -132,6 +155,17 @@ func comparePayload(hdr []byte, crc uint32, mac []byte) error {
 		return forged("payload MAC does not verify (payload replaced, checksum recomputed)")
 	}
 	return nil
+}
+
+// oldFormat says why a value of an older format version is not read.
+func oldFormat(v uint16) string {
+	switch v {
+	case 1:
+		return "version 1 values were not authenticated"
+	case 2:
+		return "version 2 values carry HMAC-SHA256 MACs; version 3 uses keyed BLAKE3"
+	}
+	return "unknown version"
 }
 
 // storedLen returns the total stored size of a payload of n bytes.

@@ -119,6 +119,11 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 		co.MaxRetries = 1
 	}
 	co.DisableIdentity = true // no CLIENT SETINFO per connection
+	if !q.Has("protocol") {
+		// RESP2: cpcache uses no RESP3 feature, and RESP3 connections peek the socket for
+		// push notifications before commands (a syscall per round trip).
+		co.Protocol = 2
+	}
 	co.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	if err := redisTLS(co, own); err != nil {
 		return nil, err

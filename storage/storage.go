@@ -74,8 +74,8 @@ type Options struct {
 	// directory backend may call it from several goroutines at once.
 	OnCorrupt func(error)
 
-	// MACKey authenticates every stored value (HMAC-SHA256 over the value's key, length and
-	// payload; see format.go): a value written without it is never loaded. At least 16
+	// MACKey authenticates every stored value (keyed BLAKE3 over the value's key, length
+	// and payload; see format.go): a value written without it is never loaded. At least 16
 	// bytes; every user of one store needs the same key. If empty, Open reads the key from
 	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile), else
 	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use
@@ -85,7 +85,8 @@ type Options struct {
 	// MACKeyFile names a file holding the MAC key (ReadKeyFile), used when MACKey is empty.
 	MACKeyFile string
 	// Insecure lets a Redis store open without a MAC key: its values are then checksummed,
-	// not authenticated, and whoever can write to the server can inject pages.
+	// not authenticated (no MAC is computed; a keyed store does not load them), and whoever
+	// can write to the server can inject pages.
 	Insecure bool
 
 	auth *authenticator // the resolved MAC key (Open)

@@ -62,6 +62,8 @@ type Core struct {
 // Stats are cumulative counters of one rank's core.
 type Stats struct {
 	Matches, Inserts           int64
+	PromptTokens               int64 // tokens given to Match
+	MissedTokens               int64 // of those, tokens in neither L1 nor L2 (storage hits are among them)
 	L1HitPages, L2HitPages     int64 // pages matched in L1 / only in L2
 	InsertedPages              int64 // pages that got L1 slots from Insert
 	WrittenPages, LoadedPages  int64 // pages of committed backups / completed load-backs (all ranks)

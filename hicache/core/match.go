@@ -21,8 +21,10 @@ type MatchResult struct {
 // used; in quarantine it returns no hit. Replicated: call it identically on every rank.
 func (c *Core) Match(tokens []int32) MatchResult {
 	c.stats.Matches++
+	c.stats.PromptTokens += int64(len(tokens))
 	res := MatchResult{Last: c.root}
 	if c.quarantined {
+		c.stats.MissedTokens += int64(len(tokens))
 		return res // the trees may differ: serve nothing
 	}
 	device := true
@@ -45,6 +47,7 @@ func (c *Core) Match(tokens []int32) MatchResult {
 	res.DeviceTokens, res.HostTokens = res.DevicePages*P, res.HostPages*P
 	c.stats.L1HitPages += int64(res.DevicePages)
 	c.stats.L2HitPages += int64(res.HostPages)
+	c.stats.MissedTokens += int64(len(tokens) - res.DeviceTokens - res.HostTokens)
 	return res
 }
 

@@ -137,3 +137,32 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// TestMatchCountsPromptAndMissedTokens: every Match adds its tokens to PromptTokens and
+// those found in no memory tier (a partial page never is) to MissedTokens; in quarantine
+// every token is missed.
+func TestMatchCountsPromptAndMissedTokens(t *testing.T) {
+	c := newTestCore(t, Options{PageSize: 2, L1Pages: 32, Policy: WriteBack})
+	if _, err := c.Insert([]int32{1, 2, 3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		tokens         []int32
+		prompt, missed int64
+	}{
+		{[]int32{1, 2, 3, 4, 5}, 5, 1},     // two pages in L1, one token of a partial page
+		{[]int32{1, 2, 9, 9, 9, 9}, 11, 5}, // one page in L1, two pages not cached
+		{[]int32{7}, 12, 6},                // nothing
+	}
+	for i, s := range steps {
+		c.Match(s.tokens)
+		if st := c.Stats(); st.PromptTokens != s.prompt || st.MissedTokens != s.missed {
+			t.Fatalf("after match %d: prompt %d missed %d, want %d and %d", i, st.PromptTokens, st.MissedTokens, s.prompt, s.missed)
+		}
+	}
+	c.quarantined = true
+	c.Match([]int32{1, 2, 3, 4})
+	if st := c.Stats(); st.PromptTokens != 16 || st.MissedTokens != 10 {
+		t.Fatalf("in quarantine: prompt %d missed %d, want 16 and 10", st.PromptTokens, st.MissedTokens)
+	}
+}
