@@ -167,3 +167,72 @@ func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
 		}
 	}
 }
+
+// stepEngine is a countingEngine that also takes a step's transfers at once; it records the
+// size of each SubmitStep call.
+type stepEngine struct {
+	countingEngine
+	mu    sync.Mutex
+	steps []int // transfers per SubmitStep call
+}
+
+func (e *stepEngine) SubmitStep(ts []Transfer) []*Ticket {
+	e.mu.Lock()
+	e.steps = append(e.steps, len(ts))
+	e.mu.Unlock()
+	tks := make([]*Ticket, len(ts))
+	for i, t := range ts {
+		tks[i] = engine.NewTicket(t)
+		tks[i].Finish(nil)
+	}
+	return tks
+}
+
+// TestStepSubmitterGetsTheWholeStep: an engine with SubmitStep receives all the transfers a
+// step starts in one call (never through Submit), and their completions commit.
+func TestStepSubmitterGetsTheWholeStep(t *testing.T) {
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 20 * time.Second})
+	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 16, 64)
+	engines := []*stepEngine{{}, {}}
+	caches := make([]*Cache, 2)
+	all := func(f func(i int, c *Cache) error) {
+		t.Helper()
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = f(i, caches[i]) }()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all(func(i int, _ *Cache) (err error) {
+		caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
+			Group: members[i], Slabs: slabs, Engine: engines[i]})
+		return err
+	})
+	defer func() {
+		for _, c := range caches {
+			c.Close()
+		}
+	}()
+	for s := range 3 { // three sequences, each backed up by a transfer of its own
+		all(func(_ int, c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
+	}
+	all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
+	all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
+	for i, e := range engines {
+		if n := e.submitted.Load(); n != 0 || len(e.steps) != 1 || e.steps[0] != 3 {
+			t.Fatalf("rank %d: %d transfers through Submit, SubmitStep calls of %v transfers; want one call of 3", i, n, e.steps)
+		}
+		if st := caches[i].Stats(); st.WrittenPages != 6 {
+			t.Errorf("rank %d: %d pages of committed backups, want 6", i, st.WrittenPages)
+		}
+	}
+}

@@ -264,10 +264,17 @@ func (c *Cache) replicable() error {
 // stops on the I/O rank. Only after the Apply that checked the state the work was chosen
 // from (see Step).
 func (c *Cache) startLocked(rd core.Ready) {
-	for _, t := range rd.Transfers {
-		tk := c.engine.Submit(t)
+	var tks []*Ticket
+	if ss, ok := c.engine.(StepSubmitter); ok && len(rd.Transfers) > 0 {
+		tks = ss.SubmitStep(rd.Transfers)
+	} else {
+		for _, t := range rd.Transfers {
+			tks = append(tks, c.engine.Submit(t))
+		}
+	}
+	for _, tk := range tks {
 		c.inflight = append(c.inflight, tk)
-		if t.Kind == Load {
+		if tk.Transfer.Kind == Load {
 			c.loadTks = append(c.loadTks, tk)
 		}
 	}

@@ -28,6 +28,7 @@ type (
 	Engine            = engine.Engine
 	Ticket            = engine.Ticket
 	L1Memory          = engine.L1Memory
+	StepSubmitter     = engine.StepSubmitter
 	HostSlabs         = engine.HostSlabs
 	HostEngine        = hostengine.Engine
 	HostEngineOptions = hostengine.Options

@@ -3,6 +3,7 @@ package cudaengine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -38,27 +39,33 @@ type Options struct {
 	// transfers of a direction go to them in turn, so page copies of several transfers can
 	// overlap on the bus; their tickets then finish in stream order per lane only.
 	Streams int
+	// PerTransfer makes SubmitStep enqueue every transfer as a copy call of its own instead
+	// of one call per lane and direction for a step (to compare the two).
+	PerTransfer bool
 }
 
 // Engine copies pages between a device KV pool (L1 slot s at L1 + s × pageBytes) and
 // L2 pages with the CUDA driver. Backups and loads each have Options.Streams lanes, used in
-// turn: a lane is a stream, on which each transfer is enqueued as one batch
-// (cuMemcpyBatchAsync where the driver has it) followed by an event, and a waiter goroutine
-// that waits for the lane's events in stream order and finishes the tickets. Transfers are
+// turn: a lane is a stream, on which a step's transfers (SubmitStep), or one transfer
+// (Submit), are enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed
+// by an event, and a waiter goroutine that waits for the lane's events in stream order and
+// finishes the tickets. Transfers are
 // enqueued at Submit, so Cancel has nothing left to cancel; the driver's drain waits for
 // them.
 //
 // The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
 // stream synchronized, or an event waited on) before the Step that starts its backups.
 type Engine struct {
-	dev       *cuda.Device
-	l1        cuda.DevicePtr
-	l1Pages   int
-	pageBytes int
-	l2        L2Addr
-	evFlags   cuda.EventFlags
-	lanes     [2][]*lane       // by Kind
-	next      [2]atomic.Uint64 // by Kind: transfers submitted, which picks the lane
+	dev         *cuda.Device
+	l1          cuda.DevicePtr
+	l1Pages     int
+	pageBytes   int
+	l2          L2Addr
+	evFlags     cuda.EventFlags
+	lanes       [2][]*lane       // by Kind
+	next        [2]atomic.Uint64 // by Kind: copy calls enqueued, which picks the lane
+	perTransfer bool             // Options.PerTransfer
+	copyCalls   atomic.Int64     // copy calls enqueued (CopyCalls)
 }
 
 // lane is one direction's stream, its transfers in flight and their waiter.
@@ -74,9 +81,10 @@ type lane struct {
 	batched bool // the last batch used the driver's batch call
 }
 
+// cudaPending is one copy call in flight: its transfers finish when ev completes.
 type cudaPending struct {
-	tk *engine.Ticket
-	ev *cuda.Event
+	tks []*engine.Ticket
+	ev  *cuda.Event
 }
 
 // New returns an engine over the L1 pool at l1 (l1Pages pages of pageBytes on
@@ -88,7 +96,7 @@ func New(dev *cuda.Device, l1 cuda.DevicePtr, l1Pages, pageBytes int, l2 L2Addr,
 	if l1Pages <= 0 || pageBytes <= 0 || l1 == 0 {
 		return nil, fmt.Errorf("%w: CUDA engine L1 pool of %d pages × %d bytes at %v", core.ErrBadConfig, l1Pages, pageBytes, l1)
 	}
-	e := &Engine{dev: dev, l1: l1, l1Pages: l1Pages, pageBytes: pageBytes, l2: l2, evFlags: cuda.EventDisableTiming}
+	e := &Engine{dev: dev, l1: l1, l1Pages: l1Pages, pageBytes: pageBytes, l2: l2, evFlags: cuda.EventDisableTiming, perTransfer: opts.PerTransfer}
 	if !opts.Spin {
 		e.evFlags |= cuda.EventBlockingSync
 	}
@@ -120,20 +128,69 @@ func (e *Engine) Batched() bool {
 	return ln.batched
 }
 
-// Submit implements Engine.
+// Submit implements Engine: t is a batch of its own.
 func (e *Engine) Submit(t core.Transfer) *engine.Ticket {
-	tk := engine.NewTicket(t)
+	return e.SubmitStep([]core.Transfer{t})[0]
+}
+
+// SubmitStep implements engine.StepSubmitter: the transfers of each direction are split into
+// as many contiguous groups as that direction has lanes (fewer if there are fewer
+// transfers), and each group goes to a lane as one copy call (cuMemcpyBatchAsync where the
+// driver has it) and one completion event, whose tickets finish together. With
+// Options.PerTransfer every transfer is a group. A transfer whose pages do not resolve
+// fails alone.
+func (e *Engine) SubmitStep(ts []core.Transfer) []*engine.Ticket {
+	tks := make([]*engine.Ticket, len(ts))
+	var copies [2][][]cuda.Copy1 // by Kind: the copies of each transfer to enqueue
+	var queued [2][]*engine.Ticket
+	for i, t := range ts {
+		tks[i] = engine.NewTicket(t)
+		cp, err := e.copiesOf(t)
+		switch {
+		case err != nil:
+			tks[i].Finish(err)
+		case len(cp) == 0:
+			tks[i].Finish(nil)
+		default:
+			copies[t.Kind] = append(copies[t.Kind], cp)
+			queued[t.Kind] = append(queued[t.Kind], tks[i])
+		}
+	}
+	for k, lanes := range e.lanes {
+		n := len(queued[k])
+		if n == 0 {
+			continue
+		}
+		if len(lanes) == 0 {
+			for _, tk := range queued[k] {
+				tk.Finish(engine.ErrClosed)
+			}
+			continue
+		}
+		groups := min(n, len(lanes))
+		if e.perTransfer {
+			groups = n
+		}
+		for g := range groups {
+			lo, hi := g*n/groups, (g+1)*n/groups
+			ln := lanes[(e.next[k].Add(1)-1)%uint64(len(lanes))]
+			e.enqueue(ln, queued[k][lo:hi], slices.Concat(copies[k][lo:hi]...))
+		}
+	}
+	return tks
+}
+
+// copiesOf resolves t's pages into driver copies.
+func (e *Engine) copiesOf(t core.Transfer) ([]cuda.Copy1, error) {
 	copies := make([]cuda.Copy1, 0, len(t.Copies))
 	for _, c := range t.Copies {
 		if c.L1 < 0 || int(c.L1) >= e.l1Pages {
-			tk.Finish(fmt.Errorf("hicache: %s of node %d: %w: L1 slot %d outside a pool of %d pages", t.Kind, t.Node, core.ErrBadArgument, c.L1, e.l1Pages))
-			return tk
+			return nil, fmt.Errorf("hicache: %s of node %d: %w: L1 slot %d outside a pool of %d pages", t.Kind, t.Node, core.ErrBadArgument, c.L1, e.l1Pages)
 		}
 		l1 := e.l1.Add(int(c.L1) * e.pageBytes)
 		l2, err := e.l2(c.L2)
 		if err != nil {
-			tk.Finish(fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err))
-			return tk
+			return nil, fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err)
 		}
 		if t.Kind == core.Write {
 			copies = append(copies, cuda.Copy1{Dst: l2, Src: l1, Size: e.pageBytes})
@@ -141,28 +198,30 @@ func (e *Engine) Submit(t core.Transfer) *engine.Ticket {
 			copies = append(copies, cuda.Copy1{Dst: l1, Src: l2, Size: e.pageBytes})
 		}
 	}
-	if len(copies) == 0 {
-		tk.Finish(nil)
-		return tk
+	return copies, nil
+}
+
+// enqueue puts copies, the pages of the transfers of tks, on ln's stream as one copy call
+// followed by one event, or fails every ticket.
+func (e *Engine) enqueue(ln *lane, tks []*engine.Ticket, copies []cuda.Copy1) {
+	fail := func(err error, what string) {
+		for _, tk := range tks {
+			tk.Finish(fmt.Errorf("hicache: %s of node %d: %s%w", tk.Transfer.Kind, tk.Transfer.Node, what, err))
+		}
 	}
-	lanes := e.lanes[t.Kind]
-	if len(lanes) == 0 {
-		tk.Finish(engine.ErrClosed)
-		return tk
-	}
-	ln := lanes[(e.next[t.Kind].Add(1)-1)%uint64(len(lanes))]
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed {
-		tk.Finish(engine.ErrClosed)
-		return tk
+		fail(engine.ErrClosed, "")
+		return
 	}
 	batched, err := ln.stream.CopyBatch(copies)
 	if err != nil {
-		tk.Finish(fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err))
-		return tk
+		fail(err, "")
+		return
 	}
 	ln.batched = batched
+	e.copyCalls.Add(1)
 	var ev *cuda.Event
 	if n := len(ln.events); n > 0 {
 		ev, ln.events = ln.events[n-1], ln.events[:n-1]
@@ -178,13 +237,16 @@ func (e *Engine) Submit(t core.Transfer) *engine.Ticket {
 			err = errors.Join(err, serr)
 		}
 		ev.Close()
-		tk.Finish(fmt.Errorf("hicache: %s of node %d: completion event: %w", t.Kind, t.Node, err))
-		return tk
+		fail(err, "completion event: ")
+		return
 	}
-	ln.pending = append(ln.pending, cudaPending{tk, ev})
+	ln.pending = append(ln.pending, cudaPending{tks, ev})
 	ln.cond.Signal()
-	return tk
 }
+
+// CopyCalls returns the copy calls enqueued so far: one per batch of pages (a transfer, or
+// with SubmitStep a group of a step's transfers).
+func (e *Engine) CopyCalls() int64 { return e.copyCalls.Load() }
 
 // wait finishes the lane's tickets as their events complete, in stream order.
 func (ln *lane) wait() {
@@ -201,7 +263,9 @@ func (ln *lane) wait() {
 		p := ln.pending[0]
 		ln.mu.Unlock()
 		err := p.ev.Synchronize()
-		p.tk.Finish(err)
+		for _, tk := range p.tks {
+			tk.Finish(err)
+		}
 		ln.mu.Lock()
 		ln.pending[0] = cudaPending{}
 		ln.pending = ln.pending[1:]

@@ -5,9 +5,10 @@
 // hicache tree that needs cgo; the driver (package hicache) builds without it.
 //
 // Ownership: the Engine owns its streams, events and waiter goroutines; the device, the L1
-// pool and the slabs stay the caller's. Each direction has a lane: a non-blocking stream on
-// which a transfer is enqueued as one batch (cuMemcpyBatchAsync where the driver has it, else
-// per-copy) followed by an event; a waiter finishes tickets in stream order. KV written
+// pool and the slabs stay the caller's. Each direction has Options.Streams lanes: a
+// non-blocking stream on which the driver's transfers of one step (SubmitStep; split
+// evenly over the lanes) are enqueued as one batch (cuMemcpyBatchAsync where the driver has
+// it, else per-copy) followed by one event; a waiter finishes tickets in stream order. KV written
 // into L1 must be complete before the Step that starts its backups. Close (nil-safe,
 // idempotent) waits for what was enqueued and releases the lanes.
 //

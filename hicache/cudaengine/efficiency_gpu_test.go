@@ -19,7 +19,8 @@ import (
 // bus: 64 MiB each way in transfers of 64 pages of 16, 64 and 256 KiB (best of three)
 // between a device L1 pool and pinned host L2 pages (addressed by the device pointer of the
 // pinned memory), with blocking and spinning completion and 1 or 4 streams per direction,
-// against one large pinned copy of each direction in the same run.
+// against one large pinned copy of each direction in the same run; the transfers are
+// submitted one by one (a copy call each) or as a step (SubmitStep: a call per stream).
 // It prints "bandwidth:" lines with the ratios (meaningful on a GPU only; the fake driver's
 // copies are memmove) and checks every byte that moved; it asserts no timing.
 func TestGPUPageCopyEfficiency(t *testing.T) {
@@ -36,13 +37,15 @@ func TestGPUPageCopyEfficiency(t *testing.T) {
 	const pages = 64
 	for _, pb := range []int{16 << 10, 64 << 10, 256 << 10} {
 		transfers := max(large/(pages*pb), 1)
-		for _, o := range []Options{{}, {Spin: true}, {Streams: 4}, {Spin: true, Streams: 4}} {
-			w, l, batched, err := pageCopyGBps(dev, pb, pages, transfers, o)
-			if err != nil {
-				t.Fatalf("%d KiB pages, %+v: %v", pb>>10, o, err)
+		for _, step := range []bool{false, true} {
+			for _, o := range []Options{{}, {Spin: true}, {Streams: 4}, {Spin: true, Streams: 4}} {
+				w, l, batched, err := pageCopyGBps(dev, pb, pages, transfers, o, step)
+				if err != nil {
+					t.Fatalf("%d KiB pages, %+v, step %v: %v", pb>>10, o, step, err)
+				}
+				fmt.Printf("bandwidth: page copies %3d KiB x %d x %3d transfers (step %-5v spin %-5v streams %d batched %v): backup D2H %.1f GB/s = %.2f of large, load H2D %.1f GB/s = %.2f of large\n",
+					pb>>10, pages, transfers, step, o.Spin, max(o.Streams, 1), batched, w, w/d2h, l, l/h2d)
 			}
-			fmt.Printf("bandwidth: page copies %3d KiB x %d x %3d transfers (spin %-5v streams %d batched %v): backup D2H %.1f GB/s = %.2f of large, load H2D %.1f GB/s = %.2f of large\n",
-				pb>>10, pages, transfers, o.Spin, max(o.Streams, 1), batched, w, w/d2h, l, l/h2d)
 		}
 	}
 }
@@ -74,10 +77,10 @@ func largePinnedCopyGBps(dev *cuda.Device, n int) (d2h, h2d float64, err error) 
 }
 
 // pageCopyGBps backs up and loads back transfers of pages pages of pb bytes through a
-// CUDAEngine, all submitted back to back (as a step's transfers are), and returns each
+// CUDAEngine, all submitted back to back or (step) in one SubmitStep, and returns each
 // direction's best bandwidth of three rounds, from the first Submit to the last completion.
 // The pages that come back must equal the pages that went out.
-func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options) (write, load float64, batched bool, err error) {
+func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options, step bool) (write, load float64, batched bool, err error) {
 	n := pages * transfers
 	l1, err := dev.Alloc(n * pb)
 	if err != nil {
@@ -108,7 +111,7 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options) (wri
 	run := func(k core.Kind) (float64, error) {
 		var top float64
 		for range 3 {
-			gbps, err := round(e, k, pb, pages, transfers)
+			gbps, err := round(e, k, pb, pages, transfers, step)
 			if err != nil {
 				return 0, err
 			}
@@ -140,18 +143,26 @@ func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options) (wri
 }
 
 // round submits transfers transfers of pages pages (L1 slot s ↔ L2 page n-1-s, a scatter as
-// the allocator's choices are) back to back and returns GB/s to the last completion.
-func round(e *Engine, k core.Kind, pb, pages, transfers int) (float64, error) {
+// the allocator's choices are) back to back, or as one step, and returns GB/s to the last
+// completion.
+func round(e *Engine, k core.Kind, pb, pages, transfers int, step bool) (float64, error) {
 	n := pages * transfers
-	tks := make([]*engine.Ticket, transfers)
-	start := time.Now()
-	for i := range tks {
-		tr := core.Transfer{Kind: k, Seq: uint64(i), Node: uint64(i)}
+	trs := make([]core.Transfer, transfers)
+	for i := range trs {
+		trs[i] = core.Transfer{Kind: k, Seq: uint64(i), Node: uint64(i)}
 		for j := range pages {
 			slot := i*pages + j
-			tr.Copies = append(tr.Copies, core.Copy{L1: int32(slot), L2: slab.Page{Index: n - 1 - slot}})
+			trs[i].Copies = append(trs[i].Copies, core.Copy{L1: int32(slot), L2: slab.Page{Index: n - 1 - slot}})
 		}
-		tks[i] = e.Submit(tr)
+	}
+	start := time.Now()
+	var tks []*engine.Ticket
+	if step {
+		tks = e.SubmitStep(trs)
+	} else {
+		for _, tr := range trs {
+			tks = append(tks, e.Submit(tr))
+		}
 	}
 	for _, tk := range tks {
 		if err := tk.Err(); err != nil {

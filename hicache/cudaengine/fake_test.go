@@ -9,8 +9,9 @@ import (
 
 // TestFakeDriverRunsGPUTests runs this package's TestGPU* tests against the host-memory fake
 // of libcuda (csrc/cuda_fake.c): the page-copy measurement then moves 1 MiB each way through
-// every engine variant (blocking or spinning waits, 1 or 4 streams per direction) and
-// checks every byte; its timings are memmove's and mean nothing.
+// every engine variant (blocking or spinning waits, 1 or 4 streams per direction, transfers
+// one by one or as a step) and checks every byte; its timings are memmove's and mean
+// nothing. The step batching test runs there too.
 func TestFakeDriverRunsGPUTests(t *testing.T) {
 	fakelib.SkipInChild(t)
 	lib := fakelib.Build(t, "cuda_fake")
@@ -18,7 +19,10 @@ func TestFakeDriverRunsGPUTests(t *testing.T) {
 	if !strings.Contains(out, "--- PASS: TestGPUPageCopyEfficiency") {
 		t.Errorf("TestGPUPageCopyEfficiency did not pass on the fake driver:\n%s", out)
 	}
-	if !strings.Contains(out, "streams 4 batched true") {
-		t.Errorf("the 4-stream engine did not run:\n%s", out)
+	if !strings.Contains(out, "streams 4 batched true") || !strings.Contains(out, "(step true ") {
+		t.Errorf("the 4-stream engine or the per-step submission did not run:\n%s", out)
+	}
+	if !strings.Contains(out, "--- PASS: TestGPUStepBatching") {
+		t.Errorf("TestGPUStepBatching did not pass on the fake driver:\n%s", out)
 	}
 }

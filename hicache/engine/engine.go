@@ -43,6 +43,14 @@ type Engine interface {
 	Close() error
 }
 
+// StepSubmitter is implemented by engines that start the transfers of a step together
+// (cudaengine: one copy call per direction and stream instead of one per transfer). The
+// driver calls SubmitStep, when the engine has it, with all the transfers a step hands out,
+// in the order the core made them; it returns their tickets in that order, at once.
+type StepSubmitter interface {
+	SubmitStep(ts []Transfer) []*Ticket
+}
+
 // L1Memory is implemented by engines whose L1 pool is host memory: the scheduler (or a
 // test) writes computed KV into a slot and reads loaded KV from it.
 type L1Memory interface {
