@@ -118,52 +118,23 @@ func (e *countingEngine) Close() error { return nil }
 // Apply finds a divergence, they are never submitted.
 func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
 	for _, diverge := range []bool{false, true} {
-		l, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 20 * time.Second})
-		slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 16, 64)
 		engines := []*countingEngine{{}, {}}
-		caches := make([]*Cache, 2)
-		all := func(f func(i int, c *Cache) error) {
-			t.Helper()
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			for i := range 2 {
-				wg.Add(1)
-				go func() { defer wg.Done(); errs[i] = f(i, caches[i]) }()
-			}
-			wg.Wait()
-			if diverge {
-				errs[0], errs[1] = nil, nil // the step's divergence is checked below
-			}
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-		}
-		all(func(i int, _ *Cache) (err error) {
-			caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
-				Group: members[i], Slabs: slabs, Engine: engines[i]})
-			return err
-		})
-		all(func(_ int, c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
+		r := newTwoRanks(t, engines[0], engines[1])
+		r.all(false, func(_ int, c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
 		for i, e := range engines {
 			if n := e.submitted.Load(); n != 0 {
 				t.Fatalf("rank %d: %d transfers submitted before any step", i, n)
 			}
 		}
 		if diverge {
-			caches[1].core.PerturbTree()
+			r.caches[1].core.PerturbTree()
 		}
-		all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
+		// A divergence fails the step; it is checked below.
+		r.all(diverge, func(_ int, c *Cache) error { return c.Step(context.Background()) })
 		for i, e := range engines {
 			if n := e.submitted.Load(); (n == 0) != diverge {
 				t.Fatalf("diverged %t: rank %d submitted %d transfers at the checking step", diverge, i, n)
 			}
-		}
-		for _, c := range caches {
-			c.Close()
 		}
 	}
 }
@@ -191,48 +162,64 @@ func (e *stepEngine) SubmitStep(ts []Transfer) []*Ticket {
 // TestStepSubmitterGetsTheWholeStep: an engine with SubmitStep receives all the transfers a
 // step starts in one call (never through Submit), and their completions commit.
 func TestStepSubmitterGetsTheWholeStep(t *testing.T) {
+	engines := []*stepEngine{{}, {}}
+	r := newTwoRanks(t, engines[0], engines[1])
+	for s := range 3 { // three sequences, each backed up by a transfer of its own
+		r.all(false, func(_ int, c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
+	}
+	for range 2 {
+		r.all(false, func(_ int, c *Cache) error { return c.Step(context.Background()) })
+	}
+	for i, e := range engines {
+		if n := e.submitted.Load(); n != 0 || len(e.steps) != 1 || e.steps[0] != 3 {
+			t.Fatalf("rank %d: %d transfers through Submit, SubmitStep calls of %v transfers; want one call of 3", i, n, e.steps)
+		}
+		if st := r.caches[i].Stats(); st.WrittenPages != 6 {
+			t.Errorf("rank %d: %d pages of committed backups, want 6", i, st.WrittenPages)
+		}
+	}
+}
+
+// twoRanks is a replica of two CP ranks over in-process collectives and memory slabs, each
+// with the engine given; all runs f on both ranks at once and fails on any error.
+type twoRanks struct {
+	t      *testing.T
+	caches []*Cache
+}
+
+func newTwoRanks(t *testing.T, engines ...Engine) *twoRanks {
+	t.Helper()
 	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 20 * time.Second})
 	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 16, 64)
-	engines := []*stepEngine{{}, {}}
-	caches := make([]*Cache, 2)
-	all := func(f func(i int, c *Cache) error) {
-		t.Helper()
-		errs := make([]error, 2)
-		var wg sync.WaitGroup
-		for i := range 2 {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[i] = f(i, caches[i]) }()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	all(func(i int, _ *Cache) (err error) {
-		caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
+	r := &twoRanks{t: t, caches: make([]*Cache, 2)}
+	r.all(false, func(i int, _ *Cache) (err error) {
+		r.caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
 			Group: members[i], Slabs: slabs, Engine: engines[i]})
 		return err
 	})
-	defer func() {
-		for _, c := range caches {
+	t.Cleanup(func() {
+		for _, c := range r.caches {
 			c.Close()
 		}
-	}()
-	for s := range 3 { // three sequences, each backed up by a transfer of its own
-		all(func(_ int, c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
+	})
+	return r
+}
+
+// all runs f on both ranks at once; unless ignoreErrors, it fails the test on any error.
+func (r *twoRanks) all(ignoreErrors bool, f func(i int, c *Cache) error) {
+	r.t.Helper()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(i, r.caches[i]) }()
 	}
-	all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
-	all(func(_ int, c *Cache) error { return c.Step(context.Background()) })
-	for i, e := range engines {
-		if n := e.submitted.Load(); n != 0 || len(e.steps) != 1 || e.steps[0] != 3 {
-			t.Fatalf("rank %d: %d transfers through Submit, SubmitStep calls of %v transfers; want one call of 3", i, n, e.steps)
-		}
-		if st := caches[i].Stats(); st.WrittenPages != 6 {
-			t.Errorf("rank %d: %d pages of committed backups, want 6", i, st.WrittenPages)
-		}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil && !ignoreErrors {
+		r.t.Fatal(err)
 	}
 }
