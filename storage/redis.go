@@ -185,8 +185,8 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 		bufs := make([]*[]byte, len(names))
 		cmds := make([]*redis.ZeroCopyStringCmd, len(names))
 		for i := range bufs {
-			// Two spare bytes let go-redis read the reply's CRLF with the value.
-			bufs[i] = pooledValue(storedLen(len(dst[lo+i])) + 2)
+			// Spare bytes let go-redis read the reply's CRLF with the value.
+			bufs[i] = pooledValue(storedLen(len(dst[lo+i])) + crlf)
 		}
 		err := s.call(ctx, func() error {
 			pipe := s.client.Pipeline()
@@ -308,11 +308,15 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 // trip that sent them returns them; Get reads into them and returns them once verified.
 var valuePool sync.Pool
 
-// pooledValue returns a buffer of valuePool of length n (its contents are not cleared).
+// crlf is the room a GET buffer needs beyond the value.
+const crlf = 2
+
+// pooledValue returns a buffer of valuePool of length n (its contents are not cleared). New
+// buffers have room for a CRLF more, so that Put's serve Get's.
 func pooledValue(n int) *[]byte {
 	v, _ := valuePool.Get().(*[]byte)
 	if v == nil || cap(*v) < n {
-		b := make([]byte, n)
+		b := make([]byte, n, n+crlf)
 		v = &b
 	}
 	*v = (*v)[:n]
