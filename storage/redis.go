@@ -87,7 +87,12 @@ func (s *redisStore) opErr(ctx context.Context, op string, err error) error {
 	case errors.Is(err, redis.ErrClosed):
 		return s.err(op, ErrClosed, nil)
 	}
-	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(dl) {
+		// The socket's deadline is ctx's: it can fire before ctx's own timer says so.
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%v)", cerr, err)
 	}
 	return s.err(op, ErrUnavailable, err)
