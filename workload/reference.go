@@ -2,43 +2,18 @@ package workload
 
 import (
 	"container/list"
-	"hash/fnv"
+
+	"github.com/cpcache/cpcache/hicache/core"
 )
 
 // Reference hit rates computed from a workload alone, without a cache: the bounds and
 // baselines a measured hit rate is read against.
 //
 // A request's cacheable prefix is made of whole units (pages or blocks) of its prompt; a
-// unit is identified by its chained prefix (its tokens and every token before it), so two
-// units are equal only when their whole prefixes are. Requests are taken in workload order;
-// a request "leaves" its prompt and its answer (Answer) behind, as a server that inserts a
-// finished request with its answer does.
-
-// unitHashes are the chained prefix hashes of the whole units of tokens.
-func unitHashes(tokens []int32, unit int) []uint64 {
-	out := make([]uint64, 0, len(tokens)/unit)
-	var prev uint64
-	h := fnv.New64a()
-	var b [8]byte
-	for i := 0; i+unit <= len(tokens); i += unit {
-		h.Reset()
-		putUint64(b[:], prev)
-		h.Write(b[:])
-		for _, t := range tokens[i : i+unit] {
-			putUint64(b[:4], uint64(uint32(t)))
-			h.Write(b[:4])
-		}
-		prev = h.Sum64()
-		out = append(out, prev)
-	}
-	return out
-}
-
-func putUint64(b []byte, v uint64) {
-	for i := range b {
-		b[i] = byte(v >> (8 * i))
-	}
-}
+// unit is identified by its chained prefix hash (core.PrefixHashes, the cache's own page
+// identity), so two units are equal only when their whole prefixes are. Requests are taken
+// in workload order; a request "leaves" its prompt and its answer (Answer) behind, as a
+// server that inserts a finished request with its answer does.
 
 // withAnswer is r's prompt followed by its answer.
 func withAnswer(r Request) []int32 {
@@ -54,13 +29,13 @@ func ReuseBound(reqs []Request, pageSize int) int64 {
 	seen := map[uint64]struct{}{}
 	var hits int64
 	for _, r := range reqs {
-		for _, h := range unitHashes(r.Tokens, pageSize) {
+		for _, h := range core.PrefixHashes(r.Tokens, pageSize) {
 			if _, ok := seen[h]; !ok {
 				break
 			}
 			hits += int64(pageSize)
 		}
-		for _, h := range unitHashes(withAnswer(r), pageSize) {
+		for _, h := range core.PrefixHashes(withAnswer(r), pageSize) {
 			seen[h] = struct{}{}
 		}
 	}
@@ -81,13 +56,13 @@ func LRUBlockHits(reqs []Request, capacityBlocks int) int64 {
 	at := map[uint64]*list.Element{}
 	var hits int64
 	for _, r := range reqs {
-		for _, h := range unitHashes(r.Tokens, BlockTokens) {
+		for _, h := range core.PrefixHashes(r.Tokens, BlockTokens) {
 			if _, ok := at[h]; !ok {
 				break
 			}
 			hits += BlockTokens
 		}
-		for _, h := range unitHashes(withAnswer(r), BlockTokens) {
+		for _, h := range core.PrefixHashes(withAnswer(r), BlockTokens) {
 			if e, ok := at[h]; ok {
 				order.MoveToFront(e)
 				continue
