@@ -97,6 +97,27 @@ func (b *base) checkPayload(hdr []byte, payload []byte) error {
 	return b.opts.auth.checkPayload(hdr, payload)
 }
 
+// encodeValue writes the stored form of payload under key, header then payload, into v
+// (storedLen(len(payload)) bytes).
+func (b *base) encodeValue(v []byte, key Key, payload []byte) {
+	b.encodeHeader((*[HeaderSize]byte)(v), key, payload)
+	copy(v[HeaderSize:], payload)
+}
+
+// decodeValue verifies v, a whole stored value read for key, and copies its payload into
+// dst (the page size). It returns why v is not genuine, or nil; dst's contents are then
+// unspecified.
+func (b *base) decodeValue(v []byte, key Key, dst []byte) error {
+	if len(v) != storedLen(len(dst)) {
+		return errLength(len(v), storedLen(len(dst)))
+	}
+	if err := b.checkHeader(v[:HeaderSize], key, len(dst)); err != nil {
+		return err
+	}
+	copy(dst, v[HeaderSize:])
+	return b.checkPayload(v[:HeaderSize], dst)
+}
+
 func (b *base) Stats() Stats { return b.stats.snapshot() }
 
 // forEach runs fn(i) for i in [0,n) on up to workers goroutines and returns the first error.

@@ -239,23 +239,16 @@ func tooLong(err error) bool { return strings.HasPrefix(err.Error(), "redis: buf
 // into dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt. A
 // value longer than the buffer (storedLen + 2) is an error of its command, and corrupt.
 func (s *redisStore) loadValue(k Key, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
-	n, err := c.Result()
+	err := c.Err()
 	if errors.Is(err, redis.Nil) {
 		s.stats.misses.Add(1)
 		return
 	}
-	val := c.Bytes()
 	var reason error
-	switch {
-	case err != nil:
+	if err != nil {
 		reason = fmt.Errorf("stored value is longer than %d bytes (header + page): %w", storedLen(len(dst)), err)
-	case n != storedLen(len(dst)):
-		reason = errLength(n, storedLen(len(dst)))
-	default:
-		if reason = s.checkHeader(val[:HeaderSize], k, len(dst)); reason == nil {
-			copy(dst, val[HeaderSize:])
-			reason = s.checkPayload(val[:HeaderSize], dst)
-		}
+	} else {
+		reason = s.decodeValue(c.Bytes(), k, dst)
 	}
 	if reason != nil {
 		s.corrupt(k, fmt.Errorf("redis key %s: %w", s.name(k), reason))
@@ -284,7 +277,8 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		vals := make([]*[]byte, len(names))
 		bytes := 0
 		for i := range vals {
-			vals[i] = s.encodeValue(keys[lo+i], src[lo+i])
+			vals[i] = pooledValue(storedLen(len(src[lo+i])))
+			s.encodeValue(*vals[i], keys[lo+i], src[lo+i])
 			bytes += len(src[lo+i])
 		}
 		err := s.call(ctx, func() error {
@@ -332,15 +326,6 @@ func releaseValues(vals []*[]byte) {
 	for _, v := range vals {
 		valuePool.Put(v)
 	}
-}
-
-// encodeValue returns the stored form of payload under key, header then payload, in a
-// buffer of valuePool.
-func (s *redisStore) encodeValue(key Key, payload []byte) *[]byte {
-	v := pooledValue(storedLen(len(payload)))
-	s.encodeHeader((*[HeaderSize]byte)(*v), key, payload)
-	copy((*v)[HeaderSize:], payload)
-	return v
 }
 
 func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
