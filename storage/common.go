@@ -35,12 +35,12 @@ func (b *base) begin(op string, keys []Key, bufs [][]byte, flags []bool) error {
 }
 
 // beginCall starts a call of a backend that does I/O: it checks the call (begin) and
-// returns its context, bounded by Options.Timeout unless ctx has a deadline.
+// returns its context, bounded by Options.Timeout or ctx's deadline, whichever comes first.
 func (b *base) beginCall(ctx context.Context, op string, keys []Key, bufs [][]byte, flags []bool) (context.Context, context.CancelFunc, error) {
 	if err := b.begin(op, keys, bufs, flags); err != nil {
 		return ctx, nil, err
 	}
-	ctx, cancel := callContext(ctx, b.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	return ctx, cancel, nil
 }
 

@@ -39,7 +39,7 @@ func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 		keyPrefix: cfg.prefix + ":" + opts.Namespace.String() + ":",
 		conns:     make(chan struct{}, opts.PoolSize),
 	}
-	ctx, cancel := callContext(ctx, opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	if err := s.call(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
 		s.client.Close()
@@ -51,7 +51,7 @@ func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 // call runs fn, the I/O of one round trip on one connection, and returns when it does or
 // when ctx is done, whichever comes first. go-redis bounds its socket I/O by ctx's deadline
 // but does not watch cancellation: a cancelled call returns at once and fn ends in the
-// background by the deadline (every call has one, see callContext), still holding its
+// background by the deadline (every call has one: Options.Timeout), still holding its
 // connection token. So fn must not touch the caller's buffers; its results are read only
 // after call returned nil.
 func (s *redisStore) call(ctx context.Context, fn func() error) error {
@@ -354,7 +354,7 @@ func (s *redisStore) Clear(ctx context.Context) error {
 	if err := s.begin("clear", nil, nil, nil); err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	pattern := globEscape(s.keyPrefix) + "*"
 	var cursor uint64
