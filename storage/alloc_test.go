@@ -9,9 +9,9 @@ import (
 	"github.com/cpcache/cpcache/storage"
 )
 
-// TestRedisGetAllocations: go-redis reads each value into new memory, which Get verifies
-// and copies into the caller's buffer; per page that is one value's bytes and a few small
-// objects, never more (no second copy, no per-page buffer growth).
+// TestRedisGetAllocations: go-redis reads each value into a pooled buffer, which Get
+// verifies and copies into the caller's buffer; per page that is at most one value's bytes
+// and a few small objects (no second copy, no per-page buffer growth).
 func TestRedisGetAllocations(t *testing.T) {
 	r := redistest.Start(t)
 	ns := mustNamespace(t, "alloc")

@@ -35,12 +35,12 @@ func (b *base) begin(op string, keys []Key, bufs [][]byte, flags []bool) error {
 }
 
 // beginCall starts a call of a backend that does I/O: it checks the call (begin) and
-// returns its context, bounded by Options.Timeout unless ctx has a deadline.
+// returns its context, bounded by Options.Timeout or ctx's deadline, whichever comes first.
 func (b *base) beginCall(ctx context.Context, op string, keys []Key, bufs [][]byte, flags []bool) (context.Context, context.CancelFunc, error) {
 	if err := b.begin(op, keys, bufs, flags); err != nil {
 		return ctx, nil, err
 	}
-	ctx, cancel := callContext(ctx, b.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	return ctx, cancel, nil
 }
 
@@ -95,6 +95,27 @@ func (b *base) checkHeader(hdr []byte, key Key, wantLen int) error {
 
 func (b *base) checkPayload(hdr []byte, payload []byte) error {
 	return b.opts.auth.checkPayload(hdr, payload)
+}
+
+// encodeValue writes the stored form of payload under key, header then payload, into v
+// (storedLen(len(payload)) bytes).
+func (b *base) encodeValue(v []byte, key Key, payload []byte) {
+	b.encodeHeader((*[HeaderSize]byte)(v), key, payload)
+	copy(v[HeaderSize:], payload)
+}
+
+// decodeValue verifies v, a whole stored value read for key, and copies its payload into
+// dst (the page size). It returns why v is not genuine, or nil; dst's contents are then
+// unspecified.
+func (b *base) decodeValue(v []byte, key Key, dst []byte) error {
+	if len(v) != storedLen(len(dst)) {
+		return errLength(len(v), storedLen(len(dst)))
+	}
+	if err := b.checkHeader(v[:HeaderSize], key, len(dst)); err != nil {
+		return err
+	}
+	copy(dst, v[HeaderSize:])
+	return b.checkPayload(v[:HeaderSize], dst)
 }
 
 func (b *base) Stats() Stats { return b.stats.snapshot() }

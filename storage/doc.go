@@ -21,8 +21,8 @@
 //	                                  fsynced, file and directory, with fsync=true)
 //	redis://[[user]:pass@]host:port/prefix
 //	rediss://...                      a Redis server through go-redis (rediss: TLS); keys
-//	                                  "<prefix>:<ns>:<hash>", MGET / UNLINK per chunk and
-//	                                  pipelined EXISTS / SET; ?db=, ?ttl=, ?pool_size=,
+//	                                  "<prefix>:<ns>:<hash>", UNLINK per chunk and
+//	                                  pipelined EXISTS / SET / GET; ?db=, ?ttl=, ?pool_size=,
 //	                                  ?timeout=, ?dial_timeout=, ?read_timeout=,
 //	                                  ?write_timeout=, ?tls_ca=, ?tls_cert=, ?tls_key=,
 //	                                  ?skip_verify= and go-redis's other URL options

@@ -13,14 +13,8 @@ import (
 // both wrap ErrUnavailable and ErrInjected; outside its window or its operations the
 // wrapped storage answers.
 func TestFaults(t *testing.T) {
-	ns, err := storage.NewNamespace("faults-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := storage.Open(context.Background(), "mem://faults-test", storage.Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := mustNamespace(t, "faults-test")
+	base := openURL(t, "mem://faults-test", storage.Options{Namespace: ns})
 	defer base.Close()
 	keys := []storage.Key{storage.NewKeyBytes(ns, []byte("k"))}
 	ctx := context.Background()

@@ -86,16 +86,7 @@ func (s *memStore) getOne(k Key, dst []byte) bool {
 		s.stats.misses.Add(1)
 		return false
 	}
-	if err := s.checkHeader(v, k, len(dst)); err != nil {
-		s.corrupt(k, err)
-		return false
-	}
-	if len(v) != storedLen(len(dst)) {
-		s.corrupt(k, errLength(len(v), storedLen(len(dst))))
-		return false
-	}
-	copy(dst, v[HeaderSize:])
-	if err := s.checkPayload(v[:HeaderSize], dst); err != nil {
+	if err := s.decodeValue(v, k, dst); err != nil {
 		s.corrupt(k, err)
 		return false
 	}
@@ -111,8 +102,7 @@ func (s *memStore) Put(_ context.Context, keys []Key, src [][]byte) error {
 	}
 	for i, k := range keys {
 		v := make([]byte, storedLen(len(src[i])))
-		s.encodeHeader((*[HeaderSize]byte)(v), k, src[i])
-		copy(v[HeaderSize:], src[i])
+		s.encodeValue(v, k, src[i])
 		s.table.mu.Lock()
 		s.table.vals[k] = v
 		s.table.mu.Unlock()

@@ -39,7 +39,7 @@ func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 		keyPrefix: cfg.prefix + ":" + opts.Namespace.String() + ":",
 		conns:     make(chan struct{}, opts.PoolSize),
 	}
-	ctx, cancel := callContext(ctx, opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	if err := s.call(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
 		s.client.Close()
@@ -51,7 +51,7 @@ func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 // call runs fn, the I/O of one round trip on one connection, and returns when it does or
 // when ctx is done, whichever comes first. go-redis bounds its socket I/O by ctx's deadline
 // but does not watch cancellation: a cancelled call returns at once and fn ends in the
-// background by the deadline (every call has one, see callContext), still holding its
+// background by the deadline (every call has one: Options.Timeout), still holding its
 // connection token. So fn must not touch the caller's buffers; its results are read only
 // after call returned nil.
 func (s *redisStore) call(ctx context.Context, fn func() error) error {
@@ -239,23 +239,16 @@ func tooLong(err error) bool { return strings.HasPrefix(err.Error(), "redis: buf
 // into dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt. A
 // value longer than the buffer (storedLen + 2) is an error of its command, and corrupt.
 func (s *redisStore) loadValue(k Key, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
-	n, err := c.Result()
+	err := c.Err()
 	if errors.Is(err, redis.Nil) {
 		s.stats.misses.Add(1)
 		return
 	}
-	val := c.Bytes()
 	var reason error
-	switch {
-	case err != nil:
+	if err != nil {
 		reason = fmt.Errorf("stored value is longer than %d bytes (header + page): %w", storedLen(len(dst)), err)
-	case n != storedLen(len(dst)):
-		reason = errLength(n, storedLen(len(dst)))
-	default:
-		if reason = s.checkHeader(val[:HeaderSize], k, len(dst)); reason == nil {
-			copy(dst, val[HeaderSize:])
-			reason = s.checkPayload(val[:HeaderSize], dst)
-		}
+	} else {
+		reason = s.decodeValue(c.Bytes(), k, dst)
 	}
 	if reason != nil {
 		s.corrupt(k, fmt.Errorf("redis key %s: %w", s.name(k), reason))
@@ -284,7 +277,8 @@ func (s *redisStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		vals := make([]*[]byte, len(names))
 		bytes := 0
 		for i := range vals {
-			vals[i] = s.encodeValue(keys[lo+i], src[lo+i])
+			vals[i] = pooledValue(storedLen(len(src[lo+i])))
+			s.encodeValue(*vals[i], keys[lo+i], src[lo+i])
 			bytes += len(src[lo+i])
 		}
 		err := s.call(ctx, func() error {
@@ -334,15 +328,6 @@ func releaseValues(vals []*[]byte) {
 	}
 }
 
-// encodeValue returns the stored form of payload under key, header then payload, in a
-// buffer of valuePool.
-func (s *redisStore) encodeValue(key Key, payload []byte) *[]byte {
-	v := pooledValue(storedLen(len(payload)))
-	s.encodeHeader((*[HeaderSize]byte)(*v), key, payload)
-	copy((*v)[HeaderSize:], payload)
-	return v
-}
-
 func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 	ctx, cancel, err := s.beginCall(ctx, "delete", keys, nil, nil)
 	if err != nil {
@@ -369,7 +354,7 @@ func (s *redisStore) Clear(ctx context.Context) error {
 	if err := s.begin("clear", nil, nil, nil); err != nil {
 		return err
 	}
-	ctx, cancel := callContext(ctx, s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	pattern := globEscape(s.keyPrefix) + "*"
 	var cursor uint64

@@ -23,7 +23,7 @@ type redisConfig struct {
 }
 
 // errRedisTopology rejects what go-redis could reach but this backend does not do: its
-// batches are multi-key (MGET, UNLINK), which a Cluster splits by slot, and a Sentinel
+// batches are multi-key (UNLINK), which a Cluster splits by slot, and a Sentinel
 // setup needs failover handling the conformance suite cannot exercise.
 var errRedisTopology = errors.New("redis sentinel and cluster URLs are not supported; name one server (the master), redis://host:port/prefix or rediss:// for TLS")
 

@@ -26,15 +26,7 @@ func TestDirExistsVerifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	flip := func(k storage.Key, off int) {
-		name := storage.DirPath(s, k)
-		v, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v[off] ^= 0x40
-		if err := os.WriteFile(name, v, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		mutateDirFile(t, s, k, func(v []byte) []byte { v[off] ^= 0x40; return v })
 	}
 	flip(keys[0], 35)                     // the header's length field
 	flip(keys[1], storage.HeaderSize+100) // the payload

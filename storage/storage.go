@@ -108,12 +108,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// callContext bounds a call by the storage's timeout, or the context's deadline when that
-// comes earlier (a caller's shorter deadline, or a URL's timeout= shorter than it, both hold).
-func callContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, timeout)
-}
-
 // checkBatch validates the shapes shared by Exists, Get and Put.
 func checkBatch(backend, where, op string, ns [NamespaceSize]byte, keys []Key, bufs [][]byte, flags []bool) error {
 	if bufs != nil && len(bufs) != len(keys) {

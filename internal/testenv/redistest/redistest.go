@@ -136,22 +136,7 @@ func (s *Server) Start() {
 
 // ping sends an inline PING and reads one reply line (+PONG, or an error such as NOAUTH).
 func (s *Server) ping() error {
-	var c net.Conn
-	var err error
-	if s.tls != nil {
-		c, err = tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.Addr(), s.tls.ClientConfig(s.t))
-	} else {
-		c, err = net.DialTimeout("tcp", s.Addr(), time.Second)
-	}
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := s.inline("PING")
 	if err != nil {
 		return err
 	}
@@ -163,16 +148,7 @@ func (s *Server) ping() error {
 
 // DBSize is the number of keys the server holds (its DBSIZE reply).
 func (s *Server) DBSize() (int, error) {
-	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("DBSIZE\r\n")); err != nil {
-		return 0, err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := s.inline("DBSIZE")
 	if err != nil {
 		return 0, err
 	}
@@ -180,6 +156,27 @@ func (s *Server) DBSize() (int, error) {
 		return 0, fmt.Errorf("redistest: unexpected DBSIZE reply %q", line)
 	}
 	return strconv.Atoi(line[1 : len(line)-2])
+}
+
+// inline sends cmd as an inline command on a new connection (TLS for a TLS server) and
+// returns the first line of the reply.
+func (s *Server) inline(cmd string) (string, error) {
+	var c net.Conn
+	var err error
+	if s.tls != nil {
+		c, err = tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.Addr(), s.tls.ClientConfig(s.t))
+	} else {
+		c, err = net.DialTimeout("tcp", s.Addr(), time.Second)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
 }
 
 // Kill stops the server abruptly (SIGKILL) and waits for it to exit. A no-op when it is
