@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,13 +22,7 @@ func childrenOf(pid int) []int {
 		if err != nil {
 			continue
 		}
-		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+		if f := statFields(child); len(f) > 1 && f[1] == strconv.Itoa(pid) {
 			out = append(out, child)
 		}
 	}

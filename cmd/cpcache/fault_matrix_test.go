@@ -123,13 +123,7 @@ func runRanks(t *testing.T, l matrixLayout, args []string) *matrixRun {
 	jsonPath := filepath.Join(dir, "report.json")
 	argv := append(append([]string{"run", "--world", "8", "--timeout", faultDeadline.String(), "--json", jsonPath}, l.args...), smallSynthetic...)
 	argv = append(argv, args...)
-	base := []string{"CPCACHE_STORE=file://" + filepath.Join(dir, "store")}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if name != runner.EnvStatusDir && name != runner.EnvCorruptRank && !slices.Contains(launcherVars, name) {
-			base = append(base, kv)
-		}
-	}
+	base := append([]string{"CPCACHE_STORE=file://" + filepath.Join(dir, "store")}, withoutLauncherEnv(nil)...)
 	bin := cpcacheBinary(t)
 	m := &matrixRun{layout: l, ends: make([]rankEnd, n)}
 	start := time.Now()

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/internal/testenv/fakelib"
 )
 
@@ -55,18 +54,10 @@ func gpuBundle(t *testing.T, stubs map[string]int) (string, []string) {
 	for name, sleep := range stubs {
 		stubTest(t, dir, name, sleep)
 	}
-	env := []string{"OUT=" + filepath.Join(dir, "logs"), fakeCUDA(t), "CPCACHE_NCCL_LIBRARY=" + fakelib.Build(t, "nccl_fake")}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		drop := name == runner.EnvStatusDir || name == runner.EnvCorruptRank || name == "CPCACHE_REQUIRE_GPU" || name == "OUT" ||
-			strings.HasPrefix(name, "CPCACHE_GPU_")
-		for _, v := range launcherVars {
-			drop = drop || name == v
-		}
-		if !drop {
-			env = append(env, kv)
-		}
-	}
+	env := append([]string{"OUT=" + filepath.Join(dir, "logs"), fakeCUDA(t), "CPCACHE_NCCL_LIBRARY=" + fakelib.Build(t, "nccl_fake")},
+		withoutLauncherEnv(func(name string) bool {
+			return name == "CPCACHE_REQUIRE_GPU" || name == "OUT" || strings.HasPrefix(name, "CPCACHE_GPU_")
+		})...)
 	return dir, env
 }
 

@@ -126,19 +126,25 @@ func creatorAlive(pid int, mtime time.Time) bool {
 	return !ok || !start.After(mtime.Add(time.Second))
 }
 
+// statFields are the fields of /proc/PID/stat after the command name, from field 3 (the
+// state) on; nil when unreadable. The command name may hold spaces and parentheses: the
+// fields start after its last ')'.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
 // processStart is when pid started, from /proc/PID/stat (field 22, clock ticks after boot)
 // and the boot time in /proc/stat.
 func processStart(pid int) (time.Time, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return time.Time{}, false
-	}
-	// The command name (field 2) may hold spaces and parentheses: count after its last ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return time.Time{}, false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(pid)
 	if len(f) < 20 {
 		return time.Time{}, false
 	}

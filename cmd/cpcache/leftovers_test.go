@@ -26,17 +26,7 @@ type jobEnv struct {
 func newJobEnv(t *testing.T) *jobEnv {
 	t.Helper()
 	j := &jobEnv{tmp: t.TempDir(), shm: shmNames(), path: cpcacheBinary(t)}
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		drop := name == "TMPDIR" || strings.HasPrefix(name, "CPCACHE_")
-		for _, v := range launcherVars {
-			drop = drop || name == v
-		}
-		if !drop {
-			j.env = append(j.env, kv)
-		}
-	}
-	j.env = append(j.env, "TMPDIR="+j.tmp)
+	j.env = append(withoutLauncherEnv(func(name string) bool { return name == "TMPDIR" || strings.HasPrefix(name, "CPCACHE_") }), "TMPDIR="+j.tmp)
 	return j
 }
 

@@ -72,7 +72,7 @@ func TestRunSweepOverThreeCapacitiesWithHTML(t *testing.T) {
 	cmd := exec.Command(cpcacheBinary(t), "run", "--world", "2", "--dp", "1", "--attn-cp", "2", "--workload", "trace",
 		"--trace", conversationTrace(t), "--page-size", "16", "--l1-pages", "1000", "--kv-bytes-per-token", "8",
 		"--cost-profile", "unit", "--sweep", "l2-pages=160,400,2048", "--json", jsonPath, "--html", htmlPath)
-	cmd.Env = withoutLauncherEnv()
+	cmd.Env = withoutLauncherEnv(nil)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
@@ -114,22 +114,6 @@ func TestRunSweepOverThreeCapacitiesWithHTML(t *testing.T) {
 	}
 	assert.NotContains(t, string(page), "<script", "self-contained, no scripts")
 	assert.NotContains(t, string(page), "src=", "self-contained, nothing to fetch")
-}
-
-// withoutLauncherEnv is the environment without a launcher's or a parent run's variables.
-func withoutLauncherEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		drop := name == runner.EnvStatusDir || name == runner.EnvCorruptRank
-		for _, v := range launcherVars {
-			drop = drop || name == v
-		}
-		if !drop {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func TestWithoutFlagsDropsSweepOutputs(t *testing.T) {

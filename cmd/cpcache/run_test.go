@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -55,6 +56,21 @@ func cpcacheBinary(t *testing.T) string {
 	return binPath
 }
 
+// withoutLauncherEnv is this process's environment without a launcher's or a parent run's
+// variables, nor those alsoDrop (nil: none) names.
+func withoutLauncherEnv(alsoDrop func(name string) bool) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == runner.EnvStatusDir || name == runner.EnvCorruptRank || slices.Contains(launcherVars, name) ||
+			alsoDrop != nil && alsoDrop(name) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
 // runBinary runs `cpcache run args...` with the launcher's variables removed; it returns
 // the exit status, the report (when --json was written) and stderr.
 func runBinary(t *testing.T, env []string, args ...string) (int, *runner.Report, string, string) {
@@ -68,17 +84,7 @@ func startBinary(t *testing.T, env []string, args ...string) func() (int, *runne
 	t.Helper()
 	jsonPath := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(cpcacheBinary(t), append([]string{"run", "--json", jsonPath}, args...)...)
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		drop := name == runner.EnvStatusDir || name == runner.EnvCorruptRank
-		for _, v := range launcherVars {
-			drop = drop || name == v
-		}
-		if !drop {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(withoutLauncherEnv(nil), env...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())

@@ -75,14 +75,7 @@ var builtinProfiles = map[string]CostProfile{
 }
 
 // CostProfiles are the names of the built-in profiles, sorted.
-func CostProfiles() []string {
-	var names []string
-	for n := range builtinProfiles {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
+func CostProfiles() []string { return slices.Sorted(maps.Keys(builtinProfiles)) }
 
 // LoadCostProfile returns the built-in profile called nameOrPath, or reads a profile from
 // the JSON file at that path (fields it leaves out are 0), then applies overrides: a

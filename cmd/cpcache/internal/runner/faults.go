@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -92,12 +93,7 @@ func parseFault(part string) (Fault, error) {
 	f := Fault{Kind: kind, Rank: -1}
 	ps, ok := faultParams[kind]
 	if !ok {
-		kinds := make([]string, 0, len(faultParams))
-		for k := range faultParams {
-			kinds = append(kinds, k)
-		}
-		slices.Sort(kinds)
-		return f, fmt.Errorf("unknown fault %q (known: %s)", kind, strings.Join(kinds, ", "))
+		return f, fmt.Errorf("unknown fault %q (known: %s)", kind, strings.Join(slices.Sorted(maps.Keys(faultParams)), ", "))
 	}
 	seen := map[string]bool{}
 	for kv := range strings.SplitSeq(params, ",") {

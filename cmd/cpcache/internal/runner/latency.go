@@ -88,13 +88,8 @@ type HistogramBin struct {
 
 const timelinePoints = 60
 
-func quantileMs(sorted []int64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return float64(sorted[min(max(i, 0), len(sorted)-1)]) / 1e6
-}
+// quantileMs is the q-quantile (see quantile) of sorted nanoseconds, in milliseconds.
+func quantileMs(sorted []int64, q float64) float64 { return float64(quantile(sorted, q)) / 1e6 }
 
 // figures computes latency figures from the timings of every replica.
 func figures(reps []replicaTiming, outputTokens int64) LatencyFigures {
@@ -200,7 +195,7 @@ func (s *scheduler) timing() *replicaTiming {
 }
 
 // writeTimeText writes the virtual-time, miss and reference part of the text report.
-func (r *Report) writeTimeText(w io.Writer, pct func(int64) string) {
+func (r *Report) writeTimeText(w io.Writer) {
 	m := r.MissCauses
 	fmt.Fprintf(w, "  misses by cause      compulsory %d, capacity L1 %d, capacity L2 %d, in flight %d, quarantined %d, storage %d, partial page %d\n",
 		m.Compulsory, m.CapacityL1, m.CapacityL2, m.InFlight, m.Quarantined, m.Storage, m.PartialPage)
@@ -219,5 +214,5 @@ func (r *Report) writeTimeText(w io.Writer, pct func(int64) string) {
 	row("cache on", l.On)
 	row("cache off", l.Off)
 	fmt.Fprintf(w, "  TTFT saved           p50 %.1f ms, p90 %.1f ms, p99 %.1f ms; prefill tokens saved %s\n",
-		l.Off.TTFTP50Ms-l.On.TTFTP50Ms, l.Off.TTFTP90Ms-l.On.TTFTP90Ms, l.Off.TTFTP99Ms-l.On.TTFTP99Ms, pct(l.Off.PrefillTokens-l.On.PrefillTokens))
+		l.Off.TTFTP50Ms-l.On.TTFTP50Ms, l.Off.TTFTP90Ms-l.On.TTFTP90Ms, l.Off.TTFTP99Ms-l.On.TTFTP99Ms, r.pct(l.Off.PrefillTokens-l.On.PrefillTokens))
 }

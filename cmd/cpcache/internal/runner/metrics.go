@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -135,13 +136,7 @@ func statusDirGatherer(dir string) prometheus.Gatherer {
 				}
 			}
 		}
-		names := slices.Sorted(func(yield func(string) bool) {
-			for n := range byName {
-				if !yield(n) {
-					return
-				}
-			}
-		})
+		names := slices.Sorted(maps.Keys(byName))
 		out := make([]*dto.MetricFamily, len(names))
 		for i, n := range names {
 			out[i] = byName[n]

@@ -63,9 +63,7 @@ func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
 				stop = true
 			}
 			need := cfg.pagesOf(r)
-			busy := admitted > 0 || len(run) > 0
-			if stop || (admitted > 0 && len(r.Tokens) > budget) || len(run) >= cfg.MaxRunning ||
-				(busy && reserved+need > cfg.L1Pages) {
+			if stop || !cfg.fits(r, need, admitted, budget, len(run), reserved) {
 				stop = true
 				keep = append(keep, r)
 				continue

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"time"
 )
 
 // Report is what a run measured, summed over every rank (rank 0 prints it).
@@ -86,22 +85,16 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // WriteText writes r for a person.
 func (r *Report) WriteText(w io.Writer) {
-	pct := func(n int64) string {
-		if r.InputTokens == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
-	}
 	fmt.Fprintf(w, "cpcache run report\n")
 	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
 	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)
-	fmt.Fprintf(w, "  tokens hit in L1     %d (%s)\n", r.TokensHitL1, pct(r.TokensHitL1))
-	fmt.Fprintf(w, "  tokens hit in L2     %d (%s)\n", r.TokensHitL2, pct(r.TokensHitL2))
+	fmt.Fprintf(w, "  tokens hit in L1     %d (%s)\n", r.TokensHitL1, r.pct(r.TokensHitL1))
+	fmt.Fprintf(w, "  tokens hit in L2     %d (%s)\n", r.TokensHitL2, r.pct(r.TokensHitL2))
 	if r.Storage != "" {
-		fmt.Fprintf(w, "  tokens hit in storage %d (%s)\n", r.TokensHitL3, pct(r.TokensHitL3))
+		fmt.Fprintf(w, "  tokens hit in storage %d (%s)\n", r.TokensHitL3, r.pct(r.TokensHitL3))
 	}
-	fmt.Fprintf(w, "  tokens missed        %d (%s)\n", r.TokensMissed, pct(r.TokensMissed))
+	fmt.Fprintf(w, "  tokens missed        %d (%s)\n", r.TokensMissed, r.pct(r.TokensMissed))
 	fmt.Fprintf(w, "  hit rate             %.1f%%\n", 100*r.HitRate)
 	fmt.Fprintf(w, "  L2 pages written     %d\n", r.PagesWrittenL2)
 	fmt.Fprintf(w, "  L2 pages loaded      %d\n", r.PagesLoadedL2)
@@ -126,9 +119,17 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
 	}
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
-	r.writeTimeText(w, pct)
+	r.writeTimeText(w)
 	r.Device.writeText(w)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
+}
+
+// pct formats n as a share of the input tokens ("-" without input).
+func (r *Report) pct(n int64) string {
+	if r.InputTokens == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
 }
 
 func humanBytes(n int64) string {
@@ -145,9 +146,10 @@ func humanBytes(n int64) string {
 }
 
 // quantile returns the q-quantile (0..1) of sorted samples by nearest rank; 0 for none.
-func quantile(s []time.Duration, q float64) time.Duration {
+func quantile[T any](s []T, q float64) T {
 	if len(s) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]

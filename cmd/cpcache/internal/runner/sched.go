@@ -140,12 +140,12 @@ func (s *scheduler) step(ctx context.Context) error {
 	}
 	if errors.Is(err, hicache.ErrPlacementDiverged) {
 		s.diverged = true
-	}
-	if errors.Is(err, hicache.ErrPlacementDiverged) && !s.cfg.Strict {
-		// Every rank of the replica sees it at the same step: the cache quarantines (no
-		// hits, no inserts, no slab I/O) and recovers by itself at the first idle step; the
-		// report counts both. Under --strict the run fails here, on every rank alike.
-		return nil
+		if !s.cfg.Strict {
+			// Every rank of the replica sees it at the same step: the cache quarantines (no
+			// hits, no inserts, no slab I/O) and recovers by itself at the first idle step;
+			// the report counts both. Under --strict the run fails here, on every rank alike.
+			return nil
+		}
 	}
 	return err
 }
@@ -204,9 +204,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 			}
 		}
 		need := s.cfg.pagesOf(r)
-		busy := admitted > 0 || len(s.running) > 0
-		if stop || (admitted > 0 && len(r.Tokens) > budget) || len(s.running) >= s.cfg.MaxRunning ||
-			(busy && s.reserved+need > s.cfg.L1Pages) {
+		if stop || !s.cfg.fits(r, need, admitted, budget, len(s.running), s.reserved) {
 			stop = true
 			keep = append(keep, r)
 			continue

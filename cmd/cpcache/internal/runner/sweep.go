@@ -34,19 +34,13 @@ func WriteSweepTable(w io.Writer, sw *SweepResult) {
 	fmt.Fprintf(w, "%-16s %8s %8s %8s %8s %8s %10s %10s %10s %10s %11s\n",
 		sw.Param, "L1 hit", "L2 hit", "L3 hit", "hit", "LRU-512", "unlimited", "TTFT p50", "TTFT p99", "saved p50", "bytes moved")
 	for i, r := range sw.Reports {
-		rate := func(n int64) string {
-			if r.InputTokens == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
-		}
 		var p50, p99, saved string = "-", "-", "-"
 		if l := r.Latency; l != nil {
 			p50, p99 = fmt.Sprintf("%.1f ms", l.On.TTFTP50Ms), fmt.Sprintf("%.1f ms", l.On.TTFTP99Ms)
 			saved = fmt.Sprintf("%.1f ms", l.Off.TTFTP50Ms-l.On.TTFTP50Ms)
 		}
 		fmt.Fprintf(w, "%-16s %8s %8s %8s %7.1f%% %7.1f%% %9.1f%% %10s %10s %10s %11s\n",
-			sw.Values[i], rate(r.TokensHitL1), rate(r.TokensHitL2), rate(r.TokensHitL3), 100*r.HitRate,
+			sw.Values[i], r.pct(r.TokensHitL1), r.pct(r.TokensHitL2), r.pct(r.TokensHitL3), 100*r.HitRate,
 			100*r.Reference.LRUBlockHitRate, 100*r.Reference.ReuseBoundHitRate, p50, p99, saved, humanBytes(r.BytesMoved))
 	}
 }
