@@ -131,19 +131,24 @@ static void maps_add(CUdeviceptr base, size_t size, int fd) {
   pthread_mutex_unlock(&maps_mu);
 }
 
-/* maps_take removes the mapping at base (own: fd >= 0, or a peer's: fd < 0) and returns it. */
-static mapping *maps_take(CUdeviceptr base, int own) {
+/* maps_release removes the mapping at base (own: fd >= 0, or a peer's: fd < 0), unmaps it
+ * and closes an own allocation's memfd; 1 (CUDA_ERROR_INVALID_VALUE) when there is none. */
+static CUresult maps_release(CUdeviceptr base, int own) {
+  mapping *m = NULL;
   pthread_mutex_lock(&maps_mu);
   for (mapping **pp = &maps; *pp; pp = &(*pp)->next) {
-    mapping *m = *pp;
-    if (m->base == base && (m->fd >= 0) == own) {
+    if ((*pp)->base == base && ((*pp)->fd >= 0) == own) {
+      m = *pp;
       *pp = m->next;
-      pthread_mutex_unlock(&maps_mu);
-      return m;
+      break;
     }
   }
   pthread_mutex_unlock(&maps_mu);
-  return NULL;
+  if (m == NULL) return 1;
+  munmap((void *)(uintptr_t)m->base, m->size);
+  if (m->fd >= 0) close(m->fd);
+  free(m);
+  return 0;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -158,15 +163,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   maps_add(*p, n, fd);
   return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) {
-  NEED_CTX();
-  mapping *m = maps_take(p, 1);
-  if (m == NULL) return 1;
-  munmap((void *)(uintptr_t)m->base, m->size);
-  close(m->fd);
-  free(m);
-  return 0;
-}
+CUresult cuMemFree_v2(CUdeviceptr p) { NEED_CTX(); return maps_release(p, 1); }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
   NEED_CTX();
   if (flags & ~7u) return 1;
@@ -259,14 +256,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, handle64 h, unsigned int flags) {
   maps_add(*p, f.size, -1);
   return 0;
 }
-CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
-  NEED_CTX();
-  mapping *m = maps_take(p, 0);
-  if (m == NULL) return 1;
-  munmap((void *)(uintptr_t)m->base, m->size);
-  free(m);
-  return 0;
-}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) { NEED_CTX(); return maps_release(p, 0); }
 CUresult cuIpcGetEventHandle(handle64 *h, void *ev) {
   NEED_CTX();
   if (ev == NULL) return 1;

@@ -270,28 +270,17 @@ func (c *Comm) Query() (count, device, rank int, err error) {
 		return 0, 0, 0, err
 	}
 	var n, d, r C.int
-	var call string
-	rc, err := c.onDevice(func() C.int {
-		for _, q := range []struct {
-			name string
-			f    func() C.int
-		}{
-			{"ncclCommCount", func() C.int { return C.cp_ncclCommCount(comm, &n) }},
-			{"ncclCommCuDevice", func() C.int { return C.cp_ncclCommCuDevice(comm, &d) }},
-			{"ncclCommUserRank", func() C.int { return C.cp_ncclCommUserRank(comm, &r) }},
-		} {
-			if rc := q.f(); rc != 0 {
-				call = q.name
-				return rc
-			}
+	for _, q := range []struct {
+		call string
+		f    func() C.int
+	}{
+		{"ncclCommCount", func() C.int { return C.cp_ncclCommCount(comm, &n) }},
+		{"ncclCommCuDevice", func() C.int { return C.cp_ncclCommCuDevice(comm, &d) }},
+		{"ncclCommUserRank", func() C.int { return C.cp_ncclCommUserRank(comm, &r) }},
+	} {
+		if err := c.onDeviceCheck(comm, q.call, q.f); err != nil {
+			return 0, 0, 0, err
 		}
-		return 0
-	})
-	if err == nil {
-		err = check(rc, call, "", comm)
-	}
-	if err != nil {
-		return 0, 0, 0, err
 	}
 	return int(n), int(d), int(r), nil
 }
@@ -304,11 +293,7 @@ func (c *Comm) AsyncError() error {
 		return err
 	}
 	var st C.int
-	rc, err := c.onDevice(func() C.int { return C.cp_ncclCommGetAsyncError(comm, &st) })
-	if err == nil {
-		err = check(rc, "ncclCommGetAsyncError", "", comm)
-	}
-	if err != nil {
+	if err := c.onDeviceCheck(comm, "ncclCommGetAsyncError", func() C.int { return C.cp_ncclCommGetAsyncError(comm, &st) }); err != nil {
 		return err
 	}
 	if Result(st) == Success || Result(st) == InProgress {

@@ -18,6 +18,15 @@ func (c *Comm) onDevice(f func() C.int) (C.int, error) {
 	return onDevice(c.dev, f)
 }
 
+// onDeviceCheck runs f, the NCCL call named call on comm, with onDevice and checks its result.
+func (c *Comm) onDeviceCheck(comm unsafe.Pointer, call string, f func() C.int) error {
+	rc, err := c.onDevice(f)
+	if err != nil {
+		return err
+	}
+	return check(rc, call, "", comm)
+}
+
 func onDevice(dev *cuda.Device, f func() C.int) (C.int, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

@@ -35,9 +35,9 @@
 // Count's wrapper shares the group it wraps: its Close closes that group. The usage loop
 // of a rank:
 //
-//	env, err := parallel.FromEnv()                  // rank, world size
-//	layout, err := parallel.NewLayout(cfg)          // every group of the job
-//	world, err := gloo.NewWorld(ctx, opts)      // a backend's world group
+//	env, err := parallel.FromEnv()                 // rank, world size
+//	layout, err := parallel.NewLayout(cfg)         // every group of the job
+//	world, err := gloo.NewWorld(ctx, opts)         // a backend's world group
 //	// build the replica (consensus) and slab groups from layout, then per step:
-//	err = group.AllReduce(ctx, parallel.Min, vals)  // errors.Is(err, parallel.ErrPeerLost) etc.
+//	err = group.AllReduce(ctx, parallel.Min, vals) // errors.Is(err, parallel.ErrPeerLost) etc.
 package parallel

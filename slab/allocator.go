@@ -16,4 +16,4 @@ type (
 )
 
 // NewAllocator returns an all-free allocator over slabs × pagesPerSlab pages (see alloc.New).
-var NewAllocator = alloc.New
+func NewAllocator(slabs, pagesPerSlab int) (*Allocator, error) { return alloc.New(slabs, pagesPerSlab) }

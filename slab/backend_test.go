@@ -205,7 +205,7 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left: %v", left)
 	}
 }

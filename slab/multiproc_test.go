@@ -50,7 +50,7 @@ func mpEnv(t *testing.T, tag string, extra ...string) []string {
 }
 
 func checkNoLeftovers(tag string) error {
-	if m := segmentsOf(tag); len(m) != 0 {
+	if m := leftovers(tag); len(m) != 0 {
 		return fmt.Errorf("segments still named: %v", m)
 	}
 	return nil
@@ -140,7 +140,7 @@ func TestMultiprocEveryRankReadsEveryPeersSlab(t *testing.T) {
 	skipMultiproc(t)
 	tag := uniqueTag(t)
 	multiproc.Run(t, multiproc.Spec{Role: "slab-share", N: mpRanks, Timeout: 2 * time.Minute, Env: mpEnv(t, tag)})
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left: %v", left)
 	}
 }
@@ -162,7 +162,7 @@ func TestMultiprocMismatchedSpecFailsEveryRankAlike(t *testing.T) {
 	if !strings.Contains(first, "rank 5 (global 5) has page size 8192 (majority 4096)") {
 		t.Fatalf("error does not name rank 5 and its page size: %s", first)
 	}
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left: %v", left)
 	}
 }
@@ -183,7 +183,7 @@ func runKilled(t *testing.T, role string, kill int, when string) {
 	res := multiproc.Start(t, multiproc.Spec{Role: role, N: mpRanks, Timeout: 2 * time.Minute,
 		Env: mpEnv(t, tag, fmt.Sprintf("CPCACHE_TEST_KILL=%d", kill))})()
 	checkKilled(t, res, kill)
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left after rank %d was killed%s: %v", kill, when, left)
 	}
 }

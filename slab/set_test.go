@@ -33,12 +33,7 @@ func uniqueTag(t testing.TB) string {
 
 // leftovers lists what of the segments with tag is still around: a name in /dev/shm (there
 // must never be one) or a memfd this process still holds open (its own slab still offered).
-func leftovers(t testing.TB, tag string) []string {
-	t.Helper()
-	return segmentsOf(tag)
-}
-
-func segmentsOf(tag string) []string {
+func leftovers(tag string) []string {
 	m, _ := filepath.Glob(filepath.Join("/dev/shm", SegmentPrefix+tag+"-*"))
 	ents, _ := os.ReadDir("/proc/self/fd")
 	for _, e := range ents {
@@ -102,7 +97,7 @@ func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
 		if err := g.Barrier(ctx); err != nil {
 			return err
 		}
-		if left := leftovers(t, tag); len(left) != 0 {
+		if left := leftovers(tag); len(left) != 0 {
 			return fmt.Errorf("segments still offered after OpenSet: %v", left)
 		}
 		if s.Group() != g || fmt.Sprint(s.Ranks()) != "[0 1 2 3]" || s.Rank() != g.Rank() || s.Size() != 4 {
@@ -127,7 +122,7 @@ func TestOpenSetMapsEveryRanksSlabAndLeavesNoSegment(t *testing.T) {
 			t.Errorf("rank %d: %v", r, err)
 		}
 	}
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left: %v", left)
 	}
 	var nilSet *Set
@@ -162,7 +157,7 @@ func allFailAlike(t *testing.T, n int, spec func(rank int) Spec, want error, fra
 			t.Fatalf("error %q does not mention %q", errs[0], f)
 		}
 	}
-	if left := leftovers(t, tag); len(left) != 0 {
+	if left := leftovers(tag); len(left) != 0 {
 		t.Fatalf("segments left: %v", left)
 	}
 }
@@ -239,7 +234,7 @@ func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {
 	}
 	// Only the crashed rank's own segment is still held, by the goroutine that would have
 	// died with its process: the kernel frees it then.
-	if left := leftovers(t, tag); len(left) != 1 || !strings.Contains(left[0], fmt.Sprintf("-r%d", crasher)) {
+	if left := leftovers(tag); len(left) != 1 || !strings.Contains(left[0], fmt.Sprintf("-r%d", crasher)) {
 		t.Fatalf("segments left after a crash during setup: %v, want only rank %d's, held by its 'process'", left, crasher)
 	}
 }

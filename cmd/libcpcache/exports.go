@@ -173,21 +173,15 @@ func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_
 	return C.CPCACHE_OK
 }
 
-// nodeCall runs f on the node named by h under the session's lock.
+// nodeCall runs f on the node named by h under the session's lock (sessionCall).
 func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, *hicache.Node) error) C.int {
-	s, err := use(uint64(c))
-	if err != nil {
-		return fail(err)
-	}
-	defer s.mu.Unlock()
-	n, err := s.nodes.node(uint64(h))
-	if err == nil {
-		err = f(s, n)
-	}
-	if err != nil {
-		return fail(fmt.Errorf("%s: %w", what, err))
-	}
-	return C.CPCACHE_OK
+	return sessionCall(c, what, func(s *session) error {
+		n, err := s.nodes.node(uint64(h))
+		if err != nil {
+			return err
+		}
+		return f(s, n)
+	})
 }
 
 //export cpcache_lock

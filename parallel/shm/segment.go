@@ -48,12 +48,13 @@ func openSegment(ctx context.Context, handle string, l layout) ([]byte, error) {
 	return mem, nil
 }
 
-// nonceOf is the nonce in the name of a handle made by createSegment.
+// nonceOf is the nonce in the name of a handle made by createSegment: shmseg's handle is
+// "@" + name + "-" + its own random suffix (see shmseg.IsHandle).
 func nonceOf(handle string) ([]byte, error) {
 	rest, ok := strings.CutPrefix(handle, "@"+segmentPrefix)
 	name, _, _ := strings.Cut(rest, "-")
 	nonce, err := hex.DecodeString(name)
-	if !ok || !shmseg.IsHandle(handle, segmentPrefix) || err != nil || len(nonce) != nonceLen {
+	if !ok || err != nil || len(nonce) != nonceLen {
 		return nil, fmt.Errorf("shm: %q is not a segment handle made by this package", handle)
 	}
 	return nonce, nil

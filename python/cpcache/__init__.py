@@ -232,7 +232,6 @@ class Cache:
         info = _Info(struct_size=ctypes.sizeof(_Info))
         _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
         self.info = Info(**{f: getattr(info, f) for f in Info._fields})
-        self._max_pages = 0
 
     def __enter__(self):
         return self

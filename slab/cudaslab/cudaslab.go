@@ -20,10 +20,9 @@ type Backend struct {
 	drv       *cuda.Driver
 	pinDevice int
 
-	mu         sync.Mutex // protects devs, closed, registered
-	devs       map[int]*cuda.Device
-	closed     bool
-	registered bool
+	mu     sync.Mutex // protects devs and closed
+	devs   map[int]*cuda.Device
+	closed bool
 }
 
 // Open loads the CUDA driver. pinDevice is the device whose context registers pinned host
@@ -39,9 +38,6 @@ func Open(pinDevice int) (*Backend, error) {
 
 // Register installs c as this process's device backend and host pinner.
 func (c *Backend) Register() {
-	c.mu.Lock()
-	c.registered = true
-	c.mu.Unlock()
 	slab.RegisterDeviceBackend(c)
 	slab.RegisterHostPinner(c)
 }
@@ -134,9 +130,7 @@ func (c *Backend) Close() error {
 		return nil
 	}
 	c.closed = true
-	if c.registered {
-		slab.UnregisterBackends(c, c)
-	}
+	slab.UnregisterBackends(c, c) // a no-op unless c is the registered backend
 	var errs []error
 	for _, d := range c.devs {
 		errs = append(errs, d.Close())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -17,7 +18,6 @@ import (
 	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/slab"
-	"os"
 )
 
 func TestMain(m *testing.M) { multiproc.Main(m) }
