@@ -607,12 +607,7 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.closed = true
-	c.engine.Cancel()
-	c.l3.drain()
-	for _, tk := range c.inflight {
-		<-tk.Done()
-	}
-	c.inflight = nil
+	c.drainLocked()
 	if c.ownsEngine {
 		return c.engine.Close()
 	}
