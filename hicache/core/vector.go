@@ -135,7 +135,6 @@ func (c *Core) Apply(v []int64) error {
 			// Every rank is idle at this step: the agreed recovery flush. The rest of the
 			// vector describes the abandoned state.
 			c.recover()
-			c.hintL1, c.hintL2 = 0, 0
 			return nil
 		}
 	}
