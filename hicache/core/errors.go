@@ -9,7 +9,7 @@ import (
 var (
 	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
 	// differ (placement digest, tree digest or configuration fingerprint). Every rank of the
-	// group returns it at the same step; L2 use stops and the cache serves from L1 only.
+	// group returns it at the same step, and the group is in quarantine until its recovery.
 	ErrPlacementDiverged = errors.New("hicache: placement diverged")
 	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
 	ErrBusy = errors.New("hicache: busy")
