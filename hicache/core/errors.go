@@ -34,7 +34,7 @@ type DivergedError struct {
 }
 
 func (e *DivergedError) Error() string {
-	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); L2 disabled, serving from L1 only",
+	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); quarantined (no hits) until every rank is idle",
 		e.Step, e.What, e.Min, e.Max, e.Local)
 }
 
