@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
 )
 
@@ -19,28 +19,12 @@ import (
 // every rank returns the same *StartError naming that rank and its cause.
 func TestNewFailureOnOneRankIsAgreed(t *testing.T) {
 	const n, bad = 4, 2
-	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
-	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
-	errs := make([]error, n)
 	start := time.Now()
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var s SlabSet = slabs
-			if i == bad {
-				s = struct{ SlabSet }{slabs} // no host pages, and no engine given
-			}
-			c, err := New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: s})
-			errs[i] = errors.Join(err, c.Close())
-		}()
-	}
-	wg.Wait()
+	errs := newOnEveryRank(t, n, func(i int, cfg *Config) {
+		if i == bad {
+			cfg.Slabs = struct{ SlabSet }{cfg.Slabs} // no host pages, and no engine given
+		}
+	})
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("New took %v: the ranks waited for the failing one", d)
 	}
@@ -101,17 +85,16 @@ func TestLocalCallsAnswerWhileStepWaits(t *testing.T) {
 	r.checkAgree()
 }
 
-// countingEngine counts submitted transfers and finishes them at once.
-type countingEngine struct{ submitted atomic.Int64 }
+// countingEngine is a nopEngine that counts submitted transfers.
+type countingEngine struct {
+	nopEngine
+	submitted atomic.Int64
+}
 
 func (e *countingEngine) Submit(t Transfer) *Ticket {
 	e.submitted.Add(1)
-	tk := engine.NewTicket(t)
-	tk.Finish(nil)
-	return tk
+	return e.nopEngine.Submit(t)
 }
-func (e *countingEngine) Cancel()      {}
-func (e *countingEngine) Close() error { return nil }
 
 // No transfer starts before the Apply that checked the state it was chosen from: backups of
 // an Insert and loads of a LoadBack are submitted by the next Step, after its Apply; when that
@@ -120,7 +103,7 @@ func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
 	for _, diverge := range []bool{false, true} {
 		engines := []*countingEngine{{}, {}}
 		r := newTwoRanks(t, engines[0], engines[1])
-		r.all(false, func(_ int, c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
+		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
 		for i, e := range engines {
 			if n := e.submitted.Load(); n != 0 {
 				t.Fatalf("rank %d: %d transfers submitted before any step", i, n)
@@ -130,7 +113,7 @@ func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
 			r.caches[1].core.PerturbTree()
 		}
 		// A divergence fails the step; it is checked below.
-		r.all(diverge, func(_ int, c *Cache) error { return c.Step(context.Background()) })
+		onBoth(t, r, diverge, func(c *Cache) error { return c.Step(context.Background()) })
 		for i, e := range engines {
 			if n := e.submitted.Load(); (n == 0) != diverge {
 				t.Fatalf("diverged %t: rank %d submitted %d transfers at the checking step", diverge, i, n)
@@ -153,8 +136,7 @@ func (e *stepEngine) SubmitStep(ts []Transfer) []*Ticket {
 	e.mu.Unlock()
 	tks := make([]*Ticket, len(ts))
 	for i, t := range ts {
-		tks[i] = engine.NewTicket(t)
-		tks[i].Finish(nil)
+		tks[i] = e.nopEngine.Submit(t) // not counted: the test checks Submit was not called
 	}
 	return tks
 }
@@ -165,10 +147,10 @@ func TestStepSubmitterGetsTheWholeStep(t *testing.T) {
 	engines := []*stepEngine{{}, {}}
 	r := newTwoRanks(t, engines[0], engines[1])
 	for s := range 3 { // three sequences, each backed up by a transfer of its own
-		r.all(false, func(_ int, c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
+		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
 	}
 	for range 2 {
-		r.all(false, func(_ int, c *Cache) error { return c.Step(context.Background()) })
+		onBoth(t, r, false, func(c *Cache) error { return c.Step(context.Background()) })
 	}
 	for i, e := range engines {
 		if n := e.submitted.Load(); n != 0 || len(e.steps) != 1 || e.steps[0] != 3 {
@@ -180,46 +162,38 @@ func TestStepSubmitterGetsTheWholeStep(t *testing.T) {
 	}
 }
 
-// twoRanks is a replica of two CP ranks over in-process collectives and memory slabs, each
-// with the engine given; all runs f on both ranks at once and fails on any error.
-type twoRanks struct {
-	t      *testing.T
-	caches []*Cache
-}
-
-func newTwoRanks(t *testing.T, engines ...Engine) *twoRanks {
+// newOnEveryRank runs New on the n ranks of a CP group at once, each with its Config changed
+// by set, closes what New made and returns each rank's error.
+func newOnEveryRank(t *testing.T, n int, set func(i int, cfg *Config)) []error {
 	t.Helper()
-	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 2, AttnCP: 2})
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 20 * time.Second})
-	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 16, 64)
-	r := &twoRanks{t: t, caches: make([]*Cache, 2)}
-	r.all(false, func(i int, _ *Cache) (err error) {
-		r.caches[i], err = New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: i,
-			Group: members[i], Slabs: slabs, Engine: engines[i]})
-		return err
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
+	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
+	return grouptest.Parallel(n, func(i int) error {
+		cfg := Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: slabs}
+		set(i, &cfg)
+		c, err := New(context.Background(), cfg)
+		return errors.Join(err, c.Close())
 	})
-	t.Cleanup(func() {
-		for _, c := range r.caches {
-			c.Close()
-		}
-	})
-	return r
 }
 
-// all runs f on both ranks at once; unless ignoreErrors, it fails the test on any error.
-func (r *twoRanks) all(ignoreErrors bool, f func(i int, c *Cache) error) {
-	r.t.Helper()
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = f(i, r.caches[i]) }()
-	}
-	wg.Wait()
+// newTwoRanks is a rig of two CP ranks, each with the engine given.
+func newTwoRanks(t *testing.T, engines ...Engine) *rig {
+	return newRig(t, rigConfig{
+		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
+		pagesPerSlab: 16, pageBytes: 64, engine: func(i int) Engine { return engines[i] },
+	})
+}
+
+// onBoth runs f on both ranks of r at once; unless ignoreErrors, it fails the test on any
+// error.
+func onBoth(t *testing.T, r *rig, ignoreErrors bool, f func(c *Cache) error) {
+	t.Helper()
+	errs := r.all(func(i int) error { return f(r.caches[i]) })
 	if err := errors.Join(errs...); err != nil && !ignoreErrors {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
 }

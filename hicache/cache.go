@@ -466,25 +466,15 @@ func (c *Cache) HintEvict(l1, l2 int) {
 // timeout) returns the group's error; the group is then unusable.
 func (c *Cache) Step(ctx context.Context) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
-		c.mu.Unlock()
 		return err
 	}
 	c.reportLocked()
 	step := c.core.NextStep()
 	c.faults.beforeVector(c.core, step)
 	rd := c.core.Ready(c.vec)
-	c.stepping = true
-	c.stats.collectives++
-	c.mu.Unlock()
-
-	start := time.Now()
-	err := collective(ctx, c.timeout, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, rd.Vector) })
-	elapsed := time.Since(start)
-
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stepping = false
+	elapsed, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, rd.Vector) })
 	c.recordLatency(elapsed)
 	if err != nil {
 		return fmt.Errorf("hicache: consensus step %d on group %s: %w", step, c.group.Name(), err)
@@ -510,6 +500,19 @@ func (c *Cache) Step(ctx context.Context) error {
 		return tk.Finished() && !c.core.LoadInFlight(tk.Transfer.Seq)
 	})
 	return nil
+}
+
+// collectiveUnlocked runs f, a collective on the group, with c.mu released, so that local
+// calls answer while a peer is slow; replicated calls made meanwhile fail (stepping). The
+// caller holds c.mu and must check c.closed afterwards (Close may run meanwhile).
+func (c *Cache) collectiveUnlocked(ctx context.Context, f func(context.Context) error) (time.Duration, error) {
+	c.stats.collectives++
+	c.stepping = true
+	c.mu.Unlock()
+	defer func() { c.mu.Lock(); c.stepping = false }() // also when f panics: the caller unlocks
+	start := time.Now()
+	err := collective(ctx, c.timeout, f)
+	return time.Since(start), err
 }
 
 // errStepping: a replicated call while this rank's Step waits in its collective.
@@ -566,13 +569,7 @@ func (c *Cache) Flush(ctx context.Context) error {
 	if err := c.core.Busy(); err != nil {
 		return err
 	}
-	c.stats.collectives++
-	c.stepping = true
-	c.mu.Unlock()
-	err := collective(ctx, c.timeout, c.group.Barrier)
-	c.mu.Lock()
-	c.stepping = false
-	if err != nil {
+	if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
 		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
 	}
 	if c.closed {
@@ -607,12 +604,7 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.closed = true
-	c.engine.Cancel()
-	c.l3.drain()
-	for _, tk := range c.inflight {
-		<-tk.Done()
-	}
-	c.inflight = nil
+	c.drainLocked()
 	if c.ownsEngine {
 		return c.engine.Close()
 	}

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
-	"github.com/cpcache/cpcache/parallel/local"
 )
 
 // TestFaultsAgreedOnEveryRank injects, each on one rank of a CP4 group, a copy failure at
@@ -80,27 +77,11 @@ func TestFaultsAgreedOnEveryRank(t *testing.T) {
 // *StartError naming it; only that rank's error wraps ErrInjected.
 func TestNewFaultIsAgreed(t *testing.T) {
 	const n, bad = 4, 3
-	l, err := parallel.NewLayout(parallel.LayoutConfig{World: n, AttnCP: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
-	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var f *Faults
-			if i == bad {
-				f = &Faults{NewError: errors.New("engine check failed")}
-			}
-			c, err := New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: slabs, Faults: f})
-			errs[i] = errors.Join(err, c.Close())
-		}()
-	}
-	wg.Wait()
+	errs := newOnEveryRank(t, n, func(i int, cfg *Config) {
+		if i == bad {
+			cfg.Faults = &Faults{NewError: errors.New("engine check failed")}
+		}
+	})
 	for i, err := range errs {
 		var se *StartError
 		if !errors.As(err, &se) || se.Rank != bad || err.Error() != errs[0].Error() || errors.Is(err, ErrInjected) != (i == bad) {

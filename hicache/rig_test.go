@@ -11,6 +11,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -38,6 +39,7 @@ type rigConfig struct {
 	delay        func(rank int) func(Transfer) time.Duration // overrides maxDelay
 	fail         func(rank int) func(Transfer) error         // injected transfer failures
 	faults       func(rank int) *Faults                      // failpoints (nil: none)
+	engine       func(rank int) Engine                       // the rank's engine (nil: a host engine)
 	// L3: store(i) is rank i's handle on the shared storage (nil: no L3), opened for ns.
 	store  func(rank int) storage.Storage
 	ns     storage.Namespace
@@ -94,6 +96,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)
 		}
+		if rc.engine != nil {
+			cfg.Engine = rc.engine(i)
+		}
 		if rc.store != nil {
 			cfg.Storage, cfg.StorageNamespace, cfg.L3 = rc.store(i), rc.ns, rc.l3
 			cfg.L3.Log = func(err error) { t.Logf("rank %d: %v", i, err) }
@@ -117,19 +122,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 }
 
 // all runs f on every rank concurrently and returns each rank's error.
-func (r *rig) all(f func(i int) error) []error {
-	errs := make([]error, len(r.caches))
-	var wg sync.WaitGroup
-	for i := range r.caches {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = f(i)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
+func (r *rig) all(f func(i int) error) []error { return grouptest.Parallel(len(r.caches), f) }
 
 // same checks that every rank got the same outcome and returns rank 0's error.
 func (r *rig) same(op string, errs []error) error {

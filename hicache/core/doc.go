@@ -32,8 +32,8 @@
 // Slots (VectorLen int64s): the configuration fingerprint, the tree digest and the L2
 // placement digest, each as x and -x so one MIN yields min and max; the seq of this rank's
 // first unfinished backup and of its first failed one (MaxInt64 if none), the same for
-// load-backs; the negated L1 and L2 eviction hints; and the L3 slots (below). Rules that
-// follow from it:
+// load-backs; the negated L1 and L2 eviction hints; whether this rank is idle; and the L3
+// slots (below). Rules that follow from it:
 //
 //   - Only scheduler calls and agreed results change replicated state. A copy finishing on
 //     one rank changes nothing until the step in which every rank reports it.
@@ -49,7 +49,8 @@
 //   - A digest mismatch returns a *DivergedError wrapping ErrPlacementDiverged on every
 //     rank, naming the step and the min/max digests. Transfers in flight are canceled and
 //     drained before Step returns; no slab byte is written afterwards; nodes held only in L2
-//     are dropped and the cache serves from L1 until a Flush.
+//     are dropped and the group is in quarantine (no hits, inserts or slab I/O) until the
+//     first step at which every rank is idle, which resets every rank at once.
 //
 // # L3 (storage) in the vector
 //

@@ -9,7 +9,7 @@ import (
 var (
 	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
 	// differ (placement digest, tree digest or configuration fingerprint). Every rank of the
-	// group returns it at the same step; L2 use stops and the cache serves from L1 only.
+	// group returns it at the same step, and the group is in quarantine until its recovery.
 	ErrPlacementDiverged = errors.New("hicache: placement diverged")
 	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
 	ErrBusy = errors.New("hicache: busy")
@@ -34,7 +34,7 @@ type DivergedError struct {
 }
 
 func (e *DivergedError) Error() string {
-	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); L2 disabled, serving from L1 only",
+	return fmt.Sprintf("hicache: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); quarantined (no hits) until every rank is idle",
 		e.Step, e.What, e.Min, e.Max, e.Local)
 }
 

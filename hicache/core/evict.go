@@ -22,17 +22,18 @@ func l2Evictable(n *Node) bool {
 // evictL1 frees L1 pages, least recently used leaves first, until want pages were freed or
 // no candidate is left. A backed-up node becomes L2-only; under write-back a node without a
 // backup starts one and frees its pages once the group agreed it committed (counted in
-// pending, not freed); any other node is dropped with its L2-only descendants.
+// pending, not freed); any other node is dropped with its L2-only descendants. Never in
+// quarantine: every caller returns before it then.
 func (c *Core) evictL1(want int) (freed, pending int) {
 	for n := c.lruL1.front(); n != nil && freed+pending < want; {
 		next := c.lruL1.after(n)
 		if l1Evictable(n) {
 			k := len(n.hashes)
 			switch {
-			case n.l2 != nil && !c.quarantined:
+			case n.l2 != nil:
 				c.clearL1(n)
 				freed += k
-			case c.cfg.Policy == WriteBack && !c.quarantined && !n.stale && c.backup(n):
+			case c.cfg.Policy == WriteBack && !n.stale && c.backup(n):
 				n.evictAfterWrite = true
 				c.mark(n)
 				pending += k

@@ -185,7 +185,6 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
-			c.mark(n)
 			c.relist(n, true)
 			c.stats.L3PrefetchedPages += int64(m)
 			c.l3.reserved -= m

@@ -34,7 +34,7 @@ func (c *Core) Match(tokens []int32) MatchResult {
 		if device && n.l1 != nil && !n.stale {
 			res.DevicePages += m.pages
 			res.L1Slots = append(res.L1Slots, n.l1[:m.pages]...)
-		} else if n.l1 == nil && n.l2 != nil && !c.quarantined {
+		} else if n.l1 == nil && n.l2 != nil {
 			device = false
 			res.HostPages += m.pages
 		} else {
@@ -157,7 +157,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 		n.hits++
 		c.mark(n)
 	}
-	if !c.quarantined && c.cfg.Policy != WriteBack {
+	if c.cfg.Policy != WriteBack {
 		threshold := 1
 		if c.cfg.Policy == WriteThroughSelective {
 			threshold = c.cfg.WriteThreshold

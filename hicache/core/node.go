@@ -135,7 +135,6 @@ func (n *Node) unlinkChild(c *Node) {
 	n.children = slices.Delete(n.children, i, i+1)
 }
 
-// nodeTerm is a node's contribution to the O(1)-maintained tree digest.
 // stateTerm is n's share of the tree digest beyond its identity (nodeTerm): its tiers,
 // transfers, flags, locks, storage pins, hits and LRU position — everything a replicated
 // decision (match, eviction, backup, load-back) reads.
@@ -151,6 +150,7 @@ func stateTerm(n *Node) uint64 {
 	return mix.Mix64(x ^ uint64(n.hits) ^ n.lruSeq<<20)
 }
 
+// nodeTerm is a node's contribution to the O(1)-maintained tree digest.
 func nodeTerm(n *Node) uint64 {
 	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }

@@ -102,10 +102,11 @@ func (c *Core) fillVector(v []int64) []int64 {
 // agree, then commits or aborts the backups and loads every rank finished, and evicts what
 // any rank asked for. Every rank applies the same vector and so makes the same changes.
 //
-// A disagreement returns a *DivergedError (wrapping ErrPlacementDiverged) on every rank:
-// L2 use stops at once — backups and loads in flight are dropped (the driver must cancel and
-// drain its transfers before any further step), nodes held only in L2 are removed, and from
-// then on the cache serves from L1 only.
+// A disagreement returns a *DivergedError (wrapping ErrPlacementDiverged) on every rank and
+// starts a quarantine (see Quarantined): backups and loads in flight are dropped (the driver
+// must cancel and drain its transfers before any further step), nodes held only in L2 are
+// removed, and the cache serves no hits until the first step at which every rank is idle,
+// whose Apply resets every rank at once.
 func (c *Core) Apply(v []int64) error {
 	step := c.step
 	c.step++
@@ -135,7 +136,6 @@ func (c *Core) Apply(v []int64) error {
 			// Every rank is idle at this step: the agreed recovery flush. The rest of the
 			// vector describes the abandoned state.
 			c.recover()
-			c.hintL1, c.hintL2 = 0, 0
 			return nil
 		}
 	}

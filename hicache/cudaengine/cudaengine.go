@@ -49,9 +49,8 @@ type Options struct {
 // turn: a lane is a stream, on which a step's transfers (SubmitStep), or one transfer
 // (Submit), are enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed
 // by an event, and a waiter goroutine that waits for the lane's events in stream order and
-// finishes the tickets. Transfers are
-// enqueued at Submit, so Cancel has nothing left to cancel; the driver's drain waits for
-// them.
+// finishes the tickets. Transfers are enqueued at Submit, so Cancel has nothing left to
+// cancel; the driver's drain waits for them.
 //
 // The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
 // stream synchronized, or an event waited on) before the Step that starts its backups.
