@@ -3,6 +3,7 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,5 +196,49 @@ func onBoth(t *testing.T, r *rig, ignoreErrors bool, f func(c *Cache) error) {
 	errs := r.all(func(i int) error { return f(r.caches[i]) })
 	if err := errors.Join(errs...); err != nil && !ignoreErrors {
 		t.Fatal(err)
+	}
+}
+
+// TestStepSubmitterGetsApplysTransfersInTheSameCall: with write-back, an eviction the group
+// agrees at Apply backs its pages up; those transfers go to the engine in the same
+// SubmitStep call as the transfers chosen before the step (here a load-back).
+func TestStepSubmitterGetsApplysTransfersInTheSameCall(t *testing.T) {
+	engines := []*stepEngine{{}, {}}
+	r := newRig(t, rigConfig{
+		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16, Policy: WriteBack},
+		pagesPerSlab: 16, pageBytes: 64, engine: func(i int) Engine { return engines[i] },
+	})
+	step := func() { onBoth(t, r, false, func(c *Cache) error { return c.Step(context.Background()) }) }
+	a, b := tokensN(100, 8), tokensN(200, 8)
+	// a is evicted from L1 through a write-back backup; it is then held in L2 only.
+	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(a); return err })
+	onBoth(t, r, false, func(c *Cache) error { c.HintEvict(2, 0); return nil })
+	for range 3 {
+		step()
+	}
+	// One step: a load-back of a (chosen before the step) and the write-back of b (evicted by
+	// that step's Apply).
+	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(b); return err })
+	onBoth(t, r, false, func(c *Cache) error {
+		m, err := c.Match(a)
+		if err != nil || m.HostPages != 2 {
+			return fmt.Errorf("match of a: %+v, %v; want 2 pages in L2 only", m, err)
+		}
+		if _, err := c.LoadBack(m.Last); err != nil {
+			return err
+		}
+		c.HintEvict(2, 0)
+		return nil
+	})
+	for i := range engines {
+		engines[i].mu.Lock()
+		engines[i].steps = nil
+		engines[i].mu.Unlock()
+	}
+	step()
+	for i, e := range engines {
+		if n := e.submitted.Load(); n != 0 || len(e.steps) != 1 || e.steps[0] != 2 {
+			t.Fatalf("rank %d: %d transfers through Submit, SubmitStep calls of %v transfers; want one call of 2", i, n, e.steps)
+		}
 	}
 }

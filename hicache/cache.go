@@ -260,15 +260,17 @@ func (c *Cache) replicable() error {
 	return nil
 }
 
-// startLocked starts the work the core handed out: copies on the engine, storage jobs and
-// stops on the I/O rank. Only after the Apply that checked the state the work was chosen
-// from (see Step).
-func (c *Cache) startLocked(rd core.Ready) {
+// startLocked starts the work the core handed out, before the step's Apply and by it:
+// copies on the engine (a StepSubmitter gets them in one call), then storage jobs and stops
+// on the I/O rank. Only after the Apply that checked the state the work was chosen from
+// (see Step).
+func (c *Cache) startLocked(before, byApply core.Ready) {
+	transfers := slices.Concat(before.Transfers, byApply.Transfers)
 	var tks []*Ticket
-	if ss, ok := c.engine.(StepSubmitter); ok && len(rd.Transfers) > 0 {
-		tks = ss.SubmitStep(rd.Transfers)
+	if ss, ok := c.engine.(StepSubmitter); ok && len(transfers) > 0 {
+		tks = ss.SubmitStep(transfers)
 	} else {
-		for _, t := range rd.Transfers {
+		for _, t := range transfers {
 			tks = append(tks, c.engine.Submit(t))
 		}
 	}
@@ -279,10 +281,10 @@ func (c *Cache) startLocked(rd core.Ready) {
 		}
 	}
 	if c.l3 != nil {
-		for _, j := range rd.Jobs {
+		for _, j := range slices.Concat(before.Jobs, byApply.Jobs) {
 			c.l3.start(j)
 		}
-		for _, s := range rd.Stops {
+		for _, s := range slices.Concat(before.Stops, byApply.Stops) {
 			c.l3.stop(s)
 		}
 	}
@@ -493,8 +495,7 @@ func (c *Cache) Step(ctx context.Context) error {
 		c.stats.diverged = nil // recovered: everything was idle and is reset
 		c.inflight, c.loadTks = nil, nil
 	}
-	c.startLocked(rd)
-	c.startLocked(c.core.Ready(nil))
+	c.startLocked(rd, c.core.Ready(nil))
 	// Loads the group has finished need no ticket any more.
 	c.loadTks = slices.DeleteFunc(c.loadTks, func(tk *Ticket) bool {
 		return tk.Finished() && !c.core.LoadInFlight(tk.Transfer.Seq)
