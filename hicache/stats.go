@@ -67,6 +67,14 @@ func (c *Cache) Stats() Stats {
 	return st
 }
 
+// Quarantined reports whether the group is in quarantine (Stats.Quarantined, without the
+// rest of the snapshot). Local.
+func (c *Cache) Quarantined() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.Quarantined()
+}
+
 // StateDigest hashes the whole replicated state (see Core.StateDigest); equal on every rank
 // of a healthy group between steps.
 func (c *Cache) StateDigest() uint64 {

@@ -79,16 +79,16 @@
 // backed up (per replica, from its leader) and the storage errors of the I/O ranks.
 //
 // A bad page does not stop the run: it is counted, named (request and page) and makes
-// RunRank return an error wrapping ErrIntegrity after the report; so does a placement
-// divergence (the cache then serves from L1 only). A lost peer or a failed collective
-// fails the rank at once.
+// RunRank return an error wrapping ErrIntegrity after the report. A placement divergence
+// quarantines the group (no hits) until its agreed recovery, or fails the run with
+// Config.Strict. A lost peer or a failed collective fails the rank at once.
 //
 // # Device memory (--device cuda)
 //
 // With Config.Device DeviceCUDA every rank loads the CUDA driver, picks its device
 // (SelectDevice: Config.CUDADevice, else LOCAL_RANK mod the device count; the ranks agree
 // over the world that every one of them has one before any slab is made), allocates its L1
-// pool in device memory and runs the cache on a hicache.CUDAEngine whose L2 addresses are
+// pool in device memory and runs the cache on a cudaengine.Engine whose L2 addresses are
 // the slab pages' device pointers (cudaengine.DevicePageAddr): CUDA IPC device slabs
 // (L2Device) or host slabs registered with the driver (L2Host, whose device pointer is used,
 // never the host pointer). The scheduler reaches L1 through a pinned staging page: computed

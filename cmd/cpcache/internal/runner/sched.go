@@ -337,7 +337,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.clock.loadPages += device - m.DevicePages
 	if s.misses != nil {
 		if s.diverged { // only then can the group be in quarantine
-			s.misses.quarantined(c.Stats().Quarantined)
+			s.misses.quarantined(c.Quarantined())
 		}
 		s.misses.prefilled(r, matched, device)
 	}
