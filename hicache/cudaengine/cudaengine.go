@@ -118,9 +118,6 @@ func New(dev *cuda.Device, l1 cuda.DevicePtr, l1Pages, pageBytes int, l2 L2Addr,
 // Batched reports whether the last backup used the driver's batch copy call.
 func (e *Engine) Batched() bool {
 	lanes := e.lanes[core.Write]
-	if len(lanes) == 0 {
-		return false
-	}
 	ln := lanes[(e.next[core.Write].Load()+uint64(len(lanes))-1)%uint64(len(lanes))]
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
@@ -160,13 +157,7 @@ func (e *Engine) SubmitStep(ts []core.Transfer) []*engine.Ticket {
 		if n == 0 {
 			continue
 		}
-		if len(lanes) == 0 {
-			for _, tk := range queued[k] {
-				tk.Finish(engine.ErrClosed)
-			}
-			continue
-		}
-		groups := min(n, len(lanes))
+		groups := min(n, len(lanes)) // New makes at least one lane per direction
 		if e.perTransfer {
 			groups = n
 		}
