@@ -113,6 +113,7 @@ func (c *Core) resetTree() {
 	c.lruL2.init()
 	c.locks = 0
 	c.stateSum, c.dirty, c.lruClock = 0, nil, 0
+	c.treeSalt = 0
 }
 
 // mark records that n's state changed: its term is recomputed at the next vector.

@@ -154,3 +154,27 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 		t.Fatal("the tree digest is blind to which nodes are locked")
 	}
 }
+
+// A tree perturbation of an empty tree (a salted digest) ends with the recovery like any
+// other: the recovered group agrees again instead of diverging at every following step.
+func TestRecoveryClearsEmptyTreePerturbation(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 4, L1Pages: 16}, 16, 1)
+	r.cores[1].PerturbTree() // empty tree: salts rank 1's tree digest
+	for i, err := range r.stepAll() {
+		if !errors.Is(err, ErrPlacementDiverged) {
+			t.Fatalf("rank %d: %v, want a divergence", i, err)
+		}
+	}
+	for step := range 4 {
+		for i, err := range r.stepAll() { // the first is the recovery (every rank idle)
+			if err != nil || r.cores[i].Quarantined() {
+				t.Fatalf("step %d after the divergence, rank %d: %v, quarantined %t", step, i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	for i, c := range r.cores {
+		if st := c.Stats(); st.Divergences != 1 || st.Recoveries != 1 {
+			t.Fatalf("rank %d: %d divergences, %d recoveries; want 1 and 1", i, st.Divergences, st.Recoveries)
+		}
+	}
+}
