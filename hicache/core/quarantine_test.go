@@ -178,3 +178,30 @@ func TestRecoveryClearsEmptyTreePerturbation(t *testing.T) {
 		}
 	}
 }
+
+// The divergence keeps the O(1) tree digest equal to its recomputation: nodes that lose
+// their L2 copy (and keep L1 pages) are marked like every other state change.
+func TestDivergenceKeepsIncrementalTreeDigest(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 4, L1Pages: 32}, 16, 1)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(5, 6)), 6, 4)
+	for _, s := range seqs {
+		if _, err := r.insert(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r.cores[0].Queues().Writes > 0 { // commit the write-through backups: L1+L2 nodes
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.cores[1].PerturbPlacement()
+	r.stepAll()
+	for i, c := range r.cores {
+		if !c.Quarantined() {
+			t.Fatalf("rank %d not quarantined", i)
+		}
+		if err := c.CheckInvariants(); err != nil {
+			t.Fatalf("rank %d after the divergence: %v", i, err)
+		}
+	}
+}

@@ -233,6 +233,7 @@ func (c *Core) diverge() {
 		}
 		if !n.isRoot() && n.l2 != nil {
 			n.l2 = nil
+			c.mark(n)
 			c.relist(n, false)
 		}
 	}
