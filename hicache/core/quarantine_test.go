@@ -205,3 +205,53 @@ func TestDivergenceKeepsIncrementalTreeDigest(t *testing.T) {
 		}
 	}
 }
+
+// PerturbPlacement diverges the group whatever L2 holds: with L2 full (the steady state of a
+// busy cache) and when it fires again before the recovery, instead of panicking.
+func TestPerturbPlacementWithL2Full(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 1, L1Pages: 32}, 4, 1)
+	for i := range 4 { // 4 two-page sequences fill the 2 × 4 L2 pages
+		if _, err := r.insert([]int32{int32(i), 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r.cores[0].Queues().Writes > 0 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if free := r.cores[0].Allocator().TotalFree(); free != 0 {
+		t.Fatalf("%d L2 pages free, want L2 full", free)
+	}
+	held := r.match([]int32{0, 0})
+	if err := r.each(func(i int, c *Core) error { return c.Lock(held[i].Last) }); err != nil {
+		t.Fatal(err)
+	}
+	r.cores[1].PerturbPlacement()
+	for i, err := range r.stepAll() {
+		var de *DivergedError
+		if !errors.As(err, &de) || de.What != "placement digest" {
+			t.Fatalf("rank %d: %v, want a placement divergence", i, err)
+		}
+	}
+	r.cores[0].PerturbPlacement() // again, in quarantine
+	r.cores[0].PerturbPlacement()
+	for range 2 {
+		for i, err := range r.stepAll() {
+			if err != nil || !r.cores[i].Quarantined() {
+				t.Fatalf("rank %d in quarantine: %v, quarantined %t", i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	if err := r.each(func(i int, c *Core) error { return c.Unlock(held[i].Last) }); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the recovery, then agreement
+		for i, err := range r.stepAll() {
+			if err != nil || r.cores[i].Quarantined() {
+				t.Fatalf("rank %d after the recovery: %v, quarantined %t", i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	r.checkSame()
+}
