@@ -21,24 +21,26 @@ type replicaSim struct {
 	t     testing.TB
 	rng   *rand.Rand
 	cfg   Config
-	cores []*Core
-	slabs *kvtest.MemSlabs
+	cores []*Core            // rank r: CP rank r mod C of slab group r / C
+	C     int                // ranks per slab group
+	slabs []*kvtest.MemSlabs // per slab group
 	l1    [][]byte
 	pb    int
 
-	pending [][]Transfer      // per rank: transfers started, not finished
-	jobs    []*simJob         // the I/O rank's storage jobs in flight
-	store   map[uint64][]byte // storage: page hash -> payload
-	index   map[uint64]int    // page hash -> sequence page index
-	locked  [][]*Node         // per lock: each rank's node
-	fail    float64           // probability that a transfer or storage job fails
-	seqs    [][]int32         // the workload's sequences
-	pids    []uint64          // prefetch ids handed out
-	counts  map[string]int    // what the run exercised
-	lastErr []error           // each rank's error at the last step
-	steps   int               // steps made
-	quar    bool              // the group is in quarantine (as the sim saw it)
-	trace   []string          // the last calls (for failure messages)
+	pending [][]Transfer        // per rank: transfers started, not finished
+	jobs    [][]*simJob         // per slab group: its I/O rank's storage jobs in flight
+	store   []map[uint64][]byte // per slab group (its shard): page hash -> payload
+	index   map[uint64]int      // page hash -> sequence page index
+	locked  [][]*Node           // per lock: each rank's node
+	fail    float64             // probability that a transfer or storage job fails
+	seqs    [][]int32           // the workload's sequences
+	pids    []uint64            // prefetch ids handed out
+	counts  map[string]int      // what the run exercised
+	lastErr []error             // each rank's error at the last step
+	steps   int                 // steps made
+	quar    bool                // the group is in quarantine (as the sim saw it)
+	trace   []string            // the last calls (for failure messages)
+	handles [][]*Node           // nodes handed out (each rank's), for calls with old handles
 }
 
 type simJob struct {
@@ -50,6 +52,7 @@ type simJob struct {
 func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	n := 1 + rng.IntN(4)
+	groups := 1 + rng.IntN(2) // slab groups in the replica group (tensor-parallel shards)
 	opts := Options{
 		PageSize:       1 + rng.IntN(4),
 		L1Pages:        8 + rng.IntN(40),
@@ -68,11 +71,15 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 			NoBackup:           rng.IntN(4) == 0,
 		}
 	}
-	s := &replicaSim{t: t, rng: rng, cfg: cfg, pb: 24, store: map[uint64][]byte{}, index: map[uint64]int{}, counts: map[string]int{}}
-	s.slabs = kvtest.NewMemSlabs(make([]int, n), cfg.PagesPerSlab, s.pb)
-	for i := range n {
+	s := &replicaSim{t: t, rng: rng, cfg: cfg, C: n, pb: 24, index: map[uint64]int{}, counts: map[string]int{}}
+	for range groups {
+		s.slabs = append(s.slabs, kvtest.NewMemSlabs(make([]int, n), cfg.PagesPerSlab, s.pb))
+		s.store = append(s.store, map[uint64][]byte{})
+		s.jobs = append(s.jobs, nil)
+	}
+	for i := range n * groups {
 		c := cfg
-		c.CPRank = i
+		c.CPRank = i % n
 		core, err := New(c)
 		if err != nil {
 			t.Fatalf("config %+v: %v", c, err)
@@ -89,14 +96,18 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 			s.index[h] = i
 		}
 	}
-	// Storage already holds some prefixes (another instance wrote them).
+	// Storage already holds some prefixes (another instance wrote them), not always of
+	// every shard.
 	for _, q := range s.seqs {
 		if rng.IntN(3) == 0 {
 			hs := PrefixHashes(q, s.cfg.PageSize)
-			for i, h := range hs[:rng.IntN(len(hs)+1)] {
-				b := make([]byte, s.pb)
-				kvtest.FillKV(b, h, i, 0)
-				s.store[h] = b
+			hs = hs[:rng.IntN(len(hs)+1)]
+			for g := range groups {
+				for i, h := range hs[:len(hs)-rng.IntN(2)*rng.IntN(len(hs)+1)] {
+					b := make([]byte, s.pb)
+					kvtest.FillKV(b, h, i, g)
+					s.store[g][h] = b
+				}
 			}
 		}
 	}
@@ -108,12 +119,15 @@ func (s *replicaSim) fatalf(format string, args ...any) {
 	s.t.Fatalf("config %+v, step %d: %s\nlast calls:\n%s", s.cfg, s.steps, fmt.Sprintf(format, args...), strings.Join(s.trace, "\n"))
 }
 
+func (s *replicaSim) group(rank int) int { return rank / s.C }
+func (s *replicaSim) cp(rank int) int    { return rank % s.C }
+
 func (s *replicaSim) slot(rank int, sl int32) []byte {
 	return s.l1[rank][int(sl)*s.pb : int(sl+1)*s.pb]
 }
 
-func (s *replicaSim) page(p alloc.Page) []byte {
-	b, err := s.slabs.Page(p)
+func (s *replicaSim) page(g int, p alloc.Page) []byte {
+	b, err := s.slabs[g].Page(p)
 	if err != nil {
 		s.fatalf("%v", err)
 	}
@@ -147,17 +161,18 @@ func (s *replicaSim) take(i int, rd Ready) {
 		s.fatalf("rank %d starts I/O in quarantine: %+v", i, rd)
 	}
 	s.pending[i] = append(s.pending[i], rd.Transfers...)
-	if i != 0 || !s.cfg.L3 {
+	g := s.group(i)
+	if s.cp(i) != 0 || !s.cfg.L3 {
 		if len(rd.Jobs)+len(rd.Stops) > 0 {
 			s.fatalf("rank %d is no I/O rank but got jobs %+v stops %v", i, rd.Jobs, rd.Stops)
 		}
 		return
 	}
 	for _, j := range rd.Jobs {
-		s.jobs = append(s.jobs, &simJob{StorageJob: j})
+		s.jobs[g] = append(s.jobs[g], &simJob{StorageJob: j})
 	}
 	for _, seq := range rd.Stops {
-		for _, j := range s.jobs {
+		for _, j := range s.jobs[g] {
 			if j.Kind == StorageRead && j.Seq == seq {
 				j.stopped = true
 			}
@@ -171,16 +186,16 @@ func (s *replicaSim) runTransfer(rank int, tr Transfer) error {
 		return fmt.Errorf("injected failure of %s %d", tr.Kind, tr.Seq)
 	}
 	for _, cp := range tr.Copies {
-		if cp.L2.Slab != rank {
+		if cp.L2.Slab != s.cp(rank) {
 			s.fatalf("rank %d copies page %v of another rank's slab", rank, cp.L2)
 		}
 		if free, err := s.cores[rank].Allocator().IsFree(cp.L2); err != nil || free {
 			s.fatalf("rank %d: %s %d copies L2 page %v, which the allocator holds free (%v)", rank, tr.Kind, tr.Seq, cp.L2, err)
 		}
 		if tr.Kind == Write {
-			copy(s.page(cp.L2), s.slot(rank, cp.L1))
+			copy(s.page(s.group(rank), cp.L2), s.slot(rank, cp.L1))
 		} else {
-			copy(s.slot(rank, cp.L1), s.page(cp.L2))
+			copy(s.slot(rank, cp.L1), s.page(s.group(rank), cp.L2))
 		}
 	}
 	return nil
@@ -199,21 +214,22 @@ func (s *replicaSim) local() {
 			done.Transfers = append(done.Transfers, TransferDone{Kind: tr.Kind, Seq: tr.Seq, Err: s.runTransfer(i, tr)})
 		}
 		s.pending[i] = keep
-		if i == 0 && s.cfg.L3 {
-			done.Storage, done.Progress = s.storage()
+		if s.cp(i) == 0 && s.cfg.L3 {
+			done.Storage, done.Progress = s.storage(s.group(i))
 			c.StorageCircuit(s.rng.IntN(20) == 0)
 		}
 		c.Report(done)
 	}
 }
 
-// storage advances the I/O rank's storage jobs.
-func (s *replicaSim) storage() ([]StorageDone, []StorageProgress) {
+// storage advances the storage jobs of slab group g's I/O rank.
+func (s *replicaSim) storage(g int) ([]StorageDone, []StorageProgress) {
 	var dones []StorageDone
 	var progress []StorageProgress
-	io := s.cores[0]
-	keep := s.jobs[:0]
-	for _, j := range s.jobs {
+	io := s.cores[g*s.C]
+	store := s.store[g]
+	keep := s.jobs[g][:0]
+	for _, j := range s.jobs[g] {
 		if s.rng.IntN(3) == 0 {
 			keep = append(keep, j)
 			continue
@@ -228,16 +244,16 @@ func (s *replicaSim) storage() ([]StorageDone, []StorageProgress) {
 					if free, _ := io.Allocator().IsFree(p); free {
 						s.fatalf("storage backup %d reads L2 page %v, which the allocator holds free", j.Seq, p)
 					}
-					if err := kvtest.CheckKV(s.page(p), j.Hashes[k], s.index[j.Hashes[k]], 0); err != nil {
+					if err := kvtest.CheckKV(s.page(g, p), j.Hashes[k], s.index[j.Hashes[k]], g); err != nil {
 						s.fatalf("storage backup %d of node %d reads wrong bytes from %v: %v", j.Seq, j.Node, p, err)
 					}
-					s.store[j.Hashes[k]] = slices.Clone(s.page(p))
+					store[j.Hashes[k]] = slices.Clone(s.page(g, p))
 				}
 			}
 			dones = append(dones, StorageDone{Kind: StoragePut, Seq: j.Seq, Err: err})
 		case StorageQuery:
 			n := 0
-			for n < len(j.Hashes) && s.store[j.Hashes[n]] != nil {
+			for n < len(j.Hashes) && store[j.Hashes[n]] != nil {
 				n++
 			}
 			dones = append(dones, StorageDone{Kind: StorageQuery, Seq: j.Seq, Pages: n})
@@ -246,7 +262,7 @@ func (s *replicaSim) storage() ([]StorageDone, []StorageProgress) {
 				// read (at most) a few more pages; a stopped read may still land a chunk
 				// that was in flight before it acknowledges the stop
 				for k := 0; k < 1+s.rng.IntN(3) && j.progress < len(j.Pages); k++ {
-					v := s.store[j.Hashes[j.progress]]
+					v := store[j.Hashes[j.progress]]
 					if v == nil {
 						break
 					}
@@ -254,11 +270,11 @@ func (s *replicaSim) storage() ([]StorageDone, []StorageProgress) {
 					if free, _ := io.Allocator().IsFree(p); free {
 						s.fatalf("storage read %d writes L2 page %v, which the allocator holds free", j.Seq, p)
 					}
-					copy(s.page(p), v)
+					copy(s.page(g, p), v)
 					j.progress++
 				}
 			}
-			if j.stopped || j.progress == len(j.Pages) || s.store[j.Hashes[j.progress]] == nil {
+			if j.stopped || j.progress == len(j.Pages) || store[j.Hashes[j.progress]] == nil {
 				dones = append(dones, StorageDone{Kind: StorageRead, Seq: j.Seq, Pages: j.progress})
 				continue
 			}
@@ -267,7 +283,7 @@ func (s *replicaSim) storage() ([]StorageDone, []StorageProgress) {
 			continue
 		}
 	}
-	s.jobs = keep
+	s.jobs[g] = keep
 	return dones, progress
 }
 
@@ -329,7 +345,9 @@ func (s *replicaSim) drain() {
 	for i := range s.pending {
 		s.pending[i] = nil
 	}
-	s.jobs = nil
+	for g := range s.jobs {
+		s.jobs[g] = nil
+	}
 	s.collect()
 }
 
@@ -453,7 +471,7 @@ func (s *replicaSim) recount(rank int, c *Core) {
 			}
 		}
 	}
-	for _, j := range s.jobs {
+	for _, j := range s.jobs[s.group(rank)] {
 		if j.Kind == StoragePut || j.Kind == StorageRead && j.progress < len(j.Pages) {
 			for _, p := range j.Pages[min(j.progress, len(j.Pages)):] {
 				if free, _ := a.IsFree(p); free && j.Kind == StorageRead {
@@ -474,20 +492,21 @@ func (s *replicaSim) recount(rank int, c *Core) {
 // checkBytes verifies every valid L1 page on its owner and every committed L2 page.
 func (s *replicaSim) checkBytes() {
 	s.t.Helper()
-	C := len(s.cores)
+	C := s.C
 	for rank, c := range s.cores {
+		g := s.group(rank)
 		var visit func(n *Node)
 		visit = func(n *Node) {
 			if !n.isRoot() {
 				for j := range n.hashes {
 					idx := n.depth + j
-					if n.l1 != nil && n.load == nil && !n.stale && idx%C == rank {
-						if err := kvtest.CheckKV(s.slot(rank, n.l1[j]), n.hashes[j], idx, 0); err != nil {
+					if n.l1 != nil && n.load == nil && !n.stale && idx%C == s.cp(rank) {
+						if err := kvtest.CheckKV(s.slot(rank, n.l1[j]), n.hashes[j], idx, g); err != nil {
 							s.fatalf("rank %d node %d (%v) L1 slot %d: %v", rank, n.id, n.State(), n.l1[j], err)
 						}
 					}
-					if rank == 0 && n.l2 != nil {
-						if err := kvtest.CheckKV(s.page(n.l2[j]), n.hashes[j], idx, 0); err != nil {
+					if s.cp(rank) == 0 && n.l2 != nil {
+						if err := kvtest.CheckKV(s.page(g, n.l2[j]), n.hashes[j], idx, g); err != nil {
 							s.fatalf("node %d (%v) L2 page %v: %v", n.id, n.State(), n.l2[j], err)
 						}
 					}
@@ -513,16 +532,18 @@ func (s *replicaSim) op() {
 	switch {
 	case k < 30:
 		var fill []FillPage
+		var last []*Node
 		err := s.each("insert", func(i int, c *Core) error {
 			res, err := c.Insert(q)
+			last = append(last, res.Last)
 			if i == 0 {
 				fill = res.Fill
 			} else if len(res.Fill) != len(fill) {
 				s.fatalf("rank %d fills %d pages, rank 0 %d", i, len(res.Fill), len(fill))
 			}
 			for _, f := range res.Fill {
-				if f.Owner == i {
-					kvtest.FillKV(s.slot(i, f.Slot), f.Hash, f.Index, 0)
+				if f.Owner == s.cp(i) {
+					kvtest.FillKV(s.slot(i, f.Slot), f.Hash, f.Index, s.group(i))
 				}
 			}
 			return err
@@ -531,6 +552,13 @@ func (s *replicaSim) op() {
 			s.fatalf("insert: %v", err)
 		}
 		s.counts["insert"]++
+		if err == nil && s.rng.IntN(4) == 0 && len(s.locked) < 4 { // a request holds what it inserted
+			if err := s.each("lock", func(i int, c *Core) error { return c.Lock(last[i]) }); err != nil {
+				s.fatalf("lock of an inserted node: %v", err)
+			}
+			s.locked = append(s.locked, last)
+		}
+		s.handles = append(s.handles, last)
 	case k < 55:
 		var last []*Node
 		var m0 MatchResult
@@ -544,6 +572,7 @@ func (s *replicaSim) op() {
 			last = append(last, m.Last)
 			return nil
 		})
+		s.handles = append(s.handles, last)
 		if m0.HostPages > 0 && s.rng.IntN(2) == 0 {
 			s.counts["loadback"]++
 			err := s.each("load-back", func(i int, c *Core) error { _, err := c.LoadBack(last[i]); return err })
@@ -557,8 +586,35 @@ func (s *replicaSim) op() {
 			}
 			s.locked = append(s.locked, last)
 		}
-	case k < 65:
+	case k < 63:
 		s.unlockOne()
+	case k < 65:
+		// calls on handles kept from earlier calls (maybe evicted, flushed, or not locked):
+		// every rank answers alike, and a refused call changes nothing
+		if len(s.handles) == 0 {
+			break
+		}
+		h := s.handles[s.rng.IntN(len(s.handles))]
+		which := s.rng.IntN(2)
+		s.each("old handle", func(i int, c *Core) error {
+			before := c.StateDigest()
+			var err error
+			if which == 0 {
+				err = c.Unlock(h[i])
+			} else {
+				_, err = c.LoadBack(h[i])
+			}
+			if which == 0 && err == nil {
+				c.Lock(h[i]) // it was locked by another holder: give the lock back
+			}
+			if errors.Is(err, ErrBadArgument) && c.StateDigest() != before { // ErrL1Full may have evicted
+				s.fatalf("rank %d: a refused call (%v) changed the state", i, err)
+			}
+			if err != nil && !errors.Is(err, ErrBadArgument) && !errors.Is(err, ErrL1Full) {
+				s.fatalf("rank %d: old handle: %v", i, err)
+			}
+			return err
+		})
 	case k < 72:
 		n, m := s.rng.IntN(12), s.rng.IntN(12)
 		s.each("evict", func(_ int, c *Core) error { c.EvictL1(n); c.EvictL2(m); return nil })
@@ -630,12 +686,14 @@ func (s *replicaSim) flush() {
 			s.fatalf("rank %d: the group is idle but transfers %+v are in flight", i, s.pending[i])
 		}
 	}
-	for _, j := range s.jobs {
-		if j.Kind != StorageQuery {
-			s.fatalf("the group is idle but storage %s %d is in flight", j.Kind, j.Seq)
+	for g := range s.jobs {
+		for _, j := range s.jobs[g] {
+			if j.Kind != StorageQuery {
+				s.fatalf("the group is idle but storage %s %d of slab group %d is in flight", j.Kind, j.Seq, g)
+			}
 		}
+		s.jobs[g] = nil
 	}
-	s.jobs = nil
 	if err := s.each("reset", func(_ int, c *Core) error { return c.Reset() }); err != nil {
 		s.fatalf("reset of an idle group: %v", err)
 	}
