@@ -420,6 +420,24 @@ func (s *replicaSim) recount(rank int, c *Core) {
 		}
 	}
 	visit(c.root)
+	// LRU lists: every node stands behind its descendants in its list (one eviction pass
+	// frees a leaf, then its parent).
+	pos := map[*Node]int{}
+	for l, list := range []*lruList{&c.lruL1, &c.lruL2} {
+		k := 0
+		for n := list.front(); n != nil; n = list.after(n) {
+			pos[n] = k
+			k++
+			if want := []int8{inL1List, inL2List}[l]; n.list != want {
+				s.fatalf("rank %d: node %d in list %d says %d", rank, n.id, want, n.list)
+			}
+		}
+	}
+	for n, p := range pos {
+		if q, ok := pos[n.parent]; ok && n.parent.list == n.list && q < p {
+			s.fatalf("rank %d: node %d stands behind its parent %d in LRU list %d", rank, n.id, n.parent.id, n.list)
+		}
+	}
 	if treeSum != c.treeSum {
 		s.fatalf("rank %d: incremental tree sum %#x, recomputed %#x", rank, c.treeSum, treeSum)
 	}
