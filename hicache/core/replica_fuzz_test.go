@@ -635,7 +635,16 @@ func (s *replicaSim) op() {
 		})
 	case k < 72:
 		n, m := s.rng.IntN(12), s.rng.IntN(12)
-		s.each("evict", func(_ int, c *Core) error { c.EvictL1(n); c.EvictL2(m); return nil })
+		s.each("evict", func(i int, c *Core) error {
+			// short of the ask only when no candidate is left
+			if freed, pending := c.EvictL1(n); freed+pending < n && !c.Quarantined() {
+				s.noCandidate(i, c, "EvictL1", l1Evictable)
+			}
+			if freed := c.EvictL2(m); freed < m && !c.Quarantined() {
+				s.noCandidate(i, c, "EvictL2", l2Evictable)
+			}
+			return nil
+		})
 	case k < 76:
 		s.cores[s.rng.IntN(len(s.cores))].HintEvict(s.rng.IntN(6), s.rng.IntN(6))
 	case k < 86:
@@ -682,6 +691,20 @@ func (s *replicaSim) op() {
 			}
 		}
 	}
+}
+
+// noCandidate checks that no node of c's tree is evictable after an eviction fell short.
+func (s *replicaSim) noCandidate(rank int, c *Core, what string, evictable func(*Node) bool) {
+	var visit func(n *Node)
+	visit = func(n *Node) {
+		if !n.isRoot() && evictable(n) {
+			s.fatalf("rank %d: %s fell short, but node %d (%v) is evictable", rank, what, n.id, n.State())
+		}
+		for _, ch := range n.children {
+			visit(ch)
+		}
+	}
+	visit(c.root)
 }
 
 func (s *replicaSim) unlockOne() {
