@@ -614,16 +614,19 @@ func (s *replicaSim) op() {
 		}
 		h := s.handles[s.rng.IntN(len(s.handles))]
 		which := s.rng.IntN(2)
+		held := h[0] != nil && h[0].isRoot() || slices.ContainsFunc(s.locked, func(l []*Node) bool { return l[0] == h[0] })
+		if which == 0 && held {
+			break // an unlock by another holder of the lock
+		}
 		s.each("old handle", func(i int, c *Core) error {
 			before := c.StateDigest()
 			var err error
 			if which == 0 {
-				err = c.Unlock(h[i])
+				if err = c.Unlock(h[i]); err == nil {
+					s.fatalf("rank %d: unlock of node %d, which nobody locked, succeeded", i, h[i].id)
+				}
 			} else {
 				_, err = c.LoadBack(h[i])
-			}
-			if which == 0 && err == nil {
-				c.Lock(h[i]) // it was locked by another holder: give the lock back
 			}
 			if errors.Is(err, ErrBadArgument) && c.StateDigest() != before { // ErrL1Full may have evicted
 				s.fatalf("rank %d: a refused call (%v) changed the state", i, err)
