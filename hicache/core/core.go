@@ -97,7 +97,7 @@ func New(cfg Config) (*Core, error) {
 	}
 	alloc, err := alloc.New(cfg.Slabs, cfg.PagesPerSlab)
 	if err != nil {
-		return nil, fmt.Errorf("hicache: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), io: cfg.L3 && cfg.CPRank == 0}
 	c.resetTree()
