@@ -102,8 +102,8 @@ func (c *Config) normalize() error {
 	if err := c.Options.normalize(); err != nil {
 		return err
 	}
-	if c.Slabs <= 0 || c.PagesPerSlab <= 0 {
-		return fmt.Errorf("%w: L2 shape %d slabs × %d pages (both must be positive)", ErrBadConfig, c.Slabs, c.PagesPerSlab)
+	if c.Slabs <= 0 || c.PagesPerSlab <= 0 || c.PagesPerSlab > 1<<31-1 {
+		return fmt.Errorf("%w: L2 shape %d slabs × %d pages (both must be positive, pages below 2^31)", ErrBadConfig, c.Slabs, c.PagesPerSlab)
 	}
 	if c.CPRank < 0 || c.CPRank >= c.Slabs {
 		return fmt.Errorf("%w: CP rank %d outside 0..%d", ErrBadConfig, c.CPRank, c.Slabs-1)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/cpcache/cpcache/internal/mix"
 	"github.com/cpcache/cpcache/slab/alloc"
 )
 
@@ -51,12 +52,13 @@ type Core struct {
 
 	// The tree digest's O(1) part for node state: stateSum is the sum of every live node's
 	// term; nodes whose state changed are in dirty and get a new term at the next vector.
-	stateSum uint64
-	dirty    []*Node
-	lruClock uint64  // LRU moves so far (each node remembers its last one)
-	treeSalt uint64  // PerturbTree on an empty tree
-	io       bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
-	l3       l3State // L3 queues (see l3core.go)
+	stateSum  uint64
+	dirty     []*Node
+	lruClock  uint64  // LRU moves so far (each node remembers its last one)
+	treeSalt  uint64  // PerturbTree on an empty tree
+	placeSalt uint64  // PerturbPlacement with L2 full
+	io        bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
+	l3        l3State // L3 queues (see l3core.go)
 }
 
 // Stats are cumulative counters of one rank's core.
@@ -95,7 +97,7 @@ func New(cfg Config) (*Core, error) {
 	}
 	alloc, err := alloc.New(cfg.Slabs, cfg.PagesPerSlab)
 	if err != nil {
-		return nil, fmt.Errorf("hicache: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), io: cfg.L3 && cfg.CPRank == 0}
 	c.resetTree()
@@ -113,6 +115,7 @@ func (c *Core) resetTree() {
 	c.lruL2.init()
 	c.locks = 0
 	c.stateSum, c.dirty, c.lruClock = 0, nil, 0
+	c.treeSalt = 0
 }
 
 // mark records that n's state changed: its term is recomputed at the next vector.
@@ -204,14 +207,39 @@ func (c *Core) Peek(tokens []int32) *Node {
 }
 
 // PerturbPlacement is a fault injection: at the next vector this rank reserves an L2 range
-// that no other rank knows of, so its placement digest differs and the step detects a
-// divergence. Local.
+// that no other rank knows of (one free page; when L2 is full, it salts its placement digest
+// instead), so its placement digest differs and the step detects a divergence. Local.
 func (c *Core) PerturbPlacement() { c.perturb = true }
 
+// perturbRange is the first range id PerturbPlacement reserves (node ids stay far below).
+const perturbRange alloc.RangeID = 1 << 40
+
 func (c *Core) perturbPlacement() {
-	if _, err := c.alloc.Reserve(1<<40, 0, 1); err != nil {
-		panic(fmt.Sprintf("hicache: perturbing placement: %v", err))
+	id := perturbRange
+	for {
+		if _, _, ok := c.alloc.Range(id); !ok {
+			break
+		}
+		id++ // perturbed before, in a quarantine or a group of one rank
 	}
+	for s := range c.cfg.Slabs {
+		if c.alloc.FreePages(s) > 0 {
+			if _, err := c.alloc.Reserve(id, s, 1); err == nil { // sequence page s lives in slab s
+				return
+			}
+		}
+	}
+	c.placeSalt++ // L2 is full
+}
+
+// placementDigest is the placement digest this rank contributes: the allocator's, salted
+// by a PerturbPlacement that found L2 full.
+func (c *Core) placementDigest() (d, negD int64) {
+	if c.placeSalt == 0 {
+		return c.alloc.DigestPair()
+	}
+	d = int64((c.alloc.Digest() ^ mix.Mix64(c.placeSalt)) & mask63)
+	return d, -d
 }
 
 // L2Enabled is false in quarantine: after a divergence, until the agreed recovery (or Reset).

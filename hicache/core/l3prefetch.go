@@ -185,7 +185,12 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
-			c.relist(n, true)
+			// n and the L2-only nodes above it go to the back of the L2 list, deepest
+			// first: every node stays behind its descendants, so that one eviction pass
+			// frees the new leaf and then its parents.
+			for x := n; !x.isRoot() && x.l1 == nil; x = x.parent {
+				c.relist(x, true)
+			}
 			c.stats.L3PrefetchedPages += int64(m)
 			c.l3.reserved -= m
 			restPages = k - m

@@ -154,3 +154,104 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 		t.Fatal("the tree digest is blind to which nodes are locked")
 	}
 }
+
+// A tree perturbation of an empty tree (a salted digest) ends with the recovery like any
+// other: the recovered group agrees again instead of diverging at every following step.
+func TestRecoveryClearsEmptyTreePerturbation(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 4, L1Pages: 16}, 16, 1)
+	r.cores[1].PerturbTree() // empty tree: salts rank 1's tree digest
+	for i, err := range r.stepAll() {
+		if !errors.Is(err, ErrPlacementDiverged) {
+			t.Fatalf("rank %d: %v, want a divergence", i, err)
+		}
+	}
+	for step := range 4 {
+		for i, err := range r.stepAll() { // the first is the recovery (every rank idle)
+			if err != nil || r.cores[i].Quarantined() {
+				t.Fatalf("step %d after the divergence, rank %d: %v, quarantined %t", step, i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	for i, c := range r.cores {
+		if st := c.Stats(); st.Divergences != 1 || st.Recoveries != 1 {
+			t.Fatalf("rank %d: %d divergences, %d recoveries; want 1 and 1", i, st.Divergences, st.Recoveries)
+		}
+	}
+}
+
+// The divergence keeps the O(1) tree digest equal to its recomputation: nodes that lose
+// their L2 copy (and keep L1 pages) are marked like every other state change.
+func TestDivergenceKeepsIncrementalTreeDigest(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 4, L1Pages: 32}, 16, 1)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(5, 6)), 6, 4)
+	for _, s := range seqs {
+		if _, err := r.insert(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r.cores[0].Queues().Writes > 0 { // commit the write-through backups: L1+L2 nodes
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.cores[1].PerturbPlacement()
+	r.stepAll()
+	for i, c := range r.cores {
+		if !c.Quarantined() {
+			t.Fatalf("rank %d not quarantined", i)
+		}
+		if err := c.CheckInvariants(); err != nil {
+			t.Fatalf("rank %d after the divergence: %v", i, err)
+		}
+	}
+}
+
+// PerturbPlacement diverges the group whatever L2 holds: with L2 full (the steady state of a
+// busy cache) and when it fires again before the recovery, instead of panicking.
+func TestPerturbPlacementWithL2Full(t *testing.T) {
+	r := newCoreRig(t, 2, Options{PageSize: 1, L1Pages: 32}, 4, 1)
+	for i := range 4 { // 4 two-page sequences fill the 2 × 4 L2 pages
+		if _, err := r.insert([]int32{int32(i), 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r.cores[0].Queues().Writes > 0 {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if free := r.cores[0].Allocator().TotalFree(); free != 0 {
+		t.Fatalf("%d L2 pages free, want L2 full", free)
+	}
+	held := r.match([]int32{0, 0})
+	if err := r.each(func(i int, c *Core) error { return c.Lock(held[i].Last) }); err != nil {
+		t.Fatal(err)
+	}
+	r.cores[1].PerturbPlacement()
+	for i, err := range r.stepAll() {
+		var de *DivergedError
+		if !errors.As(err, &de) || de.What != "placement digest" {
+			t.Fatalf("rank %d: %v, want a placement divergence", i, err)
+		}
+	}
+	r.cores[0].PerturbPlacement() // again, in quarantine
+	r.cores[0].PerturbPlacement()
+	for range 2 {
+		for i, err := range r.stepAll() {
+			if err != nil || !r.cores[i].Quarantined() {
+				t.Fatalf("rank %d in quarantine: %v, quarantined %t", i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	if err := r.each(func(i int, c *Core) error { return c.Unlock(held[i].Last) }); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the recovery, then agreement
+		for i, err := range r.stepAll() {
+			if err != nil || r.cores[i].Quarantined() {
+				t.Fatalf("rank %d after the recovery: %v, quarantined %t", i, err, r.cores[i].Quarantined())
+			}
+		}
+	}
+	r.checkSame()
+}

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -113,10 +114,12 @@ func TestConfigErrorsNameTheValue(t *testing.T) {
 		{Config{Options: Options{L1Pages: 4, PageSize: -1}, Slabs: 1, PagesPerSlab: 1}, "page size -1"},
 		{Config{Options: Options{L1Pages: 4}, Slabs: 2, PagesPerSlab: 1, CPRank: 2}, "CP rank 2"},
 		{Config{Options: Options{L1Pages: 4, Policy: 7}, Slabs: 1, PagesPerSlab: 1}, "write policy 7"},
+		{Config{Options: Options{L1Pages: 4}, Slabs: 1, PagesPerSlab: 1 << 31}, "2147483648"},
+		{Config{Options: Options{L1Pages: 4}, Slabs: 1, PagesPerSlab: 1, L3: true, L3Config: L3Config{MinPrefetchPages: -1}}, "min prefetch pages -1"},
 	} {
 		_, err := New(tc.cfg)
-		if err == nil || !containsAll(err.Error(), tc.want, "hicache:") {
-			t.Fatalf("New(%+v): %v, want an error naming %q", tc.cfg, err, tc.want)
+		if err == nil || !containsAll(err.Error(), tc.want, "hicache:") || !errors.Is(err, ErrBadConfig) {
+			t.Fatalf("New(%+v): %v, want an ErrBadConfig naming %q", tc.cfg, err, tc.want)
 		}
 	}
 	if _, err := ParsePolicy("write_around"); err == nil || !containsAll(err.Error(), "write_around") {

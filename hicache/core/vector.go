@@ -67,7 +67,7 @@ func (c *Core) fillVector(v []int64) []int64 {
 	v[vConfig], v[vConfigNeg] = fp, -fp
 	t := c.treeDigest()
 	v[vTree], v[vTreeNeg] = t, -t
-	d, nd := c.alloc.DigestPair()
+	d, nd := c.placementDigest()
 	v[vPlace], v[vPlaceNeg] = d, nd
 	v[vWriteDone], v[vWriteFail] = int64(c.writeSeq), math.MaxInt64
 	for _, op := range c.writes {
@@ -190,7 +190,7 @@ func (c *Core) localValue(i int) int64 {
 		c.step++
 		return t
 	case vPlace:
-		d, _ := c.alloc.DigestPair()
+		d, _ := c.placementDigest()
 		return d
 	}
 	return 0
@@ -233,6 +233,7 @@ func (c *Core) diverge() {
 		}
 		if !n.isRoot() && n.l2 != nil {
 			n.l2 = nil
+			c.mark(n)
 			c.relist(n, false)
 		}
 	}
@@ -284,6 +285,7 @@ func (c *Core) reset() {
 	c.resetTree()
 	c.l1.reset()
 	c.alloc.Reset()
+	c.placeSalt = 0
 	c.writes, c.loads, c.out = nil, nil, nil
 	c.writeSeq, c.loadSeq, c.loadingPgs = 0, 0, 0
 	c.hintL1, c.hintL2 = 0, 0
