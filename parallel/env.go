@@ -118,16 +118,17 @@ func knownSource(name string) bool {
 func readSource(lookup func(string) (string, bool), src envSource) (Env, error) {
 	num := func(name string, required bool, def int) (int, error) {
 		v, ok := lookup(name)
-		if !ok || v == "" {
-			if required {
-				return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
-			}
+		if !ok && required {
+			return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
+		}
+		if !ok || (v == "" && !required) {
 			return def, nil
 		}
+		num := v
 		if src.name == "slurm" && name == src.localSize {
-			v = slurmTasksPerNode(v)
+			num = slurmTasksPerNode(v)
 		}
-		n, err := strconv.Atoi(strings.TrimSpace(v))
+		n, err := strconv.Atoi(strings.TrimSpace(num))
 		if err != nil {
 			return 0, fmt.Errorf("%w: %s=%q is not an integer", ErrBadEnv, name, v)
 		}

@@ -53,6 +53,11 @@ func TestFromEnvErrorsNameVariables(t *testing.T) {
 		{map[string]string{"CPCACHE_ENV_SOURCE": "pbs"}, `CPCACHE_ENV_SOURCE="pbs"`},
 		{map[string]string{"CPCACHE_ENV_SOURCE": "slurm"}, "CPCACHE_ENV_SOURCE=slurm but its variables are not set"},
 		{map[string]string{"MASTER_PORT": "http"}, `MASTER_PORT="http" is not a port`},
+		// A launcher variable that is present but empty is named with its (empty) value.
+		{map[string]string{"RANK": "", "WORLD_SIZE": "8"}, `RANK="" is not an integer`},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": ""}, `WORLD_SIZE="" is not an integer`},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": ""}, `OMPI_COMM_WORLD_RANK="" is not an integer`},
+		{map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "(x2)"}, `SLURM_NTASKS_PER_NODE="(x2)" is not an integer`},
 	}
 	for _, c := range cases {
 		_, err := fromEnv(lookupMap(c.env))
