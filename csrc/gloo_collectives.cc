@@ -182,13 +182,14 @@ void allreduce(Op& o, int op, int64_t* vals, size_t n) {
   Header mine = o.header(kAllreduce, op, static_cast<int64_t>(n));
   *o.frame(*frames, o.rank) = mine;
   const bool inlined = bytes <= kInline;
-  if (inlined) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), vals, bytes);
+  if (inlined && bytes > 0) std::memcpy(frames->data() + o.rank * kFrame + sizeof(Header), vals, bytes);
   o.exchange(*frames, -1);
   for (int p = 0; p < o.size; p++) o.check(mine, *o.frame(*frames, p), p);
   if (!inlined) {  // every member agreed on n: reduce the data with Gloo's ring
     ringAllreduce(o, fn, vals, n);
     return;
   }
+  if (n == 0) return;
   std::vector<int64_t> acc(n);
   std::memcpy(acc.data(), frames->data() + sizeof(Header), bytes);
   for (int p = 1; p < o.size; p++) {
@@ -360,7 +361,9 @@ extern "C" {
 int cpg_allreduce_i64(cpg_ctx* c, int op, int64_t* vals, size_t n, int64_t timeout_ms, char* err,
                       size_t errlen) {
   return run(c, timeout_ms, err, errlen, [&](Op& o) {
-    if (o.size == 1 || n == 0) {
+    // An empty vector still takes part in the direct exchange, whose headers catch a member
+    // that reduces another length; Gloo's algorithms (larger groups) detect no mismatch.
+    if (o.size == 1 || (n == 0 && o.size > o.c->directMax)) {
       reduceFn(op);  // validates op
       return;
     }

@@ -3,6 +3,9 @@
 // any exception into a CPG_* code and a message.
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/redis_store.h>
@@ -168,8 +171,9 @@ int cpg_ctx_new(cpg_store* s, const char* prefix, int rank, int size, cpg_device
     c->ctx->setTimeout(ms(timeout_ms));
     if (const char* v = std::getenv("CPCACHE_GLOO_DIRECT_MAX")) {
       char* end = nullptr;
+      errno = 0;
       long m = std::strtol(v, &end, 10);
-      if (end == v || *end != 0 || m < 0) {
+      if (end == v || *end != 0 || m < 0 || m > INT_MAX || errno == ERANGE) {
         throw Fail{CPG_INVALID, std::string("CPCACHE_GLOO_DIRECT_MAX=\"") + v + "\" is not a non-negative integer"};
       }
       c->directMax = static_cast<int>(m);

@@ -151,11 +151,14 @@ func (c *cCtx) close() {
 	}
 }
 
+// allReduce runs even for an empty vals: the shim exchanges its frame, so that members that
+// disagree on the length fail with a mismatch instead of one returning alone.
 func (c *cCtx) allReduce(op int, vals []int64, timeout time.Duration) error {
-	if len(vals) == 0 {
-		return nil
+	var p *C.int64_t
+	if len(vals) > 0 {
+		p = (*C.int64_t)(unsafe.Pointer(&vals[0]))
 	}
-	return check(C.cpg_allreduce_i64(c.p, C.int(op), (*C.int64_t)(unsafe.Pointer(&vals[0])), C.size_t(len(vals)), millis(timeout), &c.err[0], errLen), c.err[:])
+	return check(C.cpg_allreduce_i64(c.p, C.int(op), p, C.size_t(len(vals)), millis(timeout), &c.err[0], errLen), c.err[:])
 }
 
 func (c *cCtx) broadcast(root int, data []byte, timeout time.Duration) ([]byte, error) {

@@ -93,3 +93,8 @@ func TestOpMismatch(t *testing.T) {
 		})
 	}
 }
+
+func TestEmptyAllReduceIsACollective(t *testing.T) {
+	multiproc.Run(t, multiproc.Spec{Role: "empty-allreduce", N: 3, Timeout: 2 * time.Minute,
+		Env: []string{"CPCACHE_STORE=" + fileStore(t)}})
+}

@@ -30,6 +30,7 @@ func init() {
 	multiproc.Register("bench", glootest.Role(time.Minute, roleBench))
 	multiproc.Register("new-group-mismatch", glootest.Role(time.Minute, roleNewGroupMismatch))
 	multiproc.Register("op-mismatch", glootest.Role(time.Minute, roleOpMismatch))
+	multiproc.Register("empty-allreduce", glootest.Role(time.Minute, roleEmptyAllReduce))
 }
 
 func envInt(name string, def int) int {
@@ -296,5 +297,25 @@ func roleOpMismatch(ctx context.Context, w *gloo.Group) error {
 		return fmt.Errorf("barrier after a mismatch: got %v, want the sticky parallel.ErrMismatch", err2)
 	}
 	fmt.Printf("rank %d: %v\n", w.Rank(), err)
+	return nil
+}
+
+// roleEmptyAllReduce checks that an AllReduce of no elements is a collective like any other:
+// it succeeds when every member calls it, and a member that calls it while the others reduce
+// two elements fails with parallel.ErrMismatch like them, instead of returning alone.
+func roleEmptyAllReduce(ctx context.Context, w *gloo.Group) error {
+	if err := w.AllReduce(ctx, parallel.Sum, nil); err != nil {
+		return fmt.Errorf("empty allreduce on every member: %w", err)
+	}
+	if err := w.Barrier(ctx); err != nil {
+		return fmt.Errorf("barrier after an empty allreduce: %w", err)
+	}
+	vals := []int64{1, 2}
+	if w.Rank() == 0 {
+		vals = nil
+	}
+	if err := w.AllReduce(ctx, parallel.Min, vals); !errors.Is(err, parallel.ErrMismatch) {
+		return fmt.Errorf("allreduce of %d elements against 2 on the others: got %v, want parallel.ErrMismatch", len(vals), err)
+	}
 	return nil
 }

@@ -149,3 +149,21 @@ func TestClosedAndExpired(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestBadDirectMaxIsNamed checks that CPCACHE_GLOO_DIRECT_MAX values that are not a
+// non-negative int, out-of-range ones included, fail NewWorld with an error naming them
+// instead of silently wrapping into another limit.
+func TestBadDirectMaxIsNamed(t *testing.T) {
+	for _, v := range []string{"x", "-1", "4294967295", "99999999999999999999"} {
+		t.Setenv("CPCACHE_GLOO_DIRECT_MAX", v)
+		w, err := gloo.NewWorld(context.Background(), gloo.Options{Store: fileStore(t), Rank: 0, Size: 1, Timeout: 10 * time.Second})
+		if err == nil {
+			w.Close()
+			t.Errorf("CPCACHE_GLOO_DIRECT_MAX=%s: NewWorld succeeded, want an error naming the value", v)
+			continue
+		}
+		if !strings.Contains(err.Error(), `CPCACHE_GLOO_DIRECT_MAX="`+v+`"`) || !errors.Is(err, parallel.ErrBadArgument) {
+			t.Errorf("CPCACHE_GLOO_DIRECT_MAX=%s: %v, want ErrBadArgument naming the value", v, err)
+		}
+	}
+}

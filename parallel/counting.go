@@ -67,3 +67,12 @@ func (c *Counted) Barrier(ctx context.Context) error {
 	c.record(&c.counts.Barrier, "barrier")
 	return c.Group.Barrier(ctx)
 }
+
+// Close closes the wrapped group (Count's wrapper shares it). It is nil-safe, also for a
+// wrapper of a nil group; idempotence is the wrapped group's.
+func (c *Counted) Close() error {
+	if c == nil || c.Group == nil {
+		return nil
+	}
+	return c.Group.Close()
+}

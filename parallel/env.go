@@ -41,7 +41,8 @@ var envSources = []envSource{
 // FromEnv reads the process's rank and world from the launcher's variables, in precedence
 // order torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), OpenMPI
 // (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
-// SLURM_LOCALID). Every other launcher whose variables are present must agree on rank and
+// SLURM_LOCALID; the local size from SLURM_NTASKS_PER_NODE, else this node's entry, by
+// SLURM_NODEID, of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE). Every other launcher whose variables are present must agree on rank and
 // world size, else the error names the variables; CPCACHE_ENV_SOURCE=torchrun|openmpi|slurm
 // picks one and skips the check. With no launcher variables it returns a single-rank Env.
 func FromEnv() (Env, error) { return fromEnv(os.LookupEnv) }
@@ -103,7 +104,7 @@ func LauncherVars() []string {
 	for _, s := range envSources {
 		vars = append(vars, s.rank, s.size, s.localRank, s.localSize)
 	}
-	return vars
+	return append(append(vars, slurmTaskCountVars[1:]...), slurmNodeIDVar)
 }
 
 func knownSource(name string) bool {
@@ -118,14 +119,11 @@ func knownSource(name string) bool {
 func readSource(lookup func(string) (string, bool), src envSource) (Env, error) {
 	num := func(name string, required bool, def int) (int, error) {
 		v, ok := lookup(name)
-		if !ok || v == "" {
-			if required {
-				return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
-			}
-			return def, nil
+		if !ok && required {
+			return 0, fmt.Errorf("%w: %s is set but %s is not", ErrBadEnv, src.rank, name)
 		}
-		if src.name == "slurm" && name == src.localSize {
-			v = slurmTasksPerNode(v)
+		if !ok || (v == "" && !required) {
+			return def, nil
 		}
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
@@ -144,7 +142,13 @@ func readSource(lookup func(string) (string, bool), src envSource) (Env, error) 
 	if e.LocalRank, err = num(src.localRank, false, e.Rank); err != nil {
 		return Env{}, err
 	}
-	if e.LocalWorldSize, err = num(src.localSize, false, e.WorldSize); err != nil {
+	localSize := src.localSize
+	if src.name == "slurm" {
+		localSize, e.LocalWorldSize, err = slurmLocalSize(lookup, e.WorldSize)
+	} else {
+		e.LocalWorldSize, err = num(src.localSize, false, e.WorldSize)
+	}
+	if err != nil {
 		return Env{}, err
 	}
 	e.Source = src.name
@@ -154,17 +158,76 @@ func readSource(lookup func(string) (string, bool), src envSource) (Env, error) 
 	case e.Rank < 0 || e.Rank >= e.WorldSize:
 		return Env{}, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrBadEnv, src.rank, e.Rank, src.size, e.WorldSize)
 	case e.LocalWorldSize < 1 || e.LocalWorldSize > e.WorldSize:
-		return Env{}, fmt.Errorf("%w: %s=%d must be in 1..%s=%d", ErrBadEnv, src.localSize, e.LocalWorldSize, src.size, e.WorldSize)
+		return Env{}, fmt.Errorf("%w: %s=%d must be in 1..%s=%d", ErrBadEnv, localSize, e.LocalWorldSize, src.size, e.WorldSize)
 	case e.LocalRank < 0 || e.LocalRank >= e.LocalWorldSize:
-		return Env{}, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrBadEnv, src.localRank, e.LocalRank, src.localSize, e.LocalWorldSize)
+		return Env{}, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrBadEnv, src.localRank, e.LocalRank, localSize, e.LocalWorldSize)
 	}
 	return e, nil
 }
 
-// slurmTasksPerNode takes the first count of SLURM_NTASKS_PER_NODE ("4" or "4(x2),3").
-func slurmTasksPerNode(v string) string {
-	if i := strings.IndexAny(v, "(,"); i >= 0 {
-		return v[:i]
+// slurmTaskCountVars give the tasks per node under Slurm, in the order they are tried:
+// SLURM_NTASKS_PER_NODE is set only when --ntasks-per-node was given; srun always sets the
+// step's (and the job's) distribution.
+var slurmTaskCountVars = []string{"SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}
+
+// slurmNodeIDVar is this node's index in the job step's node list.
+const slurmNodeIDVar = "SLURM_NODEID"
+
+// slurmLocalSize returns the number of tasks on this node and the variable it came from:
+// the first of slurmTaskCountVars that is set, a count ("4") or a per-node list
+// ("4(x2),3"), whose entry for SLURM_NODEID (default 0) is taken. With none set, it is world
+// (every task on this node), as for the other launchers.
+func slurmLocalSize(lookup func(string) (string, bool), world int) (string, int, error) {
+	for _, name := range slurmTaskCountVars {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			continue
+		}
+		node := 0
+		if id, ok := lookup(slurmNodeIDVar); ok && id != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(id))
+			if err != nil || n < 0 {
+				return name, 0, fmt.Errorf("%w: %s=%q is not a node index", ErrBadEnv, slurmNodeIDVar, id)
+			}
+			node = n
+		}
+		n, err := slurmNodeTasks(v, node)
+		if err != nil {
+			return name, 0, fmt.Errorf("%w: %s=%q: %v", ErrBadEnv, name, v, err)
+		}
+		return name, n, nil
 	}
-	return v
+	return slurmTaskCountVars[0], world, nil
+}
+
+// slurmNodeTasks is entry node of a Slurm per-node task list: "4", or counts separated by
+// commas, each optionally followed by "(xR)" for R consecutive nodes ("4(x2),3").
+func slurmNodeTasks(list string, node int) (int, error) {
+	first := -1
+	for _, item := range strings.Split(list, ",") {
+		count, repeat := strings.TrimSpace(item), 1
+		if c, r, ok := strings.Cut(count, "(x"); ok {
+			rs, ok := strings.CutSuffix(r, ")")
+			n, err := strconv.Atoi(rs)
+			if !ok || err != nil || n < 1 {
+				return 0, fmt.Errorf("bad repeat in %q", item)
+			}
+			count, repeat = c, n
+		}
+		n, err := strconv.Atoi(count)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not an integer", count)
+		}
+		if first < 0 {
+			first = n
+		}
+		if node < repeat {
+			return n, nil
+		}
+		node -= repeat
+	}
+	if first < 0 {
+		return 0, fmt.Errorf("no count")
+	}
+	return first, nil // fewer entries than nodes (a count per job, not per step): the first
 }

@@ -24,6 +24,16 @@ func TestFromEnvSources(t *testing.T) {
 			Env{Rank: 5, WorldSize: 16, LocalRank: 5, LocalWorldSize: 8, Store: "redis://h:1", Source: "openmpi"}},
 		{"slurm", map[string]string{"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "8(x2)"},
 			Env{Rank: 9, WorldSize: 16, LocalRank: 1, LocalWorldSize: 8, Source: "slurm"}},
+		// srun sets SLURM_NTASKS_PER_NODE only for --ntasks-per-node; the step's per-node
+		// list, indexed by SLURM_NODEID, gives the local size otherwise (not the world size,
+		// which would make a multi-node job look like one node).
+		{"slurm, two nodes, no --ntasks-per-node", map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+			"SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_TASKS_PER_NODE": "8"},
+			Env{Rank: 5, WorldSize: 8, LocalRank: 1, LocalWorldSize: 4, Source: "slurm"}},
+		{"slurm, uneven nodes", map[string]string{"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "3,2"},
+			Env{Rank: 4, WorldSize: 5, LocalRank: 1, LocalWorldSize: 2, Source: "slurm"}},
+		{"slurm, job's list only", map[string]string{"SLURM_PROCID": "2", "SLURM_NTASKS": "6", "SLURM_LOCALID": "0", "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "1,2(x2),1"},
+			Env{Rank: 2, WorldSize: 6, LocalRank: 0, LocalWorldSize: 2, Source: "slurm"}},
 		{"torchrun wins, openmpi agrees", map[string]string{"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
 			Env{Rank: 1, WorldSize: 2, LocalRank: 1, LocalWorldSize: 2, Source: "torchrun"}},
 		{"forced slurm ignores disagreeing torchrun", map[string]string{"CPCACHE_ENV_SOURCE": "slurm", "RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "2", "SLURM_NTASKS": "4"},
@@ -53,6 +63,14 @@ func TestFromEnvErrorsNameVariables(t *testing.T) {
 		{map[string]string{"CPCACHE_ENV_SOURCE": "pbs"}, `CPCACHE_ENV_SOURCE="pbs"`},
 		{map[string]string{"CPCACHE_ENV_SOURCE": "slurm"}, "CPCACHE_ENV_SOURCE=slurm but its variables are not set"},
 		{map[string]string{"MASTER_PORT": "http"}, `MASTER_PORT="http" is not a port`},
+		// A launcher variable that is present but empty is named with its (empty) value.
+		{map[string]string{"RANK": "", "WORLD_SIZE": "8"}, `RANK="" is not an integer`},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": ""}, `WORLD_SIZE="" is not an integer`},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": ""}, `OMPI_COMM_WORLD_RANK="" is not an integer`},
+		{map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "(x2)"}, `SLURM_NTASKS_PER_NODE="(x2)": "" is not an integer`},
+		{map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2", "SLURM_NODEID": "0"}, `SLURM_STEP_TASKS_PER_NODE="2(x2": bad repeat`},
+		{map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "one"}, `SLURM_NODEID="one" is not a node index`},
+		{map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0"}, "SLURM_LOCALID=2 is not below SLURM_STEP_TASKS_PER_NODE=2"},
 	}
 	for _, c := range cases {
 		_, err := fromEnv(lookupMap(c.env))
@@ -68,6 +86,7 @@ func TestLauncherVarsCoverEveryPlacementVariable(t *testing.T) {
 		"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
 		"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
 		"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
+		"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0",
 		EnvSourceVar: "slurm", "CPCACHE_STORE": "file:///tmp/x",
 	}
 	vars := LauncherVars()

@@ -16,6 +16,10 @@ type LayoutConfig struct {
 	DPAttention bool // DP attention: the attention layers run DP replicas inside the TP world
 }
 
+// maxWorld bounds the world size: a layout holds every group as rank lists, so a size far
+// beyond any job would exhaust memory instead of failing with an error naming it.
+const maxWorld = 1 << 20
+
 // ErrBadLayout is wrapped by every layout validation error.
 var ErrBadLayout = errors.New("parallel: bad layout")
 
@@ -89,6 +93,9 @@ func NewLayout(cfg LayoutConfig) (*Layout, error) {
 		if d.v < 1 {
 			return bad("%s size %d must be positive", d.name, d.v)
 		}
+	}
+	if cfg.World > maxWorld {
+		return bad("world size %d is more than the %d ranks a layout supports", cfg.World, maxWorld)
 	}
 	if cfg.TP != cfg.World {
 		return bad("tp %d must equal world %d (pipeline parallelism is not supported)", cfg.TP, cfg.World)

@@ -173,6 +173,8 @@ func TestLayoutErrorsNameTheValue(t *testing.T) {
 		{parallel.LayoutConfig{World: 8, DP: 2, AttnCP: 8, DPAttention: true}, "attn-cp 8 needs 8 ranks per DP replica"},
 		{parallel.LayoutConfig{World: 12, AttnCP: 5}, "not divisible by attn-cp 5"},
 		{parallel.LayoutConfig{World: 16, EP: 3}, "ep 3 does not divide world 16"},
+		{parallel.LayoutConfig{World: 1 << 40, DP: 1 << 40, DPAttention: true}, "world size 1099511627776 is more than"},
+		{parallel.LayoutConfig{World: 1<<20 + 1}, "world size 1048577 is more than"},
 	}
 	for _, c := range cases {
 		_, err := parallel.NewLayout(c.cfg)

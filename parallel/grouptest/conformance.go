@@ -14,7 +14,7 @@ func Conformance(ctx context.Context, g parallel.Group) error {
 	if err := checkIdentity(ctx, g); err != nil {
 		return err
 	}
-	for _, n := range []int{1, 8, 64} {
+	for _, n := range []int{0, 1, 8, 64} {
 		for _, op := range []parallel.ReduceOp{parallel.Min, parallel.Max, parallel.Sum} {
 			if err := checkAllReduce(ctx, g, op, n, 0); err != nil {
 				return err

@@ -168,3 +168,14 @@ func BenchmarkAllReduce8(b *testing.B) {
 		})
 	}
 }
+
+func TestCountedCloseIsNilSafeAndClosesItsGroup(t *testing.T) {
+	var nilCounted *parallel.Counted
+	assert.NoError(t, nilCounted.Close())
+	assert.NoError(t, parallel.Count(nil).Close())
+	m := local.World(1, local.Options{})[0]
+	c := parallel.Count(m)
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close())
+	assert.ErrorIs(t, m.Barrier(context.Background()), parallel.ErrClosed)
+}

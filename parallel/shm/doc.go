@@ -9,7 +9,8 @@
 // parallel.Group (a Gloo group, or a parallel/local group in tests). Creation exchanges each member's
 // host identity (hostname, boot id, network and pid namespaces, and the device and inode of
 // the shared-memory directory) and pid over the bootstrap group; members that are not all on
-// one host make New fail on every member with an error wrapping ErrNotLocal. Rank 0 then
+// one host (or one that cannot tell its identity) make New fail on every member with an
+// error wrapping ErrNotLocal, and Consensus use the bootstrap group. Rank 0 then
 // creates an anonymous segment (memfd, see internal/shmseg), sizes and initialises it and
 // broadcasts its handle, an abstract Unix socket that hands the segment's descriptor to
 // members of the same user; every other member receives and maps it; the members agree that

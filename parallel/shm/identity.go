@@ -11,9 +11,10 @@ import (
 
 // hello is what each member sends the others over the bootstrap group at creation.
 type hello struct {
-	mode string // the consensus backend this member asked for: auto, shm or gloo
-	pid  int
-	err  string // why this member could not determine its identity, if it could not
+	mode  string // the consensus backend this member asked for: auto, shm or gloo
+	pid   int
+	err   string // why this member cannot take part (bad options), if it cannot
+	idErr string // why this member could not determine its host identity, if it could not
 	// host identity: members can share a segment only when all of these are equal.
 	host, boot, netns, pidns, shmdir string
 }
@@ -66,7 +67,7 @@ func localHello(mode, dir string) hello {
 	} else {
 		h.shmdir = fmt.Sprintf("%d:%d", st.Dev, st.Ino)
 	}
-	h.err = strings.Join(errs, "; ")
+	h.idErr = strings.Join(errs, "; ")
 	return h
 }
 
@@ -79,8 +80,8 @@ func nsInode(kind string) (string, error) {
 }
 
 func (h hello) encode() []byte {
-	return fmt.Appendf(nil, "shm-hello-v1\nmode=%s\npid=%d\nhost=%s\nboot=%s\nnetns=%s\npidns=%s\nshmdir=%s\nerr=%s\n",
-		h.mode, h.pid, oneLine(h.host), h.boot, h.netns, h.pidns, h.shmdir, oneLine(h.err))
+	return fmt.Appendf(nil, "shm-hello-v1\nmode=%s\npid=%d\nhost=%s\nboot=%s\nnetns=%s\npidns=%s\nshmdir=%s\nerr=%s\niderr=%s\n",
+		h.mode, h.pid, oneLine(h.host), h.boot, h.netns, h.pidns, h.shmdir, oneLine(h.err), oneLine(h.idErr))
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
@@ -117,14 +118,22 @@ func decodeHello(b []byte) (hello, error) {
 			h.shmdir = v
 		case "err":
 			h.err = v
+		case "iderr":
+			h.idErr = v
 		}
 	}
 	return h, nil
 }
 
 // sameHost returns nil when every member has member 0's host identity, else an error
-// naming the first member and field that differ.
+// naming the first member that could not determine its identity, or the first member and
+// field that differ.
 func sameHost(hs []hello) error {
+	for r, h := range hs {
+		if h.idErr != "" {
+			return fmt.Errorf("%w: member %d cannot tell its host identity: %s", ErrNotLocal, r, h.idErr)
+		}
+	}
 	for r := 1; r < len(hs); r++ {
 		for _, f := range identityFields {
 			if a, b := hs[0].field(f), hs[r].field(f); a != b {

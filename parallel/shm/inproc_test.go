@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -216,6 +217,26 @@ func TestConsensusSelection(t *testing.T) {
 		_, _, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: "shm", Dir: dirs[r]} })
 		for r := range 2 {
 			assert.ErrorIs(t, errs[r], shm.ErrNotLocal)
+		}
+	})
+	// A member that cannot tell its host identity (here: its shared-memory directory does not
+	// exist) cannot share a segment, but the bootstrap group still serves: forced "gloo" and
+	// "auto" use it, only "shm" fails, naming the member and why.
+	t.Run("unknown identity: gloo and auto pick bootstrap, shm fails", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "no-such-dir")
+		dirs := []string{shm.DefaultDir, missing}
+		for _, mode := range []string{"gloo", "auto"} {
+			_, backends, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: mode, Dir: dirs[r]} })
+			for r := range 2 {
+				require.NoError(t, errs[r], "%s: rank %d", mode, r)
+				assert.Equal(t, shm.BackendBootstrap, backends[r], "%s: rank %d", mode, r)
+			}
+		}
+		_, _, errs := pick(t, 2, func(r int) shm.Options { return shm.Options{Backend: "shm", Dir: dirs[r]} })
+		for r := range 2 {
+			assert.ErrorIs(t, errs[r], shm.ErrNotLocal, "rank %d", r)
+			assert.ErrorContains(t, errs[r], "member 1", "rank %d", r)
+			assert.ErrorContains(t, errs[r], missing, "rank %d", r)
 		}
 	})
 	t.Run("disagreement fails everywhere", func(t *testing.T) {

@@ -82,6 +82,7 @@ func TestAbortReasonsDecode(t *testing.T) {
 func TestHelloRoundTrip(t *testing.T) {
 	h := localHello("auto", os.TempDir())
 	require.Empty(t, h.err)
+	require.Empty(t, h.idErr)
 	got, err := decodeHello(h.encode())
 	require.NoError(t, err)
 	assert.Equal(t, h, got)
@@ -93,4 +94,9 @@ func TestHelloRoundTrip(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotLocal)
 	assert.ErrorContains(t, err, "member 2 has boot=another-boot")
 	assert.NoError(t, sameHost([]hello{h, h}))
+	lost := h
+	lost.idErr = "boot id: permission denied"
+	got, err = decodeHello(lost.encode())
+	require.NoError(t, err)
+	assert.Equal(t, lost, got)
 }

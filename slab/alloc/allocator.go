@@ -159,7 +159,8 @@ func (a *Allocator) Reserve(id RangeID, start, k int) ([]Page, error) {
 	if _, ok := a.ranges[id]; ok {
 		return nil, rangeErr("reserve", id, ErrRangeExists, "")
 	}
-	if n := (k + a.slabs - 1) / a.slabs; n > a.perSlab { // the most any one slab must give
+	// The most any one slab must give: ceil(k/C), without k+C-1, which overflows for huge k.
+	if n := k/a.slabs + min(1, k%a.slabs); n > a.perSlab {
 		return nil, rangeErr("reserve", id, ErrTooLarge, "%d pages from sequence page %d need %d pages in slab %d, which has %d", k, start, n, start%a.slabs, a.perSlab)
 	}
 	if ok, s, n := a.fitsNow(start, k); !ok {
