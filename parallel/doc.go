@@ -27,7 +27,8 @@
 // # Launch environment
 //
 // FromEnv reads rank and world size from torchrun-style, OpenMPI or Slurm variables, in that
-// precedence, and rejects launchers that disagree.
+// precedence, and rejects torchrun and OpenMPI variables that disagree; Slurm's describe the
+// allocation and count only when no other launcher ran the process.
 //
 // # Ownership and usage
 //

@@ -27,23 +27,29 @@ const EnvSourceVar = "CPCACHE_ENV_SOURCE"
 type envSource struct {
 	name                             string
 	rank, size, localRank, localSize string // rank is also the marker: set means this launcher ran us
+	// allocation: the variables describe the job allocation, and a launcher started inside it
+	// (mpirun or torchrun in an sbatch script, torchrun under srun) inherits them with values
+	// of its own launch step; they are read only when no launcher above them ran us.
+	allocation bool
 }
 
 // Sources in precedence order: torchrun-style variables are what `cpcache launch` and
 // torchrun set explicitly for each process; OpenMPI's are set by mpirun per process; Slurm's
 // last, since mpirun inside an allocation inherits the batch step's SLURM_PROCID.
 var envSources = []envSource{
-	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-	{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false},
+	{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", false},
+	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", true},
 }
 
 // FromEnv reads the process's rank and world from the launcher's variables, in precedence
 // order torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), OpenMPI
 // (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID; the local size from SLURM_NTASKS_PER_NODE, else this node's entry, by
-// SLURM_NODEID, of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE). Every other launcher whose variables are present must agree on rank and
-// world size, else the error names the variables; CPCACHE_ENV_SOURCE=torchrun|openmpi|slurm
+// SLURM_NODEID, of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE). Slurm's are read only
+// when neither of the others is set: mpirun or torchrun inside an allocation inherit them from
+// their own launch step. torchrun's and OpenMPI's, when both are present, must agree on rank
+// and world size, else the error names the variables; CPCACHE_ENV_SOURCE=torchrun|openmpi|slurm
 // picks one and skips the check. With no launcher variables it returns a single-rank Env.
 func FromEnv() (Env, error) { return fromEnv(os.LookupEnv) }
 
@@ -60,6 +66,9 @@ func fromEnv(lookup func(string) (string, bool)) (Env, error) {
 		}
 		if _, ok := lookup(src.rank); !ok {
 			continue
+		}
+		if src.allocation && len(found) > 0 {
+			continue // inherited by the launcher that ran us
 		}
 		e, err := readSource(lookup, src)
 		if err != nil {

@@ -36,6 +36,15 @@ func TestFromEnvSources(t *testing.T) {
 			Env{Rank: 2, WorldSize: 6, LocalRank: 0, LocalWorldSize: 2, Source: "slurm"}},
 		{"torchrun wins, openmpi agrees", map[string]string{"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
 			Env{Rank: 1, WorldSize: 2, LocalRank: 1, LocalWorldSize: 2, Source: "torchrun"}},
+		// mpirun in an sbatch script: every rank inherits the batch step's SLURM_PROCID=0.
+		{"mpirun inside a Slurm allocation", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+			"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1"},
+			Env{Rank: 3, WorldSize: 8, LocalRank: 3, LocalWorldSize: 8, Source: "openmpi"}},
+		// srun torchrun: one Slurm task per node, torchrun's ranks within; a bad inherited
+		// Slurm value is not this process's business either.
+		{"torchrun under srun", map[string]string{"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+			"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "(x2"},
+			Env{Rank: 5, WorldSize: 8, LocalRank: 1, LocalWorldSize: 4, Source: "torchrun"}},
 		{"forced slurm ignores disagreeing torchrun", map[string]string{"CPCACHE_ENV_SOURCE": "slurm", "RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "2", "SLURM_NTASKS": "4"},
 			Env{Rank: 2, WorldSize: 4, LocalRank: 2, LocalWorldSize: 4, Source: "slurm"}},
 	}
