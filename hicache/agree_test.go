@@ -242,3 +242,55 @@ func TestStepSubmitterGetsApplysTransfersInTheSameCall(t *testing.T) {
 		}
 	}
 }
+
+// deadlineGroup records the collectives that were called without a deadline.
+type deadlineGroup struct {
+	parallel.Group
+	mu        sync.Mutex
+	unbounded []string
+}
+
+func (g *deadlineGroup) note(op string, ctx context.Context) {
+	if _, ok := ctx.Deadline(); !ok {
+		g.mu.Lock()
+		g.unbounded = append(g.unbounded, op)
+		g.mu.Unlock()
+	}
+}
+
+func (g *deadlineGroup) AllReduce(ctx context.Context, op parallel.ReduceOp, v []int64) error {
+	g.note("AllReduce", ctx)
+	return g.Group.AllReduce(ctx, op, v)
+}
+
+func (g *deadlineGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
+	g.note("Broadcast", ctx)
+	return g.Group.Broadcast(ctx, root, data)
+}
+
+func (g *deadlineGroup) Barrier(ctx context.Context) error {
+	g.note("Barrier", ctx)
+	return g.Group.Barrier(ctx)
+}
+
+// TestStepTimeoutBoundsNewsCollectives: Config.StepTimeout bounds every collective of New,
+// the broadcast of a failing rank's cause included (a peer that dies between New's
+// all-reduce and that broadcast must not hold the others past StepTimeout).
+func TestStepTimeoutBoundsNewsCollectives(t *testing.T) {
+	groups := make([]*deadlineGroup, 4)
+	errs := newOnEveryRank(t, 4, func(i int, cfg *Config) {
+		groups[i] = &deadlineGroup{Group: cfg.Group}
+		cfg.Group, cfg.StepTimeout = groups[i], time.Minute
+		if i == 2 {
+			cfg.Faults = &Faults{NewError: errors.New("no engine")}
+		}
+	})
+	for i, g := range groups {
+		if !errors.Is(errs[i], ErrPeerFailed) {
+			t.Fatalf("rank %d: %v, want the StartError", i, errs[i])
+		}
+		if len(g.unbounded) > 0 {
+			t.Errorf("rank %d: collectives without the StepTimeout deadline: %v", i, g.unbounded)
+		}
+	}
+}

@@ -147,7 +147,11 @@ func agreeStartError(ctx context.Context, cfg Config, failed int, own error) err
 	if failed == g.Rank() {
 		copy(cause, own.Error())
 	}
-	got, err := g.Broadcast(ctx, failed, cause)
+	var got []byte
+	err := collective(ctx, cfg.StepTimeout, func(ctx context.Context) (err error) {
+		got, err = g.Broadcast(ctx, failed, cause)
+		return err
+	})
 	se := &StartError{Rank: g.Ranks()[failed], Group: g.Name(), Cause: string(bytes.TrimRight(got, "\x00")), Err: own}
 	if err != nil {
 		se.Cause = fmt.Sprintf("(its cause could not be learned: %v)", err)
