@@ -2,6 +2,7 @@ package hostengine
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -45,6 +46,9 @@ func New(slabs engine.HostSlabs, l1Pages, pageBytes int, opts Options) (*Engine,
 	}
 	if l1Pages <= 0 || pageBytes <= 0 {
 		return nil, fmt.Errorf("%w: host engine L1 pool of %d pages × %d bytes", core.ErrBadConfig, l1Pages, pageBytes)
+	}
+	if l1Pages > math.MaxInt32 || pageBytes > math.MaxInt/l1Pages { // slots are int32
+		return nil, fmt.Errorf("%w: host engine L1 pool of %d pages × %d bytes overflows", core.ErrBadConfig, l1Pages, pageBytes)
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 2
