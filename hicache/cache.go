@@ -589,7 +589,11 @@ func (c *Cache) Flush(ctx context.Context) error {
 	c.stats.diverged = nil
 	c.l3.drain() // idle: nothing runs; forget finished results
 	if c.clearOnFlush {
-		if err := c.l3.st.Clear(ctx); err != nil {
+		// A storage call like the others: bounded by the call deadline (c.mu is held).
+		cctx, cancel := context.WithTimeout(ctx, c.l3.opts.CallTimeout)
+		err := c.l3.st.Clear(cctx)
+		cancel()
+		if err != nil {
 			c.l3.fail(fmt.Errorf("hicache: clearing storage on flush: %w", err))
 		}
 	}
