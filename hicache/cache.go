@@ -564,21 +564,44 @@ func (c *Cache) Idle() bool {
 // otherwise ErrBusy and nothing changes (idleness is replicated, so every rank refuses
 // alike and no collective is made). Then a barrier on the group, and every rank resets the
 // tree, L1 accounting, queues, hints and the L2 allocator (whose digest then equals a fresh
-// one). L2 use resumes if a divergence had stopped it. Replicated.
+// one). L2 use resumes if a divergence had stopped it: in quarantine the replicas differ,
+// idleness included, so the group agrees it instead (one AllReduce(MIN) in place of the
+// barrier) and every rank refuses with ErrBusy, changing nothing, unless all are idle.
+// Replicated.
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return err
 	}
-	if err := c.core.Busy(); err != nil {
-		return err
-	}
-	if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
-		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
-	}
-	if c.closed {
-		return ErrClosed
+	if c.core.Quarantined() { // replicated: entered and left at the same step everywhere
+		busy := c.core.Busy()
+		v := []int64{1}
+		if busy != nil {
+			v[0] = 0
+		}
+		if _, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
+			return fmt.Errorf("hicache: flush agreement on group %s: %w", c.group.Name(), err)
+		}
+		if c.closed {
+			return ErrClosed
+		}
+		if v[0] == 0 {
+			if busy != nil {
+				return busy
+			}
+			return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
+		}
+	} else {
+		if err := c.core.Busy(); err != nil {
+			return err
+		}
+		if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
+			return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
+		}
+		if c.closed {
+			return ErrClosed
+		}
 	}
 	c.reportLocked()
 	if err := c.core.Reset(); err != nil {
