@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -291,6 +292,21 @@ func TestStepTimeoutBoundsNewsCollectives(t *testing.T) {
 		}
 		if len(g.unbounded) > 0 {
 			t.Errorf("rank %d: collectives without the StepTimeout deadline: %v", i, g.unbounded)
+		}
+	}
+}
+
+// A negative Config.StepTimeout or LatencySamples is refused on every rank with an error
+// naming it (it used to mean "no step timeout" and "the default" silently).
+func TestNewRejectsNegativeDriverConfig(t *testing.T) {
+	for _, set := range []func(*Config){
+		func(cfg *Config) { cfg.StepTimeout = -time.Second },
+		func(cfg *Config) { cfg.LatencySamples = -1 },
+	} {
+		for i, err := range newOnEveryRank(t, 2, func(_ int, cfg *Config) { set(cfg) }) {
+			if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "must not be negative") {
+				t.Fatalf("rank %d: %v, want ErrBadConfig naming the negative value", i, err)
+			}
 		}
 	}
 }

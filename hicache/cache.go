@@ -162,6 +162,9 @@ func agreeStartError(ctx context.Context, cfg Config, failed int, own error) err
 // build makes this rank's core, engine and storage driver: everything New does before the
 // group agrees. On error it returns what it made, for the caller to close.
 func build(cfg Config) (*Cache, error) {
+	if cfg.StepTimeout < 0 || cfg.LatencySamples < 0 {
+		return nil, fmt.Errorf("%w: step timeout %v and latency samples %d must not be negative", ErrBadConfig, cfg.StepTimeout, cfg.LatencySamples)
+	}
 	slabRanks := cfg.Slabs.Ranks()
 	cc := core.Config{
 		Options:      cfg.Options,
