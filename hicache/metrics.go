@@ -214,7 +214,10 @@ var metricDefs = []metricDef{
 		}, true},
 	{"storage_rejected_values_total", "Stored values that failed verification (each a miss, deleted), by cause (forged: checksums held but the MAC or key did not; damaged: the rest).",
 		prometheus.CounterValue, "cause", []string{"forged", "damaged"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
-			return float64([]uint64{st.Forged, st.Corrupt - st.Forged}[i])
+			// The storage loads its counters one by one: a snapshot taken while a forged
+			// value is counted may hold Forged ahead of Corrupt.
+			forged := min(st.Forged, st.Corrupt)
+			return float64([]uint64{forged, st.Corrupt - forged}[i])
 		}, true},
 	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},

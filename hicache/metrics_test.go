@@ -234,3 +234,30 @@ func TestCollectorConcurrentScrapes(t *testing.T) {
 		t.Fatalf("the histogram observed %d latencies of %d timed steps", got, timed)
 	}
 }
+
+// statsStore is a storage whose Stats return a fixed snapshot.
+type statsStore struct {
+	storage.Storage
+	st storage.Stats
+}
+
+func (s statsStore) Stats() storage.Stats { return s.st }
+
+// TestCollectorRejectedValuesNeverWrap: storage.Stats loads its counters one by one, so a
+// snapshot taken while a forged value is counted can hold one more Forged than Corrupt; the
+// damaged count (Corrupt - Forged) must not wrap around to 2^64 then.
+func TestCollectorRejectedValuesNeverWrap(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), statsStore{st: storage.Stats{Corrupt: 3, Forged: 4}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := metricValue(t, fams, "cpcache_storage_rejected_values_total", map[string]string{"cause": "damaged"})
+	forged := metricValue(t, fams, "cpcache_storage_rejected_values_total", map[string]string{"cause": "forged"})
+	if damaged != 0 || forged > 3 {
+		t.Fatalf("rejected values: damaged %v, forged %v from Corrupt 3 (Forged 4 counted ahead)", damaged, forged)
+	}
+}
