@@ -310,3 +310,34 @@ func TestNewRejectsNegativeDriverConfig(t *testing.T) {
 		}
 	}
 }
+
+// A scope error on one rank only (its slab set is not the layout's slab group, while its
+// consensus group is right) travels through New's first collective like a build error: every
+// rank returns the same StartError at once instead of waiting for that rank until the
+// deadline (README: "a rank cannot build its cache (engine, storage or scope check)").
+func TestNewScopeFailureOnOneRankIsAgreed(t *testing.T) {
+	const n, bad = 4, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the wait the bug caused
+	defer cancel()
+	l := mustLayout(t, parallel.LayoutConfig{World: n, AttnCP: n})
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: time.Minute})
+	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
+	errs := grouptest.Parallel(n, func(i int) error {
+		cfg := Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: slabs}
+		if i == bad {
+			cfg.Slabs = kvtest.NewMemSlabs([]int{0, 1}, 8, 64)
+		}
+		c, err := New(ctx, cfg)
+		return errors.Join(err, c.Close())
+	})
+	for i, err := range errs {
+		var se *StartError
+		if !errors.As(err, &se) || se.Rank != bad || err.Error() != errs[0].Error() {
+			t.Fatalf("rank %d: %v; want the StartError of rank %d, identical on every rank", i, err, bad)
+		}
+		if (i == bad) != errors.Is(err, ErrScope) {
+			t.Fatalf("rank %d: wraps ErrScope: %t", i, errors.Is(err, ErrScope))
+		}
+	}
+	t.Log(errs[0])
+}

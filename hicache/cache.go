@@ -107,12 +107,19 @@ type driverStats struct {
 // whether all were configured alike and all could start. When some rank failed, every rank
 // returns the same *StartError naming the lowest failing rank and its cause (broadcast from
 // it), instead of the other ranks waiting for it until the deadline. Every rank of the group
-// must call it.
+// must call it. A scope error travels through that collective too (one rank given the wrong
+// slab set fails every rank at once) when the consensus group is this rank's replica group;
+// when the group itself is wrong, New returns at once: a collective on it could meet other
+// ranks' unrelated calls.
 func New(ctx context.Context, cfg Config) (*Cache, error) {
-	if err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs); err != nil {
+	var c *Cache
+	err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs)
+	if err != nil && !isReplicaGroup(cfg.Layout, cfg.Rank, cfg.Group) {
 		return nil, err
 	}
-	c, err := build(cfg)
+	if err == nil {
+		c, err = build(cfg)
+	}
 	fp := int64(0)
 	failed := int64(math.MaxInt64)
 	if err != nil {
