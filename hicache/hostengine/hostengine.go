@@ -157,6 +157,9 @@ func (e *Engine) run(t core.Transfer) error {
 		if err != nil {
 			return fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err)
 		}
+		if len(l2) != len(l1) { // a partial copy would serve wrong bytes
+			return fmt.Errorf("hicache: %s of node %d: %w: L2 page (%d,%d) has %d bytes, L1 pages %d", t.Kind, t.Node, core.ErrBadConfig, c.L2.Slab, c.L2.Index, len(l2), len(l1))
+		}
 		if t.Kind == core.Write {
 			copy(l2, l1)
 		} else {

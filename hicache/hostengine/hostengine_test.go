@@ -76,3 +76,21 @@ func TestPoolSizeOverflow(t *testing.T) {
 		}()
 	}
 }
+
+// A transfer between an L1 page and an L2 page of another size fails with ErrBadConfig
+// instead of copying the shorter length (which left the rest of the destination stale and
+// reported success).
+func TestPageSizeMismatchFails(t *testing.T) {
+	slabs := kvtest.NewMemSlabs([]int{0}, 4, 64)
+	e, err := New(slabs, 4, 32, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, k := range []core.Kind{core.Write, core.Load} {
+		err := e.Submit(core.Transfer{Kind: k, Copies: []core.Copy{{L1: 0, L2: slab.Page{Slab: 0, Index: 1}}}}).Err()
+		if !errors.Is(err, core.ErrBadConfig) {
+			t.Errorf("%s between a 32-byte L1 page and a 64-byte L2 page: %v, want ErrBadConfig", k, err)
+		}
+	}
+}
