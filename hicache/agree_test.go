@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -241,4 +242,102 @@ func TestStepSubmitterGetsApplysTransfersInTheSameCall(t *testing.T) {
 			t.Fatalf("rank %d: %d transfers through Submit, SubmitStep calls of %v transfers; want one call of 2", i, n, e.steps)
 		}
 	}
+}
+
+// deadlineGroup records the collectives that were called without a deadline.
+type deadlineGroup struct {
+	parallel.Group
+	mu        sync.Mutex
+	unbounded []string
+}
+
+func (g *deadlineGroup) note(op string, ctx context.Context) {
+	if _, ok := ctx.Deadline(); !ok {
+		g.mu.Lock()
+		g.unbounded = append(g.unbounded, op)
+		g.mu.Unlock()
+	}
+}
+
+func (g *deadlineGroup) AllReduce(ctx context.Context, op parallel.ReduceOp, v []int64) error {
+	g.note("AllReduce", ctx)
+	return g.Group.AllReduce(ctx, op, v)
+}
+
+func (g *deadlineGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
+	g.note("Broadcast", ctx)
+	return g.Group.Broadcast(ctx, root, data)
+}
+
+func (g *deadlineGroup) Barrier(ctx context.Context) error {
+	g.note("Barrier", ctx)
+	return g.Group.Barrier(ctx)
+}
+
+// TestStepTimeoutBoundsNewsCollectives: Config.StepTimeout bounds every collective of New,
+// the broadcast of a failing rank's cause included (a peer that dies between New's
+// all-reduce and that broadcast must not hold the others past StepTimeout).
+func TestStepTimeoutBoundsNewsCollectives(t *testing.T) {
+	groups := make([]*deadlineGroup, 4)
+	errs := newOnEveryRank(t, 4, func(i int, cfg *Config) {
+		groups[i] = &deadlineGroup{Group: cfg.Group}
+		cfg.Group, cfg.StepTimeout = groups[i], time.Minute
+		if i == 2 {
+			cfg.Faults = &Faults{NewError: errors.New("no engine")}
+		}
+	})
+	for i, g := range groups {
+		if !errors.Is(errs[i], ErrPeerFailed) {
+			t.Fatalf("rank %d: %v, want the StartError", i, errs[i])
+		}
+		if len(g.unbounded) > 0 {
+			t.Errorf("rank %d: collectives without the StepTimeout deadline: %v", i, g.unbounded)
+		}
+	}
+}
+
+// A negative Config.StepTimeout or LatencySamples is refused on every rank with an error
+// naming it (it used to mean "no step timeout" and "the default" silently).
+func TestNewRejectsNegativeDriverConfig(t *testing.T) {
+	for _, set := range []func(*Config){
+		func(cfg *Config) { cfg.StepTimeout = -time.Second },
+		func(cfg *Config) { cfg.LatencySamples = -1 },
+	} {
+		for i, err := range newOnEveryRank(t, 2, func(_ int, cfg *Config) { set(cfg) }) {
+			if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "must not be negative") {
+				t.Fatalf("rank %d: %v, want ErrBadConfig naming the negative value", i, err)
+			}
+		}
+	}
+}
+
+// A scope error on one rank only (its slab set is not the layout's slab group, while its
+// consensus group is right) travels through New's first collective like a build error: every
+// rank returns the same StartError at once instead of waiting for that rank until the
+// deadline (README: "a rank cannot build its cache (engine, storage or scope check)").
+func TestNewScopeFailureOnOneRankIsAgreed(t *testing.T) {
+	const n, bad = 4, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the wait the bug caused
+	defer cancel()
+	l := mustLayout(t, parallel.LayoutConfig{World: n, AttnCP: n})
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: time.Minute})
+	slabs := kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64)
+	errs := grouptest.Parallel(n, func(i int) error {
+		cfg := Config{Options: Options{PageSize: 4, L1Pages: 8}, Layout: l, Rank: i, Group: members[i], Slabs: slabs}
+		if i == bad {
+			cfg.Slabs = kvtest.NewMemSlabs([]int{0, 1}, 8, 64)
+		}
+		c, err := New(ctx, cfg)
+		return errors.Join(err, c.Close())
+	})
+	for i, err := range errs {
+		var se *StartError
+		if !errors.As(err, &se) || se.Rank != bad || err.Error() != errs[0].Error() {
+			t.Fatalf("rank %d: %v; want the StartError of rank %d, identical on every rank", i, err, bad)
+		}
+		if (i == bad) != errors.Is(err, ErrScope) {
+			t.Fatalf("rank %d: wraps ErrScope: %t", i, errors.Is(err, ErrScope))
+		}
+	}
+	t.Log(errs[0])
 }

@@ -107,12 +107,19 @@ type driverStats struct {
 // whether all were configured alike and all could start. When some rank failed, every rank
 // returns the same *StartError naming the lowest failing rank and its cause (broadcast from
 // it), instead of the other ranks waiting for it until the deadline. Every rank of the group
-// must call it.
+// must call it. A scope error travels through that collective too (one rank given the wrong
+// slab set fails every rank at once) when the consensus group is this rank's replica group;
+// when the group itself is wrong, New returns at once: a collective on it could meet other
+// ranks' unrelated calls.
 func New(ctx context.Context, cfg Config) (*Cache, error) {
-	if err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs); err != nil {
+	var c *Cache
+	err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs)
+	if err != nil && !isReplicaGroup(cfg.Layout, cfg.Rank, cfg.Group) {
 		return nil, err
 	}
-	c, err := build(cfg)
+	if err == nil {
+		c, err = build(cfg)
+	}
 	fp := int64(0)
 	failed := int64(math.MaxInt64)
 	if err != nil {
@@ -147,7 +154,11 @@ func agreeStartError(ctx context.Context, cfg Config, failed int, own error) err
 	if failed == g.Rank() {
 		copy(cause, own.Error())
 	}
-	got, err := g.Broadcast(ctx, failed, cause)
+	var got []byte
+	err := collective(ctx, cfg.StepTimeout, func(ctx context.Context) (err error) {
+		got, err = g.Broadcast(ctx, failed, cause)
+		return err
+	})
 	se := &StartError{Rank: g.Ranks()[failed], Group: g.Name(), Cause: string(bytes.TrimRight(got, "\x00")), Err: own}
 	if err != nil {
 		se.Cause = fmt.Sprintf("(its cause could not be learned: %v)", err)
@@ -158,6 +169,9 @@ func agreeStartError(ctx context.Context, cfg Config, failed int, own error) err
 // build makes this rank's core, engine and storage driver: everything New does before the
 // group agrees. On error it returns what it made, for the caller to close.
 func build(cfg Config) (*Cache, error) {
+	if cfg.StepTimeout < 0 || cfg.LatencySamples < 0 {
+		return nil, fmt.Errorf("%w: step timeout %v and latency samples %d must not be negative", ErrBadConfig, cfg.StepTimeout, cfg.LatencySamples)
+	}
 	slabRanks := cfg.Slabs.Ranks()
 	cc := core.Config{
 		Options:      cfg.Options,
@@ -560,21 +574,44 @@ func (c *Cache) Idle() bool {
 // otherwise ErrBusy and nothing changes (idleness is replicated, so every rank refuses
 // alike and no collective is made). Then a barrier on the group, and every rank resets the
 // tree, L1 accounting, queues, hints and the L2 allocator (whose digest then equals a fresh
-// one). L2 use resumes if a divergence had stopped it. Replicated.
+// one). L2 use resumes if a divergence had stopped it: in quarantine the replicas differ,
+// idleness included, so the group agrees it instead (one AllReduce(MIN) in place of the
+// barrier) and every rank refuses with ErrBusy, changing nothing, unless all are idle.
+// Replicated.
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return err
 	}
-	if err := c.core.Busy(); err != nil {
-		return err
-	}
-	if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
-		return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
-	}
-	if c.closed {
-		return ErrClosed
+	if c.core.Quarantined() { // replicated: entered and left at the same step everywhere
+		busy := c.core.Busy()
+		v := []int64{1}
+		if busy != nil {
+			v[0] = 0
+		}
+		if _, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
+			return fmt.Errorf("hicache: flush agreement on group %s: %w", c.group.Name(), err)
+		}
+		if c.closed {
+			return ErrClosed
+		}
+		if v[0] == 0 {
+			if busy != nil {
+				return busy
+			}
+			return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
+		}
+	} else {
+		if err := c.core.Busy(); err != nil {
+			return err
+		}
+		if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
+			return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
+		}
+		if c.closed {
+			return ErrClosed
+		}
 	}
 	c.reportLocked()
 	if err := c.core.Reset(); err != nil {
@@ -585,7 +622,11 @@ func (c *Cache) Flush(ctx context.Context) error {
 	c.stats.diverged = nil
 	c.l3.drain() // idle: nothing runs; forget finished results
 	if c.clearOnFlush {
-		if err := c.l3.st.Clear(ctx); err != nil {
+		// A storage call like the others: bounded by the call deadline (c.mu is held).
+		cctx, cancel := context.WithTimeout(ctx, c.l3.opts.CallTimeout)
+		err := c.l3.st.Clear(cctx)
+		cancel()
+		if err != nil {
 			c.l3.fail(fmt.Errorf("hicache: clearing storage on flush: %w", err))
 		}
 	}

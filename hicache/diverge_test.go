@@ -247,3 +247,48 @@ func tokensN(base int32, n int) []int32 {
 	}
 	return out
 }
+
+// TestFlushInQuarantineAgreesIdleness: in quarantine the replicas differ, idleness included
+// (here a Lock made on one rank only), so a Flush must not let one rank refuse alone while
+// the others wait in its barrier (which broke the group): every rank refuses with ErrBusy
+// and nothing changes; once every rank is idle, every rank flushes and caching resumes.
+func TestFlushInQuarantineAgreesIdleness(t *testing.T) {
+	r := newRig(t, rigConfig{
+		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
+		pagesPerSlab: 16, pageBytes: 64,
+	})
+	res, err := r.insert(tokensN(100, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drain()
+	if err := r.caches[1].Lock(res[1].Last); err != nil { // a replicated call made on one rank only
+		t.Fatal(err)
+	}
+	for i, err := range r.all(func(i int) error { return r.caches[i].Step(context.Background()) }) {
+		if !errors.Is(err, ErrPlacementDiverged) {
+			t.Fatalf("rank %d: %v, want the divergence", i, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds a split flush
+	defer cancel()
+	before := []uint64{r.caches[0].StateDigest(), r.caches[1].StateDigest()}
+	for i, err := range r.all(func(i int) error { return r.caches[i].Flush(ctx) }) {
+		if !errors.Is(err, ErrBusy) {
+			t.Fatalf("rank %d: flush in quarantine with a lock held on rank 1: %v, want ErrBusy on every rank", i, err)
+		}
+		if d := r.caches[i].StateDigest(); d != before[i] || !r.caches[i].Quarantined() {
+			t.Fatalf("rank %d: a refused flush changed the state (digest %#x, was %#x; quarantined %t)", i, d, before[i], r.caches[i].Quarantined())
+		}
+	}
+	if err := r.same("step", r.all(func(i int) error { return r.caches[i].Step(ctx) })); err != nil {
+		t.Fatalf("step after the refused flush: %v", err)
+	}
+	if err := r.caches[1].Unlock(res[1].Last); err != nil {
+		t.Fatal(err)
+	}
+	r.flushAndCheckFresh()
+	if err := r.step(); err != nil {
+		t.Fatal(err)
+	}
+}

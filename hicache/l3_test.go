@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -582,3 +583,33 @@ type nopEngine struct{}
 func (nopEngine) Submit(t Transfer) *Ticket { tk := engine.NewTicket(t); tk.Finish(nil); return tk }
 func (nopEngine) Cancel()                   {}
 func (nopEngine) Close() error              { return nil }
+
+// clearDeadlineStore records whether Clear was called with a deadline.
+type clearDeadlineStore struct {
+	storage.Storage
+	clears, unbounded *atomic.Int64
+}
+
+func (s clearDeadlineStore) Clear(ctx context.Context) error {
+	s.clears.Add(1)
+	if _, ok := ctx.Deadline(); !ok {
+		s.unbounded.Add(1)
+	}
+	return s.Storage.Clear(ctx)
+}
+
+// TestL3FlushClearHasCallDeadline: the I/O ranks' Clear at a ClearOnFlush flush is a storage
+// call like the others, bounded by L3Options.CallTimeout, even when Flush's context has no
+// deadline (a store that stops answering must not hold Flush, which holds the cache's
+// mutex, forever).
+func TestL3FlushClearHasCallDeadline(t *testing.T) {
+	ns := testNamespace(t)
+	var clears, unbounded atomic.Int64
+	open := openStores(t, "mem://"+t.Name(), ns)
+	store := func(i int) storage.Storage { return clearDeadlineStore{open(i), &clears, &unbounded} }
+	r := newRig(t, l3RigConfig(l3Layout, store, ns, L3Options{ClearOnFlush: true}))
+	r.flushAndCheckFresh()
+	if clears.Load() == 0 || unbounded.Load() != 0 {
+		t.Fatalf("%d clears, %d of them without a deadline", clears.Load(), unbounded.Load())
+	}
+}

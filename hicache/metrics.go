@@ -62,7 +62,7 @@ type Collector struct {
 	l2Pages  float64
 	descs    []*prometheus.Desc // of metricDefs, nil where the def needs the absent storage
 
-	mu      sync.Mutex // protects timed and latency (a scrape observes new samples)
+	mu      sync.Mutex // protects timed and latency (a scrape observes new samples), held across the Stats snapshot
 	timed   int64      // Stats.ConsensusTimed already observed
 	latency prometheus.Histogram
 }
@@ -214,7 +214,10 @@ var metricDefs = []metricDef{
 		}, true},
 	{"storage_rejected_values_total", "Stored values that failed verification (each a miss, deleted), by cause (forged: checksums held but the MAC or key did not; damaged: the rest).",
 		prometheus.CounterValue, "cause", []string{"forged", "damaged"}, func(_ *Collector, _ *Stats, st *storage.Stats, i int) float64 {
-			return float64([]uint64{st.Forged, st.Corrupt - st.Forged}[i])
+			// The storage loads its counters one by one: a snapshot taken while a forged
+			// value is counted may hold Forged ahead of Corrupt.
+			forged := min(st.Forged, st.Corrupt)
+			return float64([]uint64{forged, st.Corrupt - forged}[i])
 		}, true},
 	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},
@@ -232,7 +235,17 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	// The snapshot and the histogram's update are one step under c.mu: a scrape that took
+	// its snapshot before a concurrent one must not observe after it (its older snapshot
+	// would count samples twice, or find fewer than were observed).
+	c.mu.Lock()
 	s := c.cache.Stats()
+	fresh := min(s.ConsensusTimed-c.timed, int64(len(s.ConsensusLatency)))
+	for _, d := range s.ConsensusLatency[int64(len(s.ConsensusLatency))-fresh:] {
+		c.latency.Observe(d.Seconds())
+	}
+	c.timed = s.ConsensusTimed
+	c.mu.Unlock()
 	var st storage.Stats
 	if c.st != nil {
 		st = c.st.Stats()
@@ -250,12 +263,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(desc, d.kind, d.value(c, &s, &st, j), v)
 		}
 	}
-	c.mu.Lock()
-	fresh := min(s.ConsensusTimed-c.timed, int64(len(s.ConsensusLatency)))
-	for _, d := range s.ConsensusLatency[int64(len(s.ConsensusLatency))-fresh:] {
-		c.latency.Observe(d.Seconds())
-	}
-	c.timed = s.ConsensusTimed
-	c.mu.Unlock()
 	ch <- c.latency
 }

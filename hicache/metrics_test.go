@@ -1,7 +1,9 @@
 package hicache
 
 import (
+	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -180,5 +184,80 @@ func TestCollectorLatencyWindow(t *testing.T) {
 	}
 	if diff := sum - sum3 - want; diff > 1e-9 || diff < -1e-9 {
 		t.Fatalf("the scrape added %vs, the 4 newest latencies are %vs", sum-sum3, want)
+	}
+}
+
+// TestCollectorConcurrentScrapes: scrapes that overlap while the cache steps (several
+// registries, or concurrent Gathers) neither panic nor observe a latency twice: a scrape
+// whose snapshot is older than one a concurrent scrape already observed used to slice the
+// latency ring out of range, or set the observed count back so that the next scrape observed
+// the same steps again.
+func TestCollectorConcurrentScrapes(t *testing.T) {
+	l := mustLayout(t, parallel.LayoutConfig{World: 1})
+	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 5 * time.Second})
+	c, err := New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: 0,
+		Group: members[0], Slabs: kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64), LatencySamples: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	col := NewCollector(c, MetricLabels{}, nil)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				col.Collect(make(chan prometheus.Metric, 100))
+			}
+		}()
+	}
+	for range 2000 {
+		if err := c.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	col.Collect(make(chan prometheus.Metric, 100))
+	var m dto.Metric
+	if err := col.latency.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got, timed := m.GetHistogram().GetSampleCount(), c.Stats().ConsensusTimed; got > uint64(timed) {
+		t.Fatalf("the histogram observed %d latencies of %d timed steps", got, timed)
+	}
+}
+
+// statsStore is a storage whose Stats return a fixed snapshot.
+type statsStore struct {
+	storage.Storage
+	st storage.Stats
+}
+
+func (s statsStore) Stats() storage.Stats { return s.st }
+
+// TestCollectorRejectedValuesNeverWrap: storage.Stats loads its counters one by one, so a
+// snapshot taken while a forged value is counted can hold one more Forged than Corrupt; the
+// damaged count (Corrupt - Forged) must not wrap around to 2^64 then.
+func TestCollectorRejectedValuesNeverWrap(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), statsStore{st: storage.Stats{Corrupt: 3, Forged: 4}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := metricValue(t, fams, "cpcache_storage_rejected_values_total", map[string]string{"cause": "damaged"})
+	forged := metricValue(t, fams, "cpcache_storage_rejected_values_total", map[string]string{"cause": "forged"})
+	if damaged != 0 || forged > 3 {
+		t.Fatalf("rejected values: damaged %v, forged %v from Corrupt 3 (Forged 4 counted ahead)", damaged, forged)
 	}
 }

@@ -57,6 +57,17 @@ func checkScope(l *parallel.Layout, rank int, g parallel.Group, s SlabSet) error
 	return nil
 }
 
+// isReplicaGroup reports whether g is the layout's replica group of rank, with rank at its
+// position: the group whose every member calls New with it, so that New's first collective
+// on it meets theirs.
+func isReplicaGroup(l *parallel.Layout, rank int, g parallel.Group) bool {
+	if l == nil || g == nil || rank < 0 || rank >= l.Config.World {
+		return false
+	}
+	cons := g.Ranks()
+	return at(cons, g.Rank()) == rank && slices.Equal(cons, l.ReplicaGroup(rank))
+}
+
 func at(s []int, i int) int {
 	if i < 0 || i >= len(s) {
 		return -1

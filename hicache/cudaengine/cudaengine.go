@@ -3,6 +3,7 @@ package cudaengine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -89,11 +90,14 @@ type cudaPending struct {
 // New returns an engine over the L1 pool at l1 (l1Pages pages of pageBytes on
 // dev) and the L2 pages l2 resolves. The caller keeps ownership of the memory.
 func New(dev *cuda.Device, l1 cuda.DevicePtr, l1Pages, pageBytes int, l2 L2Addr, opts Options) (*Engine, error) {
-	if dev == nil || l2 == nil {
-		return nil, fmt.Errorf("%w: CUDA engine needs a device and an L2 address resolver (device %v, resolver %v)", core.ErrBadConfig, dev != nil, l2 != nil)
-	}
 	if l1Pages <= 0 || pageBytes <= 0 || l1 == 0 {
 		return nil, fmt.Errorf("%w: CUDA engine L1 pool of %d pages × %d bytes at %v", core.ErrBadConfig, l1Pages, pageBytes, l1)
+	}
+	if l1Pages > math.MaxInt32 || pageBytes > math.MaxInt/l1Pages || uint64(l1) > math.MaxUint64-uint64(l1Pages*pageBytes) { // slots are int32
+		return nil, fmt.Errorf("%w: CUDA engine L1 pool of %d pages × %d bytes at %v overflows", core.ErrBadConfig, l1Pages, pageBytes, l1)
+	}
+	if dev == nil || l2 == nil {
+		return nil, fmt.Errorf("%w: CUDA engine needs a device and an L2 address resolver (device %v, resolver %v)", core.ErrBadConfig, dev != nil, l2 != nil)
 	}
 	e := &Engine{dev: dev, l1: l1, l1Pages: l1Pages, pageBytes: pageBytes, l2: l2, evFlags: cuda.EventDisableTiming, perTransfer: opts.PerTransfer}
 	if !opts.Spin {

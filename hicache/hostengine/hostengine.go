@@ -2,6 +2,7 @@ package hostengine
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -45,6 +46,9 @@ func New(slabs engine.HostSlabs, l1Pages, pageBytes int, opts Options) (*Engine,
 	}
 	if l1Pages <= 0 || pageBytes <= 0 {
 		return nil, fmt.Errorf("%w: host engine L1 pool of %d pages × %d bytes", core.ErrBadConfig, l1Pages, pageBytes)
+	}
+	if l1Pages > math.MaxInt32 || pageBytes > math.MaxInt/l1Pages { // slots are int32
+		return nil, fmt.Errorf("%w: host engine L1 pool of %d pages × %d bytes overflows", core.ErrBadConfig, l1Pages, pageBytes)
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = 2
@@ -152,6 +156,9 @@ func (e *Engine) run(t core.Transfer) error {
 		l2, err := e.slabs.Page(c.L2)
 		if err != nil {
 			return fmt.Errorf("hicache: %s of node %d: %w", t.Kind, t.Node, err)
+		}
+		if len(l2) != len(l1) { // a partial copy would serve wrong bytes
+			return fmt.Errorf("hicache: %s of node %d: %w: L2 page (%d,%d) has %d bytes, L1 pages %d", t.Kind, t.Node, core.ErrBadConfig, c.L2.Slab, c.L2.Index, len(l2), len(l1))
 		}
 		if t.Kind == core.Write {
 			copy(l2, l1)
