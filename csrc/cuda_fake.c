@@ -2,14 +2,22 @@
  * cuda_fake.c — a host-memory stand-in for libcuda.so.1, for tests only (never linked into
  * cpcache). Built by the cuda package's tests with gcc into a shared library and loaded
  * through CPCACHE_CUDA_LIBRARY, it lets the GPU tests exercise the Go binding end to end on a
- * machine without a GPU: one device; "device" memory is host memory (unified addresses);
- * streams run copies immediately.
+ * machine without a GPU: one device; "device" memory is host memory (unified addresses).
  *
  * IPC works between processes of one user: every device allocation is a memfd mapped
  * MAP_SHARED, its handle carries the exporter's pid, the memfd's descriptor number and the
  * size, and cuIpcOpenMemHandle maps /proc/PID/fd/N (so the exporter must still hold the
  * allocation, as with a real driver). A process cannot open its own handle (as with CUDA).
- * Event handles open as fresh events: copies are synchronous, so every event is complete.
+ * Event handles open as fresh events, complete at once.
+ *
+ * Streams are lazy: async copies and memsets wait in their stream's queue until something
+ * waits for them (cuStreamSynchronize, cuCtxSynchronize, an event recorded on the stream being
+ * synchronized, queried or waited on, an interprocess event's record, the stream's
+ * destruction), so that a caller who trusts work it has not waited for sees old bytes.
+ * CPCACHE_FAKE_CUDA_DEFER=0 runs the work when it is enqueued instead (for the NCCL fake,
+ * whose collectives cannot see these queues). CPCACHE_FAKE_CUDA_COPY_FAIL_AT=N makes the Nth async copy
+ * (counted from 1 in the process) fail with CUDA_ERROR_INVALID_VALUE, the copies before it
+ * staying queued, as a real driver's would be in flight.
  *
  * It checks what the binding promises: every call that needs a context fails with
  * CUDA_ERROR_INVALID_CONTEXT (201) unless the device's primary context was made current on
@@ -104,7 +112,8 @@ CUresult cuCtxSetCurrent(void *ctx) {
   return 0;
 }
 CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
-CUresult cuCtxSynchronize(void) { NEED_CTX(); return 0; }
+static void queues_flush_all(void);
+CUresult cuCtxSynchronize(void) { NEED_CTX(); queues_flush_all(); return 0; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   NEED_CTX();
   *t = (size_t)16 << 30;
@@ -183,41 +192,174 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int f) {
   return 0;
 }
 #define D(x) ((void *)(uintptr_t)(x))
+
+/* Streams and their queues of deferred work. */
+typedef struct op {
+  CUdeviceptr d, s; /* memset: s is the byte value */
+  size_t n;
+  int memset;
+  struct op *next;
+} op;
+typedef struct fstream {
+  op *head, *tail;
+  struct fstream *next, *prev; /* the live streams, for cuCtxSynchronize */
+} fstream;
+typedef struct {
+  fstream *st;      /* the stream of its last record, or NULL */
+  int interprocess; /* CU_EVENT_INTERPROCESS: recording it runs the stream's queue, since the
+                       process that waits on it cannot */
+} fevent;
+static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+static fstream streams; /* the list head of live streams; all queues are protected by q_mu */
+static long async_copies; /* async copies asked for so far, for COPY_FAIL_AT; protected by q_mu */
+
+static int eager(void) {
+  const char *v = getenv("CPCACHE_FAKE_CUDA_DEFER");
+  return v != NULL && v[0] == '0';
+}
+static void op_run(const op *o) {
+  if (o->memset) memset(D(o->d), (int)o->s, o->n);
+  else memmove(D(o->d), D(o->s), o->n);
+}
+/* flush_locked runs st's queued work in order. q_mu must be held. */
+static void flush_locked(fstream *st) {
+  while (st != NULL && st->head != NULL) {
+    op *o = st->head;
+    st->head = o->next;
+    if (st->head == NULL) st->tail = NULL;
+    op_run(o);
+    free(o);
+  }
+}
+static void queue_flush(fstream *st) {
+  pthread_mutex_lock(&q_mu);
+  flush_locked(st);
+  pthread_mutex_unlock(&q_mu);
+}
+static void queues_flush_all(void) {
+  pthread_mutex_lock(&q_mu);
+  for (fstream *st = streams.next; st != NULL && st != &streams; st = st->next) flush_locked(st);
+  pthread_mutex_unlock(&q_mu);
+}
+/* enqueue queues the work on st, or runs it now (eager mode); a copy counts toward
+ * COPY_FAIL_AT, whose copy fails (1) without being queued. */
+static CUresult enqueue(void *stp, CUdeviceptr d, CUdeviceptr s, size_t n, int is_memset) {
+  NEED_CTX();
+  fstream *st = stp;
+  op o = {d, s, n, is_memset, NULL};
+  pthread_mutex_lock(&q_mu);
+  if (!is_memset) {
+    const char *at = getenv("CPCACHE_FAKE_CUDA_COPY_FAIL_AT");
+    if (++async_copies == (at ? atol(at) : 0)) {
+      pthread_mutex_unlock(&q_mu);
+      return 1;
+    }
+  }
+  if (st == NULL || eager()) {
+    flush_locked(st); /* stream order: earlier queued work first */
+    op_run(&o);
+  } else {
+    op *q = malloc(sizeof *q);
+    *q = o;
+    if (st->tail) st->tail->next = q;
+    else st->head = q;
+    st->tail = q;
+  }
+  pthread_mutex_unlock(&q_mu);
+  return 0;
+}
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { NEED_CTX(); memmove(D(d), s, n); return 0; }
 CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { NEED_CTX(); memmove(d, D(s), n); return 0; }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { NEED_CTX(); memmove(D(d), D(s), n); return 0; }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; return cuMemcpyHtoD_v2(d, s, n); }
-CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
-CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { return enqueue(st, d, (CUdeviceptr)(uintptr_t)s, n, 0); }
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { return enqueue(st, (CUdeviceptr)(uintptr_t)d, s, n, 0); }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { return enqueue(st, d, s, n, 0); }
+CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { return enqueue(st, d, s, n, 0); }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { NEED_CTX(); memset(D(d), v, n); return 0; }
-CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *st) { (void)st; return cuMemsetD8_v2(d, v, n); }
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *st) { return enqueue(st, d, v, n, 1); }
 CUresult cuStreamCreate(void **st, unsigned int flags) {
   NEED_CTX();
   if (flags > 1) return 1;
-  *st = malloc(1);
+  fstream *s = calloc(1, sizeof *s);
+  pthread_mutex_lock(&q_mu);
+  if (streams.next == NULL) streams.next = streams.prev = &streams;
+  s->next = streams.next;
+  s->prev = &streams;
+  streams.next->prev = s;
+  streams.next = s;
+  pthread_mutex_unlock(&q_mu);
+  *st = s;
   return 0;
 }
-CUresult cuStreamDestroy_v2(void *st) { NEED_CTX(); free(st); return 0; }
-CUresult cuStreamSynchronize(void *st) { NEED_CTX(); return st ? 0 : 1; }
+CUresult cuStreamDestroy_v2(void *stp) {
+  NEED_CTX();
+  fstream *s = stp;
+  if (s == NULL) return 1;
+  pthread_mutex_lock(&q_mu);
+  flush_locked(s); /* like CUDA: the work enqueued before completes */
+  s->prev->next = s->next;
+  s->next->prev = s->prev;
+  pthread_mutex_unlock(&q_mu);
+  free(s);
+  return 0;
+}
+CUresult cuStreamSynchronize(void *st) {
+  NEED_CTX();
+  if (!st) return 1;
+  queue_flush(st);
+  return 0;
+}
 /* A stream reports "not ready" on every other query, so pollers are exercised. */
 static __thread int query_flip;
 CUresult cuStreamQuery(void *st) {
   NEED_CTX();
   if (!st) return 1;
-  return (query_flip++ & 1) ? 0 : 600;
+  if ((query_flip++ & 1) == 0) return 600;
+  queue_flush(st);
+  return 0;
 }
-CUresult cuStreamWaitEvent(void *st, void *ev, unsigned int f) { NEED_CTX(); return (st && ev && f == 0) ? 0 : 1; }
+static void event_flush(void *ev) {
+  pthread_mutex_lock(&q_mu);
+  flush_locked(((fevent *)ev)->st);
+  pthread_mutex_unlock(&q_mu);
+}
+CUresult cuStreamWaitEvent(void *st, void *ev, unsigned int f) {
+  NEED_CTX();
+  if (!st || !ev || f != 0) return 1;
+  event_flush(ev); /* stricter than needed: the work the event captured runs now */
+  return 0;
+}
 CUresult cuEventCreate(void **ev, unsigned int flags) {
   NEED_CTX();
   if (flags > 7) return 1;
-  *ev = malloc(1);
+  fevent *e = calloc(1, sizeof *e);
+  e->interprocess = (flags & 4) != 0;
+  *ev = e;
   return 0;
 }
 CUresult cuEventDestroy_v2(void *ev) { NEED_CTX(); free(ev); return 0; }
-CUresult cuEventRecord(void *ev, void *st) { NEED_CTX(); return (ev && st) ? 0 : 1; }
-CUresult cuEventSynchronize(void *ev) { NEED_CTX(); return ev ? 0 : 1; }
-CUresult cuEventQuery(void *ev) { NEED_CTX(); return ev ? 0 : 1; }
+CUresult cuEventRecord(void *ev, void *st) {
+  NEED_CTX();
+  if (!ev || !st) return 1;
+  fevent *e = ev;
+  pthread_mutex_lock(&q_mu);
+  e->st = st;
+  if (e->interprocess) flush_locked(st);
+  pthread_mutex_unlock(&q_mu);
+  return 0;
+}
+CUresult cuEventSynchronize(void *ev) {
+  NEED_CTX();
+  if (!ev) return 1;
+  event_flush(ev);
+  return 0;
+}
+CUresult cuEventQuery(void *ev) {
+  NEED_CTX();
+  if (!ev) return 1;
+  event_flush(ev);
+  return 0;
+}
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { NEED_CTX(); *ms = (a && b) ? 0.5f : 0; return 0; }
 typedef struct { char reserved[64]; } handle64;
 /* The fake's IPC memory handle, inside the 64 opaque bytes. */
@@ -267,7 +409,7 @@ CUresult cuIpcGetEventHandle(handle64 *h, void *ev) {
 CUresult cuIpcOpenEventHandle(void **ev, handle64 h) {
   NEED_CTX();
   if (memcmp(&h, ipc_magic, sizeof ipc_magic) != 0) return 1;
-  *ev = malloc(1);
+  *ev = calloc(1, sizeof(fevent));
   return 0;
 }
 
@@ -284,7 +426,10 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
   if (st == NULL || nattrs != 1 || idx[0] != 0 || a[0].srcAccessOrder != 1 || a[0].flags != 0) return 1;
   for (size_t i = 0; i < count; i++) {
     if (sizes[i] == 0) { *failIdx = i; return 1; }
-    memmove(D(dsts[i]), D(srcs[i]), sizes[i]);
+  }
+  for (size_t i = 0; i < count; i++) {
+    CUresult rc = enqueue(st, dsts[i], srcs[i], sizes[i], 0);
+    if (rc != 0) { *failIdx = i; return rc; }
   }
   return 0;
 }

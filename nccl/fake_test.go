@@ -17,7 +17,9 @@ import (
 func TestFakeLibrariesRunGPUTests(t *testing.T) {
 	fakelib.SkipInChild(t)
 	cudaLib, ncclLib := fakelib.Build(t, "cuda_fake"), fakelib.Build(t, "nccl_fake")
-	out := fakelib.RunGPUTests(t, "", "CPCACHE_CUDA_LIBRARY="+cudaLib, "CPCACHE_NCCL_LIBRARY="+ncclLib)
+	// The NCCL fake runs a collective at the call, not in its stream's order: the CUDA fake's
+	// copies before it must have run, so its streams are eager here.
+	out := fakelib.RunGPUTests(t, "", "CPCACHE_CUDA_LIBRARY="+cudaLib, "CPCACHE_NCCL_LIBRARY="+ncclLib, "CPCACHE_FAKE_CUDA_DEFER=0")
 	for _, want := range []string{"--- PASS: TestGPUOneRankCollectives/blocking=false", "--- PASS: TestGPUOneRankCollectives/blocking=true",
 		"--- PASS: TestGPUGroupAdapterConformance", "--- PASS: TestGPUZInitTimeout", "non-blocking mode=true",
 		// The fake is NCCL 2.18: the two-process test on one GPU skips, saying why.

@@ -211,6 +211,11 @@ func (e *Engine) enqueue(ln *lane, tks []*engine.Ticket, copies []cuda.Copy1) {
 	}
 	batched, err := ln.stream.CopyBatch(copies)
 	if err != nil {
+		// Copies enqueued before the failing one may be running: the pages are not free
+		// for reuse until they are done.
+		if serr := ln.stream.Synchronize(); serr != nil {
+			err = errors.Join(err, serr)
+		}
 		fail(err, "")
 		return
 	}

@@ -26,3 +26,16 @@ func TestFakeDriverRunsGPUTests(t *testing.T) {
 		t.Errorf("TestGPUStepBatching did not pass on the fake driver:\n%s", out)
 	}
 }
+
+// TestFakeDriverCopyFailureWaitsForQueuedCopies runs the partial-enqueue test against the
+// fake driver with its batch call failing (so the copies go one by one) and the third copy
+// failing; the fake's streams run copies only when waited for.
+func TestFakeDriverCopyFailureWaitsForQueuedCopies(t *testing.T) {
+	fakelib.SkipInChild(t)
+	lib := fakelib.Build(t, "cuda_fake")
+	out := fakelib.RunTests(t, "^TestGPUFailedEnqueueWaitsForQueuedCopies$", "", "CPCACHE_CUDA_LIBRARY="+lib,
+		"CPCACHE_FAKE_CUDA_BATCH_FAIL=1", envFakeCopyFailAt+"=3")
+	if !strings.Contains(out, "--- PASS: TestGPUFailedEnqueueWaitsForQueuedCopies") {
+		t.Errorf("the partial-enqueue test did not pass on the fake driver:\n%s", out)
+	}
+}
