@@ -239,9 +239,9 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 		return fail(fmt.Errorf("cpcache_wait_l1: %w", err))
 	}
 	ctx := context.Background()
-	if timeoutMs >= 0 {
+	if limit, ok := waitLimit(int64(timeoutMs)); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
 	return result(cache.WaitL1(ctx, n))
