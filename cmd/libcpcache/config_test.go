@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 		}, "needs pin_host = 1"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
+		{"timeout past a Duration", func(c *openConfig) { c.timeout, c.timeoutMs = 0, math.MaxInt64 }, "timeout_ms 9223372036854775807 must be in 1.."},
 	}
 	good := goodConfig()
 	if err := checkConfig(&good); err != nil {

@@ -40,6 +40,7 @@ type openConfig struct {
 	store      string
 	consensus  string
 	timeout    time.Duration
+	timeoutMs  int64 // timeout_ms as the caller gave it, for checkConfig's message (0: see timeout)
 	pageTokens int
 	pageBytes  int
 	slabKind   int
@@ -53,6 +54,9 @@ type openConfig struct {
 	storageURL string
 	model      string
 }
+
+// maxTimeoutMs is the largest timeout_ms a time.Duration holds (about 292 years).
+const maxTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
 
 // checkConfig rejects values no rank could use, naming the field.
 func checkConfig(c *openConfig) error {
@@ -93,7 +97,11 @@ func checkConfig(c *openConfig) error {
 	case c.options.Policy < hicache.WriteThrough || c.options.Policy > hicache.WriteBack:
 		return bad("policy %d", int(c.options.Policy))
 	case c.timeout <= 0:
-		return bad("timeout_ms %d must be positive", c.timeout.Milliseconds())
+		ms := c.timeoutMs
+		if ms == 0 {
+			ms = c.timeout.Milliseconds()
+		}
+		return bad("timeout_ms %d must be in 1..%d", ms, maxTimeoutMs)
 	}
 	return nil
 }
