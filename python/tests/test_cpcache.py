@@ -77,6 +77,39 @@ def test_bad_calls_raise_typed_errors(tmp_path):
         c.match([1, 2, 3, 4])
 
 
+def test_out_of_range_values_are_refused_not_wrapped(tmp_path):
+    """ctypes keeps the low bits of an int out of range: page_tokens 2**32 + 4 became 4, a
+    token 2**32 + 5 became 5, and an int64 or float buffer was read as int32 tokens. The
+    binding refuses them, naming the value, and matches the tokens it was given."""
+    import array
+    with pytest.raises(cpcache.InvalidError, match="page_tokens 4294967300"):
+        one_rank(tmp_path, page_tokens=2**32 + 4)
+    with pytest.raises(cpcache.InvalidError, match="l1_pages 9223372036854775808"):
+        one_rank(tmp_path, l1_pages=2**63)
+    c = one_rank(tmp_path)
+    try:
+        tokens = list(range(200, 216))
+        res = c.insert(array.array("i", tokens))  # a native int32 buffer: no copy
+        c.step()
+        for same in (tokens, tuple(tokens), array.array("q", tokens), array.array("h", tokens)):
+            m = c.match(same)
+            assert m.node == res.node and m.device_pages == 4, (same, m)
+        for bad in ([1, 2, 2**32 + 5, 4], [1, 2, -2**31 - 1, 4], array.array("f", [1.0, 2.0, 3.0, 4.0]), [1, 2, 3.0, 4]):
+            with pytest.raises(cpcache.InvalidError, match="not an int32"):
+                c.match(bad)
+            with pytest.raises(cpcache.InvalidError, match="not an int32"):
+                c.insert(bad)
+        with pytest.raises(cpcache.InvalidError, match="pages 18446744073709551615"):
+            c.evict_l1(2**64 - 1)  # would have been -1
+        with pytest.raises(cpcache.InvalidError, match="node -1"):
+            c.lock(-1)
+        with pytest.raises(cpcache.InvalidError, match="slot 4294967296"):
+            c.l1_page(2**32)  # would have been slot 0
+        assert c.stats()["matches"] == 4
+    finally:
+        c.close()
+
+
 def test_four_ranks_under_launch():
     out = subprocess.run([CPCACHE_BIN, "launch", "-n", "4", "--", sys.executable, EXAMPLE, "--attn-cp", "4"],
                          capture_output=True, text=True, timeout=300)
