@@ -121,6 +121,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("layout: %v", err)
 	}
 	cfg.Layout = lc
+	if cfg.Timeout < 0 {
+		return nil, bad("timeout %v is negative", cfg.Timeout)
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Minute
 	}

@@ -264,6 +264,12 @@ func TestPrepareRejectsBadInput(t *testing.T) {
 		"workload: clients 0":             func(c *Config) { c.Synthetic.Clients = 0 },
 		`unknown scheme "ftp"`:            func(c *Config) { c.Storage = "ftp://host/x" },
 		"--storage-clear needs --storage": func(c *Config) { c.StorageClear = true },
+		"timeout -1s is negative":         func(c *Config) { c.Timeout = -time.Second },
+		// A storage's settings without a storage are refused, not ignored.
+		"--storage-key-file k.key needs --storage":        func(c *Config) { c.StorageKeyFile = "k.key" },
+		"--storage-insecure needs --storage":              func(c *Config) { c.StorageInsecure = true },
+		"--storage-timeout 1s needs --storage":            func(c *Config) { c.StorageTimeout = time.Second },
+		"--prefetch-policy wait-complete needs --storage": func(c *Config) { c.PrefetchPolicy = hicache.PrefetchWaitComplete },
 	}
 	for want, mutate := range cases {
 		cfg := DefaultConfig()

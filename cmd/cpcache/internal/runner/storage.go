@@ -86,9 +86,19 @@ func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Stora
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable
 // server is reported before any rank starts.
 func (p *Plan) checkStorage() error {
-	if p.Config.Storage == "" {
-		if p.Config.StorageClear {
+	if c := &p.Config; c.Storage == "" {
+		// The settings of a storage are refused without one, not ignored.
+		switch {
+		case c.StorageClear:
 			return bad("--storage-clear needs --storage")
+		case c.StorageKeyFile != "":
+			return bad("--storage-key-file %s needs --storage", c.StorageKeyFile)
+		case c.StorageInsecure:
+			return bad("--storage-insecure needs --storage")
+		case c.StorageTimeout != 0:
+			return bad("--storage-timeout %v needs --storage", c.StorageTimeout)
+		case c.PrefetchPolicy != hicache.PrefetchBestEffort:
+			return bad("--prefetch-policy %s needs --storage", strings.ReplaceAll(c.PrefetchPolicy.String(), "_", "-"))
 		}
 		return nil
 	}
