@@ -30,6 +30,9 @@ func TestOpenBadURLs(t *testing.T) {
 		{"redis://127.0.0.1:6379/p?db=-1", "db -1 is negative"},
 		{"redis://127.0.0.1:6379/p?dial_timeout=soon", "invalid dial_timeout duration"},
 		{"redis://127.0.0.1:6379/p?pool_size=-2", `pool_size="-2"`},
+		// go-redis panicked on a pool over 2^31-1.
+		{"redis://127.0.0.1:6379/p?pool=1000000000000", "pool size 1000000000000 is over the limit"},
+		{"redis://127.0.0.1:6379/p?pool_size=4294967296", "pool size 4294967296 is over the limit"},
 		{"redis://127.0.0.1:6379/p?tls_ca=/x.pem", "need a rediss:// URL"},
 		{"rediss://127.0.0.1:6379/p?tls_cert=/x.pem", "go together"},
 		{"redis://user:@127.0.0.1:6379/p", `user "user" has an empty password`},
@@ -60,6 +63,9 @@ func TestOpenBadURLs(t *testing.T) {
 		if !errors.Is(err, storage.ErrBadArgument) || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
 			t.Errorf("Open(%q): err=%v; want ErrBadArgument with the password redacted", url, err)
 		}
+	}
+	if _, err := storage.Open(testCtx(t), "redis://127.0.0.1:6379/p", storage.Options{Namespace: ns, PoolSize: 1 << 40}); !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "pool size 1099511627776") {
+		t.Errorf("Open with Options.PoolSize 2^40: %v", err)
 	}
 	if _, err := storage.Open(testCtx(t), "mem://x", storage.Options{}); !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "namespace") {
 		t.Errorf("Open without a namespace: %v", err)

@@ -32,6 +32,9 @@ func isRedisTopologyScheme(scheme string) bool {
 	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
 }
 
+// maxRedisPool bounds the connections of a store (pool=, pool_size=, Options.PoolSize).
+const maxRedisPool = 1 << 16
+
 // redisDialBreaker is the go-redis pool size: the failed dials after which go-redis stops
 // dialing until its once-a-second probe succeeds.
 const redisDialBreaker = 1024
@@ -106,6 +109,9 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	// the breaker only trips in a long outage (hicache's own circuit breaker stops calling
 	// a dead store long before).
 	opts.PoolSize = opts.withDefaults().PoolSize
+	if opts.PoolSize > maxRedisPool { // go-redis panics on a pool over 2^31-1
+		return nil, fmt.Errorf("pool size %d is over the limit of %d connections", opts.PoolSize, maxRedisPool)
+	}
 	co.PoolSize = max(redisDialBreaker, opts.PoolSize)
 	co.MaxIdleConns = opts.PoolSize
 	// Every call has a deadline (its context's or Options.Timeout): go-redis must honour it
