@@ -30,9 +30,13 @@ func TestOpenBadURLs(t *testing.T) {
 		{"redis://127.0.0.1:6379/p?db=-1", "db -1 is negative"},
 		{"redis://127.0.0.1:6379/p?dial_timeout=soon", "invalid dial_timeout duration"},
 		{"redis://127.0.0.1:6379/p?pool_size=-2", `pool_size="-2"`},
-		// go-redis panicked on a pool over 2^31-1.
+		// go-redis panicked on a pool over 2^31-1, ran no command with max_retries below -1
+		// (a Put reported stored what it never sent), and failed every dial with a
+		// negative dial timeout.
 		{"redis://127.0.0.1:6379/p?pool=1000000000000", "pool size 1000000000000 is over the limit"},
 		{"redis://127.0.0.1:6379/p?pool_size=4294967296", "pool size 4294967296 is over the limit"},
+		{"redis://127.0.0.1:6379/p?max_retries=-5", `max_retries="-5"`},
+		{"redis://127.0.0.1:6379/p?dial_timeout=-1s", `dial_timeout="-1s" is negative`},
 		{"redis://127.0.0.1:6379/p?tls_ca=/x.pem", "need a rediss:// URL"},
 		{"rediss://127.0.0.1:6379/p?tls_cert=/x.pem", "go together"},
 		{"redis://user:@127.0.0.1:6379/p", `user "user" has an empty password`},

@@ -92,6 +92,15 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	if co.DB < 0 {
 		return nil, fmt.Errorf("db %d is negative", co.DB)
 	}
+	// go-redis tries a command 1+max_retries times: below -1 (its "no retries") not once,
+	// and reports success: a Put that writes nothing, a Get that reads nothing.
+	if co.MaxRetries < -1 {
+		return nil, fmt.Errorf("max_retries=%q: want -1 (no retries) or more", q.Get("max_retries"))
+	}
+	// A negative dial timeout fails every dial at once, as if the server were down.
+	if co.DialTimeout < 0 {
+		return nil, fmt.Errorf("dial_timeout=%q is negative", q.Get("dial_timeout"))
+	}
 	co.Username, co.Password, err = redisCredentials(u.User)
 	if err != nil {
 		return nil, err
