@@ -36,6 +36,12 @@ func TestOpenBadURLs(t *testing.T) {
 		{"redis://127.0.0.1:6379/p?pool=1000000000000", "pool size 1000000000000 is over the limit"},
 		{"redis://127.0.0.1:6379/p?pool_size=4294967296", "pool size 4294967296 is over the limit"},
 		{"redis://127.0.0.1:6379/p?max_retries=-5", `max_retries="-5"`},
+		// Counts over 2^31-1 panicked inside go-redis, and a buffer of a terabyte was
+		// allocated at once (a fatal out of memory, past any recover).
+		{"redis://127.0.0.1:6379/p?min_idle_conns=1000000000000", `min_idle_conns="1000000000000" is over the limit of 65536`},
+		{"redis://127.0.0.1:6379/p?pipeline_pool_size=1000000000000", `pipeline_pool_size="1000000000000" is over the limit`},
+		{"redis://127.0.0.1:6379/p?pipeline_read_buffer_size=1000000000000", `pipeline_read_buffer_size="1000000000000" is over the limit of 67108864`},
+		{"redis://127.0.0.1:6379/p?pipeline_write_buffer_size=1000000000000", `pipeline_write_buffer_size="1000000000000" is over the limit`},
 		{"redis://127.0.0.1:6379/p?dial_timeout=-1s", `dial_timeout="-1s" is negative`},
 		{"redis://127.0.0.1:6379/p?tls_ca=/x.pem", "need a rediss:// URL"},
 		{"rediss://127.0.0.1:6379/p?tls_cert=/x.pem", "go together"},

@@ -32,8 +32,24 @@ func isRedisTopologyScheme(scheme string) bool {
 	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
 }
 
-// maxRedisPool bounds the connections of a store (pool=, pool_size=, Options.PoolSize).
+// maxRedisPool bounds the connections of a store (pool=, pool_size=, Options.PoolSize)
+// and go-redis's other counts of connections.
 const maxRedisPool = 1 << 16
+
+// maxRedisBuffer bounds go-redis's buffer sizes (pages larger than a buffer stream through).
+const maxRedisBuffer = 64 << 20
+
+// redisParamLimits are the upper bounds of go-redis's integer URL options: over them it
+// panics (a count over 2^31-1) or allocates at once what a buffer size says (a terabyte
+// kills the process, past any recover).
+var redisParamLimits = []struct {
+	name string
+	max  int
+}{
+	{"min_idle_conns", maxRedisPool}, {"max_idle_conns", maxRedisPool}, {"max_active_conns", maxRedisPool},
+	{"max_concurrent_dials", maxRedisPool}, {"pipeline_pool_size", maxRedisPool},
+	{"pipeline_read_buffer_size", maxRedisBuffer}, {"pipeline_write_buffer_size", maxRedisBuffer},
+}
 
 // redisDialBreaker is the go-redis pool size: the failed dials after which go-redis stops
 // dialing until its once-a-second probe succeeds.
@@ -81,6 +97,11 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	}
 	if err := applyRedisParams(own, &opts); err != nil {
 		return nil, err
+	}
+	for _, l := range redisParamLimits {
+		if n, err := strconv.Atoi(q.Get(l.name)); err == nil && n > l.max {
+			return nil, fmt.Errorf("%s=%q is over the limit of %d", l.name, q.Get(l.name), l.max)
+		}
 	}
 	// go-redis reads everything else; it must not see the prefix path or the userinfo
 	// (a lone password is a user name to it).
