@@ -134,7 +134,10 @@ typedef struct cpcache_config {
   int32_t load_quota_pages; /* pages loading at once (default l1_pages/2) */
 
   /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
-   * model names the KV content (with the page geometry and TP size it scopes the keys). */
+   * model names the KV content (with the page geometry and TP size it scopes the keys).
+   * Every rank needs the same storage_url and MAC key ($CPCACHE_STORAGE_KEY_FILE): open
+   * compares them across the job, and a rank that cannot open the storage fails the open
+   * of every rank, with its cause. */
   const char *storage_url;
   const char *model;
 } cpcache_config;

@@ -205,16 +205,22 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	opts := c.options
 	opts.PageSize, opts.L1Pages = c.pageTokens, c.l1Pages
 	hc := hicache.Config{Options: opts, Layout: layout, Rank: rank, Group: cons, Slabs: set, Engine: engine, StepTimeout: c.timeout}
+	// Every rank takes part in the agreement, with a storage or without (agreeStorage).
+	var st storage.Storage
+	var ns storage.Namespace
 	if c.storageURL != "" {
-		ns, err := hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
-		if err != nil {
-			return nil, err
+		ns, err = hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
+		if err == nil {
+			st, err = storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
 		}
-		st, err := storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
-		if err != nil {
-			return nil, err
+		if st != nil {
+			s.closers = append(s.closers, st.Close)
 		}
-		s.closers = append(s.closers, st.Close)
+	}
+	if err := agreeStorage(ctx, world, st, err); err != nil {
+		return nil, err
+	}
+	if st != nil {
 		hc.Storage, hc.StorageNamespace = st, ns
 	}
 	if s.cache, err = hicache.New(ctx, hc); err != nil {

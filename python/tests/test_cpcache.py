@@ -126,6 +126,48 @@ def test_four_ranks_under_launch():
     assert all(re.sub(r"pages_(written|loaded)_l2=\d+ ", "", s) == re.sub(r"pages_(written|loaded)_l2=\d+ ", "", strip[0]) for s in strip)
 
 
+_STORAGE_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+try:
+    cpcache.Cache(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000,
+                  storage_url="file://" + {l3!r}, model="m").close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_storage_is_agreed_by_every_rank(tmp_path):
+    """Opening the storage is agreed: a rank whose open failed used to leave the others with
+    PeerLostError and no cause, and ranks with different MAC keys opened stores whose pages
+    each rejects (and deletes) as forged. Every rank now gets the same verdict."""
+    script = tmp_path / "rank.py"
+    script.write_text(_STORAGE_RANK.format(python=os.path.join(ROOT, "python"), l3=str(tmp_path / "l3")))
+    for i in range(2):
+        (tmp_path / f"k{i}").write_text(os.urandom(32).hex())
+        os.chmod(tmp_path / f"k{i}", 0o600)
+    (tmp_path / "bad").write_text("too short")
+    os.chmod(tmp_path / "bad", 0o600)
+
+    def launch(key_of_rank):
+        cmd = f'CPCACHE_STORAGE_KEY_FILE={tmp_path}/{key_of_rank} exec {sys.executable} {script}'
+        out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", "sh", "-c", cmd],
+                             capture_output=True, text=True, timeout=120)
+        lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+        assert len(lines) == 2, out.stdout + out.stderr
+        return lines
+
+    assert launch("k0") == ["[0] opened", "[1] opened"]
+    for line in launch("k$RANK"):
+        assert "ConfigError" in line and "ranks disagree on the storage" in line and "MAC key fingerprint" in line, line
+    r0, r1 = launch('$([ "$RANK" = 1 ] && echo bad || echo k0)')
+    assert r1.startswith("[1] ConfigError") and "rank 1 of group world[0,1] could not start: opening the storage" in r1, r1
+    assert r0.startswith("[0] PeerLostError") and "rank 1 of group world[0,1] could not start: opening the storage" in r0, r0
+    assert "holds 9 bytes of key" in r0, r0  # the failing rank's cause reaches the others
+
+
 def test_ctrl_c_closes_and_exits_130(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                CPCACHE_STORE=f"file://{tmp_path}")
