@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -290,4 +292,20 @@ func TestPrepareRejectsBadInput(t *testing.T) {
 	}
 	slices.SortFunc(all, func(a, b workload.Request) int { return a.ID - b.ID })
 	assert.Equal(t, p.Requests, all, "the replicas partition the workload")
+}
+
+// TestPrepareRejectsArrivalsPastTheVirtualClock: a trace timestamp past what virtual
+// nanoseconds can count (int64) used to wrap around into negative TTFTs in the report.
+func TestPrepareRejectsArrivalsPastTheVirtualClock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte(`{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}`+"\n"+
+		`{"timestamp": 9000000000000000, "input_length": 600, "output_length": 4, "hash_ids": [1, 3]}`+"\n"), 0o600))
+	cfg := DefaultConfig()
+	cfg.Workload, cfg.TracePath = WorkloadTrace, path
+	_, err := Prepare(cfg)
+	require.ErrorIs(t, err, ErrBadInput)
+	assert.Contains(t, err.Error(), "request 1 arrives at 9000000000000000 ms")
+	cfg.Time.Mode = TimeNone // served back to back: arrival times do not matter
+	_, err = Prepare(cfg)
+	require.NoError(t, err)
 }
