@@ -230,6 +230,7 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage-insecure"}, "--storage-insecure needs --storage"},
 		{[]string{"--prefetch-policy", "timeout"}, "--prefetch-policy timeout needs --storage"},
 		{[]string{"--timeout", "-1s"}, "timeout -1s is negative"},
+		{[]string{"--json", filepath.Join(dir, "r.out"), "--html", filepath.Join(dir, ".", "r.out")}, "are the same file"},
 		{[]string{"--storage", "mem://pages"}, "mem:// storage lives in one process"},
 		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},
 	}
