@@ -85,3 +85,25 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHostMemory: the pools this rank allocates must fit the memory available; they
+// used to be allocated as asked, and a large l1_pages got the process killed.
+func TestCheckHostMemory(t *testing.T) {
+	c := goodConfig() // 8 L1 and 16 L2 pages of 64 bytes: 1536 bytes
+	if err := checkHostMemory(&c, 1536, "test"); err != nil {
+		t.Errorf("pools that fit: %v", err)
+	}
+	err := checkHostMemory(&c, 1535, "test")
+	if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "l1_pages 8 and l2_pages 16 of page_bytes 64") {
+		t.Errorf("pools one byte too large: %v, want errInvalid naming the sizes", err)
+	}
+	c.l1Pages, c.l2Pages, c.pageBytes = math.MaxInt32, math.MaxInt32, 1<<32 // each near MaxInt64
+	if err := checkHostMemory(&c, math.MaxInt64, "test"); !errors.Is(err, errInvalid) {
+		t.Errorf("pools whose sum overflows: %v, want errInvalid", err)
+	}
+	c = goodConfig()
+	c.l1Kind, c.l1Base = l1Host, unsafe.Pointer(&c) // the engine's memory: not counted
+	if err := checkHostMemory(&c, 1024, "test"); err != nil {
+		t.Errorf("a host L1 of the caller's: %v", err)
+	}
+}

@@ -136,6 +136,11 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
 	}
+	if avail, source, ok := availableMemory(); ok {
+		if err := checkHostMemory(c, avail, source); err != nil {
+			return nil, err
+		}
+	}
 	s := &session{}
 	defer func() {
 		if err != nil {

@@ -112,6 +112,12 @@ int main(void) {
     expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
     expect_true(strstr(cpcache_last_error(), want) != NULL);
   }
+  // Pools larger than the host's memory: refused, not allocated (the kernel would kill us).
+  base_config(&cfg);
+  cfg.l2_pages = INT32_MAX;
+  cfg.page_bytes = (int64_t)1 << 30;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "of host memory") != NULL);
   base_config(&cfg);
   cfg.attn_cp = 2; // does not divide a world of 1
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_CONFIG);
