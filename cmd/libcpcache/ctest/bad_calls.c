@@ -118,6 +118,11 @@ int main(void) {
   cfg.page_bytes = (int64_t)1 << 30;
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
   expect_true(strstr(cpcache_last_error(), "of host memory") != NULL);
+  // An unknown consensus backend is the configuration's error, not an I/O error.
+  base_config(&cfg);
+  cfg.consensus = "carrier-pigeon";
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "carrier-pigeon") != NULL);
   base_config(&cfg);
   cfg.attn_cp = 2; // does not divide a world of 1
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_CONFIG);
