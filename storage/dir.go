@@ -314,12 +314,22 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 }
 
 // Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
-// it) and removes it. Other namespaces under the same root are untouched.
+// it) and removes it, with what a Clear that crashed before removing its own left aside.
+// Other namespaces under the same root are untouched.
 func (s *dirStore) Clear(_ context.Context) error {
 	if err := s.begin("clear", nil, nil, nil); err != nil {
 		return err
 	}
-	trash, err := os.MkdirTemp(filepath.Dir(s.nsDir), ".trash-"+filepath.Base(s.nsDir)+"-")
+	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
+	// A concurrent Clear may be removing its own: both removals succeed.
+	if old, err := filepath.Glob(filepath.Join(filepath.Dir(s.nsDir), trashPrefix+"*")); err == nil {
+		for _, dir := range old {
+			if err := os.RemoveAll(dir); err != nil {
+				return s.err("clear", nil, err)
+			}
+		}
+	}
+	trash, err := os.MkdirTemp(filepath.Dir(s.nsDir), trashPrefix)
 	if err != nil {
 		return s.err("clear", nil, err)
 	}

@@ -229,3 +229,32 @@ func TestDirErrors(t *testing.T) {
 		t.Fatalf("open over a file: %v", err)
 	}
 }
+
+// TestDirClearRemovesCrashedClears: a Clear that crashed after moving its namespace aside
+// left the whole old namespace in a .trash directory for ever; the next Clear of the
+// namespace removes it (and nothing of another namespace).
+func TestDirClearRemovesCrashedClears(t *testing.T) {
+	dir := t.TempDir()
+	ns, other := mustNamespace(t, "clear-crash"), mustNamespace(t, "clear-other")
+	s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer s.Close()
+	left := filepath.Join(dir, ".trash-"+ns.String()+"-123", "ns", "ab")
+	kept := filepath.Join(dir, ".trash-"+other.String()+"-456", "ns")
+	for _, d := range []string{left, kept} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "page"), make([]byte, 1024), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".trash-"+ns.String()+"-123")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crashed Clear's trash is still there: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("another namespace's trash was touched: %v", err)
+	}
+}
