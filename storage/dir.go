@@ -314,22 +314,21 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 }
 
 // Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
-// it) and removes it, with what a Clear that crashed before removing its own left aside.
-// Other namespaces under the same root are untouched.
-func (s *dirStore) Clear(_ context.Context) error {
-	if err := s.begin("clear", nil, nil, nil); err != nil {
+// it) and removes it, with what earlier Clears left aside (one that crashed, or ran out of
+// time). Removal is bounded by the call's deadline: what is left then goes with the next
+// Clear. Other namespaces under the same root are untouched.
+func (s *dirStore) Clear(ctx context.Context) error {
+	ctx, cancel, err := s.beginCall(ctx, "clear", nil, nil, nil)
+	if err != nil {
 		return err
 	}
-	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
-	// A concurrent Clear may be removing its own: both removals succeed.
-	if old, err := filepath.Glob(filepath.Join(filepath.Dir(s.nsDir), trashPrefix+"*")); err == nil {
-		for _, dir := range old {
-			if err := os.RemoveAll(dir); err != nil {
-				return s.err("clear", nil, err)
-			}
-		}
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return s.err("clear", ErrUnavailable, err)
 	}
-	trash, err := os.MkdirTemp(filepath.Dir(s.nsDir), trashPrefix)
+	root := filepath.Dir(s.nsDir)
+	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
+	trash, err := os.MkdirTemp(root, trashPrefix)
 	if err != nil {
 		return s.err("clear", nil, err)
 	}
@@ -338,13 +337,37 @@ func (s *dirStore) Clear(_ context.Context) error {
 		os.Remove(trash)
 		return s.err("clear", nil, err)
 	}
-	if err := os.RemoveAll(trash); err != nil {
-		return s.err("clear", nil, err)
-	}
 	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
 		return s.err("clear", nil, err)
 	}
+	// The namespace is empty: remove the trash (a concurrent Clear may be removing the
+	// same; both succeed).
+	old, _ := filepath.Glob(filepath.Join(root, trashPrefix+"*"))
+	for _, dir := range old {
+		if err := removeBy(ctx, dir); err != nil {
+			return s.err("clear", kindOf(ctx, err), err)
+		}
+	}
 	return nil
+}
+
+// removeBy removes dir as os.RemoveAll does, a directory two levels down at a time (a
+// namespace's fan-out directories under <trash>/ns), and stops with ctx's error when it is
+// done.
+func removeBy(ctx context.Context, dir string) error {
+	subs, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+	for _, sub := range subs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(sub); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
 }
 
 func (s *dirStore) Close() error {

@@ -258,3 +258,30 @@ func TestDirClearRemovesCrashedClears(t *testing.T) {
 		t.Errorf("another namespace's trash was touched: %v", err)
 	}
 }
+
+// TestDirClearHonoursItsContext: a Clear whose context is done fails with ErrUnavailable
+// and clears nothing, as every other call of the store; it used to clear regardless.
+func TestDirClearHonoursItsContext(t *testing.T) {
+	ns := mustNamespace(t, "clear-ctx")
+	s := openURL(t, "file://"+t.TempDir(), storage.Options{Namespace: ns})
+	defer s.Close()
+	keys := []storage.Key{storage.NewKey(ns, 1)}
+	page := [][]byte{make([]byte, 64)}
+	if err := s.Put(testCtx(t), keys, page); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Clear(ctx); !errors.Is(err, storage.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Errorf("clear with a cancelled context: %v, want ErrUnavailable wrapping context.Canceled", err)
+	}
+	if n, err := s.Exists(testCtx(t), keys, nil); n != 1 || err != nil {
+		t.Errorf("after a cancelled clear: %d pages, %v; want the page kept", n, err)
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Exists(testCtx(t), keys, nil); n != 0 || err != nil {
+		t.Errorf("after clear: %d pages, %v", n, err)
+	}
+}
