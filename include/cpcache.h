@@ -134,7 +134,10 @@ typedef struct cpcache_config {
   int32_t load_quota_pages; /* pages loading at once (default l1_pages/2) */
 
   /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
-   * model names the KV content (with the page geometry and TP size it scopes the keys). */
+   * model names the KV content (with the page geometry and TP size it scopes the keys).
+   * Every rank needs the same storage_url and MAC key ($CPCACHE_STORAGE_KEY_FILE): open
+   * compares them across the job, and a rank that cannot open the storage fails the open
+   * of every rank, with its cause. */
   const char *storage_url;
   const char *model;
 } cpcache_config;
@@ -247,9 +250,10 @@ int cpcache_load_back(cpcache_t c, cpcache_node_t node, int64_t *pages);
  * cpcache_match of the same tokens gives every rank the same hit. [R] */
 int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
 /* Waits until this rank's copies of every load on node's prefix finished, at most
- * timeout_ms (< 0: no limit). Call before a layer reads the prefix from L1, after the step
- * that follows cpcache_load_back (before it: CPCACHE_ERR_NOT_STARTED at once). A failed copy
- * is reported here on this rank only; act on cpcache_load_pending and cpcache_match. [L] */
+ * timeout_ms (< 0, or INT64_MAX: no limit). Call before a layer reads the prefix from L1,
+ * after the step that follows cpcache_load_back (before it: CPCACHE_ERR_NOT_STARTED at
+ * once). A failed copy is reported here on this rank only; act on cpcache_load_pending and
+ * cpcache_match. [L] */
 int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
 /* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
  * must hold n / page_tokens entries; the rank that owns each (fill[i].owned) writes its KV

@@ -58,6 +58,26 @@ func (s *dirStore) path(k Key) (dir, file string) {
 	return file[:len(file)-hexLen-1], file
 }
 
+// openRegular opens name for reading, without waiting: O_NONBLOCK makes the open of a FIFO
+// that has no writer (or of a device) return at once, where a plain open would block the
+// call past its deadline, forever. It returns the file and its stat; a file that is not a
+// regular one (a directory, a FIFO, a device) is closed again and reported by ok == false.
+func openRegular(name string) (f *os.File, fi fs.FileInfo, ok bool, err error) {
+	f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if fi, err = f.Stat(); err != nil {
+		f.Close()
+		return nil, nil, false, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fi, false, nil
+	}
+	return f, fi, true, nil
+}
+
 func isMissing(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
@@ -107,21 +127,20 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 // the page replaces it.
 func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 	_, name := s.path(k)
-	f, err := os.Open(name)
+	f, fi, regular, err := openRegular(name)
 	if err != nil {
 		if isMissing(err) {
 			return false, nil
 		}
 		return false, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	if !fi.Mode().IsRegular() {
+	if !regular {
+		if !fi.IsDir() {
+			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fi.Mode().Type()))
+		}
 		return false, nil
 	}
+	defer f.Close()
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(f, hdr[:]); err != nil {
 		return s.readFailed("exists", k, name, err, "header")
@@ -146,13 +165,20 @@ func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 // getOne reads one page into dst. A missing or corrupt file is (false, nil).
 func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 	_, name := s.path(k)
-	f, err := os.Open(name)
+	f, fi, regular, err := openRegular(name)
 	if err != nil {
 		if isMissing(err) {
 			s.stats.misses.Add(1)
 			return false, nil
 		}
 		return false, err
+	}
+	if !regular {
+		if fi.IsDir() { // the store's layout is broken: an I/O error, as reading it is
+			return false, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
+		}
+		s.corrupt(k, fmt.Errorf("file %s: not a regular file (%v)", name, fi.Mode().Type()))
+		return false, nil
 	}
 	defer f.Close()
 	var hdr [HeaderSize]byte
@@ -288,12 +314,21 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 }
 
 // Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
-// it) and removes it. Other namespaces under the same root are untouched.
-func (s *dirStore) Clear(_ context.Context) error {
-	if err := s.begin("clear", nil, nil, nil); err != nil {
+// it) and removes it, with what earlier Clears left aside (one that crashed, or ran out of
+// time). Removal is bounded by the call's deadline: what is left then goes with the next
+// Clear. Other namespaces under the same root are untouched.
+func (s *dirStore) Clear(ctx context.Context) error {
+	ctx, cancel, err := s.beginCall(ctx, "clear", nil, nil, nil)
+	if err != nil {
 		return err
 	}
-	trash, err := os.MkdirTemp(filepath.Dir(s.nsDir), ".trash-"+filepath.Base(s.nsDir)+"-")
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return s.err("clear", ErrUnavailable, err)
+	}
+	root := filepath.Dir(s.nsDir)
+	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
+	trash, err := os.MkdirTemp(root, trashPrefix)
 	if err != nil {
 		return s.err("clear", nil, err)
 	}
@@ -302,13 +337,37 @@ func (s *dirStore) Clear(_ context.Context) error {
 		os.Remove(trash)
 		return s.err("clear", nil, err)
 	}
-	if err := os.RemoveAll(trash); err != nil {
-		return s.err("clear", nil, err)
-	}
 	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
 		return s.err("clear", nil, err)
 	}
+	// The namespace is empty: remove the trash (a concurrent Clear may be removing the
+	// same; both succeed).
+	old, _ := filepath.Glob(filepath.Join(root, trashPrefix+"*"))
+	for _, dir := range old {
+		if err := removeBy(ctx, dir); err != nil {
+			return s.err("clear", kindOf(ctx, err), err)
+		}
+	}
 	return nil
+}
+
+// removeBy removes dir as os.RemoveAll does, a directory two levels down at a time (a
+// namespace's fan-out directories under <trash>/ns), and stops with ctx's error when it is
+// done.
+func removeBy(ctx context.Context, dir string) error {
+	subs, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+	for _, sub := range subs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(sub); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
 }
 
 func (s *dirStore) Close() error {

@@ -229,3 +229,59 @@ func TestDirErrors(t *testing.T) {
 		t.Fatalf("open over a file: %v", err)
 	}
 }
+
+// TestDirClearRemovesCrashedClears: a Clear that crashed after moving its namespace aside
+// left the whole old namespace in a .trash directory for ever; the next Clear of the
+// namespace removes it (and nothing of another namespace).
+func TestDirClearRemovesCrashedClears(t *testing.T) {
+	dir := t.TempDir()
+	ns, other := mustNamespace(t, "clear-crash"), mustNamespace(t, "clear-other")
+	s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer s.Close()
+	left := filepath.Join(dir, ".trash-"+ns.String()+"-123", "ns", "ab")
+	kept := filepath.Join(dir, ".trash-"+other.String()+"-456", "ns")
+	for _, d := range []string{left, kept} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "page"), make([]byte, 1024), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".trash-"+ns.String()+"-123")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crashed Clear's trash is still there: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("another namespace's trash was touched: %v", err)
+	}
+}
+
+// TestDirClearHonoursItsContext: a Clear whose context is done fails with ErrUnavailable
+// and clears nothing, as every other call of the store; it used to clear regardless.
+func TestDirClearHonoursItsContext(t *testing.T) {
+	ns := mustNamespace(t, "clear-ctx")
+	s := openURL(t, "file://"+t.TempDir(), storage.Options{Namespace: ns})
+	defer s.Close()
+	keys := []storage.Key{storage.NewKey(ns, 1)}
+	page := [][]byte{make([]byte, 64)}
+	if err := s.Put(testCtx(t), keys, page); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Clear(ctx); !errors.Is(err, storage.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Errorf("clear with a cancelled context: %v, want ErrUnavailable wrapping context.Canceled", err)
+	}
+	if n, err := s.Exists(testCtx(t), keys, nil); n != 1 || err != nil {
+		t.Errorf("after a cancelled clear: %d pages, %v; want the page kept", n, err)
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Exists(testCtx(t), keys, nil); n != 0 || err != nil {
+		t.Errorf("after clear: %d pages, %v", n, err)
+	}
+}

@@ -34,18 +34,14 @@ func ReadKeyFile(path string) ([]byte, error) {
 	bad := func(kind error, format string, args ...any) error {
 		return &OpError{Backend: "key", Where: path, Op: "read", Kind: kind, Err: fmt.Errorf(format, args...)}
 	}
-	f, err := os.Open(path)
+	f, fi, regular, err := openRegular(path)
 	if err != nil {
 		return nil, bad(ErrBadArgument, "%w", unwrapPath(err))
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, bad(nil, "%w", unwrapPath(err))
-	}
-	if !fi.Mode().IsRegular() {
+	if !regular {
 		return nil, bad(ErrBadArgument, "not a regular file")
 	}
+	defer f.Close()
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		return nil, bad(ErrBadArgument, "mode %#o lets group or others read or write it (chmod 600 %s)", perm, path)
 	}

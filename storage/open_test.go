@@ -30,6 +30,19 @@ func TestOpenBadURLs(t *testing.T) {
 		{"redis://127.0.0.1:6379/p?db=-1", "db -1 is negative"},
 		{"redis://127.0.0.1:6379/p?dial_timeout=soon", "invalid dial_timeout duration"},
 		{"redis://127.0.0.1:6379/p?pool_size=-2", `pool_size="-2"`},
+		// go-redis panicked on a pool over 2^31-1, ran no command with max_retries below -1
+		// (a Put reported stored what it never sent), and failed every dial with a
+		// negative dial timeout.
+		{"redis://127.0.0.1:6379/p?pool=1000000000000", "pool size 1000000000000 is over the limit"},
+		{"redis://127.0.0.1:6379/p?pool_size=4294967296", "pool size 4294967296 is over the limit"},
+		{"redis://127.0.0.1:6379/p?max_retries=-5", `max_retries="-5"`},
+		// Counts over 2^31-1 panicked inside go-redis, and a buffer of a terabyte was
+		// allocated at once (a fatal out of memory, past any recover).
+		{"redis://127.0.0.1:6379/p?min_idle_conns=1000000000000", `min_idle_conns="1000000000000" is over the limit of 65536`},
+		{"redis://127.0.0.1:6379/p?pipeline_pool_size=1000000000000", `pipeline_pool_size="1000000000000" is over the limit`},
+		{"redis://127.0.0.1:6379/p?pipeline_read_buffer_size=1000000000000", `pipeline_read_buffer_size="1000000000000" is over the limit of 67108864`},
+		{"redis://127.0.0.1:6379/p?pipeline_write_buffer_size=1000000000000", `pipeline_write_buffer_size="1000000000000" is over the limit`},
+		{"redis://127.0.0.1:6379/p?dial_timeout=-1s", `dial_timeout="-1s" is negative`},
 		{"redis://127.0.0.1:6379/p?tls_ca=/x.pem", "need a rediss:// URL"},
 		{"rediss://127.0.0.1:6379/p?tls_cert=/x.pem", "go together"},
 		{"redis://user:@127.0.0.1:6379/p", `user "user" has an empty password`},
@@ -60,6 +73,9 @@ func TestOpenBadURLs(t *testing.T) {
 		if !errors.Is(err, storage.ErrBadArgument) || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
 			t.Errorf("Open(%q): err=%v; want ErrBadArgument with the password redacted", url, err)
 		}
+	}
+	if _, err := storage.Open(testCtx(t), "redis://127.0.0.1:6379/p", storage.Options{Namespace: ns, PoolSize: 1 << 40}); !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "pool size 1099511627776") {
+		t.Errorf("Open with Options.PoolSize 2^40: %v", err)
 	}
 	if _, err := storage.Open(testCtx(t), "mem://x", storage.Options{}); !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "namespace") {
 		t.Errorf("Open without a namespace: %v", err)

@@ -217,15 +217,15 @@ func (s *redisStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []
 }
 
 // valueErrorsOnly returns nil when the error of a pipeline of GETs into buffers is that of
-// some of its values, each kept by its command: a missing key (redis.Nil), or a value
-// longer than its buffer (go-redis drains it, so the connection stays usable). Any other
-// error is the round trip's.
+// some of its values, each kept by its command: a missing key (redis.Nil), a value longer
+// than its buffer (go-redis drains it, so the connection stays usable), or a key holding
+// another type than a string (WRONGTYPE). Any other error is the round trip's.
 func valueErrorsOnly(err error, cmds []*redis.ZeroCopyStringCmd) error {
 	if err == nil {
 		return nil
 	}
 	for _, c := range cmds {
-		if e := c.Err(); e != nil && !errors.Is(e, redis.Nil) && !tooLong(e) {
+		if e := c.Err(); e != nil && !errors.Is(e, redis.Nil) && !tooLong(e) && !wrongType(e) {
 			return err
 		}
 	}
@@ -235,9 +235,20 @@ func valueErrorsOnly(err error, cmds []*redis.ZeroCopyStringCmd) error {
 // tooLong reports whether err is go-redis's refusal of a value longer than its buffer.
 func tooLong(err error) bool { return strings.HasPrefix(err.Error(), "redis: buffer too small") }
 
+// wrongType reports whether err is the server's reply to a GET of a key that holds a list,
+// a hash or another type than a string: a foreign value under a page's name.
+func wrongType(err error) bool {
+	if err == nil { // the common case, without the allocation of errors.As
+		return false
+	}
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}
+
 // loadValue verifies one GET reply (redis.Nil for a missing key) and copies its payload
 // into dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt. A
-// value longer than the buffer (storedLen + 2) is an error of its command, and corrupt.
+// value longer than the buffer (storedLen + 2), or a key of another type (WRONGTYPE), is an
+// error of its command, and corrupt.
 func (s *redisStore) loadValue(k Key, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
 	err := c.Err()
 	if errors.Is(err, redis.Nil) {
@@ -245,9 +256,12 @@ func (s *redisStore) loadValue(k Key, c *redis.ZeroCopyStringCmd, dst []byte, hi
 		return
 	}
 	var reason error
-	if err != nil {
+	switch {
+	case wrongType(err):
+		reason = fmt.Errorf("the key holds another type than a string: %w", err)
+	case err != nil:
 		reason = fmt.Errorf("stored value is longer than %d bytes (header + page): %w", storedLen(len(dst)), err)
-	} else {
+	default:
 		reason = s.decodeValue(c.Bytes(), k, dst)
 	}
 	if reason != nil {

@@ -315,3 +315,61 @@ func TestRedisFull(t *testing.T) {
 		t.Fatalf("get of the stored part: %d of %d, %v", got, n, err)
 	}
 }
+
+// TestRedisForeignType: a key of another type than a string (a list, say) under a page's
+// name is a foreign value: Get answers a miss for it and loads the other pages of the batch,
+// counts it corrupt and deletes it, so that the next backup (which asks Exists first)
+// writes a genuine page. It used to fail the whole Get with WRONGTYPE, every time.
+func TestRedisForeignType(t *testing.T) {
+	r := redistest.Start(t)
+	ns := mustNamespace(t, "wrongtype")
+	s := openURL(t, r.URL("wrongtype"), storage.Options{Namespace: ns, MACKey: bytes.Repeat([]byte{9}, 32)})
+	defer s.Close()
+	keys := []storage.Key{storage.NewKey(ns, 1), storage.NewKey(ns, 2)}
+	pages := [][]byte{bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)}
+	if err := s.Put(testCtx(t), keys, pages); err != nil {
+		t.Fatal(err)
+	}
+	raw := r.Client()
+	name := storage.RedisKeyName(s, keys[0])
+	plant := func() {
+		t.Helper()
+		if err := raw.Del(testCtx(t), name).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.RPush(testCtx(t), name, "not", "a", "page").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, withFound := range []bool{false, true} {
+		plant()
+		before := s.Stats()
+		dst := [][]byte{make([]byte, 4096), make([]byte, 4096)}
+		var found []bool
+		if withFound {
+			found = make([]bool, 2)
+		}
+		n, err := s.Get(testCtx(t), keys, dst, found)
+		if err != nil || n != 0 {
+			t.Fatalf("get over a list (found %v): %d hits, %v; want a miss and no error", withFound, n, err)
+		}
+		if withFound && (found[0] || !found[1] || !bytes.Equal(dst[1], pages[1])) {
+			t.Errorf("found %v: the genuine page 1 should load beside the foreign one", found)
+		}
+		st := s.Stats()
+		if st.Corrupt != before.Corrupt+1 || st.Purged != before.Purged+1 || st.Errors != before.Errors {
+			t.Errorf("corrupt %d→%d, purged %d→%d, errors %d→%d; want one corrupt value purged, no error",
+				before.Corrupt, st.Corrupt, before.Purged, st.Purged, before.Errors, st.Errors)
+		}
+		if n, err := raw.Exists(testCtx(t), name).Result(); err != nil || n != 0 {
+			t.Errorf("the foreign list is still there: %d, %v", n, err)
+		}
+	}
+	if err := s.Put(testCtx(t), keys[:1], pages[:1]); err != nil {
+		t.Fatal(err)
+	}
+	dst := [][]byte{make([]byte, 4096), make([]byte, 4096)}
+	if n, err := s.Get(testCtx(t), keys, dst, nil); err != nil || n != 2 || !bytes.Equal(dst[0], pages[0]) {
+		t.Fatalf("get after the backup rewrote the page: %d hits, %v", n, err)
+	}
+}

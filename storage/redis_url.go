@@ -32,6 +32,25 @@ func isRedisTopologyScheme(scheme string) bool {
 	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
 }
 
+// maxRedisPool bounds the connections of a store (pool=, pool_size=, Options.PoolSize)
+// and go-redis's other counts of connections.
+const maxRedisPool = 1 << 16
+
+// maxRedisBuffer bounds go-redis's buffer sizes (pages larger than a buffer stream through).
+const maxRedisBuffer = 64 << 20
+
+// redisParamLimits are the upper bounds of go-redis's integer URL options: over them it
+// panics (a count over 2^31-1) or allocates at once what a buffer size says (a terabyte
+// kills the process, past any recover).
+var redisParamLimits = []struct {
+	name string
+	max  int
+}{
+	{"min_idle_conns", maxRedisPool}, {"max_idle_conns", maxRedisPool}, {"max_active_conns", maxRedisPool},
+	{"max_concurrent_dials", maxRedisPool}, {"pipeline_pool_size", maxRedisPool},
+	{"pipeline_read_buffer_size", maxRedisBuffer}, {"pipeline_write_buffer_size", maxRedisBuffer},
+}
+
 // redisDialBreaker is the go-redis pool size: the failed dials after which go-redis stops
 // dialing until its once-a-second probe succeeds.
 const redisDialBreaker = 1024
@@ -79,6 +98,11 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	if err := applyRedisParams(own, &opts); err != nil {
 		return nil, err
 	}
+	for _, l := range redisParamLimits {
+		if n, err := strconv.Atoi(q.Get(l.name)); err == nil && n > l.max {
+			return nil, fmt.Errorf("%s=%q is over the limit of %d", l.name, q.Get(l.name), l.max)
+		}
+	}
 	// go-redis reads everything else; it must not see the prefix path or the userinfo
 	// (a lone password is a user name to it).
 	rest := url.URL{Scheme: u.Scheme, Host: u.Host, RawQuery: q.Encode()}
@@ -88,6 +112,15 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	}
 	if co.DB < 0 {
 		return nil, fmt.Errorf("db %d is negative", co.DB)
+	}
+	// go-redis tries a command 1+max_retries times: below -1 (its "no retries") not once,
+	// and reports success: a Put that writes nothing, a Get that reads nothing.
+	if co.MaxRetries < -1 {
+		return nil, fmt.Errorf("max_retries=%q: want -1 (no retries) or more", q.Get("max_retries"))
+	}
+	// A negative dial timeout fails every dial at once, as if the server were down.
+	if co.DialTimeout < 0 {
+		return nil, fmt.Errorf("dial_timeout=%q is negative", q.Get("dial_timeout"))
 	}
 	co.Username, co.Password, err = redisCredentials(u.User)
 	if err != nil {
@@ -106,6 +139,9 @@ func parseRedisURL(u *url.URL, opts Options) (*redisConfig, error) {
 	// the breaker only trips in a long outage (hicache's own circuit breaker stops calling
 	// a dead store long before).
 	opts.PoolSize = opts.withDefaults().PoolSize
+	if opts.PoolSize > maxRedisPool { // go-redis panics on a pool over 2^31-1
+		return nil, fmt.Errorf("pool size %d is over the limit of %d connections", opts.PoolSize, maxRedisPool)
+	}
 	co.PoolSize = max(redisDialBreaker, opts.PoolSize)
 	co.MaxIdleConns = opts.PoolSize
 	// Every call has a deadline (its context's or Options.Timeout): go-redis must honour it

@@ -3,6 +3,8 @@ package workload
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +74,33 @@ func TestSyntheticLimits(t *testing.T) {
 		}
 		if d := time.Since(start); d > 100*time.Millisecond {
 			t.Errorf("%+v: refused after %v, before generating anything it should be immediate", c.cfg, d)
+		}
+	}
+}
+
+// TestTraceLineErrorsNameTheValue: a field of the wrong type or out of range is refused
+// with an error naming the file, the line, the field and the value as written (a
+// whole-line JSON decode said only "cannot unmarshal string into Go struct field").
+func TestTraceLineErrorsNameTheValue(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}`
+	for _, c := range []struct{ line, want string }{
+		{`{"timestamp": 0, "input_length": "600", "output_length": 1, "hash_ids": [1, 2]}`, `invalid JSON: input_length "600" is not a 64-bit integer`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 99999999999999999999, "hash_ids": [1, 2]}`, `invalid JSON: output_length 99999999999999999999 is not a 64-bit integer`},
+		{`{"timestamp": 1.5, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `invalid JSON: timestamp 1.5 is not a 64-bit integer`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, -2]}`, `invalid JSON: hash_ids[1] -2 is not an unsigned 64-bit integer`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, "b"]}`, `invalid JSON: hash_ids[1] "b" is not an unsigned 64-bit integer`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": "1,2"}`, `invalid JSON: hash_ids "1,2" is not an array`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": null}`, `missing or empty "hash_ids"`},
+		{`{"timestamp": 0, "input_length": 600, "output_length": 1}`, `missing or empty "hash_ids"`},
+		{`{"timestamp": 0, "input_length": -600, "output_length": 1, "hash_ids": [1, 2]}`, `input_length -600 must be positive`},
+	} {
+		path := filepath.Join(t.TempDir(), "trace.jsonl")
+		if err := os.WriteFile(path, []byte(good+"\n"+c.line+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ReadTraceFile(path, TraceOptions{})
+		if !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), path+": line 2: "+c.want) {
+			t.Errorf("%s:\n  error %v\n  want ErrBadTrace with %q", c.line, err, path+": line 2: "+c.want)
 		}
 	}
 }

@@ -24,8 +24,11 @@ func withAnswer(r Request) []int32 {
 // tokens serves when requests run one at a time in order: the leading whole pages of each
 // prompt that some earlier request's prompt or answer already held. No cache of that page
 // size can hit more tokens in that order; concurrency can only turn some of these hits into
-// misses (a prefix still being computed).
+// misses (a prefix still being computed). A page size that is not positive serves nothing.
 func ReuseBound(reqs []Request, pageSize int) int64 {
+	if pageSize <= 0 {
+		return 0 // core.PrefixHashes would divide by it
+	}
 	seen := map[uint64]struct{}{}
 	var hits int64
 	for _, r := range reqs {

@@ -34,10 +34,61 @@ type TraceOptions struct {
 }
 
 type traceLine struct {
-	Timestamp    *int64   `json:"timestamp"`
-	InputLength  *int     `json:"input_length"`
-	OutputLength *int     `json:"output_length"`
-	HashIDs      []uint64 `json:"hash_ids"`
+	Timestamp    *int64
+	InputLength  *int
+	OutputLength *int
+	HashIDs      []uint64
+}
+
+// rawTraceLine is a line's fields as they are written, each decoded on its own so that an
+// error names the field and its value (a whole-line decode names neither: "cannot unmarshal
+// string into Go struct field").
+type rawTraceLine struct {
+	Timestamp    json.RawMessage `json:"timestamp"`
+	InputLength  json.RawMessage `json:"input_length"`
+	OutputLength json.RawMessage `json:"output_length"`
+	HashIDs      json.RawMessage `json:"hash_ids"`
+}
+
+// decodeTraceLine decodes one line; an error names the field and its value.
+func decodeTraceLine(text []byte) (traceLine, error) {
+	var raw rawTraceLine // unknown extra fields are tolerated
+	if err := json.Unmarshal(text, &raw); err != nil {
+		return traceLine{}, fmt.Errorf("invalid JSON: %v", err)
+	}
+	var tl traceLine
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		dst  any
+	}{{"timestamp", raw.Timestamp, &tl.Timestamp}, {"input_length", raw.InputLength, &tl.InputLength},
+		{"output_length", raw.OutputLength, &tl.OutputLength}} {
+		if f.raw != nil && json.Unmarshal(f.raw, f.dst) != nil {
+			return traceLine{}, fmt.Errorf("invalid JSON: %s %s is not a 64-bit integer", f.name, shortJSON(f.raw))
+		}
+	}
+	if raw.HashIDs != nil && json.Unmarshal(raw.HashIDs, &tl.HashIDs) != nil {
+		var ids []json.RawMessage
+		if json.Unmarshal(raw.HashIDs, &ids) != nil {
+			return traceLine{}, fmt.Errorf("invalid JSON: hash_ids %s is not an array", shortJSON(raw.HashIDs))
+		}
+		for i, id := range ids {
+			var v uint64
+			if json.Unmarshal(id, &v) != nil {
+				return traceLine{}, fmt.Errorf("invalid JSON: hash_ids[%d] %s is not an unsigned 64-bit integer", i, shortJSON(id))
+			}
+		}
+	}
+	return tl, nil
+}
+
+// shortJSON is a field's JSON text for an error, cut to 40 bytes.
+func shortJSON(raw json.RawMessage) string {
+	const max = 40
+	if len(raw) > max {
+		return string(raw[:max]) + "..."
+	}
+	return string(raw)
 }
 
 // ReadTraceFile reads a Mooncake JSONL trace from path.
@@ -97,9 +148,9 @@ func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) 
 }
 
 func parseTraceLine(text []byte, id int) (Request, error) {
-	var tl traceLine // unknown extra fields are tolerated
-	if err := json.Unmarshal(text, &tl); err != nil {
-		return Request{}, fmt.Errorf("invalid JSON: %v", err)
+	tl, err := decodeTraceLine(text)
+	if err != nil {
+		return Request{}, err
 	}
 	switch {
 	case tl.Timestamp == nil:

@@ -93,3 +93,15 @@ func TestPublicTracesParse(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, reqs, 300)
 }
+
+// TestReferencesOfBadSizes: a page size or capacity that is not positive serves nothing;
+// ReuseBound used to panic (a division by the page size).
+func TestReferencesOfBadSizes(t *testing.T) {
+	reqs, err := Synthetic(SyntheticConfig{Clients: 2, Rounds: 2, QuestionTokens: 64, AnswerTokens: 8})
+	require.NoError(t, err)
+	for _, size := range []int{0, -16} {
+		assert.Zero(t, ReuseBound(reqs, size), "page size %d", size)
+		assert.Zero(t, LRUBlockHits(reqs, size), "capacity %d", size)
+	}
+	assert.Positive(t, ReuseBound(reqs, 16))
+}

@@ -112,6 +112,9 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	if *iters < 1 || *warmup < 0 {
 		return fail(stderr, 2, fmt.Errorf("collective-bench: --iters %d / --warmup %d: need iters >= 1, warmup >= 0", *iters, *warmup))
 	}
+	if *timeout <= 0 { // the groups would take their default instead
+		return fail(stderr, 2, fmt.Errorf("collective-bench: --timeout %v must be positive", *timeout))
+	}
 	env, err := parallel.FromEnv()
 	if err != nil {
 		return fail(stderr, 2, err)

@@ -86,3 +86,18 @@ func TestCollectiveBenchUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectiveBenchRefusesATimeoutThatIsNotPositive: under a launcher, --timeout -1s was
+// passed on and the groups silently took their default deadline instead.
+func TestCollectiveBenchRefusesATimeoutThatIsNotPositive(t *testing.T) {
+	for k, v := range map[string]string{"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"} {
+		t.Setenv(k, v)
+	}
+	for _, timeout := range []string{"-1s", "0s"} {
+		var out, errOut syncBuffer
+		st := runCollectiveBench([]string{"--timeout", timeout}, &out, &errOut)
+		if st != 2 || !strings.Contains(errOut.String(), "--timeout "+timeout+" must be positive") {
+			t.Errorf("--timeout %s: status %d, stderr %q; want 2 naming the value", timeout, st, errOut.String())
+		}
+	}
+}

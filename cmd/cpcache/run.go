@@ -158,6 +158,9 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	} else if err := checkLocalRanks("--world", cfg.Layout.World); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
+	if o.jsonPath != "" && o.report.html != "" && sameFile(o.jsonPath, o.report.html) {
+		return fail(stderr, 2, fmt.Errorf("run: --json %s and --html %s are the same file: one report would overwrite the other", o.jsonPath, o.report.html))
+	}
 	// The ranks of `cpcache run` itself were checked by the process that started them.
 	checkHere := statusDir == ""
 	if checkHere && o.jsonPath != "" {

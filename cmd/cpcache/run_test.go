@@ -227,6 +227,10 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage", "redis://127.0.0.1:" + closedPort(t) + "/x"}, "needs a MAC key"},
 		{[]string{"--storage", "redis://127.0.0.1:6379/x", "--storage-key-file", filepath.Join(dir, "none")}, "none read: bad argument: open: no such file"},
 		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
+		{[]string{"--storage-insecure"}, "--storage-insecure needs --storage"},
+		{[]string{"--prefetch-policy", "timeout"}, "--prefetch-policy timeout needs --storage"},
+		{[]string{"--timeout", "-1s"}, "timeout -1s is negative"},
+		{[]string{"--json", filepath.Join(dir, "r.out"), "--html", filepath.Join(dir, ".", "r.out")}, "are the same file"},
 		{[]string{"--storage", "mem://pages"}, "mem:// storage lives in one process"},
 		{[]string{"--storage", "file://" + dir, "--prefetch-policy", "eventually"}, `prefetch policy "eventually"`},
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unsafe"
@@ -36,6 +37,17 @@ func needCap(p unsafe.Pointer, capacity uint64, pages int, what string, allowNul
 		return fmt.Errorf("%w: %s holds %d entries, the call may return %d (n / page_tokens)", errSize, what, capacity, pages)
 	}
 	return nil
+}
+
+// waitLimit is cpcache_wait_l1's timeout_ms as a duration, and whether there is a limit:
+// a negative value, or one past the longest time.Duration (INT64_MAX, about 292 years: what
+// C callers pass for "forever"), has none. Multiplied out, such a value would wrap around to
+// a deadline already passed.
+func waitLimit(ms int64) (time.Duration, bool) {
+	if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
 }
 
 // latencyQuantiles returns the median and p99 of the consensus latencies.

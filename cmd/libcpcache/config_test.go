@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 		}, "needs pin_host = 1"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
+		{"timeout past a Duration", func(c *openConfig) { c.timeout, c.timeoutMs = 0, math.MaxInt64 }, "timeout_ms 9223372036854775807 must be in 1.."},
 	}
 	good := goodConfig()
 	if err := checkConfig(&good); err != nil {
@@ -81,5 +83,41 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		if got := int(statusOf(wrapped)); got != tc.want {
 			t.Errorf("statusOf(%v) = %d, want %d", wrapped, got, tc.want)
 		}
+	}
+}
+
+// TestConsensusMode: the backend shm.Consensus uses, for the error code of an unknown one.
+func TestConsensusMode(t *testing.T) {
+	t.Setenv("CPCACHE_CONSENSUS_BACKEND", " gloo ")
+	for _, c := range []struct{ configured, want string }{{"", "gloo"}, {"shm", "shm"}, {"bogus", "bogus"}} {
+		if got := consensusMode(c.configured); got != c.want {
+			t.Errorf("consensusMode(%q) = %q, want %q", c.configured, got, c.want)
+		}
+	}
+	t.Setenv("CPCACHE_CONSENSUS_BACKEND", "")
+	if got := consensusMode(""); got != "auto" {
+		t.Errorf("consensusMode without either = %q, want auto", got)
+	}
+}
+
+// TestCheckHostMemory: the pools this rank allocates must fit the memory available; they
+// used to be allocated as asked, and a large l1_pages got the process killed.
+func TestCheckHostMemory(t *testing.T) {
+	c := goodConfig() // 8 L1 and 16 L2 pages of 64 bytes: 1536 bytes
+	if err := checkHostMemory(&c, 1536, "test"); err != nil {
+		t.Errorf("pools that fit: %v", err)
+	}
+	err := checkHostMemory(&c, 1535, "test")
+	if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "l1_pages 8 and l2_pages 16 of page_bytes 64") {
+		t.Errorf("pools one byte too large: %v, want errInvalid naming the sizes", err)
+	}
+	c.l1Pages, c.l2Pages, c.pageBytes = math.MaxInt32, math.MaxInt32, 1<<32 // each near MaxInt64
+	if err := checkHostMemory(&c, math.MaxInt64, "test"); !errors.Is(err, errInvalid) {
+		t.Errorf("pools whose sum overflows: %v, want errInvalid", err)
+	}
+	c = goodConfig()
+	c.l1Kind, c.l1Base = l1Host, unsafe.Pointer(&c) // the engine's memory: not counted
+	if err := checkHostMemory(&c, 1024, "test"); err != nil {
+		t.Errorf("a host L1 of the caller's: %v", err)
 	}
 }

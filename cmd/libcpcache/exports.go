@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"runtime/debug"
 	"time"
 	"unsafe"
@@ -69,9 +68,9 @@ func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 
 // goConfig copies a C configuration into Go values (checkConfig judges them).
 func goConfig(cfg *C.cpcache_config) *openConfig {
-	timeout := time.Duration(cfg.timeout_ms) * time.Millisecond
-	if cfg.timeout_ms > C.int64_t(math.MaxInt64/time.Millisecond) {
-		timeout = -time.Millisecond // overflows: rejected as not positive
+	var timeout time.Duration // not positive, and so rejected, when out of range
+	if cfg.timeout_ms > 0 && cfg.timeout_ms <= C.int64_t(maxTimeoutMs) {
+		timeout = time.Duration(cfg.timeout_ms) * time.Millisecond
 	}
 	str := func(p *C.char) string {
 		if p == nil {
@@ -83,7 +82,7 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		layout: parallel.LayoutConfig{World: int(cfg.world), TP: int(cfg.tp), DP: int(cfg.dp), AttnCP: int(cfg.attn_cp),
 			EP: int(cfg.ep), DPAttention: cfg.dp_attention != 0},
 		rank: int(cfg.rank), store: str(cfg.store_url), consensus: str(cfg.consensus),
-		timeout:    timeout,
+		timeout: timeout, timeoutMs: int64(cfg.timeout_ms),
 		pageTokens: int(cfg.page_tokens), pageBytes: int(cfg.page_bytes),
 		slabKind: int(cfg.slab_backend), device: int(cfg.device), pinHost: cfg.pin_host != 0, l2Pages: int(cfg.l2_pages),
 		l1Kind: int(cfg.l1_kind), l1Base: cfg.l1_base, l1Pages: int(cfg.l1_pages),
@@ -239,9 +238,9 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 		return fail(fmt.Errorf("cpcache_wait_l1: %w", err))
 	}
 	ctx := context.Background()
-	if timeoutMs >= 0 {
+	if limit, ok := waitLimit(int64(timeoutMs)); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
 	return result(cache.WaitL1(ctx, n))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,6 +42,7 @@ type openConfig struct {
 	store      string
 	consensus  string
 	timeout    time.Duration
+	timeoutMs  int64 // timeout_ms as the caller gave it, for checkConfig's message (0: see timeout)
 	pageTokens int
 	pageBytes  int
 	slabKind   int
@@ -53,6 +56,9 @@ type openConfig struct {
 	storageURL string
 	model      string
 }
+
+// maxTimeoutMs is the largest timeout_ms a time.Duration holds (about 292 years).
+const maxTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
 
 // checkConfig rejects values no rank could use, naming the field.
 func checkConfig(c *openConfig) error {
@@ -93,9 +99,26 @@ func checkConfig(c *openConfig) error {
 	case c.options.Policy < hicache.WriteThrough || c.options.Policy > hicache.WriteBack:
 		return bad("policy %d", int(c.options.Policy))
 	case c.timeout <= 0:
-		return bad("timeout_ms %d must be positive", c.timeout.Milliseconds())
+		ms := c.timeoutMs
+		if ms == 0 {
+			ms = c.timeout.Milliseconds()
+		}
+		return bad("timeout_ms %d must be in 1..%d", ms, maxTimeoutMs)
 	}
 	return nil
+}
+
+// consensusMode is the consensus backend shm.Consensus uses: the configuration's, else
+// $CPCACHE_CONSENSUS_BACKEND, else auto.
+func consensusMode(configured string) string {
+	mode := configured
+	if mode == "" {
+		mode = strings.TrimSpace(os.Getenv(shm.EnvBackend))
+	}
+	if mode == "" {
+		mode = "auto"
+	}
+	return mode
 }
 
 // session is the process's open cache and everything it owns, closed in reverse order.
@@ -127,6 +150,11 @@ type sessionInfo struct {
 func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
+	}
+	if avail, source, ok := availableMemory(); ok {
+		if err := checkHostMemory(c, avail, source); err != nil {
+			return nil, err
+		}
 	}
 	s := &session{}
 	defer func() {
@@ -161,6 +189,11 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	s.closers = append(s.closers, groups.Close)
 	cons, backend, err := shm.Consensus(ctx, groups.Group(parallel.KindReplica), shm.Options{Backend: c.consensus, Timeout: c.timeout})
 	if err != nil {
+		// Consensus refuses an unknown backend on every member alike, but with no kind:
+		// it is the configuration's (CPCACHE_ERR_INVALID), not an I/O error.
+		if mode := consensusMode(c.consensus); mode != "auto" && mode != "shm" && mode != "gloo" {
+			err = fmt.Errorf("%w: consensus %q: %w", errInvalid, mode, err)
+		}
 		return nil, err
 	}
 	s.closers = append(s.closers, cons.Close)
@@ -197,16 +230,22 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	opts := c.options
 	opts.PageSize, opts.L1Pages = c.pageTokens, c.l1Pages
 	hc := hicache.Config{Options: opts, Layout: layout, Rank: rank, Group: cons, Slabs: set, Engine: engine, StepTimeout: c.timeout}
+	// Every rank takes part in the agreement, with a storage or without (agreeStorage).
+	var st storage.Storage
+	var ns storage.Namespace
 	if c.storageURL != "" {
-		ns, err := hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
-		if err != nil {
-			return nil, err
+		ns, err = hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
+		if err == nil {
+			st, err = storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
 		}
-		st, err := storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
-		if err != nil {
-			return nil, err
+		if st != nil {
+			s.closers = append(s.closers, st.Close)
 		}
-		s.closers = append(s.closers, st.Close)
+	}
+	if err := agreeStorage(ctx, world, st, err); err != nil {
+		return nil, err
+	}
+	if st != nil {
 		hc.Storage, hc.StorageNamespace = st, ns
 	}
 	if s.cache, err = hicache.New(ctx, hc); err != nil {

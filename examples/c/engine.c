@@ -14,6 +14,7 @@
 // --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
 // Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
 // peer was lost.
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -201,9 +202,22 @@ static void finish(request *r) {
   check(cpcache_unlock(cache, r->locked));
 }
 
-static long arg(int argc, char **argv, const char *name, long def) {
-  for (int i = 1; i + 1 < argc; i++)
-    if (strcmp(argv[i], name) == 0) return strtol(argv[i + 1], NULL, 10);
+// arg is the value of flag name, an integer in lo..hi, or def without the flag. A value that
+// is not such an integer (or a flag without a value) ends the process with status 2 and a
+// message naming it, before any rank talks to another.
+static long arg(int argc, char **argv, const char *name, long def, long lo, long hi) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], name) != 0) continue;
+    const char *v = i + 1 < argc ? argv[i + 1] : "";
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*v == 0 || *end != 0 || errno == ERANGE || x < lo || x > hi) {
+      fprintf(stderr, "engine: %s \"%s\": want an integer in %ld..%ld\n", name, v, lo, hi);
+      exit(2);
+    }
+    return x;
+  }
   return def;
 }
 
@@ -217,17 +231,18 @@ int main(int argc, char **argv) {
   // Gloo writes to sockets without MSG_NOSIGNAL: a SIGPIPE on one of this process's own
   // threads would otherwise kill it when a peer dies (see cmd/libcpcache/doc.go, Signals).
   signal(SIGPIPE, SIG_IGN);
-  long exit_rank = arg(argc, argv, "--exit-rank", -1), exit_step = arg(argc, argv, "--exit-step", -1);
+  long exit_rank = arg(argc, argv, "--exit-rank", -1, -1, INT32_MAX);
+  long exit_step = arg(argc, argv, "--exit-step", -1, -1, INT32_MAX);
   cpcache_config cfg;
   check(cpcache_config_init(&cfg));
-  cfg.attn_cp = (int32_t)arg(argc, argv, "--attn-cp", 1);
-  cfg.dp = (int32_t)arg(argc, argv, "--dp", 1);
+  cfg.attn_cp = (int32_t)arg(argc, argv, "--attn-cp", 1, 1, INT32_MAX);
+  cfg.dp = (int32_t)arg(argc, argv, "--dp", 1, 1, INT32_MAX);
   cfg.dp_attention = flag(argc, argv, "--dp-attention");
   cfg.page_tokens = PAGE_TOKENS;
   cfg.page_bytes = PAGE_BYTES;
-  cfg.l1_pages = arg(argc, argv, "--l1-pages", 96);
-  cfg.l2_pages = arg(argc, argv, "--l2-pages", 512);
-  int clients = (int)arg(argc, argv, "--clients", 16), rounds = (int)arg(argc, argv, "--rounds", 4);
+  cfg.l1_pages = arg(argc, argv, "--l1-pages", 96, 1, INT32_MAX);
+  cfg.l2_pages = arg(argc, argv, "--l2-pages", 512, 1, INT32_MAX);
+  int clients = (int)arg(argc, argv, "--clients", 16, 1, 1 << 16), rounds = (int)arg(argc, argv, "--rounds", 4, 1, 1 << 10);
   check(cpcache_open(&cfg, &cache)); // rank and world from the launcher's environment
   info.struct_size = sizeof info;
   check(cpcache_get_info(cache, &info));

@@ -19,6 +19,7 @@ so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running 
 import ctypes
 import ctypes.util
 import os
+import sys
 from collections import namedtuple
 
 __all__ = [
@@ -190,14 +191,44 @@ def _check(status):
         raise _ERRORS.get(status, Error)(status, msg)
 
 
+def _invalid(msg):
+    """The InvalidError of a value the binding refuses before calling the library."""
+    return InvalidError(-1, "cpcache: " + msg)
+
+
+def _arg(name, value, ctype):
+    """value as an argument of ctype, refused (InvalidError naming it) when ctype would
+    silently wrap it around: ctypes keeps only the low bits of an int out of range."""
+    if ctype(value).value != value:
+        raise _invalid(f"{name} {value!r} is out of range for {ctype.__name__}")
+    return value
+
+
+# Formats of a buffer whose items are native int32 (array('i'), numpy int32, memoryview 'i').
+_INT32_FORMATS = ("i", "@i", "=i", "<i" if sys.byteorder == "little" else ">i")
+
+
 def _tokens(tokens):
-    """A ctypes int32 array over tokens (a list, or an int32 buffer such as array('i'))."""
-    n = len(tokens)
-    arr_t = _i32 * n
+    """A ctypes int32 array over tokens: a view of a writable buffer of native int32 items
+    (array('i'), numpy int32), else a copy of the values, each checked to be an int32. A
+    buffer of other items (int64, float) is never reinterpreted as int32."""
     try:
-        return arr_t.from_buffer(tokens), n
+        view = memoryview(tokens)
     except TypeError:
-        return arr_t(*tokens), n
+        view = None
+    if view is not None:
+        with view:
+            if (view.ndim == 1 and view.itemsize == 4 and view.format in _INT32_FORMATS
+                    and view.c_contiguous and not view.readonly):
+                return (_i32 * len(view)).from_buffer(tokens), len(view)
+            values = view.tolist()
+    else:
+        values = list(tokens)
+    for i, t in enumerate(values):
+        if not isinstance(t, int) or not -2**31 <= t < 2**31:
+            raise _invalid(f"token {i} ({t!r}) is not an int32")
+    n = len(values)
+    return (_i32 * n)(*values), n
 
 
 def _bytes(s):
@@ -216,6 +247,14 @@ class Cache:
         lib = library()
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
+        types = dict(_Config._fields_)
+        for name, value in (("world", world), ("tp", tp), ("dp", dp), ("attn_cp", attn_cp), ("ep", ep),
+                            ("rank", rank), ("timeout_ms", timeout_ms), ("page_tokens", page_tokens),
+                            ("page_bytes", page_bytes), ("slab_backend", slab_backend), ("device", device),
+                            ("l2_pages", l2_pages), ("l1_kind", l1_kind), ("l1_pages", l1_pages),
+                            ("policy", policy), ("write_threshold", write_threshold),
+                            ("min_load_pages", min_load_pages), ("load_quota_pages", load_quota_pages)):
+            _arg(name, value, types[name])
         cfg.world, cfg.tp, cfg.dp, cfg.attn_cp, cfg.ep = world, tp, dp, attn_cp, ep
         cfg.dp_attention, cfg.rank = int(bool(dp_attention)), rank
         cfg.store_url, cfg.consensus = _bytes(store), _bytes(consensus)
@@ -229,9 +268,13 @@ class Cache:
         h = _u64()
         _check(lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h.value
-        info = _Info(struct_size=ctypes.sizeof(_Info))
-        _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
-        self.info = Info(**{f: getattr(info, f) for f in Info._fields})
+        try:
+            info = _Info(struct_size=ctypes.sizeof(_Info))
+            _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
+            self.info = Info(**{f: getattr(info, f) for f in Info._fields})
+        except BaseException:
+            lib.cpcache_close(self._h)  # else the process's one cache stays open, unreachable
+            raise
 
     def __enter__(self):
         return self
@@ -254,28 +297,28 @@ class Cache:
 
     def lock(self, node):
         """Pins node's prefix [R]."""
-        _check(self._lib.cpcache_lock(self._h, node))
+        _check(self._lib.cpcache_lock(self._h, _arg("node", node, _u64)))
 
     def unlock(self, node):
         """Releases a lock [R]."""
-        _check(self._lib.cpcache_unlock(self._h, node))
+        _check(self._lib.cpcache_unlock(self._h, _arg("node", node, _u64)))
 
     def load_back(self, node):
         """Allocates L1 slots for node's L2-only pages; their copies start at the next step.
         Returns the pages that will load [R]."""
         pages = _i64()
-        _check(self._lib.cpcache_load_back(self._h, node, ctypes.byref(pages)))
+        _check(self._lib.cpcache_load_back(self._h, _arg("node", node, _u64), ctypes.byref(pages)))
         return pages.value
 
     def load_pending(self, node):
         """Whether the group has not yet agreed that the loads on node's prefix are over [R]."""
         p = _i32()
-        _check(self._lib.cpcache_load_pending(self._h, node, ctypes.byref(p)))
+        _check(self._lib.cpcache_load_pending(self._h, _arg("node", node, _u64), ctypes.byref(p)))
         return bool(p.value)
 
     def wait_l1(self, node, timeout_ms=-1):
         """Waits for this rank's loads on node's prefix, after the step that starts them [L]."""
-        _check(self._lib.cpcache_wait_l1(self._h, node, timeout_ms))
+        _check(self._lib.cpcache_wait_l1(self._h, _arg("node", node, _u64), _arg("timeout_ms", timeout_ms, _i64)))
 
     def insert(self, tokens):
         """Caches tokens' whole pages; the owner of each fill page writes its KV [R]."""
@@ -290,13 +333,13 @@ class Cache:
     def evict_l1(self, pages):
         """Frees up to pages L1 pages; returns how many [R]."""
         freed = _i64()
-        _check(self._lib.cpcache_evict_l1(self._h, pages, ctypes.byref(freed)))
+        _check(self._lib.cpcache_evict_l1(self._h, _arg("pages", pages, _i64), ctypes.byref(freed)))
         return freed.value
 
     def evict_l2(self, pages):
         """Frees up to pages L2 pages of L2-only nodes; returns how many [R]."""
         freed = _i64()
-        _check(self._lib.cpcache_evict_l2(self._h, pages, ctypes.byref(freed)))
+        _check(self._lib.cpcache_evict_l2(self._h, _arg("pages", pages, _i64), ctypes.byref(freed)))
         return freed.value
 
     def step(self):
@@ -323,13 +366,13 @@ class Cache:
     def prefetch_pending(self, pid):
         """Whether prefetch pid is still running [R]."""
         p = _i32()
-        _check(self._lib.cpcache_prefetch_pending(self._h, pid, ctypes.byref(p)))
+        _check(self._lib.cpcache_prefetch_pending(self._h, _arg("pid", pid, _u64), ctypes.byref(p)))
         return bool(p.value)
 
     def l1_page(self, slot):
         """A writable memoryview of L1 slot's bytes (host L1 only) [L]. Valid until close."""
         addr, size = ctypes.c_void_p(), ctypes.c_size_t()
-        _check(self._lib.cpcache_l1_page(self._h, slot, ctypes.byref(addr), ctypes.byref(size)))
+        _check(self._lib.cpcache_l1_page(self._h, _arg("slot", slot, _i32), ctypes.byref(addr), ctypes.byref(size)))
         return memoryview((ctypes.c_ubyte * size.value).from_address(addr.value)).cast("B")
 
     def stats(self):

@@ -77,6 +77,39 @@ def test_bad_calls_raise_typed_errors(tmp_path):
         c.match([1, 2, 3, 4])
 
 
+def test_out_of_range_values_are_refused_not_wrapped(tmp_path):
+    """ctypes keeps the low bits of an int out of range: page_tokens 2**32 + 4 became 4, a
+    token 2**32 + 5 became 5, and an int64 or float buffer was read as int32 tokens. The
+    binding refuses them, naming the value, and matches the tokens it was given."""
+    import array
+    with pytest.raises(cpcache.InvalidError, match="page_tokens 4294967300"):
+        one_rank(tmp_path, page_tokens=2**32 + 4)
+    with pytest.raises(cpcache.InvalidError, match="l1_pages 9223372036854775808"):
+        one_rank(tmp_path, l1_pages=2**63)
+    c = one_rank(tmp_path)
+    try:
+        tokens = list(range(200, 216))
+        res = c.insert(array.array("i", tokens))  # a native int32 buffer: no copy
+        c.step()
+        for same in (tokens, tuple(tokens), array.array("q", tokens), array.array("h", tokens)):
+            m = c.match(same)
+            assert m.node == res.node and m.device_pages == 4, (same, m)
+        for bad in ([1, 2, 2**32 + 5, 4], [1, 2, -2**31 - 1, 4], array.array("f", [1.0, 2.0, 3.0, 4.0]), [1, 2, 3.0, 4]):
+            with pytest.raises(cpcache.InvalidError, match="not an int32"):
+                c.match(bad)
+            with pytest.raises(cpcache.InvalidError, match="not an int32"):
+                c.insert(bad)
+        with pytest.raises(cpcache.InvalidError, match="pages 18446744073709551615"):
+            c.evict_l1(2**64 - 1)  # would have been -1
+        with pytest.raises(cpcache.InvalidError, match="node -1"):
+            c.lock(-1)
+        with pytest.raises(cpcache.InvalidError, match="slot 4294967296"):
+            c.l1_page(2**32)  # would have been slot 0
+        assert c.stats()["matches"] == 4
+    finally:
+        c.close()
+
+
 def test_four_ranks_under_launch():
     out = subprocess.run([CPCACHE_BIN, "launch", "-n", "4", "--", sys.executable, EXAMPLE, "--attn-cp", "4"],
                          capture_output=True, text=True, timeout=300)
@@ -91,6 +124,48 @@ def test_four_ranks_under_launch():
     # Every rank of the replica made the same decisions.
     strip = [re.sub(r"^\[\d\] rank \d/4 \(cp \d/4, dp 0\): ", "", r) for r in reports]
     assert all(re.sub(r"pages_(written|loaded)_l2=\d+ ", "", s) == re.sub(r"pages_(written|loaded)_l2=\d+ ", "", strip[0]) for s in strip)
+
+
+_STORAGE_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+try:
+    cpcache.Cache(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000,
+                  storage_url="file://" + {l3!r}, model="m").close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_storage_is_agreed_by_every_rank(tmp_path):
+    """Opening the storage is agreed: a rank whose open failed used to leave the others with
+    PeerLostError and no cause, and ranks with different MAC keys opened stores whose pages
+    each rejects (and deletes) as forged. Every rank now gets the same verdict."""
+    script = tmp_path / "rank.py"
+    script.write_text(_STORAGE_RANK.format(python=os.path.join(ROOT, "python"), l3=str(tmp_path / "l3")))
+    for i in range(2):
+        (tmp_path / f"k{i}").write_text(os.urandom(32).hex())
+        os.chmod(tmp_path / f"k{i}", 0o600)
+    (tmp_path / "bad").write_text("too short")
+    os.chmod(tmp_path / "bad", 0o600)
+
+    def launch(key_of_rank):
+        cmd = f'CPCACHE_STORAGE_KEY_FILE={tmp_path}/{key_of_rank} exec {sys.executable} {script}'
+        out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", "sh", "-c", cmd],
+                             capture_output=True, text=True, timeout=120)
+        lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+        assert len(lines) == 2, out.stdout + out.stderr
+        return lines
+
+    assert launch("k0") == ["[0] opened", "[1] opened"]
+    for line in launch("k$RANK"):
+        assert "ConfigError" in line and "ranks disagree on the storage" in line and "MAC key fingerprint" in line, line
+    r0, r1 = launch('$([ "$RANK" = 1 ] && echo bad || echo k0)')
+    assert r1.startswith("[1] ConfigError") and "rank 1 of group world[0,1] could not start: opening the storage" in r1, r1
+    assert r0.startswith("[0] PeerLostError") and "rank 1 of group world[0,1] could not start: opening the storage" in r0, r0
+    assert "holds 9 bytes of key" in r0, r0  # the failing rank's cause reaches the others
 
 
 def test_ctrl_c_closes_and_exits_130(tmp_path):

@@ -100,6 +100,29 @@ int main(void) {
   base_config(&cfg);
   cfg.l1_kind = 7;
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  // Timeouts out of range, named as given: a negative one whose milliseconds overflow a
+  // time.Duration used to wrap around to a positive deadline of centuries, and INT64_MAX
+  // was reported as -1.
+  const int64_t bad_timeouts[] = {0, -1, INT64_MIN / 1000, INT64_MIN, INT64_MAX};
+  for (size_t i = 0; i < sizeof bad_timeouts / sizeof bad_timeouts[0]; i++) {
+    char want[64];
+    base_config(&cfg);
+    cfg.timeout_ms = bad_timeouts[i];
+    snprintf(want, sizeof want, "timeout_ms %lld ", (long long)bad_timeouts[i]);
+    expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), want) != NULL);
+  }
+  // Pools larger than the host's memory: refused, not allocated (the kernel would kill us).
+  base_config(&cfg);
+  cfg.l2_pages = INT32_MAX;
+  cfg.page_bytes = (int64_t)1 << 30;
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "of host memory") != NULL);
+  // An unknown consensus backend is the configuration's error, not an I/O error.
+  base_config(&cfg);
+  cfg.consensus = "carrier-pigeon";
+  expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "carrier-pigeon") != NULL);
   base_config(&cfg);
   cfg.attn_cp = 2; // does not divide a world of 1
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_CONFIG);

@@ -121,6 +121,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("layout: %v", err)
 	}
 	cfg.Layout = lc
+	if cfg.Timeout < 0 {
+		return nil, bad("timeout %v is negative", cfg.Timeout)
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Minute
 	}
@@ -187,6 +190,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	default:
 		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
 	}
+	if err := p.checkArrivals(); err != nil {
+		return nil, err
+	}
 	if err := p.checkCapacity(); err != nil {
 		return nil, err
 	}
@@ -197,6 +203,26 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// maxArrivalNs bounds a request's arrival on the virtual clock (about 146 years), which
+// counts int64 nanoseconds: past it the clock's arithmetic overflows.
+const maxArrivalNs = 1 << 62
+
+// checkArrivals rejects, with virtual time, a request that arrives past what the virtual
+// clock can count (a trace timestamp of centuries in ms, or a tiny --speed): its times
+// would wrap around into nonsense in the report.
+func (p *Plan) checkArrivals() error {
+	t := &p.Config.Time
+	if t.Mode != TimeVirtual {
+		return nil
+	}
+	for _, r := range p.Requests {
+		if ns := float64(r.ArrivalMs) * 1e6 / t.Speed; ns > maxArrivalNs {
+			return bad("request %d arrives at %d ms, at speed %g past the %.0f years virtual time can count", r.ID, r.ArrivalMs, t.Speed, maxArrivalNs/1e9/3600/24/365.25)
+		}
+	}
+	return nil
 }
 
 // pagesOf is the number of L1 pages a request occupies at most: its prompt and answer

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -131,8 +132,8 @@ func (p *CostProfile) override(list string) error {
 			return bad("--cost %s: value %q is not a number", k, val)
 		}
 		if f.Kind() == reflect.Int {
-			if x != float64(int(x)) {
-				return bad("--cost %s: value %q is not a whole number", k, val)
+			if x != math.Trunc(x) || math.Abs(x) > 1<<53 { // int(x) of a larger x is undefined
+				return bad("--cost %s: value %q is not a whole number (of at most 2^53)", k, val)
 			}
 			f.SetInt(int64(x))
 		} else {
@@ -143,8 +144,21 @@ func (p *CostProfile) override(list string) error {
 	return nil
 }
 
-// validate rejects negative figures and bandwidths that are not positive.
+// validate rejects figures that are not finite numbers (NaN or infinite: the report could
+// not even be written), negative figures, bandwidths that are not positive and a KV size
+// per token over the run's limit.
 func (p *CostProfile) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"prefill_ns_per_token", p.PrefillNsPerToken}, {"attention_ns_per_token_pair", p.AttentionNsPerTokenPair},
+		{"decode_step_ns", p.DecodeStepNs}, {"decode_ns_per_request", p.DecodeNsPerRequest},
+		{"storage_latency_us", p.StorageLatencyUs}, {"h2d_gbps", p.H2DGBps}, {"d2h_gbps", p.D2HGBps},
+		{"storage_gbps", p.StorageGBps}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return bad("cost profile %s: %s %g is not a finite number", p.Name, f.name, f.v)
+		}
+	}
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -162,6 +176,9 @@ func (p *CostProfile) validate() error {
 		if f.v <= 0 {
 			return bad("cost profile %s: %s %g must be positive", p.Name, f.name, f.v)
 		}
+	}
+	if p.KVBytesPerToken > MaxKVBytesPerToken {
+		return bad("cost profile %s: kv_bytes_per_token %d is over the limit of %d", p.Name, p.KVBytesPerToken, MaxKVBytesPerToken)
 	}
 	return nil
 }

@@ -134,15 +134,16 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	// Every rank opens its own handle on the storage (the cache uses it on the I/O ranks);
 	// it is closed after the cache (defers run in reverse).
-	st, ns, err := p.openStorage(ctx)
-	if err != nil {
-		return nil, err
-	}
+	st, ns, openErr := p.openStorage(ctx)
 	if st != nil {
 		defer func() { err = errors.Join(err, st.Close()) }()
-		if err := agreeStorageKey(ctx, world, st); err != nil {
+	}
+	if cfg.Storage != "" { // every rank has it: the run's configuration is the job's
+		if err := agreeStorageKey(ctx, world, st, openErr); err != nil {
 			return nil, err
 		}
+	}
+	if st != nil {
 		st = cfg.faultyStorage(rank, st) // after the key check: the wrapper hides the key
 		if cfg.StorageClear {
 			// Rank 0 clears; no cache reads the storage before it is clear, and a failed

@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -264,6 +266,12 @@ func TestPrepareRejectsBadInput(t *testing.T) {
 		"workload: clients 0":             func(c *Config) { c.Synthetic.Clients = 0 },
 		`unknown scheme "ftp"`:            func(c *Config) { c.Storage = "ftp://host/x" },
 		"--storage-clear needs --storage": func(c *Config) { c.StorageClear = true },
+		"timeout -1s is negative":         func(c *Config) { c.Timeout = -time.Second },
+		// A storage's settings without a storage are refused, not ignored.
+		"--storage-key-file k.key needs --storage":        func(c *Config) { c.StorageKeyFile = "k.key" },
+		"--storage-insecure needs --storage":              func(c *Config) { c.StorageInsecure = true },
+		"--storage-timeout 1s needs --storage":            func(c *Config) { c.StorageTimeout = time.Second },
+		"--prefetch-policy wait-complete needs --storage": func(c *Config) { c.PrefetchPolicy = hicache.PrefetchWaitComplete },
 	}
 	for want, mutate := range cases {
 		cfg := DefaultConfig()
@@ -284,4 +292,20 @@ func TestPrepareRejectsBadInput(t *testing.T) {
 	}
 	slices.SortFunc(all, func(a, b workload.Request) int { return a.ID - b.ID })
 	assert.Equal(t, p.Requests, all, "the replicas partition the workload")
+}
+
+// TestPrepareRejectsArrivalsPastTheVirtualClock: a trace timestamp past what virtual
+// nanoseconds can count (int64) used to wrap around into negative TTFTs in the report.
+func TestPrepareRejectsArrivalsPastTheVirtualClock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte(`{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}`+"\n"+
+		`{"timestamp": 9000000000000000, "input_length": 600, "output_length": 4, "hash_ids": [1, 3]}`+"\n"), 0o600))
+	cfg := DefaultConfig()
+	cfg.Workload, cfg.TracePath = WorkloadTrace, path
+	_, err := Prepare(cfg)
+	require.ErrorIs(t, err, ErrBadInput)
+	assert.Contains(t, err.Error(), "request 1 arrives at 9000000000000000 ms")
+	cfg.Time.Mode = TimeNone // served back to back: arrival times do not matter
+	_, err = Prepare(cfg)
+	require.NoError(t, err)
 }

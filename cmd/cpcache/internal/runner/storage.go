@@ -66,29 +66,61 @@ func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Nam
 	return st, ns, err
 }
 
-// agreeStorageKey checks that every rank opened the storage with the same MAC key,
+// agreeStorageKey checks that every rank opened the storage, with the same MAC key,
 // comparing fingerprints (never keys): a rank with another key would reject, and delete,
-// every page the others back up.
-func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Storage) error {
-	all, err := world.AllGather(ctx, []byte(storage.KeyFingerprint(st)))
-	if err != nil {
-		return fmt.Errorf("runner: comparing storage keys: %w", err)
+// every page the others back up. openErr is this rank's failure to open it (st is then
+// nil): every rank fails alike, the others with an error naming the lowest failing rank and
+// its cause, instead of waiting for a peer that left without a word.
+func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Storage, openErr error) error {
+	msg := []byte("ok " + storage.KeyFingerprint(st))
+	if openErr != nil {
+		msg = []byte("error " + openErr.Error())
+		msg = msg[:min(len(msg), storageCauseLen)]
 	}
-	for rank, fp := range all {
-		if string(fp) != string(all[0]) {
+	all, err := world.AllGather(ctx, msg)
+	if err != nil {
+		return errors.Join(openErr, fmt.Errorf("runner: comparing storage keys: %w", err))
+	}
+	for rank, m := range all {
+		if cause, failed := strings.CutPrefix(string(m), "error "); failed {
+			if rank == world.Rank() {
+				return openErr
+			}
+			return fmt.Errorf("runner: --storage: rank %d could not open the storage: %s", world.Ranks()[rank], cause)
+		}
+	}
+	fps := make([]string, len(all))
+	for rank, m := range all {
+		fps[rank] = strings.TrimPrefix(string(m), "ok ")
+	}
+	for rank, fp := range fps {
+		if fp != fps[0] {
 			return bad("--storage: ranks use different storage MAC keys (key fingerprint %s on rank 0, %s on rank %d): give every rank the same key file (--storage-key-file or %s)",
-				all[0], fp, rank, storage.EnvKeyFile)
+				fps[0], fp, rank, storage.EnvKeyFile)
 		}
 	}
 	return nil
 }
 
+// storageCauseLen bounds the cause a rank whose storage did not open tells the others.
+const storageCauseLen = 1024
+
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable
 // server is reported before any rank starts.
 func (p *Plan) checkStorage() error {
-	if p.Config.Storage == "" {
-		if p.Config.StorageClear {
+	if c := &p.Config; c.Storage == "" {
+		// The settings of a storage are refused without one, not ignored.
+		switch {
+		case c.StorageClear:
 			return bad("--storage-clear needs --storage")
+		case c.StorageKeyFile != "":
+			return bad("--storage-key-file %s needs --storage", c.StorageKeyFile)
+		case c.StorageInsecure:
+			return bad("--storage-insecure needs --storage")
+		case c.StorageTimeout != 0:
+			return bad("--storage-timeout %v needs --storage", c.StorageTimeout)
+		case c.PrefetchPolicy != hicache.PrefetchBestEffort:
+			return bad("--prefetch-policy %s needs --storage", strings.ReplaceAll(c.PrefetchPolicy.String(), "_", "-"))
 		}
 		return nil
 	}

@@ -33,7 +33,7 @@ func TestAgreeStorageKey(t *testing.T) {
 			st, err := storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: k})
 			require.NoError(t, err)
 			defer st.Close()
-			wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st) })
+			wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st, nil) })
 		}
 		wg.Wait()
 		for i, err := range errs {
@@ -47,5 +47,39 @@ func TestAgreeStorageKey(t *testing.T) {
 			assert.Contains(t, err.Error(), "on rank 2")
 			assert.False(t, strings.Contains(err.Error(), string(key[:8])) || strings.Contains(err.Error(), string(other[:8])), "the key shows: %v", err)
 		}
+	}
+}
+
+// TestAgreeStorageOpenFailure: a rank that could not open the storage makes every rank
+// fail: it with its own error, the others naming it and its cause. They used to wait in the
+// key comparison for a rank that had left, and learn only that a peer was lost.
+func TestAgreeStorageOpenFailure(t *testing.T) {
+	ns, err := storage.NewNamespace(t.Name())
+	require.NoError(t, err)
+	members := local.New([]int{0, 1, 2, 3}, local.Options{Kind: "world"})
+	errs := make([]error, len(members))
+	openErr := bad("--storage redis://x: no MAC key on this host")
+	var wg sync.WaitGroup
+	for i, m := range members {
+		var st storage.Storage
+		var own error
+		if i == 2 {
+			own = openErr
+		} else {
+			st, err = storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: bytes.Repeat([]byte("a"), 32)})
+			require.NoError(t, err)
+			defer st.Close()
+		}
+		wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st, own) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.Error(t, err, "rank %d", i)
+		if i == 2 {
+			assert.ErrorIs(t, err, openErr)
+			continue
+		}
+		assert.Contains(t, err.Error(), "rank 2 could not open the storage")
+		assert.Contains(t, err.Error(), "no MAC key on this host")
 	}
 }

@@ -38,6 +38,12 @@ func TestCostProfilesLoadAndOverride(t *testing.T) {
 		"not a whole number":            {"unit", "kv_bytes_per_token=1.5"},
 		"h2d_gbps 0 must be positive":   {"unit", "h2d_gbps=0"},
 		"decode_step_ns -1 is negative": {"unit", "decode_step_ns=-1"},
+		// Not finite: accepted, they ran the whole job and then failed writing the report.
+		"prefill_ns_per_token NaN is not a finite number": {"unit", "prefill_ns_per_token=NaN"},
+		"h2d_gbps +Inf is not a finite number":            {"unit", "h2d_gbps=Inf"},
+		"decode_step_ns -Inf is not a finite number":      {"unit", "decode_step_ns=-Inf"},
+		"kv_bytes_per_token 1099511627776 is over":        {"unit", "kv_bytes_per_token=1099511627776"},
+		`"1e30" is not a whole number`:                    {"unit", "kv_bytes_per_token=1e30"},
 	}
 	for want, in := range bad {
 		_, err := LoadCostProfile(in[0], in[1])
