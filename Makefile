@@ -84,6 +84,11 @@ build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
 capi-test: build/engine build/bad_calls
 	$(GO) build -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
+	@for bad in "--clients -1" "--attn-cp abc" "--l1-pages 99999999999999999999"; do \
+	  out=$$(build/engine $$bad 2>&1); rc=$$?; \
+	  if [ $$rc != 2 ] || ! grep -qF -- "$${bad%% *} \"$${bad#* }\"" <<<"$$out"; then \
+	    echo "capi-test: engine $$bad: want status 2 naming the flag and value, got $$rc: $$out"; exit 1; fi; \
+	done; echo "capi-test: the example engine refuses bad flags, naming them"
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 $(MPIRUN) -np 4 -x CPCACHE_STORE=file://$$store build/engine --attn-cp 4
 	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2 --dp-attention

@@ -45,9 +45,9 @@ func layoutFlags(fs *flag.FlagSet, defaults parallel.LayoutConfig) *parallel.Lay
 	cfg := defaults
 	fs.IntVar(&cfg.World, "world", defaults.World, "number of ranks")
 	fs.IntVar(&cfg.TP, "tp", defaults.TP, "tensor-parallel size (0: world)")
-	fs.IntVar(&cfg.DP, "dp", defaults.DP, "data-parallel size")
-	fs.IntVar(&cfg.AttnCP, "attn-cp", defaults.AttnCP, "attention context-parallel size")
-	fs.IntVar(&cfg.EP, "ep", defaults.EP, "expert-parallel size")
+	fs.IntVar(&cfg.DP, "dp", defaults.DP, "data-parallel size (0: 1)")
+	fs.IntVar(&cfg.AttnCP, "attn-cp", defaults.AttnCP, "attention context-parallel size (0: 1)")
+	fs.IntVar(&cfg.EP, "ep", defaults.EP, "expert-parallel size (0: 1)")
 	fs.BoolVar(&cfg.DPAttention, "dp-attention", defaults.DPAttention, "enable DP attention")
 	return &cfg
 }
