@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // storeSpec is a parsed store URL.
@@ -28,28 +29,40 @@ type storeSpec struct {
 // defaultPrefix is the key prefix when the URL names none.
 const defaultPrefix = "cpcache"
 
-// parseStore parses file:///dir or redis://host[:port][/prefix].
+// badStoreError is a rendezvous store URL that cannot be used: a bad argument
+// (errors.Is parallel.ErrBadArgument), with a message naming the URL.
+type badStoreError struct{ msg string }
+
+func (e *badStoreError) Error() string { return e.msg }
+func (e *badStoreError) Unwrap() error { return parallel.ErrBadArgument }
+
+func badStore(format string, args ...any) error {
+	return &badStoreError{fmt.Sprintf(format, args...)}
+}
+
+// parseStore parses file:///dir or redis://host[:port][/prefix]; its errors are
+// parallel.ErrBadArgument.
 func parseStore(raw string) (storeSpec, error) {
 	if raw == "" {
-		return storeSpec{}, fmt.Errorf("gloo: no rendezvous store: set Options.Store or CPCACHE_STORE (file:///dir or redis://host:port)")
+		return storeSpec{}, badStore("gloo: no rendezvous store: set Options.Store or CPCACHE_STORE (file:///dir or redis://host:port)")
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		if ue, ok := err.(*url.Error); ok {
 			err = ue.Err // without the URL it quotes
 		}
-		return storeSpec{}, fmt.Errorf("gloo: store URL %q: %v", redact.URL(raw), redact.Error(err, raw))
+		return storeSpec{}, badStore("gloo: store URL %q: %v", redact.URL(raw), redact.Error(err, raw))
 	}
 	if u.User != nil {
-		return storeSpec{}, fmt.Errorf("gloo: store URL %q: user or password given, but the rendezvous store has no authentication (keep it on a trusted network)", redact.URL(raw))
+		return storeSpec{}, badStore("gloo: store URL %q: user or password given, but the rendezvous store has no authentication (keep it on a trusted network)", redact.URL(raw))
 	}
 	switch u.Scheme {
 	case "file":
 		if u.Host != "" && u.Host != "localhost" {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: file stores take no host (want file:///absolute/dir)", redact.URL(raw))
+			return storeSpec{}, badStore("gloo: store URL %q: file stores take no host (want file:///absolute/dir)", redact.URL(raw))
 		}
 		if u.Path == "" || !strings.HasPrefix(u.Path, "/") {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: want file:///absolute/dir", redact.URL(raw))
+			return storeSpec{}, badStore("gloo: store URL %q: want file:///absolute/dir", redact.URL(raw))
 		}
 		return storeSpec{scheme: "file", dir: u.Path, prefix: defaultPrefix}, nil
 	case "redis":
@@ -58,11 +71,11 @@ func parseStore(raw string) (storeSpec, error) {
 			host, portStr = h, p
 		}
 		if host == "" {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: no redis host", redact.URL(raw))
+			return storeSpec{}, badStore("gloo: store URL %q: no redis host", redact.URL(raw))
 		}
 		port, err := strconv.Atoi(portStr)
 		if err != nil || port < 1 || port > 65535 {
-			return storeSpec{}, fmt.Errorf("gloo: store URL %q: bad port %q", redact.URL(raw), portStr)
+			return storeSpec{}, badStore("gloo: store URL %q: bad port %q", redact.URL(raw), portStr)
 		}
 		prefix := strings.Trim(u.Path, "/")
 		if prefix == "" {
@@ -70,7 +83,7 @@ func parseStore(raw string) (storeSpec, error) {
 		}
 		return storeSpec{scheme: "redis", host: host, port: port, prefix: prefix}, nil
 	}
-	return storeSpec{}, fmt.Errorf("gloo: store URL %q: unknown scheme %q (want file or redis)", redact.URL(raw), u.Scheme)
+	return storeSpec{}, badStore("gloo: store URL %q: unknown scheme %q (want file or redis)", redact.URL(raw), u.Scheme)
 }
 
 func (s storeSpec) open() (*cStore, error) {

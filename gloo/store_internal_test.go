@@ -1,8 +1,11 @@
 package gloo
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func TestParseStore(t *testing.T) {
@@ -39,6 +42,9 @@ func TestParseStore(t *testing.T) {
 		}
 		if !strings.HasPrefix(err.Error(), "gloo: ") || !strings.Contains(err.Error(), mention) {
 			t.Errorf("parseStore(%q): error %q does not start with \"gloo: \" and mention %q", in, err, mention)
+		}
+		if !errors.Is(err, parallel.ErrBadArgument) {
+			t.Errorf("parseStore(%q): error %q is not parallel.ErrBadArgument", in, err)
 		}
 	}
 }

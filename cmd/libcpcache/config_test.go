@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 )
 
@@ -75,6 +77,7 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {errNode, -7},
 		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
 		{errInternal, -100}, {errors.New("copy failed"), -13},
+		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6}, // a bad CPCACHE_STORE
 	} {
 		wrapped := tc.err
 		if wrapped != nil {
