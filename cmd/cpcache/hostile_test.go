@@ -52,7 +52,7 @@ func TestHostileInputsExitTwoAtOnce(t *testing.T) {
 		{"1e6 hash_ids", []string{"run", "--workload", "trace", "--trace",
 			writeTrace(t, dir, "ids.jsonl", `{"timestamp": 0, "input_length": 512000000, "output_length": 1, "hash_ids": [`+ids+`]}`)},
 			"line 2 is longer than 1048576 bytes"},
-		{"json in a missing directory", []string{"run", "--json", "/nonexistent/dir/r.json"}, "--json /nonexistent/dir/r.json"},
+		{"json in a missing directory", []string{"run", "--json", filepath.Join(dir, "missing", "r.json")}, "--json " + filepath.Join(dir, "missing", "r.json")},
 		{"json to /dev/full", []string{"run", "--json", "/dev/full"}, "--json /dev/full: cannot write"},
 		{"flag error", []string{"run", "--bogus"}, "see cpcache run --help"},
 		{"flag value error", []string{"launch", "-n", "many"}, "see cpcache launch --help"},
