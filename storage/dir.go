@@ -315,8 +315,9 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 
 // Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
 // it) and removes it, with what earlier Clears left aside (one that crashed, or ran out of
-// time). Removal is bounded by the call's deadline: what is left then goes with the next
-// Clear. Other namespaces under the same root are untouched.
+// time). Removal is bounded by the call's deadline: the namespace is clear once it is moved
+// aside, and what is left of the trash then goes with the next Clear. Other namespaces
+// under the same root are untouched.
 func (s *dirStore) Clear(ctx context.Context) error {
 	ctx, cancel, err := s.beginCall(ctx, "clear", nil, nil, nil)
 	if err != nil {
@@ -341,11 +342,21 @@ func (s *dirStore) Clear(ctx context.Context) error {
 		return s.err("clear", nil, err)
 	}
 	// The namespace is empty: remove the trash (a concurrent Clear may be removing the
-	// same; both succeed).
+	// same; both succeed). Another Clear's trash is removed only once its namespace is in
+	// it: removed between its MkdirTemp and its Rename, that Clear's Rename would fail as
+	// if the namespace were missing, and it would report success having cleared nothing.
 	old, _ := filepath.Glob(filepath.Join(root, trashPrefix+"*"))
 	for _, dir := range old {
+		if dir != trash {
+			if _, err := os.Lstat(filepath.Join(dir, "ns")); err != nil {
+				continue
+			}
+		}
 		if err := removeBy(ctx, dir); err != nil {
-			return s.err("clear", kindOf(ctx, err), err)
+			if ctx.Err() != nil {
+				return nil // cleared; the rest of the trash goes with the next Clear
+			}
+			return s.err("clear", nil, err)
 		}
 	}
 	return nil

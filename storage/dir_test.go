@@ -285,3 +285,23 @@ func TestDirClearHonoursItsContext(t *testing.T) {
 		t.Errorf("after clear: %d pages, %v", n, err)
 	}
 }
+
+// TestDirClearLeavesAnotherClearsFreshTrash: the trash directory of a concurrent Clear that
+// has not yet moved its namespace into it is left alone; removed, that Clear's Rename would
+// fail as if the namespace were missing, and it would report success having cleared nothing.
+func TestDirClearLeavesAnotherClearsFreshTrash(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "clear-concurrent")
+	s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer s.Close()
+	fresh := filepath.Join(dir, ".trash-"+ns.String()+"-789")
+	if err := os.Mkdir(fresh, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("the concurrent Clear's trash was removed before it moved its namespace in: %v", err)
+	}
+}

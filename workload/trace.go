@@ -34,15 +34,15 @@ type TraceOptions struct {
 }
 
 type traceLine struct {
-	Timestamp    *int64
-	InputLength  *int
-	OutputLength *int
-	HashIDs      []uint64
+	Timestamp    *int64   `json:"timestamp"`
+	InputLength  *int     `json:"input_length"`
+	OutputLength *int     `json:"output_length"`
+	HashIDs      []uint64 `json:"hash_ids"`
 }
 
 // rawTraceLine is a line's fields as they are written, each decoded on its own so that an
 // error names the field and its value (a whole-line decode names neither: "cannot unmarshal
-// string into Go struct field").
+// string into Go struct field"). Only a line that fails the whole-line decode takes it.
 type rawTraceLine struct {
 	Timestamp    json.RawMessage `json:"timestamp"`
 	InputLength  json.RawMessage `json:"input_length"`
@@ -52,11 +52,15 @@ type rawTraceLine struct {
 
 // decodeTraceLine decodes one line; an error names the field and its value.
 func decodeTraceLine(text []byte) (traceLine, error) {
-	var raw rawTraceLine // unknown extra fields are tolerated
+	var tl traceLine // unknown extra fields are tolerated
+	lineErr := json.Unmarshal(text, &tl)
+	if lineErr == nil {
+		return tl, nil
+	}
+	var raw rawTraceLine
 	if err := json.Unmarshal(text, &raw); err != nil {
 		return traceLine{}, fmt.Errorf("invalid JSON: %v", err)
 	}
-	var tl traceLine
 	for _, f := range []struct {
 		name string
 		raw  json.RawMessage
@@ -79,7 +83,7 @@ func decodeTraceLine(text []byte) (traceLine, error) {
 			}
 		}
 	}
-	return tl, nil
+	return traceLine{}, fmt.Errorf("invalid JSON: %v", lineErr)
 }
 
 // shortJSON is a field's JSON text for an error, cut to 40 bytes.

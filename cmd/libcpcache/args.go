@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"time"
 	"unsafe"
@@ -44,7 +43,7 @@ func needCap(p unsafe.Pointer, capacity uint64, pages int, what string, allowNul
 // C callers pass for "forever"), has none. Multiplied out, such a value would wrap around to
 // a deadline already passed.
 func waitLimit(ms int64) (time.Duration, bool) {
-	if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+	if ms < 0 || ms > maxTimeoutMs {
 		return 0, false
 	}
 	return time.Duration(ms) * time.Millisecond, true

@@ -16,6 +16,7 @@ so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running 
 `with`); peers then see this rank as lost and fail promptly instead of at their deadline.
 """
 
+import array
 import ctypes
 import ctypes.util
 import os
@@ -224,11 +225,18 @@ def _tokens(tokens):
             values = view.tolist()
     else:
         values = list(tokens)
-    for i, t in enumerate(values):
-        if not isinstance(t, int) or not -2**31 <= t < 2**31:
-            raise _invalid(f"token {i} ({t!r}) is not an int32")
-    n = len(values)
-    return (_i32 * n)(*values), n
+    # array('i') converts and checks in C (a float, or an int out of range, raises), and
+    # takes what ctypes took: ints and objects with __index__ (numpy integers).
+    try:
+        arr = array.array("i", values)
+    except (TypeError, OverflowError):
+        for i, t in enumerate(values):
+            try:
+                array.array("i", (t,))
+            except (TypeError, OverflowError):
+                raise _invalid(f"token {i} ({t!r}) is not an int32") from None
+        raise
+    return (_i32 * len(arr)).from_buffer(arr), len(arr)
 
 
 def _bytes(s):

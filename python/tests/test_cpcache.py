@@ -77,6 +77,16 @@ def test_bad_calls_raise_typed_errors(tmp_path):
         c.match([1, 2, 3, 4])
 
 
+class _Index:
+    """An integer that is not an int (as numpy.int64): it has __index__."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
 def test_out_of_range_values_are_refused_not_wrapped(tmp_path):
     """ctypes keeps the low bits of an int out of range: page_tokens 2**32 + 4 became 4, a
     token 2**32 + 5 became 5, and an int64 or float buffer was read as int32 tokens. The
@@ -106,6 +116,10 @@ def test_out_of_range_values_are_refused_not_wrapped(tmp_path):
         with pytest.raises(cpcache.InvalidError, match="slot 4294967296"):
             c.l1_page(2**32)  # would have been slot 0
         assert c.stats()["matches"] == 4
+        # Integers of another type (numpy's: they have __index__, and are not int) are
+        # tokens too, as ctypes took them.
+        m = c.match([_Index(t) for t in tokens])
+        assert m.node == res.node and m.device_pages == 4, m
     finally:
         c.close()
 

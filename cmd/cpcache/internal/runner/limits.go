@@ -119,7 +119,7 @@ func availableMemory() (int64, string, bool) {
 	source := "MemAvailable"
 	if max, ok := readCgroupInt("memory.max"); ok {
 		cur, _ := readCgroupInt("memory.current")
-		if room := max - cur; room < avail {
+		if room := max - cur + cgroupPageCache(); room < avail {
 			avail, source = room, "cgroup memory.max"
 		}
 	}
@@ -128,19 +128,48 @@ func availableMemory() (int64, string, bool) {
 
 // readCgroupInt reads a number from this process's cgroup v2 directory ("max": not set).
 func readCgroupInt(name string) (int64, bool) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return 0, false
-	}
-	// cgroup v2: one line "0::/path".
-	path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
-	if !ok || strings.Contains(path, "\n") {
-		return 0, false
-	}
-	v, err := os.ReadFile("/sys/fs/cgroup" + path + "/" + name)
-	if err != nil {
+	v, ok := readCgroupFile(name)
+	if !ok {
 		return 0, false
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
 	return n, err == nil
+}
+
+// cgroupPageCache is the page cache charged to this process's cgroup v2 (active_file and
+// inactive_file of memory.stat; shared memory is not in them): memory.current counts it,
+// but the kernel reclaims it before it kills, and MemAvailable counts it available too.
+// Without it, an engine that has read its model weights looks out of memory.
+func cgroupPageCache() int64 {
+	stat, _ := readCgroupFile("memory.stat")
+	return pageCacheOf(stat)
+}
+
+// pageCacheOf is the page cache a memory.stat lists (0 for none).
+func pageCacheOf(stat []byte) int64 {
+	var n int64
+	for line := range strings.Lines(string(stat)) {
+		name, num, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if name == "active_file" || name == "inactive_file" {
+			if x, err := strconv.ParseInt(num, 10, 64); err == nil {
+				n += x
+			}
+		}
+	}
+	return n
+}
+
+// readCgroupFile reads a file of this process's cgroup v2 directory.
+func readCgroupFile(name string) ([]byte, bool) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, false
+	}
+	// cgroup v2: one line "0::/path".
+	path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
+	if !ok || strings.Contains(path, "\n") {
+		return nil, false
+	}
+	v, err := os.ReadFile("/sys/fs/cgroup" + path + "/" + name)
+	return v, err == nil
 }
