@@ -151,10 +151,9 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
 	}
+	var memErr error // agreed with the other ranks once they are joined
 	if avail, source, ok := availableMemory(); ok {
-		if err := checkHostMemory(c, avail, source); err != nil {
-			return nil, err
-		}
+		memErr = checkHostMemory(c, avail, source)
 	}
 	s := &session{}
 	defer func() {
@@ -171,6 +170,11 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, world.Close)
+	// Before any pool is allocated, so that a rank that would not fit stops every rank with
+	// its cause instead of leaving them waiting for it.
+	if _, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, ""); err != nil {
+		return nil, err
+	}
 	lc := c.layout
 	if lc.World == 0 {
 		lc.World = world.Size()

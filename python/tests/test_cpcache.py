@@ -182,6 +182,32 @@ def test_storage_is_agreed_by_every_rank(tmp_path):
     assert "holds 9 bytes of key" in r0, r0  # the failing rank's cause reaches the others
 
 
+_MEMORY_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+l2 = 2**31 - 1 if os.environ["RANK"] == "1" else 16  # rank 1: 128 TiB of L2 slab
+try:
+    cpcache.Cache(page_bytes=65536, l1_pages=8, l2_pages=l2, page_tokens=4, attn_cp=2, timeout_ms=60000).close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_host_memory_check_is_agreed_by_every_rank(tmp_path):
+    """A rank whose pools would not fit the host's memory is refused before it allocates them,
+    and the others learn why at once instead of waiting for it until their deadline."""
+    script = tmp_path / "rank.py"
+    script.write_text(_MEMORY_RANK.format(python=os.path.join(ROOT, "python")))
+    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    r0, r1 = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+    want = "rank 1 of group world[0,1] could not start: checking host memory"
+    assert r1.startswith("[1] InvalidError") and want in r1 and "l2_pages 2147483647" in r1, r1
+    assert r0.startswith("[0] PeerLostError") and want in r0 and "l2_pages 2147483647" in r0, r0
+
+
 def test_ctrl_c_closes_and_exits_130(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                CPCACHE_STORE=f"file://{tmp_path}")
