@@ -318,9 +318,14 @@ CUresult cuStreamQuery(void *st) {
   queue_flush(st);
   return 0;
 }
+/* event_flush runs the queue of the stream ev was last recorded on, if that stream still
+ * lives (an event outlives its stream, as with CUDA; the destroy ran the stream's work). */
 static void event_flush(void *ev) {
+  fevent *e = ev;
   pthread_mutex_lock(&q_mu);
-  flush_locked(((fevent *)ev)->st);
+  for (fstream *st = streams.next; st != NULL && st != &streams; st = st->next) {
+    if (st == e->st) flush_locked(st);
+  }
   pthread_mutex_unlock(&q_mu);
 }
 CUresult cuStreamWaitEvent(void *st, void *ev, unsigned int f) {

@@ -174,7 +174,9 @@ void ringAllreduce(Op& o, const ReduceFn& fn, int64_t* vals, size_t n) {
 void allreduce(Op& o, int op, int64_t* vals, size_t n) {
   ReduceFn fn = reduceFn(op);
   if (o.size > o.c->directMax) {
-    ringAllreduce(o, fn, vals, n);
+    // Gloo's ring detects no length mismatch; an empty vector skips it. Smaller groups
+    // exchange even an empty vector's header, which catches a member of another length.
+    if (n > 0) ringAllreduce(o, fn, vals, n);
     return;
   }
   const size_t bytes = n * sizeof(int64_t);
@@ -361,9 +363,7 @@ extern "C" {
 int cpg_allreduce_i64(cpg_ctx* c, int op, int64_t* vals, size_t n, int64_t timeout_ms, char* err,
                       size_t errlen) {
   return run(c, timeout_ms, err, errlen, [&](Op& o) {
-    // An empty vector still takes part in the direct exchange, whose headers catch a member
-    // that reduces another length; Gloo's algorithms (larger groups) detect no mismatch.
-    if (o.size == 1 || (n == 0 && o.size > o.c->directMax)) {
+    if (o.size == 1) {
       reduceFn(op);  // validates op
       return;
     }

@@ -221,6 +221,32 @@ func TestGPUBatchCopy(t *testing.T) {
 	}
 }
 
+// An event recorded on a stream stays usable after the stream is closed: synchronizing and
+// querying it report the work it captured done (the destroy completes the stream's work).
+func TestGPUEventOutlivesItsStream(t *testing.T) {
+	_, dev := cudatest.RequireGPU(t)
+	s, err := dev.NewStream()
+	must(t, err)
+	ev, err := dev.NewEvent(cuda.EventDefault)
+	must(t, err)
+	defer closeT(t, ev)
+	const n = 4 << 10
+	a, err := dev.Alloc(n)
+	must(t, err)
+	defer closeT(t, a)
+	must(t, s.Memset(a.Ptr(), 0x22, n))
+	must(t, ev.Record(s))
+	must(t, s.Close())
+	must(t, ev.Synchronize())
+	done, err := ev.Query()
+	must(t, err)
+	got := make([]byte, n)
+	must(t, a.Read(0, got))
+	if !done || !bytes.Equal(got, bytes.Repeat([]byte{0x22}, n)) {
+		t.Errorf("event done=%v after its stream closed; memset landed: %v", done, bytes.Equal(got, bytes.Repeat([]byte{0x22}, n)))
+	}
+}
+
 func TestGPUEvents(t *testing.T) {
 	_, dev := cudatest.RequireGPU(t)
 	s1, err := dev.NewStream()

@@ -584,34 +584,30 @@ func (c *Cache) Flush(ctx context.Context) error {
 	if err := c.replicable(); err != nil {
 		return err
 	}
+	busy := c.core.Busy()
+	agree, what := c.group.Barrier, "barrier"
+	// In quarantine the collective is the group's MIN of "this rank is idle".
+	idle := []int64{1}
 	if c.core.Quarantined() { // replicated: entered and left at the same step everywhere
-		busy := c.core.Busy()
-		v := []int64{1}
 		if busy != nil {
-			v[0] = 0
+			idle[0] = 0
 		}
-		if _, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, v) }); err != nil {
-			return fmt.Errorf("hicache: flush agreement on group %s: %w", c.group.Name(), err)
+		agree = func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, idle) }
+		what = "agreement"
+	} else if busy != nil {
+		return busy
+	}
+	if _, err := c.collectiveUnlocked(ctx, agree); err != nil {
+		return fmt.Errorf("hicache: flush %s on group %s: %w", what, c.group.Name(), err)
+	}
+	if c.closed {
+		return ErrClosed
+	}
+	if idle[0] == 0 {
+		if busy != nil {
+			return busy
 		}
-		if c.closed {
-			return ErrClosed
-		}
-		if v[0] == 0 {
-			if busy != nil {
-				return busy
-			}
-			return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
-		}
-	} else {
-		if err := c.core.Busy(); err != nil {
-			return err
-		}
-		if _, err := c.collectiveUnlocked(ctx, c.group.Barrier); err != nil {
-			return fmt.Errorf("hicache: flush barrier on group %s: %w", c.group.Name(), err)
-		}
-		if c.closed {
-			return ErrClosed
-		}
+		return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
 	}
 	c.reportLocked()
 	if err := c.core.Reset(); err != nil {

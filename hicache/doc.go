@@ -68,7 +68,8 @@
 //     backups and loads chosen since the last step: no slab byte is written from a state the
 //     digests have not checked.
 //  5. cache.Flush(ctx) (R), only when idle (Pending() == 0 and no locks; else ErrBusy and
-//     nothing changes): a barrier, then the tree, L1 accounting, queues, hints and the L2
+//     nothing changes): a barrier (in quarantine, where idleness may differ across ranks,
+//     an AllReduce that agrees it instead), then the tree, L1 accounting, queues, hints and the L2
 //     allocator are reset; the allocator's digest equals a fresh one on every rank. With
 //     L3Options.ClearOnFlush the I/O ranks then clear the storage namespace.
 //

@@ -265,7 +265,7 @@ func (c *Core) dropLocks(n *Node) {
 // Reset returns the core to its freshly constructed state: empty tree, all L1 slots free,
 // no backups or loads, no hints, the L2 allocator Reset (the fresh digest), L2 enabled
 // again. Only when Idle; otherwise ErrBusy and nothing changes. Replicated: call it
-// identically on every rank (the driver's Flush runs a barrier first).
+// identically on every rank (the driver's Flush runs a collective first).
 func (c *Core) Reset() error {
 	if !c.Idle() {
 		return c.Busy()

@@ -203,6 +203,14 @@ func (e *Engine) enqueue(ln *lane, tks []*engine.Ticket, copies []cuda.Copy1) {
 			tk.Finish(fmt.Errorf("hicache: %s of node %d: %s%w", tk.Transfer.Kind, tk.Transfer.Node, what, err))
 		}
 	}
+	// syncFail fails the tickets once the stream is done: copies enqueued before the error
+	// may be running, and the pages are not free for reuse until they are done.
+	syncFail := func(err error, what string) {
+		if serr := ln.stream.Synchronize(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		fail(err, what)
+	}
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed {
@@ -211,12 +219,7 @@ func (e *Engine) enqueue(ln *lane, tks []*engine.Ticket, copies []cuda.Copy1) {
 	}
 	batched, err := ln.stream.CopyBatch(copies)
 	if err != nil {
-		// Copies enqueued before the failing one may be running: the pages are not free
-		// for reuse until they are done.
-		if serr := ln.stream.Synchronize(); serr != nil {
-			err = errors.Join(err, serr)
-		}
-		fail(err, "")
+		syncFail(err, "")
 		return
 	}
 	ln.batched = batched
@@ -231,12 +234,8 @@ func (e *Engine) enqueue(ln *lane, tks []*engine.Ticket, copies []cuda.Copy1) {
 		err = ev.Record(ln.stream)
 	}
 	if err != nil {
-		// Without an event the completion is the stream's: wait for it here.
-		if serr := ln.stream.Synchronize(); serr != nil {
-			err = errors.Join(err, serr)
-		}
+		syncFail(err, "completion event: ") // without an event the completion is the stream's
 		ev.Close()
-		fail(err, "completion event: ")
 		return
 	}
 	ln.pending = append(ln.pending, cudaPending{tks, ev})
