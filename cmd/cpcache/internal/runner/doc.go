@@ -24,7 +24,8 @@
 // "compute" the missing pages — each CP rank writes the pages it owns, as a function of
 // the page's prefix hash, position and the rank's TP shard — and insert), then makes
 // exactly one consensus step. The consensus group is wrapped in parallel.Count, and the report
-// states the collectives per scheduler step, which must be exactly 1.
+// states the collectives per scheduler step (less those of Flush calls a fault makes), which
+// must be exactly 1.
 //
 // # Virtual time
 //

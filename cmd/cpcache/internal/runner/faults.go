@@ -270,7 +270,10 @@ func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
 		if fl.Step != step {
 			continue
 		}
-		switch err := s.cache.Flush(ctx); {
+		before := s.cache.Stats().Collectives
+		err := s.cache.Flush(ctx)
+		s.local.FlushCollectives += s.cache.Stats().Collectives - before
+		switch {
 		case err == nil:
 			s.counts.Flushes++
 		case errors.Is(err, hicache.ErrBusy):

@@ -47,7 +47,7 @@ type rankResult struct {
 	Local            localCounts    `json:"local"`
 	PagesWritten     int64          `json:"pages_written"`
 	PagesLoaded      int64          `json:"pages_loaded"`
-	Collectives      int64          `json:"collectives"` // on the consensus group while serving
+	Collectives      int64          `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
 	DigestChecks     int64          `json:"digest_checks"`
 	DigestMismatches int64          `json:"digest_mismatches"`
 	L3Prefetched     int64          `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
@@ -213,7 +213,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	res := rankResult{
 		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
 		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
-		Collectives:  int64(counted.Counts().Total() - before),
+		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,

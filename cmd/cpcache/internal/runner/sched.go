@@ -41,6 +41,9 @@ type localCounts struct {
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
 	PagesFilled   int64 `json:"pages_filled"`
+	// FlushCollectives are the collectives of --fault flush's Flush calls (a barrier, or the
+	// agreement on idleness in quarantine, even when it refuses): not the steps' consensus.
+	FlushCollectives int64 `json:"flush_collectives"`
 }
 
 // active is a request between its prefill and its last decoded token.
