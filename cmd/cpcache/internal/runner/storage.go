@@ -69,29 +69,13 @@ func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Nam
 // agreeStorageKey checks that every rank opened the storage, with the same MAC key,
 // comparing fingerprints (never keys): a rank with another key would reject, and delete,
 // every page the others back up. openErr is this rank's failure to open it (st is then
-// nil): every rank fails alike, the others with an error naming the lowest failing rank and
-// its cause, instead of waiting for a peer that left without a word.
+// nil): every rank fails alike (hicache.AgreeStart), the others with a *hicache.StartError
+// naming the lowest failing rank and its cause, instead of waiting for a peer that left
+// without a word.
 func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Storage, openErr error) error {
-	msg := []byte("ok " + storage.KeyFingerprint(st))
-	if openErr != nil {
-		msg = []byte("error " + openErr.Error())
-		msg = msg[:min(len(msg), storageCauseLen)]
-	}
-	all, err := world.AllGather(ctx, msg)
+	fps, err := hicache.AgreeStart(ctx, world, "opening the storage", openErr, storage.KeyFingerprint(st))
 	if err != nil {
-		return errors.Join(openErr, fmt.Errorf("runner: comparing storage keys: %w", err))
-	}
-	for rank, m := range all {
-		if cause, failed := strings.CutPrefix(string(m), "error "); failed {
-			if rank == world.Rank() {
-				return openErr
-			}
-			return fmt.Errorf("runner: --storage: rank %d could not open the storage: %s", world.Ranks()[rank], cause)
-		}
-	}
-	fps := make([]string, len(all))
-	for rank, m := range all {
-		fps[rank] = strings.TrimPrefix(string(m), "ok ")
+		return err
 	}
 	for rank, fp := range fps {
 		if fp != fps[0] {
@@ -101,9 +85,6 @@ func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Stora
 	}
 	return nil
 }
-
-// storageCauseLen bounds the cause a rank whose storage did not open tells the others.
-const storageCauseLen = 1024
 
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable
 // server is reported before any rank starts.

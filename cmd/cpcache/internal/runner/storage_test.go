@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -79,7 +80,8 @@ func TestAgreeStorageOpenFailure(t *testing.T) {
 			assert.ErrorIs(t, err, openErr)
 			continue
 		}
-		assert.Contains(t, err.Error(), "rank 2 could not open the storage")
+		assert.ErrorIs(t, err, hicache.ErrPeerFailed)
+		assert.Contains(t, err.Error(), "rank 2 of group world[0..3] could not start: opening the storage")
 		assert.Contains(t, err.Error(), "no MAC key on this host")
 	}
 }
