@@ -76,7 +76,8 @@
 // # Failures are agreed
 //
 // No rank acts alone. New's first collective carries each rank's start failure, so every
-// rank returns the same *StartError. A copy that fails on one rank is reported in the vector
+// rank returns the same *StartError; AgreeStart gives a job's other construction steps
+// (opening a storage, checking host memory) the same agreement. A copy that fails on one rank is reported in the vector
 // and aborts the backup, or makes the loaded node stale, on every rank at the same step.
 // A digest mismatch (configuration, tree or placement) returns a *DivergedError on every rank
 // at the same step and puts the group into quarantine: Match serves no hit, Insert caches
