@@ -89,20 +89,6 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 	}
 }
 
-// TestConsensusMode: the backend shm.Consensus uses, for the error code of an unknown one.
-func TestConsensusMode(t *testing.T) {
-	t.Setenv("CPCACHE_CONSENSUS_BACKEND", " gloo ")
-	for _, c := range []struct{ configured, want string }{{"", "gloo"}, {"shm", "shm"}, {"bogus", "bogus"}} {
-		if got := consensusMode(c.configured); got != c.want {
-			t.Errorf("consensusMode(%q) = %q, want %q", c.configured, got, c.want)
-		}
-	}
-	t.Setenv("CPCACHE_CONSENSUS_BACKEND", "")
-	if got := consensusMode(""); got != "auto" {
-		t.Errorf("consensusMode without either = %q, want auto", got)
-	}
-}
-
 // TestCheckHostMemory: the pools this rank allocates must fit the memory available; they
 // used to be allocated as asked, and a large l1_pages got the process killed.
 func TestCheckHostMemory(t *testing.T) {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -108,19 +106,6 @@ func checkConfig(c *openConfig) error {
 	return nil
 }
 
-// consensusMode is the consensus backend shm.Consensus uses: the configuration's, else
-// $CPCACHE_CONSENSUS_BACKEND, else auto.
-func consensusMode(configured string) string {
-	mode := configured
-	if mode == "" {
-		mode = strings.TrimSpace(os.Getenv(shm.EnvBackend))
-	}
-	if mode == "" {
-		mode = "auto"
-	}
-	return mode
-}
-
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
 	handle uint64     // set once before the session is published
@@ -193,10 +178,9 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	s.closers = append(s.closers, groups.Close)
 	cons, backend, err := shm.Consensus(ctx, groups.Group(parallel.KindReplica), shm.Options{Backend: c.consensus, Timeout: c.timeout})
 	if err != nil {
-		// Consensus refuses an unknown backend on every member alike, but with no kind:
-		// it is the configuration's (CPCACHE_ERR_INVALID), not an I/O error.
-		if mode := consensusMode(c.consensus); mode != "auto" && mode != "shm" && mode != "gloo" {
-			err = fmt.Errorf("%w: consensus %q: %w", errInvalid, mode, err)
+		// An unknown backend is a bad value (CPCACHE_ERR_INVALID), not an I/O error.
+		if errors.Is(err, shm.ErrUnknownBackend) {
+			err = fmt.Errorf("%w: %w", errInvalid, err)
 		}
 		return nil, err
 	}

@@ -19,6 +19,13 @@ import (
 // are not all on one host (or cannot see one shared-memory directory).
 var ErrNotLocal = errors.New("shm: group members are not all on one host")
 
+// ErrUnknownBackend is wrapped by the error of a consensus backend that is not auto, shm or
+// gloo (Options.Backend or EnvBackend).
+var ErrUnknownBackend = errors.New("shm: unknown consensus backend")
+
+// unknownBackendHello starts the error a member with an unknown backend tells the others.
+const unknownBackendHello = "unknown consensus backend"
+
 // Defaults for Options.
 const (
 	DefaultSlotBytes    = 4096
@@ -165,7 +172,11 @@ func create(ctx context.Context, boot parallel.Group, opts Options, mode string)
 	}
 	for r, h := range hs {
 		if h.err != "" {
-			return nil, nil, fmt.Errorf("shm: member %d of %s: %s", r, boot.Name(), h.err)
+			err := fmt.Errorf("shm: member %d of %s: %s", r, boot.Name(), h.err)
+			if strings.HasPrefix(h.err, unknownBackendHello) {
+				err = fmt.Errorf("%w: %w", ErrUnknownBackend, err) // the same kind on every member
+			}
+			return nil, nil, err
 		}
 	}
 	for r, h := range hs {

@@ -251,6 +251,7 @@ func TestConsensusSelection(t *testing.T) {
 		for r := range 2 {
 			require.Error(t, errs[r])
 			assert.Contains(t, errs[r].Error(), `"tcp"`)
+			assert.ErrorIs(t, errs[r], shm.ErrUnknownBackend, "member %d", r)
 		}
 	})
 }

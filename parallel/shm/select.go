@@ -47,9 +47,9 @@ func Consensus(ctx context.Context, boot parallel.Group, opts Options) (g parall
 		// Unknown on this member: still take part in the exchange so that the others fail
 		// with this error instead of waiting for us.
 		if boot != nil {
-			boot.AllGather(ctx, hello{mode: mode, err: fmt.Sprintf("unknown consensus backend %q", mode)}.encode())
+			boot.AllGather(ctx, hello{mode: mode, err: fmt.Sprintf("%s %q", unknownBackendHello, mode)}.encode())
 		}
-		return nil, "", fmt.Errorf("shm: unknown consensus backend %q (from Options.Backend or %s): want auto, shm or gloo", mode, EnvBackend)
+		return nil, "", fmt.Errorf("%w %q (from Options.Backend or %s): want auto, shm or gloo", ErrUnknownBackend, mode, EnvBackend)
 	}
 	sg, fallback, err := create(ctx, boot, opts, mode)
 	if err != nil {
