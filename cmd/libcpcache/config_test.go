@@ -110,16 +110,3 @@ func TestCheckHostMemory(t *testing.T) {
 		t.Errorf("a host L1 of the caller's: %v", err)
 	}
 }
-
-// TestPageCacheOf: the page cache of a cgroup counts as available, as in MemAvailable; an
-// engine that had read its model weights (page cache charged to its cgroup) was refused
-// pools that fit.
-func TestPageCacheOf(t *testing.T) {
-	stat := "anon 1000\nfile 7000\nshmem 4000\nactive_file 2000\ninactive_file 1000\nactive_anon 900\n"
-	if got := pageCacheOf([]byte(stat)); got != 3000 {
-		t.Errorf("pageCacheOf = %d, want 3000 (active_file + inactive_file; not shmem)", got)
-	}
-	if got := pageCacheOf(nil); got != 0 {
-		t.Errorf("pageCacheOf(nil) = %d", got)
-	}
-}

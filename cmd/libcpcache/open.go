@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/internal/hostmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -137,7 +138,7 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 		return nil, err
 	}
 	var memErr error // agreed with the other ranks once they are joined
-	if avail, source, ok := availableMemory(); ok {
+	if avail, source, ok := hostmem.Available(); ok {
 		memErr = checkHostMemory(c, avail, source)
 	}
 	s := &session{}

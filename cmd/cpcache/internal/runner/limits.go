@@ -1,15 +1,11 @@
 package runner
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"math"
-	"os"
-	"strconv"
-	"strings"
 
 	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/internal/hostmem"
 	"github.com/cpcache/cpcache/internal/redact"
 )
 
@@ -74,7 +70,7 @@ func (p *Plan) RankBytes() (l1, l2, workload int64) {
 // (MemAvailable, and the cgroup's memory.max when set). The L2 slabs are anonymous shared
 // memory (memfd), which counts against the same memory and not against /dev/shm.
 func (p *Plan) CheckHost(localRanks int) error {
-	avail, source, ok := availableMemory()
+	avail, source, ok := hostmem.Available()
 	if !ok {
 		return nil
 	}
@@ -82,94 +78,7 @@ func (p *Plan) CheckHost(localRanks int) error {
 	per := l1 + l2 + wl
 	if need := int64(localRanks) * per; per > 0 && (need/per != int64(localRanks) || need > avail) {
 		return bad("%d local ranks need %s (per rank: L1 %d pages %s, L2 slab %d pages %s, workload %s), more than the %s of memory available (%s)",
-			localRanks, gib(float64(localRanks)*float64(per)), p.Config.L1Pages, gib(float64(l1)), p.Config.L2Pages, gib(float64(l2)), gib(float64(wl)), gib(float64(avail)), source)
+			localRanks, hostmem.GiB(float64(localRanks)*float64(per)), p.Config.L1Pages, hostmem.GiB(float64(l1)), p.Config.L2Pages, hostmem.GiB(float64(l2)), hostmem.GiB(float64(wl)), hostmem.GiB(float64(avail)), source)
 	}
 	return nil
-}
-
-// gib formats a byte count in GiB, or MiB below one GiB.
-func gib(b float64) string {
-	if b < 1<<30 {
-		return fmt.Sprintf("%.1f MiB", b/(1<<20))
-	}
-	return fmt.Sprintf("%.1f GiB", b/(1<<30))
-}
-
-// availableMemory is the memory this process may still use: MemAvailable, lowered to the
-// room left under the cgroup v2 limit when there is one.
-func availableMemory() (int64, string, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, "", false
-	}
-	defer f.Close()
-	var avail int64 = -1
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err == nil {
-				avail = kb << 10
-			}
-		}
-	}
-	if avail < 0 {
-		return 0, "", false
-	}
-	source := "MemAvailable"
-	if max, ok := readCgroupInt("memory.max"); ok {
-		cur, _ := readCgroupInt("memory.current")
-		if room := max - cur + cgroupPageCache(); room < avail {
-			avail, source = room, "cgroup memory.max"
-		}
-	}
-	return avail, source, true
-}
-
-// readCgroupInt reads a number from this process's cgroup v2 directory ("max": not set).
-func readCgroupInt(name string) (int64, bool) {
-	v, ok := readCgroupFile(name)
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
-	return n, err == nil
-}
-
-// cgroupPageCache is the page cache charged to this process's cgroup v2 (active_file and
-// inactive_file of memory.stat; shared memory is not in them): memory.current counts it,
-// but the kernel reclaims it before it kills, and MemAvailable counts it available too.
-// Without it, an engine that has read its model weights looks out of memory.
-func cgroupPageCache() int64 {
-	stat, _ := readCgroupFile("memory.stat")
-	return pageCacheOf(stat)
-}
-
-// pageCacheOf is the page cache a memory.stat lists (0 for none).
-func pageCacheOf(stat []byte) int64 {
-	var n int64
-	for line := range strings.Lines(string(stat)) {
-		name, num, _ := strings.Cut(strings.TrimSpace(line), " ")
-		if name == "active_file" || name == "inactive_file" {
-			if x, err := strconv.ParseInt(num, 10, 64); err == nil {
-				n += x
-			}
-		}
-	}
-	return n
-}
-
-// readCgroupFile reads a file of this process's cgroup v2 directory.
-func readCgroupFile(name string) ([]byte, bool) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return nil, false
-	}
-	// cgroup v2: one line "0::/path".
-	path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
-	if !ok || strings.Contains(path, "\n") {
-		return nil, false
-	}
-	v, err := os.ReadFile("/sys/fs/cgroup" + path + "/" + name)
-	return v, err == nil
 }
