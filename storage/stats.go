@@ -22,11 +22,14 @@ type counters struct {
 }
 
 func (c *counters) snapshot() Stats {
+	// Forged before Corrupt: a forged value adds to Corrupt first, so Forged <= Corrupt
+	// holds in every snapshot.
+	forged := c.forged.Load()
 	return Stats{
 		Hits:         c.hits.Load(),
 		Misses:       c.misses.Load(),
 		Corrupt:      c.corrupt.Load(),
-		Forged:       c.forged.Load(),
+		Forged:       forged,
 		Purged:       c.purged.Load(),
 		Puts:         c.puts.Load(),
 		Deletes:      c.deletes.Load(),

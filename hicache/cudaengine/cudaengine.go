@@ -51,7 +51,9 @@ type Options struct {
 // (Submit), are enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed
 // by an event, and a waiter goroutine that waits for the lane's events in stream order and
 // finishes the tickets. Transfers are enqueued at Submit, so Cancel has nothing left to
-// cancel; the driver's drain waits for them.
+// cancel; the driver's drain waits for them. Submit waits for copies only when the driver
+// fails a copy call (or its event) after part of it was enqueued: the tickets then fail once
+// that part is done, since a failed transfer's pages are freed or reused at once.
 //
 // The streams are non-blocking: KV the model wrote into L1 must be complete (its compute
 // stream synchronized, or an event waited on) before the Step that starts its backups.
