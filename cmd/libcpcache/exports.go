@@ -172,14 +172,21 @@ func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_
 	return C.CPCACHE_OK
 }
 
-// nodeCall runs f on the node named by h under the session's lock (sessionCall).
+// nodeCall runs f on the node named by h under the session's lock (sessionCall). The table
+// keeps a node that left the cache until its next sweep; hicache refuses such a node as a
+// bad argument, which to the caller is a handle that names no node (CPCACHE_ERR_NODE, as
+// after a flush).
 func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, *hicache.Node) error) C.int {
 	return sessionCall(c, what, func(s *session) error {
 		n, err := s.nodes.node(uint64(h))
 		if err != nil {
 			return err
 		}
-		return f(s, n)
+		err = f(s, n)
+		if errors.Is(err, hicache.ErrBadArgument) && n.State() == 0 {
+			return fmt.Errorf("%w: node handle %#x: %w", errNode, uint64(h), err)
+		}
+		return err
 	})
 }
 

@@ -258,6 +258,23 @@ int main(void) {
   expect(cpcache_get_stats(c, &st), CPCACHE_OK);
   expect_true(st.nodes == 0 && st.l1_used == 0);
 
+  // A handle whose node left the cache (evicted from L1 and L2) names no node: the same
+  // CPCACHE_ERR_NODE as a handle from before a flush (it used to be CPCACHE_ERR_INVALID).
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
+  for (;;) {
+    expect(cpcache_step(c), CPCACHE_OK);
+    expect(cpcache_pending(c, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+  }
+  expect(cpcache_evict_l1(c, 4, &freed), CPCACHE_OK);
+  expect(cpcache_evict_l2(c, 4, &freed), CPCACHE_OK);
+  expect_true(freed == 4);
+  expect(cpcache_lock(c, ins.node), CPCACHE_ERR_NODE);
+  expect(cpcache_unlock(c, ins.node), CPCACHE_ERR_NODE);
+  expect(cpcache_load_back(c, ins.node, NULL), CPCACHE_ERR_NODE);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 0 && m.host_pages == 0);
+
   // The last error is per thread.
   expect(cpcache_lock(c, 0), CPCACHE_ERR_NODE);
   pthread_t t;
