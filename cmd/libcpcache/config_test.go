@@ -11,6 +11,7 @@ import (
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func goodConfig() openConfig {
@@ -77,6 +78,7 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {errNode, -7},
 		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
 		{errInternal, -100}, {errors.New("copy failed"), -13},
+		{parallel.ErrClosed, -4},                                 // a step whose group cpcache_close closed meanwhile
 		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6}, // a bad CPCACHE_STORE
 	} {
 		wrapped := tc.err

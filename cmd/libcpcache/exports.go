@@ -489,7 +489,7 @@ func statusOf(err error) C.int {
 		return C.CPCACHE_ERR_SIZE
 	case errors.Is(err, errRange):
 		return C.CPCACHE_ERR_RANGE
-	case errors.Is(err, errClosed), errors.Is(err, hicache.ErrClosed):
+	case errors.Is(err, errClosed), errors.Is(err, hicache.ErrClosed), errors.Is(err, parallel.ErrClosed):
 		return C.CPCACHE_ERR_CLOSED
 	case errors.Is(err, errAlreadyOpen):
 		return C.CPCACHE_ERR_ALREADY_OPEN
