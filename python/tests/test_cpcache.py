@@ -271,3 +271,27 @@ def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
         c.unlock(m.node)
     finally:
         c.close()
+
+
+def test_a_cache_dropped_without_close_is_closed(tmp_path):
+    """A Cache the program drops without close() used to stay open for the life of the
+    process (its slabs, groups and L1 pool leaked, and every later Cache failed with
+    AlreadyOpenError). Garbage collection closes it, with a ResourceWarning — but not while
+    a memoryview of its L1 pool (l1_page) is alive: that view keeps the Cache, and so the
+    memory it points into, open."""
+    import gc
+    import warnings
+    c = one_rank(tmp_path)
+    view = c.l1_page(3)
+    del c
+    gc.collect()
+    view[:] = b"\x07" * 64  # the pool is still mapped
+    with pytest.raises(cpcache.AlreadyOpenError):
+        one_rank(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        view.release()
+        del view
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "close()" in str(w.message) for w in caught), caught
+    one_rank(tmp_path).close()  # the process's one cache was released
