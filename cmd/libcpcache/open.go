@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -131,9 +132,11 @@ type sessionInfo struct {
 	consensus                                                string
 }
 
-// openSession joins the job and builds the cache (see cpcache_open). On failure everything
-// made so far is closed.
-func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
+// openSession joins the job and builds the cache (see cpcache_open). Its node-handle
+// generations start above lastGen, this process's last one, and above every other rank's
+// (agreed with the host-memory check), so that handles stay equal on every rank. On failure
+// everything made so far is closed.
+func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
 	}
@@ -158,8 +161,16 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	s.closers = append(s.closers, world.Close)
 	// Before any pool is allocated, so that a rank that would not fit stops every rank with
 	// its cause instead of leaving them waiting for it.
-	if _, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, ""); err != nil {
+	gens, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, strconv.FormatUint(lastGen, 10))
+	if err != nil {
 		return nil, err
+	}
+	for _, g := range gens {
+		v, err := strconv.ParseUint(g, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: node generation %q from a peer: %v", errInternal, g, err)
+		}
+		s.nodes.gen = max(s.nodes.gen, v)
 	}
 	lc := c.layout
 	if lc.World == 0 {
