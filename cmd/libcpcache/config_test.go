@@ -44,6 +44,10 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 		{"device l1 with unpinned host slabs", func(c *openConfig) {
 			c.l1Kind, c.l1Base = l1Device, unsafe.Pointer(&buf)
 		}, "needs pin_host = 1"},
+		{"negative device with pinned slabs", func(c *openConfig) { c.pinHost, c.device = true, -1 }, "device -1"},
+		{"negative device with a device L1", func(c *openConfig) {
+			c.l1Kind, c.l1Base, c.pinHost, c.device = l1Device, unsafe.Pointer(&buf), true, -2
+		}, "device -2"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
 		{"timeout past a Duration", func(c *openConfig) { c.timeout, c.timeoutMs = 0, math.MaxInt64 }, "timeout_ms 9223372036854775807 must be in 1.."},

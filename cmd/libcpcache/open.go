@@ -92,6 +92,8 @@ func checkConfig(c *openConfig) error {
 		return bad("l1_base is NULL with l1_kind %d", c.l1Kind)
 	case c.l1Kind != l1Device && c.slabKind == slabCUDAIPC:
 		return bad("CUDA IPC slabs need a device L1 (l1_kind CPCACHE_L1_DEVICE)")
+	case c.device < 0 && (c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost):
+		return bad("device %d is negative (a CUDA device ordinal)", c.device)
 	case c.l1Kind == l1Device && c.slabKind == slabHost && !c.pinHost:
 		return bad("a device L1 with host slabs needs pin_host = 1 (copies reach the slabs through their registered device pointers)")
 	case c.storageURL != "" && c.slabKind != slabHost:
