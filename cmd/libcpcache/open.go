@@ -203,16 +203,15 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 		backend = "gloo"
 	}
 	var dev *cuda.Device
+	var cudaErr error
 	if c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost {
-		be, err := cudaslab.Open(c.device)
-		if err != nil {
-			return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
-		}
-		s.closers = append(s.closers, be.Close)
-		be.Register()
-		if dev, err = be.Device(c.device); err != nil {
-			return nil, err
-		}
+		dev, cudaErr = s.openCUDA(c.device)
+	}
+	// Agreed by every rank, with CUDA or without: a rank whose CUDA failed (its own device
+	// ordinal, driver) used to leave the others with a lost peer at the slab exchange, and no
+	// cause.
+	if _, err := hicache.AgreeStart(ctx, world, "opening CUDA", cudaErr, ""); err != nil {
+		return nil, err
 	}
 	spec := slab.Spec{Backend: slab.Host, PageSize: c.pageBytes, Pages: c.l2Pages, Device: c.device, PinHost: c.pinHost,
 		Tag: "libcpcache", Layout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens)}
@@ -262,6 +261,17 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	}
 	s.nodes.init()
 	return s, nil
+}
+
+// openCUDA opens the CUDA slab backend (registered for slab.OpenSet) and device.
+func (s *session) openCUDA(device int) (*cuda.Device, error) {
+	be, err := cudaslab.Open(device)
+	if err != nil {
+		return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
+	}
+	s.closers = append(s.closers, be.Close)
+	be.Register()
+	return be.Device(device)
 }
 
 // newEngine makes the copy engine over the L1 pool the configuration names.
