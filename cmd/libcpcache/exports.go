@@ -478,8 +478,13 @@ func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 }
 
 // statusOf maps an error to its CPCACHE_ERR_* code: the ABI's own sentinels first, then the
-// packages' typed errors.
+// packages' typed errors. A start failure on the rank that failed is its own error's (the
+// others get CPCACHE_ERR_PEER_LOST, from hicache.ErrPeerFailed).
 func statusOf(err error) C.int {
+	var start *hicache.StartError
+	if errors.As(err, &start) && start.Err != nil && !errors.Is(start.Err, hicache.ErrPeerFailed) {
+		err = start.Err
+	}
 	switch {
 	case err == nil:
 		return C.CPCACHE_OK
