@@ -11,6 +11,7 @@ import (
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
 )
 
 func goodConfig() openConfig {
@@ -43,6 +44,10 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 		{"device l1 with unpinned host slabs", func(c *openConfig) {
 			c.l1Kind, c.l1Base = l1Device, unsafe.Pointer(&buf)
 		}, "needs pin_host = 1"},
+		{"negative device with pinned slabs", func(c *openConfig) { c.pinHost, c.device = true, -1 }, "device -1"},
+		{"negative device with a device L1", func(c *openConfig) {
+			c.l1Kind, c.l1Base, c.pinHost, c.device = l1Device, unsafe.Pointer(&buf), true, -2
+		}, "device -2"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
 		{"timeout past a Duration", func(c *openConfig) { c.timeout, c.timeoutMs = 0, math.MaxInt64 }, "timeout_ms 9223372036854775807 must be in 1.."},
@@ -77,6 +82,12 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {errNode, -7},
 		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
 		{errInternal, -100}, {errors.New("copy failed"), -13},
+		{parallel.ErrClosed, -4}, // a step whose group cpcache_close closed meanwhile
+		// A start failure: the failing rank gets its own error's code (an I/O error here),
+		// the others a failed peer.
+		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},
+		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
+		{&hicache.StartError{Rank: 1}, -11},
 		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6}, // a bad CPCACHE_STORE
 	} {
 		wrapped := tc.err

@@ -172,14 +172,21 @@ func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_
 	return C.CPCACHE_OK
 }
 
-// nodeCall runs f on the node named by h under the session's lock (sessionCall).
+// nodeCall runs f on the node named by h under the session's lock (sessionCall). The table
+// keeps a node that left the cache until its next sweep; hicache refuses such a node as a
+// bad argument, which to the caller is a handle that names no node (CPCACHE_ERR_NODE, as
+// after a flush).
 func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, *hicache.Node) error) C.int {
 	return sessionCall(c, what, func(s *session) error {
 		n, err := s.nodes.node(uint64(h))
 		if err != nil {
 			return err
 		}
-		return f(s, n)
+		err = f(s, n)
+		if errors.Is(err, hicache.ErrBadArgument) && n.State() == 0 {
+			return fmt.Errorf("%w: node handle %#x: %w", errNode, uint64(h), err)
+		}
+		return err
 	})
 }
 
@@ -471,8 +478,13 @@ func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 }
 
 // statusOf maps an error to its CPCACHE_ERR_* code: the ABI's own sentinels first, then the
-// packages' typed errors.
+// packages' typed errors. A start failure on the rank that failed is its own error's (the
+// others get CPCACHE_ERR_PEER_LOST, from hicache.ErrPeerFailed).
 func statusOf(err error) C.int {
+	var start *hicache.StartError
+	if errors.As(err, &start) && start.Err != nil && !errors.Is(start.Err, hicache.ErrPeerFailed) {
+		err = start.Err
+	}
 	switch {
 	case err == nil:
 		return C.CPCACHE_OK
@@ -482,7 +494,7 @@ func statusOf(err error) C.int {
 		return C.CPCACHE_ERR_SIZE
 	case errors.Is(err, errRange):
 		return C.CPCACHE_ERR_RANGE
-	case errors.Is(err, errClosed), errors.Is(err, hicache.ErrClosed):
+	case errors.Is(err, errClosed), errors.Is(err, hicache.ErrClosed), errors.Is(err, parallel.ErrClosed):
 		return C.CPCACHE_ERR_CLOSED
 	case errors.Is(err, errAlreadyOpen):
 		return C.CPCACHE_ERR_ALREADY_OPEN

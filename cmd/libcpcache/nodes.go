@@ -9,7 +9,8 @@ import (
 // nodeTable maps node handles to nodes. A handle is (flush generation << 40) | node id: node
 // ids are replicated, so a handle is equal on every rank of the replica group, and ids
 // restart after a flush, so the generation keeps a handle from before a flush from naming a
-// node made after it. 0 is never a handle (generations start at 1).
+// node made after it; a session's generations start above the closed sessions' (lib.nodeGen),
+// as ids restart at open too. 0 is never a handle (generations start at 1).
 //
 // Nodes that left every tier are forgotten at a step once the table has doubled since the
 // last sweep, so that the table stays proportional to the live tree. Sweeps look only at
@@ -48,7 +49,7 @@ func (t *nodeTable) node(h uint64) (*hicache.Node, error) {
 		if h == 0 {
 			return nil, fmt.Errorf("%w: node handle 0", errNode)
 		}
-		return nil, fmt.Errorf("%w: node handle %#x is from before a flush", errNode, h)
+		return nil, fmt.Errorf("%w: node handle %#x is from before a flush, or from a closed cache", errNode, h)
 	}
 	n := t.byID[h&(1<<nodeIDBits-1)]
 	if n == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -91,6 +92,8 @@ func checkConfig(c *openConfig) error {
 		return bad("l1_base is NULL with l1_kind %d", c.l1Kind)
 	case c.l1Kind != l1Device && c.slabKind == slabCUDAIPC:
 		return bad("CUDA IPC slabs need a device L1 (l1_kind CPCACHE_L1_DEVICE)")
+	case c.device < 0 && (c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost):
+		return bad("device %d is negative (a CUDA device ordinal)", c.device)
 	case c.l1Kind == l1Device && c.slabKind == slabHost && !c.pinHost:
 		return bad("a device L1 with host slabs needs pin_host = 1 (copies reach the slabs through their registered device pointers)")
 	case c.storageURL != "" && c.slabKind != slabHost:
@@ -131,9 +134,11 @@ type sessionInfo struct {
 	consensus                                                string
 }
 
-// openSession joins the job and builds the cache (see cpcache_open). On failure everything
-// made so far is closed.
-func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
+// openSession joins the job and builds the cache (see cpcache_open). Its node-handle
+// generations start above lastGen, this process's last one, and above every other rank's
+// (agreed with the host-memory check), so that handles stay equal on every rank. On failure
+// everything made so far is closed.
+func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
 	}
@@ -158,8 +163,16 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	s.closers = append(s.closers, world.Close)
 	// Before any pool is allocated, so that a rank that would not fit stops every rank with
 	// its cause instead of leaving them waiting for it.
-	if _, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, ""); err != nil {
+	gens, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, strconv.FormatUint(lastGen, 10))
+	if err != nil {
 		return nil, err
+	}
+	for _, g := range gens {
+		v, err := strconv.ParseUint(g, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: node generation %q from a peer: %v", errInternal, g, err)
+		}
+		s.nodes.gen = max(s.nodes.gen, v)
 	}
 	lc := c.layout
 	if lc.World == 0 {
@@ -190,16 +203,15 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 		backend = "gloo"
 	}
 	var dev *cuda.Device
+	var cudaErr error
 	if c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost {
-		be, err := cudaslab.Open(c.device)
-		if err != nil {
-			return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
-		}
-		s.closers = append(s.closers, be.Close)
-		be.Register()
-		if dev, err = be.Device(c.device); err != nil {
-			return nil, err
-		}
+		dev, cudaErr = s.openCUDA(c.device)
+	}
+	// Agreed by every rank, with CUDA or without: a rank whose CUDA failed (its own device
+	// ordinal, driver) used to leave the others with a lost peer at the slab exchange, and no
+	// cause.
+	if _, err := hicache.AgreeStart(ctx, world, "opening CUDA", cudaErr, ""); err != nil {
+		return nil, err
 	}
 	spec := slab.Spec{Backend: slab.Host, PageSize: c.pageBytes, Pages: c.l2Pages, Device: c.device, PinHost: c.pinHost,
 		Tag: "libcpcache", Layout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens)}
@@ -249,6 +261,17 @@ func openSession(ctx context.Context, c *openConfig) (_ *session, err error) {
 	}
 	s.nodes.init()
 	return s, nil
+}
+
+// openCUDA opens the CUDA slab backend (registered for slab.OpenSet) and device.
+func (s *session) openCUDA(device int) (*cuda.Device, error) {
+	be, err := cudaslab.Open(device)
+	if err != nil {
+		return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
+	}
+	s.closers = append(s.closers, be.Close)
+	be.Register()
+	return be.Device(device)
 }
 
 // newEngine makes the copy engine over the L1 pool the configuration names.

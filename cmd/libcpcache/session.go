@@ -13,9 +13,13 @@ import (
 // lib is the process's registry: at most one open session — a process is one rank of one
 // job, and the slab backends a session registers (cudaslab) are process-wide.
 var lib struct {
-	mu   sync.Mutex              // protects next and serialises open and close
+	mu   sync.Mutex              // protects next and nodeGen, and serialises open and close
 	next uint64                  // the next cache handle (handles are never reused)
 	cur  atomic.Pointer[session] // the open session, nil when none
+	// nodeGen is the last node-handle generation of a closed session: a later session's
+	// generations start above it (agreed across the job: see openSession), so that a node
+	// handle of a closed cache never names a node of the next one.
+	nodeGen uint64
 }
 
 // openHandle opens the process's session and returns its handle.
@@ -25,7 +29,7 @@ func openHandle(c *openConfig) (uint64, error) {
 	if s := lib.cur.Load(); s != nil {
 		return 0, fmt.Errorf("%w: this process has cache %d open; close it first (one cache per process)", errAlreadyOpen, s.handle)
 	}
-	s, err := openSession(context.Background(), c)
+	s, err := openSession(context.Background(), c, lib.nodeGen)
 	if err != nil {
 		return 0, err
 	}
@@ -50,6 +54,7 @@ func closeHandle(h uint64) error {
 	defer s.mu.Unlock()
 	s.closed = true
 	lib.cur.Store(nil)
+	lib.nodeGen = max(lib.nodeGen, s.nodes.gen)
 	return s.close()
 }
 

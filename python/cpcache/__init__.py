@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import warnings
 from collections import namedtuple
 
 __all__ = [
@@ -245,7 +246,11 @@ def _bytes(s):
 
 class Cache:
     """One rank's cache (cpcache_open): at most one per process. Use as a context manager,
-    or call close() in a finally block."""
+    or call close() in a finally block. A Cache dropped without close() is closed when it is
+    garbage collected (with a ResourceWarning), once no memoryview of its L1 pool is left."""
+
+    _h = None  # the handle, once open
+    _closed = False
 
     def __init__(self, *, page_bytes, l1_pages, l2_pages, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=False, rank=-1, store=None, consensus=None,
@@ -281,6 +286,7 @@ class Cache:
             _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
             self.info = Info(**{f: getattr(info, f) for f in Info._fields})
         except BaseException:
+            self._closed = True
             lib.cpcache_close(self._h)  # else the process's one cache stays open, unreachable
             raise
 
@@ -292,7 +298,20 @@ class Cache:
 
     def close(self):
         """Releases the cache (idempotent) [L]."""
+        self._closed = True  # released even when close reports an error
         _check(self._lib.cpcache_close(self._h))
+
+    def __del__(self):
+        # Dropped without close(): the process's one cache would stay open, unreachable.
+        if self._h is None or self._closed:
+            return
+        self._closed = True
+        try:
+            warnings.warn(f"cpcache: cache {self._h} was not closed; call close() or use `with`",
+                          ResourceWarning, source=self)
+        except Exception:  # interpreter shutdown
+            pass
+        self._lib.cpcache_close(self._h)
 
     def match(self, tokens):
         """The longest cached prefix [R]."""
@@ -381,7 +400,9 @@ class Cache:
         """A writable memoryview of L1 slot's bytes (host L1 only) [L]. Valid until close."""
         addr, size = ctypes.c_void_p(), ctypes.c_size_t()
         _check(self._lib.cpcache_l1_page(self._h, _arg("slot", slot, _i32), ctypes.byref(addr), ctypes.byref(size)))
-        return memoryview((ctypes.c_ubyte * size.value).from_address(addr.value)).cast("B")
+        page = (ctypes.c_ubyte * size.value).from_address(addr.value)
+        page._cache = self  # the view keeps the cache, and so the pool, from being collected
+        return memoryview(page).cast("B")
 
     def stats(self):
         """The counters, as a dict [L]."""

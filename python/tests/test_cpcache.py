@@ -271,3 +271,56 @@ def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
         c.unlock(m.node)
     finally:
         c.close()
+
+
+def test_a_cache_dropped_without_close_is_closed(tmp_path):
+    """A Cache the program drops without close() used to stay open for the life of the
+    process (its slabs, groups and L1 pool leaked, and every later Cache failed with
+    AlreadyOpenError). Garbage collection closes it, with a ResourceWarning — but not while
+    a memoryview of its L1 pool (l1_page) is alive: that view keeps the Cache, and so the
+    memory it points into, open."""
+    import gc
+    import warnings
+    c = one_rank(tmp_path)
+    view = c.l1_page(3)
+    del c
+    gc.collect()
+    view[:] = b"\x07" * 64  # the pool is still mapped
+    with pytest.raises(cpcache.AlreadyOpenError):
+        one_rank(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        view.release()
+        del view
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "close()" in str(w.message) for w in caught), caught
+    one_rank(tmp_path).close()  # the process's one cache was released
+
+
+_CUDA_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+if os.environ["RANK"] == "1":
+    os.environ["CPCACHE_CUDA_LIBRARY"] = {nolib!r}  # this rank's CUDA cannot load
+try:
+    cpcache.Cache(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000,
+                  pin_host=True).close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_cuda_start_is_agreed_by_every_rank(tmp_path):
+    """A rank whose CUDA could not be opened (its driver, its device ordinal) used to fail
+    alone, and the others failed at the slab exchange with a lost peer and no cause. Every
+    rank now names the lowest failing rank and its cause (rank 0 too, on a host without CUDA)."""
+    script = tmp_path / "rank.py"
+    script.write_text(_CUDA_RANK.format(python=os.path.join(ROOT, "python"), nolib=str(tmp_path / "no-libcuda.so")))
+    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+    assert len(lines) == 2, out.stdout + out.stderr
+    failing = re.findall(r"rank (\d) of group world\[0,1\] could not start: opening CUDA", "\n".join(lines))
+    assert len(failing) == 2 and failing[0] == failing[1], lines

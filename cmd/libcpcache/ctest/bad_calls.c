@@ -258,6 +258,23 @@ int main(void) {
   expect(cpcache_get_stats(c, &st), CPCACHE_OK);
   expect_true(st.nodes == 0 && st.l1_used == 0);
 
+  // A handle whose node left the cache (evicted from L1 and L2) names no node: the same
+  // CPCACHE_ERR_NODE as a handle from before a flush (it used to be CPCACHE_ERR_INVALID).
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
+  for (;;) {
+    expect(cpcache_step(c), CPCACHE_OK);
+    expect(cpcache_pending(c, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+  }
+  expect(cpcache_evict_l1(c, 4, &freed), CPCACHE_OK);
+  expect(cpcache_evict_l2(c, 4, &freed), CPCACHE_OK);
+  expect_true(freed == 4);
+  expect(cpcache_lock(c, ins.node), CPCACHE_ERR_NODE);
+  expect(cpcache_unlock(c, ins.node), CPCACHE_ERR_NODE);
+  expect(cpcache_load_back(c, ins.node, NULL), CPCACHE_ERR_NODE);
+  expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
+  expect_true(m.device_pages == 0 && m.host_pages == 0);
+
   // The last error is per thread.
   expect(cpcache_lock(c, 0), CPCACHE_ERR_NODE);
   pthread_t t;
@@ -286,6 +303,10 @@ int main(void) {
   }
   expect(cpcache_step(c), CPCACHE_OK);
 
+  // A live node handle, to be stale once the cache is closed.
+  expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
+  cpcache_node_t stale_node = ins.node;
+
   // Close: idempotent; every other call on the handle then fails.
   expect(cpcache_close(c), CPCACHE_OK);
   expect(cpcache_close(c), CPCACHE_OK);
@@ -304,6 +325,20 @@ int main(void) {
   expect_true(c2 != c);
   expect(cpcache_step(c), CPCACHE_ERR_CLOSED);
   expect(cpcache_step(c2), CPCACHE_OK);
+  // A node handle of a closed cache names no node of a later one (node ids restart at
+  // open: it used to name the new cache's node of the same id, whatever its tokens).
+  expect(cpcache_lock(c2, stale_node), CPCACHE_ERR_NODE);
+  expect(cpcache_insert(c2, tokens, 16, &ins, fill, 4), CPCACHE_OK);
+  stale_node = ins.node;
+  expect(cpcache_close(c2), CPCACHE_OK);
+  base_config(&cfg);
+  expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+  int32_t other[4 * PAGE_TOKENS];
+  for (int i = 0; i < 4 * PAGE_TOKENS; i++) other[i] = 900 + i;
+  expect(cpcache_insert(c2, other, 16, &ins, fill, 4), CPCACHE_OK);
+  expect_true(ins.node != stale_node);
+  expect(cpcache_lock(c2, stale_node), CPCACHE_ERR_NODE);
+  expect(cpcache_unlock(c2, stale_node), CPCACHE_ERR_NODE);
   expect(cpcache_close(c2), CPCACHE_OK);
 
   char cmd[300];
