@@ -225,7 +225,9 @@ int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
 /* Cancels transfers that have not started, waits for running ones, and releases the cache,
  * its slabs, groups and L1 allocation. Closing a closed handle is CPCACHE_OK; every other
  * call on it returns CPCACHE_ERR_CLOSED. Call it on every rank at the end (peers see a
- * closed rank as lost). [L] */
+ * closed rank as lost). [L]; but when another thread is inside a collective (cpcache_step,
+ * cpcache_flush) on Gloo consensus, which cannot be cancelled once started, it waits for that
+ * collective to end: until the peers take part, at most timeout_ms. */
 int cpcache_close(cpcache_t c);
 /* Static facts about the cache. info->struct_size must be sizeof(cpcache_info). [L] */
 int cpcache_get_info(cpcache_t c, cpcache_info *info);
