@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,7 +81,7 @@ func (d *l3Driver) start(job core.StorageJob) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
 	if job.Kind != core.StoragePut {
-		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.Hashes))*d.opts.PrefetchTimeoutPerPage)
+		r.deadline = time.Now().Add(prefetchTimer(d.opts.PrefetchTimeoutBase, d.opts.PrefetchTimeoutPerPage, len(job.Hashes)))
 	}
 	d.mu.Lock()
 	d.running[l3Key{job.Kind, job.Seq}] = r
@@ -101,6 +102,16 @@ func (d *l3Driver) start(job core.StorageJob) {
 		d.finished = append(d.finished, r)
 		d.mu.Unlock()
 	}()
+}
+
+// prefetchTimer is base + pages × perPage (both non-negative), or the largest Duration when
+// that does not fit: a sum that wrapped negative would cut every read at once.
+func prefetchTimer(base, perPage time.Duration, pages int) time.Duration {
+	const maxDuration = time.Duration(math.MaxInt64)
+	if pages > 0 && perPage > (maxDuration-base)/time.Duration(pages) {
+		return maxDuration
+	}
+	return base + time.Duration(pages)*perPage
 }
 
 // stop cancels a read the group cut short.
