@@ -645,3 +645,41 @@ func TestL3PrefetchTimerSaturates(t *testing.T) {
 		t.Fatalf("%d pages prefetched, %d discarded; want all 8 read (the timer never expires)", st.L3PrefetchedPages, st.L3DiscardedPages)
 	}
 }
+
+// TestL3TimedOutQueryStops: a storage query that outlived its PrefetchTimeout timer is a
+// miss, and its job stops there. It used to run on, holding a storage worker (and, queued
+// behind the workers, waiting to run a call nobody awaited): with a store slower than the
+// timer, such queries piled up and backups and reads waited behind them.
+func TestL3TimedOutQueryStops(t *testing.T) {
+	ns := testNamespace(t)
+	gate := make(chan struct{})
+	defer close(gate)
+	l3 := L3Options{PrefetchPolicy: PrefetchTimeout, PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond, Workers: 1}
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, l3)
+	var stuck heldFlag
+	rc.l3Hook = gateHook(gate, func(_ int, kind core.StorageKind) bool { return kind == core.StorageQuery && stuck.get() })
+	r := newRig(t, rc)
+	seqs := [][]int32{tokensN(600, 32), tokensN(700, 32)}
+	r.insertAll(seqs[:1])
+	r.evictAll()
+	stuck.set(true)
+	if pf := r.prefetch(seqs[0], -1); pf.Pages != 8 {
+		t.Fatalf("prefetch %+v, want 8 pages asked", pf)
+	}
+	// The query timed out (a miss); the one storage worker must be free for a backup.
+	if _, err := r.insert(seqs[1]); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; r.caches[0].Pending() > 0; k++ {
+		if k > 2000 {
+			t.Fatalf("the backup never ran: queues %+v (the timed-out query holds the worker)", r.caches[0].core.Queues())
+		}
+		time.Sleep(100 * time.Microsecond)
+		r.mustStep()
+	}
+	for i, c := range r.caches {
+		if n := c.Stats().StorageErrors; n != 0 {
+			t.Fatalf("rank %d: %d storage errors; a query stopped by its timer is a miss, not an error", i, n)
+		}
+	}
+}

@@ -124,8 +124,9 @@ func (d *l3Driver) stop(seq uint64) {
 	}
 }
 
-// poll appends finished jobs and the progress of running reads to done, and probes the
-// store when the circuit breaker is open and a probe is due.
+// poll appends finished jobs and the progress of running reads to done (stopping queries
+// past their PrefetchTimeout timer: misses), and probes the store when the circuit breaker
+// is open and a probe is due.
 func (d *l3Driver) poll(done *core.Done) {
 	d.startProbe()
 	d.mu.Lock()
@@ -146,8 +147,10 @@ func (d *l3Driver) poll(done *core.Done) {
 		cut := d.opts.PrefetchPolicy == core.PrefetchTimeout && now.After(r.deadline)
 		if r.job.Kind == core.StorageQuery {
 			if cut {
-				// Too slow to wait for: a miss.
+				// Too slow to wait for: a miss, and nobody waits for the call any more (it
+				// would hold a worker, or run later, for nothing).
 				done.Storage = append(done.Storage, core.StorageDone{Kind: core.StorageQuery, Seq: r.job.Seq})
+				r.cancel()
 			}
 			continue
 		}
@@ -218,6 +221,9 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		var n int
 		err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Exists(ctx, keys, nil); return err })
 		if err != nil {
+			if ctx.Err() != nil {
+				return 0, nil // stopped by its timer: a miss already
+			}
 			return 0, wrap(err) // a miss
 		}
 		return n, nil
