@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -611,5 +612,74 @@ func TestL3FlushClearHasCallDeadline(t *testing.T) {
 	r.flushAndCheckFresh()
 	if clears.Load() == 0 || unbounded.Load() != 0 {
 		t.Fatalf("%d clears, %d of them without a deadline", clears.Load(), unbounded.Load())
+	}
+}
+
+// TestL3PrefetchTimerSaturates: a PrefetchTimeout timer too long to add up (a per-page time
+// near the largest Duration, meaning "never mind the time") is as good as no timer. The sum
+// base + pages × per-page overflowed to a negative duration, so the timer of every read had
+// expired when it started, and each prefetch was cut at its first step.
+func TestL3PrefetchTimerSaturates(t *testing.T) {
+	ns := testNamespace(t)
+	l3 := L3Options{PrefetchPolicy: PrefetchTimeout, PrefetchTimeoutBase: time.Hour, PrefetchTimeoutPerPage: math.MaxInt64 / 5}
+	gate := make(chan struct{})
+	var held heldFlag
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, l3)
+	rc.l3Hook = gateHook(gate, func(_ int, kind core.StorageKind) bool { return kind == core.StorageRead && held.get() })
+	r := newRig(t, rc)
+	s := tokensN(500, 32)
+	r.insertAll([][]int32{s})
+	r.evictAll()
+	held.set(true)
+	res := make([]PrefetchResult, len(r.caches))
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(s); return err }); err != nil {
+		t.Fatal(err)
+	}
+	r.stepUntil("the read starts", func() bool { return r.caches[0].core.Queues().Reads > 0 })
+	for range 5 {
+		r.mustStep()
+	}
+	close(gate)
+	r.stepUntil("the prefetch ends", func() bool { return !r.caches[0].PrefetchPending(res[0].ID) })
+	if st := r.sameStats(); st.L3PrefetchedPages != 8 || st.L3DiscardedPages != 0 {
+		t.Fatalf("%d pages prefetched, %d discarded; want all 8 read (the timer never expires)", st.L3PrefetchedPages, st.L3DiscardedPages)
+	}
+}
+
+// TestL3TimedOutQueryStops: a storage query that outlived its PrefetchTimeout timer is a
+// miss, and its job stops there. It used to run on, holding a storage worker (and, queued
+// behind the workers, waiting to run a call nobody awaited): with a store slower than the
+// timer, such queries piled up and backups and reads waited behind them.
+func TestL3TimedOutQueryStops(t *testing.T) {
+	ns := testNamespace(t)
+	gate := make(chan struct{})
+	defer close(gate)
+	l3 := L3Options{PrefetchPolicy: PrefetchTimeout, PrefetchTimeoutBase: time.Millisecond, PrefetchTimeoutPerPage: time.Microsecond, Workers: 1}
+	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, l3)
+	var stuck heldFlag
+	rc.l3Hook = gateHook(gate, func(_ int, kind core.StorageKind) bool { return kind == core.StorageQuery && stuck.get() })
+	r := newRig(t, rc)
+	seqs := [][]int32{tokensN(600, 32), tokensN(700, 32)}
+	r.insertAll(seqs[:1])
+	r.evictAll()
+	stuck.set(true)
+	if pf := r.prefetch(seqs[0], -1); pf.Pages != 8 {
+		t.Fatalf("prefetch %+v, want 8 pages asked", pf)
+	}
+	// The query timed out (a miss); the one storage worker must be free for a backup.
+	if _, err := r.insert(seqs[1]); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; r.caches[0].Pending() > 0; k++ {
+		if k > 2000 {
+			t.Fatalf("the backup never ran: queues %+v (the timed-out query holds the worker)", r.caches[0].core.Queues())
+		}
+		time.Sleep(100 * time.Microsecond)
+		r.mustStep()
+	}
+	for i, c := range r.caches {
+		if n := c.Stats().StorageErrors; n != 0 {
+			t.Fatalf("rank %d: %d storage errors; a query stopped by its timer is a miss, not an error", i, n)
+		}
 	}
 }

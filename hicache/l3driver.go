@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,7 +81,7 @@ func (d *l3Driver) start(job core.StorageJob) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
 	if job.Kind != core.StoragePut {
-		r.deadline = time.Now().Add(d.opts.PrefetchTimeoutBase + time.Duration(len(job.Hashes))*d.opts.PrefetchTimeoutPerPage)
+		r.deadline = time.Now().Add(prefetchTimer(d.opts.PrefetchTimeoutBase, d.opts.PrefetchTimeoutPerPage, len(job.Hashes)))
 	}
 	d.mu.Lock()
 	d.running[l3Key{job.Kind, job.Seq}] = r
@@ -103,6 +104,16 @@ func (d *l3Driver) start(job core.StorageJob) {
 	}()
 }
 
+// prefetchTimer is base + pages × perPage (both non-negative), or the largest Duration when
+// that does not fit: a sum that wrapped negative would cut every read at once.
+func prefetchTimer(base, perPage time.Duration, pages int) time.Duration {
+	const maxDuration = time.Duration(math.MaxInt64)
+	if pages > 0 && perPage > (maxDuration-base)/time.Duration(pages) {
+		return maxDuration
+	}
+	return base + time.Duration(pages)*perPage
+}
+
 // stop cancels a read the group cut short.
 func (d *l3Driver) stop(seq uint64) {
 	d.mu.Lock()
@@ -113,8 +124,9 @@ func (d *l3Driver) stop(seq uint64) {
 	}
 }
 
-// poll appends finished jobs and the progress of running reads to done, and probes the
-// store when the circuit breaker is open and a probe is due.
+// poll appends finished jobs and the progress of running reads to done (stopping queries
+// past their PrefetchTimeout timer: misses), and probes the store when the circuit breaker
+// is open and a probe is due.
 func (d *l3Driver) poll(done *core.Done) {
 	d.startProbe()
 	d.mu.Lock()
@@ -135,8 +147,10 @@ func (d *l3Driver) poll(done *core.Done) {
 		cut := d.opts.PrefetchPolicy == core.PrefetchTimeout && now.After(r.deadline)
 		if r.job.Kind == core.StorageQuery {
 			if cut {
-				// Too slow to wait for: a miss.
+				// Too slow to wait for: a miss, and nobody waits for the call any more (it
+				// would hold a worker, or run later, for nothing).
 				done.Storage = append(done.Storage, core.StorageDone{Kind: core.StorageQuery, Seq: r.job.Seq})
+				r.cancel()
 			}
 			continue
 		}
@@ -207,6 +221,9 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		var n int
 		err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Exists(ctx, keys, nil); return err })
 		if err != nil {
+			if ctx.Err() != nil {
+				return 0, nil // stopped by its timer: a miss already
+			}
 			return 0, wrap(err) // a miss
 		}
 		return n, nil

@@ -234,12 +234,25 @@ func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	return nil
 }
 
+// putOne writes one page. A Clear of the namespace that runs meanwhile (another instance's
+// flush) may move the fan-out directory aside, the temporary file with it, before the file
+// is created or renamed: the page was then put concurrently with the Clear, and is cleared
+// by it (as if written just before it), not an error.
 func (s *dirStore) putOne(k Key, payload []byte) (err error) {
 	dir, name := s.path(k)
 	f, err := os.CreateTemp(dir, ".tmp-")
 	if isMissing(err) {
-		if err = os.MkdirAll(dir, 0o750); err == nil {
+		err = os.MkdirAll(dir, 0o750)
+		if errors.Is(err, syscall.EEXIST) {
+			// Made by another writer after MkdirAll looked, and moved aside by a Clear
+			// before it checked that it is a directory.
+			return s.clearedPut(payload)
+		}
+		if err == nil {
 			f, err = os.CreateTemp(dir, ".tmp-")
+		}
+		if errors.Is(err, syscall.ENOENT) { // moved aside again
+			return s.clearedPut(payload)
 		}
 	}
 	if err != nil {
@@ -269,13 +282,27 @@ func (s *dirStore) putOne(k Key, payload []byte) (err error) {
 		return err
 	}
 	if err = os.Rename(tmp, name); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			os.Remove(tmp) // gone with its directory
+			return s.clearedPut(payload)
+		}
 		return err
 	}
 	if s.opts.Fsync {
 		if err = syncDir(dir); err != nil {
+			if errors.Is(err, syscall.ENOENT) {
+				return s.clearedPut(payload)
+			}
 			return err
 		}
 	}
+	s.stats.puts.Add(1)
+	s.stats.bytesWritten.Add(uint64(len(payload)))
+	return nil
+}
+
+// clearedPut counts a put that a concurrent Clear removed with the namespace (putOne).
+func (s *dirStore) clearedPut(payload []byte) error {
 	s.stats.puts.Add(1)
 	s.stats.bytesWritten.Add(uint64(len(payload)))
 	return nil
@@ -371,14 +398,27 @@ func removeBy(ctx context.Context, dir string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := os.RemoveAll(sub); err != nil {
+		if err := removeAll(sub); err != nil {
 			return err
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return os.RemoveAll(dir)
+	return removeAll(dir)
+}
+
+// removeAll is os.RemoveAll, repeated when a directory was not empty at its removal: a
+// writer whose path lookup passed the namespace directory before Clear moved it aside may
+// still create its temporary file (or fan-out directory) in the moved tree.
+func removeAll(path string) error {
+	var err error
+	for range 4 {
+		if err = os.RemoveAll(path); !errors.Is(err, syscall.ENOTEMPTY) {
+			return err
+		}
+	}
+	return err
 }
 
 func (s *dirStore) Close() error {

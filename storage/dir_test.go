@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -303,5 +305,60 @@ func TestDirClearLeavesAnotherClearsFreshTrash(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("the concurrent Clear's trash was removed before it moved its namespace in: %v", err)
+	}
+}
+
+// TestDirPutRacesClear: a Put concurrent with a Clear of its namespace (another instance's
+// flush) either lands or is cleared, and the Clear succeeds. The Put used to fail with the
+// rename's ENOENT when the Clear moved the fan-out directory, temporary file included, aside
+// between the two; the Clear failed with ENOTEMPTY when a temporary file was created in a
+// directory it had just moved aside and was removing.
+func TestDirPutRacesClear(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "put-clear")
+	clearer := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer clearer.Close()
+	var keys []storage.Key
+	var pages [][]byte
+	for h := range 32 {
+		keys = append(keys, storage.NewKey(ns, uint64(h)))
+		pages = append(pages, bytes.Repeat([]byte{byte(h)}, 4<<10))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 4 {
+		putter := openURL(t, "file://"+dir, storage.Options{Namespace: ns, Workers: 4})
+		defer putter.Close()
+		wg.Go(func() {
+			for i := range 40 {
+				if err := putter.Put(testCtx(t), keys, pages); err != nil {
+					errs <- fmt.Errorf("putter %d, put %d, concurrent with clears: %w", g, i, err)
+					return
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	cleared := make(chan struct{})
+	go func() {
+		defer close(cleared)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if err := clearer.Clear(testCtx(t)); err != nil {
+				errs <- fmt.Errorf("clear concurrent with puts: %w", err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	close(done)
+	<-cleared
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

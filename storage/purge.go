@@ -42,16 +42,20 @@ func (p *purging) Close() error {
 	return p.backend.Close()
 }
 
-// purge deletes the queued keys. It runs even if the call's context was canceled (with the
-// storage's own timeout); a failed Delete is counted in Stats.Errors and the keys stay bad
-// until their next read.
+// purge deletes the queued keys, as part of the call that found them: bounded by its context
+// (and Options.Timeout) like the rest of it. When that context is done the keys stay queued
+// for the next call's purge; a failed Delete is counted in Stats.Errors and the keys stay
+// bad until their next read.
 func (p *purging) purge(ctx context.Context) {
 	b := p.common()
+	if ctx.Err() != nil {
+		return
+	}
 	bad := b.rejected.take()
 	if len(bad) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	defer cancel()
 	if p.backend.Delete(ctx, bad) == nil {
 		b.stats.purged.Add(uint64(len(bad)))
