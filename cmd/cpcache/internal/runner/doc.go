@@ -23,7 +23,10 @@
 // wait for this rank's copies and check every loaded page it owns against kvtest's content,
 // "compute" the missing pages — each CP rank writes the pages it owns, as a function of
 // the page's prefix hash, position and the rank's TP shard — and insert), then makes
-// exactly one consensus step. The consensus group is wrapped in parallel.Count, and the report
+// exactly one consensus step. An insert or a load-back that finds L1 full first steps until
+// no copy is in flight (pages are freed only once their copies are over) and tries again,
+// so that what is evicted, the hits and the virtual times follow replicated decisions, not
+// the host's copy speed. The consensus group is wrapped in parallel.Count, and the report
 // states the collectives per scheduler step (less those of Flush calls a fault makes), which
 // must be exactly 1.
 //
