@@ -199,13 +199,21 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 		if !stop && !s.clock.arrived(r) {
 			stop = true // the queue is in arrival order: nothing after r has arrived either
 		}
-		if !stop && s.overlapPrefetch() {
+		// A prefetch asked at an earlier step is looked at even after a stop: once the cache
+		// has read it, its lock on the prompt's prefix goes (prefetchWaits), which may be
+		// the L1 room that the request before it waits for.
+		if s.overlapPrefetch() && (!stop || s.prefetches[r.ID] != nil) {
 			waiting, err := s.prefetchWaits(r)
 			if err != nil {
 				return admitted, err
 			}
-			if waiting { // its prefetch is under way: the others go on
+			if waiting || stop { // its prefetch is under way: the others go on
 				keep = append(keep, r)
+				if r.Client >= 0 {
+					// Its conversation's next turns wait for it: they are not admitted
+					// before it, nor ask storage for a history without its answer.
+					blocked[r.Client] = true
+				}
 				continue
 			}
 		}
