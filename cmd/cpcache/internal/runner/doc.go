@@ -23,7 +23,10 @@
 // wait for this rank's copies and check every loaded page it owns against kvtest's content,
 // "compute" the missing pages — each CP rank writes the pages it owns, as a function of
 // the page's prefix hash, position and the rank's TP shard — and insert), then makes
-// exactly one consensus step. The consensus group is wrapped in parallel.Count, and the report
+// exactly one consensus step. An insert or a load-back that finds L1 full first steps until
+// no copy is in flight (pages are freed only once their copies are over) and tries again,
+// so that what is evicted, the hits and the virtual times follow replicated decisions, not
+// the host's copy speed. The consensus group is wrapped in parallel.Count, and the report
 // states the collectives per scheduler step (less those of Flush calls a fault makes), which
 // must be exactly 1.
 //
@@ -68,11 +71,12 @@
 //
 // Prefetch overlaps decoding: when a queued request's prompt continues beyond its L1 and L2
 // hit, the scheduler locks the matched prefix and calls Prefetch, and the request waits in
-// the queue — every other request keeps being admitted and decoded — until the prefetch is
-// over (PrefetchPending false) and, in virtual time, its modelled read time has passed; then
-// it is admitted, and the pages inserted from storage are host pages, loaded back into L1 and
-// verified like any L2 page. Prefetches of a shared prefix asked together are read once; a
-// request whose prefetch gained pages and whose prompt goes on asks again for the rest. With
+// the queue — every other request but its conversation's later turns keeps being admitted
+// and decoded — until the prefetch is over (PrefetchPending false) and, in virtual time, its
+// modelled read time has passed; then it is admitted, and the pages inserted from storage
+// are host pages, loaded back into L1 and verified like any L2 page. Prefetches of a shared
+// prefix asked together are read once; a request whose prefetch gained pages and whose
+// prompt goes on asks again for the rest. With
 // TimeConfig.PrefetchSync the scheduler of before is kept for comparison: it waits in
 // scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
 // makes its one consensus step). Prompt tokens served from prefetched pages are counted as

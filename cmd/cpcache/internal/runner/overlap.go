@@ -102,7 +102,15 @@ func (s *scheduler) waitIdle() {
 		return
 	}
 	next := math.Inf(1)
+	first := s.blocked // admit's scratch, free until admit clears it: clients seen in the queue
+	clear(first)
 	for _, r := range s.queue {
+		if r.Client >= 0 {
+			if first[r.Client] {
+				continue // a later turn waits for its conversation's earlier one (see admit)
+			}
+			first[r.Client] = true
+		}
 		if pf := s.prefetches[r.ID]; pf != nil {
 			if math.IsNaN(pf.readyNs) {
 				return // the cache is still reading: step until it is done

@@ -30,6 +30,9 @@ type replicaCounts struct {
 	// LoadSteps are the scheduler steps made while a load-back from L2 was waited for (until
 	// the group agreed it was over).
 	LoadSteps int64 `json:"load_steps"`
+	// SettleSteps are the scheduler steps made while an insert or a load-back that found L1
+	// full waited for the copies and storage operations in flight (see withRoom).
+	SettleSteps int64 `json:"settle_steps"`
 	// Flushes and FlushesRefused count the flushes --fault flush made and those the cache
 	// refused because it was busy.
 	Flushes        int64 `json:"flushes"`
@@ -165,7 +168,7 @@ func (s *scheduler) stalled() error {
 // schedule makes one step's decisions: one decoded token per running request (finishing
 // those whose answer is complete), then admissions. It reports whether anything moved.
 func (s *scheduler) schedule(ctx context.Context) (bool, error) {
-	decoded, err := s.decode()
+	decoded, err := s.decode(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -196,13 +199,21 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 		if !stop && !s.clock.arrived(r) {
 			stop = true // the queue is in arrival order: nothing after r has arrived either
 		}
-		if !stop && s.overlapPrefetch() {
+		// A prefetch asked at an earlier step is looked at even after a stop: once the cache
+		// has read it, its lock on the prompt's prefix goes (prefetchWaits), which may be
+		// the L1 room that the request before it waits for.
+		if s.overlapPrefetch() && (!stop || s.prefetches[r.ID] != nil) {
 			waiting, err := s.prefetchWaits(r)
 			if err != nil {
 				return admitted, err
 			}
-			if waiting { // its prefetch is under way: the others go on
+			if waiting || stop { // its prefetch is under way: the others go on
 				keep = append(keep, r)
+				if r.Client >= 0 {
+					// Its conversation's next turns wait for it: they are not admitted
+					// before it, nor ask storage for a history without its answer.
+					blocked[r.Client] = true
+				}
 				continue
 			}
 		}
@@ -271,7 +282,8 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		if s.corrupt != nil {
 			s.corrupt(m.Last)
 		}
-		if _, err := c.LoadBack(m.Last); err != nil && !errors.Is(err, hicache.ErrL1Full) {
+		err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
+		if err != nil && !errors.Is(err, hicache.ErrL1Full) {
 			return nil, errors.Join(err, c.Unlock(m.Last))
 		}
 		// The loads start at the next step (after the Apply that checks the state they were
@@ -307,7 +319,8 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		}
 		device = after.DevicePages
 	}
-	ins, err := c.Insert(r.Tokens)
+	var ins hicache.InsertResult
+	err = s.withRoom(ctx, func() (err error) { ins, err = c.Insert(r.Tokens); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return nil, c.Unlock(m.Last)
 	}
@@ -389,6 +402,34 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	return after, [2]int{from, max(from, to)}, nil
 }
 
+// withRoom calls try, an insert or a load-back, and while it fails for want of L1 room with
+// copies or storage operations in flight, steps until none is (an eviction frees a page only
+// once its copy is over; under write_back the failed call itself started the backups of
+// its victims) and calls it again. It returns try's last error.
+//
+// When the group agrees that a copy is over depends on how fast the host copies, not on any
+// replicated decision. The scheduler used to give up at once and retry at later steps: how
+// many (each decoding the running requests, charged a decode step) and which pages could
+// be evicted meanwhile then followed the host's speed, and hits per tier, misses by cause
+// and every virtual time differed from one run of the same job to the next. In the cost
+// model a step lasts as long as its backups (see CostProfile), so they are over by the next
+// step: the steps withRoom makes decode nothing and are not charged to the virtual clock,
+// like the steps a load-back waits in. Replicated: Pending is, so every rank makes the same
+// steps.
+func (s *scheduler) withRoom(ctx context.Context, try func() error) error {
+	err := try()
+	for errors.Is(err, hicache.ErrL1Full) && s.cache.Pending() > 0 {
+		for s.cache.Pending() > 0 {
+			if serr := s.step(ctx); serr != nil {
+				return serr
+			}
+			s.counts.SettleSteps++
+		}
+		err = try()
+	}
+	return err
+}
+
 // verify checks the KV of sequence page i that this rank loaded back into L1 slot.
 func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
 	s.local.PagesVerified++
@@ -424,7 +465,7 @@ func (s *scheduler) fill(pages []hicache.FillPage) error {
 
 // decode generates one token of every running request; a request whose answer is complete
 // is inserted with its answer and released (or retried at the next step when L1 is full).
-func (s *scheduler) decode() (int, error) {
+func (s *scheduler) decode(ctx context.Context) (int, error) {
 	moved := 0
 	keep := s.running[:0]
 	for _, a := range s.running {
@@ -437,7 +478,7 @@ func (s *scheduler) decode() (int, error) {
 			keep = append(keep, a)
 			continue
 		}
-		done, err := s.finish(a)
+		done, err := s.finish(ctx, a)
 		if err != nil {
 			return moved, err
 		}
@@ -455,10 +496,11 @@ func (s *scheduler) decode() (int, error) {
 
 // finish inserts the prompt with its answer so that the next turn hits, and releases the
 // request. It returns false when L1 is full for now.
-func (s *scheduler) finish(a *active) (bool, error) {
+func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	r := a.req
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
-	ins, err := s.cache.Insert(full)
+	var ins hicache.InsertResult
+	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.Insert(full); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return false, nil
 	}

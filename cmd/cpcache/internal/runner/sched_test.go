@@ -309,3 +309,45 @@ func TestPrepareRejectsArrivalsPastTheVirtualClock(t *testing.T) {
 	_, err = Prepare(cfg)
 	require.NoError(t, err)
 }
+
+// TestTurnsWaitForTheirPreviousTurnWhileItPrefetches: with prefetches overlapping decode, a
+// turn waiting in the queue for its prefetch did not hold back its conversation's next
+// turns: those asked storage for their prompt before the turn before them had its answer
+// (and never asked again once it had), and one whose prefetch was over first was admitted
+// before the turn before it. (Holding them back needs two more things: a prefetch read while
+// the queue is stopped releases its lock, which may be the L1 room the request before it
+// waits for, and an idle clock jumps to the waiting turn's read, not to a later turn's
+// arrival; without them the run spun without progress.) Each client's prompts are cut by as many tokens as its number,
+// so that a prompt's length names its client and turn in the admission order the virtual
+// clock records.
+func TestTurnsWaitForTheirPreviousTurnWhileItPrefetches(t *testing.T) {
+	url := "mem://runner-test-" + t.Name()
+	p := smallPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, func(c *Config) {
+		c.Storage = url
+		c.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
+		c.PageSize, c.L1Pages, c.L2Pages = 16, 200, 150
+	})
+	turn := map[int32][2]int{} // prompt length: client, round
+	for i, r := range p.Requests {
+		p.Requests[i].Tokens = r.Tokens[:len(r.Tokens)-r.Client]
+		turn[int32(len(p.Requests[i].Tokens))] = [2]int{r.Client, r.Round}
+	}
+	require.Len(t, turn, len(p.Requests))
+	st, _, err := p.openStorage(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, st.Clear(context.Background()))
+	require.NoError(t, st.Close())
+	for run := range 5 { // the later runs find the first one's pages in storage
+		out := runInProcess(t, p, -1)
+		requireAgreed(t, p, out)
+		next := map[int]int{} // client: its next round
+		for _, tm := range out[0].timing.Requests {
+			ct := turn[tm.Prompt]
+			assert.Equal(t, next[ct[0]], ct[1], "run %d: client %d's turns in order", run, ct[0])
+			next[ct[0]] = ct[1] + 1
+		}
+		if run > 0 {
+			assert.Positive(t, out[0].counts.HitL3, "run %d hits storage", run)
+		}
+	}
+}

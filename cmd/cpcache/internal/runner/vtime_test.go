@@ -1,13 +1,16 @@
 package runner
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -129,4 +132,53 @@ func TestCacheOffSimulationComputesEveryToken(t *testing.T) {
 	onFig, offFig := figures([]replicaTiming{*on}, 0), figures([]replicaTiming{timingOf(off)}, 0)
 	assert.LessOrEqual(t, onFig.TTFTP50Ms, offFig.TTFTP50Ms, "hits shorten the prefill")
 	assert.Len(t, onFig.TTFTQuantilesMs, 101)
+}
+
+// TestVirtualTimeDoesNotFollowTheHostsCopySpeed: an insert or load-back that found L1 full
+// used to give up and retry at later steps until the group agreed that the copies freeing
+// L1 were over, which took as many steps as the host's copies took wall time, each charged
+// a decode step; which pages were evicted meanwhile followed it too. A trace of requests
+// sharing no prefix (nothing can hit) then had TTFTs above the cache-off simulation of the
+// same rules and costs, and two runs of one job reported different TTFTs and hits per tier.
+func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%d, %d, %d, %d]}`+"\n",
+			5*i, 1500+11*i, 20+i, 4*i, 4*i+1, 4*i+2, 4*i+3)
+	}
+	trace := filepath.Join(t.TempDir(), "distinct.jsonl")
+	require.NoError(t, os.WriteFile(trace, []byte(b.String()), 0o600))
+	for _, policy := range []hicache.Policy{hicache.WriteThrough, hicache.WriteBack} {
+		t.Run(policy.String(), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Layout = parallel.LayoutConfig{World: 2, AttnCP: 2}
+			cfg.Workload, cfg.TracePath, cfg.Policy = WorkloadTrace, trace, policy
+			// L1 holds about three requests: every admission evicts what earlier ones left.
+			cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 16, 400, 4000, 8
+			cfg.Time.Cost, _ = LoadCostProfile("unit", "")
+			p, err := Prepare(cfg)
+			require.NoError(t, err)
+			off := simulateNoCache(&p.Config, p.Requests).timings
+			var first replicaCounts
+			for run := range 2 {
+				out := runInProcess(t, p, -1)
+				requireAgreed(t, p, out)
+				c := out[0].counts
+				assert.Zero(t, c.HitL1+c.HitL2, "run %d: no request shares a prefix", run)
+				assert.Zero(t, c.Retries, "run %d: with no copy in flight L1 has room for every request", run)
+				on := out[0].timing.Requests
+				require.Len(t, on, len(off))
+				for i := range on {
+					assert.Equal(t, off[i].TTFTNs, on[i].TTFTNs, "run %d, request %d: nothing hits, so its TTFT is the cache-off one", run, i)
+				}
+				// Only the number of steps spent waiting for copies follows the host.
+				c.Steps, c.LoadSteps, c.SettleSteps = 0, 0, 0
+				if run == 0 {
+					first = c
+				} else {
+					assert.Equal(t, first, c, "two runs of one job count alike")
+				}
+			}
+		})
+	}
 }
