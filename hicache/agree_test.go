@@ -45,10 +45,7 @@ func TestNewFailureOnOneRankIsAgreed(t *testing.T) {
 // Step does not hold the cache's mutex across its collective: while a peer stalls, local
 // calls answer at once, and a replicated call from another goroutine is refused.
 func TestLocalCallsAnswerWhileStepWaits(t *testing.T) {
-	r := newRig(t, rigConfig{
-		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
-		pagesPerSlab: 16, pageBytes: 64,
-	})
+	r := newTwoRanks(t)
 	res, err := r.insert(tokensN(100, 8))
 	if err != nil {
 		t.Fatal(err)
@@ -182,12 +179,17 @@ func newOnEveryRank(t *testing.T, n int, set func(i int, cfg *Config)) []error {
 	})
 }
 
-// newTwoRanks is a rig of two CP ranks, each with the engine given.
+// newTwoRanks is a rig of two CP ranks of 16 L1 pages and 16 L2 pages each, each with the
+// engine given (none: host engines).
 func newTwoRanks(t *testing.T, engines ...Engine) *rig {
-	return newRig(t, rigConfig{
+	cfg := rigConfig{
 		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
-		pagesPerSlab: 16, pageBytes: 64, engine: func(i int) Engine { return engines[i] },
-	})
+		pagesPerSlab: 16, pageBytes: 64,
+	}
+	if len(engines) > 0 {
+		cfg.engine = func(i int) Engine { return engines[i] }
+	}
+	return newRig(t, cfg)
 }
 
 // onBoth runs f on both ranks of r at once; unless ignoreErrors, it fails the test on any

@@ -253,10 +253,7 @@ func tokensN(base int32, n int) []int32 {
 // the others wait in its barrier (which broke the group): every rank refuses with ErrBusy
 // and nothing changes; once every rank is idle, every rank flushes and caching resumes.
 func TestFlushInQuarantineAgreesIdleness(t *testing.T) {
-	r := newRig(t, rigConfig{
-		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
-		pagesPerSlab: 16, pageBytes: 64,
-	})
+	r := newTwoRanks(t)
 	res, err := r.insert(tokensN(100, 8))
 	if err != nil {
 		t.Fatal(err)

@@ -82,22 +82,12 @@ func largePinnedCopyGBps(dev *cuda.Device, n int) (d2h, h2d float64, err error) 
 // The pages that come back must equal the pages that went out.
 func pageCopyGBps(dev *cuda.Device, pb, pages, transfers int, opts Options, step bool) (write, load float64, batched bool, err error) {
 	n := pages * transfers
-	l1, err := dev.Alloc(n * pb)
+	pool, err := newTestPool(dev, n, pb, opts)
 	if err != nil {
 		return 0, 0, false, err
 	}
-	defer l1.Close()
-	l2, err := dev.AllocHost(n * pb)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	defer l2.Close()
-	addr := func(p slab.Page) (cuda.DevicePtr, error) { return l2.DevicePtr().Add(p.Index * pb), nil }
-	e, err := New(dev, l1.Ptr(), n, pb, addr, opts)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	defer e.Close()
+	defer pool.Close()
+	l1, e := pool.l1, pool.e
 	want := make([]byte, n*pb)
 	for i := range want {
 		want[i] = byte(i*7 + i/pb)

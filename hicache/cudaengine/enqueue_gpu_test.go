@@ -5,7 +5,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/slab"
@@ -24,16 +23,12 @@ func TestGPUFailedEnqueueWaitsForQueuedCopies(t *testing.T) {
 	}
 	_, dev := cudatest.RequireGPU(t)
 	const pb, pages = 4 << 10, 4
-	l1, err := dev.Alloc(pages * pb)
+	pool, err := newTestPool(dev, pages, pb, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l1.Close()
-	l2, err := dev.AllocHost(pages * pb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l2.Close()
+	defer pool.Close()
+	l1, l2, e := pool.l1, pool.l2, pool.e
 	want := make([]byte, pages*pb)
 	for i := range want {
 		want[i] = byte(i*3 + 1)
@@ -41,12 +36,6 @@ func TestGPUFailedEnqueueWaitsForQueuedCopies(t *testing.T) {
 	if err := l1.Write(0, want); err != nil {
 		t.Fatal(err)
 	}
-	addr := func(p slab.Page) (cuda.DevicePtr, error) { return l2.DevicePtr().Add(p.Index * pb), nil }
-	e, err := New(dev, l1.Ptr(), pages, pb, addr, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
 	tr := core.Transfer{Kind: core.Write, Node: 1}
 	for s := range pages {
 		tr.Copies = append(tr.Copies, core.Copy{L1: int32(s), L2: slab.Page{Index: s}})

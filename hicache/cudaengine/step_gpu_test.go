@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/cuda/cudatest"
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/slab"
@@ -28,22 +27,12 @@ func TestGPUStepBatching(t *testing.T) {
 		{Options{PerTransfer: true}, 5},
 	} {
 		t.Run(fmt.Sprintf("streams=%d,per-transfer=%v", max(c.opts.Streams, 1), c.opts.PerTransfer), func(t *testing.T) {
-			l1, err := dev.Alloc(pages * pb)
+			pool, err := newTestPool(dev, pages, pb, c.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer l1.Close()
-			l2, err := dev.AllocHost(pages * pb)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l2.Close()
-			addr := func(p slab.Page) (cuda.DevicePtr, error) { return l2.DevicePtr().Add(p.Index * pb), nil }
-			e, err := New(dev, l1.Ptr(), pages, pb, addr, c.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
+			defer pool.Close()
+			l1, e := pool.l1, pool.e
 			want := make([]byte, pages*pb)
 			for i := range want {
 				want[i] = byte(i*5 + i/pb)
