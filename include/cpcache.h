@@ -236,7 +236,9 @@ int cpcache_get_info(cpcache_t c, cpcache_info *info);
 
 /* The longest cached prefix of tokens[0..n) (whole pages), marked recently used. The L1
  * slots of the device pages go to l1_slots, which must hold n / page_tokens entries (or be
- * NULL with slots_cap 0 when they are not wanted). [R] */
+ * NULL with slots_cap 0 when they are not wanted); slots_cap is a bound (any larger value,
+ * SIZE_MAX included, is fine): only the device_pages entries returned are written. n is at
+ * most 2^40. [R] */
 int cpcache_match(cpcache_t c, const int32_t *tokens, size_t n, cpcache_match_result *out,
                   int32_t *l1_slots, size_t slots_cap);
 /* Pins (unpins) node's prefix against eviction while a request uses it. [R] */
@@ -258,7 +260,8 @@ int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
  * cpcache_match. [L] */
 int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
 /* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
- * must hold n / page_tokens entries; the rank that owns each (fill[i].owned) writes its KV
+ * must hold n / page_tokens entries (fill_cap is a bound, as slots_cap: only the n_fill
+ * entries returned are written); the rank that owns each (fill[i].owned) writes its KV
  * into the slot before the next cpcache_step. CPCACHE_ERR_L1_FULL when L1 cannot make
  * room. [R] */
 int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_result *out,
