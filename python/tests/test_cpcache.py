@@ -324,3 +324,52 @@ def test_cuda_start_is_agreed_by_every_rank(tmp_path):
     assert len(lines) == 2, out.stdout + out.stderr
     failing = re.findall(r"rank (\d) of group world\[0,1\] could not start: opening CUDA", "\n".join(lines))
     assert len(failing) == 2 and failing[0] == failing[1], lines
+
+
+_CONFIG_RANK = """
+import json, os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+kw = dict(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000)
+kw.update(json.loads(os.environ["CPCACHE_TEST_RANK" + os.environ["RANK"]]))
+try:
+    cpcache.Cache(**kw).close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_open_compares_the_configuration_of_every_rank(tmp_path):
+    """cpcache.h promises that open compares every rank's configuration, storage_url and model
+    included; ranks with two storage URLs or two models used to open, each serving the other's
+    misses from another store or namespace. Every rank now fails alike with ConfigError naming
+    the field and both values, a URL's password masked."""
+    import json
+    script = tmp_path / "rank.py"
+    script.write_text(_CONFIG_RANK.format(python=os.path.join(ROOT, "python")))
+    l3 = f"file://{tmp_path}/l3"
+
+    def launch(rank0, rank1):
+        env = dict(os.environ, CPCACHE_TEST_RANK0=json.dumps(rank0), CPCACHE_TEST_RANK1=json.dumps(rank1))
+        out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
+                             capture_output=True, text=True, timeout=120, env=env)
+        lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+        assert len(lines) == 2, out.stdout + out.stderr
+        return lines, out.stdout + out.stderr
+
+    lines, _ = launch(dict(storage_url=l3, model="m"), dict(storage_url=l3, model="m"))
+    assert lines == ["[0] opened", "[1] opened"], lines
+    for rank1, want in (
+            (dict(storage_url=l3, model="other"), 'ranks disagree on model: rank 0 has "m", rank 1 has "other"'),
+            (dict(storage_url=l3 + "2", model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has "{l3}2"'),
+            (dict(model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has NULL'),
+            (dict(storage_url=l3, model="m", l1_pages=16), "ranks disagree on l1_pages: rank 0 has 8, rank 1 has 16")):
+        lines, _ = launch(dict(storage_url=l3, model="m"), rank1)
+        for line in lines:
+            assert "ConfigError" in line and want in line, (rank1, line)
+    # Two Redis URLs that differ in their password: named, the passwords never printed.
+    lines, out = launch(dict(storage_url="redis://:hunter2@127.0.0.1:1/p"), dict(storage_url="redis://:swordfish@127.0.0.1:1/p"))
+    for line in lines:
+        assert "ConfigError" in line and "storage_url" in line and "differ only in a secret" in line, line
+    assert "hunter2" not in out and "swordfish" not in out, out
