@@ -135,9 +135,9 @@ typedef struct cpcache_config {
 
   /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
    * model names the KV content (with the page geometry and TP size it scopes the keys).
-   * Every rank needs the same storage_url and MAC key ($CPCACHE_STORAGE_KEY_FILE): open
-   * compares them across the job, and a rank that cannot open the storage fails the open
-   * of every rank, with its cause. */
+   * Every rank needs the same storage_url, model and MAC key ($CPCACHE_STORAGE_KEY_FILE):
+   * open compares them across the job, and a rank that cannot open the storage fails the
+   * open of every rank, with its cause. */
   const char *storage_url;
   const char *model;
 } cpcache_config;
@@ -218,8 +218,13 @@ const char *cpcache_last_error(void);
 /* Fills cfg with the defaults and sets struct_size and abi_version. [L] */
 int cpcache_config_init(cpcache_config *cfg);
 /* Joins the job: rendezvous on the store, the layout's groups, the slab set of this rank's
- * CP group, the cache; checks that every rank of the replica group is configured alike.
- * One cache per process: a second open before cpcache_close fails with
+ * CP group, the cache; checks that every rank is configured alike: across the job world,
+ * tp, dp, attn_cp, ep, dp_attention, consensus, timeout_ms, storage_url, model and the
+ * storage's MAC key; across each replica group page_tokens, page_bytes, slab_backend,
+ * l1_pages, l2_pages, policy, write_threshold, min_load_pages and load_quota_pages (rank,
+ * store_url, device, pin_host, l1_kind and l1_base are each rank's own). A difference fails
+ * every rank with CPCACHE_ERR_CONFIG naming the field and two ranks' values (a URL's
+ * password masked), before any group is made. One cache per process: a second open before cpcache_close fails with
  * CPCACHE_ERR_ALREADY_OPEN. [C: every rank of the job] */
 int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
 /* Cancels transfers that have not started, waits for running ones, and releases the cache,
@@ -236,7 +241,9 @@ int cpcache_get_info(cpcache_t c, cpcache_info *info);
 
 /* The longest cached prefix of tokens[0..n) (whole pages), marked recently used. The L1
  * slots of the device pages go to l1_slots, which must hold n / page_tokens entries (or be
- * NULL with slots_cap 0 when they are not wanted). [R] */
+ * NULL with slots_cap 0 when they are not wanted); slots_cap is a bound (any larger value,
+ * SIZE_MAX included, is fine): only the device_pages entries returned are written. n is at
+ * most 2^40. [R] */
 int cpcache_match(cpcache_t c, const int32_t *tokens, size_t n, cpcache_match_result *out,
                   int32_t *l1_slots, size_t slots_cap);
 /* Pins (unpins) node's prefix against eviction while a request uses it. [R] */
@@ -258,7 +265,8 @@ int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
  * cpcache_match. [L] */
 int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
 /* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
- * must hold n / page_tokens entries; the rank that owns each (fill[i].owned) writes its KV
+ * must hold n / page_tokens entries (fill_cap is a bound, as slots_cap: only the n_fill
+ * entries returned are written); the rank that owns each (fill[i].owned) writes its KV
  * into the slot before the next cpcache_step. CPCACHE_ERR_L1_FULL when L1 cannot make
  * room. [R] */
 int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_result *out,

@@ -9,6 +9,10 @@ import (
 
 // Argument checks and conversions of the exported functions.
 
+// maxTokens bounds a call's token count (cpcache.h: 2^40), far below where an int32 slice
+// of that length or a byte count of it overflows.
+const maxTokens = 1 << 40
+
 // tokenSlice views n C tokens; NULL is accepted only with n == 0.
 func tokenSlice(p unsafe.Pointer, n uint64, what string) ([]int32, error) {
 	switch {
@@ -16,8 +20,8 @@ func tokenSlice(p unsafe.Pointer, n uint64, what string) ([]int32, error) {
 		return nil, nil
 	case p == nil:
 		return nil, fmt.Errorf("%w: %s is NULL with n = %d", errInvalid, what, n)
-	case n > 1<<40:
-		return nil, fmt.Errorf("%w: %s length %d", errInvalid, what, n)
+	case n > maxTokens:
+		return nil, fmt.Errorf("%w: %s length %d is more than %d", errInvalid, what, n, uint64(maxTokens))
 	}
 	return unsafe.Slice((*int32)(p), n), nil
 }

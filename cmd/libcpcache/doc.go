@@ -34,7 +34,10 @@
 // memory in place by Match and copied for Insert and Prefetch (the tree keeps them).
 // Results are written into caller-provided structs and arrays whose sizes are checked
 // before anything changes, so a replicated call either happens on every rank or fails on
-// every rank. Every exported function recovers panics (CPCACHE_ERR_INTERNAL) and records
+// every rank. Capacities (slots_cap, fill_cap) are bounds: Go views of C buffers are only as
+// long as what is written. Every exported function recovers panics (CPCACHE_ERR_INTERNAL,
+// with a one-line message: the call, the place and the panic value; the stack goes to stderr
+// once, see panic.go) and records
 // the error text in a thread-local buffer (csrc/cpcache_capi.c), which works because an
 // exported function runs on its C caller's thread from entry to return.
 //

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 	"unsafe"
 
@@ -165,8 +164,13 @@ func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_
 	if err != nil {
 		return fail(err)
 	}
-	if slots != nil {
-		copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), slotsCap), m.L1Slots)
+	if uint64(len(m.L1Slots)) > uint64(slotsCap) && slots != nil {
+		return fail(fmt.Errorf("%w: cpcache_match: %d slots for l1_slots of %d", errInternal, len(m.L1Slots), slotsCap))
+	}
+	if slots != nil && len(m.L1Slots) > 0 {
+		// The C buffer is viewed only as long as what is written: slots_cap is a bound
+		// (pagedArgs checked it holds them all), and SIZE_MAX is past any Go slice.
+		copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), len(m.L1Slots)), m.L1Slots)
 	}
 	*out = C.cpcache_match_result{node: C.cpcache_node_t(s.nodes.handle(m.Last)), device_pages: C.int64_t(m.DevicePages), host_pages: C.int64_t(m.HostPages)}
 	return C.CPCACHE_OK
@@ -270,8 +274,11 @@ func cpcache_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache
 	if err != nil {
 		return fail(fmt.Errorf("cpcache_insert: %w", err))
 	}
+	if uint64(len(res.Fill)) > uint64(fillCap) {
+		return fail(fmt.Errorf("%w: cpcache_insert: %d fill pages for fill of %d", errInternal, len(res.Fill), fillCap))
+	}
 	if len(res.Fill) > 0 {
-		dst := unsafe.Slice(fill, fillCap)
+		dst := unsafe.Slice(fill, len(res.Fill)) // fill_cap is a bound (pagedArgs), as in cpcache_match
 		for i, p := range res.Fill {
 			owned := C.int32_t(0)
 			if p.Owner == s.info.cpRank {
@@ -546,10 +553,11 @@ func result(err error) C.int {
 	return fail(err)
 }
 
-// guard turns a panic in an exported function into CPCACHE_ERR_INTERNAL: a bug in the
-// library must not take the engine's process down. Use as `defer guard(&status)`.
+// guard turns a panic in an exported function into CPCACHE_ERR_INTERNAL with a one-line
+// message (panicError): a bug in the library must not take the engine's process down, nor
+// hand it a goroutine dump as an error message. Use as `defer guard(&status)`.
 func guard(status *C.int) {
 	if r := recover(); r != nil {
-		*status = fail(fmt.Errorf("%w: panic: %v\n%s", errInternal, r, debug.Stack()))
+		*status = fail(panicError(r))
 	}
 }

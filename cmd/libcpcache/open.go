@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -162,17 +161,14 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	}
 	s.closers = append(s.closers, world.Close)
 	// Before any pool is allocated, so that a rank that would not fit stops every rank with
-	// its cause instead of leaving them waiting for it.
-	gens, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, strconv.FormatUint(lastGen, 10))
+	// its cause instead of leaving them waiting for it; with it every rank's configuration,
+	// compared by every rank (agreeConfig), before any group is made.
+	payloads, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, encodeStart(c, lastGen, world.Size()))
 	if err != nil {
 		return nil, err
 	}
-	for _, g := range gens {
-		v, err := strconv.ParseUint(g, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%w: node generation %q from a peer: %v", errInternal, g, err)
-		}
-		s.nodes.gen = max(s.nodes.gen, v)
+	if s.nodes.gen, err = agreeConfig(payloads); err != nil {
+		return nil, err
 	}
 	lc := c.layout
 	if lc.World == 0 {

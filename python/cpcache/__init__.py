@@ -10,6 +10,16 @@ repository's build/ directory, else by the loader (ctypes.util.find_library("cpc
 Replicated calls ([R] in cpcache.h) must be made by every rank of the replica group in the
 same order with the same arguments; local ones ([L]) are this rank's. Calls release the GIL.
 
+Memory views: l1_page() returns a memoryview of an L1 page. The pool of a cache opened with
+L1_ALLOC is allocated by this module (an anonymous private mapping, handed to the library as
+an L1_HOST pool), so that its lifetime follows Python's references: close() releases every
+view l1_page() returned (using one afterwards raises ValueError, as any released memoryview
+does), then unmaps the pool. A buffer derived from a view — a slice of it, a numpy array or
+ctypes object over it — cannot be released from here: it keeps the closed cache's pool mapped
+(close() warns with a ResourceWarning), detached from any cache, so writing through it never
+faults and never reaches a later cache's L1. With L1_HOST the memory is the caller's: close()
+releases the views, and derived buffers are the caller's to retire before freeing it.
+
 Signals: the Go runtime inside libcpcache installs no SIGINT handler in a foreign process,
 so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running call returns
 (a step waits at most its collective's deadline). Close the cache in a finally block (or use
@@ -19,9 +29,12 @@ so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running 
 import array
 import ctypes
 import ctypes.util
+import mmap
 import os
 import sys
+import threading
 import warnings
+import weakref
 from collections import namedtuple
 
 __all__ = [
@@ -244,13 +257,34 @@ def _bytes(s):
     return s.encode() if isinstance(s, str) else s
 
 
+def _alloc_pool(l1_pages, page_bytes):
+    """The L1 pool of an L1_ALLOC cache, as an anonymous private mapping, and its address; None
+    when the sizes are not ones the library would accept (it then rejects them, naming them)."""
+    if not (isinstance(l1_pages, int) and isinstance(page_bytes, int)
+            and 0 < l1_pages <= 2**31 - 1 and 0 < page_bytes and l1_pages * page_bytes <= 2**63 - 1):
+        return None, None
+    size = l1_pages * page_bytes
+    try:
+        pool = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                         prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, OverflowError, ValueError) as e:
+        raise _invalid(f"l1_pages {l1_pages} of page_bytes {page_bytes}: cannot allocate an L1 pool "
+                       f"of {size} bytes: {e}") from None
+    probe = ctypes.c_char.from_buffer(pool)  # released at once: only the address is kept
+    addr = ctypes.addressof(probe)
+    del probe
+    return pool, addr
+
+
 class Cache:
     """One rank's cache (cpcache_open): at most one per process. Use as a context manager,
     or call close() in a finally block. A Cache dropped without close() is closed when it is
-    garbage collected (with a ResourceWarning), once no memoryview of its L1 pool is left."""
+    garbage collected (with a ResourceWarning), once no memoryview of its L1 pool is left.
+    close() releases the memoryviews l1_page() returned (see the module's "Memory views")."""
 
     _h = None  # the handle, once open
     _closed = False
+    _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
 
     def __init__(self, *, page_bytes, l1_pages, l2_pages, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=False, rank=-1, store=None, consensus=None,
@@ -273,14 +307,25 @@ class Cache:
         cfg.store_url, cfg.consensus = _bytes(store), _bytes(consensus)
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
         cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
+        self._views = {}  # id → weakref of each memoryview l1_page returned, until close
+        self._views_lock = threading.Lock()
+        pool = addr = None
+        if l1_kind == L1_ALLOC:
+            # Python owns the pool (see "Memory views"): the library maps it as the caller's.
+            pool, addr = _alloc_pool(l1_pages, page_bytes)
+            if pool is not None:
+                l1_kind, l1_base = L1_HOST, addr
         cfg.l1_kind, cfg.l1_base, cfg.l1_pages = l1_kind, l1_base, l1_pages
         cfg.policy, cfg.write_threshold = policy, write_threshold
         cfg.min_load_pages, cfg.load_quota_pages = min_load_pages, load_quota_pages
         cfg.storage_url, cfg.model = _bytes(storage_url), _bytes(model)
         self._lib = lib
         h = _u64()
-        _check(lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h)))
-        self._h = h.value
+        status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
+        if status != 0 and pool is not None:
+            pool.close()
+        _check(status)
+        self._h, self._pool, self._pool_base = h.value, pool, addr
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
             _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
@@ -297,9 +342,42 @@ class Cache:
         self.close()
 
     def close(self):
-        """Releases the cache (idempotent) [L]."""
+        """Releases the cache (idempotent) [L], then the memoryviews l1_page returned (using
+        one afterwards raises ValueError) and the L1 pool this module allocated."""
         self._closed = True  # released even when close reports an error
-        _check(self._lib.cpcache_close(self._h))
+        try:
+            _check(self._lib.cpcache_close(self._h))
+        finally:
+            self._release_memory()
+
+    def _release_memory(self):
+        """After cpcache_close (the library no longer touches the pool): releases every view
+        l1_page returned, then unmaps the pool unless a buffer derived from a view is alive,
+        which then keeps it mapped (detached from any cache) until it goes."""
+        with self._views_lock:
+            views, self._views = self._views, {}
+            pool, self._pool = self._pool, None
+        kept = 0
+        for ref in views.values():
+            view = ref()
+            if view is None:
+                continue
+            try:
+                view.release()
+            except BufferError:  # a buffer (numpy, ctypes) was taken from this very view
+                kept += 1
+        if pool is not None:
+            try:
+                pool.close()
+            except BufferError:  # slices or buffers over a view are alive
+                kept += 1
+        if kept:
+            try:
+                warnings.warn(f"cpcache: cache {self._h} closed while buffers derived from its l1_page views "
+                              "(slices, numpy arrays) are alive: they keep its L1 memory, detached from any "
+                              "cache, until they go", ResourceWarning, stacklevel=3)
+            except Exception:  # interpreter shutdown
+                pass
 
     def __del__(self):
         # Dropped without close(): the process's one cache would stay open, unreachable.
@@ -312,6 +390,7 @@ class Cache:
         except Exception:  # interpreter shutdown
             pass
         self._lib.cpcache_close(self._h)
+        self._release_memory()
 
     def match(self, tokens):
         """The longest cached prefix [R]."""
@@ -397,12 +476,27 @@ class Cache:
         return bool(p.value)
 
     def l1_page(self, slot):
-        """A writable memoryview of L1 slot's bytes (host L1 only) [L]. Valid until close."""
+        """A writable memoryview of L1 slot's bytes (host L1 only) [L]. close() releases it:
+        using it afterwards raises ValueError (see the module's "Memory views")."""
         addr, size = ctypes.c_void_p(), ctypes.c_size_t()
         _check(self._lib.cpcache_l1_page(self._h, _arg("slot", slot, _i32), ctypes.byref(addr), ctypes.byref(size)))
-        page = (ctypes.c_ubyte * size.value).from_address(addr.value)
-        page._cache = self  # the view keeps the cache, and so the pool, from being collected
-        return memoryview(page).cast("B")
+        with self._views_lock:
+            if self._closed:  # closed by another thread since the call above
+                raise ClosedError(-4, f"cpcache: cache handle {self._h} is not open")
+            if self._pool is not None:
+                # A view of the pool's own buffer: while it, or anything derived from it,
+                # is alive the pool cannot be unmapped (mmap refuses to close).
+                page = (ctypes.c_ubyte * size.value).from_buffer(self._pool, addr.value - self._pool_base)
+            else:
+                page = (ctypes.c_ubyte * size.value).from_address(addr.value)
+            page._cache = self  # the view keeps the cache from being collected
+            with memoryview(page) as raw:
+                view = raw.cast("B")
+            views = self._views
+            key = id(view)
+            views[key] = weakref.ref(view, lambda _, views=views, key=key: views.pop(key, None))
+        return view
+
 
     def stats(self):
         """The counters, as a dict [L]."""

@@ -324,3 +324,125 @@ def test_cuda_start_is_agreed_by_every_rank(tmp_path):
     assert len(lines) == 2, out.stdout + out.stderr
     failing = re.findall(r"rank (\d) of group world\[0,1\] could not start: opening CUDA", "\n".join(lines))
     assert len(failing) == 2 and failing[0] == failing[1], lines
+
+
+_CONFIG_RANK = """
+import json, os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+kw = dict(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000)
+kw.update(json.loads(os.environ["CPCACHE_TEST_RANK" + os.environ["RANK"]]))
+try:
+    cpcache.Cache(**kw).close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_open_compares_the_configuration_of_every_rank(tmp_path):
+    """cpcache.h promises that open compares every rank's configuration, storage_url and model
+    included; ranks with two storage URLs or two models used to open, each serving the other's
+    misses from another store or namespace. Every rank now fails alike with ConfigError naming
+    the field and both values, a URL's password masked."""
+    import json
+    script = tmp_path / "rank.py"
+    script.write_text(_CONFIG_RANK.format(python=os.path.join(ROOT, "python")))
+    l3 = f"file://{tmp_path}/l3"
+
+    def launch(rank0, rank1):
+        env = dict(os.environ, CPCACHE_TEST_RANK0=json.dumps(rank0), CPCACHE_TEST_RANK1=json.dumps(rank1))
+        out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
+                             capture_output=True, text=True, timeout=120, env=env)
+        lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+        assert len(lines) == 2, out.stdout + out.stderr
+        return lines, out.stdout + out.stderr
+
+    lines, _ = launch(dict(storage_url=l3, model="m"), dict(storage_url=l3, model="m"))
+    assert lines == ["[0] opened", "[1] opened"], lines
+    for rank1, want in (
+            (dict(storage_url=l3, model="other"), 'ranks disagree on model: rank 0 has "m", rank 1 has "other"'),
+            (dict(storage_url=l3 + "2", model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has "{l3}2"'),
+            (dict(model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has NULL'),
+            (dict(storage_url=l3, model="m", l1_pages=16), "ranks disagree on l1_pages: rank 0 has 8, rank 1 has 16")):
+        lines, _ = launch(dict(storage_url=l3, model="m"), rank1)
+        for line in lines:
+            assert "ConfigError" in line and want in line, (rank1, line)
+    # Two Redis URLs that differ in their password: named, the passwords never printed.
+    lines, out = launch(dict(storage_url="redis://:hunter2@127.0.0.1:1/p"), dict(storage_url="redis://:swordfish@127.0.0.1:1/p"))
+    for line in lines:
+        assert "ConfigError" in line and "storage_url" in line and "differ only in a secret" in line, line
+    assert "hunter2" not in out and "swordfish" not in out, out
+
+
+_STALE_VIEW = """
+import sys, tempfile
+sys.path.insert(0, {python!r})
+import cpcache
+store = "file://" + tempfile.mkdtemp()
+c = cpcache.Cache(world=1, rank=0, store=store, page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16)
+view = c.l1_page(0)
+c.close()
+try:
+    view[:] = b"\\x01" * 64
+    print("wrote after close", flush=True)
+except ValueError as e:
+    print("ValueError:", e, flush=True)
+c2 = cpcache.Cache(world=1, rank=0, store=store, page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16)
+try:
+    view[:] = b"\\x09" * 64
+except ValueError:
+    pass
+print("new L1 slot 0:", bytes(c2.l1_page(0))[:4].hex(), flush=True)
+c2.close()
+"""
+
+
+def test_l1_views_die_with_their_cache(tmp_path):
+    """A memoryview from l1_page() stayed usable after close(): writing to it segfaulted the
+    interpreter (the pool was unmapped), and after a reopen it wrote into the new cache's L1.
+    close() now releases every view it handed out (ValueError on use); a buffer derived from
+    one keeps the old pool mapped, detached: it never faults and never reaches a new cache."""
+    script = tmp_path / "stale.py"
+    script.write_text(_STALE_VIEW.format(python=os.path.join(ROOT, "python")))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (out.returncode, out.stdout + out.stderr)
+    assert "ValueError: operation forbidden on released memoryview" in out.stdout, out.stdout
+    assert "new L1 slot 0: 00000000" in out.stdout, out.stdout
+
+    import warnings
+    c = one_rank(tmp_path)
+    view, other = c.l1_page(1), c.l1_page(2)
+    derived = view[8:16]  # a slice: another view of the same buffer, not releasable from here
+    taken = ctypes.c_char.from_buffer(other)  # a buffer taken from the view, as numpy takes one
+    derived[:] = b"\x05" * 8
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c.close()
+    assert any(issubclass(w.category, ResourceWarning) and "derived" in str(w.message) for w in caught), caught
+    with pytest.raises(ValueError):
+        view[0] = 1
+    with pytest.raises(ValueError):
+        bytes(view)
+    with pytest.raises(cpcache.ClosedError):
+        c.l1_page(1)
+    c2 = one_rank(tmp_path)
+    try:
+        derived[:] = b"\x06" * 8  # the old, detached pool: no fault
+        taken.value = b"\x07"
+        assert bytes(derived) == b"\x06" * 8
+        for slot in range(8):
+            assert bytes(c2.l1_page(slot)) == bytes(64), slot  # the new pool is untouched
+    finally:
+        c2.close()
+    del derived, taken, other
+    # Without derived buffers close() unmaps the pool and warns of nothing.
+    c3 = one_rank(tmp_path)
+    v3 = c3.l1_page(0)
+    v3[:] = b"\x01" * 64
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c3.close()
+    assert not caught, caught
+    with pytest.raises(ValueError):
+        v3[0]

@@ -303,6 +303,40 @@ int main(void) {
   }
   expect(cpcache_step(c), CPCACHE_OK);
 
+  // Capacities are bounds: SIZE_MAX (a C caller's "as many as there are") works and writes
+  // only the entries returned. It used to panic in the library (a Go slice of SIZE_MAX
+  // entries) and fail with CPCACHE_ERR_INTERNAL and a goroutine dump as the message.
+  int32_t cap_tokens[2 * PAGE_TOKENS];
+  for (int i = 0; i < 2 * PAGE_TOKENS; i++) cap_tokens[i] = 7000 + i;
+  cpcache_fill_page big_fill[4];
+  memset(big_fill, 0xab, sizeof big_fill);
+  expect(cpcache_insert(c, cap_tokens, 2 * PAGE_TOKENS, &ins, big_fill, SIZE_MAX), CPCACHE_OK);
+  expect_true(ins.pages == 2 && ins.n_fill == 2 && big_fill[1].index == 1);
+  expect_true(((unsigned char *)&big_fill[2])[0] == 0xab && ((unsigned char *)&big_fill[3])[sizeof big_fill[3] - 1] == 0xab);
+  int32_t big_slots[4] = {-7, -7, -7, -7};
+  expect(cpcache_match(c, cap_tokens, 2 * PAGE_TOKENS, &m, big_slots, SIZE_MAX), CPCACHE_OK);
+  expect_true(m.device_pages == 2 && big_slots[0] == big_fill[0].slot && big_slots[1] == big_fill[1].slot);
+  expect_true(big_slots[2] == -7 && big_slots[3] == -7);
+  expect(cpcache_match(c, cap_tokens, 2 * PAGE_TOKENS, &m, big_slots, SIZE_MAX / 2 + 1), CPCACHE_OK);
+  // Token counts near the top of size_t are refused, naming the value.
+  expect(cpcache_match(c, cap_tokens, SIZE_MAX, &m, big_slots, SIZE_MAX), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "18446744073709551615") != NULL);
+  expect(cpcache_insert(c, cap_tokens, SIZE_MAX - 3, &ins, big_fill, SIZE_MAX), CPCACHE_ERR_INVALID);
+  uint64_t prefetch_id = 0;
+  expect(cpcache_prefetch(c, cap_tokens, SIZE_MAX, &prefetch_id), CPCACHE_ERR_INVALID);
+
+  // A panic in the library is CPCACHE_ERR_INTERNAL with a one-line message naming the call
+  // and the panic, never a goroutine stack: a pointer just above NULL (a field of a NULL
+  // struct pointer) faults in Go, which the runtime turns into a nil-dereference panic.
+  expect(cpcache_get_stats(c, (cpcache_stats *)(uintptr_t)8), CPCACHE_ERR_INTERNAL);
+  expect_true(strstr(cpcache_last_error(), "cpcache_get_stats: panic at ") != NULL);
+  expect_true(strstr(cpcache_last_error(), "nil pointer dereference") != NULL);
+  expect_true(strchr(cpcache_last_error(), '\n') == NULL && strstr(cpcache_last_error(), "goroutine") == NULL);
+  expect(cpcache_get_info(c, (cpcache_info *)(uintptr_t)16), CPCACHE_ERR_INTERNAL);
+  expect_true(strchr(cpcache_last_error(), '\n') == NULL);
+  expect(cpcache_step(c), CPCACHE_OK); // the cache is unharmed
+  expect(cpcache_get_stats(c, &st), CPCACHE_OK);
+
   // A live node handle, to be stale once the cache is closed.
   expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
   cpcache_node_t stale_node = ins.node;
