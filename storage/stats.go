@@ -14,7 +14,7 @@ type Stats struct {
 	BytesRead    uint64 // payload bytes of verified hits
 	BytesWritten uint64 // payload bytes stored
 	Errors       uint64 // calls that returned an error
-	Links        uint64 // directory store: symbolic links found under it, not followed (ErrLink)
+	Links        uint64 // directory store: symbolic links met under it (each time), not followed (ErrLink)
 }
 
 // counters is the live, atomically updated form of Stats.

@@ -37,8 +37,9 @@ type Storage interface {
 	Delete(ctx context.Context, keys []Key) error
 
 	// Clear removes every value of this storage's namespace, and nothing else (on the
-	// directory backend also leftover temporary files of crashed writers). Values put
-	// concurrently with Clear may survive it.
+	// directory backend also leftover temporary files of crashed writers, and links planted
+	// in the namespace, never what they point to). Values put concurrently with Clear may
+	// survive it.
 	Clear(ctx context.Context) error
 
 	// Stats returns a snapshot of the counters.
