@@ -7,63 +7,183 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // dirStore is the directory backend. Layout under the root:
 //
 //	<root>/<namespace hex>/<first hash byte hex>/<hash hex>      one file per page
 //	<root>/<namespace hex>/<xx>/.tmp-*                           writes in progress
+//	<root>/.trash-<namespace hex>-*/ns                           a namespace being cleared
 //
 // A value is written to a temporary file in its final directory and renamed into place, so
 // a reader never sees a partial file under a page's name; a torn file left by a crash or a
 // foreign file is rejected by the header and checksums (format.go).
+//
+// Whoever can write the root can delete pages, never make the store act outside it: every
+// path under the root is opened relative to its handle without following symbolic links
+// (dirFS). A link found where the store keeps a namespace, fan-out, trash or page entry is
+// counted (Stats.Links), reported to Options.OnWarning (ErrLink, with its path; the first
+// few of each store) and skipped: Get and Exists read it as a miss (a page that is a link
+// is also corrupt, and purged: the link is removed, never its target), Put skips the pages
+// it would have written through it, Delete and purges remove nothing through it, and Clear
+// removes the link itself, with the namespace, never what it points to. Put replaces a page
+// entry that is a link by renaming its file over it (rename does not follow links).
+//
+// A root that group or others can write is reported once at open (ErrWritableStore), sticky
+// or not: the sticky bit keeps others from removing or renaming the store's own entries,
+// but not from planting a name before the store makes it (a namespace directory, a trash
+// entry) or filling the disk.
+//
+// Temporary files: a Put's .tmp-* file lives for one write, far less than TempMaxAge. One
+// older than that was left by a writer that died (kill -9, a crash) and is removed by the
+// first Put of this store into its fan-out directory; a live writer's file, in this process
+// or another, is younger and kept. Clear removes them all with the namespace.
 type dirStore struct {
 	base
-	nsDir string // <root>/<namespace hex>
+	fs     *dirFS
+	nsName string // <namespace hex>, the namespace directory relative to the root
+	nsDir  string // <root>/<namespace hex>, for messages
+	// reaped marks the fan-out directories this store has reaped stale temporary files from.
+	reaped [256]atomic.Bool
+	// warned counts warnings given about links (at most maxLinkWarnings are reported).
+	warned atomic.Int64
 }
+
+// TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
+// removed (see dirStore).
+const TempMaxAge = time.Hour
+
+// maxLinkWarnings bounds the links a store reports to Options.OnWarning; further ones are
+// only counted, so that a store full of planted links does not flood the log.
+const maxLinkWarnings = 8
 
 func openDir(root string, opts Options) (*dirStore, error) {
 	root = filepath.Clean(root)
 	s := &dirStore{base: base{backend: "file", where: root, ns: opts.Namespace.ID(), opts: opts}}
-	s.nsDir = filepath.Join(root, opts.Namespace.String())
-	if fi, err := os.Stat(root); err == nil && !fi.IsDir() {
-		return nil, &OpError{Backend: "file", Where: root, Op: "open", Kind: ErrBadArgument, Err: errors.New("not a directory")}
+	s.nsName = opts.Namespace.String()
+	s.nsDir = filepath.Join(root, s.nsName)
+	fail := func(kind, err error) (*dirStore, error) {
+		if s.fs != nil {
+			s.fs.close()
+		}
+		return nil, &OpError{Backend: "file", Where: root, Op: "open", Kind: kind, Err: err}
 	}
-	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
-		return nil, &OpError{Backend: "file", Where: root, Op: "open", Err: err}
+	if fi, err := os.Stat(root); err == nil && !fi.IsDir() {
+		return fail(ErrBadArgument, errNotDir)
+	}
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return fail(nil, err)
+	}
+	var err error
+	if s.fs, err = openDirFS(root); err != nil {
+		if err == errNotDir {
+			return fail(ErrBadArgument, err)
+		}
+		return fail(nil, err)
+	}
+	if fi, err := s.fs.root.Stat(); err == nil && fi.Mode().Perm()&0o022 != 0 {
+		s.warn(&OpError{Backend: "file", Where: root, Op: "open", Kind: ErrWritableStore, Err: fmt.Errorf(
+			"the store directory %s has mode %v: whoever can write it can delete pages (never forge them; links under it are not followed); chmod go-w %s",
+			root, fi.Mode(), root)})
+	}
+	if err := unix.Mkdirat(s.fs.fd, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+		return fail(nil, &os.PathError{Op: "mkdir", Path: s.nsDir, Err: err})
+	}
+	if st, err := s.fs.lstat(s.nsName); err != nil {
+		return fail(nil, &os.PathError{Op: "lstat", Path: s.nsDir, Err: err})
+	} else if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		s.link(s.nsDir) // skipped until a Clear replaces it
+	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fail(nil, &os.PathError{Op: "open", Path: s.nsDir, Err: syscall.ENOTDIR})
 	}
 	if s.opts.auth == nil {
-		key, err := LoadOrCreateKeyFile(filepath.Join(root, DirKeyFile))
+		key, err := loadOrCreateKeyFile(filepath.Join(root, DirKeyFile), true)
 		if err != nil {
-			return nil, &OpError{Backend: "file", Where: root, Op: "open", Err: err}
+			return fail(nil, err)
 		}
 		s.opts.auth = newAuthenticator(key)
 	}
 	return s, nil
 }
 
-// path returns the fan-out directory and the file name of key (one allocation).
-func (s *dirStore) path(k Key) (dir, file string) {
-	const hexLen = 2 * (KeySize - NamespaceSize)
-	buf := make([]byte, 0, len(s.nsDir)+4+hexLen)
-	buf = append(buf, s.nsDir...)
-	buf = append(buf, filepath.Separator)
-	buf = hex.AppendEncode(buf, k[NamespaceSize:NamespaceSize+1])
-	buf = append(buf, filepath.Separator)
-	buf = hex.AppendEncode(buf, k[NamespaceSize:])
-	file = string(buf)
-	return file[:len(file)-hexLen-1], file
+// warn reports err to Options.OnWarning, or to stderr without one.
+func (s *dirStore) warn(err error) {
+	if s.opts.OnWarning != nil {
+		s.opts.OnWarning(err)
+		return
+	}
+	fmt.Fprintln(os.Stderr, err)
 }
 
-// openRegular opens name for reading, without waiting: O_NONBLOCK makes the open of a FIFO
+// link counts the symbolic link found at path and reports it, the first few times.
+func (s *dirStore) link(path string) {
+	s.stats.links.Add(1)
+	if s.warned.Add(1) <= maxLinkWarnings {
+		s.warn(&OpError{Backend: "file", Where: s.where, Op: "open", Kind: ErrLink,
+			Err: fmt.Errorf("%s: skipped, not followed", path)})
+	}
+}
+
+// rel returns the path of key's page relative to the root, and the lengths of its
+// directory part (<ns>/<xx>) and of the whole (one allocation).
+func (s *dirStore) rel(k Key) (rel string, dirLen int) {
+	const hexLen = 2 * (KeySize - NamespaceSize)
+	buf := make([]byte, 0, len(s.nsName)+4+hexLen)
+	buf = append(buf, s.nsName...)
+	buf = append(buf, '/')
+	buf = hex.AppendEncode(buf, k[NamespaceSize:NamespaceSize+1])
+	dirLen = len(buf)
+	buf = append(buf, '/')
+	buf = hex.AppendEncode(buf, k[NamespaceSize:])
+	return string(buf), dirLen
+}
+
+// path returns the fan-out directory and the file name of key, as absolute paths.
+func (s *dirStore) path(k Key) (dir, file string) {
+	rel, dirLen := s.rel(k)
+	return s.fs.abs(rel[:dirLen]), s.fs.abs(rel)
+}
+
+// openPage opens the page file rel for reading, without waiting and without following a
+// link (see openRegular). A link on its path is reported as link, the entry that is one
+// (rel itself when the page file is a link).
+func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, link string, err error) {
+	fd, err := s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		if isLinkErr(err) {
+			if l, found := s.fs.linkOn(rel); found {
+				return nil, nil, false, l, nil
+			}
+		}
+		return nil, nil, false, "", &fs.PathError{Op: "open", Path: s.fs.abs(rel), Err: err}
+	}
+	f = os.NewFile(uintptr(fd), s.fs.abs(rel))
+	if fi, err = f.Stat(); err != nil {
+		f.Close()
+		return nil, nil, false, "", err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fi, false, "", nil
+	}
+	return f, fi, true, "", nil
+}
+
+// openRegular opens name for reading (with flags added), without waiting: O_NONBLOCK makes the open of a FIFO
 // that has no writer (or of a device) return at once, where a plain open would block the
 // call past its deadline, forever. It returns the file and its stat; a file that is not a
 // regular one (a directory, a FIFO, a device) is closed again and reported by ok == false.
-func openRegular(name string) (f *os.File, fi fs.FileInfo, ok bool, err error) {
-	f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+func openRegular(name string, flags int) (f *os.File, fi fs.FileInfo, ok bool, err error) {
+	f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|flags, 0)
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -92,6 +212,10 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 		return 0, err
 	}
 	defer cancel()
+	if !s.fs.acquire() {
+		return 0, s.err("exists", ErrClosed, nil)
+	}
+	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
 		ok, err := s.existsOne(keys[i], present != nil)
 		flags[i] = ok
@@ -110,6 +234,10 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 		return 0, err
 	}
 	defer cancel()
+	if !s.fs.acquire() {
+		return 0, s.err("get", ErrClosed, nil)
+	}
+	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
 		ok, err := s.getOne(keys[i], dst[i])
 		flags[i] = ok
@@ -126,21 +254,27 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 // genuine. A value that fails is corrupt (counted, reported, purged), so the next backup of
 // the page replaces it.
 func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
-	_, name := s.path(k)
-	f, fi, regular, err := openRegular(name)
+	rel, _ := s.rel(k)
+	f, fi, regular, link, err := s.openPage(rel)
 	if err != nil {
 		if isMissing(err) {
 			return false, nil
 		}
 		return false, err
 	}
+	if link != "" {
+		s.linkedPage("exists", k, rel, link)
+		return false, nil
+	}
 	if !regular {
+		name := s.fs.abs(rel)
 		if !fi.IsDir() {
 			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fi.Mode().Type()))
 		}
 		return false, nil
 	}
 	defer f.Close()
+	name := f.Name()
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(f, hdr[:]); err != nil {
 		return s.readFailed("exists", k, name, err, "header")
@@ -164,8 +298,8 @@ func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 
 // getOne reads one page into dst. A missing or corrupt file is (false, nil).
 func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
-	_, name := s.path(k)
-	f, fi, regular, err := openRegular(name)
+	rel, _ := s.rel(k)
+	f, fi, regular, link, err := s.openPage(rel)
 	if err != nil {
 		if isMissing(err) {
 			s.stats.misses.Add(1)
@@ -173,7 +307,14 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 		}
 		return false, err
 	}
+	if link != "" {
+		if !s.linkedPage("get", k, rel, link) {
+			s.stats.misses.Add(1)
+		}
+		return false, nil
+	}
 	if !regular {
+		name := s.fs.abs(rel)
 		if fi.IsDir() { // the store's layout is broken: an I/O error, as reading it is
 			return false, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
 		}
@@ -181,6 +322,7 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 		return false, nil
 	}
 	defer f.Close()
+	name := f.Name()
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(f, hdr[:]); err != nil {
 		return s.readFailed("get", k, name, err, "header")
@@ -218,6 +360,18 @@ func (s *dirStore) readFailed(op string, k Key, name string, err error, what str
 	return false, err
 }
 
+// linkedPage handles a read of k's page (rel) that met the link at link: it is counted and
+// reported; a page file that is itself a link is also corrupt (and purged: the link is
+// removed, never its target). It reports whether it counted the page corrupt.
+func (s *dirStore) linkedPage(op string, k Key, rel, link string) bool {
+	s.link(s.fs.abs(link))
+	if link != rel {
+		return false
+	}
+	s.corruptIn(op, k, fmt.Errorf("file %s: a symbolic link, not followed", s.fs.abs(rel)))
+	return true
+}
+
 func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	src = buffers(src)
 	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
@@ -225,8 +379,12 @@ func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 		return err
 	}
 	defer cancel()
+	if !s.fs.acquire() {
+		return s.err("put", ErrClosed, nil)
+	}
+	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		return true, s.putOne(keys[i], src[i])
+		return true, s.putOne(ctx, keys[i], src[i])
 	})
 	if err != nil {
 		return s.err("put", kindOf(ctx, err), err)
@@ -235,34 +393,35 @@ func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 }
 
 // putOne writes one page. A Clear of the namespace that runs meanwhile (another instance's
-// flush) may move the fan-out directory aside, the temporary file with it, before the file
-// is created or renamed: the page was then put concurrently with the Clear, and is cleared
-// by it (as if written just before it), not an error.
-func (s *dirStore) putOne(k Key, payload []byte) (err error) {
-	dir, name := s.path(k)
-	f, err := os.CreateTemp(dir, ".tmp-")
-	if isMissing(err) {
-		err = os.MkdirAll(dir, 0o750)
-		if errors.Is(err, syscall.EEXIST) {
-			// Made by another writer after MkdirAll looked, and moved aside by a Clear
-			// before it checked that it is a directory.
-			return s.clearedPut(payload)
-		}
-		if err == nil {
-			f, err = os.CreateTemp(dir, ".tmp-")
-		}
-		if errors.Is(err, syscall.ENOENT) { // moved aside again
-			return s.clearedPut(payload)
-		}
-	}
-	if err != nil {
+// flush) may move the fan-out directory aside, the temporary file with it, or remove it,
+// before the file is created or renamed: the page was then put concurrently with the Clear,
+// and is cleared by it (as if written just before it), not an error.
+func (s *dirStore) putOne(ctx context.Context, k Key, payload []byte) (err error) {
+	rel, dirLen := s.rel(k)
+	dirRel, file := rel[:dirLen], rel[dirLen+1:]
+	dir, err := s.fanOut(dirRel)
+	switch {
+	case err == errLinked:
+		return nil // counted and reported by fanOut
+	case err == errCleared:
+		return s.clearedPut(payload)
+	case err != nil:
 		return err
 	}
-	tmp := f.Name()
+	defer unix.Close(dir)
+	s.reapOnce(ctx, dir, dirRel, k[NamespaceSize])
+	tmp, fd, err := createTemp(dir)
+	if err == unix.ENOENT { // the directory was removed with a Clear's trash
+		return s.clearedPut(payload)
+	}
+	if err != nil {
+		return &fs.PathError{Op: "create", Path: s.fs.abs(dirRel) + "/.tmp-*", Err: err}
+	}
+	f := os.NewFile(uintptr(fd), s.fs.abs(dirRel+"/"+tmp))
 	defer func() {
 		if err != nil {
 			f.Close()
-			os.Remove(tmp)
+			unix.Unlinkat(dir, tmp, 0)
 		}
 	}()
 	var hdr [HeaderSize]byte
@@ -281,24 +440,117 @@ func (s *dirStore) putOne(k Key, payload []byte) (err error) {
 	if err = f.Close(); err != nil {
 		return err
 	}
-	if err = os.Rename(tmp, name); err != nil {
-		if errors.Is(err, syscall.ENOENT) {
-			os.Remove(tmp) // gone with its directory
+	// renameat replaces whatever entry has the page's name, a link included, never what a
+	// link points to.
+	if err = renameat(dir, tmp, file); err != nil {
+		if err == unix.ENOENT { // gone with its directory
+			err = nil
 			return s.clearedPut(payload)
 		}
-		return err
+		return &fs.PathError{Op: "rename", Path: s.fs.abs(rel), Err: err}
 	}
 	if s.opts.Fsync {
-		if err = syncDir(dir); err != nil {
-			if errors.Is(err, syscall.ENOENT) {
+		if err = fsync(dir); err != nil {
+			if err == unix.ENOENT {
+				err = nil
 				return s.clearedPut(payload)
 			}
-			return err
+			return &fs.PathError{Op: "fsync", Path: s.fs.abs(dirRel), Err: err}
 		}
 	}
 	s.stats.puts.Add(1)
 	s.stats.bytesWritten.Add(uint64(len(payload)))
 	return nil
+}
+
+var (
+	errLinked  = errors.New("a link on the path")       // fanOut: the put is skipped
+	errCleared = errors.New("cleared while being made") // fanOut: the put is cleared
+)
+
+// fanOut opens the fan-out directory dirRel (<ns>/<xx>), making it and the namespace
+// directory if they are missing. A link on the way is counted and reported, and errLinked
+// returned: the put is skipped. A Clear that keeps moving the namespace aside while it is
+// made is errCleared.
+func (s *dirStore) fanOut(dirRel string) (int, error) {
+	for range 3 {
+		fd, err := s.fs.openDir(dirRel)
+		if err == nil {
+			return fd, nil
+		}
+		if isLinkErr(err) {
+			if l, ok := s.fs.linkOn(dirRel); ok {
+				s.link(s.fs.abs(l))
+				return -1, errLinked
+			}
+		}
+		if err != unix.ENOENT {
+			return -1, &fs.PathError{Op: "open", Path: s.fs.abs(dirRel), Err: err}
+		}
+		if err := unix.Mkdirat(s.fs.fd, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+			return -1, &fs.PathError{Op: "mkdir", Path: s.nsDir, Err: err}
+		}
+		ns, err := s.fs.openDir(s.nsName)
+		if err != nil {
+			continue // moved aside again, or a link: the next open says which
+		}
+		err = unix.Mkdirat(ns, dirRel[len(s.nsName)+1:], 0o750)
+		unix.Close(ns)
+		if err != nil && err != unix.EEXIST && err != unix.ENOENT {
+			return -1, &fs.PathError{Op: "mkdir", Path: s.fs.abs(dirRel), Err: err}
+		}
+	}
+	return -1, errCleared
+}
+
+// reapOnce removes, the first time this store writes into fan-out directory dir, the
+// temporary files there older than TempMaxAge: a dead writer's (see dirStore). It is best
+// effort and bounded by ctx.
+func (s *dirStore) reapOnce(ctx context.Context, dir int, dirRel string, fan byte) {
+	if s.reaped[fan].Load() || !s.reaped[fan].CompareAndSwap(false, true) {
+		return
+	}
+	readNames(dir, s.fs.abs(dirRel), func(name string, typ uint32) (bool, error) {
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		if !strings.HasPrefix(name, ".tmp-") {
+			return true, nil
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR &&
+			time.Since(time.Unix(st.Mtim.Unix())) > TempMaxAge {
+			unix.Unlinkat(dir, name, 0)
+		}
+		return true, nil
+	})
+}
+
+// createTemp creates a new temporary file .tmp-<random> in dir (mode 0600) for writing.
+func createTemp(dir int) (string, int, error) {
+	for {
+		name := fmt.Sprintf(".tmp-%016x", rand.Uint64())
+		fd, err := openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != unix.EEXIST {
+			return name, fd, err
+		}
+	}
+}
+
+func renameat(dir int, from, to string) error {
+	for {
+		if err := unix.Renameat(dir, from, dir, to); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func fsync(fd int) error {
+	for {
+		if err := unix.Fsync(fd); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // clearedPut counts a put that a concurrent Clear removed with the namespace (putOne).
@@ -308,27 +560,18 @@ func (s *dirStore) clearedPut(payload []byte) error {
 	return nil
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 	ctx, cancel, err := s.beginCall(ctx, "delete", keys, nil, nil)
 	if err != nil {
 		return err
 	}
 	defer cancel()
+	if !s.fs.acquire() {
+		return s.err("delete", ErrClosed, nil)
+	}
+	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		_, name := s.path(keys[i])
-		if err := os.Remove(name); err != nil && !isMissing(err) {
+		if err := s.deleteOne(keys[i]); err != nil {
 			return false, err
 		}
 		s.stats.deletes.Add(1)
@@ -340,11 +583,40 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 	return nil
 }
 
+// deleteOne removes k's page entry (a link is removed itself). Through a fan-out or
+// namespace directory that is a link it removes nothing (the link is reported).
+func (s *dirStore) deleteOne(k Key) error {
+	rel, dirLen := s.rel(k)
+	dir, err := s.fs.openDir(rel[:dirLen])
+	if err != nil {
+		if isLinkErr(err) {
+			if l, ok := s.fs.linkOn(rel[:dirLen]); ok {
+				s.link(s.fs.abs(l))
+				return nil
+			}
+		}
+		if isMissing(err) {
+			return nil
+		}
+		return &fs.PathError{Op: "open", Path: s.fs.abs(rel[:dirLen]), Err: err}
+	}
+	defer unix.Close(dir)
+	err = unix.Unlinkat(dir, rel[dirLen+1:], 0)
+	if err == unix.EISDIR || err == unix.EPERM { // a directory under a page's name, as os.Remove
+		err = unix.Unlinkat(dir, rel[dirLen+1:], unix.AT_REMOVEDIR)
+	}
+	if err != nil && err != unix.ENOENT {
+		return &fs.PathError{Op: "remove", Path: s.fs.abs(rel), Err: err}
+	}
+	return nil
+}
+
 // Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
 // it) and removes it, with what earlier Clears left aside (one that crashed, or ran out of
 // time). Removal is bounded by the call's deadline: the namespace is clear once it is moved
 // aside, and what is left of the trash then goes with the next Clear. Other namespaces
-// under the same root are untouched.
+// under the same root are untouched. Nothing is removed through a link: a namespace, trash
+// or fan-out entry that is a link is removed itself (and reported).
 func (s *dirStore) Clear(ctx context.Context) error {
 	ctx, cancel, err := s.beginCall(ctx, "clear", nil, nil, nil)
 	if err != nil {
@@ -354,32 +626,60 @@ func (s *dirStore) Clear(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return s.err("clear", ErrUnavailable, err)
 	}
-	root := filepath.Dir(s.nsDir)
-	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
-	trash, err := os.MkdirTemp(root, trashPrefix)
+	if !s.fs.acquire() {
+		return s.err("clear", ErrClosed, nil)
+	}
+	defer s.fs.release()
+	root := s.fs.fd
+	trashPrefix := ".trash-" + s.nsName + "-"
+	trash, err := s.fs.mkdirTemp(trashPrefix)
 	if err != nil {
 		return s.err("clear", nil, err)
 	}
-	moved := filepath.Join(trash, "ns")
-	if err := os.Rename(s.nsDir, moved); err != nil && !isMissing(err) {
-		os.Remove(trash)
-		return s.err("clear", nil, err)
+	into, err := s.fs.openDir(trash)
+	if err == nil {
+		// renameat moves the entry, whatever it is (a link included), never its target.
+		err = unix.Renameat(root, s.nsName, into, "ns")
+		unix.Close(into)
 	}
-	if err := os.MkdirAll(s.nsDir, 0o750); err != nil {
-		return s.err("clear", nil, err)
+	if err != nil && err != unix.ENOENT {
+		unix.Unlinkat(root, trash, unix.AT_REMOVEDIR)
+		return s.err("clear", nil, &fs.PathError{Op: "rename", Path: s.nsDir, Err: err})
+	}
+	if err := unix.Mkdirat(root, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+		return s.err("clear", nil, &fs.PathError{Op: "mkdir", Path: s.nsDir, Err: err})
 	}
 	// The namespace is empty: remove the trash (a concurrent Clear may be removing the
 	// same; both succeed). Another Clear's trash is removed only once its namespace is in
-	// it: removed between its MkdirTemp and its Rename, that Clear's Rename would fail as
-	// if the namespace were missing, and it would report success having cleared nothing.
-	old, _ := filepath.Glob(filepath.Join(root, trashPrefix+"*"))
-	for _, dir := range old {
-		if dir != trash {
-			if _, err := os.Lstat(filepath.Join(dir, "ns")); err != nil {
+	// it: removed between its mkdir and its rename, that Clear's rename would fail as if
+	// the namespace were missing, and it would report success having cleared nothing.
+	var old []string
+	if err := readNames(root, s.where, func(name string, _ uint32) (bool, error) {
+		if strings.HasPrefix(name, trashPrefix) {
+			old = append(old, name)
+		}
+		return true, nil
+	}); err != nil {
+		return s.err("clear", nil, err)
+	}
+	for _, name := range old {
+		st, err := s.fs.lstat(name)
+		switch {
+		case err != nil:
+			continue
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			s.link(s.fs.abs(name))
+			unix.Unlinkat(root, name, 0)
+			continue
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			continue
+		}
+		if name != trash {
+			if _, err := s.fs.lstat(name + "/ns"); err != nil {
 				continue
 			}
 		}
-		if err := removeBy(ctx, dir); err != nil {
+		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, s.link); err != nil {
 			if ctx.Err() != nil {
 				return nil // cleared; the rest of the trash goes with the next Clear
 			}
@@ -389,43 +689,13 @@ func (s *dirStore) Clear(ctx context.Context) error {
 	return nil
 }
 
-// removeBy removes dir as os.RemoveAll does, a directory two levels down at a time (a
-// namespace's fan-out directories under <trash>/ns), and stops with ctx's error when it is
-// done.
-func removeBy(ctx context.Context, dir string) error {
-	subs, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
-	for _, sub := range subs {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := removeAll(sub); err != nil {
-			return err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return removeAll(dir)
-}
-
-// removeAll is os.RemoveAll, repeated when a directory was not empty at its removal: a
-// writer whose path lookup passed the namespace directory before Clear moved it aside may
-// still create its temporary file (or fan-out directory) in the moved tree.
-func removeAll(path string) error {
-	var err error
-	for range 4 {
-		if err = os.RemoveAll(path); !errors.Is(err, syscall.ENOTEMPTY) {
-			return err
-		}
-	}
-	return err
-}
-
+// Close is nil-safe and idempotent; the root's handle is closed once no call uses it.
 func (s *dirStore) Close() error {
 	if s == nil {
 		return nil
 	}
 	s.closed.Store(true)
+	s.fs.close()
 	return nil
 }
 

@@ -55,6 +55,24 @@
 // store must use the same key; KeyFingerprint lets them compare keys without showing them.
 // No error shows a key or a URL's password.
 //
+// # A directory others can write
+//
+// Whoever can write a file store's directory can delete its pages, and nothing more: they
+// cannot forge a page (the MAC), and they cannot make the store act outside its directory.
+// Every path under it is opened relative to the directory's handle without following
+// symbolic links (openat2 with RESOLVE_NO_SYMLINKS, or O_NOFOLLOW component by component
+// where the kernel lacks it). A link where the store keeps a namespace, fan-out, trash or
+// page entry is never followed and never deleted through: it is counted (Stats.Links, each
+// time one is met), reported to Options.OnWarning (ErrLink with its path, the first few)
+// and skipped: reads miss (a page that is a link is also corrupt, and purged: the link is
+// removed, not its target), puts through it are not made, deletes and purges remove
+// nothing through it, and Clear removes the link itself with the namespace. The store's own
+// key file must not be a link. A directory that group or others can write is reported at
+// open (ErrWritableStore), sticky or not (sticky stops others removing the store's entries,
+// not planting names it has yet to make). The directory itself, as named in the URL, may be
+// a link: that is the operator's choice. Temporary files of a writer that died (older than
+// TempMaxAge) are removed by the first Put of each Open into their directory.
+//
 // # Errors and deadlines
 //
 // Errors are *OpError values, "storage: <backend> <where> <op>: ...", wrapping a sentinel

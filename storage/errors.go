@@ -29,6 +29,14 @@ var (
 	// ErrNoKey: a shared store (Redis) was opened without a MAC key and without
 	// Options.Insecure. It comes with ErrBadArgument.
 	ErrNoKey = errors.New("storage: no MAC key")
+	// ErrLink: the directory store found a symbolic link where it keeps a namespace,
+	// fan-out, trash or page entry, and did not follow it. Reported to Options.OnWarning
+	// with the link's path and counted in Stats.Links; what it stood for is skipped (a miss,
+	// a put not made, an entry removed as a link).
+	ErrLink = errors.New("storage: symbolic link under the store")
+	// ErrWritableStore: the directory store's root can be written by group or others, who
+	// can then delete its pages. Reported to Options.OnWarning at open, with the mode.
+	ErrWritableStore = errors.New("storage: store directory writable by others")
 )
 
 // OpError reports a failed operation: which backend, which operation, and why. It wraps

@@ -29,3 +29,14 @@ func MutateMem(name string, k Key, mutate func([]byte) []byte) bool {
 	}
 	return ok
 }
+
+// ForceComponentWalk makes directory stores opened from now on open paths one component
+// at a time (as without openat2) when walk is set; the returned function undoes it.
+func ForceComponentWalk(walk bool) func() {
+	old := forceWalk
+	forceWalk = walk
+	return func() { forceWalk = old }
+}
+
+// DirWalks reports whether directory storage s opens paths one component at a time.
+func DirWalks(s Storage) bool { return s.(*purging).backend.(*dirStore).fs.walk }

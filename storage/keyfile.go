@@ -30,11 +30,23 @@ const (
 // (`openssl rand -hex 32 > FILE` makes one). It refuses a file that is not a regular file,
 // is owned by another user (other than root), can be read or written by group or others,
 // or holds fewer than 16 bytes. Errors name the file, never its contents.
-func ReadKeyFile(path string) ([]byte, error) {
+func ReadKeyFile(path string) ([]byte, error) { return readKeyFile(path, false) }
+
+// readKeyFile is ReadKeyFile; with noFollow a key file that is a symbolic link is refused
+// (a file store's own key file, in a directory others may write: the link's target could
+// be a file whose contents its maker knows).
+func readKeyFile(path string, noFollow bool) ([]byte, error) {
 	bad := func(kind error, format string, args ...any) error {
 		return &OpError{Backend: "key", Where: path, Op: "read", Kind: kind, Err: fmt.Errorf(format, args...)}
 	}
-	f, fi, regular, err := openRegular(path)
+	flags := 0
+	if noFollow {
+		flags = syscall.O_NOFOLLOW
+	}
+	f, fi, regular, err := openRegular(path, flags)
+	if noFollow && errors.Is(err, syscall.ELOOP) {
+		return nil, bad(ErrBadArgument, "a symbolic link (not followed): the store's own key file must be a regular file")
+	}
 	if err != nil {
 		return nil, bad(ErrBadArgument, "%w", unwrapPath(err))
 	}
@@ -67,8 +79,11 @@ func ReadKeyFile(path string) ([]byte, error) {
 // a random 256-bit key (64 hex digits, mode 0600) if it does not exist. Concurrent callers,
 // on one host or several sharing a filesystem, all end up with the same key: the file is
 // written under a temporary name and linked into place, and only the first link wins.
-func LoadOrCreateKeyFile(path string) ([]byte, error) {
-	key, err := ReadKeyFile(path)
+func LoadOrCreateKeyFile(path string) ([]byte, error) { return loadOrCreateKeyFile(path, false) }
+
+// loadOrCreateKeyFile is LoadOrCreateKeyFile; noFollow is readKeyFile's.
+func loadOrCreateKeyFile(path string, noFollow bool) ([]byte, error) {
+	key, err := readKeyFile(path, noFollow)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return key, err
 	}
@@ -97,7 +112,7 @@ func LoadOrCreateKeyFile(path string) ([]byte, error) {
 	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fail(err)
 	}
-	return ReadKeyFile(path)
+	return readKeyFile(path, noFollow)
 }
 
 // unwrapPath drops the *PathError wrapper whose path the OpError already names.

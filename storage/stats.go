@@ -14,11 +14,12 @@ type Stats struct {
 	BytesRead    uint64 // payload bytes of verified hits
 	BytesWritten uint64 // payload bytes stored
 	Errors       uint64 // calls that returned an error
+	Links        uint64 // directory store: symbolic links met under it (each time), not followed (ErrLink)
 }
 
 // counters is the live, atomically updated form of Stats.
 type counters struct {
-	hits, misses, corrupt, forged, purged, puts, deletes, bytesRead, bytesWritten, errors atomic.Uint64
+	hits, misses, corrupt, forged, purged, puts, deletes, bytesRead, bytesWritten, errors, links atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -36,6 +37,7 @@ func (c *counters) snapshot() Stats {
 		BytesRead:    c.bytesRead.Load(),
 		BytesWritten: c.bytesWritten.Load(),
 		Errors:       c.errors.Load(),
+		Links:        c.links.Load(),
 	}
 }
 

@@ -37,8 +37,9 @@ type Storage interface {
 	Delete(ctx context.Context, keys []Key) error
 
 	// Clear removes every value of this storage's namespace, and nothing else (on the
-	// directory backend also leftover temporary files of crashed writers). Values put
-	// concurrently with Clear may survive it.
+	// directory backend also leftover temporary files of crashed writers, and links planted
+	// in the namespace, never what they point to). Values put concurrently with Clear may
+	// survive it.
 	Clear(ctx context.Context) error
 
 	// Stats returns a snapshot of the counters.
@@ -73,6 +74,12 @@ type Options struct {
 	// ErrForged for a forged or replayed value) that names the key and the reason. The
 	// directory backend may call it from several goroutines at once.
 	OnCorrupt func(error)
+	// OnWarning, if set, is called with what a storage reports without failing: on the
+	// directory backend a root that group or others can write (ErrWritableStore, once at
+	// open) and the first symbolic links found under it (ErrLink, naming each; the rest are
+	// only counted in Stats.Links). Without it they are written to stderr. It may be called
+	// from several goroutines at once.
+	OnWarning func(error)
 
 	// MACKey authenticates every stored value (keyed BLAKE3 over the value's key, length
 	// and payload; see format.go): a value written without it is never loaded. At least 16

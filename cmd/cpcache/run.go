@@ -187,6 +187,9 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		if err := plan.CheckHost(localRanks); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: %w", err))
 		}
+		for _, w := range plan.Warnings {
+			fmt.Fprintf(stderr, "cpcache: warning: %s\n", w)
+		}
 	}
 	ctx, signalled := signalContext()
 	paths := reportPaths{json: o.jsonPath, html: o.report.html}

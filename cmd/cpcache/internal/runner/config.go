@@ -103,6 +103,9 @@ type Plan struct {
 	Layout   *parallel.Layout
 	Requests []workload.Request
 	Desc     string // the workload, for the report
+	// Warnings are what Prepare's checks found worth saying without refusing the run (a
+	// storage directory that group or others can write); the caller prints them.
+	Warnings []string
 }
 
 func bad(format string, args ...any) error {

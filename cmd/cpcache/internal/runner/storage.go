@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -39,15 +40,21 @@ func (p *Plan) StorageNamespace() (storage.Namespace, error) {
 }
 
 // openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace.
+// A rank prints the links its storage finds under a file store (storage.ErrLink) to stderr;
+// the store's mode was reported by Prepare (Plan.Warnings).
 func (p *Plan) openStorage(ctx context.Context) (storage.Storage, storage.Namespace, error) {
-	st, ns, err := p.openStorageRaw(ctx)
+	st, ns, err := p.openStorageRaw(ctx, func(err error) {
+		if !errors.Is(err, storage.ErrWritableStore) {
+			fmt.Fprintf(os.Stderr, "cpcache: warning: %v\n", redact.Error(err, p.Config.Storage))
+		}
+	})
 	if err != nil {
 		return nil, ns, fmt.Errorf("runner: --storage: %w", redact.Error(err, p.Config.Storage))
 	}
 	return st, ns, nil
 }
 
-func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Namespace, error) {
+func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (storage.Storage, storage.Namespace, error) {
 	if p.Config.Storage == "" {
 		return nil, storage.Namespace{}, nil
 	}
@@ -57,7 +64,8 @@ func (p *Plan) openStorageRaw(ctx context.Context) (storage.Storage, storage.Nam
 	}
 	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
 	defer cancel()
-	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile, Insecure: p.Config.StorageInsecure})
+	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile,
+		Insecure: p.Config.StorageInsecure, OnWarning: onWarning})
 	if errors.Is(err, storage.ErrNoKey) {
 		err = fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
 			"give every rank the same key file (mode 0600, e.g. from `openssl rand -hex 32`) with --storage-key-file FILE or %s, "+
@@ -87,7 +95,7 @@ func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Stora
 }
 
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable
-// server is reported before any rank starts.
+// server is reported before any rank starts; what the storage warns of goes to Plan.Warnings.
 func (p *Plan) checkStorage() error {
 	if c := &p.Config; c.Storage == "" {
 		// The settings of a storage are refused without one, not ignored.
@@ -105,7 +113,9 @@ func (p *Plan) checkStorage() error {
 		}
 		return nil
 	}
-	st, _, err := p.openStorageRaw(context.Background())
+	st, _, err := p.openStorageRaw(context.Background(), func(err error) {
+		p.Warnings = append(p.Warnings, redact.Error(err, p.Config.Storage).Error())
+	})
 	if err != nil {
 		return bad("--storage %s: %v", redact.URL(p.Config.Storage), redact.Error(err, p.Config.Storage))
 	}
