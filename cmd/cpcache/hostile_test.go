@@ -135,25 +135,3 @@ func TestInterruptExits130(t *testing.T) {
 		})
 	}
 }
-
-// TestLocalRanksRespectRLIMITNPROC: under an RLIMIT_NPROC with room for 50 more processes
-// (prlimit, from util-linux), `launch -n 100` is refused at once, naming the limit.
-func TestLocalRanksRespectRLIMITNPROC(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the cpcache binary")
-	}
-	prlimit, err := exec.LookPath("prlimit")
-	if err != nil {
-		t.Skip("prlimit (util-linux) is not installed")
-	}
-	j := newJobEnv(t)
-	limit := userProcesses() + 50
-	cmd := exec.Command(prlimit, fmt.Sprintf("--nproc=%d:%d", limit, limit), j.path, "launch", "-n", "100", "--", "true")
-	cmd.Env = j.env
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), fmt.Sprintf("RLIMIT_NPROC (ulimit -u) allows %d", limit)) {
-		t.Fatalf("%v: %s, want exit status 2 naming RLIMIT_NPROC %d", err, out, limit)
-	}
-	j.requireNothingLeft(t, 0, "launch under ulimit -u")
-}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -97,4 +98,121 @@ func TestRunRefusesOverACgroupV1MemoryLimit(t *testing.T) {
 		t.Errorf("stderr %q: want one line containing %q, no rank started", errOut, want)
 	}
 	j.requireNothingLeft(t, 2*time.Second, "run over a cgroup v1 limit")
+}
+
+// TestCheckThreads: the RLIMIT_NPROC check counts threads, as Linux does: 16 ranks of 10
+// threads (and the launcher's one per rank) beside 5 running threads need 181 > 120. The
+// old check counted 16 processes + 5 and let them start, and the ranks failed to make their
+// threads.
+func TestCheckThreads(t *testing.T) {
+	err := checkThreads("--world", 16, 10, 5, 120)
+	if err == nil {
+		t.Fatal("16 ranks of 10 threads fit under ulimit -u 120")
+	}
+	for _, want := range []string{"--world 16", "176 threads", "10 per rank", "already runs 5 threads", "RLIMIT_NPROC (ulimit -u) allows 120"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if err := checkThreads("-n", 8, 10, 5, 120); err != nil {
+		t.Errorf("8 ranks (93 threads) under 120: %v", err)
+	}
+	if err := checkThreads("-n", 10, 10, 10, 120); err != nil {
+		t.Errorf("exactly at the limit: %v", err)
+	}
+}
+
+func TestStatusUidThreads(t *testing.T) {
+	status := "Name:\tcpcache\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\nThreads:\t23\n"
+	uid, threads, ok := statusUidThreads([]byte(status))
+	if !ok || uid != "1000" || threads != 23 {
+		t.Errorf("statusUidThreads = %q, %d, %v; want the real uid 1000 and 23 threads", uid, threads, ok)
+	}
+	if _, _, ok := statusUidThreads([]byte("Name:\tx\n")); ok {
+		t.Error("a status without Uid and Threads is ok")
+	}
+	// This process alone runs several threads (the Go runtime's): userThreads counts them.
+	_, self, _ := statusUidThreads(must(os.ReadFile("/proc/self/status")))
+	if n := userThreads(); self < 2 || n < self {
+		t.Errorf("userThreads() = %d, this process alone runs %d", n, self)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// nprocUser returns how to run a command under an RLIMIT_NPROC the kernel enforces: as this
+// user when it is not exempt, else (root) as nobody, with a copy of the binary and a
+// temporary directory that user can use; it skips, saying why, where neither works.
+func nprocUser(t *testing.T) (bin, tmp string, cred *syscall.Credential) {
+	t.Helper()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("needs bash for ulimit -u")
+	}
+	bin, tmp = cpcacheBinary(t), t.TempDir()
+	if !exemptFromNproc() {
+		return bin, tmp, nil
+	}
+	if os.Getuid() != 0 {
+		t.Skip("this process has CAP_SYS_ADMIN or CAP_SYS_RESOURCE (RLIMIT_NPROC is not enforced) and cannot run as another user")
+	}
+	// Root ignores RLIMIT_NPROC: run as nobody, from a directory nobody can read.
+	dir, err := os.MkdirTemp("", "cpcache-nproc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	tmp = filepath.Join(dir, "tmp")
+	if err := errors.Join(os.Chmod(dir, 0o755), os.Mkdir(tmp, 0o700), os.Chown(tmp, 65534, 65534)); err != nil {
+		t.Fatal(err)
+	}
+	copyBin := filepath.Join(dir, "cpcache")
+	if err := os.WriteFile(copyBin, must(os.ReadFile(bin)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return copyBin, tmp, &syscall.Credential{Uid: 65534, Gid: 65534}
+}
+
+// TestLocalRanksRespectRLIMITNPROC: under `ulimit -u 120`, `cpcache run --world 16` and
+// `cpcache launch -n 16` are refused before any rank starts (exit 2, naming the limit), and
+// a job that fits (4 ranks) runs under the same limit. Before, the check counted processes
+// (17 of 120): the ranks started and failed with "Resource temporarily unavailable".
+func TestLocalRanksRespectRLIMITNPROC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	bin, tmp, cred := nprocUser(t)
+	ulimited := func(args ...string) (int, string) {
+		cmd := exec.Command("bash", append([]string{"-c", `ulimit -u 120 && exec "$@"`, "bash", bin}, args...)...)
+		cmd.Env = append(withoutLauncherEnv(func(name string) bool { return name == "TMPDIR" || strings.HasPrefix(name, "CPCACHE_") }), "TMPDIR="+tmp)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		cmd.Dir = tmp
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
+		defer timer.Stop()
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), out.String()
+	}
+	for _, args := range [][]string{{"run", "--world", "16"}, {"launch", "-n", "16", "--", "true"}} {
+		status, out := ulimited(args...)
+		if status != 2 || !strings.Contains(out, "RLIMIT_NPROC (ulimit -u) allows 120") || strings.Contains(out, "starting") {
+			t.Errorf("%v under ulimit -u 120: exit %d, want 2 naming the limit before any rank starts:\n%s", args, status, out)
+		}
+	}
+	status, out := ulimited(append([]string{"run", "--world", "4", "--dp", "1", "--attn-cp", "4"}, smallSynthetic...)...)
+	if status != 0 || !strings.Contains(out, "cpcache run report") {
+		t.Errorf("4 ranks under ulimit -u 120: exit %d, want 0:\n%s", status, out)
+	}
 }
