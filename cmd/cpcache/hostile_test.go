@@ -53,7 +53,7 @@ func TestHostileInputsExitTwoAtOnce(t *testing.T) {
 			writeTrace(t, dir, "ids.jsonl", `{"timestamp": 0, "input_length": 512000000, "output_length": 1, "hash_ids": [`+ids+`]}`)},
 			"line 2 is longer than 1048576 bytes"},
 		{"json in a missing directory", []string{"run", "--json", filepath.Join(dir, "missing", "r.json")}, "--json " + filepath.Join(dir, "missing", "r.json")},
-		{"json to /dev/full", []string{"run", "--json", "/dev/full"}, "--json /dev/full: cannot write"},
+		{"json to /dev/full", []string{"run", "--json", "/dev/full"}, "--json /dev/full: not a regular file (a character device)"},
 		{"flag error", []string{"run", "--bogus"}, "see cpcache run --help"},
 		{"flag value error", []string{"launch", "-n", "many"}, "see cpcache launch --help"},
 		{"store with a password", []string{"run", "--store", "redis://:s3cretPW@127.0.0.1:99999/p"}, "--store redis://:xxxxx@127.0.0.1:99999/p"},

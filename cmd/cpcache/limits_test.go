@@ -216,3 +216,103 @@ func TestLocalRanksRespectRLIMITNPROC(t *testing.T) {
 		t.Errorf("4 ranks under ulimit -u 120: exit %d, want 0:\n%s", status, out)
 	}
 }
+
+// refusedAtOnce runs the binary with args and asserts exit status 2 within 10 s (a blocked
+// open would wait forever: the process is killed then), one line of stderr containing want,
+// and no rank started.
+func refusedAtOnce(t *testing.T, j *jobEnv, want string, args ...string) {
+	t.Helper()
+	cmd := j.command(args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	timer := time.AfterFunc(10*time.Second, func() { _ = cmd.Process.Kill() })
+	err := cmd.Wait()
+	if !timer.Stop() {
+		t.Errorf("%v: still waiting after 10 s (killed)", args)
+		return
+	}
+	var ee *exec.ExitError
+	errOut := stderr.String()
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("%v: %v, want exit status 2; stderr:\n%s", args, err, errOut)
+	}
+	if lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n"); len(lines) != 1 || !strings.Contains(errOut, want) {
+		t.Errorf("%v: stderr %q, want one line containing %q", args, errOut, want)
+	}
+	if strings.Contains(errOut, "starting") || stdout.Len() > 0 {
+		t.Errorf("%v: a rank started: %q %q", args, stdout.String(), errOut)
+	}
+}
+
+// TestRunRefusesNonRegularFilesAtOnce: a named pipe (with or without a peer), a directory or
+// a device given as --trace, --cost-profile, --json or --html is refused at once (exit 2,
+// naming the path and its kind). Before, --trace naming a FIFO without a writer and --json
+// one without a reader blocked forever in open.
+func TestRunRefusesNonRegularFilesAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := newJobEnv(t)
+	pipe := fifo + ": not a regular file (a named pipe)"
+	refusedAtOnce(t, j, "--trace", "run", "--workload", "trace", "--trace", fifo)
+	refusedAtOnce(t, j, pipe, "run", "--workload", "trace", "--trace", fifo)
+	refusedAtOnce(t, j, dir+": not a regular file (a directory)", "run", "--workload", "trace", "--trace", dir)
+	refusedAtOnce(t, j, "--json "+pipe, "run", "--json", fifo)
+	refusedAtOnce(t, j, "--html "+pipe, "run", "--html", fifo)
+	refusedAtOnce(t, j, pipe, "run", "--cost-profile", fifo)
+	refusedAtOnce(t, j, "--json /dev/zero: not a regular file (a character device)", "run", "--json", "/dev/zero")
+	// A reader on the pipe does not make it a report file either (it would take the report
+	// that belongs in a file, and block the rank writing it while the reader stalls).
+	r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	refusedAtOnce(t, j, "--json "+pipe, "run", "--json", fifo)
+	// A writer on the pipe does not make it a trace.
+	w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	refusedAtOnce(t, j, pipe, "run", "--workload", "trace", "--trace", fifo)
+}
+
+// TestRunRefusesSpeedsThatMeanNothing: --speed 0 was silently 1, and a --speed without
+// virtual time silently did nothing; both are bad input naming the value.
+func TestRunRefusesSpeedsThatMeanNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	j := newJobEnv(t)
+	for _, v := range []string{"0", "-0", "-2", "NaN", "+Inf"} {
+		refusedAtOnce(t, j, "--speed "+v+": must be a positive number", "run", "--time", "virtual", "--speed", v)
+	}
+	refusedAtOnce(t, j, "--speed 10 needs --time virtual", "run", "--speed", "10")
+	refusedAtOnce(t, j, "--speed 10 needs --time virtual", "run", "--time", "none", "--workload", "trace", "--trace", "x.jsonl", "--speed", "10")
+}
+
+// TestOutputStreamsStayWritable: the standard streams and /dev/null are the documented
+// exceptions to "a report file is a regular file".
+func TestOutputStreamsStayWritable(t *testing.T) {
+	for _, p := range []string{"/dev/null", "/dev/stderr"} {
+		if err := checkOutputFile("--json", p); err != nil {
+			t.Errorf("checkOutputFile(%s): %v", p, err)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "r.json")
+	if err := checkOutputFile("--json", p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the check left the file it created: %v", err)
+	}
+}
