@@ -316,3 +316,66 @@ func TestOutputStreamsStayWritable(t *testing.T) {
 		t.Errorf("the check left the file it created: %v", err)
 	}
 }
+
+// TestSIGHUPIsForwarded: SIGHUP to `cpcache launch` reaches every rank, whose handler runs,
+// and launch exits with 129; `cpcache run` (alone, or as the ranks of a launch) ends on
+// SIGHUP as on SIGTERM: exit 129, nothing left behind. Before, SIGHUP's default action ended
+// launch (and run) on the spot and the ranks died by SIGKILL (Pdeathsig), handlers unrun.
+func TestSIGHUPIsForwarded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	trap := `trap 'echo got-hup; exit 7' HUP; echo ready; while :; do sleep 0.1; done`
+	work := []string{"run", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "64", "--rounds", "12"}
+	cases := []struct {
+		name  string
+		args  []string
+		ready func(j *jobEnv, stdout string) bool
+	}{
+		{"launch of shells", []string{"launch", "-n", "2", "--", "sh", "-c", trap},
+			func(_ *jobEnv, stdout string) bool { return strings.Count(stdout, "ready") == 2 }},
+		{"run", work, func(j *jobEnv, _ string) bool { return j.processes() >= 3 }},
+		{"launch of run", append([]string{"launch", "-n", "2", "--", cpcacheBinary(t)}, work...),
+			func(j *jobEnv, _ string) bool { return j.processes() >= 3 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := newJobEnv(t)
+			cmd := j.command(c.args...)
+			var stdout, stderr syncBuffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(30 * time.Second); !c.ready(j, stdout.String()); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					_ = cmd.Process.Kill()
+					t.Fatalf("never started:\n%s", stderr.String())
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+			if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("still running 30 s after SIGHUP:\n%s", stderr.String())
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 129 {
+				t.Fatalf("after SIGHUP: %v, want exit status 129 (128+SIGHUP); stderr:\n%s", err, stderr.String())
+			}
+			if c.name == "launch of shells" {
+				if n := strings.Count(stdout.String(), "got-hup"); n != 2 {
+					t.Errorf("%d ranks ran their SIGHUP handler, want 2:\n%s", n, stdout.String())
+				}
+			}
+			j.requireNothingLeft(t, 2*time.Second, c.name+" after SIGHUP")
+		})
+	}
+}

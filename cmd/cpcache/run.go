@@ -74,7 +74,8 @@ files (the reports may also go to /dev/stdout, /dev/stderr or /dev/null): a name
 directory or a device is refused at once. Ranks die with the process that started them; the
 temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
 divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
-interrupted (130 for SIGINT).
+interrupted by SIGINT, SIGTERM or SIGHUP (130 for SIGINT; the signal is passed on to the
+ranks, which end cleanly).
 
 ` + runner.FaultHelp
 
@@ -210,13 +211,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-// signalContext returns a context cancelled by the first SIGINT or SIGTERM, and a function
-// that returns that signal (0: none yet). The job then exits with 128+signal, 130 for a
-// Ctrl-C, like a shell.
+// signalContext returns a context cancelled by the first SIGINT, SIGTERM or SIGHUP, and a
+// function that returns that signal (0: none yet). The job then exits with 128+signal, 130
+// for a Ctrl-C, like a shell. SIGHUP (a closed terminal or ssh session, or a launcher passing
+// it on) ends the job as SIGTERM does, instead of killing this process on the spot.
 func signalContext() (context.Context, func() syscall.Signal) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	var got atomic.Int32
 	go func() {
 		s := <-sigs
