@@ -379,3 +379,62 @@ func TestSIGHUPIsForwarded(t *testing.T) {
 		})
 	}
 }
+
+// TestRanksStartedWithDifferentFlagsFailAtOnce: ranks of one replica started (by a wrapper
+// that reads RANK) with different --max-running, --clients or --requests, or reading
+// different traces, all fail at start with exit 2 naming what differs and both values,
+// within 30 s. Before, they made different scheduler decisions and waited for each other's
+// collectives until the 60 s step deadline, then reported a timeout naming no flag.
+func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	dir := t.TempDir()
+	for r, id := range []string{"1", "2"} {
+		line := `{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [` + id + `, 3]}`
+		if err := os.WriteFile(filepath.Join(dir, "trace"+strconv.Itoa(r)+".jsonl"), []byte(line+"\n"+line+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct{ name, perRank, want string }{
+		{"max-running", `--max-running $((1 + 3 * RANK))`, "--max-running differs between the ranks of the job: 1 on rank 0, 4 on rank 1"},
+		{"clients", `--clients $((8 - RANK))`, "--clients differs between the ranks of the job: 8 on rank 0, 7 on rank 1"},
+		{"requests", `--requests $((RANK * 5))`, "--requests differs between the ranks of the job: 0 on rank 0, 5 on rank 1"},
+		{"trace", `--workload trace --trace ` + dir + `/trace$RANK.jsonl`, "the workload's requests (trace) differs between the ranks of the job: 2 requests (digest "},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := newJobEnv(t)
+			script := `exec "$0" run --dp 1 --attn-cp 2 --clients 8 --rounds 4 ` + c.perRank
+			cmd := j.command("launch", "-n", "2", "--", "sh", "-c", script, j.path)
+			var stdout, stderr syncBuffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
+				<-done
+				t.Fatalf("still running after 30 s:\n%s", stderr.String())
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("%v, want exit status 2; stderr:\n%s", err, stderr.String())
+			}
+			for _, rank := range []string{"[0] ", "[1] "} {
+				if !strings.Contains(stderr.String(), rank+"cpcache: run: runner: bad input: "+c.want) {
+					t.Errorf("rank %s does not say %q:\n%s", rank, c.want, stderr.String())
+				}
+			}
+			if strings.Contains(stdout.String(), "cpcache run report") {
+				t.Errorf("a report was printed:\n%s", stdout.String())
+			}
+			j.requireNothingLeft(t, 2*time.Second, "ranks with different flags")
+		})
+	}
+}
