@@ -43,11 +43,11 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		"Starts N processes of COMMAND on this machine with RANK, WORLD_SIZE, LOCAL_RANK,\n"+
 			"LOCAL_WORLD_SIZE and CPCACHE_STORE set (the store defaults to a fresh temporary\n"+
 			"directory, removed at the end). Each output line is prefixed with [rank].\n"+
-			"SIGINT and SIGTERM are forwarded to every rank, and launch then exits with 128+signal\n"+
-			"(130 for SIGINT). When a rank fails the others get SIGTERM (SIGKILL after 5s), and\n"+
-			"launch exits with the first failing rank's status (128+signal for a rank killed by a\n"+
-			"signal). The ranks die with launch (kill -9 included), and its temporary directory\n"+
-			"goes with the job. At most 256 local ranks.", stderr)
+			"SIGINT, SIGTERM and SIGHUP are forwarded to every rank, and launch then exits with\n"+
+			"128+signal (130 for SIGINT, 129 for SIGHUP). When a rank fails the others get SIGTERM\n"+
+			"(SIGKILL after 5s), and launch exits with the first failing rank's status (128+signal\n"+
+			"for a rank killed by a signal). The ranks die with launch (kill -9 included), and its\n"+
+			"temporary directory goes with the job. At most 256 local ranks.", stderr)
 	n := fs.Int("n", 0, "number of ranks to start")
 	store := fs.String("store", "", "rendezvous store URL (file:///dir or redis://host:port); default: a fresh temporary directory")
 	if status, done := parseFlags(fs, args); done {
@@ -94,7 +94,7 @@ type launcher struct {
 	failed    int            // first failing rank, -1 while none
 	status    int            // its exit status
 	stopping  bool           // the ranks were told to stop
-	signalled syscall.Signal // the first SIGINT or SIGTERM received (0: none): the job's status is 128+signal
+	signalled syscall.Signal // the first SIGINT, SIGTERM or SIGHUP received (0: none): the job's status is 128+signal
 }
 
 func (l *launcher) env(rank int) []string {
@@ -114,7 +114,9 @@ func (l *launcher) run() int {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// SIGHUP (the terminal or the ssh session went away) too: by default it would end this
+	// process at once, and the ranks with it by SIGKILL, without their handlers.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
 	l.failed = -1

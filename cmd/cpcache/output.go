@@ -1,23 +1,64 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cpcache/cpcache/workload"
 )
 
-// checkOutputFile checks, before any rank starts, that path can be written: it opens it for
-// writing (creating it if needed, without truncating an existing file), makes an empty
-// write (which fails on /dev/full) and, for a regular file, checks that its file system has
-// room. A file the check created is removed again, so a failed run leaves none.
-func checkOutputFile(flag, path string) error {
+// outputStreams are the output paths that may name something other than a regular file:
+// this process's own standard streams and the null device.
+var outputStreams = []string{"/dev/stdout", "/dev/stderr", "/dev/null"}
+
+// openOutput opens path for writing, creating it if needed, without truncating it and
+// without ever blocking: it must be a regular file (or one of outputStreams). A named pipe
+// is refused whether or not a reader has it open (without one, the open would wait
+// forever), and so are directories, devices and sockets.
+func openOutput(flag, path string) (f *os.File, created bool, err error) {
+	if slices.Contains(outputStreams, filepath.Clean(path)) {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
+		}
+		return f, false, nil
+	}
 	_, statErr := os.Stat(path)
-	created := os.IsNotExist(statErr)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	created = errors.Is(statErr, fs.ErrNotExist)
+	// O_NONBLOCK: the open of a FIFO without a reader fails at once (ENXIO) instead of
+	// waiting; for a regular file it changes nothing.
+	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NONBLOCK, 0o644)
+	if errors.Is(err, unix.ENXIO) {
+		return nil, false, fmt.Errorf("%s %s: not a regular file (a named pipe)", flag, path)
+	}
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", flag, path, err)
+		return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("not a regular file (%s)", workload.FileKind(fi.Mode()))
+	}
+	if err != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return f, created, nil
+}
+
+// checkOutputFile checks, before any rank starts, that path can be written (openOutput): it
+// opens it, makes an empty write (which fails on a file system that refuses writes) and
+// checks that its file system has room. A file the check created is removed again, so a
+// failed run leaves none.
+func checkOutputFile(flag, path string) error {
+	f, created, err := openOutput(flag, path)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		f.Close()

@@ -67,11 +67,15 @@ table; --html FILE writes a self-contained HTML report with charts.
 
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
-what the host has available, every trace line within its limits, --store reachable,
---json writable, --fault well formed. Ranks die with the process that started them; the
+what the host has available (MemAvailable and every cgroup v1 or v2 limit above this
+process), every trace line within its limits, --store reachable, --json and --html
+writable, --fault well formed. --trace, --cost-profile, --json and --html must be regular
+files (the reports may also go to /dev/stdout, /dev/stderr or /dev/null): a named pipe, a
+directory or a device is refused at once. Ranks die with the process that started them; the
 temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
 divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
-interrupted (130 for SIGINT).
+interrupted by SIGINT, SIGTERM or SIGHUP (130 for SIGINT; the signal is passed on to the
+ranks, which end cleanly).
 
 ` + runner.FaultHelp
 
@@ -210,13 +214,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-// signalContext returns a context cancelled by the first SIGINT or SIGTERM, and a function
-// that returns that signal (0: none yet). The job then exits with 128+signal, 130 for a
-// Ctrl-C, like a shell.
+// signalContext returns a context cancelled by the first SIGINT, SIGTERM or SIGHUP, and a
+// function that returns that signal (0: none yet). The job then exits with 128+signal, 130
+// for a Ctrl-C, like a shell. SIGHUP (a closed terminal or ssh session, or a launcher passing
+// it on) ends the job as SIGTERM does, instead of killing this process on the spot.
 func signalContext() (context.Context, func() syscall.Signal) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	var got atomic.Int32
 	go func() {
 		s := <-sigs
@@ -343,11 +348,16 @@ func writeOutput(path, flag string, write func(io.Writer) error) error {
 	if path == "" {
 		return nil
 	}
-	f, err := os.Create(path)
+	f, _, err := openOutput(flag, path)
 	if err != nil {
-		return fmt.Errorf("run: %s: %w", flag, err)
+		return fmt.Errorf("run: %w", err)
 	}
-	err = write(f)
+	if fi, serr := f.Stat(); serr == nil && fi.Mode().IsRegular() {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		err = write(f)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -38,6 +39,13 @@ func (r *reportOpts) flags(fs *flag.FlagSet) {
 
 // apply copies the time flags into cfg.
 func (r *reportOpts) apply(cfg *runner.Config) error {
+	// The configuration reads a Speed of 0 as its default, 1: a --speed 0 would run at 1.
+	if !(r.speed > 0) || math.IsInf(r.speed, 0) {
+		return fmt.Errorf("--speed %v: must be a positive number (arrival times are divided by it)", r.speed)
+	}
+	if mode := r.time; r.speed != 1 && (mode == runner.TimeNone || mode == "" && cfg.Workload != runner.WorkloadTrace) {
+		return fmt.Errorf("--speed %v needs --time virtual (without it requests do not wait for their arrival times)", r.speed)
+	}
 	prof, err := runner.LoadCostProfile(r.costProfile, r.cost)
 	if err != nil {
 		return err

@@ -187,7 +187,7 @@ func Prepare(cfg Config) (*Plan, error) {
 		}
 		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests})
 		if err != nil {
-			return nil, bad("%v", err)
+			return nil, bad("--trace: %v", err)
 		}
 		p.Desc = fmt.Sprintf("trace %s, %d requests", cfg.TracePath, len(p.Requests))
 	default:

@@ -3,13 +3,15 @@ package runner
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"math"
-	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cpcache/cpcache/workload"
 )
 
 // CostProfile is the cost model of virtual time: how long a scheduler step of one replica
@@ -88,7 +90,7 @@ func LoadCostProfile(nameOrPath, overrides string) (CostProfile, error) {
 	}
 	p, ok := builtinProfiles[nameOrPath]
 	if !ok {
-		b, err := os.ReadFile(nameOrPath)
+		b, err := readRegularFile(nameOrPath)
 		if err != nil {
 			return p, bad("cost profile %q is neither a built-in profile (%s) nor a readable file: %v",
 				nameOrPath, strings.Join(CostProfiles(), ", "), err)
@@ -209,4 +211,15 @@ func (p *CostProfile) storageNs(bytes int64) float64 {
 func (p *CostProfile) String() string {
 	return fmt.Sprintf("%s (prefill %.0f ns/token, decode %.2f ms/step + %.0f µs/request, H2D %g GB/s, D2H %g GB/s, storage %g µs + %g GB/s)",
 		p.Name, p.PrefillNsPerToken, p.DecodeStepNs/1e6, p.DecodeNsPerRequest/1e3, p.H2DGBps, p.D2HGBps, p.StorageLatencyUs, p.StorageGBps)
+}
+
+// readRegularFile reads the regular file at path; anything else (a named pipe without a
+// writer would block forever) is refused at once (workload.OpenRegularFile).
+func readRegularFile(path string) ([]byte, error) {
+	f, err := workload.OpenRegularFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }

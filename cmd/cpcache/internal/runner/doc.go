@@ -12,7 +12,12 @@
 // explicit rendezvous store is checked (gloo.CheckStore); URLs in errors and the report never
 // show a password (internal/redact). Plan.CheckHost then checks that the local ranks fit the
 // host's available memory (each rank's L1 pool, L2 slab and copy of the workload). RunRank then runs the calling process as one rank of the job described by
-// the launcher's environment (parallel.FromEnv): every rank calls it with the same Plan.
+// the launcher's environment (parallel.FromEnv): every rank calls it with the same Plan. Its
+// first collective compares the flags that shape the scheduler and its workload (agree.go:
+// layout, capacities, policies, workload flags and a digest of the requests, virtual time
+// and the cost model, storage behaviour, consensus, memory, faults) across the world, so
+// that ranks started with different flags stop at once with a bad input naming the flag and
+// both values instead of waiting for each other until a step deadline.
 //
 // Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every
 // turn meets its history), a hash of the first 512-token block mod attn_dp for traces

@@ -67,7 +67,8 @@ func (p *Plan) RankBytes() (l1, l2, workload int64) {
 }
 
 // CheckHost checks that localRanks ranks of the plan fit this host's available memory
-// (MemAvailable, and the cgroup's memory.max when set). The L2 slabs are anonymous shared
+// (MemAvailable, and the tightest cgroup memory limit of its cgroup and its ancestors, v2 or
+// v1: see hostmem.Available). The L2 slabs are anonymous shared
 // memory (memfd), which counts against the same memory and not against /dev/shm.
 func (p *Plan) CheckHost(localRanks int) error {
 	avail, source, ok := hostmem.Available()

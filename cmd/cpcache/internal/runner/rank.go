@@ -93,6 +93,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, world.Close()) }()
+	if err := agreeStartFlags(ctx, world, p.startFlags()); err != nil {
+		return nil, err
+	}
 	rank := world.Rank()
 	groups, err := gloo.NewLayoutGroups(world, p.Layout)
 	if err != nil {

@@ -1,0 +1,130 @@
+package runner
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/parallel"
+)
+
+// startFlag is one setting every rank of a job must share, named by the flag that sets it,
+// with its value as the flag would read it.
+type startFlag struct {
+	Flag  string `json:"f"`
+	Value string `json:"v"`
+}
+
+// startFlags are the settings that shape a replica's scheduler or what it serves: the
+// layout, capacities and policies, the workload (its flags and a digest of its requests, so
+// that two ranks reading different traces are caught, whatever the files' paths), virtual time
+// and its cost model, the storage's behaviour, the consensus backend, the memory and the
+// injected faults. Ranks of one replica that differ in any of them make different decisions
+// and wait for each other's collectives until the step deadline; ranks of different
+// replicas would report a job nobody asked for. Settings that are a rank's own (its device
+// ordinal, its key file's path, where the reports go, --timeout) are not in it.
+func (p *Plan) startFlags() []startFlag {
+	c := &p.Config
+	l := c.Layout
+	itoa, btoa := strconv.Itoa, strconv.FormatBool
+	t := c.Time
+	cost := t.Cost
+	return []startFlag{
+		{"--world", itoa(l.World)}, {"--tp", itoa(l.TP)}, {"--dp", itoa(l.DP)}, {"--attn-cp", itoa(l.AttnCP)},
+		{"--ep", itoa(l.EP)}, {"--dp-attention", btoa(l.DPAttention)},
+		{"--page-size", itoa(c.PageSize)}, {"--l1-pages", itoa(c.L1Pages)}, {"--l2-pages", itoa(c.L2Pages)},
+		{"--policy", c.Policy.String()}, {"--kv-bytes-per-token", itoa(c.KVBytesPerToken)},
+		{"--batch-tokens", itoa(c.BatchTokens)}, {"--max-running", itoa(c.MaxRunning)},
+		{"--workload", c.Workload}, {"--requests", itoa(c.Requests)},
+		{"--clients", itoa(c.Synthetic.Clients)}, {"--rounds", itoa(c.Synthetic.Rounds)},
+		{"the workload's requests (" + c.Workload + ")", p.requestsDigest()},
+		{"--time", t.Mode}, {"--speed", strconv.FormatFloat(t.Speed, 'g', -1, 64)},
+		{"--cost-profile", cost.Name},
+		{"--cost", fmt.Sprintf("prefill_ns_per_token=%g,attention_ns_per_token_pair=%g,decode_step_ns=%g,decode_ns_per_request=%g,h2d_gbps=%g,d2h_gbps=%g,storage_latency_us=%g,storage_gbps=%g,kv_bytes_per_token=%d",
+			cost.PrefillNsPerToken, cost.AttentionNsPerTokenPair, cost.DecodeStepNs, cost.DecodeNsPerRequest, cost.H2DGBps, cost.D2HGBps, cost.StorageLatencyUs, cost.StorageGBps, cost.KVBytesPerToken)},
+		{"--prefetch-sync", btoa(t.PrefetchSync)},
+		{"--storage", redact.URL(c.Storage)}, {"--prefetch-policy", c.PrefetchPolicy.String()},
+		{"--storage-timeout", c.StorageTimeout.String()}, {"--storage-clear", btoa(c.StorageClear)},
+		{"--consensus", c.Consensus}, {"--device", c.Device}, {"--l2", c.L2},
+		{"--strict", btoa(c.Strict)}, {"--fault", fmt.Sprintf("%+v", c.Faults)},
+	}
+}
+
+// requestsDigest is the number of the plan's requests and a hash of all they hold.
+func (p *Plan) requestsDigest() string {
+	h := fnv.New64a()
+	var b [8]byte
+	put := func(v int64) {
+		binary.LittleEndian.PutUint64(b[:], uint64(v))
+		h.Write(b[:])
+	}
+	for _, r := range p.Requests {
+		put(int64(r.ID))
+		put(r.ArrivalMs)
+		put(int64(r.OutputLen))
+		put(int64(r.Client))
+		put(int64(r.Round))
+		put(int64(len(r.Tokens)))
+		for _, tok := range r.Tokens {
+			binary.LittleEndian.PutUint32(b[:4], uint32(tok))
+			h.Write(b[:4])
+		}
+	}
+	return fmt.Sprintf("%d requests (digest %016x)", len(p.Requests), h.Sum64())
+}
+
+// agreeStartFlags compares the start flags of every rank of g (the job's world) before
+// anything else is built over it, so that ranks started with different flags fail at once,
+// each with the same bad input naming the first flag that differs, instead of waiting for
+// each other until a collective's deadline.
+func agreeStartFlags(ctx context.Context, g parallel.Group, flags []startFlag) error {
+	payload, err := json.Marshal(flags)
+	if err != nil {
+		return err
+	}
+	all, err := hicache.AgreeStart(ctx, g, "comparing the ranks' flags", nil, string(payload))
+	if err != nil {
+		return err
+	}
+	return compareStartFlags(all, g.Ranks())
+}
+
+// compareStartFlags finds the first flag whose value differs from the first rank's.
+func compareStartFlags(payloads []string, ranks []int) error {
+	decoded := make([][]startFlag, len(payloads))
+	for i, s := range payloads {
+		if err := json.Unmarshal([]byte(s), &decoded[i]); err != nil {
+			return bad("the flags of rank %d cannot be read (%v): are the ranks the same cpcache?", ranks[i], err)
+		}
+	}
+	first := decoded[0]
+	for i, flags := range decoded[1:] {
+		rank := ranks[i+1]
+		if len(flags) != len(first) {
+			return bad("rank %d compares %d flags, rank %d %d: the ranks run different versions of cpcache", ranks[0], len(first), rank, len(flags))
+		}
+		for k, f := range flags {
+			if f.Flag != first[k].Flag {
+				return bad("rank %d has flag %s where rank %d has %s: the ranks run different versions of cpcache", rank, f.Flag, ranks[0], first[k].Flag)
+			}
+			if f.Value != first[k].Value {
+				return bad("%s differs between the ranks of the job: %s on rank %d, %s on rank %d (start every rank with the same flags)",
+					f.Flag, quoteEmpty(first[k].Value), ranks[0], quoteEmpty(f.Value), rank)
+			}
+		}
+	}
+	return nil
+}
+
+// quoteEmpty shows an empty value as "" (a flag left at its default of nothing).
+func quoteEmpty(v string) string {
+	if v == "" {
+		return `""`
+	}
+	return v
+}
