@@ -308,93 +308,55 @@ func (f *fileKV) release(ctx context.Context, key string, val []byte) error {
 	return nil
 }
 
-// reap walks prefix's tree: a directory directly below it (one run's or one claim's keys)
-// whose files were all last written more than age ago is removed, and so is a temporary
-// file older than tmpAge.
+// reap removes, under prefix, every key file last written more than age ago and every
+// temporary file older than tmpAge, then the directories left empty. It goes file by file,
+// never a whole directory, so a key a live run writes meanwhile stays.
 func (f *fileKV) reap(ctx context.Context, prefix string, age time.Duration) error {
-	base := keyPath(prefix)
 	now := time.Now()
 	var errs []error
-	d, err := f.root.Open(base)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	namespaces, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return err
-	}
-	for _, ns := range namespaces {
-		nsDir := path.Join(base, ns)
-		nd, err := f.root.Open(nsDir)
+	var walk func(dir string) bool // reports whether dir may now be empty
+	walk = func(dir string) bool {
+		d, err := f.root.Open(dir)
 		if err != nil {
-			continue
+			return false
 		}
-		entries, err := nd.Readdirnames(-1)
-		nd.Close()
+		names, err := d.Readdirnames(-1)
+		d.Close()
 		if err != nil {
-			continue
+			return false
 		}
-		for _, e := range entries {
+		for _, n := range names {
 			if ctx.Err() != nil {
-				return errors.Join(append(errs, ctx.Err())...)
+				return false
 			}
-			p := path.Join(nsDir, e)
-			newest, err := f.newest(p, now)
+			p := path.Join(dir, n)
+			st, err := f.root.Lstat(p)
 			if err != nil {
 				continue
 			}
-			if now.Sub(newest) > age {
-				if err := f.root.RemoveAll(p); err != nil {
+			if st.IsDir() {
+				if walk(p) {
+					_ = f.root.Remove(p) // fails, harmlessly, if not empty
+				}
+				continue
+			}
+			limit := age
+			if strings.HasPrefix(n, tmpPrefix) {
+				limit = tmpAge
+			}
+			if now.Sub(st.ModTime()) > limit {
+				if err := f.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 					errs = append(errs, err)
 				}
 			}
 		}
-		f.pruneDirs(nsDir)
+		return true
+	}
+	base := keyPath(prefix)
+	if walk(base) {
+		_ = f.root.Remove(base)
 	}
 	return errors.Join(errs...)
-}
-
-// newest returns the latest modification time of the files under p (p's own for a file);
-// temporary files older than tmpAge are removed on the way and do not count.
-func (f *fileKV) newest(p string, now time.Time) (time.Time, error) {
-	st, err := f.root.Lstat(p)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if strings.HasPrefix(path.Base(p), tmpPrefix) && now.Sub(st.ModTime()) > tmpAge {
-		_ = f.root.Remove(p)
-		return time.Time{}, nil
-	}
-	if !st.IsDir() {
-		return st.ModTime(), nil
-	}
-	newest := time.Time{}
-	d, err := f.root.Open(p)
-	if err != nil {
-		return time.Time{}, err
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return time.Time{}, err
-	}
-	if len(names) == 0 {
-		newest = st.ModTime()
-	}
-	for _, n := range names {
-		t, err := f.newest(path.Join(p, n), now)
-		if err != nil {
-			return time.Time{}, err
-		}
-		if t.After(newest) {
-			newest = t
-		}
-	}
-	return newest, nil
 }
 
 func (f *fileKV) close() error { return f.root.Close() }
