@@ -6,53 +6,58 @@
 #include <cerrno>
 #include <climits>
 
-#include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "gloo_shim_internal.h"
 
 namespace cpgshim {
 
-// Stores that can also replace a key (Gloo's own set refuses existing keys).
-class OverwritableStore {
+// CallbackStore is a Gloo store whose keys live in the caller's store (cpg_store_ops): the
+// caller bounds and cancels every call, so that no store operation Gloo makes can block past
+// the caller's deadline. A failed call throws Fail with the caller's code and message.
+class CallbackStore : public gloo::rendezvous::Store {
  public:
-  virtual ~OverwritableStore() = default;
-  virtual gloo::rendezvous::Store& store() = 0;
-  virtual void overwrite(const std::string& key, const std::vector<char>& data) = 0;
-};
+  CallbackStore(const cpg_store_ops& ops, uintptr_t h) : ops_(ops), h_(h) {}
 
-class FileStoreX : public gloo::rendezvous::FileStore, public OverwritableStore {
- public:
-  explicit FileStoreX(const std::string& dir) : FileStore(dir) {}
-  gloo::rendezvous::Store& store() override { return *this; }
-  void overwrite(const std::string& key, const std::vector<char>& data) override {
-    // FileStore::set writes a temporary file and renames it over the key's path, but
-    // refuses when the path exists; remove it first (readers just wait a little longer).
-    ::unlink(objectPath(key).c_str());
-    set(key, data);
+  void set(const std::string& key, const std::vector<char>& data) override {
+    char err[1024] = {0};
+    int rc = ops_.set(h_, const_cast<char*>(key.data()), key.size(), const_cast<char*>(data.data()),
+                      data.size(), err, sizeof err);
+    if (rc != CPG_OK) throw Fail{rc, err};
   }
-};
 
-class RedisStoreX : public gloo::rendezvous::RedisStore, public OverwritableStore {
- public:
-  RedisStoreX(const std::string& host, int port) : RedisStore(host, port) {}
-  gloo::rendezvous::Store& store() override { return *this; }
-  void overwrite(const std::string& key, const std::vector<char>& data) override {
-    void* ptr = redisCommand(redis_, "SET %b %b", key.c_str(), (size_t)key.size(), data.data(),
-                             (size_t)data.size());
-    if (ptr == nullptr) {
-      GLOO_THROW_IO_EXCEPTION("redis SET ", key, ": ", redis_->errstr);
-    }
-    auto* reply = static_cast<redisReply*>(ptr);
-    bool ok = reply->type == REDIS_REPLY_STATUS;
-    std::string msg = reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len) : "";
-    freeReplyObject(reply);
-    if (!ok) {
-      GLOO_THROW_IO_EXCEPTION("redis SET ", key, " failed: ", msg);
+  std::vector<char> get(const std::string& key) override { return fetch(key, -1); }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(-1)); }
+
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    // One deadline for all keys; -1 leaves the bound to the caller's store.
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& k : keys) {
+      int64_t left = -1;
+      if (timeout.count() >= 0) {
+        left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+        if (left < 1) left = 1;
+      }
+      fetch(k, left);
     }
   }
+
+ private:
+  std::vector<char> fetch(const std::string& key, int64_t timeout_ms) {
+    char err[1024] = {0};
+    void* data = nullptr;
+    size_t n = 0;
+    int rc = ops_.get(h_, const_cast<char*>(key.data()), key.size(), timeout_ms, &data, &n, err, sizeof err);
+    if (rc != CPG_OK) throw Fail{rc, err};
+    std::vector<char> v(static_cast<char*>(data), static_cast<char*>(data) + n);
+    std::free(data);
+    return v;
+  }
+
+  cpg_store_ops ops_;
+  uintptr_t h_;
 };
 
 }  // namespace cpgshim
@@ -60,7 +65,7 @@ class RedisStoreX : public gloo::rendezvous::RedisStore, public OverwritableStor
 using namespace cpgshim;
 
 struct cpg_store {
-  std::unique_ptr<OverwritableStore> s;
+  std::unique_ptr<CallbackStore> s;
 };
 
 struct cpg_device {
@@ -71,51 +76,12 @@ extern "C" {
 
 void cpg_free(void* p) { std::free(p); }
 
-int cpg_store_file(const char* dir, cpg_store** out, char* err, size_t errlen) {
+int cpg_store_new(const cpg_store_ops* ops, uintptr_t h, cpg_store** out, char* err, size_t errlen) {
   return guard(err, errlen, [&] {
-    if (dir == nullptr || *dir == 0) throw Fail{CPG_INVALID, "empty store directory"};
+    if (ops == nullptr || ops->set == nullptr || ops->get == nullptr) throw Fail{CPG_INVALID, "nil store operations"};
     auto s = std::make_unique<cpg_store>();
-    s->s = std::make_unique<FileStoreX>(dir);
+    s->s = std::make_unique<CallbackStore>(*ops, h);
     *out = s.release();
-    return CPG_OK;
-  });
-}
-
-int cpg_store_redis(const char* host, int port, cpg_store** out, char* err, size_t errlen) {
-  return guard(err, errlen, [&] {
-    if (host == nullptr || *host == 0) throw Fail{CPG_INVALID, "empty redis host"};
-    if (port <= 0 || port > 65535) {
-      throw Fail{CPG_INVALID, "redis port " + std::to_string(port) + " out of range"};
-    }
-    auto s = std::make_unique<cpg_store>();
-    s->s = std::make_unique<RedisStoreX>(host, port);
-    *out = s.release();
-    return CPG_OK;
-  });
-}
-
-int cpg_store_set(cpg_store* s, const char* key, const void* data, size_t n, int overwrite,
-                  char* err, size_t errlen) {
-  return guard(err, errlen, [&] {
-    if (s == nullptr) throw Fail{CPG_INVALID, "nil store"};
-    std::vector<char> v(static_cast<const char*>(data), static_cast<const char*>(data) + n);
-    if (overwrite) {
-      s->s->overwrite(key, v);
-    } else {
-      s->s->store().set(key, v);
-    }
-    return CPG_OK;
-  });
-}
-
-int cpg_store_get(cpg_store* s, const char* key, int64_t timeout_ms, void** data, size_t* n,
-                  char* err, size_t errlen) {
-  return guard(err, errlen, [&] {
-    if (s == nullptr) throw Fail{CPG_INVALID, "nil store"};
-    s->s->store().wait({key}, ms(timeout_ms));
-    auto v = s->s->store().get(key);
-    *data = dupBytes(v.data(), v.size());
-    *n = v.size();
     return CPG_OK;
   });
 }
@@ -178,7 +144,7 @@ int cpg_ctx_new(cpg_store* s, const char* prefix, int rank, int size, cpg_device
       }
       c->directMax = static_cast<int>(m);
     }
-    gloo::rendezvous::PrefixStore ps(prefix, s->s->store());
+    gloo::rendezvous::PrefixStore ps(prefix, *s->s);
     c->ctx->connectFullMesh(ps, c->dev);
     *out = c.release();
     return CPG_OK;

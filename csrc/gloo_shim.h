@@ -40,16 +40,22 @@ typedef struct cpg_ctx cpg_ctx;
 
 void cpg_free(void* p);
 
-/* Stores. file: Gloo's FileStore over a directory (must exist). redis: Gloo's RedisStore. */
-int cpg_store_file(const char* dir, cpg_store** out, char* err, size_t errlen);
-int cpg_store_redis(const char* host, int port, cpg_store** out, char* err, size_t errlen);
-/* Sets key. Gloo's stores refuse to overwrite; with overwrite != 0 an existing value is
- * replaced (used only for the per-run id handshake). */
-int cpg_store_set(cpg_store* s, const char* key, const void* data, size_t n, int overwrite,
-                  char* err, size_t errlen);
-/* Waits up to timeout_ms for key, then returns its value (malloc'd, *n bytes). */
-int cpg_store_get(cpg_store* s, const char* key, int64_t timeout_ms, void** data, size_t* n,
-                  char* err, size_t errlen);
+/* Stores. A store is the caller's: Gloo's rendezvous reads and writes keys through ops, with
+ * the handle h, and the caller bounds every call (so a store that stops answering cannot
+ * hold a rendezvous past the caller's deadline).
+ *   set: creates or replaces key (klen bytes) with n bytes of data.
+ *   get: waits up to timeout_ms (-1: the caller's own bound) for key, then returns its value
+ *        in *data (malloc'd, *n bytes; freed by the shim with free()).
+ * Both return a CPG_* code (CPG_TIMEOUT when the bound passed) and a message in err. */
+typedef int (*cpg_store_set_fn)(uintptr_t h, char* key, size_t klen, char* data, size_t n, char* err,
+                                size_t errlen);
+typedef int (*cpg_store_get_fn)(uintptr_t h, char* key, size_t klen, int64_t timeout_ms, void** data,
+                                size_t* n, char* err, size_t errlen);
+typedef struct cpg_store_ops {
+  cpg_store_set_fn set;
+  cpg_store_get_fn get;
+} cpg_store_ops;
+int cpg_store_new(const cpg_store_ops* ops, uintptr_t h, cpg_store** out, char* err, size_t errlen);
 void cpg_store_close(cpg_store* s);
 
 /* A TCP device bound to iface (if non-empty), else to hostname (if non-empty), else to the

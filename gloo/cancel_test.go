@@ -36,7 +36,7 @@ func TestCheckStore(t *testing.T) {
 		{"file://" + dir, ""},
 		{"file://" + dir + "/not/yet/made", ""},
 		{"file:///proc/self/status/x", "not a directory"},
-		{"redis://:s3cretPW@127.0.0.1:99999/p", "user or password"},
+		{"redis://:s3cretPW@127.0.0.1:99999/p", "bad port"},
 		{"redis://127.0.0.1:99999/p", "bad port"},
 		{"redis://127.0.0.1:1/p", "unreachable"},
 		{"ftp://h/x", "unknown scheme"},

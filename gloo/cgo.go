@@ -5,6 +5,10 @@ package gloo
 #cgo LDFLAGS: -lgloo -lhiredis -lstdc++
 #include <stdlib.h>
 #include "../csrc/gloo_shim.h"
+
+// The store operations, exported by storecb.go.
+extern int cpgoStoreSet(uintptr_t h, char* key, size_t klen, char* data, size_t n, char* err, size_t errlen);
+extern int cpgoStoreGet(uintptr_t h, char* key, size_t klen, int64_t timeout_ms, void** data, size_t* n, char* err, size_t errlen);
 */
 import "C"
 
@@ -39,53 +43,18 @@ func millis(d time.Duration) C.int64_t {
 	return C.int64_t(ms)
 }
 
-// cStore is a rendezvous store handle. Not safe for concurrent use.
+// cStore is the shim's handle on a store whose operations are the Go functions of
+// storecb.go (h names the *store they act on). Not safe for concurrent use.
 type cStore struct{ p *C.cpg_store }
 
-func openFileStore(dir string) (*cStore, error) {
-	cdir := C.CString(dir)
-	defer C.free(unsafe.Pointer(cdir))
+func newCStore(h uintptr) (*cStore, error) {
+	ops := C.cpg_store_ops{set: C.cpg_store_set_fn(C.cpgoStoreSet), get: C.cpg_store_get_fn(C.cpgoStoreGet)}
 	var s *C.cpg_store
 	buf := make([]C.char, errLen)
-	if err := check(C.cpg_store_file(cdir, &s, &buf[0], errLen), buf); err != nil {
+	if err := check(C.cpg_store_new(&ops, C.uintptr_t(h), &s, &buf[0], errLen), buf); err != nil {
 		return nil, err
 	}
 	return &cStore{p: s}, nil
-}
-
-func openRedisStore(host string, port int) (*cStore, error) {
-	chost := C.CString(host)
-	defer C.free(unsafe.Pointer(chost))
-	var s *C.cpg_store
-	buf := make([]C.char, errLen)
-	if err := check(C.cpg_store_redis(chost, C.int(port), &s, &buf[0], errLen), buf); err != nil {
-		return nil, err
-	}
-	return &cStore{p: s}, nil
-}
-
-func (s *cStore) set(key string, val []byte, overwrite bool) error {
-	ckey := C.CString(key)
-	defer C.free(unsafe.Pointer(ckey))
-	ow := C.int(0)
-	if overwrite {
-		ow = 1
-	}
-	buf := make([]C.char, errLen)
-	return check(C.cpg_store_set(s.p, ckey, cbytes(val), C.size_t(len(val)), ow, &buf[0], errLen), buf)
-}
-
-func (s *cStore) get(key string, timeout time.Duration) ([]byte, error) {
-	ckey := C.CString(key)
-	defer C.free(unsafe.Pointer(ckey))
-	var data unsafe.Pointer
-	var n C.size_t
-	buf := make([]C.char, errLen)
-	if err := check(C.cpg_store_get(s.p, ckey, millis(timeout), &data, &n, &buf[0], errLen), buf); err != nil {
-		return nil, err
-	}
-	defer C.cpg_free(data)
-	return C.GoBytes(data, C.int(n)), nil
 }
 
 func (s *cStore) close() {

@@ -3,22 +3,23 @@ package gloo
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// storeDialTimeout bounds CheckStore's connection attempt to a Redis store.
-const storeDialTimeout = 2 * time.Second
+// storeCheckTimeout bounds CheckStore's talk with a Redis store when ctx has no deadline.
+const storeCheckTimeout = 10 * time.Second
 
 // CheckStore checks a rendezvous store URL before any rank starts, without changing
 // anything: the URL parses; a file store's directory exists and is writable, or can be
-// created; a Redis store accepts a TCP connection within ctx (and at most 2 s). Errors
-// never quote a password.
+// created; a Redis store answers PING with PONG (after AUTH with the URL's password, if it
+// has one) before ctx's deadline (10 s without one). A server that wants a password the URL
+// does not give, or refuses the one it gives, is a bad argument (parallel.ErrBadArgument),
+// and so is a bad URL; a server that accepts the connection but does not answer fails with
+// parallel.ErrTimeout. Errors never quote a password.
 func CheckStore(ctx context.Context, raw string) error {
 	spec, err := parseStore(raw)
 	if err != nil {
@@ -48,14 +49,14 @@ func CheckStore(ctx context.Context, raw string) error {
 			dir = parent
 		}
 	case "redis":
-		ctx, cancel := context.WithTimeout(ctx, storeDialTimeout)
-		defer cancel()
-		addr := net.JoinHostPort(spec.host, strconv.Itoa(spec.port))
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return fmt.Errorf("gloo: redis store %s unreachable: %w", addr, err)
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, storeCheckTimeout)
+			defer cancel()
 		}
-		return c.Close()
+		r := openRedisKV(spec, 0)
+		defer r.close()
+		return pingRedis(ctx, r, spec)
 	}
 	return nil
 }

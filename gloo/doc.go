@@ -4,18 +4,41 @@
 //
 // # Rendezvous
 //
-// Ranks meet through a store given as a URL: file:///dir (Gloo's FileStore: one machine or a
-// shared filesystem) or redis://host:port[/prefix] (Gloo's RedisStore: several machines).
-// NewWorld first agrees on a fresh run id through the store (rank 0 publishes a random id;
-// every rank acknowledges it with its own nonce; rank 0 confirms the list of nonces), and
-// every key of the run lives under "<prefix>/<run id>/", so keys left by an earlier run in a
-// reused directory or a long-lived Redis are never read. Each group has its own sub-prefix.
+// Ranks meet through a store given as a URL: file:///dir (a directory: one machine or a
+// shared filesystem) or redis://[[user]:password@]host:port[/prefix] (a Redis server: several
+// machines). The store is this package's own, in Go, and Gloo's rendezvous reads and writes
+// its keys through the shim's callback store: every store call (connecting, AUTH, each
+// read, write and wait, Gloo's included) is bounded by the rendezvous deadline
+// (Options.Timeout or the context's), so a store that accepts connections and never
+// answers fails NewWorld at its timeout with parallel.ErrTimeout.
+//
+// A run is bound to its job. Every rank of a job has the same job id (Options.JobID, else
+// parallel.JobIDFromEnv: CPCACHE_JOB_ID, which cpcache launch sets, or the launcher's own:
+// torchrun, OpenMPI, Slurm), and a job's keys live in a space of the store of its own
+// ("<prefix>/job-<hash>/"), so two jobs on one store at once never see each other's keys.
+// Within a space, rank 0 claims the store for a fresh run id until its deadline; a second
+// job in the same space (the same job id, or none) whose rank 0 finds a live claim fails at
+// once with ErrStoreInUse, and a process that joins a run as a rank another process already
+// joined as fails the same way. Every other rank acknowledges the claimed run with its own
+// nonce, and rank 0 confirms the list of nonces; every key of the run lives under
+// "<space>/<run id>/", so keys left by an earlier run are never read. Each group has its own
+// sub-prefix. Rank 0 releases the claim once the world is connected.
+//
+// The store does not grow: a file store writes each key under a temporary name and renames
+// it into place (readers never see a partial or missing value), every process removes the
+// keys it wrote when its world is closed, and rank 0 removes, when it claims the store, what
+// runs that were killed left (keys nobody wrote for an hour, or twice the timeout if longer;
+// temporary files older than a minute). Redis keys also expire (twice the timeout plus a
+// minute). A file store opens every path through an os.Root on its directory, so a symbolic
+// link in it never leads outside.
+//
 // Cancelling NewWorld's context (a SIGINT or SIGTERM of the rank) ends it at once with an
-// error wrapping context.Canceled: the rendezvous, which blocks in Gloo until its deadline,
-// is abandoned and closes what it built when it returns. CheckStore checks a store URL
-// (parsed, a file store's directory usable, a Redis store reachable) without changing
-// anything, so a launcher can refuse a bad one before starting ranks; store URL errors never
-// quote a password (the store has no authentication, so a URL with one is refused).
+// error wrapping context.Canceled. CheckStore checks a store URL without changing anything
+// (parsed; a file store's directory usable; a Redis store answers PING with PONG, after AUTH
+// when the URL has a password, within the context's deadline), so a launcher can refuse a
+// bad one before starting ranks: a Redis store that wants a password the URL does not give,
+// or refuses the one it gives, is parallel.ErrBadArgument. Store errors never quote a
+// password.
 //
 // Each process listens on one address: Options.Iface / CPCACHE_GLOO_IFACE /
 // GLOO_SOCKET_IFNAME (an interface), else Options.Hostname / CPCACHE_GLOO_HOSTNAME, else

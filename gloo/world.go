@@ -35,6 +35,12 @@ type Options struct {
 	// Iface is the network interface to listen on ("" reads CPCACHE_GLOO_IFACE, then
 	// GLOO_SOCKET_IFNAME). It takes precedence over Hostname.
 	Iface string
+	// JobID tells this job's ranks from another job's on the same store: every rank of a job
+	// must have the same one, and two jobs using one store at once different ones ("" reads
+	// parallel.JobIDFromEnv: CPCACHE_JOB_ID, which cpcache launch sets, else the launcher's
+	// job id). Ranks without one share the store's "shared" space, where a second job is
+	// refused with ErrStoreInUse while the first is joining.
+	JobID string
 	// Hostname is the address to listen on and advertise to peers ("" reads
 	// CPCACHE_GLOO_HOSTNAME). With neither Iface nor Hostname, a job whose ranks are all on
 	// this machine (LOCAL_WORLD_SIZE == WORLD_SIZE) uses 127.0.0.1, and any other job the
@@ -99,6 +105,9 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	if opts.Iface == "" && opts.Hostname == "" && (local || opts.Size == 1) {
 		opts.Hostname = "127.0.0.1"
 	}
+	if opts.JobID == "" {
+		opts.JobID = parallel.JobIDFromEnv()
+	}
 	deadline := parallel.Deadline(ctx, opts.Timeout)
 	// The store and Gloo calls below block in C until their deadline; a cancelled context
 	// (a signal) must end the rank at once, so they run in a goroutine that is abandoned on
@@ -108,8 +117,10 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		err error
 	}
 	done := make(chan result, 1)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel() // after success the store's own context lives on (see newStore)
 	go func() {
-		g, err := rendezvous(opts, spec, deadline)
+		g, err := rendezvous(rctx, opts, spec, deadline)
 		done <- result{g, err}
 	}()
 	select {
@@ -130,25 +141,47 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 }
 
 // rendezvous opens the store and the TCP device, agrees on the run id and connects the
-// world group before deadline.
-func rendezvous(opts Options, spec storeSpec, deadline time.Time) (*Group, error) {
-	cs, err := spec.open()
+// world group before deadline; cancelling ctx ends the store calls it waits in.
+func rendezvous(ctx context.Context, opts Options, spec storeSpec, deadline time.Time) (*Group, error) {
+	octx, ocancel := context.WithDeadline(ctx, deadline)
+	b, err := spec.openKV(octx, opts.Timeout)
+	ocancel()
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
-	st := &store{s: cs}
+	// The store outlives this call (subgroups rendezvous through it): its context is not
+	// ctx, which ends when NewWorld returns, but one that only cancel and close end.
+	sctx, scancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(ctx, scancel)
+	st, err := newStore(sctx, spec, b)
+	if err != nil {
+		scancel()
+		b.close()
+		return nil, err
+	}
+	defer stop()
 	dev, err := newDevice(opts.Hostname, opts.Iface)
 	if err != nil {
 		st.close()
 		return nil, fmt.Errorf("gloo: tcp device (hostname %q, iface %q): %w", opts.Hostname, opts.Iface, err)
 	}
 	sh := &shared{store: st, dev: dev}
-	id, err := agreeRun(st, spec.prefix, opts.Rank, opts.Size, deadline)
+	space := jobSpace(spec.prefix, opts.JobID)
+	st.mu.Lock()
+	st.deadline = deadline
+	st.mu.Unlock()
+	id, release, err := agreeRun(st, space, opts.JobID, opts.Rank, opts.Size, deadline, opts.Timeout)
 	if err != nil {
 		sh.close()
 		return nil, err
 	}
-	sh.prefix = spec.prefix + "/" + id
+	if release != nil {
+		defer release() // every rank has read the run's go key once the world is connected
+	}
+	sh.prefix = space + "/" + id
 	ranks := make([]int, opts.Size)
 	for i := range ranks {
 		ranks[i] = i

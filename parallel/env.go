@@ -106,10 +106,11 @@ func fromEnv(lookup func(string) (string, bool)) (Env, error) {
 }
 
 // LauncherVars lists the variables that place a process in its job: every launcher's rank,
-// world size, local rank and local world size variables FromEnv reads, EnvSourceVar and
-// CPCACHE_STORE. A launcher drops them from its children's environment before setting its own.
+// world size, local rank and local world size variables FromEnv reads, EnvSourceVar,
+// CPCACHE_STORE and CPCACHE_JOB_ID. A launcher drops them from its children's environment
+// before setting its own.
 func LauncherVars() []string {
-	vars := []string{EnvSourceVar, "CPCACHE_STORE"}
+	vars := []string{EnvSourceVar, "CPCACHE_STORE", EnvJobID}
 	for _, s := range envSources {
 		vars = append(vars, s.rank, s.size, s.localRank, s.localSize)
 	}
@@ -239,4 +240,44 @@ func slurmNodeTasks(list string, node int) (int, error) {
 		return 0, fmt.Errorf("no count")
 	}
 	return first, nil // fewer entries than nodes (a count per job, not per step): the first
+}
+
+// EnvJobID names this process's job to the rendezvous: every rank of one job has the same
+// value, and jobs that share a rendezvous store at once have different ones. cpcache launch
+// (and cpcache run, for its local ranks) set it.
+const EnvJobID = "CPCACHE_JOB_ID"
+
+// jobIDVars are the launchers' job ids, in the order JobIDFromEnv tries them: torchrun's run
+// id, OpenMPI's job id (ORTE, then PMIx), Slurm's job id (with its step, below).
+var jobIDVars = []string{"TORCHELASTIC_RUN_ID", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"}
+
+// JobIDFromEnv returns the id of this process's job: CPCACHE_JOB_ID if set, else the first
+// launcher job id that is set: torchrun's TORCHELASTIC_RUN_ID (with MASTER_ADDR:MASTER_PORT,
+// since its default run id "none" is the same for every job), OpenMPI's
+// OMPI_MCA_orte_ess_jobid or PMIX_NAMESPACE, Slurm's SLURM_JOB_ID.SLURM_STEP_ID. Each value
+// is prefixed with its variable's name. "" when none is set.
+func JobIDFromEnv() string { return jobIDFromEnv(os.LookupEnv) }
+
+func jobIDFromEnv(lookup func(string) (string, bool)) string {
+	if v, ok := lookup(EnvJobID); ok && v != "" {
+		return EnvJobID + "=" + v
+	}
+	for _, name := range jobIDVars {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			continue
+		}
+		id := name + "=" + v
+		switch name {
+		case "TORCHELASTIC_RUN_ID":
+			addr, _ := lookup("MASTER_ADDR")
+			port, _ := lookup("MASTER_PORT")
+			id += "@" + addr + ":" + port
+		case "SLURM_JOB_ID":
+			step, _ := lookup("SLURM_STEP_ID")
+			id += "." + step
+		}
+		return id
+	}
+	return ""
 }

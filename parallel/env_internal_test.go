@@ -96,7 +96,7 @@ func TestLauncherVarsCoverEveryPlacementVariable(t *testing.T) {
 		"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
 		"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
 		"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0",
-		EnvSourceVar: "slurm", "CPCACHE_STORE": "file:///tmp/x",
+		EnvSourceVar: "slurm", "CPCACHE_STORE": "file:///tmp/x", EnvJobID: "j",
 	}
 	vars := LauncherVars()
 	assert.Len(t, vars, len(env))
@@ -107,4 +107,27 @@ func TestLauncherVarsCoverEveryPlacementVariable(t *testing.T) {
 	e, err := fromEnv(lookupMap(env))
 	require.NoError(t, err)
 	assert.Equal(t, Env{Rank: 0, WorldSize: 1, LocalRank: 0, LocalWorldSize: 1, Source: "single"}, e)
+}
+
+// TestJobIDFromEnv: the job id every rank of a job shares, from CPCACHE_JOB_ID or the
+// launcher's own variables, each prefixed with its variable (so ids of different launchers
+// never collide); torchrun's adds the master address (its default run id is "none" for
+// every job), Slurm's the step.
+func TestJobIDFromEnv(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, ""},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2"}, ""},
+		{map[string]string{"CPCACHE_JOB_ID": "j1", "OMPI_MCA_orte_ess_jobid": "123"}, "CPCACHE_JOB_ID=j1"},
+		{map[string]string{"CPCACHE_JOB_ID": "", "OMPI_MCA_orte_ess_jobid": "123"}, "OMPI_MCA_orte_ess_jobid=123"},
+		{map[string]string{"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, "TORCHELASTIC_RUN_ID=none@h:29500"},
+		{map[string]string{"PMIX_NAMESPACE": "prterun-h-1@1"}, "PMIX_NAMESPACE=prterun-h-1@1"},
+		{map[string]string{"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2"}, "SLURM_JOB_ID=77.2"},
+		// mpirun inside an allocation: its own job id, not the allocation's.
+		{map[string]string{"SLURM_JOB_ID": "77", "OMPI_MCA_orte_ess_jobid": "123"}, "OMPI_MCA_orte_ess_jobid=123"},
+	} {
+		assert.Equal(t, c.want, jobIDFromEnv(lookupMap(c.env)), "env %v", c.env)
+	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -87,6 +89,7 @@ type launcher struct {
 	argv           []string
 	store          string
 	stdout, stderr *lineWriter
+	jobID          string // CPCACHE_JOB_ID of every rank: binds them to this job in the store
 
 	mu        sync.Mutex     // protects everything below
 	cmds      []*exec.Cmd    // started ranks, in rank order
@@ -105,7 +108,8 @@ func (l *launcher) env(rank int) []string {
 		}
 	}
 	return append(env, "RANK="+strconv.Itoa(rank), "WORLD_SIZE="+strconv.Itoa(l.n),
-		"LOCAL_RANK="+strconv.Itoa(rank), "LOCAL_WORLD_SIZE="+strconv.Itoa(l.n), "CPCACHE_STORE="+l.store)
+		"LOCAL_RANK="+strconv.Itoa(rank), "LOCAL_WORLD_SIZE="+strconv.Itoa(l.n), "CPCACHE_STORE="+l.store,
+		parallel.EnvJobID+"="+l.jobID)
 }
 
 func (l *launcher) run() int {
@@ -120,6 +124,7 @@ func (l *launcher) run() int {
 	defer signal.Stop(sigs)
 
 	l.failed = -1
+	l.jobID = newJobID()
 	type exit struct {
 		rank int
 		err  error
@@ -218,6 +223,14 @@ func (l *launcher) run() int {
 		return l.status
 	}
 	return 0
+}
+
+// newJobID is a fresh job id: "<pid>-<random>", so that two jobs started at once on one
+// store never share one.
+func newJobID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
+	return strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
 }
 
 // fail records rank's failure (the first one wins) and stops the other ranks.

@@ -40,7 +40,9 @@ func (c *Config) checkStore() error {
 	if c.Store == "" {
 		return nil
 	}
-	if err := gloo.CheckStore(context.Background(), c.Store); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	defer cancel()
+	if err := gloo.CheckStore(ctx, c.Store); err != nil {
 		return bad("--store %s: %v", redact.URL(c.Store), redact.Error(err, c.Store))
 	}
 	return nil
