@@ -267,16 +267,7 @@ func TestDirPurgeDeletesNothingOutside(t *testing.T) {
 		}
 		symlink(t, victim, fan)
 		for _, op := range []string{"get", "exists", "exists with present"} {
-			var n int
-			var err error
-			switch op {
-			case "get":
-				n, err = s.Get(testCtx(t), keys, [][]byte{make([]byte, 8)}, nil)
-			case "exists":
-				n, err = s.Exists(testCtx(t), keys, nil)
-			default:
-				n, err = s.Exists(testCtx(t), keys, make([]bool, 1))
-			}
+			n, err := lookup(t, s, op, keys[0], 8)
 			if n != 0 || err != nil {
 				t.Errorf("%s: %d, %v; want a miss", op, n, err)
 			}
@@ -320,15 +311,7 @@ func TestDirPageLinkIsNotFollowed(t *testing.T) {
 			}
 			symlink(t, target, name)
 			before := s.Stats()
-			var n int
-			switch op {
-			case "get":
-				n, err = s.Get(testCtx(t), []storage.Key{k}, [][]byte{make([]byte, len(page))}, nil)
-			case "exists":
-				n, err = s.Exists(testCtx(t), []storage.Key{k}, nil)
-			default:
-				n, err = s.Exists(testCtx(t), []storage.Key{k}, make([]bool, 1))
-			}
+			n, err := lookup(t, s, op, k, len(page))
 			if n != 0 || err != nil {
 				t.Errorf("%s of a linked page: %d, %v; want a miss", op, n, err)
 			}

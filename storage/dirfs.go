@@ -257,7 +257,9 @@ func removeAll(ctx context.Context, parent int, name, path string, depth int, on
 	case err == unix.ENOENT:
 		return nil
 	case err == unix.ELOOP || err == unix.ENOTDIR: // a link or a file: remove the entry itself
-		if err == unix.ELOOP && onLink != nil {
+		// A link is refused with ENOTDIR as a file is (O_DIRECTORY is checked first).
+		var st unix.Stat_t
+		if onLink != nil && unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
 			onLink(path)
 		}
 		if err := unix.Unlinkat(parent, name, 0); err != nil && err != unix.ENOENT {

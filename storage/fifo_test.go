@@ -56,16 +56,7 @@ func TestDirForeignFIFO(t *testing.T) {
 		before := s.Stats()
 		var n int
 		var err error
-		within(t, 10*time.Second, op, func() {
-			switch op {
-			case "get":
-				n, err = s.Get(testCtx(t), []storage.Key{k}, [][]byte{make([]byte, len(page))}, nil)
-			case "exists":
-				n, err = s.Exists(testCtx(t), []storage.Key{k}, nil)
-			default:
-				n, err = s.Exists(testCtx(t), []storage.Key{k}, make([]bool, 1))
-			}
-		})
+		within(t, 10*time.Second, op, func() { n, err = lookup(t, s, op, k, len(page)) })
 		if n != 0 || err != nil {
 			t.Errorf("%s of a FIFO: %d, %v; want a miss", op, n, err)
 		}
@@ -95,5 +86,18 @@ func TestReadKeyFileFIFO(t *testing.T) {
 	within(t, 10*time.Second, "ReadKeyFile", func() { _, err = storage.ReadKeyFile(name) })
 	if !errors.Is(err, storage.ErrBadArgument) || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("err=%v; want ErrBadArgument saying not a regular file", err)
+	}
+}
+
+// lookup asks s for key k's page of size bytes by op: "get" (Get), "exists" (Exists of
+// headers) or "exists with present" (Exists of whole values).
+func lookup(t *testing.T, s storage.Storage, op string, k storage.Key, size int) (int, error) {
+	switch op {
+	case "get":
+		return s.Get(testCtx(t), []storage.Key{k}, [][]byte{make([]byte, size)}, nil)
+	case "exists":
+		return s.Exists(testCtx(t), []storage.Key{k}, nil)
+	default:
+		return s.Exists(testCtx(t), []storage.Key{k}, make([]bool, 1))
 	}
 }

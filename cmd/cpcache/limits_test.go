@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,20 +78,10 @@ func TestRunRefusesOverACgroupV1MemoryLimit(t *testing.T) {
 	cmd.Env = j.env
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	done := make(chan error, 1)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { done <- cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("still running after 60 s; stderr:\n%s", stderr.String())
-	}
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+	if status, err := waitExit(t, cmd, 60*time.Second, &stderr); status != 2 {
 		t.Fatalf("%v, want exit status 2; stderr:\n%s", err, stderr.String())
 	}
 	want := "of memory available (cgroup memory.limit_in_bytes of "
@@ -357,17 +348,7 @@ func TestSIGHUPIsForwarded(t *testing.T) {
 			if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				t.Fatalf("still running 30 s after SIGHUP:\n%s", stderr.String())
-			}
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 129 {
+			if status, err := waitExit(t, cmd, 30*time.Second, &stderr); status != 129 {
 				t.Fatalf("after SIGHUP: %v, want exit status 129 (128+SIGHUP); stderr:\n%s", err, stderr.String())
 			}
 			if c.name == "launch of shells" {
@@ -412,18 +393,7 @@ func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
-				<-done
-				t.Fatalf("still running after 30 s:\n%s", stderr.String())
-			}
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			if status, err := waitExit(t, cmd, 30*time.Second, &stderr); status != 2 {
 				t.Fatalf("%v, want exit status 2; stderr:\n%s", err, stderr.String())
 			}
 			for _, rank := range []string{"[0] ", "[1] "} {
@@ -437,4 +407,28 @@ func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
 			j.requireNothingLeft(t, 2*time.Second, "ranks with different flags")
 		})
 	}
+}
+
+// waitExit waits for the started cmd, at most d, and returns its exit status (-1 when it
+// did not exit) and Wait's error. Past d it gets SIGTERM (SIGKILL 5 s later), and once it
+// has exited the test fails showing stderr.
+func waitExit(t *testing.T, cmd *exec.Cmd, d time.Duration, stderr fmt.Stringer) (int, error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(d):
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		kill := time.AfterFunc(5*time.Second, func() { _ = cmd.Process.Kill() })
+		<-done
+		kill.Stop()
+		t.Fatalf("%v: still running after %v:\n%s", cmd.Args, d, stderr)
+	}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		return -1, err
+	}
+	return cmd.ProcessState.ExitCode(), err
 }

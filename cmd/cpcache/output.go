@@ -17,13 +17,18 @@ import (
 // this process's own standard streams and the null device.
 var outputStreams = []string{"/dev/stdout", "/dev/stderr", "/dev/null"}
 
+// isOutputStream reports whether path is one of outputStreams.
+func isOutputStream(path string) bool { return slices.Contains(outputStreams, filepath.Clean(path)) }
+
 // openOutput opens path for writing, creating it if needed, without truncating it and
 // without ever blocking: it must be a regular file (or one of outputStreams). A named pipe
 // is refused whether or not a reader has it open (without one, the open would wait
-// forever), and so are directories, devices and sockets.
+// forever), and so are directories, devices and sockets. A stream is opened to append: a
+// standard stream redirected to a file is opened anew at offset 0, and what the process
+// wrote to it before would be overwritten.
 func openOutput(flag, path string) (f *os.File, created bool, err error) {
-	if slices.Contains(outputStreams, filepath.Clean(path)) {
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if isOutputStream(path) {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 		if err != nil {
 			return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
 		}

@@ -352,8 +352,8 @@ func writeOutput(path, flag string, write func(io.Writer) error) error {
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	if fi, serr := f.Stat(); serr == nil && fi.Mode().IsRegular() {
-		err = f.Truncate(0)
+	if fi, serr := f.Stat(); serr == nil && fi.Mode().IsRegular() && !isOutputStream(path) {
+		err = f.Truncate(0) // a stream redirected to a file holds what was written before
 	}
 	if err == nil {
 		err = write(f)

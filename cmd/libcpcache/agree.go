@@ -120,14 +120,15 @@ func agreeConfig(payloads []string) (uint64, error) {
 		}
 		gen = max(gen, all[r].Gen)
 	}
-	// The scope of each field is this library's, not the peer's (it does not travel).
+	// The scope of each field is this library's, not the peer's (it does not travel): every
+	// rank must send as many fields as this library compares.
+	local := comparedFields(&openConfig{}, 1)
 	for r := range all {
-		if len(all[r].Fields) != len(all[0].Fields) {
-			return 0, fmt.Errorf("%w: rank %d compares %d configuration fields, rank 0 %d (a libcpcache of another version?)",
-				hicache.ErrBadConfig, r, len(all[r].Fields), len(all[0].Fields))
+		if len(all[r].Fields) != len(local) {
+			return 0, fmt.Errorf("%w: rank %d compares %d configuration fields, this library %d (a libcpcache of another version?)",
+				hicache.ErrBadConfig, r, len(all[r].Fields), len(local))
 		}
 	}
-	local := comparedFields(&openConfig{}, 1)
 	differ := func(i, ref, r int) error {
 		a, b := all[ref].Fields[i], all[r].Fields[i]
 		if a.Name != b.Name {

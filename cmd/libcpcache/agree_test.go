@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -97,5 +99,31 @@ func TestAgreeConfigReplicaScope(t *testing.T) {
 	cfgs[3].l1Pages, cfgs[3].model = 16, "x"
 	if _, err := agreeOf(cfgs); err == nil || !strings.Contains(err.Error(), `rank 0 has "", rank 3 has "x" (every rank of the job`) {
 		t.Fatalf("err = %v, want the model named job-wide", err)
+	}
+}
+
+// TestAgreeConfigRefusesAnotherVersion: payloads with fewer or more compared fields than
+// this library compares (another libcpcache on some rank) are CPCACHE_ERR_CONFIG on every
+// rank; fewer used to index past them and panic (CPCACHE_ERR_INTERNAL).
+func TestAgreeConfigRefusesAnotherVersion(t *testing.T) {
+	c := goodConfig()
+	full := comparedFields(&c, 2)
+	for _, n := range []int{len(full) - 1, 3, 0} {
+		b, err := json.Marshal(startPayload{Fields: full[:n]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gen uint64
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			gen, err = agreeConfig([]string{string(b), string(b)})
+		}()
+		if !errors.Is(err, hicache.ErrBadConfig) || !strings.Contains(err.Error(), "another version") {
+			t.Errorf("%d of %d fields on every rank: gen %d, %v; want ErrBadConfig naming another version", n, len(full), gen, err)
+		}
 	}
 }
