@@ -21,13 +21,20 @@
 //	                                  fsynced, file and directory, with fsync=true)
 //	redis://[[user]:pass@]host:port/prefix
 //	rediss://...                      a Redis server through go-redis (rediss: TLS); keys
-//	                                  "<prefix>:<ns>:<hash>", UNLINK per chunk and
-//	                                  pipelined EXISTS / SET / GET; ?db=, ?ttl=, ?pool_size=,
+//	                                  "<prefix>:<ns>:<hash>", pipelined UNLINK / EXISTS /
+//	                                  SET / GET; ?db=, ?ttl=, ?pool_size=,
 //	                                  ?timeout=, ?dial_timeout=, ?read_timeout=,
 //	                                  ?write_timeout=, ?tls_ca=, ?tls_cert=, ?tls_key=,
 //	                                  ?skip_verify= and go-redis's other URL options
-//	                                  (Sentinel and Cluster are refused); needs a MAC
-//	                                  key (see Authentication)
+//	                                  (Sentinel is refused); needs a MAC key (see
+//	                                  Authentication)
+//	redis+cluster://[[user]:pass@]host:port,host:port.../prefix
+//	rediss+cluster://...              a Redis Cluster through go-redis's cluster client,
+//	                                  reached through the seed nodes named (any nodes of
+//	                                  it); the same keys, spread over every master by
+//	                                  their own slots (no hash tag), a batch pipelined
+//	                                  per node, Clear scanning every master; the same
+//	                                  options but db (redis_cluster.go)
 //	mem://name                        process memory, for tests
 //
 // Every value is stored as an 80-byte header (magic, version, key, length, CRC-32C of the

@@ -18,6 +18,10 @@ import (
 //	                                         a Redis server (rediss: over TLS); keys are
 //	                                         "<prefix>:<ns>:<hash>" (prefix defaults to
 //	                                         "cpcache"); see parseRedisURL for every option
+//	redis+cluster://[[user]:pass@]host:port[,host:port...][/prefix][?...]
+//	rediss+cluster://...                     a Redis Cluster, reached through the seed
+//	                                         nodes named (any of its nodes); the options of
+//	                                         a one-server URL except db (redis_cluster.go)
 //	mem://name                               process-local memory, shared by every Open of
 //	                                         the same name (tests)
 //
@@ -81,8 +85,12 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 			return nil, err
 		}
 		return openDir(u.Path, opts.withDefaults())
-	case "redis", "rediss":
-		cfg, err := parseRedisURL(u, opts)
+	case "redis", "rediss", "redis+cluster", "rediss+cluster":
+		parse := parseRedisURL
+		if clusterSchemes[u.Scheme] != "" {
+			parse = parseRedisClusterURL
+		}
+		cfg, err := parse(u, opts)
 		if err != nil {
 			return nil, bad("%v", err)
 		}
@@ -91,7 +99,7 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 		}
 		if cfg.opts.auth == nil {
 			if !cfg.opts.Insecure {
-				return nil, errNoKey(cfg.client.Addr)
+				return nil, errNoKey(cfg.where())
 			}
 			cfg.opts.auth = newAuthenticator(nil)
 		}
@@ -114,6 +122,6 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 		if isRedisTopologyScheme(u.Scheme) {
 			return nil, bad("%v", errRedisTopology)
 		}
-		return nil, bad("unknown scheme %q (want file, redis, rediss or mem)", u.Scheme)
+		return nil, bad("unknown scheme %q (want file, redis, rediss, redis+cluster, rediss+cluster or mem)", u.Scheme)
 	}
 }

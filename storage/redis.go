@@ -16,10 +16,12 @@ import (
 // "<prefix>:<namespace hex>:<hash hex>"; values are header + payload (format.go), so a value
 // written by something else under the same name, or a truncated one, is a miss. Batches go
 // in chunks (chunkKeys keys or chunkBytes bytes per round trip, several at once): one
-// UNLINK, or a pipeline of EXISTS, SET, or GET into a buffer (no allocation per page).
+// pipeline of UNLINK, EXISTS, SET, or GET into a buffer (no allocation per page). The client
+// is one server's or a Redis Cluster's (redis_cluster.go): every command names one key,
+// so a cluster's pipeline splits by node.
 type redisStore struct {
 	base
-	client    *redis.Client
+	client    redis.UniversalClient
 	keyPrefix string        // "<prefix>:<namespace hex>:"
 	conns     chan struct{} // one token per round trip in flight: at most PoolSize connections
 }
@@ -34,8 +36,8 @@ const (
 func openRedis(ctx context.Context, cfg *redisConfig) (*redisStore, error) {
 	opts := cfg.opts.withDefaults()
 	s := &redisStore{
-		base:      base{backend: "redis", where: cfg.client.Addr, ns: opts.Namespace.ID(), opts: opts},
-		client:    redis.NewClient(cfg.client),
+		base:      base{backend: "redis", where: cfg.where(), ns: opts.Namespace.ID(), opts: opts},
+		client:    newRedisClient(cfg),
 		keyPrefix: cfg.prefix + ":" + opts.Namespace.String() + ":",
 		conns:     make(chan struct{}, opts.PoolSize),
 	}
@@ -81,6 +83,7 @@ func (s *redisStore) opErr(ctx context.Context, op string, err error) error {
 	var reply redis.Error
 	switch {
 	case errors.As(err, &reply) && transientReply(err.Error()):
+		s.lostNode() // CLUSTERDOWN, TRYAGAIN: slots move
 		return s.err(op, ErrUnavailable, err)
 	case errors.As(err, &reply):
 		return s.err(op, nil, err)
@@ -95,6 +98,7 @@ func (s *redisStore) opErr(ctx context.Context, op string, err error) error {
 	if cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%v)", cerr, err)
 	}
+	s.lostNode()
 	return s.err(op, ErrUnavailable, err)
 }
 
@@ -350,7 +354,7 @@ func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 	defer cancel()
 	err = s.chunks(ctx, len(keys), noBytes, func(lo, hi int) (bool, error) {
 		names := s.names(keys[lo:hi])
-		err := s.call(ctx, func() error { return s.client.Unlink(ctx, names...).Err() })
+		err := s.call(ctx, func() error { return s.unlink(ctx, s.client, names) })
 		if err == nil {
 			s.stats.deletes.Add(uint64(hi - lo))
 		}
@@ -362,8 +366,20 @@ func (s *redisStore) Delete(ctx context.Context, keys []Key) error {
 	return nil
 }
 
-// Clear scans for "<prefix>:<namespace hex>:*" and unlinks what it finds. Keys written
-// concurrently with Clear may survive it.
+// unlink deletes names with a pipeline of one-key UNLINKs: a cluster refuses a command
+// whose keys hash to different slots (CROSSSLOT), and its pipeline sends each to its node.
+func (s *redisStore) unlink(ctx context.Context, c redis.Cmdable, names []string) error {
+	pipe := c.Pipeline()
+	for _, n := range names {
+		pipe.Unlink(ctx, n)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// Clear scans every master (the one server, or each master of a cluster: a cluster has no
+// SCAN across nodes) for "<prefix>:<namespace hex>:*" and unlinks what it finds. Keys
+// written concurrently with Clear may survive it.
 func (s *redisStore) Clear(ctx context.Context) error {
 	if err := s.begin("clear", nil, nil, nil); err != nil {
 		return err
@@ -371,28 +387,31 @@ func (s *redisStore) Clear(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	pattern := globEscape(s.keyPrefix) + "*"
-	var cursor uint64
-	for {
-		err := s.call(ctx, func() error {
-			names, next, err := s.client.Scan(ctx, cursor, pattern, 1000).Result()
-			if err != nil {
-				return err
-			}
-			if len(names) > 0 {
-				if err := s.client.Unlink(ctx, names...).Err(); err != nil {
+	err := s.forEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		var cursor uint64
+		for {
+			err := s.call(ctx, func() error {
+				names, next, err := node.Scan(ctx, cursor, pattern, 1000).Result()
+				if err != nil {
 					return err
 				}
+				if len(names) > 0 {
+					if err := s.unlink(ctx, node, names); err != nil {
+						return err
+					}
+				}
+				cursor = next
+				return nil
+			})
+			if err != nil || cursor == 0 {
+				return err
 			}
-			cursor = next
-			return nil
-		})
-		if err != nil {
-			return s.opErr(ctx, "clear", err)
 		}
-		if cursor == 0 {
-			return nil
-		}
+	})
+	if err != nil {
+		return s.opErr(ctx, "clear", err)
 	}
+	return nil
 }
 
 // transientReply reports whether an error reply means "try again later".

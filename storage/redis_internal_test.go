@@ -57,3 +57,31 @@ func TestParseRedisURL(t *testing.T) {
 		t.Errorf("rediss: %+v, %v", cfg, err)
 	}
 }
+
+// TestParseRedisClusterURL: the seed nodes (default port 6379), and every option of a
+// one-server URL reaches the cluster client; TLS checks each node against its own address.
+func TestParseRedisClusterURL(t *testing.T) {
+	ns, _ := NewNamespace("url")
+	u, _ := url.Parse("rediss+cluster://alice:pw@10.0.0.1:7000,10.0.0.2,node3:7002/pfx?dial_timeout=2s&pool_size=9&ttl=1h&timeout=7s&tls_ca=testdata/none.pem")
+	if _, err := parseRedisClusterURL(u, Options{Namespace: ns}); err == nil {
+		t.Fatal("a missing tls_ca file was accepted")
+	}
+	u, _ = url.Parse("rediss+cluster://alice:pw@10.0.0.1:7000,10.0.0.2,node3:7002/pfx?dial_timeout=2s&pool_size=9&ttl=1h&timeout=7s")
+	cfg, err := parseRedisClusterURL(u, Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	co := cfg.cluster
+	if got := cfg.where(); got != "10.0.0.1:7000,10.0.0.2:6379,node3:7002" {
+		t.Errorf("nodes %q", got)
+	}
+	if co.Username != "alice" || co.Password != "pw" || co.DialTimeout.String() != "2s" || !co.ContextTimeoutEnabled || co.MaxRetries != 1 || co.Protocol != 2 {
+		t.Errorf("user %q dial %v context timeout %v retries %d protocol %d", co.Username, co.DialTimeout, co.ContextTimeoutEnabled, co.MaxRetries, co.Protocol)
+	}
+	if co.MaxIdleConns != 9 || cfg.opts.PoolSize != 9 || cfg.opts.TTL.String() != "1h0m0s" || cfg.opts.Timeout.String() != "7s" || cfg.prefix != "pfx" {
+		t.Errorf("pool %d/%d ttl %v timeout %v prefix %q", co.MaxIdleConns, cfg.opts.PoolSize, cfg.opts.TTL, cfg.opts.Timeout, cfg.prefix)
+	}
+	if co.TLSConfig == nil || co.TLSConfig.ServerName != "" || cfg.client.TLSConfig.ServerName != "10.0.0.1" {
+		t.Errorf("TLS %+v: want no fixed server name", co.TLSConfig)
+	}
+}

@@ -17,17 +17,26 @@ import (
 
 // redisConfig is what a redis:// or rediss:// URL says, resolved against Options.
 type redisConfig struct {
-	client *redis.Options
-	prefix string  // key prefix, from the URL path
-	opts   Options // with the URL's ttl, timeout and pool applied
+	client  *redis.Options        // the server's, or each cluster node's
+	cluster *redis.ClusterOptions // nil: one server
+	prefix  string                // key prefix, from the URL path
+	opts    Options               // with the URL's ttl, timeout and pool applied
 }
 
-// errRedisTopology rejects what go-redis could reach but this backend does not do: its
-// batches are multi-key (UNLINK), which a Cluster splits by slot, and a Sentinel
-// setup needs failover handling the conformance suite cannot exercise.
-var errRedisTopology = errors.New("redis sentinel and cluster URLs are not supported; name one server (the master), redis://host:port/prefix or rediss:// for TLS")
+// where names the store in errors: the server, or the cluster's seed nodes.
+func (c *redisConfig) where() string {
+	if c.cluster != nil {
+		return strings.Join(c.cluster.Addrs, ",")
+	}
+	return c.client.Addr
+}
 
-// isRedisTopologyScheme reports schemes other clients use for Sentinel or Cluster URLs.
+// errRedisTopology rejects what go-redis could reach but this backend does not do: a
+// Sentinel setup, or several hosts in a one-server URL.
+var errRedisTopology = errors.New("redis sentinel URLs and several hosts in a redis:// URL are not supported; name one server (the master), redis://host:port/prefix or rediss:// for TLS, or a Redis Cluster's nodes, redis+cluster://host:port,host:port/prefix")
+
+// isRedisTopologyScheme reports schemes other clients use for Sentinel or Cluster URLs
+// (a Cluster's own, redis+cluster and rediss+cluster, are read before this is asked).
 func isRedisTopologyScheme(scheme string) bool {
 	return strings.HasPrefix(scheme, "redis") && (strings.Contains(scheme, "sentinel") || strings.Contains(scheme, "cluster"))
 }

@@ -36,7 +36,8 @@ launcher's world size.
 Requests go to DP replicas by client mod attn_dp (synthetic) or by a hash of the first
 512-token block mod attn_dp (trace).
 
-With --storage URL (file:///dir or redis://host:port/prefix) the cache gets an L3 tier:
+With --storage URL (file:///dir, redis://host:port/prefix, or a Redis Cluster,
+redis+cluster://host:port,host:port/prefix) the cache gets an L3 tier:
 every replica backs its L2 pages up to the storage and, when a prompt continues beyond its
 L1 and L2 hit, prefetches the continuation from it while the request waits in the queue and
 the others keep running (--prefetch-sync: wait in steps where nothing decodes, as before).
@@ -106,7 +107,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
-	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) or redis://host:port/prefix (shared across machines); default none")
+	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) redis://host:port/prefix or a Redis Cluster, redis+cluster://host:port,host:port/prefix (shared across machines); default none")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
 	fs.DurationVar(&cfg.StorageTimeout, "storage-timeout", 0, "with --storage: bound on each storage call; a call past it opens the storage circuit (default 2s)")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")

@@ -6,6 +6,10 @@
 // redis-server is not installed (Debian package redis-server; `make deps`). A server killed
 // and started again listens on the same port and is empty.
 //
+// A Cluster's nodes are Servers started with --cluster-enabled (their bus ports free too,
+// cluster-node-timeout 1s) and joined by redis-cli --cluster create; StartCluster returns
+// once every node says cluster_state:ok and every replica is in sync.
+//
 // Ownership: the Server belongs to the test that started it; the test's cleanup kills it.
 // Close (nil-safe, idempotent) kills it earlier.
 //
@@ -18,4 +22,7 @@
 //	srv.Client().Get(ctx, key)             // a go-redis client with the server's password and TLS
 //	srv.Kill(); srv.Start()                // lose the server, bring back an empty one
 //	srv.Signal(syscall.SIGSTOP)            // stall it (SIGCONT resumes)
+//	c := redistest.StartCluster(t)         // 3 masters + 3 replicas (skips without redis-cli)
+//	url = c.URL("prefix")                  // redis+cluster://node,node,.../prefix
+//	c.WaitReplicated(d); c.MasterOf(key).Kill(); c.WaitOK(d) // a failover
 package redistest

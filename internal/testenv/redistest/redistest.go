@@ -84,13 +84,19 @@ func (s *Server) URL(prefix string) string {
 // look at or change what is stored. The test's cleanup closes it.
 func (s *Server) Client() *redis.Client {
 	s.t.Helper()
+	c := s.newClient()
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newClient is Client without the cleanup: the caller closes it.
+func (s *Server) newClient() *redis.Client {
+	s.t.Helper()
 	o := &redis.Options{Addr: s.Addr(), Password: s.pass, DisableIdentity: true}
 	if s.tls != nil {
 		o.TLSConfig = s.tls.ClientConfig(s.t)
 	}
-	c := redis.NewClient(o)
-	s.t.Cleanup(func() { c.Close() })
-	return c
+	return redis.NewClient(o)
 }
 
 func (s *Server) String() string { return fmt.Sprintf("redis-server :%d", s.port) }
