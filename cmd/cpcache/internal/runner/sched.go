@@ -30,6 +30,17 @@ type replicaCounts struct {
 	// LoadSteps are the scheduler steps made while a load-back from L2 was waited for (until
 	// the group agreed it was over).
 	LoadSteps int64 `json:"load_steps"`
+	// With prefetches overlapping decode: PrefetchDeferrals are the times a queued
+	// request's prefetch waited for the budget (see prefetchBudget); PrefetchRetries the
+	// prefetches asked again after the cache refused stored pages for a transient reason
+	// (quota, L2 room, a changed tree, a duplicate read) or a released hold lost pages;
+	// PrefetchRefusedPages the stored pages still refused after maxPrefetchAttempts (then
+	// computed); PrefetchCutPages the stored pages a read did not bring (cut by the
+	// PrefetchTimeout timer, revoked, or short: a storage error or a rejected page).
+	PrefetchDeferrals    int64 `json:"prefetch_deferrals"`
+	PrefetchRetries      int64 `json:"prefetch_retries"`
+	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
+	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
 	// SettleSteps are the scheduler steps made while an insert or a load-back that found L1
 	// full waited for the copies and storage operations in flight (see withRoom).
 	SettleSteps int64 `json:"settle_steps"`
@@ -87,13 +98,17 @@ type scheduler struct {
 
 	clock      *vclock                  // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
-	misses     *missTracker             // miss attribution (replica leaders only; nil elsewhere)
-	diverged   bool                     // a divergence was seen: the group may be in quarantine
+	// prefetchHeld is the weight (prompt pages) of the prefetches: at most prefetchBudget
+	// unless only one is under way.
+	prefetchHeld int
+	deferred     map[int]bool // requests whose prefetch waited for the budget at the last admit
+	misses       *missTracker // miss attribution (replica leaders only; nil elsewhere)
+	diverged     bool         // a divergence was seen: the group may be in quarantine
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
 	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}}
+		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}}
 	if s.clock.virtual {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
@@ -184,6 +199,7 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 func (s *scheduler) admit(ctx context.Context) (int, error) {
 	blocked := s.blocked
 	clear(blocked)
+	clear(s.deferred)
 	for _, a := range s.running {
 		if a.req.Client >= 0 {
 			blocked[a.req.Client] = true
@@ -229,12 +245,17 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 		}
 		if a == nil { // L1 full for now: retry at a later step
 			s.counts.Retries++
+			if err := s.releaseHolds(); err != nil {
+				return admitted, err
+			}
 			stop = true
 			keep = append(keep, r)
 			continue
 		}
 		admitted++
-		delete(s.prefetches, r.ID)
+		if err := s.admitted(r); err != nil {
+			return admitted, err
+		}
 		budget -= len(r.Tokens)
 		if r.Client >= 0 {
 			blocked[r.Client] = true
@@ -484,6 +505,9 @@ func (s *scheduler) decode(ctx context.Context) (int, error) {
 		}
 		if !done {
 			s.counts.Retries++
+			if err := s.releaseHolds(); err != nil {
+				return moved, err
+			}
 			keep = append(keep, a)
 			continue
 		}
