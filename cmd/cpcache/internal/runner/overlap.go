@@ -25,6 +25,7 @@ type pendingPrefetch struct {
 	weight   int           // pages of the prompt: what it may hold in L2 (see prefetchBudget)
 	attempts int           // prefetches asked again after a refusal or a released hold
 	recheck  bool          // its hold was released (releaseHolds): match again, fetch again
+	epoch    uint64        // scheduler.roomEpoch at the last retry
 }
 
 // maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
@@ -94,35 +95,10 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 		}
 		have := m.DevicePages + m.HostPages
 		if have*P < len(r.Tokens) {
-			// Prefetches of a shared prefix asked together are read once, and a read the
-			// quota clamped brought part of it: when this one gained pages but the prompt
-			// goes on, ask for the rest. Stored pages the cache refused for want of room or
-			// quota, or for a changed tree, and pages lost while the hold was released, are
-			// asked for again (the room frees as the requests before it are admitted).
-			retry := have > pf.pages[1]
-			var refused int
-			if !retry {
-				if out, ok := c.PrefetchOutcome(pf.id); ok && pf.id != 0 && out.Inserted < out.Stored {
-					refused = out.Stored - out.Inserted
-					if out.Refused.Transient() {
-						retry = pf.attempts < maxPrefetchAttempts
-					} else {
-						s.counts.PrefetchCutPages += int64(refused) // a timer, a revoke, a short read
-						refused = 0
-					}
-				} else if pf.recheck && have < pf.pages[1] {
-					refused = pf.pages[1] - have
-					retry = pf.attempts < maxPrefetchAttempts
-				}
-				if retry {
-					pf.attempts++
-					s.counts.PrefetchRetries++
-				} else {
-					s.counts.PrefetchRefusedPages += int64(refused)
-				}
-			}
-			pf.recheck = false
-			if retry {
+			switch s.retryPrefetch(pf, have) {
+			case retryWait:
+				return true, nil
+			case retryAsk:
 				pf.id = 0
 				started, err := s.askPrefetch(r, pf)
 				if err != nil || started {
@@ -142,6 +118,71 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	return s.clock.nowNs < pf.readyNs, nil
 }
 
+// What retryPrefetch decides.
+const (
+	retryNo   = iota // take what the tree holds
+	retryAsk         // ask storage again
+	retryWait        // wait for the room to change, then decide again
+)
+
+// retryPrefetch decides, once pf's prefetch is over and the tree holds have leading pages
+// of the prompt (short of all of it), whether to ask storage again, and accounts the stored
+// pages it gives up: a read cut by the timer or revoked, or short, is not asked again
+// (PrefetchCutPages); pages refused for a transient reason (quota, L2 room, a changed tree, a
+// duplicate read), read but lost before the hold, or lost while the hold was released, are
+// asked for again once the room may have changed (an admission or a finish since the last
+// try, or at once when nothing runs or is in flight), at most maxPrefetchAttempts times
+// (then PrefetchRefusedPages). A read that gained pages asks for the rest (prefetches of a
+// shared prefix asked together are read once; the quota clamps a long read).
+func (s *scheduler) retryPrefetch(pf *pendingPrefetch, have int) int {
+	out, known := s.cache.PrefetchOutcome(pf.id)
+	known = known && pf.id != 0
+	if known && out.Refused != hicache.RefusedNone && !out.Refused.Transient() {
+		s.counts.PrefetchCutPages += int64(out.Stored - out.Inserted)
+		return retryNo
+	}
+	if have > pf.pages[1] {
+		return retryAsk
+	}
+	missing := 0
+	switch {
+	case known:
+		missing = pf.pages[1] + out.Stored - have
+	case pf.recheck:
+		missing = pf.pages[1] - have
+	}
+	switch {
+	case missing <= 0:
+		return retryNo
+	case pf.attempts >= maxPrefetchAttempts:
+		s.counts.PrefetchRefusedPages += int64(missing)
+		return retryNo
+	case pf.epoch == s.roomEpoch && (len(s.running) > 0 || s.cache.Pending() > 0):
+		return retryWait
+	}
+	pf.attempts++
+	pf.epoch = s.roomEpoch
+	s.counts.PrefetchRetries++
+	return retryAsk
+}
+
+// holdPrefetched takes the holds of the prefetches the last step finished, in queue order,
+// before the step's decisions (a finish's insert, an earlier request's prefill) can evict
+// what they read.
+func (s *scheduler) holdPrefetched() error {
+	if len(s.prefetches) == 0 {
+		return nil
+	}
+	for _, r := range s.queue {
+		if pf := s.prefetches[r.ID]; pf != nil && math.IsNaN(pf.readyNs) && !pf.recheck {
+			if _, err := s.prefetchWaits(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // admitted forgets r's prefetch once r's prefill locked its own match: the hold goes.
 func (s *scheduler) admitted(r workload.Request) error {
 	pf := s.prefetches[r.ID]
@@ -150,6 +191,7 @@ func (s *scheduler) admitted(r workload.Request) error {
 	}
 	delete(s.prefetches, r.ID)
 	s.prefetchHeld -= pf.weight
+	s.roomEpoch++
 	if pf.locked == nil {
 		return nil
 	}
