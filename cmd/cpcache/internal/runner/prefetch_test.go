@@ -93,11 +93,11 @@ func TestSecondRunServesWhatStorageHolds(t *testing.T) {
 			c.Synthetic = workload.SyntheticConfig{Clients: 24, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 5}
 			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 8, 96, 64, 8
 		},
-		// The first 200 requests of the Mooncake conversation trace with prompts up to 16 K
+		// The first 100 requests of the Mooncake conversation trace with prompts up to 8 K
 		// tokens (shared 512-token blocks), on the virtual clock of its timestamps.
 		"trace": func(t *testing.T, c *Config) {
-			c.Workload, c.TracePath = WorkloadTrace, shortTrace(t, 200, 16384)
-			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 64, 320, 256, 4
+			c.Workload, c.TracePath = WorkloadTrace, shortTrace(t, 100, 8192)
+			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 64, 192, 128, 4
 		},
 	}
 	stores := map[string]func(*testing.T, *Config){
