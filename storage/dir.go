@@ -93,7 +93,11 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
-		ok, err := s.existsOne(keys[i], present != nil)
+		var ok bool
+		var err error
+		if derr := s.detach(ctx, "exists", func() { ok, err = s.existsOne(keys[i], present != nil) }, nil); derr != nil {
+			return false, derr
+		}
 		flags[i] = ok
 		return ok, err
 	})
@@ -111,7 +115,20 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
-		ok, err := s.getOne(keys[i], dst[i])
+		// The file is read into a buffer of the read's own (see detach): an abandoned read
+		// never writes into dst[i], which the caller reuses once Get returned.
+		buf := getBuffer(len(dst[i]))
+		var ok bool
+		var err error
+		if derr := s.detach(ctx, "get", func() { ok, err = s.getOne(keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		if ok {
+			copy(dst[i], *buf)
+			s.stats.hits.Add(1)
+			s.stats.bytesRead.Add(uint64(len(dst[i])))
+		}
+		putBuffer(buf)
 		flags[i] = ok
 		return ok, err
 	})
@@ -162,7 +179,8 @@ func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 	return true, nil
 }
 
-// getOne reads one page into dst. A missing or corrupt file is (false, nil).
+// getOne reads one page into dst. A missing or corrupt file is (false, nil); a hit is
+// counted by Get, once it is delivered.
 func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 	_, name := s.path(k)
 	f, fi, regular, err := openRegular(name)
@@ -204,8 +222,6 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
-	s.stats.hits.Add(1)
-	s.stats.bytesRead.Add(uint64(len(dst)))
 	return true, nil
 }
 
@@ -226,7 +242,16 @@ func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		return true, s.putOne(keys[i], src[i])
+		// The file is written from a copy (see detach): an abandoned write never reads
+		// src[i], which the caller reuses once Put returned.
+		buf := getBuffer(len(src[i]))
+		copy(*buf, src[i])
+		var err error
+		if derr := s.detach(ctx, "put", func() { err = s.putOne(keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		putBuffer(buf)
+		return true, err
 	})
 	if err != nil {
 		return s.err("put", kindOf(ctx, err), err)
@@ -327,16 +352,25 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 	}
 	defer cancel()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		_, name := s.path(keys[i])
-		if err := os.Remove(name); err != nil && !isMissing(err) {
-			return false, err
+		var err error
+		if derr := s.detach(ctx, "delete", func() { err = s.deleteOne(keys[i]) }, nil); derr != nil {
+			return false, derr
 		}
-		s.stats.deletes.Add(1)
-		return true, nil
+		return err == nil, err
 	})
 	if err != nil {
 		return s.err("delete", kindOf(ctx, err), err)
 	}
+	return nil
+}
+
+// deleteOne removes the file of k; a missing one is not an error.
+func (s *dirStore) deleteOne(k Key) error {
+	_, name := s.path(k)
+	if err := os.Remove(name); err != nil && !isMissing(err) {
+		return err
+	}
+	s.stats.deletes.Add(1)
 	return nil
 }
 
@@ -354,6 +388,16 @@ func (s *dirStore) Clear(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return s.err("clear", ErrUnavailable, err)
 	}
+	// One detached operation (see detach): abandoned at the deadline, its removal of the
+	// trash stops at its next check of ctx, which ends with the call.
+	if derr := s.detach(ctx, "clear", func() { err = s.clear(ctx) }, nil); derr != nil {
+		return s.err("clear", kindOf(ctx, derr), derr)
+	}
+	return err
+}
+
+// clear is Clear's work, in the call's context.
+func (s *dirStore) clear(ctx context.Context) error {
 	root := filepath.Dir(s.nsDir)
 	trashPrefix := ".trash-" + filepath.Base(s.nsDir) + "-"
 	trash, err := os.MkdirTemp(root, trashPrefix)
@@ -430,9 +474,10 @@ func (s *dirStore) Close() error {
 }
 
 // kindOf classifies an error of a file operation: the context ending is ErrUnavailable
-// (the call did not finish in time); anything else (permissions, a full disk) has no kind.
+// (the call did not finish in time), as is a call refused because too many file system
+// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
 func kindOf(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, ErrStuck) {
 		return ErrUnavailable
 	}
 	return nil
