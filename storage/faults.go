@@ -24,7 +24,7 @@ type Faults struct {
 	// Freeze makes the directory backend's file system operations block where the kernel
 	// would on a frozen or dead file system (fsfreeze, a hung NFS or FUSE mount): ignoring
 	// the call's context, until the fault's window ends (For; 0: until the storage returned
-	// by WithFaults is closed). The calls themselves still return at their deadline, the
+	// by WithFaults is closed or thawed, see Thaw). The calls themselves still return at their deadline, the
 	// operations abandoned (Stats.Abandoned). Other backends make no file system operations:
 	// Freeze changes nothing there. Freeze takes precedence over Hang.
 	Freeze bool
@@ -90,9 +90,13 @@ func (s *faulty) freeze(op string) {
 	}
 }
 
-// Close ends a Freeze without an end (its frozen operations go on) and closes st.
+// Thaw ends the fault's Freeze now: the frozen operations go on (tests; the storage
+// WithFaults returns has it: st.(interface{ Thaw() }).Thaw()).
+func (s *faulty) Thaw() { s.closeOnce.Do(func() { close(s.thaw) }) }
+
+// Close thaws (Thaw) and closes st.
 func (s *faulty) Close() error {
-	s.closeOnce.Do(func() { close(s.thaw) })
+	s.Thaw()
 	return s.Storage.Close()
 }
 
