@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,10 +229,13 @@ func TestBreakerBackoff(t *testing.T) {
 func TestL3CircuitBreakerFrozenFileSystem(t *testing.T) {
 	ns := testNamespace(t)
 	plain := openStores(t, "file://"+t.TempDir(), ns)
-	var frozen []storage.Storage // the I/O ranks' stores, frozen at once
+	var mu sync.Mutex            // protects frozen (the ranks open their stores at once)
+	var frozen []storage.Storage // every rank's store, frozen from the start
 	store := func(i int) storage.Storage {
 		st := storage.WithFaults(plain(i), storage.Faults{Freeze: true, Ops: []string{"put", "clear"}})
+		mu.Lock()
 		frozen = append(frozen, st)
+		mu.Unlock()
 		return st
 	}
 	rc := l3RigConfig(l3Layout, store, ns, L3Options{CallTimeout: 30 * time.Millisecond, CircuitFailures: 2,
