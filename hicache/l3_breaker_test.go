@@ -2,7 +2,9 @@ package hicache
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,4 +216,87 @@ func TestBreakerBackoff(t *testing.T) {
 	if !b.isOpen() {
 		t.Fatal("closed after a timed-out call")
 	}
+}
+
+// TestL3CircuitBreakerFrozenFileSystem runs the L3 tier on a real directory store whose
+// file system operations freeze (storage.Faults.Freeze: they block in the "kernel",
+// ignoring every context, as on a frozen ext4 or a hung NFS mount): the calls are abandoned
+// at their deadline, the I/O ranks' breakers open and the group agrees it; every step,
+// Flush (which clears the store, abandoned too) and insert goes on from L1/L2 while the
+// file system stays frozen; the circuit stays open, probes answered or not, while
+// operations are stuck; the abandoned operations are counted. After the thaw they finish,
+// the circuit closes and backups resume.
+func TestL3CircuitBreakerFrozenFileSystem(t *testing.T) {
+	ns := testNamespace(t)
+	plain := openStores(t, "file://"+t.TempDir(), ns)
+	var mu sync.Mutex            // protects frozen (the ranks open their stores at once)
+	var frozen []storage.Storage // every rank's store, frozen from the start
+	store := func(i int) storage.Storage {
+		st := storage.WithFaults(plain(i), storage.Faults{Freeze: true, Ops: []string{"put", "clear"}})
+		mu.Lock()
+		frozen = append(frozen, st)
+		mu.Unlock()
+		return st
+	}
+	rc := l3RigConfig(l3Layout, store, ns, L3Options{CallTimeout: 30 * time.Millisecond, CircuitFailures: 2,
+		CircuitProbeInterval: 5 * time.Millisecond, ClearOnFlush: true})
+	r := newRig(t, rc)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(22, 22)), 8, 4)
+
+	// Every step and the whole insert-and-drain returns: the backups' writes are abandoned
+	// at their deadline, the circuit opens and the backups fail.
+	within(t, 30*time.Second, "inserting on a frozen file system", func() { r.insertAll(seqs[:4]) })
+	r.waitCircuit(true)
+	var abandoned int64
+	for i, c := range r.caches {
+		st := c.Stats()
+		if c.core.IORank() && (st.StorageAbandoned == 0 || st.StorageStuck == 0 || st.StorageCircuitOpenSeconds == 0) {
+			t.Fatalf("I/O rank %d: %d storage operations abandoned, %d stuck, circuit open %.3fs", i, st.StorageAbandoned, st.StorageStuck, st.StorageCircuitOpenSeconds)
+		}
+		abandoned += st.StorageAbandoned
+	}
+	if st := r.sameStats(); st.L3BackedUpPages != 0 {
+		t.Fatalf("%d pages backed up to a frozen file system", st.L3BackedUpPages)
+	}
+	// Probes find the store (lookups answer) but operations are stuck: it stays open.
+	for range 20 {
+		time.Sleep(5 * time.Millisecond) // a probe interval: probes run and answer
+		r.mustStep()
+		if !r.sameCircuit() {
+			t.Fatal("the circuit closed while operations were stuck in the kernel")
+		}
+	}
+	if _, err := r.matchLoad(seqs[1], true); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 30*time.Second, "flushing (clearing the store) on a frozen file system", func() { r.flushAndCheckFresh() })
+	r.insertAll(seqs[4:6])
+	r.checkAgree()
+	t.Logf("%d storage operations abandoned while frozen", abandoned)
+
+	// The thaw: the stuck operations finish, a probe closes the circuit, backups resume.
+	for _, st := range frozen {
+		st.(interface{ Thaw() }).Thaw()
+	}
+	r.waitCircuit(false)
+	r.insertAll(seqs[6:])
+	if st := r.sameStats(); st.L3BackedUpPages == 0 {
+		t.Fatal("nothing backed up after the thaw")
+	}
+	for i, c := range r.caches {
+		if st := c.Stats(); st.StorageStuck != 0 {
+			t.Fatalf("rank %d: %d operations stuck after the thaw", i, st.StorageStuck)
+		}
+	}
+	r.checkCollectives()
+}
+
+// within runs fn and ends the test binary with a panic naming what if fn has not returned
+// after d (a regression blocks instead of failing; fn runs on the test's goroutine, so it
+// may call t.Fatal).
+func within(t *testing.T, d time.Duration, what string, fn func()) {
+	t.Helper()
+	watchdog := time.AfterFunc(d, func() { panic(fmt.Sprintf("%s: %s still blocked after %v", t.Name(), what, d)) })
+	defer watchdog.Stop()
+	fn()
 }

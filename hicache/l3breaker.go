@@ -3,8 +3,11 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/cpcache/cpcache/storage"
 )
 
 // ErrStorageCircuitOpen is returned (and not counted as a storage error) for storage work
@@ -110,13 +113,18 @@ func (d *l3Driver) call(ctx context.Context, f func(context.Context) error) erro
 	defer cancel()
 	err := f(cctx)
 	if ctx.Err() == nil {
-		d.brk.record(err, errors.Is(cctx.Err(), context.DeadlineExceeded))
+		// A call refused because earlier ones are stuck in the kernel (storage.ErrStuck) is
+		// as good as one past its deadline.
+		d.brk.record(err, errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, storage.ErrStuck))
 	}
 	return err
 }
 
 // startProbe runs one probe of the store in the background when the breaker wants one: an
-// Exists of one key, bounded by the call deadline. Never blocks the caller.
+// Exists of one key, bounded by the call deadline. Never blocks the caller. An answer does
+// not count while operations abandoned at earlier deadlines are still stuck in the kernel
+// (Stats.Stuck): a frozen file system still answers lookups from its caches, and its writes
+// would time out again; a thawed one lets them all go.
 func (d *l3Driver) startProbe() {
 	if !d.brk.probeDue() {
 		return
@@ -130,6 +138,9 @@ func (d *l3Driver) startProbe() {
 		defer d.wg.Done()
 		defer cancel()
 		_, err := d.st.Exists(ctx, d.keys([]uint64{0}), nil)
+		if n := d.st.Stats().Stuck; err == nil && n > 0 {
+			err = fmt.Errorf("%w: %d operations still in the kernel", storage.ErrStuck, n)
+		}
 		d.brk.probed(err, errors.Is(ctx.Err(), context.Canceled))
 	}()
 }

@@ -27,6 +27,10 @@ type Stats struct {
 	StorageErrors       int64 // storage calls that failed on this rank (each a miss or a skipped backup)
 	StoragePagesRead    int64 // pages this rank read from storage
 	StoragePagesWritten int64 // pages this rank wrote to storage (pages already stored are skipped)
+	// StorageAbandoned: storage operations this rank's store stopped waiting for at their
+	// deadline because the kernel did not return (a frozen or hung file system; see
+	// storage.Stats.Abandoned); StorageStuck: of them, those still in the kernel now.
+	StorageAbandoned, StorageStuck int64
 	// StorageCircuitOpen: the group agreed the storage circuit open (every rank alike): no
 	// prefetch or backup to storage is queued (see L3Options.CircuitFailures).
 	StorageCircuitOpen bool
@@ -63,6 +67,8 @@ func (c *Cache) Stats() Stats {
 		st.StoragePagesRead = c.l3.pagesRead.Load()
 		st.StoragePagesWritten = c.l3.pagesWritten.Load()
 		st.StorageCircuitOpenSeconds = c.l3.brk.openSeconds()
+		sst := c.l3.st.Stats()
+		st.StorageAbandoned, st.StorageStuck = int64(sst.Abandoned), int64(sst.Stuck)
 	}
 	return st
 }

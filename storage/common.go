@@ -17,6 +17,8 @@ type base struct {
 	closed  atomic.Bool
 	// rejected holds keys of values that failed verification, for the purge (purge.go).
 	rejected keyQueue
+	// kernel runs the file system operations of backends that make them (detach.go).
+	kernel kernel
 }
 
 func (b *base) err(op string, kind, cause error) error {
@@ -118,7 +120,11 @@ func (b *base) decodeValue(v []byte, key Key, dst []byte) error {
 	return b.checkPayload(v[:HeaderSize], dst)
 }
 
-func (b *base) Stats() Stats { return b.stats.snapshot() }
+func (b *base) Stats() Stats {
+	st := b.stats.snapshot()
+	st.Abandoned, st.Stuck = b.kernel.abandoned.Load(), uint64(max(b.kernel.stuck.Load(), 0))
+	return st
+}
 
 // forEach runs fn(i) for i in [0,n) on up to workers goroutines and returns the first error.
 // If stopAfterMiss is set, fn returning ok=false at i tells the loop that indexes above i

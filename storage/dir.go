@@ -217,7 +217,11 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 	}
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
-		ok, err := s.existsOne(keys[i], present != nil)
+		var ok bool
+		var err error
+		if derr := s.detach(ctx, "exists", func() { ok, err = s.existsOne(keys[i], present != nil) }, nil); derr != nil {
+			return false, derr
+		}
 		flags[i] = ok
 		return ok, err
 	})
@@ -239,7 +243,20 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 	}
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
-		ok, err := s.getOne(keys[i], dst[i])
+		// The file is read into a buffer of the read's own (see detach): an abandoned read
+		// never writes into dst[i], which the caller reuses once Get returned.
+		buf := getBuffer(len(dst[i]))
+		var ok bool
+		var err error
+		if derr := s.detach(ctx, "get", func() { ok, err = s.getOne(keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		if ok {
+			copy(dst[i], *buf)
+			s.stats.hits.Add(1)
+			s.stats.bytesRead.Add(uint64(len(dst[i])))
+		}
+		putBuffer(buf)
 		flags[i] = ok
 		return ok, err
 	})
@@ -296,7 +313,28 @@ func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 	return true, nil
 }
 
-// getOne reads one page into dst. A missing or corrupt file is (false, nil).
+// detach is base.detach for an operation under the store's directory: the operation holds
+// the root's descriptor open (dirFS.acquire) until it returns, also after its call
+// abandoned it, so a late operation never acts through a descriptor number that a Close
+// freed and the process reused for another directory.
+func (s *dirStore) detach(ctx context.Context, op string, fn func(), late func()) error {
+	if !s.fs.acquire() {
+		return ErrClosed
+	}
+	err := s.base.detach(ctx, op, fn, func() {
+		s.fs.release()
+		if late != nil {
+			late()
+		}
+	})
+	if err == nil {
+		s.fs.release()
+	}
+	return err
+}
+
+// getOne reads one page into dst. A missing or corrupt file is (false, nil); a hit is
+// counted by Get, once it is delivered.
 func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 	rel, _ := s.rel(k)
 	f, fi, regular, link, err := s.openPage(rel)
@@ -346,8 +384,6 @@ func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
 		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
-	s.stats.hits.Add(1)
-	s.stats.bytesRead.Add(uint64(len(dst)))
 	return true, nil
 }
 
@@ -384,7 +420,16 @@ func (s *dirStore) Put(ctx context.Context, keys []Key, src [][]byte) error {
 	}
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		return true, s.putOne(ctx, keys[i], src[i])
+		// The file is written from a copy (see detach): an abandoned write never reads
+		// src[i], which the caller reuses once Put returned.
+		buf := getBuffer(len(src[i]))
+		copy(*buf, src[i])
+		var err error
+		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		putBuffer(buf)
+		return true, err
 	})
 	if err != nil {
 		return s.err("put", kindOf(ctx, err), err)
@@ -571,11 +616,15 @@ func (s *dirStore) Delete(ctx context.Context, keys []Key) error {
 	}
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		if err := s.deleteOne(keys[i]); err != nil {
-			return false, err
+		var err error
+		if derr := s.detach(ctx, "delete", func() {
+			if err = s.deleteOne(keys[i]); err == nil {
+				s.stats.deletes.Add(1)
+			}
+		}, nil); derr != nil {
+			return false, derr
 		}
-		s.stats.deletes.Add(1)
-		return true, nil
+		return err == nil, err
 	})
 	if err != nil {
 		return s.err("delete", kindOf(ctx, err), err)
@@ -630,6 +679,16 @@ func (s *dirStore) Clear(ctx context.Context) error {
 		return s.err("clear", ErrClosed, nil)
 	}
 	defer s.fs.release()
+	// One detached operation (see detach): abandoned at the deadline, its removal of the
+	// trash stops at its next check of ctx, which ends with the call.
+	if derr := s.detach(ctx, "clear", func() { err = s.clear(ctx) }, nil); derr != nil {
+		return s.err("clear", kindOf(ctx, derr), derr)
+	}
+	return err
+}
+
+// clear is Clear's work, in the call's context.
+func (s *dirStore) clear(ctx context.Context) error {
 	root := s.fs.fd
 	trashPrefix := ".trash-" + s.nsName + "-"
 	trash, err := s.fs.mkdirTemp(trashPrefix)
@@ -700,9 +759,10 @@ func (s *dirStore) Close() error {
 }
 
 // kindOf classifies an error of a file operation: the context ending is ErrUnavailable
-// (the call did not finish in time); anything else (permissions, a full disk) has no kind.
+// (the call did not finish in time), as is a call refused because too many file system
+// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
 func kindOf(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, ErrStuck) {
 		return ErrUnavailable
 	}
 	return nil

@@ -94,6 +94,15 @@
 // server received before the deadline runs when it resumes): every operation is
 // idempotent, so the remedy is to repeat it or ignore it.
 //
+// The directory backend bounds its calls even when the file system stops answering inside
+// the kernel (a frozen ext4, a hung NFS or FUSE mount), where no context reaches: each file
+// operation runs on a goroutine of its own, abandoned at the call's deadline (the call fails
+// with ErrUnavailable; Stats.Abandoned, and Stats.Stuck while the kernel holds it). An
+// abandoned operation reads and writes only private copies of the pages, so the caller's
+// buffers are never touched after its call returned (one page copy per read or write). With
+// Options.MaxStuck operations stuck, calls fail at once (ErrStuck) until the kernel lets
+// them go. Faults.Freeze simulates such a file system.
+//
 // # Ownership and usage
 //
 // A Storage is safe for concurrent use; the caller owns it and closes it (Close is nil-safe

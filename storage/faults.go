@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -20,6 +21,13 @@ type Faults struct {
 	// accepts connections); otherwise it fails at once (a refused connection). Either way it
 	// returns an *OpError wrapping ErrUnavailable and ErrInjected.
 	Hang bool
+	// Freeze makes the directory backend's file system operations block where the kernel
+	// would on a frozen or dead file system (fsfreeze, a hung NFS or FUSE mount): ignoring
+	// the call's context, until the fault's window ends (For; 0: until the storage returned
+	// by WithFaults is closed or thawed, see Thaw). The calls themselves still return at their deadline, the
+	// operations abandoned (Stats.Abandoned). Other backends make no file system operations:
+	// Freeze changes nothing there. Freeze takes precedence over Hang.
+	Freeze bool
 	// Ops limits the fault to these operations ("exists", "get", "put", "delete", "clear");
 	// empty: every operation.
 	Ops []string
@@ -27,19 +35,74 @@ type Faults struct {
 
 // WithFaults returns st with f injected; Close and Stats pass through.
 func WithFaults(st Storage, f Faults) Storage {
-	return &faulty{Storage: st, f: f, start: time.Now()}
+	s := &faulty{Storage: st, f: f, start: time.Now(), thaw: make(chan struct{})}
+	if f.Freeze {
+		if b := baseOf(st); b != nil {
+			b.kernel.addGate(s.freeze)
+		}
+	}
+	return s
 }
 
 type faulty struct {
 	Storage
-	f     Faults
-	start time.Time
+	f         Faults
+	start     time.Time
+	thaw      chan struct{} // closed by Close: a freeze without an end ends
+	closeOnce sync.Once
+}
+
+// baseOf returns the base of the backend under st's fault wrappers, or nil.
+func baseOf(st Storage) *base {
+	for {
+		switch s := st.(type) {
+		case *faulty:
+			st = s.Storage
+		case interface{ common() *base }:
+			return s.common()
+		default:
+			return nil
+		}
+	}
+}
+
+// active reports whether the fault applies to op now.
+func (s *faulty) active(op string) bool {
+	since := time.Since(s.start)
+	return since >= s.f.After && (s.f.For == 0 || since < s.f.After+s.f.For) && (len(s.f.Ops) == 0 || slices.Contains(s.f.Ops, op))
+}
+
+// freeze is the gate of a Freeze fault: run by a detached file system operation before it
+// starts, it blocks, whatever the operation's context, until the window ends.
+func (s *faulty) freeze(op string) {
+	if !s.active(op) {
+		return
+	}
+	if s.f.For == 0 {
+		<-s.thaw
+		return
+	}
+	t := time.NewTimer(time.Until(s.start.Add(s.f.After + s.f.For)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.thaw:
+	}
+}
+
+// Thaw ends the fault's Freeze now: the frozen operations go on (tests; the storage
+// WithFaults returns has it: st.(interface{ Thaw() }).Thaw()).
+func (s *faulty) Thaw() { s.closeOnce.Do(func() { close(s.thaw) }) }
+
+// Close thaws (Thaw) and closes st.
+func (s *faulty) Close() error {
+	s.Thaw()
+	return s.Storage.Close()
 }
 
 // inject returns the injected failure of op now, or nil.
 func (s *faulty) inject(ctx context.Context, op string) error {
-	since := time.Since(s.start)
-	if since < s.f.After || s.f.For > 0 && since >= s.f.After+s.f.For || len(s.f.Ops) > 0 && !slices.Contains(s.f.Ops, op) {
+	if s.f.Freeze || !s.active(op) {
 		return nil
 	}
 	cause := ErrInjected

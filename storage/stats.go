@@ -15,6 +15,11 @@ type Stats struct {
 	BytesWritten uint64 // payload bytes stored
 	Errors       uint64 // calls that returned an error
 	Links        uint64 // directory store: symbolic links met under it (each time), not followed (ErrLink)
+	// Abandoned: file system operations (directory backend) whose call stopped waiting for
+	// them at its deadline, the kernel not having returned; Stuck: of them, those still in
+	// the kernel now (a gauge). See ErrStuck and Options.MaxStuck.
+	Abandoned uint64
+	Stuck     uint64
 }
 
 // counters is the live, atomically updated form of Stats.

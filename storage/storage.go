@@ -8,6 +8,11 @@ import (
 // Storage is one namespace of a page store (the L3 tier). Every method is safe for
 // concurrent use. Keys must belong to the namespace the storage was opened with. A value is
 // at most MaxValueSize bytes; within one namespace all pages have the same size.
+//
+// Every call returns by its deadline (Options.Timeout or its context's), even when the
+// server or the kernel under it never answers, and no call reads or writes a caller's
+// buffer after it returned: a caller may free or reuse its buffers (slab pages) at once,
+// whatever the call returned.
 type Storage interface {
 	// Exists reports which keys are stored. If present is non-nil it must have len(keys)
 	// entries and every entry is set. It returns the number of leading keys present; with
@@ -63,6 +68,11 @@ type Options struct {
 	// Workers is how many files the directory backend reads or writes at once per batch
 	// (default 4).
 	Workers int
+	// MaxStuck is how many file system operations of the directory backend, abandoned at
+	// their call's deadline because the kernel did not return (a frozen or hung file
+	// system), may still be running before further calls fail at once with ErrStuck
+	// (default DefaultMaxStuck).
+	MaxStuck int
 	// PoolSize is how many connections the Redis backend opens at most (default 4, URL
 	// "pool_size=" or "pool=").
 	PoolSize int
@@ -72,7 +82,8 @@ type Options struct {
 	// OnCorrupt, if set, is called for each value that failed verification (during Get, and
 	// during Exists on the directory backend), with an error wrapping ErrCorrupt (and
 	// ErrForged for a forged or replayed value) that names the key and the reason. The
-	// directory backend may call it from several goroutines at once.
+	// directory backend may call it from several goroutines at once, and from an operation
+	// abandoned at its deadline after its call returned.
 	OnCorrupt func(error)
 	// OnWarning, if set, is called with what a storage reports without failing: on the
 	// directory backend a root that group or others can write (ErrWritableStore, once at
@@ -111,6 +122,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PoolSize <= 0 {
 		o.PoolSize = 4
+	}
+	if o.MaxStuck <= 0 {
+		o.MaxStuck = DefaultMaxStuck
 	}
 	return o
 }

@@ -42,3 +42,38 @@ func TestRunRedisStoppedMidRun(t *testing.T) {
 	t.Logf("%d requests on CP4: %.2fs without storage, %.2fs with redis stopped mid-run (%.2f×), circuit open %.2fs, %d storage errors",
 		rep.Requests, base.WallSeconds, rep.WallSeconds, rep.WallSeconds/base.WallSeconds, rep.StorageCircuitOpenSeconds, rep.StorageErrors)
 }
+
+// TestRunStorageFrozen freezes the file system of a file:// store from the start of the run
+// (--fault storage-freeze: every file operation blocks in the "kernel", deaf to deadlines,
+// as on a frozen ext4 or a hung NFS mount): the calls are abandoned at --storage-timeout,
+// the circuit opens on every rank, the job serves every request from L1 and L2 and ends,
+// healthy, with the report counting the abandoned operations and the time the circuit was
+// open. Without the freeze bounded, the job waits for the file system forever.
+func TestRunStorageFrozen(t *testing.T) {
+	args := append([]string{"--storage", "file://" + t.TempDir(), "--storage-timeout", "200ms", "--fault", "storage-freeze:op=put"}, storageArgs...)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			panic("cpcache run on a frozen file store still running after 2 minutes")
+		}
+	}()
+	status, rep, out, errOut := runBinary(t, nil, args...)
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Positive(t, rep.StorageAbandoned, "operations abandoned")
+	assert.Positive(t, rep.StorageCircuitOpenSeconds, "the circuit opened")
+	assert.Zero(t, rep.PagesBackedUp, "nothing backed up to a frozen file system")
+	assert.Regexp(t, `storage circuit      open \d+\.\d s, [1-9]\d* operations abandoned in the kernel`, out)
+	t.Logf("%d requests in %.2fs, circuit open %.2fs, %d operations abandoned, %d storage errors",
+		rep.Requests, rep.WallSeconds, rep.StorageCircuitOpenSeconds, rep.StorageAbandoned, rep.StorageErrors)
+}
+
+// TestRunStorageFreezeNeedsFileStore: --fault storage-freeze is a bad input (status 2)
+// without a file:// store.
+func TestRunStorageFreezeNeedsFileStore(t *testing.T) {
+	status, _, _, errOut := runBinary(t, nil, append([]string{"--fault", "storage-freeze"}, storageArgs...)...)
+	assert.Equal(t, 2, status, errOut)
+	assert.Contains(t, errOut, "storage-freeze freezes a file system: it needs --storage file:///DIR")
+}

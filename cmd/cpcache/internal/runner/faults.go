@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -34,6 +35,11 @@ or more faults separated by ';', each KIND[:PARAM=VALUE,...]:
                                    all); rank: only its handle (default every rank's)
   storage-error[:after=D,for=D,op=OPS,rank=R]
                                    the same, failing at once
+  storage-freeze[:after=D,for=D,op=OPS,rank=R]
+                                   a file:// store's file system operations block in the
+                                   "kernel", deaf to every deadline, as on a frozen ext4 or
+                                   a hung NFS mount (default: to the end of the run); the
+                                   calls are abandoned at their deadline
   flush:step=S                     every rank asks its cache to flush before step S (refused
                                    on every rank alike while it is busy)
   kill:rank=R,at=start|slabs|step[,step=S]
@@ -60,6 +66,7 @@ var faultParams = map[string]struct{ allowed, required []string }{
 	"new-fail":          {[]string{"rank"}, []string{"rank"}},
 	"storage-hang":      {[]string{"after", "for", "op", "rank"}, nil},
 	"storage-error":     {[]string{"after", "for", "op", "rank"}, nil},
+	"storage-freeze":    {[]string{"after", "for", "op", "rank"}, nil},
 	"flush":             {[]string{"step"}, []string{"step"}},
 	"kill":              {[]string{"rank", "at", "step"}, []string{"rank", "at"}},
 	"stall":             {[]string{"rank", "step", "for"}, []string{"rank", "step", "for"}},
@@ -162,11 +169,18 @@ func parseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// checkFaultRanks rejects faults aimed at a rank the world does not have.
+// checkFaultRanks rejects faults aimed at a rank the world does not have, and storage
+// faults without the storage they need.
 func (p *Plan) checkFaultRanks() error {
 	for _, f := range p.Config.Faults {
 		if f.Rank >= p.Layout.Config.World {
 			return bad("--fault %s: rank %d is not in the world of %d ranks", f.Kind, f.Rank, p.Layout.Config.World)
+		}
+		if f.Kind == "storage-freeze" && !strings.HasPrefix(p.Config.Storage, "file:") {
+			if p.Config.Storage == "" {
+				return bad("--fault storage-freeze freezes a file system: it needs --storage file:///DIR")
+			}
+			return bad("--fault storage-freeze freezes a file system: it needs --storage file:///DIR, not %s", redact.URL(p.Config.Storage))
 		}
 	}
 	return nil
@@ -206,9 +220,9 @@ func (c *Config) cacheFaults(rank int) *hicache.Faults {
 
 // faultyStorage wraps rank's storage handle with its storage faults.
 func (c *Config) faultyStorage(rank int, st storage.Storage) storage.Storage {
-	for _, kind := range []string{"storage-hang", "storage-error"} {
+	for _, kind := range []string{"storage-hang", "storage-error", "storage-freeze"} {
 		for _, f := range c.mine(kind, rank) {
-			st = storage.WithFaults(st, storage.Faults{After: f.After, For: f.For, Hang: kind == "storage-hang", Ops: f.Ops})
+			st = storage.WithFaults(st, storage.Faults{After: f.After, For: f.For, Hang: kind == "storage-hang", Freeze: kind == "storage-freeze", Ops: f.Ops})
 		}
 	}
 	return st

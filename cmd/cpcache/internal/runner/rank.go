@@ -56,6 +56,7 @@ type rankResult struct {
 	StorageRejected  int64          `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
 	StorageForged    int64          `json:"storage_forged"`               // of them, failing authentication
 	CircuitOpenSecs  float64        `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
+	StorageAbandoned int64          `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
 	Divergences      int64          `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64          `json:"recoveries"`
 	QuarantinedSteps int64          `json:"quarantined_steps"`
@@ -227,6 +228,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if st != nil {
 		sst := st.Stats()
 		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
+		res.StorageAbandoned = int64(sst.Abandoned)
 	}
 	if leader {
 		res.Timing = sched.timing()
@@ -325,6 +327,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.StorageRejected += x.StorageRejected
 		r.StorageForged += x.StorageForged
 		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
+		r.StorageAbandoned += x.StorageAbandoned
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}

@@ -70,6 +70,10 @@ type Report struct {
 	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
 	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
 	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
+	// StorageAbandoned: storage operations (summed over ranks) whose call stopped waiting at
+	// its deadline because the kernel did not return (a frozen or hung file system under a
+	// file:// store): the call failed, the job went on.
+	StorageAbandoned int64 `json:"storage_abandoned"`
 
 	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
 	Device *DeviceReport `json:"device,omitempty"`
@@ -112,7 +116,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
 		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages)
-		fmt.Fprintf(w, "  storage circuit      open %.1f s\n", r.StorageCircuitOpenSeconds)
+		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
 	if r.PrefetchSteps > 0 {
