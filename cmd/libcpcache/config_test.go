@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -88,7 +89,8 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},
 		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
 		{&hicache.StartError{Rank: 1}, -11},
-		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6}, // a bad CPCACHE_STORE
+		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6},       // a bad CPCACHE_STORE
+		{fmt.Errorf("gloo: store in use: %w", gloo.ErrStoreInUse), -6}, // another job's rendezvous
 	} {
 		wrapped := tc.err
 		if wrapped != nil {
