@@ -40,7 +40,9 @@ type kv interface {
 	// reap removes what runs that ended long ago left under prefix: keys not written for
 	// longer than age, temporary files of writers that died. The Redis backend's keys expire
 	// by themselves (ttl), so it reaps nothing.
-	reap(ctx context.Context, prefix string, age time.Duration) error
+	// own is the reaper's job space (it holds its claim; other spaces with a live claim are
+	// left alone).
+	reap(ctx context.Context, prefix, own string, age time.Duration) error
 	close() error
 }
 
@@ -272,7 +274,11 @@ func (f *fileKV) claim(ctx context.Context, key string, val []byte, expiry time.
 }
 
 func (f *fileKV) claimed(ctx context.Context, key string) ([]byte, bool, error) {
-	dir := keyPath(key)
+	return f.liveClaim(keyPath(key))
+}
+
+// liveClaim returns the live claim of the claim directory dir (ok false when none).
+func (f *fileKV) liveClaim(dir string) ([]byte, bool, error) {
 	head, _, err := f.claimHead(dir)
 	if err != nil || head == 0 {
 		return nil, false, err
@@ -310,12 +316,21 @@ func (f *fileKV) release(ctx context.Context, key string, val []byte) error {
 
 // reap removes, under prefix, every key file last written more than age ago and every
 // temporary file older than tmpAge, then the directories left empty. It goes file by file,
-// never a whole directory, so a key a live run writes meanwhile stays.
-func (f *fileKV) reap(ctx context.Context, prefix string, age time.Duration) error {
+// never a whole directory, so a key a live run writes meanwhile stays. A job space whose
+// claim is live (its rank 0 is joining, until its own deadline) is left whole: its keys may
+// be older than age (a job with a longer timeout than this one's) and are still read. own
+// is the reaper's space, whose claim it holds itself.
+func (f *fileKV) reap(ctx context.Context, prefix, own string, age time.Duration) error {
 	now := time.Now()
+	base, mine := keyPath(prefix), keyPath(own)
 	var errs []error
 	var walk func(dir string) bool // reports whether dir may now be empty
 	walk = func(dir string) bool {
+		if path.Dir(dir) == base && dir != mine {
+			if _, live, err := f.liveClaim(path.Join(dir, "claim")); live || err != nil {
+				return false // a joining job's space (or one whose claim cannot be read)
+			}
+		}
 		d, err := f.root.Open(dir)
 		if err != nil {
 			return false
@@ -352,7 +367,6 @@ func (f *fileKV) reap(ctx context.Context, prefix string, age time.Duration) err
 		}
 		return true
 	}
-	base := keyPath(prefix)
 	if walk(base) {
 		_ = f.root.Remove(base)
 	}
@@ -445,7 +459,7 @@ func (r *redisKV) release(ctx context.Context, key string, val []byte) error {
 	return releaseScript.Run(ctx, r.c, []string{key}, val).Err()
 }
 
-func (r *redisKV) reap(context.Context, string, time.Duration) error { return nil }
+func (r *redisKV) reap(context.Context, string, string, time.Duration) error { return nil }
 
 func (r *redisKV) close() error { return r.c.Close() }
 

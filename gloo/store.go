@@ -430,7 +430,7 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 			_ = st.kv.release(rctx, claimKey, val)
 		}
 		// Runs that ended long ago (killed before they removed their keys) go now.
-		_ = st.kv.reap(ctx, st.spec.prefix, reapAge(timeout))
+		_ = st.kv.reap(ctx, st.spec.prefix, space, reapAge(timeout))
 		nonces := make([]string, size)
 		nonces[0] = mine
 		for r := 1; r < size; r++ {
