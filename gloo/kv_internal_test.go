@@ -7,8 +7,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cpcache/cpcache/parallel"
 )
 
 // TestFileReapSparesJoiningJob: the reap of dead runs leaves a job space whose claim is live
@@ -64,4 +67,49 @@ func TestFileReapSparesJoiningJob(t *testing.T) {
 			t.Errorf("%s of a dead run is still there (%v)", p, err)
 		}
 	}
+}
+
+// TestWorldSizeMismatchIsMismatch: ranks of one job started with two world sizes fail with
+// parallel.ErrMismatch (CPCACHE_ERR_CONFIG for the C ABI: the launch is misconfigured), on
+// rank 0 and on the rank that differs, at once, not with an untyped error (an I/O failure)
+// or, on rank 0, a timeout (the other rank's close removed the ack that tells it); the store
+// is left empty.
+func TestWorldSizeMismatchIsMismatch(t *testing.T) {
+	spec, err := parseStore("file://" + t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	errs := make(chan error, 2)
+	for rank, size := range []int{2, 3} {
+		go func() {
+			b, err := spec.openKV(context.Background(), time.Minute)
+			if err != nil {
+				errs <- err
+				return
+			}
+			st, err := newStore(context.Background(), spec, b)
+			if err != nil {
+				errs <- err
+				return
+			}
+			_, release, err := agreeRun(st, jobSpace(spec.prefix, "job"), "job", rank, size, deadline, time.Minute)
+			if release != nil {
+				release()
+			}
+			st.close()
+			errs <- fmt.Errorf("rank %d: %w", rank, err)
+		}()
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, parallel.ErrMismatch) || !strings.Contains(err.Error(), "world size mismatch") {
+			t.Errorf("%v, want parallel.ErrMismatch naming the world size mismatch", err)
+		}
+	}
+	_ = filepath.WalkDir(spec.dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("%s is left in the store", p)
+		}
+		return nil
+	})
 }
