@@ -154,7 +154,7 @@ func (s *dirStore) path(k Key) (dir, file string) {
 }
 
 // openPage opens the page file rel for reading, without waiting and without following a
-// link (see openRegular). A link on its path is reported as link, the entry that is one
+// link (as regfile.Open). A link on its path is reported as link, the entry that is one
 // (rel itself when the page file is a link).
 func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, link string, err error) {
 	fd, err := s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
@@ -176,26 +176,6 @@ func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, li
 		return nil, fi, false, "", nil
 	}
 	return f, fi, true, "", nil
-}
-
-// openRegular opens name for reading (with flags added), without waiting: O_NONBLOCK makes the open of a FIFO
-// that has no writer (or of a device) return at once, where a plain open would block the
-// call past its deadline, forever. It returns the file and its stat; a file that is not a
-// regular one (a directory, a FIFO, a device) is closed again and reported by ok == false.
-func openRegular(name string, flags int) (f *os.File, fi fs.FileInfo, ok bool, err error) {
-	f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|flags, 0)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	if fi, err = f.Stat(); err != nil {
-		f.Close()
-		return nil, nil, false, err
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fi, false, nil
-	}
-	return f, fi, true, nil
 }
 
 func isMissing(err error) bool {
