@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cpcache/cpcache/internal/regfile"
 )
 
 // kv is a rendezvous store's backend: the directory of a file:// store or the server of a
@@ -62,7 +64,8 @@ func claimExpired(val []byte, now time.Time) bool {
 // component escaped, see keyPath). Files are written under a temporary name and renamed (or
 // linked, for create) into place, so readers never see a partial value. Every path is opened
 // through an os.Root on the store directory, so a symbolic link in the store never leads
-// outside it.
+// outside it, and read only when it is a regular file (regfile): a named pipe a writer of the
+// directory planted as a key is refused at once, not waited on forever.
 type fileKV struct {
 	root *os.Root
 }
@@ -174,7 +177,7 @@ func (f *fileKV) create(ctx context.Context, key string, val []byte) (bool, erro
 }
 
 func (f *fileKV) get(ctx context.Context, key string) ([]byte, bool, error) {
-	v, err := f.root.ReadFile(keyPath(key))
+	v, err := regfile.ReadFileIn(f.root, keyPath(key))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 			return nil, false, nil
@@ -250,7 +253,7 @@ func (f *fileKV) claim(ctx context.Context, key string, val []byte, expiry time.
 			return false, nil, err
 		}
 		if head > 0 {
-			cur, err := f.root.ReadFile(path.Join(dir, claimGen(head)))
+			cur, err := regfile.ReadFileIn(f.root, path.Join(dir, claimGen(head)))
 			if err == nil && !claimExpired(cur, time.Now()) {
 				return false, cur, nil
 			}
@@ -283,7 +286,7 @@ func (f *fileKV) liveClaim(dir string) ([]byte, bool, error) {
 	if err != nil || head == 0 {
 		return nil, false, err
 	}
-	cur, err := f.root.ReadFile(path.Join(dir, claimGen(head)))
+	cur, err := regfile.ReadFileIn(f.root, path.Join(dir, claimGen(head)))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, false, nil
@@ -304,7 +307,7 @@ func (f *fileKV) release(ctx context.Context, key string, val []byte) error {
 	}
 	for _, g := range gens {
 		p := path.Join(dir, g)
-		if cur, err := f.root.ReadFile(p); err == nil && string(cur) == string(val) {
+		if cur, err := regfile.ReadFileIn(f.root, p); err == nil && string(cur) == string(val) {
 			if err := f.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}
