@@ -101,7 +101,7 @@ func openDir(root string, opts Options) (*dirStore, error) {
 	if st, err := s.fs.lstat(s.nsName); err != nil {
 		return fail(nil, &os.PathError{Op: "lstat", Path: s.nsDir, Err: err})
 	} else if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		s.link(s.nsDir) // skipped until a Clear replaces it
+		s.link("open", s.nsDir, linkSkipped+" (until a Clear replaces it)")
 	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fail(nil, &os.PathError{Op: "open", Path: s.nsDir, Err: syscall.ENOTDIR})
 	}
@@ -124,12 +124,19 @@ func (s *dirStore) warn(err error) {
 	fmt.Fprintln(os.Stderr, err)
 }
 
-// link counts the symbolic link found at path and reports it, the first few times.
-func (s *dirStore) link(path string) {
+// What the store did with a link it found, for its report.
+const (
+	linkSkipped = "skipped, not followed"
+	linkRemoved = "removed (the link itself, never its target)"
+)
+
+// link counts the symbolic link found at path by the call op and reports it, with what was
+// done with it (linkSkipped, linkRemoved), the first few times.
+func (s *dirStore) link(op, path, done string) {
 	s.stats.links.Add(1)
 	if s.warned.Add(1) <= maxLinkWarnings {
-		s.warn(&OpError{Backend: "file", Where: s.where, Op: "open", Kind: ErrLink,
-			Err: fmt.Errorf("%s: skipped, not followed", path)})
+		s.warn(&OpError{Backend: "file", Where: s.where, Op: op, Kind: ErrLink,
+			Err: fmt.Errorf("%s: %s", path, done)})
 	}
 }
 
@@ -344,10 +351,11 @@ func (s *dirStore) readFailed(op string, k Key, name string, err error, what str
 // reported; a page file that is itself a link is also corrupt (and purged: the link is
 // removed, never its target). It reports whether it counted the page corrupt.
 func (s *dirStore) linkedPage(op string, k Key, rel, link string) bool {
-	s.link(s.fs.abs(link))
 	if link != rel {
+		s.link(op, s.fs.abs(link), linkSkipped)
 		return false
 	}
+	s.link(op, s.fs.abs(link), "not followed; purged as a corrupt page (the link itself, never its target)")
 	s.corruptIn(op, k, fmt.Errorf("file %s: a symbolic link, not followed", s.fs.abs(rel)))
 	return true
 }
@@ -460,7 +468,7 @@ func (s *dirStore) fanOut(dirRel string) (int, error) {
 		}
 		if isLinkErr(err) {
 			if l, ok := s.fs.linkOn(dirRel); ok {
-				s.link(s.fs.abs(l))
+				s.link("put", s.fs.abs(l), linkSkipped)
 				return -1, errLinked
 			}
 		}
@@ -571,7 +579,7 @@ func (s *dirStore) deleteOne(k Key) error {
 	if err != nil {
 		if isLinkErr(err) {
 			if l, ok := s.fs.linkOn(rel[:dirLen]); ok {
-				s.link(s.fs.abs(l))
+				s.link("delete", s.fs.abs(l), linkSkipped)
 				return nil
 			}
 		}
@@ -648,7 +656,7 @@ func (s *dirStore) Clear(ctx context.Context) error {
 		case err != nil:
 			continue
 		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-			s.link(s.fs.abs(name))
+			s.link("clear", s.fs.abs(name), linkRemoved)
 			unix.Unlinkat(root, name, 0)
 			continue
 		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
@@ -659,7 +667,8 @@ func (s *dirStore) Clear(ctx context.Context) error {
 				continue
 			}
 		}
-		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, s.link); err != nil {
+		removedLink := func(path string) { s.link("clear", path, linkRemoved) }
+		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, removedLink); err != nil {
 			if ctx.Err() != nil {
 				return nil // cleared; the rest of the trash goes with the next Clear
 			}

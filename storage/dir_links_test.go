@@ -437,3 +437,53 @@ func TestDirReapsStaleTemporaryFiles(t *testing.T) {
 		}
 	})
 }
+
+// TestDirLinkWarningsNameTheCall: a link reported by put, delete or clear names that call,
+// and says what was done with it: put and delete skip it (not followed), clear removes it
+// (the link itself, never its target).
+func TestDirLinkWarningsNameTheCall(t *testing.T) {
+	linkModes(t, func(t *testing.T) {
+		dir := t.TempDir()
+		ns := mustNamespace(t, "link-ops")
+		var w warnings
+		s := openURL(t, "file://"+dir, storage.Options{Namespace: ns, OnWarning: w.add})
+		defer s.Close()
+		keys, fan := fanOutKeys(t, s, ns, 1)
+		victim, intact := victimDir(t)
+		symlink(t, victim, fan)
+		if err := s.Put(testCtx(t), keys, [][]byte{[]byte("page")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(testCtx(t), keys); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Clear(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		intact("put, delete and clear through a linked fan-out directory")
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		var got []string
+		for _, e := range w.errs {
+			var oe *storage.OpError
+			if errors.As(e, &oe) && errors.Is(e, storage.ErrLink) {
+				got = append(got, oe.Op+": "+oe.Err.Error())
+			}
+		}
+		want := []string{
+			"put: " + fan + ": skipped, not followed",
+			"delete: " + fan + ": skipped, not followed",
+			"clear: " + fan + ": removed (the link itself, never its target)",
+		}
+		if len(got) != len(want) {
+			t.Fatalf("link warnings %q, want %q", got, want)
+		}
+		for i := range want {
+			// Clear reports the link where it met it: in the trash it moved the namespace to.
+			if got[i] != want[i] && !(i == 2 && strings.HasPrefix(got[i], "clear: "+dir+"/.trash-") &&
+				strings.HasSuffix(got[i], "/"+filepath.Base(fan)+": removed (the link itself, never its target)")) {
+				t.Errorf("link warning %d: %q, want %q", i, got[i], want[i])
+			}
+		}
+	})
+}
