@@ -59,7 +59,8 @@ type dirStore struct {
 }
 
 // TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
-// removed (see dirStore).
+// removed (see dirStore), and after which an empty trash directory is a Clear's that died
+// between making it and moving the namespace into it, and removed by the next Clear.
 const TempMaxAge = time.Hour
 
 // maxLinkWarnings bounds the links a store reports to Options.OnWarning; further ones are
@@ -525,9 +526,12 @@ func createTemp(dir int) (string, int, error) {
 	}
 }
 
-func renameat(dir int, from, to string) error {
+func renameat(dir int, from, to string) error { return renameBetween(dir, from, dir, to) }
+
+// renameBetween renames from in directory fromDir to to in toDir, again when interrupted.
+func renameBetween(fromDir int, from string, toDir int, to string) error {
 	for {
-		if err := unix.Renameat(dir, from, dir, to); err != unix.EINTR {
+		if err := unix.Renameat(fromDir, from, toDir, to); err != unix.EINTR {
 			return err
 		}
 	}
@@ -627,7 +631,7 @@ func (s *dirStore) Clear(ctx context.Context) error {
 	into, err := s.fs.openDir(trash)
 	if err == nil {
 		// renameat moves the entry, whatever it is (a link included), never its target.
-		err = unix.Renameat(root, s.nsName, into, "ns")
+		err = renameBetween(root, s.nsName, into, "ns")
 		unix.Close(into)
 	}
 	if err != nil && err != unix.ENOENT {
@@ -664,6 +668,12 @@ func (s *dirStore) Clear(ctx context.Context) error {
 		}
 		if name != trash {
 			if _, err := s.fs.lstat(name + "/ns"); err != nil {
+				// No namespace in it: a Clear between its mkdir and its rename (leave it),
+				// or one that died there; that one's empty trash goes once older than
+				// TempMaxAge (rmdir: only while it is still empty).
+				if err == unix.ENOENT && time.Since(time.Unix(st.Mtim.Unix())) > TempMaxAge {
+					unix.Unlinkat(root, name, unix.AT_REMOVEDIR)
+				}
 				continue
 			}
 		}

@@ -3,6 +3,7 @@ package storage_test
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -486,4 +487,34 @@ func TestDirLinkWarningsNameTheCall(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestDirClearReapsDeadClearsTrash: an empty trash directory older than TempMaxAge (a Clear
+// that died between making it and moving the namespace into it) is removed by the next
+// Clear; a recent empty one (a concurrent Clear about to move its namespace in) is kept.
+func TestDirClearReapsDeadClearsTrash(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "dead-trash")
+	s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer s.Close()
+	dead := filepath.Join(dir, ".trash-"+ns.String()+"-dead")
+	recent := filepath.Join(dir, ".trash-"+ns.String()+"-recent")
+	for _, d := range []string{dead, recent} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-storage.TempMaxAge - time.Minute)
+	if err := os.Chtimes(dead, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dead); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a dead Clear's empty trash %s is still there (%v)", dead, err)
+	}
+	if _, err := os.Lstat(recent); err != nil {
+		t.Errorf("a recent empty trash (a Clear in progress) was removed: %v", err)
+	}
 }
