@@ -361,6 +361,77 @@ func TestSIGHUPIsForwarded(t *testing.T) {
 	}
 }
 
+// TestSIGHUPWithBrokenOutput: after SIGHUP the terminal is usually gone, and the launcher's
+// stdout and stderr are broken pipes: its own message and the ranks' output it copies get
+// EPIPE, which must not kill it by SIGPIPE (its ranks would then die by SIGKILL, without
+// their handlers). cpcache launch and cpcache run still forward the signal and exit 129.
+func TestSIGHUPWithBrokenOutput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	marks := t.TempDir()
+	// Each rank says it is ready, and that it got SIGHUP, in files and on its stdout (which
+	// the launcher copies to its broken stdout).
+	trap := `trap 'echo got-hup >> "$MARKS/hup.$RANK"; echo got-hup; exit 7' HUP; : > "$MARKS/ready.$RANK"; ` +
+		`while :; do echo tick; sleep 0.05; done`
+	work := []string{"run", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "64", "--rounds", "12"}
+	cases := []struct {
+		name  string
+		args  []string
+		ready func(j *jobEnv) bool
+	}{
+		{"launch of shells", []string{"launch", "-n", "2", "--", "sh", "-c", trap}, func(*jobEnv) bool {
+			m, _ := filepath.Glob(filepath.Join(marks, "ready.*"))
+			return len(m) == 2
+		}},
+		{"run", work, func(j *jobEnv) bool { return j.processes() >= 3 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := newJobEnv(t)
+			cmd := j.command(c.args...)
+			cmd.Env = append(cmd.Env, "MARKS="+marks)
+			outR, outW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			errR, errW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = outW, errW
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			outW.Close()
+			errW.Close()
+			for deadline := time.Now().Add(30 * time.Second); !c.ready(j); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					_ = cmd.Process.Kill()
+					t.Fatal("never started")
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+			outR.Close() // the terminal is gone
+			errR.Close()
+			if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			if status, err := waitExit(t, cmd, 30*time.Second, new(strings.Builder)); status != 129 {
+				t.Fatalf("after SIGHUP with broken stdout and stderr: %v, want exit status 129 (128+SIGHUP), not death by SIGPIPE", err)
+			}
+			if c.name == "launch of shells" {
+				for r := 0; r < 2; r++ {
+					if _, err := os.Stat(filepath.Join(marks, fmt.Sprintf("hup.%d", r))); err != nil {
+						t.Errorf("rank %d did not run its SIGHUP handler: %v", r, err)
+					}
+				}
+			}
+			j.requireNothingLeft(t, 2*time.Second, c.name+" after SIGHUP")
+		})
+	}
+}
+
 // TestRanksStartedWithDifferentFlagsFailAtOnce: ranks of one replica started (by a wrapper
 // that reads RANK) with different --max-running, --clients or --requests, or reading
 // different traces, all fail at start with exit 2 naming what differs and both values,
