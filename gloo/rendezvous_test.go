@@ -191,7 +191,7 @@ func twoJobs(t *testing.T, store string, jobID func(job int) string) [2][]multip
 
 // TestTwoJobsOneStore: two jobs started at once on one file store, and on one Redis prefix,
 // each with its own job id (what cpcache launch, mpirun, Slurm and torchrun give), both
-// work in every trial; every world is its own job's (they joined each other's worlds).
+// work in every trial; every world is its own job's, none joins the other's ranks.
 func TestTwoJobsOneStore(t *testing.T) {
 	srv := redistest.Start(t)
 	stores := map[string]func(t *testing.T) string{
@@ -280,8 +280,8 @@ func countFiles(t *testing.T, dir string) int {
 	return n
 }
 
-// TestStoreDoesNotGrow: 20 runs on one file store leave no key behind (each grew it by
-// about 60 files), and open/close cycles of a 4-rank world on one store never fail: 100
+// TestStoreDoesNotGrow: 20 runs on one file store leave no key behind (a run writes about
+// 60), and open/close cycles of a 4-rank world on one store never fail: 100
 // with one job id (cpcache launch's case: every cycle of its ranks has the same id) and 30
 // without one.
 func TestStoreDoesNotGrow(t *testing.T) {

@@ -132,7 +132,7 @@ func fanOutKeys(t *testing.T, s storage.Storage, ns storage.Namespace, n int) ([
 // TestDirClearDoesNotFollowLinks: a namespace directory that is a link, a trash entry whose
 // "ns" is a link, a trash entry that is itself a link and a fan-out directory that is a link
 // are removed as links by Clear (and reported): the directories they point to keep every
-// file. Clear used to follow them and empty the victim.
+// file (a Clear that followed them would empty the victim).
 func TestDirClearDoesNotFollowLinks(t *testing.T) {
 	linkModes(t, func(t *testing.T) {
 		dir := t.TempDir()
@@ -252,8 +252,8 @@ func TestDirPutDoesNotWriteThroughLinks(t *testing.T) {
 }
 
 // TestDirPurgeDeletesNothingOutside: a file outside the store, reached through a linked
-// fan-out directory under a page's name, is neither read nor purged. The store used to read
-// it through the link, find it corrupt and delete it.
+// fan-out directory under a page's name, is neither read nor purged (read through the link,
+// it would be found corrupt and deleted).
 func TestDirPurgeDeletesNothingOutside(t *testing.T) {
 	linkModes(t, func(t *testing.T) {
 		dir := t.TempDir()

@@ -51,7 +51,7 @@ func silentListener(t *testing.T) string {
 }
 
 // TestRunSilentRendezvousStore: `cpcache run --store redis://<silent> --timeout 3s` is a bad
-// input within its timeout (it waited forever): the pre-check talks the protocol.
+// input within its timeout, not a wait without end: the pre-check talks the protocol.
 func TestRunSilentRendezvousStore(t *testing.T) {
 	start := time.Now()
 	status, _, _, stderr := runBinary(t, nil, append([]string{"--store", "redis://" + silentListener(t) + "/p", "--timeout", "3s"}, rdvJob...)...)
@@ -77,7 +77,7 @@ func TestRunRendezvousStoreAuth(t *testing.T) {
 
 // TestRunTwoJobsOneRendezvousStore: two `cpcache run` jobs started at once on one file store
 // directory, and on one Redis prefix, both work in every trial, each serving its own
-// requests (they joined each other's worlds: failed, or served the other's requests).
+// requests (ranks that joined the other job's world would fail, or serve its requests).
 func TestRunTwoJobsOneRendezvousStore(t *testing.T) {
 	srv := redistest.Start(t)
 	stores := map[string]string{"file": "file://" + t.TempDir(), "redis": srv.URL("two-jobs")}

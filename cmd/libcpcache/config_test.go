@@ -102,8 +102,8 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 	}
 }
 
-// TestCheckHostMemory: the pools this rank allocates must fit the memory available; they
-// used to be allocated as asked, and a large l1_pages got the process killed.
+// TestCheckHostMemory: the pools this rank allocates must fit the memory available, so that
+// a large l1_pages is an error, not a process the kernel kills.
 func TestCheckHostMemory(t *testing.T) {
 	c := goodConfig() // 8 L1 and 16 L2 pages of 64 bytes: 1536 bytes
 	if err := checkHostMemory(&c, 1536, "test"); err != nil {
