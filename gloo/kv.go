@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cpcache/cpcache/internal/regfile"
 )
 
 // kv is a rendezvous store's backend: the directory of a file:// store or the server of a
@@ -40,7 +42,9 @@ type kv interface {
 	// reap removes what runs that ended long ago left under prefix: keys not written for
 	// longer than age, temporary files of writers that died. The Redis backend's keys expire
 	// by themselves (ttl), so it reaps nothing.
-	reap(ctx context.Context, prefix string, age time.Duration) error
+	// own is the reaper's job space (it holds its claim; other spaces with a live claim are
+	// left alone).
+	reap(ctx context.Context, prefix, own string, age time.Duration) error
 	close() error
 }
 
@@ -60,7 +64,8 @@ func claimExpired(val []byte, now time.Time) bool {
 // component escaped, see keyPath). Files are written under a temporary name and renamed (or
 // linked, for create) into place, so readers never see a partial value. Every path is opened
 // through an os.Root on the store directory, so a symbolic link in the store never leads
-// outside it.
+// outside it, and read only when it is a regular file (regfile): a named pipe a writer of the
+// directory planted as a key is refused at once, not waited on forever.
 type fileKV struct {
 	root *os.Root
 }
@@ -172,7 +177,7 @@ func (f *fileKV) create(ctx context.Context, key string, val []byte) (bool, erro
 }
 
 func (f *fileKV) get(ctx context.Context, key string) ([]byte, bool, error) {
-	v, err := f.root.ReadFile(keyPath(key))
+	v, err := regfile.ReadFileIn(f.root, keyPath(key))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 			return nil, false, nil
@@ -248,7 +253,7 @@ func (f *fileKV) claim(ctx context.Context, key string, val []byte, expiry time.
 			return false, nil, err
 		}
 		if head > 0 {
-			cur, err := f.root.ReadFile(path.Join(dir, claimGen(head)))
+			cur, err := regfile.ReadFileIn(f.root, path.Join(dir, claimGen(head)))
 			if err == nil && !claimExpired(cur, time.Now()) {
 				return false, cur, nil
 			}
@@ -272,12 +277,16 @@ func (f *fileKV) claim(ctx context.Context, key string, val []byte, expiry time.
 }
 
 func (f *fileKV) claimed(ctx context.Context, key string) ([]byte, bool, error) {
-	dir := keyPath(key)
+	return f.liveClaim(keyPath(key))
+}
+
+// liveClaim returns the live claim of the claim directory dir (ok false when none).
+func (f *fileKV) liveClaim(dir string) ([]byte, bool, error) {
 	head, _, err := f.claimHead(dir)
 	if err != nil || head == 0 {
 		return nil, false, err
 	}
-	cur, err := f.root.ReadFile(path.Join(dir, claimGen(head)))
+	cur, err := regfile.ReadFileIn(f.root, path.Join(dir, claimGen(head)))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, false, nil
@@ -298,7 +307,7 @@ func (f *fileKV) release(ctx context.Context, key string, val []byte) error {
 	}
 	for _, g := range gens {
 		p := path.Join(dir, g)
-		if cur, err := f.root.ReadFile(p); err == nil && string(cur) == string(val) {
+		if cur, err := regfile.ReadFileIn(f.root, p); err == nil && string(cur) == string(val) {
 			if err := f.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}
@@ -310,12 +319,21 @@ func (f *fileKV) release(ctx context.Context, key string, val []byte) error {
 
 // reap removes, under prefix, every key file last written more than age ago and every
 // temporary file older than tmpAge, then the directories left empty. It goes file by file,
-// never a whole directory, so a key a live run writes meanwhile stays.
-func (f *fileKV) reap(ctx context.Context, prefix string, age time.Duration) error {
+// never a whole directory, so a key a live run writes meanwhile stays. A job space whose
+// claim is live (its rank 0 is joining, until its own deadline) is left whole: its keys may
+// be older than age (a job with a longer timeout than this one's) and are still read. own
+// is the reaper's space, whose claim it holds itself.
+func (f *fileKV) reap(ctx context.Context, prefix, own string, age time.Duration) error {
 	now := time.Now()
+	base, mine := keyPath(prefix), keyPath(own)
 	var errs []error
 	var walk func(dir string) bool // reports whether dir may now be empty
 	walk = func(dir string) bool {
+		if path.Dir(dir) == base && dir != mine {
+			if _, live, err := f.liveClaim(path.Join(dir, "claim")); live || err != nil {
+				return false // a joining job's space (or one whose claim cannot be read)
+			}
+		}
 		d, err := f.root.Open(dir)
 		if err != nil {
 			return false
@@ -352,7 +370,6 @@ func (f *fileKV) reap(ctx context.Context, prefix string, age time.Duration) err
 		}
 		return true
 	}
-	base := keyPath(prefix)
 	if walk(base) {
 		_ = f.root.Remove(base)
 	}
@@ -445,7 +462,7 @@ func (r *redisKV) release(ctx context.Context, key string, val []byte) error {
 	return releaseScript.Run(ctx, r.c, []string{key}, val).Err()
 }
 
-func (r *redisKV) reap(context.Context, string, time.Duration) error { return nil }
+func (r *redisKV) reap(context.Context, string, string, time.Duration) error { return nil }
 
 func (r *redisKV) close() error { return r.c.Close() }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,7 +191,7 @@ func twoJobs(t *testing.T, store string, jobID func(job int) string) [2][]multip
 
 // TestTwoJobsOneStore: two jobs started at once on one file store, and on one Redis prefix,
 // each with its own job id (what cpcache launch, mpirun, Slurm and torchrun give), both
-// work in every trial; every world is its own job's (they joined each other's worlds).
+// work in every trial; every world is its own job's, none joins the other's ranks.
 func TestTwoJobsOneStore(t *testing.T) {
 	srv := redistest.Start(t)
 	stores := map[string]func(t *testing.T) string{
@@ -279,8 +280,8 @@ func countFiles(t *testing.T, dir string) int {
 	return n
 }
 
-// TestStoreDoesNotGrow: 20 runs on one file store leave no key behind (each grew it by
-// about 60 files), and open/close cycles of a 4-rank world on one store never fail: 100
+// TestStoreDoesNotGrow: 20 runs on one file store leave no key behind (a run writes about
+// 60), and open/close cycles of a 4-rank world on one store never fail: 100
 // with one job id (cpcache launch's case: every cycle of its ranks has the same id) and 30
 // without one.
 func TestStoreDoesNotGrow(t *testing.T) {
@@ -351,5 +352,35 @@ func TestStoreNoEscape(t *testing.T) {
 	}
 	if n := countFiles(t, outside); n != 0 {
 		t.Errorf("the rendezvous wrote %d files outside the store", n)
+	}
+}
+
+// TestStoreFIFOKey: a named pipe planted in a file store where a key is read (here the
+// claim rank 0 reads first) fails the rendezvous at once, naming it; reading it would wait
+// for a writer forever, past any deadline (a file read is not cancelled by a context).
+func TestStoreFIFOKey(t *testing.T) {
+	dir := t.TempDir()
+	claim := filepath.Join(dir, "cpcache", "shared", "claim", fmt.Sprintf("%020d", 1))
+	if err := os.MkdirAll(filepath.Dir(claim), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(claim, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		w, err := gloo.NewWorld(context.Background(), gloo.Options{Store: "file://" + dir, Rank: 0, Size: 1, Timeout: 3 * time.Second})
+		if err == nil {
+			w.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file (a named pipe)") {
+			t.Errorf("NewWorld = %v, want an error naming the named pipe", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("NewWorld (timeout 3s) still waits after 20s on a named pipe in the store")
 	}
 }

@@ -430,11 +430,12 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 			_ = st.kv.release(rctx, claimKey, val)
 		}
 		// Runs that ended long ago (killed before they removed their keys) go now.
-		_ = st.kv.reap(ctx, st.spec.prefix, reapAge(timeout))
+		_ = st.kv.reap(ctx, st.spec.prefix, space, reapAge(timeout))
 		nonces := make([]string, size)
 		nonces[0] = mine
 		for r := 1; r < size; r++ {
-			v, err := st.waitCtx(ctx, fmt.Sprintf("%s/%s/ack/%d", space, id, r))
+			ackKey := fmt.Sprintf("%s/%s/ack/%d", space, id, r)
+			v, err := st.waitCtx(ctx, ackKey)
 			if err != nil {
 				release()
 				return "", nil, fmt.Errorf("gloo: waiting for rank %d to join run %s: %w", r, id, err)
@@ -445,10 +446,11 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 				return "", nil, fmt.Errorf("gloo: rank %d joined with malformed ack %q", r, v)
 			}
 			if f[1] != strconv.Itoa(size) {
+				st.remember(ackKey) // the rank that wrote it has given up
 				msg := fmt.Sprintf("world size mismatch: rank 0 has %d, rank %d has %s", size, r, f[1])
 				_, _ = st.create(ctx, space+"/"+id+"/go", []byte("error "+msg))
 				release()
-				return "", nil, fmt.Errorf("gloo: %s", msg)
+				return "", nil, fmt.Errorf("gloo: %s: %w", msg, parallel.ErrMismatch)
 			}
 			nonces[r] = f[0]
 		}
@@ -483,9 +485,10 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 		if c.run != acked {
 			if c.size != size {
 				// Rank 0 of this run learns it from the ack and refuses the run; this rank
-				// fails at once either way.
-				_, _ = st.create(ctx, fmt.Sprintf("%s/%s/ack/%d", space, c.run, rank), ack)
-				return "", nil, fmt.Errorf("gloo: world size mismatch: rank 0's %s, rank %d has world size %d", c, rank, size)
+				// fails at once either way. The ack is not this process's to remove at close
+				// (it closes at once, before rank 0 reads it): rank 0 removes it.
+				_, _ = st.kv.create(ctx, fmt.Sprintf("%s/%s/ack/%d", space, c.run, rank), ack)
+				return "", nil, fmt.Errorf("gloo: world size mismatch: rank 0's %s, rank %d has world size %d: %w", c, rank, size, parallel.ErrMismatch)
 			}
 			created, err := st.create(ctx, fmt.Sprintf("%s/%s/ack/%d", space, c.run, rank), ack)
 			if err != nil {
@@ -512,7 +515,7 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 			continue // not confirmed yet, or a run that is over: read the claim again
 		}
 		if msg, ok := bytes.CutPrefix(g, []byte("error ")); ok {
-			return "", nil, fmt.Errorf("gloo: rank 0 refused the run: %s", msg)
+			return "", nil, fmt.Errorf("gloo: rank 0 refused the run: %s: %w", msg, parallel.ErrMismatch)
 		}
 		f := strings.Fields(string(g))
 		if len(f) == size && f[rank] == mine {

@@ -65,7 +65,8 @@ extern "C" {
 #define CPCACHE_ERR_RANGE (-3)        /* an L1 slot or page index out of range */
 #define CPCACHE_ERR_CLOSED (-4)       /* a cache handle that was closed or never opened */
 #define CPCACHE_ERR_ALREADY_OPEN (-5) /* a second open while this process has a cache */
-#define CPCACHE_ERR_CONFIG (-6)       /* configuration rejected (layout, sizes, ranks disagree) */
+#define CPCACHE_ERR_CONFIG (-6)       /* configuration rejected (layout, sizes, ranks disagree,
+                                       * a rendezvous store another job is joining through) */
 #define CPCACHE_ERR_NODE (-7)         /* a node handle that is not in the tree (evicted, flushed) */
 #define CPCACHE_ERR_L1_FULL (-8)      /* L1 cannot make room (insert, load-back) */
 #define CPCACHE_ERR_BUSY (-9)         /* flush while busy; a replicated call while a step waits */
@@ -224,8 +225,11 @@ int cpcache_config_init(cpcache_config *cfg);
  * l1_pages, l2_pages, policy, write_threshold, min_load_pages and load_quota_pages (rank,
  * store_url, device, pin_host, l1_kind and l1_base are each rank's own). A difference fails
  * every rank with CPCACHE_ERR_CONFIG naming the field and two ranks' values (a URL's
- * password masked), before any group is made. One cache per process: a second open before cpcache_close fails with
- * CPCACHE_ERR_ALREADY_OPEN. [C: every rank of the job] */
+ * password masked), before any group is made. A rendezvous store (CPCACHE_STORE) that
+ * another job is joining through at the same time (the same store and the same
+ * CPCACHE_JOB_ID, or none on both) fails at once with CPCACHE_ERR_CONFIG: give each job its
+ * own store, or its ranks a CPCACHE_JOB_ID of their own. One cache per process: a second open
+ * before cpcache_close fails with CPCACHE_ERR_ALREADY_OPEN. [C: every rank of the job] */
 int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
 /* Cancels transfers that have not started, waits for running ones, and releases the cache,
  * its slabs, groups and L1 allocation. Closing a closed handle is CPCACHE_OK; every other

@@ -59,7 +59,8 @@ type dirStore struct {
 }
 
 // TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
-// removed (see dirStore).
+// removed (see dirStore), and after which an empty trash directory is a Clear's that died
+// between making it and moving the namespace into it, and removed by the next Clear.
 const TempMaxAge = time.Hour
 
 // maxLinkWarnings bounds the links a store reports to Options.OnWarning; further ones are
@@ -101,7 +102,7 @@ func openDir(root string, opts Options) (*dirStore, error) {
 	if st, err := s.fs.lstat(s.nsName); err != nil {
 		return fail(nil, &os.PathError{Op: "lstat", Path: s.nsDir, Err: err})
 	} else if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		s.link(s.nsDir) // skipped until a Clear replaces it
+		s.link("open", s.nsDir, linkSkipped+" (until a Clear replaces it)")
 	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fail(nil, &os.PathError{Op: "open", Path: s.nsDir, Err: syscall.ENOTDIR})
 	}
@@ -124,12 +125,19 @@ func (s *dirStore) warn(err error) {
 	fmt.Fprintln(os.Stderr, err)
 }
 
-// link counts the symbolic link found at path and reports it, the first few times.
-func (s *dirStore) link(path string) {
+// What the store did with a link it found, for its report.
+const (
+	linkSkipped = "skipped, not followed"
+	linkRemoved = "removed (the link itself, never its target)"
+)
+
+// link counts the symbolic link found at path by the call op and reports it, with what was
+// done with it (linkSkipped, linkRemoved), the first few times.
+func (s *dirStore) link(op, path, done string) {
 	s.stats.links.Add(1)
 	if s.warned.Add(1) <= maxLinkWarnings {
-		s.warn(&OpError{Backend: "file", Where: s.where, Op: "open", Kind: ErrLink,
-			Err: fmt.Errorf("%s: skipped, not followed", path)})
+		s.warn(&OpError{Backend: "file", Where: s.where, Op: op, Kind: ErrLink,
+			Err: fmt.Errorf("%s: %s", path, done)})
 	}
 }
 
@@ -154,7 +162,7 @@ func (s *dirStore) path(k Key) (dir, file string) {
 }
 
 // openPage opens the page file rel for reading, without waiting and without following a
-// link (see openRegular). A link on its path is reported as link, the entry that is one
+// link (as regfile.Open). A link on its path is reported as link, the entry that is one
 // (rel itself when the page file is a link).
 func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, link string, err error) {
 	fd, err := s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
@@ -176,26 +184,6 @@ func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, li
 		return nil, fi, false, "", nil
 	}
 	return f, fi, true, "", nil
-}
-
-// openRegular opens name for reading (with flags added), without waiting: O_NONBLOCK makes the open of a FIFO
-// that has no writer (or of a device) return at once, where a plain open would block the
-// call past its deadline, forever. It returns the file and its stat; a file that is not a
-// regular one (a directory, a FIFO, a device) is closed again and reported by ok == false.
-func openRegular(name string, flags int) (f *os.File, fi fs.FileInfo, ok bool, err error) {
-	f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|flags, 0)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	if fi, err = f.Stat(); err != nil {
-		f.Close()
-		return nil, nil, false, err
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fi, false, nil
-	}
-	return f, fi, true, nil
 }
 
 func isMissing(err error) bool {
@@ -400,10 +388,11 @@ func (s *dirStore) readFailed(op string, k Key, name string, err error, what str
 // reported; a page file that is itself a link is also corrupt (and purged: the link is
 // removed, never its target). It reports whether it counted the page corrupt.
 func (s *dirStore) linkedPage(op string, k Key, rel, link string) bool {
-	s.link(s.fs.abs(link))
 	if link != rel {
+		s.link(op, s.fs.abs(link), linkSkipped)
 		return false
 	}
+	s.link(op, s.fs.abs(link), "not followed; purged as a corrupt page (the link itself, never its target)")
 	s.corruptIn(op, k, fmt.Errorf("file %s: a symbolic link, not followed", s.fs.abs(rel)))
 	return true
 }
@@ -525,7 +514,7 @@ func (s *dirStore) fanOut(dirRel string) (int, error) {
 		}
 		if isLinkErr(err) {
 			if l, ok := s.fs.linkOn(dirRel); ok {
-				s.link(s.fs.abs(l))
+				s.link("put", s.fs.abs(l), linkSkipped)
 				return -1, errLinked
 			}
 		}
@@ -582,9 +571,12 @@ func createTemp(dir int) (string, int, error) {
 	}
 }
 
-func renameat(dir int, from, to string) error {
+func renameat(dir int, from, to string) error { return renameBetween(dir, from, dir, to) }
+
+// renameBetween renames from in directory fromDir to to in toDir, again when interrupted.
+func renameBetween(fromDir int, from string, toDir int, to string) error {
 	for {
-		if err := unix.Renameat(dir, from, dir, to); err != unix.EINTR {
+		if err := unix.Renameat(fromDir, from, toDir, to); err != unix.EINTR {
 			return err
 		}
 	}
@@ -640,7 +632,7 @@ func (s *dirStore) deleteOne(k Key) error {
 	if err != nil {
 		if isLinkErr(err) {
 			if l, ok := s.fs.linkOn(rel[:dirLen]); ok {
-				s.link(s.fs.abs(l))
+				s.link("delete", s.fs.abs(l), linkSkipped)
 				return nil
 			}
 		}
@@ -698,7 +690,7 @@ func (s *dirStore) clear(ctx context.Context) error {
 	into, err := s.fs.openDir(trash)
 	if err == nil {
 		// renameat moves the entry, whatever it is (a link included), never its target.
-		err = unix.Renameat(root, s.nsName, into, "ns")
+		err = renameBetween(root, s.nsName, into, "ns")
 		unix.Close(into)
 	}
 	if err != nil && err != unix.ENOENT {
@@ -727,7 +719,7 @@ func (s *dirStore) clear(ctx context.Context) error {
 		case err != nil:
 			continue
 		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-			s.link(s.fs.abs(name))
+			s.link("clear", s.fs.abs(name), linkRemoved)
 			unix.Unlinkat(root, name, 0)
 			continue
 		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
@@ -735,10 +727,17 @@ func (s *dirStore) clear(ctx context.Context) error {
 		}
 		if name != trash {
 			if _, err := s.fs.lstat(name + "/ns"); err != nil {
+				// No namespace in it: a Clear between its mkdir and its rename (leave it),
+				// or one that died there; that one's empty trash goes once older than
+				// TempMaxAge (rmdir: only while it is still empty).
+				if err == unix.ENOENT && time.Since(time.Unix(st.Mtim.Unix())) > TempMaxAge {
+					unix.Unlinkat(root, name, unix.AT_REMOVEDIR)
+				}
 				continue
 			}
 		}
-		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, s.link); err != nil {
+		removedLink := func(path string) { s.link("clear", path, linkRemoved) }
+		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, removedLink); err != nil {
 			if ctx.Err() != nil {
 				return nil // cleared; the rest of the trash goes with the next Clear
 			}

@@ -3,6 +3,7 @@ package storage_test
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -131,7 +132,7 @@ func fanOutKeys(t *testing.T, s storage.Storage, ns storage.Namespace, n int) ([
 // TestDirClearDoesNotFollowLinks: a namespace directory that is a link, a trash entry whose
 // "ns" is a link, a trash entry that is itself a link and a fan-out directory that is a link
 // are removed as links by Clear (and reported): the directories they point to keep every
-// file. Clear used to follow them and empty the victim.
+// file (a Clear that followed them would empty the victim).
 func TestDirClearDoesNotFollowLinks(t *testing.T) {
 	linkModes(t, func(t *testing.T) {
 		dir := t.TempDir()
@@ -251,8 +252,8 @@ func TestDirPutDoesNotWriteThroughLinks(t *testing.T) {
 }
 
 // TestDirPurgeDeletesNothingOutside: a file outside the store, reached through a linked
-// fan-out directory under a page's name, is neither read nor purged. The store used to read
-// it through the link, find it corrupt and delete it.
+// fan-out directory under a page's name, is neither read nor purged (read through the link,
+// it would be found corrupt and deleted).
 func TestDirPurgeDeletesNothingOutside(t *testing.T) {
 	linkModes(t, func(t *testing.T) {
 		dir := t.TempDir()
@@ -436,4 +437,84 @@ func TestDirReapsStaleTemporaryFiles(t *testing.T) {
 			t.Errorf("fan-out directory holds %v; want the two pages and .tmp-writing", names)
 		}
 	})
+}
+
+// TestDirLinkWarningsNameTheCall: a link reported by put, delete or clear names that call,
+// and says what was done with it: put and delete skip it (not followed), clear removes it
+// (the link itself, never its target).
+func TestDirLinkWarningsNameTheCall(t *testing.T) {
+	linkModes(t, func(t *testing.T) {
+		dir := t.TempDir()
+		ns := mustNamespace(t, "link-ops")
+		var w warnings
+		s := openURL(t, "file://"+dir, storage.Options{Namespace: ns, OnWarning: w.add})
+		defer s.Close()
+		keys, fan := fanOutKeys(t, s, ns, 1)
+		victim, intact := victimDir(t)
+		symlink(t, victim, fan)
+		if err := s.Put(testCtx(t), keys, [][]byte{[]byte("page")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(testCtx(t), keys); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Clear(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		intact("put, delete and clear through a linked fan-out directory")
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		var got []string
+		for _, e := range w.errs {
+			var oe *storage.OpError
+			if errors.As(e, &oe) && errors.Is(e, storage.ErrLink) {
+				got = append(got, oe.Op+": "+oe.Err.Error())
+			}
+		}
+		want := []string{
+			"put: " + fan + ": skipped, not followed",
+			"delete: " + fan + ": skipped, not followed",
+			"clear: " + fan + ": removed (the link itself, never its target)",
+		}
+		if len(got) != len(want) {
+			t.Fatalf("link warnings %q, want %q", got, want)
+		}
+		for i := range want {
+			// Clear reports the link where it met it: in the trash it moved the namespace to.
+			if got[i] != want[i] && !(i == 2 && strings.HasPrefix(got[i], "clear: "+dir+"/.trash-") &&
+				strings.HasSuffix(got[i], "/"+filepath.Base(fan)+": removed (the link itself, never its target)")) {
+				t.Errorf("link warning %d: %q, want %q", i, got[i], want[i])
+			}
+		}
+	})
+}
+
+// TestDirClearReapsDeadClearsTrash: an empty trash directory older than TempMaxAge (a Clear
+// that died between making it and moving the namespace into it) is removed by the next
+// Clear; a recent empty one (a concurrent Clear about to move its namespace in) is kept.
+func TestDirClearReapsDeadClearsTrash(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "dead-trash")
+	s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	defer s.Close()
+	dead := filepath.Join(dir, ".trash-"+ns.String()+"-dead")
+	recent := filepath.Join(dir, ".trash-"+ns.String()+"-recent")
+	for _, d := range []string{dead, recent} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-storage.TempMaxAge - time.Minute)
+	if err := os.Chtimes(dead, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Clear(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dead); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a dead Clear's empty trash %s is still there (%v)", dead, err)
+	}
+	if _, err := os.Lstat(recent); err != nil {
+		t.Errorf("a recent empty trash (a Clear in progress) was removed: %v", err)
+	}
 }

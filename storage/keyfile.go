@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/cpcache/cpcache/internal/regfile"
 )
 
 // EnvKeyFile names the environment variable that Open reads the MAC key file from when
@@ -43,15 +45,15 @@ func readKeyFile(path string, noFollow bool) ([]byte, error) {
 	if noFollow {
 		flags = syscall.O_NOFOLLOW
 	}
-	f, fi, regular, err := openRegular(path, flags)
+	f, fi, err := regfile.OpenFile(path, os.O_RDONLY|flags, 0)
 	if noFollow && errors.Is(err, syscall.ELOOP) {
 		return nil, bad(ErrBadArgument, "a symbolic link (not followed): the store's own key file must be a regular file")
 	}
+	if errors.Is(err, regfile.ErrNotRegular) {
+		return nil, bad(ErrBadArgument, "not a regular file (%s)", regfile.Kind(fi.Mode()))
+	}
 	if err != nil {
 		return nil, bad(ErrBadArgument, "%w", unwrapPath(err))
-	}
-	if !regular {
-		return nil, bad(ErrBadArgument, "not a regular file")
 	}
 	defer f.Close()
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {

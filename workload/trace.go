@@ -9,7 +9,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"syscall"
+
+	"github.com/cpcache/cpcache/internal/regfile"
 )
 
 // BlockTokens is the number of tokens behind one hash id in a Mooncake trace.
@@ -108,49 +109,19 @@ func ReadTraceFile(path string, opts TraceOptions) ([]Request, error) {
 }
 
 // ErrNotRegular is wrapped by OpenRegularFile's error for a path that is not a regular file.
-var ErrNotRegular = errors.New("not a regular file")
+var ErrNotRegular = regfile.ErrNotRegular
 
 // OpenRegularFile opens path for reading if it is a regular file (through links) and
 // refuses anything else at once: a named pipe (whose open and reads wait for a writer,
 // forever if none comes), a directory, a device or a socket. Every rank reads its input
 // files again, so a pipe could not feed them all anyway.
 func OpenRegularFile(path string) (*os.File, error) {
-	// O_NONBLOCK: opening a FIFO for reading does not wait for a writer; for a regular file
-	// it changes nothing.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, FileKind(fi.Mode()))
-	}
-	return f, nil
+	f, _, err := regfile.Open(path)
+	return f, err
 }
 
 // FileKind names the kind of file a mode is, for errors.
-func FileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeCharDevice != 0:
-		return "a character device"
-	case m&fs.ModeDevice != 0:
-		return "a block device"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m.IsRegular():
-		return "a regular file"
-	}
-	return "not a regular file"
-}
+func FileKind(m fs.FileMode) string { return regfile.Kind(m) }
 
 // ReadTrace parses a Mooncake trace: one JSON object per line with timestamp (ms),
 // input_length, output_length and hash_ids (ids of 512-token blocks; equal id means equal

@@ -112,7 +112,26 @@ func (l *launcher) env(rank int) []string {
 		parallel.EnvJobID+"="+l.jobID)
 }
 
+// catchSIGPIPE keeps a write to a broken stdout or stderr (the terminal gone after SIGHUP,
+// a closed `| head`) from killing this process by SIGPIPE, which Go does by default for fds
+// 1 and 2: a launcher killed so takes its ranks with it by SIGKILL (Pdeathsig), without their
+// handlers. With the signal caught, such a write fails with EPIPE, which the launcher's
+// writes ignore. The ranks do not inherit it: exec restores a caught signal's default.
+func catchSIGPIPE() {
+	sigpipeOnce.Do(func() {
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGPIPE)
+		go func() {
+			for range ch {
+			}
+		}()
+	})
+}
+
+var sigpipeOnce sync.Once
+
 func (l *launcher) run() int {
+	catchSIGPIPE()
 	// The ranks die with this process (Pdeathsig), which the kernel ties to the thread that
 	// started them: keep that thread until every rank has exited.
 	runtime.LockOSThread()

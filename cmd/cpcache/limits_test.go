@@ -65,8 +65,8 @@ func hasWord(list, w string) bool {
 
 // TestRunRefusesOverACgroupV1MemoryLimit: `cpcache run` in a cgroup v1 memory cgroup whose
 // limit is below what its 16 ranks need is refused before any rank starts (exit 2, naming
-// the limit's file and cgroup). Before, only cgroup v2's memory.max was read: the ranks
-// started and were OOM-killed (exit 137).
+// the limit's file and cgroup): ranks started over the limit are OOM-killed (exit 137).
+// The limit is read from cgroup v1's memory.limit_in_bytes, not only v2's memory.max.
 func TestRunRefusesOverACgroupV1MemoryLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")
@@ -170,8 +170,9 @@ func nprocUser(t *testing.T) (bin, tmp string, cred *syscall.Credential) {
 
 // TestLocalRanksRespectRLIMITNPROC: under `ulimit -u 120`, `cpcache run --world 16` and
 // `cpcache launch -n 16` are refused before any rank starts (exit 2, naming the limit), and
-// a job that fits (4 ranks) runs under the same limit. Before, the check counted processes
-// (17 of 120): the ranks started and failed with "Resource temporarily unavailable".
+// a job that fits (4 ranks) runs under the same limit. Linux counts threads, not processes,
+// against the limit: 17 processes fit in 120, their threads do not, and ranks started so
+// would fail with "Resource temporarily unavailable".
 func TestLocalRanksRespectRLIMITNPROC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")
@@ -240,8 +241,8 @@ func refusedAtOnce(t *testing.T, j *jobEnv, want string, args ...string) {
 
 // TestRunRefusesNonRegularFilesAtOnce: a named pipe (with or without a peer), a directory or
 // a device given as --trace, --cost-profile, --json or --html is refused at once (exit 2,
-// naming the path and its kind). Before, --trace naming a FIFO without a writer and --json
-// one without a reader blocked forever in open.
+// naming the path and its kind): a plain open of a FIFO without a writer (--trace) or
+// without a reader (--json) would wait forever.
 func TestRunRefusesNonRegularFilesAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")
@@ -310,8 +311,8 @@ func TestOutputStreamsStayWritable(t *testing.T) {
 
 // TestSIGHUPIsForwarded: SIGHUP to `cpcache launch` reaches every rank, whose handler runs,
 // and launch exits with 129; `cpcache run` (alone, or as the ranks of a launch) ends on
-// SIGHUP as on SIGTERM: exit 129, nothing left behind. Before, SIGHUP's default action ended
-// launch (and run) on the spot and the ranks died by SIGKILL (Pdeathsig), handlers unrun.
+// SIGHUP as on SIGTERM: exit 129, nothing left behind. SIGHUP's default action would end
+// launch (and run) on the spot and the ranks by SIGKILL (Pdeathsig), their handlers unrun.
 func TestSIGHUPIsForwarded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")
@@ -361,11 +362,82 @@ func TestSIGHUPIsForwarded(t *testing.T) {
 	}
 }
 
+// TestSIGHUPWithBrokenOutput: after SIGHUP the terminal is usually gone, and the launcher's
+// stdout and stderr are broken pipes: its own message and the ranks' output it copies get
+// EPIPE, which must not kill it by SIGPIPE (its ranks would then die by SIGKILL, without
+// their handlers). cpcache launch and cpcache run still forward the signal and exit 129.
+func TestSIGHUPWithBrokenOutput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the cpcache binary")
+	}
+	marks := t.TempDir()
+	// Each rank says it is ready, and that it got SIGHUP, in files and on its stdout (which
+	// the launcher copies to its broken stdout).
+	trap := `trap 'echo got-hup >> "$MARKS/hup.$RANK"; echo got-hup; exit 7' HUP; : > "$MARKS/ready.$RANK"; ` +
+		`while :; do echo tick; sleep 0.05; done`
+	work := []string{"run", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "64", "--rounds", "12"}
+	cases := []struct {
+		name  string
+		args  []string
+		ready func(j *jobEnv) bool
+	}{
+		{"launch of shells", []string{"launch", "-n", "2", "--", "sh", "-c", trap}, func(*jobEnv) bool {
+			m, _ := filepath.Glob(filepath.Join(marks, "ready.*"))
+			return len(m) == 2
+		}},
+		{"run", work, func(j *jobEnv) bool { return j.processes() >= 3 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := newJobEnv(t)
+			cmd := j.command(c.args...)
+			cmd.Env = append(cmd.Env, "MARKS="+marks)
+			outR, outW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			errR, errW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = outW, errW
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			outW.Close()
+			errW.Close()
+			for deadline := time.Now().Add(30 * time.Second); !c.ready(j); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					_ = cmd.Process.Kill()
+					t.Fatal("never started")
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+			outR.Close() // the terminal is gone
+			errR.Close()
+			if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			if status, err := waitExit(t, cmd, 30*time.Second, new(strings.Builder)); status != 129 {
+				t.Fatalf("after SIGHUP with broken stdout and stderr: %v, want exit status 129 (128+SIGHUP), not death by SIGPIPE", err)
+			}
+			if c.name == "launch of shells" {
+				for r := 0; r < 2; r++ {
+					if _, err := os.Stat(filepath.Join(marks, fmt.Sprintf("hup.%d", r))); err != nil {
+						t.Errorf("rank %d did not run its SIGHUP handler: %v", r, err)
+					}
+				}
+			}
+			j.requireNothingLeft(t, 2*time.Second, c.name+" after SIGHUP")
+		})
+	}
+}
+
 // TestRanksStartedWithDifferentFlagsFailAtOnce: ranks of one replica started (by a wrapper
 // that reads RANK) with different --max-running, --clients or --requests, or reading
 // different traces, all fail at start with exit 2 naming what differs and both values,
-// within 30 s. Before, they made different scheduler decisions and waited for each other's
-// collectives until the 60 s step deadline, then reported a timeout naming no flag.
+// within 30 s, instead of making different scheduler decisions and waiting for each other's
+// collectives until the 60 s step deadline, then reporting a timeout naming no flag.
 func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")

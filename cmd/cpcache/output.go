@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cpcache/cpcache/workload"
+	"github.com/cpcache/cpcache/internal/regfile"
 )
 
 // outputStreams are the output paths that may name something other than a regular file:
@@ -36,21 +36,13 @@ func openOutput(flag, path string) (f *os.File, created bool, err error) {
 	}
 	_, statErr := os.Stat(path)
 	created = errors.Is(statErr, fs.ErrNotExist)
-	// O_NONBLOCK: the open of a FIFO without a reader fails at once (ENXIO) instead of
-	// waiting; for a regular file it changes nothing.
-	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NONBLOCK, 0o644)
-	if errors.Is(err, unix.ENXIO) {
-		return nil, false, fmt.Errorf("%s %s: not a regular file (a named pipe)", flag, path)
+	// Never waits: a FIFO without a reader is refused (regfile) instead of blocking the open.
+	f, _, err = regfile.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	var re *regfile.Error
+	if errors.As(err, &re) {
+		return nil, false, fmt.Errorf("%s %s: not a regular file (%s)", flag, path, re.Kind)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
-	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("not a regular file (%s)", workload.FileKind(fi.Mode()))
-	}
-	if err != nil {
-		f.Close()
 		return nil, false, fmt.Errorf("%s %s: %w", flag, path, err)
 	}
 	return f, created, nil

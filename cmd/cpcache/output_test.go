@@ -11,9 +11,9 @@ import (
 )
 
 // TestJSONToRedirectedStdout: `cpcache run --json /dev/stdout > FILE` leaves the text
-// report and the JSON report in FILE, one after the other, as it does through a pipe. The
-// report file used to be opened again through /dev/stdout (a new offset 0) and truncated:
-// the text report written before it was lost.
+// report and the JSON report in FILE, one after the other, as it does through a pipe: the
+// stream is opened again through /dev/stdout, at offset 0, so it must be opened to append and
+// not truncated, or the text report written before is lost.
 func TestJSONToRedirectedStdout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the cpcache binary")

@@ -51,7 +51,7 @@ func silentListener(t *testing.T) string {
 }
 
 // TestRunSilentRendezvousStore: `cpcache run --store redis://<silent> --timeout 3s` is a bad
-// input within its timeout (it waited forever): the pre-check talks the protocol.
+// input within its timeout, not a wait without end: the pre-check talks the protocol.
 func TestRunSilentRendezvousStore(t *testing.T) {
 	start := time.Now()
 	status, _, _, stderr := runBinary(t, nil, append([]string{"--store", "redis://" + silentListener(t) + "/p", "--timeout", "3s"}, rdvJob...)...)
@@ -77,7 +77,7 @@ func TestRunRendezvousStoreAuth(t *testing.T) {
 
 // TestRunTwoJobsOneRendezvousStore: two `cpcache run` jobs started at once on one file store
 // directory, and on one Redis prefix, both work in every trial, each serving its own
-// requests (they joined each other's worlds: failed, or served the other's requests).
+// requests (ranks that joined the other job's world would fail, or serve its requests).
 func TestRunTwoJobsOneRendezvousStore(t *testing.T) {
 	srv := redistest.Start(t)
 	stores := map[string]string{"file": "file://" + t.TempDir(), "redis": srv.URL("two-jobs")}
@@ -109,4 +109,22 @@ func TestRunTwoJobsOneRendezvousStore(t *testing.T) {
 		return err
 	}))
 	assert.Zero(t, n, fmt.Sprintf("files left in the rendezvous store after %d jobs", 2*trials["file"]))
+}
+
+// TestRunStoreInUse: a rank of `cpcache run` whose rendezvous store another job's rank 0
+// holds (the same store, no job id on either) is a bad input (exit 2), at once, with one
+// line saying the store is in use, and is not a failure of a run (exit 1).
+func TestRunStoreInUse(t *testing.T) {
+	dir := t.TempDir()
+	claim := filepath.Join(dir, "cpcache", "shared", "claim", fmt.Sprintf("%020d", 1))
+	require.NoError(t, os.MkdirAll(filepath.Dir(claim), 0o700))
+	expiry := time.Now().Add(time.Hour).UnixMilli()
+	require.NoError(t, os.WriteFile(claim, []byte(fmt.Sprintf("0123456789abcdef 2 %d ", expiry)), 0o600))
+	start := time.Now()
+	env := []string{"RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2"}
+	status, _, _, stderr := runBinary(t, env, append([]string{"--store", "file://" + dir, "--timeout", "20s"}, rdvJob...)...)
+	assert.Equal(t, 2, status, "stderr:\n%s", stderr)
+	assert.Contains(t, stderr, "is in use")
+	assert.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "one line: %q", stderr)
+	assert.Less(t, time.Since(start), 15*time.Second, "at once, not at --timeout 20s")
 }

@@ -279,6 +279,7 @@ func runAsRank(ctx context.Context, p *runner.Plan, statusDir string, paths repo
 // runLocal starts the world as local ranks of this binary, draws their progress and
 // returns rank 0's report (nil when the ranks left none) and the exit status.
 func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer) (*runner.Report, int) {
+	catchSIGPIPE() // this process is the ranks' launcher, its progress and report included
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))

@@ -64,8 +64,8 @@ func namespaceDir(t *testing.T, dir string) string {
 // and a trash entry itself pointing at directories outside the store, then every fan-out
 // directory pointing at a directory holding (damaged) copies of the run's page files. The
 // runs stay healthy; `--storage-clear` removes the links, not what they point to; backups
-// write nothing, and purges delete nothing, outside the store. Before, the clear emptied
-// every victim, and backups wrote into the fan-out links' target.
+// write nothing, and purges delete nothing, outside the store: a clear that followed the
+// links would empty every victim, and backups would write into the fan-out links' target.
 func TestRunStorageClearFollowsNoLinks(t *testing.T) {
 	dir := t.TempDir()
 	url := "file://" + dir

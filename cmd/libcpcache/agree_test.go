@@ -24,7 +24,7 @@ func agreeOf(cfgs []openConfig, gens ...uint64) (uint64, error) {
 }
 
 // TestAgreeConfigNamesTheField: ranks whose configurations differ fail alike, with an error
-// naming the field and both values; storage_url and model used to be compared by no rank.
+// naming the field and both values, storage_url and model included.
 func TestAgreeConfigNamesTheField(t *testing.T) {
 	two := func(edit func(*openConfig)) []openConfig {
 		a, b := goodConfig(), goodConfig()
@@ -104,7 +104,7 @@ func TestAgreeConfigReplicaScope(t *testing.T) {
 
 // TestAgreeConfigRefusesAnotherVersion: payloads with fewer or more compared fields than
 // this library compares (another libcpcache on some rank) are CPCACHE_ERR_CONFIG on every
-// rank; fewer used to index past them and panic (CPCACHE_ERR_INTERNAL).
+// rank, not an index past the fields a rank sent (a panic, CPCACHE_ERR_INTERNAL).
 func TestAgreeConfigRefusesAnotherVersion(t *testing.T) {
 	c := goodConfig()
 	full := comparedFields(&c, 2)

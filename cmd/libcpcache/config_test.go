@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -88,7 +89,8 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},
 		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
 		{&hicache.StartError{Rank: 1}, -11},
-		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6}, // a bad CPCACHE_STORE
+		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6},       // a bad CPCACHE_STORE
+		{fmt.Errorf("gloo: store in use: %w", gloo.ErrStoreInUse), -6}, // another job's rendezvous
 	} {
 		wrapped := tc.err
 		if wrapped != nil {
@@ -100,8 +102,8 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 	}
 }
 
-// TestCheckHostMemory: the pools this rank allocates must fit the memory available; they
-// used to be allocated as asked, and a large l1_pages got the process killed.
+// TestCheckHostMemory: the pools this rank allocates must fit the memory available, so that
+// a large l1_pages is an error, not a process the kernel kills.
 func TestCheckHostMemory(t *testing.T) {
 	c := goodConfig() // 8 L1 and 16 L2 pages of 64 bytes: 1536 bytes
 	if err := checkHostMemory(&c, 1536, "test"); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
@@ -523,7 +524,8 @@ func statusOf(err error) C.int {
 		errors.Is(err, parallel.ErrBadLayout), errors.Is(err, parallel.ErrBadEnv),
 		errors.Is(err, parallel.ErrBadArgument), errors.Is(err, parallel.ErrMismatch),
 		errors.Is(err, slab.ErrBadArgument), errors.Is(err, slab.ErrSpecMismatch),
-		errors.Is(err, slab.ErrUnsupported), errors.Is(err, storage.ErrBadArgument):
+		errors.Is(err, slab.ErrUnsupported), errors.Is(err, storage.ErrBadArgument),
+		errors.Is(err, gloo.ErrStoreInUse): // the job's store (and job id) are another job's too
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):
 		return C.CPCACHE_ERR_PEER_LOST

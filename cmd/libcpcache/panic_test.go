@@ -17,7 +17,7 @@ func cpcache_fake_export(p *int) (err error) {
 }
 
 // TestPanicErrorIsOneLine: a panic's error names the exported function, where it panicked and
-// the panic value, on one line: the recover used to put the goroutine's stack in the message
+// the panic value, on one line: the goroutine's stack goes to stderr, never into the message
 // a C caller gets from cpcache_last_error.
 func TestPanicErrorIsOneLine(t *testing.T) {
 	err := cpcache_fake_export(nil)

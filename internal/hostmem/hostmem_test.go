@@ -116,8 +116,8 @@ func TestAvailableV2Hierarchy(t *testing.T) {
 
 // TestAvailableV1: under cgroup v1 (the memory controller's own hierarchy) the limit is
 // memory.limit_in_bytes less memory.usage_in_bytes plus the page cache; the kernel's "no
-// limit" (9223372036854771712) is none. Before, cgroup v1 was not read at all and a rank was
-// OOM-killed after the ranks had started.
+// limit" (9223372036854771712) is none. A v1 limit left unread lets ranks start that the
+// kernel then OOM-kills.
 func TestAvailableV1(t *testing.T) {
 	h := newFakeHost(t, 8<<30, "12:pids:/x\n4:memory:/batch/job7\n1:name=systemd:/x\n0::/x\n")
 	v1 := h.path("v1mem")

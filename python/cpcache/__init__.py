@@ -259,7 +259,10 @@ def _bytes(s):
 
 def _alloc_pool(l1_pages, page_bytes):
     """The L1 pool of an L1_ALLOC cache, as an anonymous private mapping, and its address; None
-    when the sizes are not ones the library would accept (it then rejects them, naming them)."""
+    when the sizes are not ones the library would accept (it then rejects them, naming them),
+    or when the mapping cannot be made: the library's own L1_ALLOC then checks the pool against
+    the host's memory with every rank, so that all of them fail with this rank's cause instead
+    of the others waiting for it until their deadline."""
     if not (isinstance(l1_pages, int) and isinstance(page_bytes, int)
             and 0 < l1_pages <= 2**31 - 1 and 0 < page_bytes and l1_pages * page_bytes <= 2**63 - 1):
         return None, None
@@ -267,9 +270,8 @@ def _alloc_pool(l1_pages, page_bytes):
     try:
         pool = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    except (OSError, OverflowError, ValueError) as e:
-        raise _invalid(f"l1_pages {l1_pages} of page_bytes {page_bytes}: cannot allocate an L1 pool "
-                       f"of {size} bytes: {e}") from None
+    except (OSError, OverflowError, ValueError):
+        return None, None
     probe = ctypes.c_char.from_buffer(pool)  # released at once: only the address is kept
     addr = ctypes.addressof(probe)
     del probe

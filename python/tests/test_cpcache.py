@@ -208,6 +208,34 @@ def test_host_memory_check_is_agreed_by_every_rank(tmp_path):
     assert r0.startswith("[0] PeerLostError") and want in r0 and "l2_pages 2147483647" in r0, r0
 
 
+_L1_MEMORY_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import cpcache
+l1 = 2**31 - 1 if os.environ["RANK"] == "1" else 8  # rank 1: 128 TiB of L1, more than mmap gives
+try:
+    cpcache.Cache(page_bytes=65536, l1_pages=l1, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000).close()
+    print("opened", flush=True)
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+"""
+
+
+def test_l1_pool_too_large_to_map_is_agreed_by_every_rank(tmp_path):
+    """A rank whose L1_ALLOC pool the binding cannot map still joins: every rank fails at once
+    with its host-memory cause, none waits for it until the deadline."""
+    script = tmp_path / "rank.py"
+    script.write_text(_L1_MEMORY_RANK.format(python=os.path.join(ROOT, "python")))
+    start = time.monotonic()
+    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    r0, r1 = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+    want = "rank 1 of group world[0,1] could not start: checking host memory"
+    assert r1.startswith("[1] InvalidError") and want in r1 and "l1_pages 2147483647" in r1, r1
+    assert r0.startswith("[0] PeerLostError") and want in r0 and "l1_pages 2147483647" in r0, r0
+    assert time.monotonic() - start < 15, "at once, not at the 20 s timeout"
+
+
 def test_ctrl_c_closes_and_exits_130(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                CPCACHE_STORE=f"file://{tmp_path}")

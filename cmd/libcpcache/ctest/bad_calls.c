@@ -304,8 +304,8 @@ int main(void) {
   expect(cpcache_step(c), CPCACHE_OK);
 
   // Capacities are bounds: SIZE_MAX (a C caller's "as many as there are") works and writes
-  // only the entries returned. It used to panic in the library (a Go slice of SIZE_MAX
-  // entries) and fail with CPCACHE_ERR_INTERNAL and a goroutine dump as the message.
+  // only the entries returned: the library makes no Go slice of SIZE_MAX entries (a panic,
+  // CPCACHE_ERR_INTERNAL).
   int32_t cap_tokens[2 * PAGE_TOKENS];
   for (int i = 0; i < 2 * PAGE_TOKENS; i++) cap_tokens[i] = 7000 + i;
   cpcache_fill_page big_fill[4];

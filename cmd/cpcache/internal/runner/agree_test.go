@@ -19,9 +19,9 @@ import (
 
 // TestStartFlagsNameEveryDifference: a difference in any flag that shapes the scheduler or
 // its workload is a bad input naming the flag and both values, on every rank of the job, at
-// the first collective. Before, ranks of one replica started with different --max-running
-// (or --batch-tokens, --clients, --rounds, --requests, ...) made different decisions and
-// waited for each other until the 60 s step deadline, then reported a timeout naming no flag.
+// the first collective: ranks of one replica with different --max-running (or
+// --batch-tokens, --clients, --rounds, --requests, ...) would make different decisions and
+// wait for each other until the 60 s step deadline, then report a timeout naming no flag.
 func TestStartFlagsNameEveryDifference(t *testing.T) {
 	lc := parallel.LayoutConfig{World: 4, DP: 1, AttnCP: 4, DPAttention: true}
 	virtual := func(c *Config) { c.Time.Mode = TimeVirtual }

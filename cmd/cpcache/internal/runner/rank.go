@@ -90,6 +90,11 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	cfg.killPoint(env.Rank, "start", 0)
 	world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Timeout: cfg.Timeout})
+	if errors.Is(err, gloo.ErrStoreInUse) {
+		// Another job joins through the same --store with the same job id (or none): the
+		// job's input, not a failure of this run, and it fails before the run starts.
+		return nil, fmt.Errorf("%w: --store: %w", ErrBadInput, err)
+	}
 	if err != nil {
 		return nil, err
 	}
