@@ -285,6 +285,11 @@ func TestFlushInQuarantineAgreesIdleness(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.flushAndCheckFresh()
+	for i, c := range r.caches {
+		if st := c.Stats(); st.Recoveries != st.Divergences || st.Divergences != 1 {
+			t.Fatalf("rank %d: %d divergences, %d recoveries: the flush that ended the quarantine is its recovery", i, st.Divergences, st.Recoveries)
+		}
+	}
 	if err := r.step(); err != nil {
 		t.Fatal(err)
 	}

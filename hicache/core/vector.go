@@ -265,10 +265,15 @@ func (c *Core) dropLocks(n *Node) {
 // Reset returns the core to its freshly constructed state: empty tree, all L1 slots free,
 // no backups or loads, no hints, the L2 allocator Reset (the fresh digest), L2 enabled
 // again. Only when Idle; otherwise ErrBusy and nothing changes. Replicated: call it
-// identically on every rank (the driver's Flush runs a collective first).
+// identically on every rank (the driver's Flush runs a collective first). A Reset that
+// ends a quarantine is a recovery (Stats.Recoveries), as the flush the group agrees by
+// itself at its first idle step is.
 func (c *Core) Reset() error {
 	if !c.Idle() {
 		return c.Busy()
+	}
+	if c.quarantined {
+		c.stats.Recoveries++
 	}
 	c.reset()
 	return nil
