@@ -221,6 +221,11 @@ var metricDefs = []metricDef{
 		}, true},
 	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},
+	{"storage_abandoned_operations_total", "Storage operations this rank's store stopped waiting for at their deadline, the kernel not having returned (a frozen or hung file system).",
+		prometheus.CounterValue, "", nil,
+		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Abandoned) }, true},
+	{"storage_stuck_operations", "Of the abandoned storage operations, those still in the kernel now.", prometheus.GaugeValue, "", nil,
+		func(_ *Collector, _ *Stats, st *storage.Stats, _ int) float64 { return float64(st.Stuck) }, true},
 }
 
 // Describe implements prometheus.Collector.

@@ -261,3 +261,26 @@ func TestCollectorRejectedValuesNeverWrap(t *testing.T) {
 		t.Fatalf("rejected values: damaged %v, forged %v from Corrupt 3 (Forged 4 counted ahead)", damaged, forged)
 	}
 }
+
+// TestCollectorStorageAbandoned: the storage operations abandoned at their deadline and
+// those of them still stuck in the kernel are exported (a counter and a gauge).
+func TestCollectorStorageAbandoned(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), statsStore{st: storage.Stats{Abandoned: 7, Stuck: 2}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := metricValue(t, fams, "cpcache_storage_abandoned_operations_total", nil); got != 7 {
+		t.Errorf("cpcache_storage_abandoned_operations_total = %v, want 7", got)
+	}
+	if got := metricValue(t, fams, "cpcache_storage_stuck_operations", nil); got != 2 {
+		t.Errorf("cpcache_storage_stuck_operations = %v, want 2", got)
+	}
+	problems, err := testutil.CollectAndLint(col)
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %+v", err, problems)
+	}
+}

@@ -67,7 +67,63 @@ const TempMaxAge = time.Hour
 // only counted, so that a store full of planted links does not flood the log.
 const maxLinkWarnings = 8
 
+// openDirGate, when set (tests: FreezeOpen), runs at the start of openDir, before it
+// touches the file system, and blocks where a dead mount would.
+var openDirGate atomic.Pointer[func(root string)]
+
+// openDirBounded is openDir bounded by Options.Timeout or ctx's deadline, whichever comes
+// first: a file system that does not answer at start (a dead or frozen mount: the
+// MkdirAll, the key file, the root's descriptor never return) fails the open with
+// ErrUnavailable at the deadline instead of hanging it. The open then goes on on its own
+// goroutine until the kernel lets it, and the store it opens, if any, is closed: the
+// caller never sees it (nor its warnings).
+func openDirBounded(ctx context.Context, root string, opts Options) (*dirStore, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	unavailable := func(err error) error {
+		return &OpError{Backend: "file", Where: filepath.Clean(root), Op: "open", Kind: ErrUnavailable, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable(err)
+	}
+	var abandoned atomic.Bool
+	warn := opts.OnWarning
+	opts.OnWarning = func(err error) {
+		switch {
+		case abandoned.Load():
+		case warn != nil:
+			warn(err)
+		default:
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	type opened struct {
+		s   *dirStore
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		s, err := openDir(root, opts)
+		done <- opened{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+	}
+	abandoned.Store(true)
+	go func() {
+		if r := <-done; r.s != nil {
+			r.s.Close()
+		}
+	}()
+	return nil, unavailable(fmt.Errorf("the file system did not answer (the open is abandoned in the kernel): %w", ctx.Err()))
+}
+
 func openDir(root string, opts Options) (*dirStore, error) {
+	if g := openDirGate.Load(); g != nil {
+		(*g)(root)
+	}
 	root = filepath.Clean(root)
 	s := &dirStore{base: base{backend: "file", where: root, ns: opts.Namespace.ID(), opts: opts}}
 	s.nsName = opts.Namespace.String()

@@ -1,5 +1,7 @@
 package storage
 
+import "sync"
+
 // Test hooks into the backends' internals.
 
 // DirPath returns the file that holds k in a directory storage.
@@ -40,3 +42,14 @@ func ForceComponentWalk(walk bool) func() {
 
 // DirWalks reports whether directory storage s opens paths one component at a time.
 func DirWalks(s Storage) bool { return s.(*purging).backend.(*dirStore).fs.walk }
+
+// FreezeOpen makes directory stores opened from now on block, before their open touches
+// the file system, where a dead mount would, whatever the open's context, until the
+// returned thaw is called (which also undoes the hook).
+func FreezeOpen() (thaw func()) {
+	ch := make(chan struct{})
+	g := func(string) { <-ch }
+	openDirGate.Store(&g)
+	var once sync.Once
+	return func() { once.Do(func() { openDirGate.Store(nil); close(ch) }) }
+}

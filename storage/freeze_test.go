@@ -153,3 +153,45 @@ func TestDirFrozenFileSystemBound(t *testing.T) {
 		t.Fatalf("exists after the thaw: %d, %v", n, err)
 	}
 }
+
+// TestDirOpenFrozen: opening a file:// store on a file system that does not answer (a dead
+// mount at start: the MkdirAll, the key file, the root's descriptor) returns at the open's
+// deadline, its context's or Options.Timeout, with ErrUnavailable; the abandoned open,
+// once the kernel answers, leaves nothing open, and the store then opens.
+func TestDirOpenFrozen(t *testing.T) {
+	ns, err := storage.NewNamespace("open-frozen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "file://" + t.TempDir()
+	thaw := storage.FreezeOpen()
+	defer thaw()
+	start := time.Now()
+	returnsWithin(t, "Open (context deadline)", 200*time.Millisecond, func(ctx context.Context) error {
+		st, err := storage.Open(ctx, url, storage.Options{Namespace: ns})
+		if st != nil {
+			st.Close()
+		}
+		return err
+	})
+	returnsWithin(t, "Open (Options.Timeout)", time.Minute, func(ctx context.Context) error {
+		st, err := storage.Open(ctx, url, storage.Options{Namespace: ns, Timeout: 200 * time.Millisecond})
+		if st != nil {
+			st.Close()
+		}
+		return err
+	})
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("two opens bounded at 200 ms took %v", d)
+	}
+	thaw()
+	st, err := storage.Open(context.Background(), url, storage.Options{Namespace: ns, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("Open after the thaw: %v", err)
+	}
+	defer st.Close()
+	k := storage.NewKey(ns, 1)
+	if err := st.Put(context.Background(), []storage.Key{k}, [][]byte{bytes.Repeat([]byte{7}, 64)}); err != nil {
+		t.Fatalf("Put after the thaw: %v", err)
+	}
+}

@@ -29,7 +29,9 @@ import (
 // URL without one is refused, ErrNoKey, unless Options.Insecure; a file store makes its
 // own). URL query values override the matching Options. The Redis backend checks that the server
 // answers before returning (an error wrapping ErrUnavailable if not); later calls reconnect
-// by themselves. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
+// by themselves. Opening a file store is bounded the same way, by Options.Timeout or ctx's
+// deadline: a file system that does not answer (a dead or frozen mount) fails it with
+// ErrUnavailable at the deadline, the open abandoned in the kernel. A URL that cannot be used is an error wrapping ErrBadArgument that quotes
 // it, without its password.
 func Open(ctx context.Context, rawURL string, opts Options) (Storage, error) {
 	st, err := openBackend(ctx, rawURL, opts)
@@ -84,7 +86,7 @@ func openBackend(ctx context.Context, rawURL string, opts Options) (backend, err
 		if opts.auth, err = explicitKey(opts); err != nil {
 			return nil, err
 		}
-		return openDir(u.Path, opts.withDefaults())
+		return openDirBounded(ctx, u.Path, opts.withDefaults())
 	case "redis", "rediss", "redis+cluster", "rediss+cluster":
 		parse := parseRedisURL
 		if clusterSchemes[u.Scheme] != "" {

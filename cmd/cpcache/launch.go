@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -32,6 +33,22 @@ func init() {
 // before they are killed.
 const launchGrace = 5 * time.Second
 
+// launchExitGrace is how long a rank that has said it is exiting (its exit file, see
+// envExitDir) may take to be reaped before launch leaves it behind: a thread of it stuck in
+// the kernel (a frozen or hung file system) holds the process, SIGKILL included, until the
+// kernel lets the thread go, while its work, and the job's, is over.
+const launchExitGrace = 3 * time.Second
+
+// envExitDir names the directory where a rank that is a cpcache process writes its exit
+// status (exit-RANK) just before it exits (main, noteExit): the launcher that set it then
+// knows the rank's status even if the kernel never lets the process end.
+const envExitDir = "CPCACHE_LAUNCH_EXIT_DIR"
+
+// envTestExitHang, set to a rank (tests only), makes that rank, once it wrote its exit
+// file, never exit (SIGINT, SIGTERM and SIGHUP ignored): a process that a thread stuck in
+// the kernel holds, as far as the launcher can tell until its reap.
+const envTestExitHang = "CPCACHE_TEST_EXIT_HANG_RANK"
+
 // launchDrain is how long a rank's output may keep flowing after it exited (from children
 // it left behind) before launch stops reading it.
 const launchDrain = 2 * time.Second
@@ -49,7 +66,10 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 			"128+signal (130 for SIGINT, 129 for SIGHUP). When a rank fails the others get SIGTERM\n"+
 			"(SIGKILL after 5s), and launch exits with the first failing rank's status (128+signal\n"+
 			"for a rank killed by a signal). The ranks die with launch (kill -9 included), and its\n"+
-			"temporary directory goes with the job. At most 256 local ranks.", stderr)
+			"temporary directory goes with the job. A rank that is a cpcache process writes its exit\n"+
+			"status before it exits; one not reaped within 3s after that (a thread of it stuck in the\n"+
+			"kernel: a frozen or hung file system) is left behind with a warning and counted with\n"+
+			"that status. At most 256 local ranks.", stderr)
 	n := fs.Int("n", 0, "number of ranks to start")
 	store := fs.String("store", "", "rendezvous store URL (file:///dir or redis://host:port); default: a fresh temporary directory")
 	if status, done := parseFlags(fs, args); done {
@@ -71,15 +91,21 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	reclaimJobDirs()
-	if *store == "" {
-		dir, done, err := newJobDir("launch")
-		if err != nil {
-			return fail(stderr, 1, fmt.Errorf("launch: store directory: %w", err))
-		}
-		defer done()
-		*store = "file://" + dir
+	dir, done, err := newJobDir("launch")
+	if err != nil {
+		return fail(stderr, 1, fmt.Errorf("launch: job directory: %w", err))
 	}
-	l := &launcher{n: *n, argv: argv, store: *store, stdout: &lineWriter{w: stdout}, stderr: &lineWriter{w: stderr}}
+	defer done()
+	exitDir, storeDir := filepath.Join(dir, "exit"), filepath.Join(dir, "store")
+	for _, d := range []string{exitDir, storeDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return fail(stderr, 1, fmt.Errorf("launch: %w", err))
+		}
+	}
+	if *store == "" {
+		*store = "file://" + storeDir
+	}
+	l := &launcher{n: *n, argv: argv, store: *store, exitDir: exitDir, stdout: &lineWriter{w: stdout}, stderr: &lineWriter{w: stderr}}
 	return l.run()
 }
 
@@ -90,6 +116,13 @@ type launcher struct {
 	store          string
 	stdout, stderr *lineWriter
 	jobID          string // CPCACHE_JOB_ID of every rank: binds them to this job in the store
+	// exitDir ("": none) is where the ranks write their exit status (envExitDir): a rank
+	// that wrote it and is not reaped within exitGrace (0: launchExitGrace) is left behind.
+	exitDir   string
+	exitGrace time.Duration
+	// wait reaps a rank (nil: cmd.Wait); tests make it never return, as for a process a
+	// thread stuck in the kernel holds.
+	wait func(*exec.Cmd) error
 
 	mu        sync.Mutex     // protects everything below
 	cmds      []*exec.Cmd    // started ranks, in rank order
@@ -103,9 +136,12 @@ type launcher struct {
 func (l *launcher) env(rank int) []string {
 	env := make([]string, 0, len(os.Environ())+5)
 	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(launcherVars, name) {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(launcherVars, name) && name != envExitDir {
 			env = append(env, kv)
 		}
+	}
+	if l.exitDir != "" {
+		env = append(env, envExitDir+"="+l.exitDir)
 	}
 	return append(env, "RANK="+strconv.Itoa(rank), "WORLD_SIZE="+strconv.Itoa(l.n),
 		"LOCAL_RANK="+strconv.Itoa(rank), "LOCAL_WORLD_SIZE="+strconv.Itoa(l.n), "CPCACHE_STORE="+l.store,
@@ -144,10 +180,6 @@ func (l *launcher) run() int {
 
 	l.failed = -1
 	l.jobID = newJobID()
-	type exit struct {
-		rank int
-		err  error
-	}
 	exits := make(chan exit, l.n)
 	l.exited = make([]bool, l.n)
 	started := 0
@@ -189,7 +221,12 @@ func (l *launcher) run() int {
 		go func() { l.stdout.copyLines(r, outR); drained <- struct{}{} }()
 		go func() { l.stderr.copyLines(r, errR); drained <- struct{}{} }()
 		go func() {
-			err := cmd.Wait()
+			var err error
+			if l.wait != nil {
+				err = l.wait(cmd)
+			} else {
+				err = cmd.Wait()
+			}
 			// Let the output drain; a child the rank left behind that still holds the
 			// pipes open is killed (with the rest of the rank's process group).
 			timeout := time.After(launchDrain)
@@ -206,14 +243,46 @@ func (l *launcher) run() int {
 			exits <- exit{r, err}
 		}()
 	}
+	var stuck <-chan exit // ranks said they exited and were not reaped in time
+	if l.exitDir != "" && started > 0 {
+		ch := make(chan exit, l.n)
+		stopWatch := make(chan struct{})
+		defer close(stopWatch)
+		go l.watchExits(started, ch, stopWatch)
+		stuck = ch
+	}
 	for left := started; left > 0; {
 		select {
 		case e := <-exits:
-			left--
 			l.mu.Lock()
+			gone := l.exited[e.rank] // left behind earlier
 			l.exited[e.rank] = true
 			l.mu.Unlock()
+			if gone {
+				continue
+			}
+			left--
 			if st := exitStatus(e.err); st != 0 {
+				l.fail(e.rank, st)
+			}
+		case e := <-stuck:
+			l.mu.Lock()
+			gone := l.exited[e.rank]
+			if !gone {
+				// It gets SIGKILL now (its process group), which ends it when the kernel
+				// lets its thread go, and with Pdeathsig again when launch exits.
+				_ = syscall.Kill(-l.cmds[e.rank].Process.Pid, syscall.SIGKILL)
+				l.exited[e.rank] = true
+			}
+			l.mu.Unlock()
+			if gone {
+				continue
+			}
+			left--
+			st := exitStatus(e.err)
+			fmt.Fprintf(l.stderr, "launch: warning: rank %d exited with status %d but did not end within %v: a thread of it is stuck in the kernel (a frozen or hung file system?); leaving it behind\n",
+				e.rank, st, l.grace())
+			if st != 0 {
 				l.fail(e.rank, st)
 			}
 		case s := <-sigs:
@@ -242,6 +311,53 @@ func (l *launcher) run() int {
 		return l.status
 	}
 	return 0
+}
+
+func (l *launcher) grace() time.Duration {
+	if l.exitGrace > 0 {
+		return l.exitGrace
+	}
+	return launchExitGrace
+}
+
+// watchExits watches l.exitDir for the exit files of the first n ranks and sends on stuck,
+// with its status, each rank that wrote one and is still not reaped l.grace() later, until
+// stop is closed.
+func (l *launcher) watchExits(n int, stuck chan<- exit, stop <-chan struct{}) {
+	seen := make([]time.Time, n) // when rank r's exit file was first seen
+	sent := make([]bool, n)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		for r := 0; r < n; r++ {
+			l.mu.Lock()
+			gone := l.exited[r]
+			l.mu.Unlock()
+			if gone || sent[r] {
+				continue
+			}
+			if seen[r].IsZero() {
+				if _, err := os.Stat(exitPath(l.exitDir, r)); err == nil {
+					seen[r] = time.Now()
+				}
+				continue
+			}
+			if time.Since(seen[r]) < l.grace() {
+				continue
+			}
+			st, err := readExitFile(l.exitDir, r)
+			if err != nil {
+				st = 1
+			}
+			sent[r] = true
+			stuck <- exit{r, statusError(st)}
+		}
+	}
 }
 
 // newJobID is a fresh job id: "<pid>-<random>", so that two jobs started at once on one
@@ -281,10 +397,57 @@ func (l *launcher) signalAll(sig syscall.Signal) {
 	}
 }
 
+// exit is a rank's end: its Wait error.
+type exit struct {
+	rank int
+	err  error
+}
+
+// statusError is an error that exitStatus maps back to st (nil for 0).
+type statusError int
+
+func (e statusError) Error() string { return "exit status " + strconv.Itoa(int(e)) }
+
+func exitPath(dir string, rank int) string { return filepath.Join(dir, "exit-"+strconv.Itoa(rank)) }
+
+// readExitFile reads the status rank wrote into dir (noteExit).
+func readExitFile(dir string, rank int) (int, error) {
+	b, err := os.ReadFile(exitPath(dir, rank))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// noteExit runs just before a cpcache process exits with status: a rank of a launcher that
+// set envExitDir writes its status there (through a rename: a reader never sees half of it).
+// Under envTestExitHang (tests) that rank then never exits.
+func noteExit(status int) {
+	dir, rank := os.Getenv(envExitDir), os.Getenv("RANK")
+	if dir == "" || rank == "" {
+		return
+	}
+	if _, err := strconv.Atoi(rank); err != nil {
+		return
+	}
+	path := filepath.Join(dir, "exit-"+rank)
+	tmp := path + ".tmp"
+	if os.WriteFile(tmp, []byte(strconv.Itoa(status)+"\n"), 0o600) == nil {
+		_ = os.Rename(tmp, path)
+	}
+	if os.Getenv(envTestExitHang) == rank {
+		signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+		select {}
+	}
+}
+
 // exitStatus maps a Wait error to a shell-style status.
 func exitStatus(err error) int {
 	if err == nil {
 		return 0
+	}
+	if st, ok := err.(statusError); ok {
+		return int(st)
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

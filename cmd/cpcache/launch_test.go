@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,5 +175,69 @@ func TestLaunchLeftoverChild(t *testing.T) {
 			t.Fatalf("leftover child %d still running", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLaunchLeavesStuckRankBehind: a rank that wrote its exit status (as a cpcache rank
+// does just before it exits) but whose reap never returns (a process a thread stuck in the
+// kernel holds: SIGKILL waits for the kernel too) is left behind after the grace with a
+// warning, and launch returns with the job's status: the first failing rank's, counting
+// the stuck rank's own.
+func TestLaunchLeavesStuckRankBehind(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		stuckStatus int
+		want        int
+	}{{"ok", 0, 0}, {"failed", 3, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut syncBuffer
+			exitDir := t.TempDir()
+			release := make(chan struct{})
+			defer close(release)
+			l := &launcher{n: 3, store: "file://" + t.TempDir(), exitDir: exitDir, exitGrace: 500 * time.Millisecond,
+				argv: []string{"sh", "-c", `st=0; [ "$RANK" = 1 ] && st=` + strconv.Itoa(tc.stuckStatus) + `
+echo "$st" > "$CPCACHE_LAUNCH_EXIT_DIR/exit-$RANK"; echo done; exit "$st"`},
+				stdout: &lineWriter{w: &out}, stderr: &lineWriter{w: &errOut}}
+			l.wait = func(c *exec.Cmd) error {
+				err := c.Wait()
+				if slices.Contains(c.Env, "RANK=1") {
+					<-release // the kernel never lets it go
+				}
+				return err
+			}
+			status := make(chan int, 1)
+			start := time.Now()
+			go func() { status <- l.run() }()
+			select {
+			case st := <-status:
+				if st != tc.want {
+					t.Fatalf("status %d, want %d; stderr:\n%s", st, tc.want, errOut.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("launch still waiting for a rank it cannot reap after 30 s; stderr:\n%s", errOut.String())
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("launch returned after %v (grace 500ms)", d)
+			}
+			want := fmt.Sprintf("launch: warning: rank 1 exited with status %d but did not end within 500ms: a thread of it is stuck in the kernel (a frozen or hung file system?); leaving it behind", tc.stuckStatus)
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("stderr has no %q:\n%s", want, errOut.String())
+			}
+			if n := strings.Count(errOut.String(), "warning: rank"); n != 1 {
+				t.Errorf("%d ranks left behind, want 1:\n%s", n, errOut.String())
+			}
+		})
+	}
+}
+
+// TestLaunchExitFileWithoutStuckRank: ranks that write their exit file and exit are reaped
+// as usual (no warning), and the exit directory is a job's own: the ranks get it, not one
+// inherited from a parent launcher.
+func TestLaunchExitFileWithoutStuckRank(t *testing.T) {
+	var out, errOut syncBuffer
+	t.Setenv(envExitDir, "/nonexistent-parent-exit-dir")
+	st := runLaunch([]string{"-n", "2", "--", "sh", "-c", `echo 0 > "$CPCACHE_LAUNCH_EXIT_DIR/exit-$RANK" && echo wrote`}, &out, &errOut)
+	if st != 0 || strings.Count(out.String(), "wrote") != 2 || strings.Contains(errOut.String(), "warning") {
+		t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", st, out.String(), errOut.String())
 	}
 }

@@ -32,7 +32,9 @@ func main() {
 	// go-redis logs every failed dial to stderr; the storage errors it causes are already
 	// counted and reported (rate-limited) by the cache.
 	logging.Disable()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	status := run(os.Args[1:], os.Stdout, os.Stderr)
+	noteExit(status) // its launcher learns the status even if the kernel holds this process
+	os.Exit(status)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

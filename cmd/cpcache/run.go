@@ -73,7 +73,9 @@ process), every trace line within its limits, --store reachable, --json and --ht
 writable, --fault well formed. --trace, --cost-profile, --json and --html must be regular
 files (the reports may also go to /dev/stdout, /dev/stderr or /dev/null): a named pipe, a
 directory or a device is refused at once. Ranks die with the process that started them; the
-temporary directory goes with the job. Exit status: 0 ok, 1 failure (a bad page, a
+temporary directory goes with the job. A rank that has ended its part but is not reaped within 3s
+(a thread of it stuck in the kernel: a frozen or hung file system) is left behind with a
+warning, and the report is printed without it. Exit status: 0 ok, 1 failure (a bad page, a
 divergence under --strict, a lost rank), 2 bad flags or input, 128+signal when
 interrupted by SIGINT, SIGTERM or SIGHUP (130 for SIGINT; the signal is passed on to the
 ranks, which end cleanly).
@@ -290,8 +292,8 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string
 		return nil, fail(stderr, 1, fmt.Errorf("run: temporary directory: %w", err))
 	}
 	defer done()
-	statusDir, storeDir := filepath.Join(dir, "status"), filepath.Join(dir, "store")
-	for _, d := range []string{statusDir, storeDir} {
+	statusDir, storeDir, exitDir := filepath.Join(dir, "status"), filepath.Join(dir, "store"), filepath.Join(dir, "exit")
+	for _, d := range []string{statusDir, storeDir, exitDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, fail(stderr, 1, fmt.Errorf("run: %w", err))
 		}
@@ -315,7 +317,7 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string
 		return nil, fail(stderr, 1, err)
 	}
 	defer os.Unsetenv(runner.EnvStatusDir)
-	l := &launcher{n: p.Layout.Config.World, argv: append([]string{exe, "run"}, args...), store: store,
+	l := &launcher{n: p.Layout.Config.World, argv: append([]string{exe, "run"}, args...), store: store, exitDir: exitDir,
 		stdout: &lineWriter{w: stdout}, stderr: &lineWriter{w: stderr}}
 	pctx, stopProgress := context.WithCancel(ctx)
 	progressDone := make(chan struct{})
