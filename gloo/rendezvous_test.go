@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -86,42 +84,10 @@ func roleCycles() error {
 	return nil
 }
 
-// silentServer accepts TCP connections and never answers (a stopped Redis); it returns
-// its address.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
-}
-
 // TestSilentRedisStore: a Redis store that accepts connections and never answers fails
 // CheckStore at its context's deadline and NewWorld at its timeout (it hung forever).
 func TestSilentRedisStore(t *testing.T) {
-	url := "redis://" + silentServer(t) + "/silent"
+	url := "redis://" + redistest.Silent(t) + "/silent"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()

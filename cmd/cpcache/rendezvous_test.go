@@ -2,11 +2,9 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,40 +19,11 @@ import (
 var rdvJob = []string{"--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "4", "--rounds", "2",
 	"--l1-pages", "160", "--l2-pages", "512", "--kv-bytes-per-token", "64"}
 
-// silentListener accepts TCP connections and never answers (a stopped Redis).
-func silentListener(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
-}
-
 // TestRunSilentRendezvousStore: `cpcache run --store redis://<silent> --timeout 3s` is a bad
 // input within its timeout, not a wait without end: the pre-check talks the protocol.
 func TestRunSilentRendezvousStore(t *testing.T) {
 	start := time.Now()
-	status, _, _, stderr := runBinary(t, nil, append([]string{"--store", "redis://" + silentListener(t) + "/p", "--timeout", "3s"}, rdvJob...)...)
+	status, _, _, stderr := runBinary(t, nil, append([]string{"--store", "redis://" + redistest.Silent(t) + "/p", "--timeout", "3s"}, rdvJob...)...)
 	assert.Equal(t, 2, status, "stderr:\n%s", stderr)
 	assert.Contains(t, stderr, "did not answer PING")
 	assert.NotContains(t, stderr, "[0]", "no rank may start")

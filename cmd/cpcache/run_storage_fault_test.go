@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,15 +53,7 @@ func TestRunRedisStoppedMidRun(t *testing.T) {
 // open. Without the freeze bounded, the job waits for the file system forever.
 func TestRunStorageFrozen(t *testing.T) {
 	args := append([]string{"--storage", "file://" + t.TempDir(), "--storage-timeout", "200ms", "--fault", "storage-freeze:op=put"}, storageArgs...)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			panic("cpcache run on a frozen file store still running after 2 minutes")
-		}
-	}()
+	defer panicAfter(2*time.Minute, "cpcache run on a frozen file store still running")()
 	status, rep, out, errOut := runBinary(t, nil, args...)
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Positive(t, rep.StorageAbandoned, "operations abandoned")
@@ -86,15 +79,7 @@ func TestRunStorageFreezeNeedsFileStore(t *testing.T) {
 // and the job exits 0, instead of waiting for the kernel (forever on a dead mount).
 func TestRunRankStuckAtExit(t *testing.T) {
 	args := append([]string{"--storage", "file://" + t.TempDir(), "--storage-timeout", "200ms", "--fault", "storage-freeze:op=put"}, storageArgs...)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			panic("cpcache run with a rank stuck at its exit still running after 2 minutes")
-		}
-	}()
+	defer panicAfter(2*time.Minute, "cpcache run with a rank stuck at its exit still running")()
 	start := time.Now()
 	status, rep, out, errOut := runBinary(t, []string{envTestExitHang + "=2"}, args...)
 	requireHealthy(t, status, rep, out, errOut)
@@ -102,4 +87,19 @@ func TestRunRankStuckAtExit(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(errOut, "warning: rank"), errOut)
 	assert.Positive(t, rep.StorageAbandoned, "operations abandoned")
 	t.Logf("%d requests, job %.2fs, cpcache run returned after %v", rep.Requests, rep.WallSeconds, time.Since(start))
+}
+
+// panicAfter panics with what, and how long it has waited, unless the function it returns is
+// called within d: the bound of a test whose failure is a wait without end (the test binary's
+// own -timeout would only fire after every other test's time too).
+func panicAfter(d time.Duration, what string) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(d):
+			panic(fmt.Sprintf("%s after %v", what, d))
+		}
+	}()
+	return func() { close(done) }
 }
