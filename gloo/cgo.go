@@ -15,6 +15,8 @@ import "C"
 import (
 	"time"
 	"unsafe"
+
+	"github.com/cpcache/cpcache/internal/sigpipe"
 )
 
 // errLen is the size of the message buffer every shim call gets.
@@ -68,7 +70,7 @@ func (s *cStore) close() {
 type cDevice struct{ p *C.cpg_device }
 
 func newDevice(hostname, iface string) (*cDevice, error) {
-	catchSIGPIPE()
+	sigpipe.Catch() // Gloo writes to sockets without MSG_NOSIGNAL: a peer gone mid-write is an EPIPE, not this rank killed
 	ch, ci := C.CString(hostname), C.CString(iface)
 	defer C.free(unsafe.Pointer(ch))
 	defer C.free(unsafe.Pointer(ci))

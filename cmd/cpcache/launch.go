@@ -22,6 +22,7 @@ import (
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/internal/sigpipe"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -148,26 +149,8 @@ func (l *launcher) env(rank int) []string {
 		parallel.EnvJobID+"="+l.jobID)
 }
 
-// catchSIGPIPE keeps a write to a broken stdout or stderr (the terminal gone after SIGHUP,
-// a closed `| head`) from killing this process by SIGPIPE, which Go does by default for fds
-// 1 and 2: a launcher killed so takes its ranks with it by SIGKILL (Pdeathsig), without their
-// handlers. With the signal caught, such a write fails with EPIPE, which the launcher's
-// writes ignore. The ranks do not inherit it: exec restores a caught signal's default.
-func catchSIGPIPE() {
-	sigpipeOnce.Do(func() {
-		ch := make(chan os.Signal, 1)
-		signal.Notify(ch, syscall.SIGPIPE)
-		go func() {
-			for range ch {
-			}
-		}()
-	})
-}
-
-var sigpipeOnce sync.Once
-
 func (l *launcher) run() int {
-	catchSIGPIPE()
+	sigpipe.Catch() // a write to a broken stdout or stderr (the terminal gone after SIGHUP) fails with EPIPE instead of killing the launcher and, by Pdeathsig, its ranks
 	// The ranks die with this process (Pdeathsig), which the kernel ties to the thread that
 	// started them: keep that thread until every rank has exited.
 	runtime.LockOSThread()

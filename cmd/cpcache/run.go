@@ -16,6 +16,7 @@ import (
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/internal/sigpipe"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -281,7 +282,7 @@ func runAsRank(ctx context.Context, p *runner.Plan, statusDir string, paths repo
 // runLocal starts the world as local ranks of this binary, draws their progress and
 // returns rank 0's report (nil when the ranks left none) and the exit status.
 func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer) (*runner.Report, int) {
-	catchSIGPIPE() // this process is the ranks' launcher, its progress and report included
+	sigpipe.Catch() // this process is the ranks' launcher, its progress and report included
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fail(stderr, 1, fmt.Errorf("run: own executable: %w", err))
