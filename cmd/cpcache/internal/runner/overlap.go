@@ -2,7 +2,9 @@ package runner
 
 import (
 	"errors"
+	"maps"
 	"math"
+	"slices"
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/workload"
@@ -11,14 +13,26 @@ import (
 // pendingPrefetch is a queued request's prefetch from storage. The request waits in the
 // queue, and everything else keeps running, until the cache inserted what the prefetch
 // read and the virtual clock passed the modelled read time (as in SGLang's HiCache, where
-// a request whose prefetch is under way is not scheduled yet).
+// a request whose prefetch is under way is not scheduled yet). From the end of the read to
+// the request's prefill the prompt's match stays locked, so that what was read is still
+// there to serve.
 type pendingPrefetch struct {
-	id      uint64        // the cache's prefetch under way
-	locked  *hicache.Node // the prefix node locked while the cache reads
-	askedNs float64       // virtual time the first prefetch was asked
-	readyNs float64       // NaN until the cache finished
-	pages   [2]int        // page range [from, to) of the prompt the prefetches added
+	id       uint64        // the cache's last prefetch for the request (0: none to wait for)
+	locked   *hicache.Node // locked: the prefix while the cache reads, then the match it read
+	askedNs  float64       // virtual time the first prefetch was asked
+	readyNs  float64       // NaN until the cache finished
+	pages    [2]int        // page range [from, to) of the prompt the prefetches added
+	weight   int           // pages of the prompt: what it may hold in L2 (see prefetchBudget)
+	attempts int           // prefetches asked again after a refusal or a released hold
+	recheck  bool          // its hold was released (releaseHolds): match again, fetch again
+	epoch    uint64        // scheduler.roomEpoch at the last retry
 }
+
+// maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
+// cache refused stored pages for a transient reason (quota, L2 room, a changed tree, a
+// duplicate read) or its hold was released: past it, the refused pages are computed and
+// counted (replicaCounts.PrefetchRefusedPages), never silently.
+const maxPrefetchAttempts = 8
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for
 // them in steps where nothing decodes).
@@ -26,44 +40,180 @@ func (s *scheduler) overlapPrefetch() bool {
 	return s.cfg.Storage != "" && !s.cfg.Time.PrefetchSync
 }
 
+// prefetchBudget is how many prompt pages the requests waiting for prefetches may hold: the
+// cache's prefetch quota. Without it every queued request asked at once (all of a synthetic
+// run's conversations, arrived at 0): their locked prefixes filled L2, the cache refused
+// the reads for want of room or quota, and the requests computed what storage held. Within
+// it the reads fit the quota and the held pages leave L2 room to read into.
+func (s *scheduler) prefetchBudget() int {
+	return max(s.cache.PrefetchQuotaPages(), 1)
+}
+
 // prefetchWaits starts r's prefetch when its prompt continues beyond its L1 and L2 hit, and
-// reports whether r must keep waiting for it. Replicated: every branch follows from the
-// cache's replicated answers and the replicated clock.
+// reports whether r must keep waiting for it. A request whose prefetch would pass the
+// budget while others are under way waits for them to be admitted first (it keeps its place:
+// the queue is served in order). Replicated: every branch follows from the cache's
+// replicated answers and the replicated clock.
 func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
 	pf := s.prefetches[r.ID]
 	if pf == nil {
-		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}}
+		w := len(r.Tokens) / P
+		if len(s.prefetches) > 0 && s.prefetchHeld+w > s.prefetchBudget() {
+			m, err := c.Match(r.Tokens)
+			if err != nil {
+				return false, err
+			}
+			if (m.DevicePages+m.HostPages)*P >= len(r.Tokens) {
+				return false, nil // nothing to fetch
+			}
+			s.counts.PrefetchDeferrals++
+			s.deferred[r.ID] = true
+			return true, nil
+		}
+		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
 		started, err := s.askPrefetch(r, pf)
 		if err != nil || !started {
 			return false, err
 		}
 		s.prefetches[r.ID] = pf
+		s.prefetchHeld += w
 	}
 	if math.IsNaN(pf.readyNs) {
-		if c.PrefetchPending(pf.id) {
+		if pf.id != 0 && c.PrefetchPending(pf.id) {
 			return true, nil
 		}
-		if err := c.Unlock(pf.locked); err != nil {
-			return false, err
+		if pf.locked != nil {
+			if err := c.Unlock(pf.locked); err != nil {
+				return false, err
+			}
+			pf.locked = nil
 		}
-		// Prefetches of a shared prefix asked together are read once: when this one
-		// gained pages but the prompt goes on, ask for the rest.
 		m, err := c.Match(r.Tokens)
 		if err != nil {
 			return false, err
 		}
-		if have := m.DevicePages + m.HostPages; have > pf.pages[1] && have*P < len(r.Tokens) {
-			started, err := s.askPrefetch(r, pf)
-			if err != nil || started {
-				return started, err
+		have := m.DevicePages + m.HostPages
+		if have*P < len(r.Tokens) {
+			switch s.retryPrefetch(pf, have) {
+			case retryWait:
+				return true, nil
+			case retryAsk:
+				pf.id = 0
+				started, err := s.askPrefetch(r, pf)
+				if err != nil || started {
+					return started, err
+				}
 			}
-		} else {
-			pf.pages[1] = max(pf.pages[1], have)
 		}
+		pf.recheck = false
+		pf.pages[1] = max(pf.pages[1], have)
+		// Hold what was read until the prefill (admit unlocks it).
+		if err := c.Lock(m.Last); err != nil {
+			return false, err
+		}
+		pf.locked = m.Last
 		pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
 	}
 	return s.clock.nowNs < pf.readyNs, nil
+}
+
+// What retryPrefetch decides.
+const (
+	retryNo   = iota // take what the tree holds
+	retryAsk         // ask storage again
+	retryWait        // wait for the room to change, then decide again
+)
+
+// retryPrefetch decides, once pf's prefetch is over and the tree holds have leading pages
+// of the prompt (short of all of it), whether to ask storage again, and accounts the stored
+// pages it gives up: a read cut by the timer or revoked, or short, is not asked again
+// (PrefetchCutPages); pages refused for a transient reason (quota, L2 room, a changed tree, a
+// duplicate read), read but lost before the hold, or lost while the hold was released, are
+// asked for again once the room may have changed (an admission or a finish since the last
+// try, or at once when nothing runs or is in flight), at most maxPrefetchAttempts times
+// (then PrefetchRefusedPages). A read that gained pages asks for the rest (prefetches of a
+// shared prefix asked together are read once; the quota clamps a long read).
+func (s *scheduler) retryPrefetch(pf *pendingPrefetch, have int) int {
+	out, known := s.cache.PrefetchOutcome(pf.id)
+	known = known && pf.id != 0
+	if known && out.Refused != hicache.RefusedNone && !out.Refused.Transient() {
+		s.counts.PrefetchCutPages += int64(out.Stored - out.Inserted)
+		return retryNo
+	}
+	if have > pf.pages[1] {
+		return retryAsk
+	}
+	missing := 0
+	switch {
+	case known:
+		missing = pf.pages[1] + out.Stored - have
+	case pf.recheck:
+		missing = pf.pages[1] - have
+	}
+	switch {
+	case missing <= 0:
+		return retryNo
+	case pf.attempts >= maxPrefetchAttempts:
+		s.counts.PrefetchRefusedPages += int64(missing)
+		return retryNo
+	case pf.epoch == s.roomEpoch && (len(s.running) > 0 || s.cache.Pending() > 0):
+		return retryWait
+	}
+	pf.attempts++
+	pf.epoch = s.roomEpoch
+	s.counts.PrefetchRetries++
+	return retryAsk
+}
+
+// holdPrefetched takes the holds of the prefetches the last step finished, in queue order,
+// before the step's decisions (a finish's insert, an earlier request's prefill) can evict
+// what they read.
+func (s *scheduler) holdPrefetched() error {
+	if len(s.prefetches) == 0 {
+		return nil
+	}
+	for _, r := range s.queue {
+		if pf := s.prefetches[r.ID]; pf != nil && math.IsNaN(pf.readyNs) && !pf.recheck {
+			if _, err := s.prefetchWaits(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// admitted forgets r's prefetch once r's prefill locked its own match: the hold goes.
+func (s *scheduler) admitted(r workload.Request) error {
+	pf := s.prefetches[r.ID]
+	if pf == nil {
+		return nil
+	}
+	delete(s.prefetches, r.ID)
+	s.prefetchHeld -= pf.weight
+	s.roomEpoch++
+	if pf.locked == nil {
+		return nil
+	}
+	return s.cache.Unlock(pf.locked)
+}
+
+// releaseHolds unlocks what the read prefetches of waiting requests hold, when an insert or
+// a load-back found L1 full: a held match may pin L1 pages (its prefix) that the requests
+// before them need. Each is matched again before its prefill, and what it lost meanwhile is
+// fetched again. Replicated.
+func (s *scheduler) releaseHolds() error {
+	for _, id := range slices.Sorted(maps.Keys(s.prefetches)) {
+		pf := s.prefetches[id]
+		if math.IsNaN(pf.readyNs) || pf.locked == nil {
+			continue // still reading: its lock is the prefix the read is for
+		}
+		if err := s.cache.Unlock(pf.locked); err != nil {
+			return err
+		}
+		pf.locked, pf.id, pf.readyNs, pf.recheck = nil, 0, math.NaN(), true
+	}
+	return nil
 }
 
 // askPrefetch matches r and, when its prompt continues beyond the tree's L1 and L2 pages,
@@ -117,6 +267,9 @@ func (s *scheduler) waitIdle() {
 			}
 			next = min(next, pf.readyNs)
 			continue
+		}
+		if s.deferred[r.ID] {
+			continue // its prefetch waits for those before it (see prefetchWaits)
 		}
 		next = min(next, s.clock.arrival(r))
 		break // the queue is in arrival order
