@@ -82,8 +82,13 @@
 // are host pages, loaded back into L1 and verified like any L2 page. The requests waiting
 // for prefetches hold at most the cache's prefetch quota of prompt pages (the first always
 // asks; the others wait their turn in queue order), and from the end of its read to its
-// prefill a request's match stays locked, so that what was read is served (an insert or a
-// load-back that finds L1 full releases these holds; what was lost is read again).
+// prefill a request's match stays locked, so that what was read is served. These holds pin
+// L1 pages no admission accounts for: an insert or a load-back that finds L1 full releases
+// them, and none is taken again until a step in which nothing wanted room, so that the call
+// is retried with no hold in its way (what was lost meanwhile is read again). A step that
+// moves nothing with nothing in flight ends the run with a "no progress" error, on every
+// rank at the same step; while requests wait for prefetches, after maxQuietSteps such steps
+// in a row.
 // Prefetches of a shared prefix asked together are read once; a request whose prefetch
 // gained pages and whose prompt goes on asks again for the rest; stored pages the cache
 // refused (no L2 room, quota, a changed tree, a duplicate read; Cache.PrefetchOutcome) are

@@ -133,6 +133,8 @@ func TestSecondRunServesWhatStorageHolds(t *testing.T) {
 				assert.GreaterOrEqual(t, float64(c.HitL3), 0.95*float64(beyond), "storage serves ≥ 95%% of what an unlimited cache hits beyond L1 and L2")
 				assert.LessOrEqual(t, float64(m.Storage), 0.05*float64(beyond), "misses for the storage cause ≤ 5%% of it")
 				assert.LessOrEqual(t, float64(c.Missed-m.PartialPage), 0.05*float64(beyond), "whole pages missed ≤ 5%% of it")
+				assert.LessOrEqual(t, c.Missed-m.PartialPage, int64(cfg.PageSize)*(c.PrefetchRefusedPages+c.PrefetchCutPages),
+					"every whole page missed is counted refused or cut: none is computed silently")
 				assert.Zero(t, c.PrefetchRefusedPages, "no stored page refused for good")
 				assert.Zero(t, c.PrefetchCutPages, "best effort: no read is cut")
 				assert.Zero(t, c.PrefetchSteps, "prefetches overlap decode")

@@ -95,6 +95,9 @@ type scheduler struct {
 	firstBad error               // the first bad page this rank found
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
 	faults   *faultRunner        // --fault: kills, stalls and flushes at steps (nil: none)
+	// afterSchedule (tests) runs in run's loop after each step's decisions, before its
+	// consensus step; it may make consensus steps of its own (s.step).
+	afterSchedule func(context.Context) error
 
 	clock      *vclock                  // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
@@ -105,6 +108,11 @@ type scheduler struct {
 	roomEpoch    uint64       // admissions and finishes so far: L2 room may have changed since
 	misses       *missTracker // miss attribution (replica leaders only; nil elsewhere)
 	diverged     bool         // a divergence was seen: the group may be in quarantine
+
+	// roomWanted: an insert or a load-back found L1 full in this step (roomWantedLast: in
+	// the step before); then no waiting request holds its match (see holdsAllowed).
+	roomWanted, roomWantedLast bool
+	quietSteps                 int // steps in a row that moved nothing with nothing in flight
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
@@ -132,14 +140,26 @@ func (s *scheduler) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		idle := s.cache.Pending() == 0 && len(s.prefetches) == 0
+		if s.afterSchedule != nil {
+			if err := s.afterSchedule(ctx); err != nil {
+				return err
+			}
+		}
+		quiet := s.cache.Pending() == 0
+		prefetched := len(s.prefetches) > 0
 		if err := s.step(ctx); err != nil {
 			return err
 		}
 		s.clock.endStep()
-		if !progressed && idle {
-			// Nothing admitted, decoded or finished, and no I/O in flight whose completion
-			// could free L1: no later step can do better. Replicated, so every rank stops.
+		if progressed || !quiet {
+			s.quietSteps = 0
+			continue
+		}
+		// Nothing admitted, decoded or finished, and no I/O in flight whose completion could
+		// free L1 or end a prefetch: no later step can do better, except while requests
+		// wait for prefetches, whose holds and checks may take a few steps to settle (see
+		// maxQuietSteps). Replicated (every input is), so every rank stops at the same step.
+		if s.quietSteps++; !prefetched || s.quietSteps >= maxQuietSteps {
 			return s.stalled()
 		}
 	}
@@ -172,11 +192,22 @@ func (s *scheduler) step(ctx context.Context) error {
 	return err
 }
 
+// maxQuietSteps bounds the steps in a row that move nothing, with nothing in flight, while
+// requests wait for prefetches: settling what the reads brought (the holds taken), a
+// prefill or a finish that then finds L1 full (the holds released), and its retry with no
+// hold in the way take three; a run that still moves nothing is stalled, and fails saying
+// so instead of stepping forever.
+const maxQuietSteps = 8
+
 func (s *scheduler) stalled() error {
 	if len(s.queue) > 0 {
 		r := s.queue[0]
-		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running",
-			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running))
+		waiting := ""
+		if n := len(s.prefetches); n > 0 {
+			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
+		}
+		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
 	}
 	return fmt.Errorf("runner: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
 }
@@ -184,6 +215,7 @@ func (s *scheduler) stalled() error {
 // schedule makes one step's decisions: one decoded token per running request (finishing
 // those whose answer is complete), then admissions. It reports whether anything moved.
 func (s *scheduler) schedule(ctx context.Context) (bool, error) {
+	s.roomWantedLast, s.roomWanted = s.roomWanted, false
 	if s.overlapPrefetch() {
 		if err := s.holdPrefetched(); err != nil {
 			return false, err
@@ -251,7 +283,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 		}
 		if a == nil { // L1 full for now: retry at a later step
 			s.counts.Retries++
-			if err := s.releaseHolds(); err != nil {
+			if err := s.wantRoom(); err != nil {
 				return admitted, err
 			}
 			stop = true
@@ -518,7 +550,7 @@ func (s *scheduler) decode(ctx context.Context) (int, error) {
 		}
 		if !done {
 			s.counts.Retries++
-			if err := s.releaseHolds(); err != nil {
+			if err := s.wantRoom(); err != nil {
 				return moved, err
 			}
 			keep = append(keep, a)
