@@ -61,9 +61,10 @@ type Report struct {
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 	// With prefetches overlapping decode (summed over replicas; see replicaCounts):
 	// prefetches asked again after the cache refused stored pages for want of room or quota
-	// (or a changed tree, a duplicate read), stored pages still refused after the last try
-	// (computed), and stored pages a read did not bring (cut by the PrefetchTimeout timer,
-	// revoked, or short: a storage error or a rejected page).
+	// (or a changed tree, a duplicate read) or after they were lost before the prefill,
+	// stored pages still refused after the last try or lost while storage could not be
+	// asked (computed), and stored pages a read did not bring (cut by the PrefetchTimeout
+	// timer, revoked, or short: a storage error or a rejected page).
 	PrefetchRetries      int64 `json:"prefetch_retries"`
 	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
 	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`

@@ -33,9 +33,10 @@ type replicaCounts struct {
 	// With prefetches overlapping decode: PrefetchDeferrals are the steps × queued requests
 	// whose prefetch waited for the budget (see prefetchBudget); PrefetchRetries the
 	// prefetches asked again after the cache refused stored pages for a transient reason
-	// (quota, L2 room, a changed tree, a duplicate read) or a released hold lost pages;
-	// PrefetchRefusedPages the stored pages still refused after maxPrefetchAttempts (then
-	// computed); PrefetchCutPages the stored pages a read did not bring (cut by the
+	// (quota, L2 room, a changed tree, a duplicate read) or an unheld match lost pages;
+	// PrefetchRefusedPages the stored pages still refused after maxPrefetchAttempts, or
+	// lost while the cache could not ask storage (the circuit open), then computed;
+	// PrefetchCutPages the stored pages a read did not bring (cut by the
 	// PrefetchTimeout timer, revoked, or short: a storage error or a rejected page).
 	PrefetchDeferrals    int64 `json:"prefetch_deferrals"`
 	PrefetchRetries      int64 `json:"prefetch_retries"`
