@@ -670,6 +670,28 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 	return c.core.PrefetchPending(id)
 }
 
+// PrefetchOutcome returns how prefetch id ended (see Core.PrefetchOutcome): how many pages
+// storage held, how many became an L2-only node, and why the others were refused or cut, so
+// that a scheduler can retry a prefetch refused for want of room instead of computing what
+// storage holds. False while it is pending and for an unknown id. Replicated.
+func (c *Cache) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.PrefetchOutcome(id)
+}
+
+// PrefetchQuotaPages is the most L2 pages prefetches may hold reserved at once (see
+// L3Options.PrefetchQuotaPages); 0 without L3.
+func (c *Cache) PrefetchQuotaPages() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cfg := c.core.Config()
+	if !cfg.L3 {
+		return 0
+	}
+	return cfg.L3Config.PrefetchQuotaPages
+}
+
 // RevokePrefetch stops waiting for prefetch id (see Core.RevokePrefetch): under
 // PrefetchBestEffort and PrefetchTimeout the next step inserts what every I/O rank has
 // read. Replicated.

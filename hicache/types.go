@@ -17,13 +17,16 @@ type (
 	FillPage       = core.FillPage
 	LoadResult     = core.LoadResult
 	PrefetchResult = core.PrefetchResult
-	Options        = core.Options
-	Policy         = core.Policy
-	PrefetchPolicy = core.PrefetchPolicy
-	CoreStats      = core.Stats
-	Transfer       = core.Transfer
-	Copy           = core.Copy
-	Kind           = core.Kind
+	// PrefetchOutcome and PrefetchRefusal: how a finished prefetch ended (Cache.PrefetchOutcome).
+	PrefetchOutcome = core.PrefetchOutcome
+	PrefetchRefusal = core.PrefetchRefusal
+	Options         = core.Options
+	Policy          = core.Policy
+	PrefetchPolicy  = core.PrefetchPolicy
+	CoreStats       = core.Stats
+	Transfer        = core.Transfer
+	Copy            = core.Copy
+	Kind            = core.Kind
 
 	Engine            = engine.Engine
 	Ticket            = engine.Ticket
@@ -46,6 +49,19 @@ const (
 	PrefetchBestEffort   = core.PrefetchBestEffort
 	PrefetchWaitComplete = core.PrefetchWaitComplete
 	PrefetchTimeout      = core.PrefetchTimeout
+)
+
+// Prefetch refusals (see core.PrefetchRefusal).
+const (
+	RefusedNone        = core.RefusedNone
+	RefusedQuota       = core.RefusedQuota
+	RefusedNoRoom      = core.RefusedNoRoom
+	RefusedTreeChanged = core.RefusedTreeChanged
+	RefusedDuplicate   = core.RefusedDuplicate
+	RefusedRevoked     = core.RefusedRevoked
+	RefusedCut         = core.RefusedCut
+	RefusedShort       = core.RefusedShort
+	RefusedBelowMin    = core.RefusedBelowMin
 )
 
 // Transfer kinds (see core.Kind).

@@ -75,6 +75,8 @@ type readOp struct {
 	hashes  []uint64
 	pages   []alloc.Page
 	revoked bool
+	stored  int             // leading pages the group agreed are stored (≥ len(pages))
+	clamp   PrefetchRefusal // RefusedQuota when the quota left fewer than stored
 	// local (I/O rank)
 	done     bool
 	progress int
@@ -105,6 +107,10 @@ type l3State struct {
 	reserved   int          // L2 pages held by reads and releases
 	jobs       []StorageJob // to start (I/O rank only)
 	stops      []uint64     // read seqs whose I/O must stop (I/O rank only)
+	// outcomes of finished prefetches by id, the oldest first in outcomeIDs (at most
+	// maxOutcomes; see Core.PrefetchOutcome)
+	outcomes   map[uint64]PrefetchOutcome
+	outcomeIDs []uint64
 	// circuitOpen: the group agreed that an I/O rank's storage circuit breaker is open: no
 	// prefetch or backup to storage is queued until it agrees the circuit closed again.
 	circuitOpen bool
@@ -276,12 +282,13 @@ func (c *Core) l3Apply(v []int64) {
 	for i := range min(l3Slots, len(c.l3.reads)) {
 		r := c.l3.reads[i]
 		pages := int(min(max(v[vL3ReadPages+i], 0), int64(len(r.pages))))
-		cut := v[vL3ReadCut+i] < 0 || r.revoked && policy != PrefetchWaitComplete
 		switch {
 		case v[vL3ReadDone+i] >= 1:
-			c.finishRead(r, pages, true)
-		case cut:
-			c.finishRead(r, pages, false)
+			c.finishRead(r, pages, true, RefusedNone)
+		case v[vL3ReadCut+i] < 0:
+			c.finishRead(r, pages, false, RefusedCut)
+		case r.revoked && policy != PrefetchWaitComplete:
+			c.finishRead(r, pages, false, RefusedRevoked)
 		default:
 			continue
 		}

@@ -20,6 +20,93 @@ type PrefetchResult struct {
 	Start, Pages int
 }
 
+// PrefetchRefusal says why stored pages of a prefetch were not inserted into L2.
+type PrefetchRefusal int
+
+// Prefetch refusals.
+const (
+	// RefusedNone: every stored page asked for was inserted (or nothing was stored).
+	RefusedNone PrefetchRefusal = iota
+	// RefusedQuota: other prefetches held PrefetchQuotaPages reserved L2 pages; what was
+	// read was clamped to what the quota left.
+	RefusedQuota
+	// RefusedNoRoom: L2 had no room for the read, even after evicting every evictable page.
+	RefusedNoRoom
+	// RefusedTreeChanged: the prefix left the tree, or its continuation entered it, before
+	// the read started or ended.
+	RefusedTreeChanged
+	// RefusedDuplicate: another prefetch was reading the same continuation.
+	RefusedDuplicate
+	// RefusedRevoked: the scheduler revoked the prefetch before its read was over.
+	RefusedRevoked
+	// RefusedCut: the read was cut by a rank's PrefetchTimeout timer.
+	RefusedCut
+	// RefusedShort: the read ended with fewer pages than were stored (a storage error, or a
+	// page rejected on some I/O rank).
+	RefusedShort
+	// RefusedBelowMin: fewer pages were stored, or left by the quota, than MinPrefetchPages.
+	RefusedBelowMin
+)
+
+func (r PrefetchRefusal) String() string {
+	names := [...]string{"none", "quota", "no L2 room", "tree changed", "duplicate", "revoked", "cut", "short read", "below minimum"}
+	if r >= 0 && int(r) < len(names) {
+		return names[r]
+	}
+	return fmt.Sprintf("PrefetchRefusal(%d)", int(r))
+}
+
+// Transient reports whether a retry of the prefetch may insert what this refusal left out:
+// the quota and the L2 room free up as other prefetches end and their requests run, and a
+// changed tree or a duplicate read may hold or lack the pages by then.
+func (r PrefetchRefusal) Transient() bool {
+	switch r {
+	case RefusedQuota, RefusedNoRoom, RefusedTreeChanged, RefusedDuplicate:
+		return true
+	}
+	return false
+}
+
+// PrefetchOutcome is how a finished prefetch ended (Core.PrefetchOutcome).
+type PrefetchOutcome struct {
+	// Stored is how many leading pages of the continuation the I/O ranks agreed are stored.
+	Stored int
+	// Inserted is how many of them became an L2-only node (Inserted <= Stored).
+	Inserted int
+	// Refused says why the Stored-Inserted others were not inserted (RefusedNone when
+	// Inserted == Stored).
+	Refused PrefetchRefusal
+}
+
+// maxOutcomes bounds the finished prefetches whose outcome the core remembers.
+const maxOutcomes = 4096
+
+// recordOutcome remembers how prefetch id ended, forgetting the oldest beyond maxOutcomes.
+func (c *Core) recordOutcome(id uint64, o PrefetchOutcome) {
+	if o.Inserted >= o.Stored {
+		o.Refused = RefusedNone
+	}
+	l := &c.l3
+	if l.outcomes == nil {
+		l.outcomes = map[uint64]PrefetchOutcome{}
+	}
+	if _, ok := l.outcomes[id]; !ok {
+		l.outcomeIDs = append(l.outcomeIDs, id)
+	}
+	l.outcomes[id] = o
+	if len(l.outcomeIDs) > maxOutcomes {
+		delete(l.outcomes, l.outcomeIDs[0])
+		l.outcomeIDs = l.outcomeIDs[1:]
+	}
+}
+
+// PrefetchOutcome returns how prefetch id ended: false while it is pending, after a flush or
+// a divergence, or once maxOutcomes later prefetches ended. Replicated.
+func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
+	o, ok := c.l3.outcomes[id]
+	return o, ok
+}
+
 // Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
 // I/O ranks query it in the background; once the group agreed how many leading pages are
 // stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
@@ -117,22 +204,38 @@ func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
 func (c *Core) startRead(q *queryOp, hits int) {
 	o := &c.cfg.L3Config
 	if hits <= 0 {
+		c.recordOutcome(q.seq+1, PrefetchOutcome{})
 		return
 	}
 	c.stats.L3HitPages += int64(hits)
-	hits = min(hits, o.PrefetchQuotaPages-c.l3.reserved)
-	if q.revoked || hits < o.MinPrefetchPages || hits <= 0 {
+	stored := hits
+	skip := func(why PrefetchRefusal) {
 		c.stats.L3SkippedPrefetches++
+		c.recordOutcome(q.seq+1, PrefetchOutcome{Stored: stored, Refused: why})
+	}
+	clamp := RefusedNone
+	if left := o.PrefetchQuotaPages - c.l3.reserved; hits > left {
+		hits, clamp = left, RefusedQuota
+	}
+	switch {
+	case q.revoked:
+		skip(RefusedRevoked)
+		return
+	case hits <= 0 && clamp == RefusedQuota:
+		skip(RefusedQuota)
+		return
+	case hits < o.MinPrefetchPages || hits <= 0:
+		skip(max(clamp, RefusedBelowMin))
 		return
 	}
 	end, _, ok := c.prefixEnd(q.tokens, q.start)
 	if !ok || c.index[q.hashes[0]] != nil {
-		c.stats.L3SkippedPrefetches++ // the tree changed since the query
+		skip(RefusedTreeChanged) // the tree changed since the query
 		return
 	}
 	for _, r := range c.l3.reads {
 		if r.hashes[0] == q.hashes[0] {
-			c.stats.L3SkippedPrefetches++ // the same continuation is being read
+			skip(RefusedDuplicate) // the same continuation is being read
 			return
 		}
 	}
@@ -149,11 +252,11 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
 			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
 		}
-		c.stats.L3SkippedPrefetches++
+		skip(RefusedNoRoom)
 		return
 	}
 	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
-		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked}
+		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked, stored: stored, clamp: clamp}
 	c.l3.readSeq++
 	c.l3.reads = append(c.l3.reads, r)
 	c.l3.reserved += hits
@@ -165,10 +268,19 @@ func (c *Core) startRead(q *queryOp, hits int) {
 // finishRead applies an agreed end of a read: its first m pages (complete on every I/O
 // rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
 // rest of the range is released now when every I/O rank's read stopped (stopped), else
-// queued until they acknowledge.
-func (c *Core) finishRead(r *readOp, m int, stopped bool) {
+// queued until they acknowledge. cut is why a read that did not stop was ended (the
+// outcome's refusal when it inserted fewer pages than were stored).
+func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 	k := len(r.pages)
 	restPages := k // the rest stays in r.rid (a split gives the first m pages the new id)
+	out := PrefetchOutcome{Stored: r.stored, Refused: cut}
+	switch {
+	case stopped && m < k:
+		out.Refused = RefusedShort
+	case stopped:
+		out.Refused = r.clamp
+	}
+	defer func() { c.recordOutcome(r.id, out) }()
 	if m > 0 {
 		id := uint64(r.rid)
 		if m < k {
@@ -194,6 +306,9 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool) {
 			c.stats.L3PrefetchedPages += int64(m)
 			c.l3.reserved -= m
 			restPages = k - m
+			out.Inserted = m
+		} else {
+			out.Refused = RefusedTreeChanged
 		}
 	}
 	c.stats.L3DiscardedPages += int64(restPages)

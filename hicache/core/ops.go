@@ -108,7 +108,8 @@ type LoadResult struct {
 // if needed) and starts the loads; the pages count as device pages at once, and a layer must
 // WaitL1 before reading them. Nothing is loaded when the host part is shorter than
 // MinLoadPages, when the load quota is used up (a shorter prefix is loaded if it still
-// reaches MinLoadPages), or when L2 is disabled. ErrL1Full when L1 cannot make room.
+// reaches MinLoadPages: a node is split where the quota ends; load again once it is over
+// for the rest), or when L2 is disabled. ErrL1Full when L1 cannot make room.
 // Replicated: call it identically on every rank.
 func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 	if n != nil && n.isRoot() || c.quarantined {
@@ -123,10 +124,16 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 			todo = append(todo, x)
 		}
 	}
-	pages := 0
+	pages, cut := 0, 0 // cut: load only the first cut pages of todo's last node
 	for i, x := range todo {
-		if c.loadingPgs+pages+len(x.hashes) > c.cfg.LoadQuotaPages {
+		if room := c.cfg.LoadQuotaPages - c.loadingPgs - pages; len(x.hashes) > room {
+			// A node longer than the quota left loads its head (split off below): a node
+			// longer than the whole quota (a long prefetch from storage) was never loaded.
 			todo = todo[:i]
+			if room > 0 {
+				todo, cut = append(todo, x), room
+				pages += room
+			}
 			break
 		}
 		pages += len(x.hashes)
@@ -141,6 +148,9 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 		if pages > c.l1.available() {
 			return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed", ErrL1Full, pages, c.l1.available())
 		}
+	}
+	if cut > 0 {
+		todo[len(todo)-1] = c.split(todo[len(todo)-1], cut)
 	}
 	for _, x := range todo {
 		slots := c.l1.alloc(len(x.hashes))

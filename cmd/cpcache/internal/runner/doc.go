@@ -79,9 +79,23 @@
 // the queue — every other request but its conversation's later turns keeps being admitted
 // and decoded — until the prefetch is over (PrefetchPending false) and, in virtual time, its
 // modelled read time has passed; then it is admitted, and the pages inserted from storage
-// are host pages, loaded back into L1 and verified like any L2 page. Prefetches of a shared
-// prefix asked together are read once; a request whose prefetch gained pages and whose
-// prompt goes on asks again for the rest. With
+// are host pages, loaded back into L1 and verified like any L2 page. The requests waiting
+// for prefetches hold at most the cache's prefetch quota of prompt pages (the first always
+// asks; the others wait their turn in queue order), and from the end of its read to its
+// prefill a request's match stays locked, so that what was read is served. These holds pin
+// L1 pages no admission accounts for: an insert or a load-back that finds L1 full releases
+// them, and none is taken again until a step in which nothing wanted room, so that the call
+// is retried with no hold in its way (what was lost meanwhile is read again). A step that
+// moves nothing with nothing in flight ends the run with a "no progress" error, on every
+// rank at the same step; while requests wait for prefetches, after maxQuietSteps such steps
+// in a row.
+// Prefetches of a shared prefix asked together are read once; a request whose prefetch
+// gained pages and whose prompt goes on asks again for the rest; stored pages the cache
+// refused (no L2 room, quota, a changed tree, a duplicate read; Cache.PrefetchOutcome) are
+// asked for again once an admission or a finish changed the room, up to
+// maxPrefetchAttempts times; what is still refused, and what a read cut or lost (the
+// PrefetchTimeout timer, a revoke, a storage error), is counted in the report, never
+// computed silently. A load-back longer than the cache's load quota is loaded in parts. With
 // TimeConfig.PrefetchSync the scheduler of before is kept for comparison: it waits in
 // scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
 // makes its one consensus step). Prompt tokens served from prefetched pages are counted as

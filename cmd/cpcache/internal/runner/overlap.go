@@ -2,7 +2,9 @@ package runner
 
 import (
 	"errors"
+	"maps"
 	"math"
+	"slices"
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/workload"
@@ -11,14 +13,29 @@ import (
 // pendingPrefetch is a queued request's prefetch from storage. The request waits in the
 // queue, and everything else keeps running, until the cache inserted what the prefetch
 // read and the virtual clock passed the modelled read time (as in SGLang's HiCache, where
-// a request whose prefetch is under way is not scheduled yet).
+// a request whose prefetch is under way is not scheduled yet). From the end of the read to
+// the request's prefill the prompt's match stays locked (held), so that what was read is
+// still there to serve, except while L1 room is wanted (see holdsAllowed).
 type pendingPrefetch struct {
-	id      uint64        // the cache's prefetch under way
-	locked  *hicache.Node // the prefix node locked while the cache reads
-	askedNs float64       // virtual time the first prefetch was asked
-	readyNs float64       // NaN until the cache finished
-	pages   [2]int        // page range [from, to) of the prompt the prefetches added
+	id       uint64        // the cache's last prefetch for the request, until its outcome is taken (0: none)
+	locked   *hicache.Node // locked: the prefix while the cache reads, then the match it read (the hold)
+	askedNs  float64       // virtual time the first prefetch was asked
+	readyNs  float64       // NaN until the cache finished and its outcome was taken (settle)
+	pages    [2]int        // page range [from, to) of the prompt the prefetches added
+	weight   int           // pages of the prompt: what it may hold in L2 (see prefetchBudget)
+	attempts int           // prefetches asked again after a refusal or a lost hold
+	// recheck: the match is not held (its hold was released, or room was wanted when it
+	// would have been taken): it is matched again before the prefill, and what it lost
+	// meanwhile is fetched again.
+	recheck bool
+	epoch   uint64 // scheduler.roomEpoch at the last retry
 }
+
+// maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
+// cache refused stored pages for a transient reason (quota, L2 room, a changed tree, a
+// duplicate read) or its hold was released: past it, the refused pages are computed and
+// counted (replicaCounts.PrefetchRefusedPages), never silently.
+const maxPrefetchAttempts = 8
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for
 // them in steps where nothing decodes).
@@ -26,44 +43,224 @@ func (s *scheduler) overlapPrefetch() bool {
 	return s.cfg.Storage != "" && !s.cfg.Time.PrefetchSync
 }
 
+// prefetchBudget is how many prompt pages the requests waiting for prefetches may hold: the
+// cache's prefetch quota. Without it every queued request asked at once (all of a synthetic
+// run's conversations, arrived at 0): their locked prefixes filled L2, the cache refused
+// the reads for want of room or quota, and the requests computed what storage held. Within
+// it the reads fit the quota and the held pages leave L2 room to read into.
+func (s *scheduler) prefetchBudget() int {
+	return max(s.cache.PrefetchQuotaPages(), 1)
+}
+
 // prefetchWaits starts r's prefetch when its prompt continues beyond its L1 and L2 hit, and
-// reports whether r must keep waiting for it. Replicated: every branch follows from the
-// cache's replicated answers and the replicated clock.
+// reports whether r must keep waiting for it. A request whose prefetch would pass the
+// budget while others are under way waits for them to be admitted first (it keeps its place:
+// the queue is served in order). Replicated: every branch follows from the cache's
+// replicated answers and the replicated clock.
 func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
 	pf := s.prefetches[r.ID]
 	if pf == nil {
-		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}}
+		w := len(r.Tokens) / P
+		if len(s.prefetches) > 0 && s.prefetchHeld+w > s.prefetchBudget() {
+			m, err := c.Match(r.Tokens)
+			if err != nil {
+				return false, err
+			}
+			if (m.DevicePages+m.HostPages)*P >= len(r.Tokens) {
+				return false, nil // nothing to fetch
+			}
+			s.counts.PrefetchDeferrals++
+			s.deferred[r.ID] = true
+			return true, nil
+		}
+		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
 		started, err := s.askPrefetch(r, pf)
 		if err != nil || !started {
 			return false, err
 		}
 		s.prefetches[r.ID] = pf
+		s.prefetchHeld += w
 	}
-	if math.IsNaN(pf.readyNs) {
-		if c.PrefetchPending(pf.id) {
-			return true, nil
+	if pf.id != 0 && c.PrefetchPending(pf.id) {
+		return true, nil // the cache is reading
+	}
+	if math.IsNaN(pf.readyNs) || pf.recheck && (s.holdsAllowed() || s.clock.nowNs >= pf.readyNs) {
+		if waiting, err := s.settle(r, pf); err != nil || waiting {
+			return waiting, err
 		}
+	}
+	return s.clock.nowNs < pf.readyNs, nil
+}
+
+// settle takes the outcome of r's prefetch once the cache is done with it (or matches r
+// again after its hold was lost): it unlocks what pf locked, asks storage again for what is
+// missing (retryPrefetch) or takes what the tree holds: the match is held until the prefill
+// when holds are allowed, else pf is left to recheck. It reports whether r waits for a
+// prefetch asked again or for the room to change. Replicated.
+func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error) {
+	c, P := s.cache, s.cfg.PageSize
+	if pf.locked != nil {
 		if err := c.Unlock(pf.locked); err != nil {
 			return false, err
 		}
-		// Prefetches of a shared prefix asked together are read once: when this one
-		// gained pages but the prompt goes on, ask for the rest.
-		m, err := c.Match(r.Tokens)
-		if err != nil {
-			return false, err
-		}
-		if have := m.DevicePages + m.HostPages; have > pf.pages[1] && have*P < len(r.Tokens) {
-			started, err := s.askPrefetch(r, pf)
-			if err != nil || started {
-				return started, err
-			}
-		} else {
-			pf.pages[1] = max(pf.pages[1], have)
-		}
-		pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
+		pf.locked = nil
 	}
-	return s.clock.nowNs < pf.readyNs, nil
+	m, err := c.Match(r.Tokens)
+	if err != nil {
+		return false, err
+	}
+	have := m.DevicePages + m.HostPages
+	if have*P < len(r.Tokens) {
+		switch retry, missing := s.retryPrefetch(pf, have); retry {
+		case retryWait:
+			return true, nil
+		case retryAsk:
+			pf.id = 0
+			started, err := s.askPrefetch(r, pf)
+			if err != nil {
+				return false, err
+			}
+			if started {
+				pf.readyNs, pf.recheck = math.NaN(), false // settled again once read
+				return true, nil
+			}
+			// The cache asks storage nothing now (the storage circuit open, quarantine):
+			// what the tree lost is computed, and counted.
+			s.counts.PrefetchRefusedPages += int64(missing)
+		}
+	}
+	pf.id = 0 // the outcome is taken: a later recheck counts only what the tree lost
+	pf.pages[1] = max(pf.pages[1], have)
+	pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
+	pf.recheck = !s.holdsAllowed()
+	if pf.recheck {
+		return false, nil
+	}
+	// Hold what was read until the prefill (admitted unlocks it).
+	if err := c.Lock(m.Last); err != nil {
+		return false, err
+	}
+	pf.locked = m.Last
+	return false, nil
+}
+
+// What retryPrefetch decides.
+const (
+	retryNo   = iota // take what the tree holds
+	retryAsk         // ask storage again
+	retryWait        // wait for the room to change, then decide again
+)
+
+// retryPrefetch decides, once pf's prefetch is over and the tree holds have leading pages
+// of the prompt (short of all of it), whether to ask storage again, and accounts the stored
+// pages it gives up: a read cut by the timer or revoked, or short, is not asked again
+// (PrefetchCutPages); pages refused for a transient reason (quota, L2 room, a changed tree, a
+// duplicate read), read but lost before the hold, or lost while the match was not held, are
+// asked for again once the room may have changed (an admission or a finish since the last
+// try, or at once when nothing runs or is in flight), at most maxPrefetchAttempts times
+// (then PrefetchRefusedPages). A read that gained pages asks for the rest (prefetches of a
+// shared prefix asked together are read once; the quota clamps a long read). It returns
+// the decision and, for a retry, how many stored pages the tree lacks (0 when it asks for
+// the rest).
+func (s *scheduler) retryPrefetch(pf *pendingPrefetch, have int) (int, int) {
+	out, known := s.cache.PrefetchOutcome(pf.id)
+	known = known && pf.id != 0
+	if known && out.Refused != hicache.RefusedNone && !out.Refused.Transient() {
+		s.counts.PrefetchCutPages += int64(out.Stored - out.Inserted)
+		return retryNo, 0
+	}
+	if have > pf.pages[1] {
+		return retryAsk, 0
+	}
+	missing := 0
+	switch {
+	case known:
+		missing = pf.pages[1] + out.Stored - have
+	case pf.recheck:
+		missing = pf.pages[1] - have
+	}
+	switch {
+	case missing <= 0:
+		return retryNo, 0
+	case pf.attempts >= maxPrefetchAttempts:
+		s.counts.PrefetchRefusedPages += int64(missing)
+		return retryNo, 0
+	case pf.epoch == s.roomEpoch && (len(s.running) > 0 || s.cache.Pending() > 0):
+		return retryWait, 0
+	}
+	pf.attempts++
+	pf.epoch = s.roomEpoch
+	s.counts.PrefetchRetries++
+	return retryAsk, missing
+}
+
+// holdPrefetched settles the prefetches the last step finished, in queue order, before the
+// step's decisions (a finish's insert, an earlier request's prefill) can evict what they
+// read: their holds are taken (when allowed) and their read prefixes unlocked.
+func (s *scheduler) holdPrefetched() error {
+	if len(s.prefetches) == 0 {
+		return nil
+	}
+	for _, r := range s.queue {
+		if pf := s.prefetches[r.ID]; pf != nil && math.IsNaN(pf.readyNs) {
+			if _, err := s.prefetchWaits(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// admitted forgets r's prefetch once r's prefill locked its own match: the hold goes.
+func (s *scheduler) admitted(r workload.Request) error {
+	pf := s.prefetches[r.ID]
+	if pf == nil {
+		return nil
+	}
+	delete(s.prefetches, r.ID)
+	s.prefetchHeld -= pf.weight
+	s.roomEpoch++
+	if pf.locked == nil {
+		return nil
+	}
+	return s.cache.Unlock(pf.locked)
+}
+
+// holdsAllowed says whether a waiting request may hold its match: not in a step in which an
+// insert or a load-back found L1 full, nor in the step after. A hold pins the L1 pages of
+// its match, which no admission accounts for (fits counts the pages of running requests),
+// so the holds of the requests behind the first in the queue can fill L1, and the first
+// one's prefill, or a running request's finish, find no room. Releasing the holds is not
+// enough if the requests behind take them again in the same step: the call that wanted
+// room then meets them again at every retry, and every rank steps forever with nothing to
+// do (the store stopped while a replica's second turns all waited for it:
+// TestStoreStopsWhilePrefetchesWait). So that call is tried again at the next step with no
+// hold in its way, and holds are taken again after a step in which nothing wanted room.
+// Replicated.
+func (s *scheduler) holdsAllowed() bool { return !s.roomWanted && !s.roomWantedLast }
+
+// wantRoom records that an insert or a load-back found L1 full, and releases the holds of
+// the waiting requests (releaseHolds).
+func (s *scheduler) wantRoom() error {
+	s.roomWanted = true
+	return s.releaseHolds()
+}
+
+// releaseHolds unlocks the matches the waiting requests hold: each is matched again before
+// its prefill (recheck), and what it lost meanwhile is fetched again. Replicated.
+func (s *scheduler) releaseHolds() error {
+	for _, id := range slices.Sorted(maps.Keys(s.prefetches)) {
+		pf := s.prefetches[id]
+		if math.IsNaN(pf.readyNs) || pf.locked == nil {
+			continue // reading (its lock is the prefix the read is for), or holding nothing
+		}
+		if err := s.cache.Unlock(pf.locked); err != nil {
+			return err
+		}
+		pf.locked, pf.recheck = nil, true
+	}
+	return nil
 }
 
 // askPrefetch matches r and, when its prompt continues beyond the tree's L1 and L2 pages,
@@ -117,6 +314,9 @@ func (s *scheduler) waitIdle() {
 			}
 			next = min(next, pf.readyNs)
 			continue
+		}
+		if s.deferred[r.ID] {
+			continue // its prefetch waits for those before it (see prefetchWaits)
 		}
 		next = min(next, s.clock.arrival(r))
 		break // the queue is in arrival order

@@ -309,6 +309,9 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.TokensMissed += x.Replica.Missed
 			r.SchedulerSteps += x.Replica.Steps
 			r.PrefetchSteps += x.Replica.PrefetchSteps
+			r.PrefetchRetries += x.Replica.PrefetchRetries
+			r.PrefetchRefusedPages += x.Replica.PrefetchRefusedPages
+			r.PrefetchCutPages += x.Replica.PrefetchCutPages
 			r.ConsensusSteps += x.Collectives
 			r.Divergences += x.Divergences
 			r.Recoveries += x.Recoveries

@@ -59,6 +59,15 @@ type Report struct {
 	StorageRejected int64  `json:"storage_rejected"`
 	StorageForged   int64  `json:"storage_forged"`
 	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
+	// With prefetches overlapping decode (summed over replicas; see replicaCounts):
+	// prefetches asked again after the cache refused stored pages for want of room or quota
+	// (or a changed tree, a duplicate read) or after they were lost before the prefill,
+	// stored pages still refused after the last try or lost while storage could not be
+	// asked (computed), and stored pages a read did not bring (cut by the PrefetchTimeout
+	// timer, revoked, or short: a storage error or a rejected page).
+	PrefetchRetries      int64 `json:"prefetch_retries"`
+	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
+	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
 	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
 	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
 	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
@@ -107,6 +116,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
+		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages)
 		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)

@@ -30,6 +30,18 @@ type replicaCounts struct {
 	// LoadSteps are the scheduler steps made while a load-back from L2 was waited for (until
 	// the group agreed it was over).
 	LoadSteps int64 `json:"load_steps"`
+	// With prefetches overlapping decode: PrefetchDeferrals are the steps × queued requests
+	// whose prefetch waited for the budget (see prefetchBudget); PrefetchRetries the
+	// prefetches asked again after the cache refused stored pages for a transient reason
+	// (quota, L2 room, a changed tree, a duplicate read) or an unheld match lost pages;
+	// PrefetchRefusedPages the stored pages still refused after maxPrefetchAttempts, or
+	// lost while the cache could not ask storage (the circuit open), then computed;
+	// PrefetchCutPages the stored pages a read did not bring (cut by the
+	// PrefetchTimeout timer, revoked, or short: a storage error or a rejected page).
+	PrefetchDeferrals    int64 `json:"prefetch_deferrals"`
+	PrefetchRetries      int64 `json:"prefetch_retries"`
+	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
+	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
 	// SettleSteps are the scheduler steps made while an insert or a load-back that found L1
 	// full waited for the copies and storage operations in flight (see withRoom).
 	SettleSteps int64 `json:"settle_steps"`
@@ -84,16 +96,29 @@ type scheduler struct {
 	firstBad error               // the first bad page this rank found
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
 	faults   *faultRunner        // --fault: kills, stalls and flushes at steps (nil: none)
+	// afterSchedule (tests) runs in run's loop after each step's decisions, before its
+	// consensus step; it may make consensus steps of its own (s.step).
+	afterSchedule func(context.Context) error
 
 	clock      *vclock                  // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
-	misses     *missTracker             // miss attribution (replica leaders only; nil elsewhere)
-	diverged   bool                     // a divergence was seen: the group may be in quarantine
+	// prefetchHeld is the weight (prompt pages) of the prefetches: at most prefetchBudget
+	// unless only one is under way.
+	prefetchHeld int
+	deferred     map[int]bool // requests whose prefetch waited for the budget at the last admit
+	roomEpoch    uint64       // admissions and finishes so far: L2 room may have changed since
+	misses       *missTracker // miss attribution (replica leaders only; nil elsewhere)
+	diverged     bool         // a divergence was seen: the group may be in quarantine
+
+	// roomWanted: an insert or a load-back found L1 full in this step (roomWantedLast: in
+	// the step before); then no waiting request holds its match (see holdsAllowed).
+	roomWanted, roomWantedLast bool
+	quietSteps                 int // steps in a row that moved nothing with nothing in flight
 }
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
 	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}}
+		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}}
 	if s.clock.virtual {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
@@ -116,14 +141,26 @@ func (s *scheduler) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		idle := s.cache.Pending() == 0 && len(s.prefetches) == 0
+		if s.afterSchedule != nil {
+			if err := s.afterSchedule(ctx); err != nil {
+				return err
+			}
+		}
+		quiet := s.cache.Pending() == 0
+		prefetched := len(s.prefetches) > 0
 		if err := s.step(ctx); err != nil {
 			return err
 		}
 		s.clock.endStep()
-		if !progressed && idle {
-			// Nothing admitted, decoded or finished, and no I/O in flight whose completion
-			// could free L1: no later step can do better. Replicated, so every rank stops.
+		if progressed || !quiet {
+			s.quietSteps = 0
+			continue
+		}
+		// Nothing admitted, decoded or finished, and no I/O in flight whose completion could
+		// free L1 or end a prefetch: no later step can do better, except while requests
+		// wait for prefetches, whose holds and checks may take a few steps to settle (see
+		// maxQuietSteps). Replicated (every input is), so every rank stops at the same step.
+		if s.quietSteps++; !prefetched || s.quietSteps >= maxQuietSteps {
 			return s.stalled()
 		}
 	}
@@ -156,11 +193,22 @@ func (s *scheduler) step(ctx context.Context) error {
 	return err
 }
 
+// maxQuietSteps bounds the steps in a row that move nothing, with nothing in flight, while
+// requests wait for prefetches: settling what the reads brought (the holds taken), a
+// prefill or a finish that then finds L1 full (the holds released), and its retry with no
+// hold in the way take three; a run that still moves nothing is stalled, and fails saying
+// so instead of stepping forever.
+const maxQuietSteps = 8
+
 func (s *scheduler) stalled() error {
 	if len(s.queue) > 0 {
 		r := s.queue[0]
-		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running",
-			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running))
+		waiting := ""
+		if n := len(s.prefetches); n > 0 {
+			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
+		}
+		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
 	}
 	return fmt.Errorf("runner: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
 }
@@ -168,6 +216,12 @@ func (s *scheduler) stalled() error {
 // schedule makes one step's decisions: one decoded token per running request (finishing
 // those whose answer is complete), then admissions. It reports whether anything moved.
 func (s *scheduler) schedule(ctx context.Context) (bool, error) {
+	s.roomWantedLast, s.roomWanted = s.roomWanted, false
+	if s.overlapPrefetch() {
+		if err := s.holdPrefetched(); err != nil {
+			return false, err
+		}
+	}
 	decoded, err := s.decode(ctx)
 	if err != nil {
 		return false, err
@@ -184,6 +238,7 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 func (s *scheduler) admit(ctx context.Context) (int, error) {
 	blocked := s.blocked
 	clear(blocked)
+	clear(s.deferred)
 	for _, a := range s.running {
 		if a.req.Client >= 0 {
 			blocked[a.req.Client] = true
@@ -229,12 +284,17 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 		}
 		if a == nil { // L1 full for now: retry at a later step
 			s.counts.Retries++
+			if err := s.wantRoom(); err != nil {
+				return admitted, err
+			}
 			stop = true
 			keep = append(keep, r)
 			continue
 		}
 		admitted++
-		delete(s.prefetches, r.ID)
+		if err := s.admitted(r); err != nil {
+			return admitted, err
+		}
 		budget -= len(r.Tokens)
 		if r.Client >= 0 {
 			blocked[r.Client] = true
@@ -282,22 +342,29 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		if s.corrupt != nil {
 			s.corrupt(m.Last)
 		}
-		err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
-		if err != nil && !errors.Is(err, hicache.ErrL1Full) {
-			return nil, errors.Join(err, c.Unlock(m.Last))
-		}
-		// The loads start at the next step (after the Apply that checks the state they were
-		// chosen from). Wait until the group agrees they are over: a copy that failed on any
-		// rank is then stale on every rank, and the match below is the same everywhere.
-		for c.LoadPending(m.Last) {
-			if err := s.step(ctx); err != nil {
+		// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
+		// default) of a longer host hit: load again while it moves the hit on, so that a
+		// hit from L2 or storage is served whole instead of computed beyond the quota.
+		after, loaded := m, -1
+		for after.HostPages > 0 && after.DevicePages > loaded {
+			loaded = after.DevicePages
+			err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
+			if err != nil && !errors.Is(err, hicache.ErrL1Full) {
 				return nil, errors.Join(err, c.Unlock(m.Last))
 			}
-			s.counts.LoadSteps++
-		}
-		after, err := c.Match(r.Tokens)
-		if err != nil {
-			return nil, err
+			// The loads start at the next step (after the Apply that checks the state they
+			// were chosen from). Wait until the group agrees they are over: a copy that
+			// failed on any rank is then stale on every rank, and the match below is the
+			// same everywhere.
+			for c.LoadPending(m.Last) {
+				if err := s.step(ctx); err != nil {
+					return nil, errors.Join(err, c.Unlock(m.Last))
+				}
+				s.counts.LoadSteps++
+			}
+			if after, err = c.Match(r.Tokens); err != nil {
+				return nil, err
+			}
 		}
 		if err := c.WaitL1(ctx, after.Last); err != nil {
 			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
@@ -484,6 +551,9 @@ func (s *scheduler) decode(ctx context.Context) (int, error) {
 		}
 		if !done {
 			s.counts.Retries++
+			if err := s.wantRoom(); err != nil {
+				return moved, err
+			}
 			keep = append(keep, a)
 			continue
 		}
@@ -518,6 +588,7 @@ func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
 		return false, err
 	}
 	s.reserved -= a.pages
+	s.roomEpoch++
 	s.counts.OutputTokens += int64(r.OutputLen)
 	if s.live != nil {
 		s.live.done.Add(1)

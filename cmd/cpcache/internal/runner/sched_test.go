@@ -17,6 +17,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -30,6 +31,9 @@ type rankOutcome struct {
 	firstBad    error
 	err         error
 	timing      *replicaTiming // leaders: virtual time and miss causes
+	// prefetchesLeft and prefetchHeld are the scheduler's prefetch entries and their weight
+	// when its loop ended (both 0 once every request was served).
+	prefetchesLeft, prefetchHeld int
 }
 
 // inProcessTimeout bounds a runInProcess run.
@@ -40,6 +44,22 @@ var inProcessTimeout = 2 * time.Minute
 // before its first load.
 func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 	t.Helper()
+	return runInProcessWith(t, p, inProcessOptions{corruptRank: corruptRank})
+}
+
+// inProcessOptions are runInProcessWith's hooks into each rank.
+type inProcessOptions struct {
+	corruptRank int // -1: none (see runInProcess)
+	// wrapStorage, if set, wraps each rank's storage handle (faults of the store).
+	wrapStorage func(rank int, st storage.Storage) storage.Storage
+	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
+	afterSchedule func(rank int, s *scheduler) func(context.Context) error
+}
+
+// runInProcessWith is runInProcess with the hooks of o.
+func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcome {
+	t.Helper()
+	corruptRank := opts.corruptRank
 	l := p.Layout
 	W := l.Config.World
 	groups := make([]parallel.Group, W)
@@ -76,6 +96,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			}
 			if st != nil {
 				defer st.Close() // after the cache's Close
+				if opts.wrapStorage != nil {
+					st = opts.wrapStorage(rank, st)
+				}
 				hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, p.Config.l3Options()
 			}
 			cache, err := hicache.New(ctx, hc)
@@ -89,6 +112,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.misses = newMissTracker(&p.Config)
+			}
+			if opts.afterSchedule != nil {
+				s.afterSchedule = opts.afterSchedule(rank, s)
 			}
 			if rank == corruptRank {
 				done := false
@@ -105,6 +131,7 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 			before := counted.Counts().Total()
 			o.err = s.run(ctx)
 			o.counts, o.local, o.firstBad = s.counts, s.local, s.firstBad
+			o.prefetchesLeft, o.prefetchHeld = len(s.prefetches), s.prefetchHeld
 			o.collectives = counted.Counts().Total() - before
 			o.stats = cache.Stats()
 			o.loaded = o.stats.PagesLoaded
