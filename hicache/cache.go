@@ -330,6 +330,7 @@ func (c *Cache) reportLocked() {
 	if c.l3 != nil {
 		c.l3.poll(d)
 		c.core.StorageCircuit(c.l3.brk.isOpen())
+		c.core.StorageReadRate(c.l3.rate.get())
 	}
 	c.core.Report(*d)
 }

@@ -46,10 +46,12 @@ const (
 	RefusedShort
 	// RefusedBelowMin: fewer pages were stored, or left by the quota, than MinPrefetchPages.
 	RefusedBelowMin
+	// RefusedCost: reading the stored pages is slower than computing them (L3Config.Cost).
+	RefusedCost
 )
 
 func (r PrefetchRefusal) String() string {
-	names := [...]string{"none", "quota", "no L2 room", "tree changed", "duplicate", "revoked", "cut", "short read", "below minimum"}
+	names := [...]string{"none", "quota", "no L2 room", "tree changed", "duplicate", "revoked", "cut", "short read", "below minimum", "slower than compute"}
 	if r >= 0 && int(r) < len(names) {
 		return names[r]
 	}
@@ -227,6 +229,10 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	case hits < o.MinPrefetchPages || hits <= 0:
 		skip(max(clamp, RefusedBelowMin))
 		return
+	case !c.prefetchPays(q.start, hits):
+		c.stats.L3CostSkippedPages += int64(hits)
+		skip(RefusedCost)
+		return
 	}
 	end, _, ok := c.prefixEnd(q.tokens, q.start)
 	if !ok || c.index[q.hashes[0]] != nil {
@@ -263,6 +269,29 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	if c.io {
 		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: r.hashes, Pages: slices.Clone(pages)})
 	}
+}
+
+// prefetchPays applies the cost rule (L3Config.Cost) to a read of pages stored pages from
+// sequence page start, at the agreed measured read bandwidth when there is one. With
+// MeasuredReads, every probeEvery-th skip is read anyway (counted in L3CostProbes).
+// Replicated: its inputs are the configuration and agreed values.
+func (c *Core) prefetchPays(start, pages int) bool {
+	pc := &c.cfg.L3Config.Cost
+	bw := pc.StorageBytesPerNs
+	if pc.MeasuredReads && c.l3.readRate > 0 {
+		bw = float64(c.l3.readRate) / 1e9
+	}
+	if pc.Pays(start, pages, c.cfg.PageSize, bw) {
+		return true
+	}
+	if pc.MeasuredReads {
+		c.l3.costSkips++
+		if c.l3.costSkips%probeEvery == 0 {
+			c.stats.L3CostProbes++
+			return true
+		}
+	}
+	return false
 }
 
 // finishRead applies an agreed end of a read: its first m pages (complete on every I/O

@@ -166,6 +166,9 @@ const (
 func (s *scheduler) retryPrefetch(pf *pendingPrefetch, have int) (int, int) {
 	out, known := s.cache.PrefetchOutcome(pf.id)
 	known = known && pf.id != 0
+	if known && out.Refused == hicache.RefusedCost {
+		return retryNo // computing them is faster: counted by the cache (L3CostSkippedPages)
+	}
 	if known && out.Refused != hicache.RefusedNone && !out.Refused.Transient() {
 		s.counts.PrefetchCutPages += int64(out.Stored - out.Inserted)
 		return retryNo, 0

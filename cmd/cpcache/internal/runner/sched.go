@@ -117,7 +117,7 @@ type scheduler struct {
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
 	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}}
+		clock: newVClock(cfg), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}}
 	if s.clock.virtual {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
