@@ -671,6 +671,15 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 	return c.core.PrefetchPending(id)
 }
 
+// PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because reading
+// the continuation is slower than computing it (L3Options.PrefetchCost; see
+// core.PrefetchResult.CostSkipped), starting nothing. Replicated.
+func (c *Cache) PrefetchSkipsForCost(tokens []int32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.PrefetchSkipsForCost(tokens)
+}
+
 // PrefetchOutcome returns how prefetch id ended (see Core.PrefetchOutcome): how many pages
 // storage held, how many became an L2-only node, and why the others were refused or cut, so
 // that a scheduler can retry a prefetch refused for want of room instead of computing what

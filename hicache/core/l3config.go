@@ -97,6 +97,23 @@ const probeEvery = 16
 // on reports whether the rule decides anything.
 func (pc *PrefetchCost) on() bool { return pc.ComputeNsPerToken > 0 || pc.AttentionNsPerTokenPair > 0 }
 
+// MayPay reports whether a read of some leading part of pages pages from sequence page
+// start may pay off: it is false when computing all of them takes no longer than reading
+// them with every I/O rank's bandwidth used in full (latency + pages × PageBytes / (IORanks
+// × bandwidth), a lower bound of any read of them). Since the prefill of the first j pages
+// takes at most j/pages of the whole (each token costs more than the one before it), and a
+// read of j pages at least latency + j × PageBytes / (IORanks × bandwidth), no j pays off
+// then, and the continuation need not even be asked about.
+func (pc *PrefetchCost) MayPay(start, pages, pageSize int, bytesPerNs float64) bool {
+	if !pc.on() || !(bytesPerNs > 0) || pages <= 0 {
+		return true
+	}
+	h, s := float64(start*pageSize), float64((start+pages)*pageSize)
+	compute := float64(pc.ComputeNsPerToken*(s-h)) + float64(pc.AttentionNsPerTokenPair*float64(float64(s*s)-float64(h*h)))/2
+	read := pc.StorageLatencyNs + float64(int64(pages)*pc.PageBytes)/float64(float64(max(pc.IORanks, 1))*bytesPerNs)
+	return read < compute
+}
+
 // Pays reports whether reading pages stored pages of a sequence, from its page start on
 // (pageSize tokens a page), at bytesPerNs per I/O rank, is faster than computing them. A
 // rule that is off, or a bandwidth that is not known (0), always pays. Every product is

@@ -52,7 +52,6 @@ type rankResult struct {
 	DigestMismatches int64          `json:"digest_mismatches"`
 	L3Prefetched     int64          `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
 	L3BackedUp       int64          `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
-	L3CostSkipped    int64          `json:"l3_cost_skipped"`              // agreed in the replica: stored pages skipped for cost
 	StorageErrors    int64          `json:"storage_errors"`               // this rank's (I/O ranks only)
 	StorageRejected  int64          `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
 	StorageForged    int64          `json:"storage_forged"`               // of them, failing authentication
@@ -225,7 +224,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
 		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
-		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, L3CostSkipped: cst.L3CostSkippedPages, StorageErrors: cst.StorageErrors,
+		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
 		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
 		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
@@ -306,7 +305,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.TokensHitL2 += x.Replica.HitL2
 			r.TokensHitL3 += x.Replica.HitL3
 			r.PagesPrefetched += x.L3Prefetched
-			r.PrefetchCostSkippedPages += x.L3CostSkipped
+			r.PrefetchCostSkippedPages += x.Replica.PrefetchCostSkippedPages
 			r.PagesBackedUp += x.L3BackedUp
 			r.TokensMissed += x.Replica.Missed
 			r.SchedulerSteps += x.Replica.Steps
