@@ -151,8 +151,8 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 	P := int64(first.Config.PageSize)
 
 	type result struct {
-		hitL3, beyond, skipped, prefetched int64
-		ttftOn, ttftOff                    float64
+		hitL3, beyond, skipped, missedCost, prefetched int64
+		ttftOn, ttftOff                                float64
 	}
 	second := func(p *Plan) result {
 		out := runInProcess(t, p, -1)
@@ -161,6 +161,7 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 		on := figures([]replicaTiming{*out[0].timing}, 0)
 		off := figures([]replicaTiming{timingOf(simulateNoCache(&p.Config, p.Requests))}, 0)
 		return result{hitL3: c.HitL3, beyond: stored - c.HitL1 - c.HitL2, skipped: c.PrefetchCostSkippedPages * P,
+			missedCost: out[0].timing.Misses.Cost,
 			prefetched: out[0].stats.L3PrefetchedPages, ttftOn: on.TTFTP50Ms, ttftOff: off.TTFTP50Ms}
 	}
 
@@ -175,6 +176,7 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 		assert.Zero(t, r.prefetched, "%s: nothing is read from storage slower than the prefill", name)
 		assert.Zero(t, r.hitL3, name)
 		assert.Equal(t, r.beyond, r.skipped, "%s: the stored pages beyond the L1/L2 hits are the ones skipped for cost", name)
+		assert.Equal(t, r.skipped, r.missedCost, "%s: the miss attribution names them", name)
 		assert.LessOrEqual(t, r.ttftOn, r.ttftOff, "%s: TTFT p50 no worse than with the cache off", name)
 	}
 	always := second(plan("storage_gbps=0.5", true, false))

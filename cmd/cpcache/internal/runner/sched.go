@@ -423,12 +423,12 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
 	s.clock.prefilled(r, l1, l2, l3)
 	s.clock.loadPages += device - m.DevicePages
-	s.prefillCost(r, device)
+	cost := s.prefillCost(r, device)
 	if s.misses != nil {
 		if s.diverged { // only then can the group be in quarantine
 			s.misses.quarantined(c.Quarantined())
 		}
-		s.misses.prefilled(r, matched, device)
+		s.misses.prefilled(r, matched, device, cost)
 	}
 	if s.live != nil {
 		s.live.inputTokens.Add(int64(len(r.Tokens)))
