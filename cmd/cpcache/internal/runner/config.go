@@ -169,9 +169,6 @@ func Prepare(cfg Config) (*Plan, error) {
 	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
 		return nil, err
 	}
-	if cfg.Storage != "" && !cfg.Time.PrefetchSync {
-		cfg.Time.Model.PrefetchWaitNs = prefetchWaitSteps * cfg.Time.Model.DecodeStepNs
-	}
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
 	}

@@ -292,17 +292,7 @@ type CostModel struct {
 	CP                 int    `json:"attn_cp"` // ranks of the CP group: each its own loads, backups and storage reads
 	TP                 int    `json:"attn_tp"`
 	GPUs               int    `json:"gpus"` // GPUs of one replica (attn-CP × attn-TP) that share its prefill
-	// PrefetchWaitNs is what a prefetch makes its request wait beyond the storage read:
-	// with prefetches overlapping decode, the group agrees the query's answer at the next
-	// scheduler step and the read's end at a later one, so a request waits at least two
-	// steps, each at least a decode step while requests run; 0 with --prefetch-sync (the
-	// steps it waits in decode nothing) or without storage.
-	PrefetchWaitNs float64 `json:"prefetch_wait_ns"`
 }
-
-// prefetchWaitSteps: scheduler steps an overlapped prefetch waits at least (the query's
-// answer, then the read's end, each agreed at a step).
-const prefetchWaitSteps = 2
 
 // Resolve derives the figures of one replica's step for a run of the layout's attention-CP
 // and attention-TP sizes, pageSize tokens per page and runKV bytes of KV per rank per token
@@ -373,7 +363,7 @@ func (m *CostModel) storageNs(pages int) float64 {
 // when every I/O rank reads its part of it faster than the replica computes it.
 func (m *CostModel) prefetchCost() hicache.PrefetchCost {
 	return hicache.PrefetchCost{ComputeNsPerToken: m.PrefillNsPerToken, AttentionNsPerTokenPair: m.AttentionNsPerTokenPair,
-		StorageLatencyNs: m.StorageLatencyUs*1e3 + m.PrefetchWaitNs, StorageBytesPerNs: m.StorageGBps, PageBytes: m.pageBytes(), IORanks: m.CP}
+		StorageLatencyNs: m.StorageLatencyUs * 1e3, StorageBytesPerNs: m.StorageGBps, PageBytes: m.pageBytes(), IORanks: m.CP}
 }
 
 // BreakEven is where reading a prompt's KV from storage starts to pay off against computing
@@ -399,12 +389,11 @@ type BreakEven struct {
 // fewer tokens is not prefetched, whatever the costs.
 const SGLangPrefetchThreshold = 256
 
-// breakEven solves L + s·n = a·n + c·n²/2 for the prompt length n (L: the read latency and
-// the prefetch's wait in the scheduler, s: ns per token from storage, a: prefill ns per
-// token, c: attention ns per token pair).
+// breakEven solves L + s·n = a·n + c·n²/2 for the prompt length n (L: the read latency, s:
+// ns per token from storage, a: prefill ns per token, c: attention ns per token pair).
 func (m *CostModel) breakEven() BreakEven {
 	s := float64(m.KVBytesPerToken) / (float64(m.CP) * m.StorageGBps) // ns per token: bytes / (bytes per ns)
-	a, c, lat := m.PrefillNsPerToken, m.AttentionNsPerTokenPair, m.StorageLatencyUs*1e3+m.PrefetchWaitNs
+	a, c, lat := m.PrefillNsPerToken, m.AttentionNsPerTokenPair, m.StorageLatencyUs*1e3
 	b := BreakEven{StorageTokensPerS: 1e9 / s, StorageSlower: s >= a}
 	if a > 0 {
 		b.PrefillTokensPerS = 1e9 / a

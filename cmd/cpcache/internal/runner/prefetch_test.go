@@ -117,9 +117,6 @@ func TestSecondRunServesWhatStorageHolds(t *testing.T) {
 				cfg.Layout = parallel.LayoutConfig{World: 4, DP: 1, AttnCP: 4, DPAttention: true}
 				wl(t, &cfg)
 				store(t, &cfg)
-				// What storage holds is read whatever the costs: this measures the prefetch
-				// path (TestPrefetchSkippedForCost, the cost rule).
-				cfg.PrefetchAlways = true
 				p, err := Prepare(cfg)
 				require.NoError(t, err)
 				first := runInProcess(t, p, -1)

@@ -224,9 +224,6 @@ func TestSecondRunHitsStorage(t *testing.T) {
 			url := "mem://runner-test-" + t.Name()
 			p := smallPlan(t, parallel.LayoutConfig{World: 4, AttnCP: 2}, func(c *Config) {
 				c.Storage, c.PrefetchPolicy, c.Time.PrefetchSync = url, pp, mode == "sync"
-				// Read what storage holds whatever the costs (an overlapped prefetch's wait
-				// costs more than these short prompts' prefill: TestPrefetchSkippedForCost).
-				c.PrefetchAlways = true
 			})
 			st, _, err := p.openStorage(context.Background())
 			require.NoError(t, err)
