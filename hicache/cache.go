@@ -330,6 +330,7 @@ func (c *Cache) reportLocked() {
 	if c.l3 != nil {
 		c.l3.poll(d)
 		c.core.StorageCircuit(c.l3.brk.isOpen())
+		c.core.StorageReadRate(c.l3.rate.get())
 	}
 	c.core.Report(*d)
 }
@@ -668,6 +669,15 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.core.PrefetchPending(id)
+}
+
+// PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because reading
+// the continuation is slower than computing it (L3Options.PrefetchCost; see
+// core.PrefetchResult.CostSkipped), starting nothing. Replicated.
+func (c *Cache) PrefetchSkipsForCost(tokens []int32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.PrefetchSkipsForCost(tokens)
 }
 
 // PrefetchOutcome returns how prefetch id ended (see Core.PrefetchOutcome): how many pages

@@ -122,6 +122,19 @@
 // backoff (one Exists, in the background) until it answers and the group agrees the circuit
 // closed (Stats.StorageCircuitOpen, StorageCircuitOpenSeconds).
 //
+// L3Options.PrefetchCost makes prefetches cost-aware: a stored continuation is read only when
+// reading it (latency + each I/O rank's pages at its bandwidth) is faster than its prefill
+// (per token plus attention over the tokens before it), else it is skipped for cost
+// (RefusedCost, CoreStats.L3CostSkippedPages) and the engine computes it; a continuation of
+// which no leading part can pay off is not even asked about (PrefetchResult.CostSkipped).
+// The engine gives its prefill costs; the read bandwidth is given, or with MeasuredReads
+// follows what the I/O ranks measure (an EWMA of their completed reads, Stats.
+// StorageReadRateLocal), agreed through the vector as the slowest rank's (Stats.
+// StorageReadRate), so that every rank decides alike:
+//
+//	cfg.L3.PrefetchCost = hicache.PrefetchCost{ComputeNsPerToken: 5070, AttentionNsPerTokenPair: 0.166,
+//		StorageLatencyNs: 100e3, StorageBytesPerNs: 7, PageBytes: 16 * 131072, MeasuredReads: true}
+//
 // # Fault injection
 //
 // Config.Faults (nil by default: one nil check per failpoint) injects failures on one rank:

@@ -20,6 +20,11 @@ type L3Options struct {
 	PrefetchTimeoutBase, PrefetchTimeoutPerPage time.Duration
 	// MinPrefetchPages: a storage hit shorter than this is not prefetched (default 1).
 	MinPrefetchPages int
+	// PrefetchCost: read a stored continuation only when reading it is faster than
+	// computing it (from the figures given, or with MeasuredReads from the read bandwidth the
+	// I/O ranks measure, an EWMA of their completed reads agreed as the slowest rank's; see
+	// core.PrefetchCost). The zero value reads every stored continuation.
+	PrefetchCost PrefetchCost
 	// PrefetchQuotaPages: at most this many L2 pages reserved for prefetches at once
 	// (default a quarter of L2).
 	PrefetchQuotaPages int
@@ -97,7 +102,7 @@ func (o *L3Options) normalize() error {
 // it: prefetch minimum, quota and policy).
 func (o *L3Options) coreConfig() core.L3Config {
 	return core.L3Config{PrefetchPolicy: o.PrefetchPolicy, MinPrefetchPages: o.MinPrefetchPages,
-		PrefetchQuotaPages: o.PrefetchQuotaPages, NoBackup: o.NoBackup}
+		PrefetchQuotaPages: o.PrefetchQuotaPages, NoBackup: o.NoBackup, Cost: o.PrefetchCost}
 }
 
 // fingerprint covers the driver's options that every rank must share (the core adds its own).

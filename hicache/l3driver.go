@@ -33,6 +33,8 @@ type l3Driver struct {
 	finished    []*l3Run
 	probeCancel context.CancelFunc // stops the running probe (nil: none yet)
 
+	rate readRate // this rank's read bandwidth, measured from its completed storage reads
+
 	errs         atomic.Int64 // storage errors on this rank
 	pagesRead    atomic.Int64 // pages this rank read from storage (verified)
 	pagesWritten atomic.Int64 // pages this rank wrote to storage
@@ -102,6 +104,45 @@ func (d *l3Driver) start(job core.StorageJob) {
 		d.finished = append(d.finished, r)
 		d.mu.Unlock()
 	}()
+}
+
+// readRate is an exponentially weighted moving average of the bandwidth of a rank's storage
+// reads (bytes/s, each completed Get weighing by its bytes against the last rateWindow of
+// them). Local: the group agrees on it only through the vector (core.StorageReadRate).
+type readRate struct {
+	mu  sync.Mutex
+	bps float64 // 0 until the first read
+}
+
+// rateWindow is how many bytes of reads the average mostly reflects: a read of w bytes
+// moves it by w/(w+rateWindow) toward its own rate.
+const rateWindow = 64 << 20
+
+func (r *readRate) add(bytes int64, d time.Duration) {
+	if bytes <= 0 {
+		return
+	}
+	bps := float64(bytes) / max(d.Seconds(), 1e-9)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bps == 0 {
+		r.bps = bps
+		return
+	}
+	w := float64(bytes) / float64(bytes+rateWindow)
+	r.bps += w * (bps - r.bps)
+}
+
+// get is the average, rounded to 1% steps (3 significant digits of bytes/s): the group
+// agrees a new value only when the bandwidth really moved, not at every read.
+func (r *readRate) get() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bps <= 0 {
+		return 0
+	}
+	scale := math.Pow(10, math.Floor(math.Log10(r.bps))-2)
+	return int64(math.Round(r.bps/scale) * scale)
 }
 
 // prefetchTimer is base + pages × perPage (both non-negative), or the largest Duration when
@@ -272,7 +313,11 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			}
 			found := make([]bool, hi-lo)
 			var n int
+			began := time.Now()
 			err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Get(ctx, keys[lo:hi], dst, found); return err })
+			if err == nil && n > 0 {
+				d.rate.add(int64(n)*int64(len(dst[0])), time.Since(began))
+			}
 			done += n
 			r.progress.Store(int64(done))
 			d.pagesRead.Add(int64(n))

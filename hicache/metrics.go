@@ -194,11 +194,13 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return s.StorageCircuitOpenSeconds }, false},
 	{"storage_queries_total", "Prefetch queries made to storage.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.L3Queries) }, false},
-	{"storage_prefetch_pages_total", "Pages storage had, by outcome (inserted into the tree, discarded after reading, skipped unread).",
-		prometheus.CounterValue, "outcome", []string{"prefetched", "discarded", "skipped"},
+	{"storage_prefetch_pages_total", "Pages storage had, by outcome (inserted into the tree, discarded after reading, skipped unread, of them skipped because computing them is faster).",
+		prometheus.CounterValue, "outcome", []string{"prefetched", "discarded", "skipped", "skipped_for_cost"},
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {
-			return float64([]int64{s.L3PrefetchedPages, s.L3DiscardedPages, s.L3SkippedPrefetches}[i])
+			return float64([]int64{s.L3PrefetchedPages, s.L3DiscardedPages, s.L3SkippedPrefetches, s.L3CostSkippedPages}[i])
 		}, false},
+	{"storage_read_bandwidth_bytes_per_second", "Read bandwidth of the slowest I/O rank the group agreed (what the prefetch cost rule reads), 0 before any measurement.",
+		prometheus.GaugeValue, "", nil, func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.StorageReadRate) }, false},
 	{"storage_backups_total", "Backups to storage, by outcome (pages every I/O rank stored, backups that failed).",
 		prometheus.CounterValue, "outcome", []string{"stored_pages", "failed"},
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {

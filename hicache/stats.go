@@ -37,6 +37,10 @@ type Stats struct {
 	// StorageCircuitOpenSeconds: how long this rank's circuit breaker has been open in all
 	// (non-zero only on I/O ranks).
 	StorageCircuitOpenSeconds float64
+	// StorageReadRate: the read bandwidth (bytes/s) of the slowest I/O rank the group agreed
+	// (every rank alike; 0 before any measurement); StorageReadRateLocal: this rank's own
+	// measurement (an EWMA of its completed storage reads; non-zero only on I/O ranks).
+	StorageReadRate, StorageReadRateLocal int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -60,6 +64,7 @@ func (c *Cache) Stats() Stats {
 		PlacementDigest:  c.core.Allocator().Digest(),
 
 		StorageCircuitOpen: c.core.StorageCircuitOpen(),
+		StorageReadRate:    c.core.StorageReadRateAgreed(),
 	}
 	st.StorageHitTokens = st.L3HitPages * int64(c.core.Config().PageSize)
 	if c.l3 != nil {
@@ -67,6 +72,7 @@ func (c *Cache) Stats() Stats {
 		st.StoragePagesRead = c.l3.pagesRead.Load()
 		st.StoragePagesWritten = c.l3.pagesWritten.Load()
 		st.StorageCircuitOpenSeconds = c.l3.brk.openSeconds()
+		st.StorageReadRateLocal = c.l3.rate.get()
 		sst := c.l3.st.Stats()
 		st.StorageAbandoned, st.StorageStuck = int64(sst.Abandoned), int64(sst.Stuck)
 	}

@@ -20,6 +20,7 @@ type (
 	// PrefetchOutcome and PrefetchRefusal: how a finished prefetch ended (Cache.PrefetchOutcome).
 	PrefetchOutcome = core.PrefetchOutcome
 	PrefetchRefusal = core.PrefetchRefusal
+	PrefetchCost    = core.PrefetchCost
 	Options         = core.Options
 	Policy          = core.Policy
 	PrefetchPolicy  = core.PrefetchPolicy
@@ -62,6 +63,7 @@ const (
 	RefusedCut         = core.RefusedCut
 	RefusedShort       = core.RefusedShort
 	RefusedBelowMin    = core.RefusedBelowMin
+	RefusedCost        = core.RefusedCost
 )
 
 // Transfer kinds (see core.Kind).

@@ -111,6 +111,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) redis://host:port/prefix or a Redis Cluster, redis+cluster://host:port,host:port/prefix (shared across machines); default none")
+	fs.BoolVar(&o.cfg.PrefetchAlways, "prefetch-always", false, "with --storage: read every stored continuation, even where the cost profile computes it faster than storage reads it (for comparison)")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
 	fs.DurationVar(&cfg.StorageTimeout, "storage-timeout", 0, "with --storage: bound on each storage call; a call past it opens the storage circuit (default 2s)")
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")

@@ -109,6 +109,9 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: CP rank %d outside 0..%d", ErrBadConfig, c.CPRank, c.Slabs-1)
 	}
 	if c.L3 {
+		if c.L3Config.Cost.IORanks == 0 {
+			c.L3Config.Cost.IORanks = c.Slabs // every CP rank reads the pages it owns
+		}
 		return c.L3Config.normalize(c.Slabs * c.PagesPerSlab)
 	}
 	return nil

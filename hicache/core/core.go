@@ -85,7 +85,9 @@ type Stats struct {
 	L3HitPages          int64 // pages the I/O ranks agreed are stored (storage hits)
 	L3PrefetchedPages   int64 // pages inserted into the tree from storage
 	L3DiscardedPages    int64 // reserved pages released unused (cut reads, short reads, tree changed)
-	L3SkippedPrefetches int64 // hits not read (below the threshold, quota, no L2 room, revoked, tree changed)
+	L3SkippedPrefetches int64 // hits not read (below the threshold, quota, no L2 room, revoked, tree changed, cost)
+	L3CostSkippedPages  int64 // stored pages not read because computing them is faster (L3Config.Cost)
+	L3CostProbes        int64 // prefetches read although the measured bandwidth said skip (PrefetchCost.MeasuredReads)
 	L3BackedUpPages     int64 // pages of backups to storage every I/O rank completed
 	L3FailedBackups     int64 // backups to storage that failed on some I/O rank
 }

@@ -65,7 +65,10 @@
 //     unanswered (others: MaxInt64), so MIN is the count every shard holds; a query that
 //     was revoked, or (timeout policy) outlived its timer, counts 0 pages. At the answer
 //     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
-//     below MinPrefetchPages, over the quota, without L2 room, or when the tree changed)
+//     below MinPrefetchPages, over the quota, without L2 room, when the tree changed, or
+//     when L3Config.Cost finds the read slower than the prefill: RefusedCost; a
+//     continuation of which no leading part can pay off is not even queried), with
+//     MeasuredReads from the read bandwidth agreed in vL3ReadRate (MIN: the slowest rank's)
 //     and the I/O ranks read them into the slabs, verifying each page, in chunks of
 //     ReadChunkPages. Per read: done (MIN: all finished), pages completed so far (MIN) and a
 //     cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are

@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // PrefetchPolicy says when the group stops waiting for a prefetch from L3 storage.
 type PrefetchPolicy int
@@ -55,6 +58,76 @@ type L3Config struct {
 	PrefetchQuotaPages int
 	// NoBackup disables backups to storage (prefetch only: a read-only shared store).
 	NoBackup bool
+	// Cost: a stored continuation is read only when reading it is faster than computing it
+	// (zero value: every continuation at least MinPrefetchPages long is read).
+	Cost PrefetchCost
+}
+
+// PrefetchCost is the cost rule of prefetches. Once the group agreed how many leading pages
+// of a continuation are stored, it reads them only when the read is faster than their
+// prefill; otherwise they are skipped for cost (RefusedCost, Stats.L3CostSkippedPages) and
+// computed. The rule is a pure function of the configuration, the agreed answer and, with
+// MeasuredReads, the agreed read bandwidth, so every rank decides alike.
+type PrefetchCost struct {
+	// The group's prefill of tokens [h, s) of a sequence takes ComputeNsPerToken × (s − h)
+	// + AttentionNsPerTokenPair × (s² − h²)/2 ns (each token attends to every token before
+	// it). Both 0: no cost rule.
+	ComputeNsPerToken, AttentionNsPerTokenPair float64
+	// A read of p pages takes StorageLatencyNs + ⌈p / IORanks⌉ × PageBytes / (read
+	// bandwidth of one I/O rank, in bytes per ns = GB/s): each I/O rank reads the pages it
+	// owns, all at once. StorageBytesPerNs is that bandwidth (with MeasuredReads: until the
+	// I/O ranks measured one; 0 then reads, so that they do).
+	StorageLatencyNs, StorageBytesPerNs float64
+	// PageBytes: the bytes of one page on the rank that owns it.
+	PageBytes int64
+	// IORanks: the ranks that read a prefetch's pages at once (page i on rank i mod
+	// IORanks; 0: the slab group's size, every CP rank reading the pages it owns).
+	IORanks int
+	// MeasuredReads: decide from the read bandwidth the I/O ranks measure at run time
+	// (Core.StorageReadRate), agreed through the vector as the slowest rank's (a read is
+	// over when every I/O rank's part is). One in probeEvery prefetches the rule skips is
+	// read anyway, so that a store that got faster is measured again.
+	MeasuredReads bool
+}
+
+// probeEvery: with PrefetchCost.MeasuredReads, every probeEvery-th prefetch skipped for cost
+// is read anyway (a measurement of the store as it is now).
+const probeEvery = 16
+
+// on reports whether the rule decides anything.
+func (pc *PrefetchCost) on() bool { return pc.ComputeNsPerToken > 0 || pc.AttentionNsPerTokenPair > 0 }
+
+// MayPay reports whether a read of some leading part of pages pages from sequence page
+// start may pay off: it is false when computing all of them takes no longer than reading
+// them with every I/O rank's bandwidth used in full (latency + pages × PageBytes / (IORanks
+// × bandwidth), a lower bound of any read of them). Since the prefill of the first j pages
+// takes at most j/pages of the whole (each token costs more than the one before it), and a
+// read of j pages at least latency + j × PageBytes / (IORanks × bandwidth), no j pays off
+// then, and the continuation need not even be asked about.
+func (pc *PrefetchCost) MayPay(start, pages, pageSize int, bytesPerNs float64) bool {
+	if !pc.on() || !(bytesPerNs > 0) || pages <= 0 {
+		return true
+	}
+	h, s := float64(start*pageSize), float64((start+pages)*pageSize)
+	compute := float64(pc.ComputeNsPerToken*(s-h)) + float64(pc.AttentionNsPerTokenPair*float64(float64(s*s)-float64(h*h)))/2
+	read := pc.StorageLatencyNs + float64(int64(pages)*pc.PageBytes)/float64(float64(max(pc.IORanks, 1))*bytesPerNs)
+	return read < compute
+}
+
+// Pays reports whether reading pages stored pages of a sequence, from its page start on
+// (pageSize tokens a page), at bytesPerNs per I/O rank, is faster than computing them. A
+// rule that is off, or a bandwidth that is not known (0), always pays. Every product is
+// rounded explicitly (float64(...)): no rank fuses a multiply-add that another rounds, so
+// every rank of one binary gets the same answer from the same agreed inputs.
+func (pc *PrefetchCost) Pays(start, pages, pageSize int, bytesPerNs float64) bool {
+	if !pc.on() || !(bytesPerNs > 0) || pages <= 0 {
+		return true
+	}
+	io := max(pc.IORanks, 1)
+	h, s := float64(start*pageSize), float64((start+pages)*pageSize)
+	compute := float64(pc.ComputeNsPerToken*(s-h)) + float64(pc.AttentionNsPerTokenPair*float64(float64(s*s)-float64(h*h)))/2
+	read := pc.StorageLatencyNs + float64(int64((pages+io-1)/io)*pc.PageBytes)/bytesPerNs
+	return read < compute
 }
 
 func (o *L3Config) normalize(l2Pages int) error {
@@ -72,6 +145,20 @@ func (o *L3Config) normalize(l2Pages int) error {
 			return fmt.Errorf("%w: %s %d must be positive", ErrBadConfig, v.name, v.v)
 		}
 	}
+	pc := &o.Cost
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"compute ns per token", pc.ComputeNsPerToken}, {"attention ns per token pair", pc.AttentionNsPerTokenPair},
+		{"storage latency ns", pc.StorageLatencyNs}, {"storage bytes per ns", pc.StorageBytesPerNs},
+		{"page bytes", float64(pc.PageBytes)}, {"I/O ranks", float64(pc.IORanks)}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%w: prefetch cost: %s %g must be a finite number ≥ 0", ErrBadConfig, f.name, f.v)
+		}
+	}
+	if pc.on() && pc.PageBytes == 0 {
+		return fmt.Errorf("%w: prefetch cost: a compute cost needs the page bytes (0)", ErrBadConfig)
+	}
 	if o.PrefetchPolicy < PrefetchBestEffort || o.PrefetchPolicy > PrefetchTimeout {
 		return fmt.Errorf("%w: prefetch policy %d", ErrBadConfig, int(o.PrefetchPolicy))
 	}
@@ -79,5 +166,5 @@ func (o *L3Config) normalize(l2Pages int) error {
 }
 
 func (o *L3Config) fingerprint() string {
-	return fmt.Sprintf("%d|%d|%d|%t", o.PrefetchPolicy, o.MinPrefetchPages, o.PrefetchQuotaPages, o.NoBackup)
+	return fmt.Sprintf("%d|%d|%d|%t|%+v", o.PrefetchPolicy, o.MinPrefetchPages, o.PrefetchQuotaPages, o.NoBackup, o.Cost)
 }

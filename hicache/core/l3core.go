@@ -115,6 +115,10 @@ type l3State struct {
 	// prefetch or backup to storage is queued until it agrees the circuit closed again.
 	circuitOpen bool
 	localOpen   bool // local (I/O rank): this rank's breaker is open (StorageCircuit)
+	// readRate: the read bandwidth of the slowest I/O rank (bytes/s) the group agreed, 0
+	// before any measurement; costSkips: prefetches the cost rule skipped (PrefetchCost).
+	readRate, costSkips int64
+	localRate           int64 // local (I/O rank): this rank's measured read bandwidth (StorageReadRate)
 }
 
 func (l *l3State) pending() int {
@@ -126,6 +130,17 @@ func (l *l3State) pending() int {
 // contributes to the next vector, and the group opens or closes the circuit at the step it
 // agrees. Local.
 func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
+
+// StorageReadRate records the read bandwidth this rank measured (bytes/s of its completed
+// storage reads, e.g. an EWMA; 0: none yet). The driver calls it once per step, before Ready
+// with a vector. A measurement counts only through the vector: the group agrees the
+// slowest rank's, which the cost rule (L3Config.Cost.MeasuredReads)
+// reads. Local.
+func (c *Core) StorageReadRate(bytesPerSec int64) { c.l3.localRate = bytesPerSec }
+
+// StorageReadRateAgreed is the read bandwidth (bytes/s) of the slowest I/O rank the group
+// agreed at the last step (0: none measured). Replicated.
+func (c *Core) StorageReadRateAgreed() int64 { return c.l3.readRate }
 
 // StorageCircuitOpen reports whether the group agreed the storage circuit open: no prefetch
 // or backup to storage is queued; work already queued ends as misses or failed backups.
@@ -209,6 +224,10 @@ func (c *Core) l3Vector(v []int64) {
 	if c.io && c.l3.localOpen {
 		v[vL3Circuit] = -1
 	}
+	v[vL3ReadRate] = math.MaxInt64
+	if c.l3.localRate > 0 { // a rank that read from storage (an I/O rank)
+		v[vL3ReadRate] = c.l3.localRate
+	}
 	for i := range l3Slots {
 		v[vL3QueryAns+i] = math.MaxInt64
 		v[vL3ReadDone+i], v[vL3ReadPages+i], v[vL3ReadCut+i] = 1, math.MaxInt64, 0
@@ -258,6 +277,9 @@ func (c *Core) l3Vector(v []int64) {
 // queries reserve L2 pages and start reads.
 func (c *Core) l3Apply(v []int64) {
 	c.l3.circuitOpen = v[vL3Circuit] < 0
+	if r := v[vL3ReadRate]; r != math.MaxInt64 {
+		c.l3.readRate = r
+	}
 	done, fail := uint64(v[vL3PutDone]), v[vL3PutFail]
 	for len(c.l3.puts) > 0 && c.l3.puts[0].seq < done {
 		op := c.l3.puts[0]
@@ -324,7 +346,7 @@ func (c *Core) dropL3() {
 		c.pinL3(op.node, -1)
 	}
 	c.l3 = l3State{putSeq: c.l3.putSeq, querySeq: c.l3.querySeq, readSeq: c.l3.readSeq, releaseSeq: c.l3.releaseSeq,
-		circuitOpen: c.l3.circuitOpen, localOpen: c.l3.localOpen}
+		circuitOpen: c.l3.circuitOpen, localOpen: c.l3.localOpen, readRate: c.l3.readRate, costSkips: c.l3.costSkips, localRate: c.l3.localRate}
 }
 
 // l3Digest folds the L3 queue positions into the tree digest.
@@ -334,5 +356,6 @@ func (c *Core) l3Digest(x uint64) uint64 {
 	if l.circuitOpen {
 		x = mix.Mix64(x ^ 0xc1c)
 	}
+	x = mix.Mix64(x ^ uint64(l.readRate) ^ uint64(l.costSkips)<<40)
 	return mix.Mix64(x ^ uint64(len(l.puts)) ^ uint64(len(l.queries))<<16 ^ uint64(len(l.reads))<<32 ^ uint64(len(l.releases))<<48 ^ uint64(l.reserved)<<8)
 }

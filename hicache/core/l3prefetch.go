@@ -18,6 +18,10 @@ type PrefetchResult struct {
 	// Start is the first sequence page asked for (the pages before it are in the tree);
 	// Pages is how many pages the I/O ranks are asked about.
 	Start, Pages int
+	// CostSkipped: nothing started because reading the continuation's Pages pages, even
+	// all stored and at the full bandwidth of every I/O rank, is slower than computing them
+	// (L3Config.Cost): the caller computes them without waiting for an answer.
+	CostSkipped bool
 }
 
 // PrefetchRefusal says why stored pages of a prefetch were not inserted into L2.
@@ -46,10 +50,12 @@ const (
 	RefusedShort
 	// RefusedBelowMin: fewer pages were stored, or left by the quota, than MinPrefetchPages.
 	RefusedBelowMin
+	// RefusedCost: reading the stored pages is slower than computing them (L3Config.Cost).
+	RefusedCost
 )
 
 func (r PrefetchRefusal) String() string {
-	names := [...]string{"none", "quota", "no L2 room", "tree changed", "duplicate", "revoked", "cut", "short read", "below minimum"}
+	names := [...]string{"none", "quota", "no L2 room", "tree changed", "duplicate", "revoked", "cut", "short read", "below minimum", "slower than compute"}
 	if r >= 0 && int(r) < len(names) {
 		return names[r]
 	}
@@ -113,23 +119,21 @@ func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
 // them in; when the policy says the read is over, every rank inserts the agreed number of
 // pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
 // as host pages. Nothing starts without L3, in quarantine, while the storage circuit is
-// open, or when the continuation is shorter than MinPrefetchPages. Replicated.
+// open, or when the continuation is shorter than MinPrefetchPages, and (without
+// MeasuredReads) when the cost rule says no prefix of it can pay off (CostSkipped).
+// Replicated.
 func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return PrefetchResult{}
 	}
 	o := &c.cfg.L3Config
 	P := c.cfg.PageSize
-	np := len(tokens) / P
-	have, h := 0, RootHash
-	var buf [walkBuf]pathMatch
-	for _, m := range c.walk(buf[:0], tokens) {
-		have += m.pages
-		h = m.n.hashes[m.pages-1]
-	}
-	k := min(np-have, o.PrefetchQuotaPages)
+	have, h, k := c.continuation(tokens)
 	if k < o.MinPrefetchPages || k <= 0 {
 		return PrefetchResult{}
+	}
+	if c.costSkips(have, k) {
+		return PrefetchResult{Start: have, Pages: k, CostSkipped: true}
 	}
 	hashes := make([]uint64, k)
 	for i := range hashes {
@@ -144,6 +148,36 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	}
 	c.stats.L3Queries++
 	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
+}
+
+// continuation walks tokens and returns the pages the tree holds, the hash of the last of
+// them and how many pages a prefetch would ask about (the rest of the whole pages, at most
+// the quota).
+func (c *Core) continuation(tokens []int32) (have int, h uint64, k int) {
+	h = RootHash
+	var buf [walkBuf]pathMatch
+	for _, m := range c.walk(buf[:0], tokens) {
+		have += m.pages
+		h = m.n.hashes[m.pages-1]
+	}
+	return have, h, min(len(tokens)/c.cfg.PageSize-have, c.cfg.L3Config.PrefetchQuotaPages)
+}
+
+// costSkips reports whether the cost rule (without MeasuredReads) finds that no leading part
+// of k pages from sequence page have can pay off (PrefetchCost.MayPay).
+func (c *Core) costSkips(have, k int) bool {
+	pc := &c.cfg.L3Config.Cost
+	return !pc.MeasuredReads && !pc.MayPay(have, k, c.cfg.PageSize, pc.StorageBytesPerNs)
+}
+
+// PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because of the
+// cost rule (PrefetchResult.CostSkipped), without starting anything. Replicated.
+func (c *Core) PrefetchSkipsForCost(tokens []int32) bool {
+	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
+		return false
+	}
+	have, _, k := c.continuation(tokens)
+	return k >= c.cfg.L3Config.MinPrefetchPages && k > 0 && c.costSkips(have, k)
 }
 
 // PrefetchPending reports whether prefetch id is still being queried or read. Replicated.
@@ -227,6 +261,10 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	case hits < o.MinPrefetchPages || hits <= 0:
 		skip(max(clamp, RefusedBelowMin))
 		return
+	case !c.prefetchPays(q.start, hits):
+		c.stats.L3CostSkippedPages += int64(hits)
+		skip(RefusedCost)
+		return
 	}
 	end, _, ok := c.prefixEnd(q.tokens, q.start)
 	if !ok || c.index[q.hashes[0]] != nil {
@@ -263,6 +301,29 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	if c.io {
 		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: r.hashes, Pages: slices.Clone(pages)})
 	}
+}
+
+// prefetchPays applies the cost rule (L3Config.Cost) to a read of pages stored pages from
+// sequence page start, at the agreed measured read bandwidth when there is one. With
+// MeasuredReads, every probeEvery-th skip is read anyway (counted in L3CostProbes).
+// Replicated: its inputs are the configuration and agreed values.
+func (c *Core) prefetchPays(start, pages int) bool {
+	pc := &c.cfg.L3Config.Cost
+	bw := pc.StorageBytesPerNs
+	if pc.MeasuredReads && c.l3.readRate > 0 {
+		bw = float64(c.l3.readRate) / 1e9
+	}
+	if pc.Pays(start, pages, c.cfg.PageSize, bw) {
+		return true
+	}
+	if pc.MeasuredReads {
+		c.l3.costSkips++
+		if c.l3.costSkips%probeEvery == 0 {
+			c.stats.L3CostProbes++
+			return true
+		}
+	}
+	return false
 }
 
 // finishRead applies an agreed end of a read: its first m pages (complete on every I/O

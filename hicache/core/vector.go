@@ -30,6 +30,7 @@ const (
 	vL3PutFail                             // seq of its first failed one among those, or MaxInt64
 	vL3ReleaseAck                          // seq of its first release whose read I/O has not stopped
 	vL3Circuit                             // -1 if the I/O rank's storage circuit breaker is open, else 0
+	vL3ReadRate                            // the I/O rank's measured read bandwidth, bytes/s (MaxInt64: none): MIN is the slowest
 	vL3QueryAns                            // l3Slots slots: stored pages of query i, -1 if unanswered
 	vL3ReadDone   = vL3QueryAns + l3Slots  // l3Slots slots: 1 if read i finished, else 0
 	vL3ReadPages  = vL3ReadDone + l3Slots  // l3Slots slots: pages read i completed so far

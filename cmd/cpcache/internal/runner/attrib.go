@@ -24,6 +24,9 @@ type MissCauses struct {
 	// not bring back (a storage error, a timeout under the prefetch policy, or a page whose
 	// backup to storage had not completed).
 	Storage int64 `json:"storage"`
+	// Cost: with an L3 tier, a page computed because reading it from storage was slower
+	// (the cache's cost rule skipped it: Report.PrefetchCostSkippedPages).
+	Cost int64 `json:"cost"`
 	// PartialPage: the tokens of the prompt's last, incomplete page (the cache holds whole
 	// pages only).
 	PartialPage int64 `json:"partial_page"`
@@ -31,7 +34,7 @@ type MissCauses struct {
 
 // Total is the sum of the causes.
 func (m MissCauses) Total() int64 {
-	return m.Compulsory + m.CapacityL1 + m.CapacityL2 + m.InFlight + m.Quarantined + m.Storage + m.PartialPage
+	return m.Compulsory + m.CapacityL1 + m.CapacityL2 + m.InFlight + m.Quarantined + m.Storage + m.Cost + m.PartialPage
 }
 
 func (m *MissCauses) add(o MissCauses) {
@@ -41,6 +44,7 @@ func (m *MissCauses) add(o MissCauses) {
 	m.InFlight += o.InFlight
 	m.Quarantined += o.Quarantined
 	m.Storage += o.Storage
+	m.Cost += o.Cost
 	m.PartialPage += o.PartialPage
 }
 
@@ -91,8 +95,9 @@ func (t *missTracker) quarantined(q bool) {
 
 // prefilled attributes the misses of r's prefill: the first matched pages were found in the
 // cache (device or host) by its match, served pages were served (hits), and the rest of the
-// prompt was computed.
-func (t *missTracker) prefilled(r workload.Request, matched, served int) {
+// prompt was computed (all of it beyond the served pages for cost, when cost says the cost
+// rule skipped its continuation).
+func (t *missTracker) prefilled(r workload.Request, matched, served int, cost bool) {
 	P := t.pageSize
 	hashes := hicache.PrefixHashes(r.Tokens[:len(r.Tokens)/P*P], P)
 	t.causes.PartialPage += int64(len(r.Tokens) % P)
@@ -101,6 +106,8 @@ func (t *missTracker) prefilled(r workload.Request, matched, served int) {
 		_, seen := t.seen[h]
 		_, flushed := t.flushed[h]
 		switch {
+		case cost:
+			t.causes.Cost += int64(P)
 		case t.inflight[h] > 0:
 			t.causes.InFlight += int64(P)
 		case !seen && !flushed:

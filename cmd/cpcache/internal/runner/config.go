@@ -42,7 +42,11 @@ type Config struct {
 	// and prefetches a prompt's continuation from it before the prefill (see doc.go).
 	Storage        string
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
-	StorageClear   bool                   // clear the run's namespace in Storage before serving
+	// PrefetchAlways reads every stored continuation, even where the cost model computes it
+	// faster than storage reads it (by default those are skipped for cost: see
+	// CostModel.prefetchCost).
+	PrefetchAlways bool
+	StorageClear   bool // clear the run's namespace in Storage before serving
 	// StorageTimeout bounds each storage call (0: hicache's default, 2s); a call past it
 	// opens the storage circuit (see hicache.L3Options.CallTimeout).
 	StorageTimeout time.Duration
@@ -162,6 +166,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := cfg.Time.normalize(cfg.Workload); err != nil {
 		return nil, err
 	}
+	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
+		return nil, err
+	}
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
 	}
@@ -201,6 +208,11 @@ func Prepare(cfg Config) (*Plan, error) {
 	}
 	if err := p.checkStorage(); err != nil {
 		return nil, err
+	}
+	if be := cfg.Time.Model.breakEven(); cfg.Storage != "" {
+		if w := be.warning(cfg.Time.Cost.Name); w != "" {
+			p.Warnings = append(p.Warnings, w)
+		}
 	}
 	if err := p.checkFaultRanks(); err != nil {
 		return nil, err

@@ -148,7 +148,7 @@ func missChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, er
 		name string
 		v    int64
 	}{{"compulsory", m.Compulsory}, {"capacity L1", m.CapacityL1}, {"capacity L2", m.CapacityL2}, {"in flight", m.InFlight},
-		{"quarantined", m.Quarantined}, {"storage", m.Storage}, {"partial page", m.PartialPage}}
+		{"quarantined", m.Quarantined}, {"storage", m.Storage}, {"skipped for cost", m.Cost}, {"partial page", m.PartialPage}}
 	p := plot.New()
 	p.Title.Text = "Missed prompt tokens by cause"
 	p.Y.Label.Text = "tokens"

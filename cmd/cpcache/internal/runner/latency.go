@@ -31,8 +31,12 @@ func (r *Report) addTiming(p *Plan, results []rankResult, lat []time.Duration) {
 		}
 	}
 	t := p.Config.Time
-	r.Latency = &LatencyReport{Time: t.Mode, Speed: t.Speed, CostProfile: t.Cost, PrefetchSync: t.PrefetchSync && p.Config.Storage != "",
-		On: figures(on, r.OutputTokens), Off: figures(off, r.OutputTokens)}
+	be := t.Model.breakEven()
+	r.Latency = &LatencyReport{Time: t.Mode, Speed: t.Speed, CostProfile: t.Cost, Model: t.Model, BreakEven: be,
+		PrefetchSync: t.PrefetchSync && p.Config.Storage != "", On: figures(on, r.OutputTokens), Off: figures(off, r.OutputTokens)}
+	if p.Config.Storage != "" {
+		r.Latency.Warning = be.warning(t.Cost.Name)
+	}
 	r.Timeline = timeline(on)
 	r.ConsensusHistogram = histogram(lat)
 	r.Reference = referenceOf(p)
@@ -61,11 +65,15 @@ type LatencyFigures struct {
 // LatencyReport is the run's time model and its figures with the cache on (measured) and
 // off (simulated from the same workload under the same rules and costs).
 type LatencyReport struct {
-	Time        string         `json:"time"` // virtual or none
-	Speed       float64        `json:"speed"`
-	CostProfile CostProfile    `json:"cost_profile"`
-	On          LatencyFigures `json:"cache_on"`
-	Off         LatencyFigures `json:"cache_off"`
+	Time        string      `json:"time"` // virtual or none
+	Speed       float64     `json:"speed"`
+	CostProfile CostProfile `json:"cost_profile"`
+	Model       CostModel   `json:"cost_model"` // the profile resolved against the run's layout
+	BreakEven   BreakEven   `json:"break_even"`
+	// Warning: with --storage, the profile makes a storage hit slower than recomputing it.
+	Warning string         `json:"warning,omitempty"`
+	On      LatencyFigures `json:"cache_on"`
+	Off     LatencyFigures `json:"cache_off"`
 	// PrefetchSync: the run waited for prefetches in steps where nothing decodes.
 	PrefetchSync bool `json:"prefetch_sync,omitempty"`
 }
@@ -197,8 +205,8 @@ func (s *scheduler) timing() *replicaTiming {
 // writeTimeText writes the virtual-time, miss and reference part of the text report.
 func (r *Report) writeTimeText(w io.Writer) {
 	m := r.MissCauses
-	fmt.Fprintf(w, "  misses by cause      compulsory %d, capacity L1 %d, capacity L2 %d, in flight %d, quarantined %d, storage %d, partial page %d\n",
-		m.Compulsory, m.CapacityL1, m.CapacityL2, m.InFlight, m.Quarantined, m.Storage, m.PartialPage)
+	fmt.Fprintf(w, "  misses by cause      compulsory %d, capacity L1 %d, capacity L2 %d, in flight %d, quarantined %d, storage %d, skipped for cost %d, partial page %d\n",
+		m.Compulsory, m.CapacityL1, m.CapacityL2, m.InFlight, m.Quarantined, m.Storage, m.Cost, m.PartialPage)
 	ref := r.Reference
 	fmt.Fprintf(w, "  reference hit rates  unlimited %.1f%%, LRU of 512-token blocks (%d tokens) %.1f%%\n",
 		100*ref.ReuseBoundHitRate, ref.CapacityTokens, 100*ref.LRUBlockHitRate)
@@ -207,6 +215,16 @@ func (r *Report) writeTimeText(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "  time                 %s (speed %g), cost %s\n", l.Time, l.Speed, l.CostProfile.String())
+	fmt.Fprintf(w, "  cost model           %s\n", l.Model.String())
+	be := l.BreakEven
+	pays := fmt.Sprintf("a prefetch pays off for prompts over %.0f tokens (SGLang's fixed prefetch_threshold: %d)", be.MinPromptTokens, SGLangPrefetchThreshold)
+	if be.Never {
+		pays = "no prefetch pays off"
+	}
+	fmt.Fprintf(w, "  break-even           storage %.3g tokens/s, prefill %.3g tokens/s: %s\n", be.StorageTokensPerS, be.PrefillTokensPerS, pays)
+	if l.Warning != "" {
+		fmt.Fprintf(w, "  WARNING              %s\n", l.Warning)
+	}
 	row := func(name string, f LatencyFigures) {
 		fmt.Fprintf(w, "  %-20s TTFT p50 %.1f ms, p90 %.1f ms, p99 %.1f ms; queue p50 %.1f ms, p99 %.1f ms; %d prefill tokens; %.2f req/s, %.0f output tok/s over %.1f s\n",
 			name, f.TTFTP50Ms, f.TTFTP90Ms, f.TTFTP99Ms, f.QueueP50Ms, f.QueueP99Ms, f.PrefillTokens, f.RequestsPerS, f.OutputTokPerS, f.MakespanS)

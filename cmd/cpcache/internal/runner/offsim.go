@@ -14,7 +14,7 @@ import (
 // come from the same run instead of a second one. It returns the clock (timings, makespan,
 // computed tokens).
 func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
-	v := newVClock(cfg, cfg.Layout.AttnCP)
+	v := newVClock(cfg)
 	queue := slices.Clone(reqs)
 	if v.virtual {
 		slices.SortStableFunc(queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })

@@ -31,6 +31,22 @@ type pendingPrefetch struct {
 	epoch   uint64 // scheduler.roomEpoch at the last retry
 }
 
+// costSkip records that r's continuation beyond its L1 and L2 hit is computed because the
+// cache's cost rule found reading it slower (counted at r's prefill: prefillCost).
+func (s *scheduler) costSkip(r workload.Request) { s.costSkipped[r.ID] = true }
+
+// prefillCost counts, at r's prefill, the whole prompt pages beyond the device pages it was
+// served that were computed because reading them was slower (PrefetchCostSkippedPages), and
+// reports whether there were any such.
+func (s *scheduler) prefillCost(r workload.Request, device int) bool {
+	if !s.costSkipped[r.ID] {
+		return false
+	}
+	delete(s.costSkipped, r.ID)
+	s.counts.PrefetchCostSkippedPages += int64(max(len(r.Tokens)/s.cfg.PageSize-device, 0))
+	return true
+}
+
 // maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
 // cache refused stored pages for a transient reason (quota, L2 room, a changed tree, a
 // duplicate read) or its hold was released: past it, the refused pages are computed and
@@ -63,6 +79,10 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	if pf == nil {
 		w := len(r.Tokens) / P
 		if len(s.prefetches) > 0 && s.prefetchHeld+w > s.prefetchBudget() {
+			if c.PrefetchSkipsForCost(r.Tokens) {
+				s.costSkip(r) // nothing to wait for: it computes its continuation
+				return false, nil
+			}
 			m, err := c.Match(r.Tokens)
 			if err != nil {
 				return false, err
@@ -79,6 +99,7 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 		if err != nil || !started {
 			return false, err
 		}
+		delete(s.costSkipped, r.ID)
 		s.prefetches[r.ID] = pf
 		s.prefetchHeld += w
 	}
@@ -112,7 +133,7 @@ func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 	}
 	have := m.DevicePages + m.HostPages
 	if have*P < len(r.Tokens) {
-		switch retry, missing := s.retryPrefetch(pf, have); retry {
+		switch retry, missing := s.retryPrefetch(r, pf, have); retry {
 		case retryWait:
 			return true, nil
 		case retryAsk:
@@ -126,8 +147,11 @@ func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 				return true, nil
 			}
 			// The cache asks storage nothing now (the storage circuit open, quarantine):
-			// what the tree lost is computed, and counted.
-			s.counts.PrefetchRefusedPages += int64(missing)
+			// what the tree lost is computed, and counted (skipped for cost at the prefill
+			// when the cost rule is why).
+			if !s.costSkipped[r.ID] {
+				s.counts.PrefetchRefusedPages += int64(missing)
+			}
 		}
 	}
 	pf.id = 0 // the outcome is taken: a later recheck counts only what the tree lost
@@ -163,9 +187,13 @@ const (
 // shared prefix asked together are read once; the quota clamps a long read). It returns
 // the decision and, for a retry, how many stored pages the tree lacks (0 when it asks for
 // the rest).
-func (s *scheduler) retryPrefetch(pf *pendingPrefetch, have int) (int, int) {
+func (s *scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have int) (int, int) {
 	out, known := s.cache.PrefetchOutcome(pf.id)
 	known = known && pf.id != 0
+	if known && out.Refused == hicache.RefusedCost {
+		s.costSkip(r) // computing them is faster than reading them
+		return retryNo, 0
+	}
 	if known && out.Refused != hicache.RefusedNone && !out.Refused.Transient() {
 		s.counts.PrefetchCutPages += int64(out.Stored - out.Inserted)
 		return retryNo, 0
@@ -269,6 +297,7 @@ func (s *scheduler) releaseHolds() error {
 // pf.pages to the pages the tree holds now and reports whether a prefetch started.
 func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c := s.cache
+	delete(s.costSkipped, r.ID)
 	m, err := c.Match(r.Tokens)
 	if err != nil {
 		return false, err
@@ -285,6 +314,9 @@ func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, 
 		return false, err
 	}
 	res, err := c.Prefetch(r.Tokens)
+	if res.CostSkipped {
+		s.costSkip(r)
+	}
 	if err != nil || res.ID == 0 {
 		return false, errors.Join(err, c.Unlock(m.Last))
 	}

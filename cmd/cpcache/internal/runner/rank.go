@@ -305,6 +305,7 @@ func buildReport(p *Plan, results []rankResult) *Report {
 			r.TokensHitL2 += x.Replica.HitL2
 			r.TokensHitL3 += x.Replica.HitL3
 			r.PagesPrefetched += x.L3Prefetched
+			r.PrefetchCostSkippedPages += x.Replica.PrefetchCostSkippedPages
 			r.PagesBackedUp += x.L3BackedUp
 			r.TokensMissed += x.Replica.Missed
 			r.SchedulerSteps += x.Replica.Steps

@@ -68,6 +68,9 @@ type Report struct {
 	PrefetchRetries      int64 `json:"prefetch_retries"`
 	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
 	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
+	// PrefetchCostSkippedPages: stored pages not read because the cost model computes them
+	// faster than storage reads them (agreed, summed over replicas; see Latency.BreakEven).
+	PrefetchCostSkippedPages int64 `json:"prefetch_cost_skipped_pages"`
 	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
 	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
 	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
@@ -116,7 +119,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
-		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages)
+		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut, %d skipped for cost\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages, r.PrefetchCostSkippedPages)
 		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)

@@ -42,6 +42,11 @@ type replicaCounts struct {
 	PrefetchRetries      int64 `json:"prefetch_retries"`
 	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
 	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
+	// PrefetchCostSkippedPages: whole prompt pages beyond a request's L1 and L2 hit that it
+	// computed because the cache's cost rule found reading them from storage slower (stored
+	// pages the group skipped, or a continuation not even asked about: see
+	// hicache.PrefetchCost).
+	PrefetchCostSkippedPages int64 `json:"prefetch_cost_skipped_pages"`
 	// SettleSteps are the scheduler steps made while an insert or a load-back that found L1
 	// full waited for the copies and storage operations in flight (see withRoom).
 	SettleSteps int64 `json:"settle_steps"`
@@ -106,6 +111,7 @@ type scheduler struct {
 	// unless only one is under way.
 	prefetchHeld int
 	deferred     map[int]bool // requests whose prefetch waited for the budget at the last admit
+	costSkipped  map[int]bool // requests whose continuation the cost rule left to compute (see costSkip)
 	roomEpoch    uint64       // admissions and finishes so far: L2 room may have changed since
 	misses       *missTracker // miss attribution (replica leaders only; nil elsewhere)
 	diverged     bool         // a divergence was seen: the group may be in quarantine
@@ -118,7 +124,7 @@ type scheduler struct {
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
 	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg, cfg.Layout.AttnCP), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}}
+		clock: newVClock(cfg), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}, costSkipped: map[int]bool{}}
 	if s.clock.virtual {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
@@ -418,11 +424,12 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
 	s.clock.prefilled(r, l1, l2, l3)
 	s.clock.loadPages += device - m.DevicePages
+	cost := s.prefillCost(r, device)
 	if s.misses != nil {
 		if s.diverged { // only then can the group be in quarantine
 			s.misses.quarantined(c.Quarantined())
 		}
-		s.misses.prefilled(r, matched, device)
+		s.misses.prefilled(r, matched, device, cost)
 	}
 	if s.live != nil {
 		s.live.inputTokens.Add(int64(len(r.Tokens)))
@@ -439,9 +446,13 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 // scheduler that fetches before the prefill.
 func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
 	c := s.cache
+	delete(s.costSkipped, r.ID)
 	res, err := c.Prefetch(r.Tokens)
 	if err != nil {
 		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
+	}
+	if res.CostSkipped {
+		s.costSkip(r)
 	}
 	if res.ID == 0 {
 		return m, [2]int{}, nil
@@ -452,6 +463,9 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 			return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
 		}
 		s.counts.PrefetchSteps++
+	}
+	if out, ok := c.PrefetchOutcome(res.ID); ok && out.Refused == hicache.RefusedCost {
+		s.costSkip(r)
 	}
 	after, err := c.Match(r.Tokens)
 	if err != nil {

@@ -125,10 +125,15 @@ func (p *Plan) checkStorage() error {
 	return nil
 }
 
-// l3Options are the cache's L3 options for the run: its prefetch policy, defaults for the
-// rest.
+// l3Options are the cache's L3 options for the run: its prefetch policy, the cost rule of
+// the virtual clock's model (a stored continuation is read only when the model reads it
+// faster than it computes it; not with --prefetch-always), defaults for the rest.
 func (c *Config) l3Options() hicache.L3Options {
-	return hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy, CallTimeout: c.StorageTimeout}
+	o := hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy, CallTimeout: c.StorageTimeout}
+	if !c.PrefetchAlways {
+		o.PrefetchCost = c.Time.Model.prefetchCost()
+	}
+	return o
 }
 
 // clearStorage removes every page of the run's namespace.

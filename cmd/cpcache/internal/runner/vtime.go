@@ -21,6 +21,8 @@ type TimeConfig struct {
 	Mode  string      // TimeVirtual or TimeNone; "" is TimeVirtual for traces, TimeNone for synthetic
 	Speed float64     // arrival times are divided by Speed (0: 1)
 	Cost  CostProfile // step costs (a zero profile: DefaultCostProfile)
+	// Model is Cost resolved against the run's layout, page size and KV size (Prepare).
+	Model CostModel
 	// PrefetchSync is the scheduler before prefetch overlapped decode: it waits for a
 	// storage prefetch in steps where running requests decode nothing (for comparison).
 	PrefetchSync bool
@@ -70,11 +72,9 @@ type requestTiming struct {
 // advances only from replicated decisions), so admitting by arrival time keeps the ranks
 // in lockstep.
 type vclock struct {
-	cost      *CostProfile
-	virtual   bool
-	speed     float64
-	cp        int   // ranks of the CP group: each loads and backs up its own pages
-	pageBytes int64 // bytes of one page of one rank, in the cost model
+	cost    *CostModel
+	virtual bool
+	speed   float64
 
 	nowNs     float64 // the clock
 	stepStart float64 // the clock when the current step began
@@ -91,13 +91,8 @@ type vclock struct {
 	firstArrival float64         // NaN until the first admission
 }
 
-func newVClock(cfg *Config, cp int) *vclock {
-	bpt := cfg.Time.Cost.KVBytesPerToken
-	if bpt == 0 {
-		bpt = cfg.KVBytesPerToken
-	}
-	return &vclock{cost: &cfg.Time.Cost, virtual: cfg.Time.Mode == TimeVirtual, speed: cfg.Time.Speed, cp: max(cp, 1),
-		pageBytes: int64(cfg.PageSize) * int64(bpt), firstArrival: math.NaN()}
+func newVClock(cfg *Config) *vclock {
+	return &vclock{cost: &cfg.Time.Model, virtual: cfg.Time.Mode == TimeVirtual, speed: cfg.Time.Speed, firstArrival: math.NaN()}
 }
 
 // arrival is when r arrives on the clock.
@@ -138,12 +133,13 @@ func (v *vclock) prefilled(r workload.Request, l1, l2, l3 int64) {
 // perRankBytes is what one rank moves for pages of the sequence (each rank its own: page i
 // belongs to CP rank i mod cp).
 func (v *vclock) perRankBytes(pages int) int64 {
-	return int64((pages+v.cp-1)/v.cp) * v.pageBytes
+	return int64(v.cost.perRankPages(pages)) * v.cost.pageBytes()
 }
 
-// storageReady is when a prefetch of pages asked at asked is read.
+// storageReady is when a prefetch of pages asked at asked is read (every I/O rank reading
+// its own pages at once).
 func (v *vclock) storageReady(asked float64, pages int) float64 {
-	return asked + v.cost.storageNs(int64(pages)*v.pageBytes)
+	return asked + v.cost.storageNs(pages)
 }
 
 // endStep advances the clock by the step's modelled duration and stamps the first token of
