@@ -79,11 +79,21 @@ build/engine: examples/c/engine.c include/cpcache.h capi
 build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
 
+build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
+	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
+
 # capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
-# cpcache launch (CP4·DP2 on 8 ranks), a lost peer, and the Python suite.
-capi-test: build/engine build/bad_calls
+# cpcache launch (CP4·DP2 on 8 ranks), a lost peer, 200 opens of a cache in a row on one
+# file store (then a second job on it, which must find it empty afterwards), and the
+# Python suite.
+capi-test: build/engine build/bad_calls build/reopen
 	$(GO) build -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
+	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
+	  timeout 300 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 200 && \
+	  timeout 120 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 5 && \
+	  left=$$(find $$store -type f | wc -l) && \
+	  if [ $$left != 0 ]; then find $$store -type f; echo "capi-test: $$left files left in the store"; exit 1; fi
 	@for bad in "--clients -1" "--attn-cp abc" "--l1-pages 99999999999999999999"; do \
 	  out=$$(build/engine $$bad 2>&1); rc=$$?; \
 	  if [ $$rc != 2 ] || ! grep -qF -- "$${bad%% *} \"$${bad#* }\"" <<<"$$out"; then \

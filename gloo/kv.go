@@ -61,8 +61,13 @@ func claimExpired(val []byte, now time.Time) bool {
 // ---- file:// ----
 
 // fileKV keeps each key in a file of a directory tree: key "a/b/c" is the file a/b/c (each
-// component escaped, see keyPath). Files are written under a temporary name and renamed (or
-// linked, for create) into place, so readers never see a partial value. Every path is opened
+// component escaped, see keyPath). Files are written under a temporary name in the key's
+// directory and renamed (or linked, for create) into place, so a reader sees the old value
+// or the new one, never a partial or missing one, and a store reused by run after run
+// never fails on a key being replaced (cmd/libcpcache/ctest/reopen.c, in make capi-test,
+// opens a cache 200 times in a row on one store). They are not fsynced: a key is read
+// only by the processes of one run on live machines, and a file a machine crash left torn
+// is one no later run reads (its run id is gone) or reads as expired (a claim). Every path is opened
 // through an os.Root on the store directory, so a symbolic link in the store never leads
 // outside it, and read only when it is a regular file (regfile): a named pipe a writer of the
 // directory planted as a key is refused at once, not waited on forever.

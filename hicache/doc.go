@@ -42,13 +42,18 @@
 // replicated state); calls marked L are local.
 //
 //  1. For each new request: m, err := cache.Match(tokens) (R) gives the device hit (L1 pages),
-//     the host hit (pages only in L2 that follow it) and the deepest node m.Last.
+//     the host hit (pages only in L2 that follow it) and the deepest node m.Last (a hit that
+//     ends inside a node held only in L2 splits it there, so m.Last's prefix is the hit).
 //     cache.Lock(m.Last) (R) pins the prefix while the request runs.
 //     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(tokens)
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
 //     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
 //     (R) does both for a scheduler that fetches before the prefill.
-//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots; this
+//  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots for the
+//     leading m.HostPages, at most the load quota left (Options.LoadQuotaPages, half of L1
+//     by default, minus the pages loading) and what L1 can free (a node the bound cuts is
+//     split, its head loads: a 20-page hit with L1 of 32 loads 16, then 4 at the next
+//     call); res.Pages says how many. This
 //     rank's reads of its own pages start at the next Step. The scheduler then waits until
 //     cache.LoadPending(m.Last) (R) is false — the group agreed the loads are over; a copy
 //     that failed on any rank has made its node stale on every rank — and matches again:
@@ -58,7 +63,11 @@
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
 //     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
 //     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
-//     scheduler needs room. cache.HintEvict (L) reports local memory pressure instead.
+//     scheduler needs room: EvictL1(n) never takes more than n pages, and returns those
+//     freed now and (write-back) those pending, freed at the step that commits their
+//     backup; pending pages of earlier calls count toward n, so repeating a request while
+//     they are written starts no more. cache.HintEvict (L) reports local memory pressure
+//     instead.
 //  4. cache.Step(ctx) (R), exactly once per scheduler step, on every rank, even when
 //     nothing is pending: finished transfers are counted (local events); one AllReduce(MIN)
 //     of a fixed-length int64 vector runs on the replica group, without the cache's mutex

@@ -161,7 +161,8 @@ typedef struct cpcache_info {
 typedef struct cpcache_match_result {
   cpcache_node_t node;  /* the deepest node of the hit (lock it while the request runs) */
   int64_t device_pages; /* leading pages held in L1 (their slots go to l1_slots) */
-  int64_t host_pages;   /* following pages held only in L2: cpcache_load_back brings them */
+  int64_t host_pages;   /* following pages held only in L2: cpcache_load_back brings them
+                         * (within its quota and L1; see there) */
 } cpcache_match_result;
 
 /* A page an insert gave an L1 slot: the rank that owns it writes its KV there. */
@@ -253,10 +254,17 @@ int cpcache_match(cpcache_t c, const int32_t *tokens, size_t n, cpcache_match_re
 /* Pins (unpins) node's prefix against eviction while a request uses it. [R] */
 int cpcache_lock(cpcache_t c, cpcache_node_t node);
 int cpcache_unlock(cpcache_t c, cpcache_node_t node);
-/* Allocates L1 slots for the L2-only part of node's prefix; *pages (may be NULL) is the
- * number of pages that will load. This rank's copies start at the next cpcache_step (after
- * the group checked the state they were chosen from). Nothing loads below min_load_pages or
- * beyond the quota. [R] */
+/* Allocates L1 slots for the L2-only pages of node's prefix (node: a match's node, whose
+ * prefix ends where the hit does: a match that ends inside a node held only in L2 splits it
+ * there) and starts loading them; *pages (may be NULL) is the number of pages that will
+ * load: the leading host_pages of the match, at most the load quota left (load_quota_pages,
+ * default l1_pages / 2, minus the pages loading) and the L1 pages free once unlocked pages
+ * off the prefix were evicted for them. When that cuts the hit inside a node, the node is
+ * split and its head loads; call again (after the loads are over) for the rest. Example:
+ * l1_pages 32, a 20-page host hit, nothing loading: 16 pages load, then 4. Nothing loads
+ * (*pages 0) below min_load_pages; CPCACHE_ERR_L1_FULL when L1 cannot make room for
+ * min_load_pages. This rank's copies start at the next cpcache_step (after the group
+ * checked the state they were chosen from). [R] */
 int cpcache_load_back(cpcache_t c, cpcache_node_t node, int64_t *pages);
 /* *pending = 1 while the group has not agreed that every load on node's prefix is over. Once
  * it is 0, a load that failed on any rank has made its pages unservable on every rank, and
@@ -275,8 +283,21 @@ int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
  * room. [R] */
 int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_result *out,
                    cpcache_fill_page *fill, size_t fill_cap);
-/* Frees up to pages L1 pages (least recently used, unlocked); *freed may be NULL. [R] */
+/* Evicts up to pages L1 pages, least recently used unlocked leaves first, never more (a
+ * longer leaf gives only its last pages). *freed (may be NULL) is the pages whose slots are
+ * free now. Under write_back a page without an L2 copy is backed up first and its slot
+ * frees at the step that commits the backup: such pages are not in *freed but in
+ * cpcache_evict_l1_ex's *pending. [R] */
 int cpcache_evict_l1(cpcache_t c, int64_t pages, int64_t *freed);
+/* cpcache_evict_l1 that also reports *pending (may be NULL): the pages of the request whose
+ * write-back is in flight, their slots free at the step that commits it (0 except under
+ * write_back). Pages still pending from earlier calls count toward pages, so a request
+ * repeated while they are written starts no more: *freed + *pending <= pages, equal unless
+ * nothing else could be evicted (locked, loading, or the parent of a page being written
+ * back). Example, write_back, one unlocked 8-page leaf: evict_l1_ex(2) gives freed 0,
+ * pending 2 and starts the backup of its last 2 pages; evict_l1_ex(2) again gives 0, 2 and
+ * starts nothing; after the step that commits it, L1 has 2 more free pages. [R] */
+int cpcache_evict_l1_ex(cpcache_t c, int64_t pages, int64_t *freed, int64_t *pending);
 /* Frees up to pages L2 pages of nodes held only in L2; *freed may be NULL. [R] */
 int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
 /* The consensus step: exactly once per scheduler step, on every rank, even when nothing is

@@ -315,15 +315,32 @@ func nonNegative(v C.int64_t, what string) error {
 //export cpcache_evict_l1
 func cpcache_evict_l1(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
 	defer guard(&status)
-	return sessionCall(c, "cpcache_evict_l1", func(s *session) error {
+	return evictL1(c, "cpcache_evict_l1", pages, freed, nil)
+}
+
+//export cpcache_evict_l1_ex
+func cpcache_evict_l1_ex(c C.cpcache_t, pages C.int64_t, freed, pending *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return evictL1(c, "cpcache_evict_l1_ex", pages, freed, pending)
+}
+
+// evictL1 is cpcache_evict_l1 and cpcache_evict_l1_ex: freed and pending may be NULL.
+func evictL1(c C.cpcache_t, what string, pages C.int64_t, freed, pending *C.int64_t) C.int {
+	return sessionCall(c, what, func(s *session) error {
 		if err := nonNegative(pages, "pages"); err != nil {
 			return err
 		}
-		f, _, err := s.cache.EvictL1(int(pages))
-		if err == nil && freed != nil {
+		f, p, err := s.cache.EvictL1(int(pages))
+		if err != nil {
+			return err
+		}
+		if freed != nil {
 			*freed = C.int64_t(f)
 		}
-		return err
+		if pending != nil {
+			*pending = C.int64_t(p)
+		}
+		return nil
 	})
 }
 

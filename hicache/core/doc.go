@@ -52,6 +52,24 @@
 //     are dropped and the group is in quarantine (no hits, inserts or slab I/O) until the
 //     first step at which every rank is idle, which resets every rank at once.
 //
+// # Load-back and eviction
+//
+//   - Match ends its hit at a node boundary when the hit ends inside a node held only in
+//     L2: that node is split there (a storage backup in flight on it keeps pinning both
+//     halves until it is acknowledged). LoadBack(Last) then loads the leading HostPages of
+//     the match, bounded by the load quota left (LoadQuotaPages minus the pages loading)
+//     and by the L1 pages free once unlocked leaves off the path were evicted; a node the
+//     bound cuts is split and its head loads, the rest stays in L2 for a later call. A hit
+//     of 3 pages of an 8-page node loads 3; a 20-page hit with a quota of 16 loads 16, then
+//     4. Below MinLoadPages nothing loads.
+//   - EvictL1(n) takes least recently used unlocked L1 leaves, never more than n pages: a
+//     leaf longer than what is still wanted is split and gives its tail. Under write-back a
+//     page without an L2 copy is backed up and its slot freed at the step that commits the
+//     backup (pending); pages pending from earlier calls or hints count toward n, so a
+//     request repeated while they are written starts no more.
+//   - Both are splits of nodes without I/O of L1 or L2 in flight, the same on every rank
+//     (the choices depend on replicated state only).
+//
 // # L3 (storage) in the vector
 //
 //   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),

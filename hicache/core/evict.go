@@ -20,14 +20,19 @@ func l2Evictable(n *Node) bool {
 }
 
 // evictL1 frees L1 pages, least recently used leaves first, until want pages were freed or
-// no candidate is left. A backed-up node becomes L2-only; under write-back a node without a
-// backup starts one and frees its pages once the group agreed it committed (counted in
-// pending, not freed); any other node is dropped with its L2-only descendants. Never in
-// quarantine: every caller returns before it then.
+// are pending, or no candidate is left; it never takes more than want: a leaf longer than
+// what is still wanted is split and only its tail (the deepest pages) is evicted. A
+// backed-up node becomes L2-only; under write-back a node without a backup starts one and
+// frees its pages once the group agreed it committed (counted in pending, not freed); any
+// other node is dropped with its L2-only descendants. Never in quarantine: every caller
+// returns before it then.
 func (c *Core) evictL1(want int) (freed, pending int) {
 	for n := c.lruL1.front(); n != nil && freed+pending < want; {
 		next := c.lruL1.after(n)
 		if l1Evictable(n) {
+			if keep := freed + pending + len(n.hashes) - want; keep > 0 {
+				c.split(n, keep) // the head (first keep pages) stays; n is the tail
+			}
 			k := len(n.hashes)
 			switch {
 			case n.l2 != nil:
@@ -48,6 +53,30 @@ func (c *Core) evictL1(want int) (freed, pending int) {
 	return freed, pending
 }
 
+// evictingL1 is the number of L1 pages whose write-back eviction is scheduled and not yet
+// over: their backups are in flight, and their slots free at the step that commits them.
+func (c *Core) evictingL1() int {
+	pages := 0
+	for _, op := range c.writes {
+		for _, part := range op.parts {
+			if part.node.evictAfterWrite {
+				pages += len(part.pages)
+			}
+		}
+	}
+	return pages
+}
+
+// evictL1Request is EvictL1 and an agreed eviction hint: pages whose write-back eviction an
+// earlier request scheduled count toward this one, so a request repeated while those
+// backups run starts no more. It returns the pages freed now and the pages of the request
+// still pending (scheduled earlier or now).
+func (c *Core) evictL1Request(want int) (freed, pending int) {
+	already := min(c.evictingL1(), want)
+	freed, pending = c.evictL1(want - already)
+	return freed, already + pending
+}
+
 // evictL2 frees L2-only leaves, least recently used first, until want pages were freed,
 // done() holds (when not nil), or no candidate is left. A parent that becomes an evictable
 // leaf stands later in the list, so one pass reaches it.
@@ -65,14 +94,18 @@ func (c *Core) evictL2(want int, done func() bool) int {
 	return freed
 }
 
-// EvictL1 frees at least pages L1 pages if it can (see the write policies); it returns the
-// pages freed now and the pages that will be freed once their write-back backups commit.
+// EvictL1 evicts up to pages L1 pages, least recently used unlocked leaves first, never
+// more than pages (a longer leaf gives its tail). It returns the pages freed now and, under
+// write-back, the pages pending: their backups are in flight and their L1 slots free at
+// the step that commits them (freed + pending = pages unless no candidate is left). Pages
+// already pending from earlier calls count toward pages: a caller that repeats a request
+// while its write-backs run is answered with them and starts no more.
 // Replicated: call it identically on every rank.
 func (c *Core) EvictL1(pages int) (freed, pending int) {
 	if pages <= 0 || c.quarantined { // a diverged tree's choices would differ across ranks
 		return 0, 0
 	}
-	return c.evictL1(pages)
+	return c.evictL1Request(pages)
 }
 
 // EvictL2 frees at least pages L2 pages of L2-only nodes if it can, and returns the number

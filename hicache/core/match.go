@@ -7,18 +7,24 @@ type MatchResult struct {
 	// DevicePages are the leading pages held in L1 (some may still be loading: call WaitL1
 	// on Last before a layer reads them). DeviceTokens = DevicePages × PageSize.
 	DevicePages, DeviceTokens int
-	// HostPages follow the device pages and are held only in L2: LoadBack(Last) brings them
-	// into L1. Zero once L2 is disabled.
+	// HostPages follow the device pages and are held only in L2: LoadBack(Last) brings
+	// them into L1 (as many as its quota and L1 allow; see LoadBack). Zero once L2 is
+	// disabled.
 	HostPages, HostTokens int
-	// Last is the deepest node of the hit (the root's sentinel when nothing matched; it
-	// may be only partly matched). Lock it while a request uses the prefix.
+	// Last is the deepest node of the hit (the root's sentinel when nothing matched). A
+	// hit that ends inside a host node ends at Last's end (Match split the node there); one
+	// that ends inside a device node may end inside Last. Lock it while a request uses the
+	// prefix.
 	Last *Node
 	// L1Slots are the L1 slots of the device pages, in sequence order.
 	L1Slots []int32
 }
 
 // Match returns the longest cached prefix of tokens (whole pages only) and marks it recently
-// used; in quarantine it returns no hit. Replicated: call it identically on every rank.
+// used; in quarantine it returns no hit. When the hit ends inside a node held only in L2,
+// that node is split at the hit's end (also with a storage backup of it in flight), so that
+// a load-back of the hit brings its pages and no others. Replicated: call it identically on
+// every rank.
 func (c *Core) Match(tokens []int32) MatchResult {
 	c.stats.Matches++
 	c.stats.PromptTokens += int64(len(tokens))
@@ -36,6 +42,11 @@ func (c *Core) Match(tokens []int32) MatchResult {
 			res.L1Slots = append(res.L1Slots, n.l1[:m.pages]...)
 		} else if n.l1 == nil && n.l2 != nil {
 			device = false
+			if m.pages < len(n.hashes) {
+				// Last ends where the match does, so that LoadBack(Last) loads the
+				// matched pages only, not the node's unmatched tail.
+				n = c.split(n, m.pages)
+			}
 			res.HostPages += m.pages
 		} else {
 			break

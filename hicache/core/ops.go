@@ -104,13 +104,20 @@ type LoadResult struct {
 	Nodes         int // nodes loading
 }
 
-// LoadBack brings the L2-only part of the path to n into L1: it allocates L1 slots (evicting
-// if needed) and starts the loads; the pages count as device pages at once, and a layer must
-// WaitL1 before reading them. Nothing is loaded when the host part is shorter than
-// MinLoadPages, when the load quota is used up (a shorter prefix is loaded if it still
-// reaches MinLoadPages: a node is split where the quota ends; load again once it is over
-// for the rest), or when L2 is disabled. ErrL1Full when L1 cannot make room.
-// Replicated: call it identically on every rank.
+// LoadBack brings the L2-only pages of the path to n into L1: it allocates L1 slots
+// (evicting if needed) and starts the loads; the pages count as device pages at once, and a
+// layer must WaitL1 before reading them. n is what Match returned as Last: the path ends
+// exactly where the match did (Match splits a host node the tokens leave in its middle), so
+// the pages that load are the leading HostPages of that match, at most:
+//   - the load quota left: LoadQuotaPages minus the pages already loading;
+//   - the L1 pages free once unlocked leaves off the path were evicted for them.
+//
+// When that cuts the hit inside a node, the node is split there and its head loads; the
+// rest stays in L2 for a later LoadBack (after the loads in flight finish, when the quota
+// was the bound). So a hit longer than the quota loads the quota's worth. Nothing loads
+// when fewer than MinLoadPages pages (and at least one) would, or when L2 is disabled
+// (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
+// L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
 func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 	if n != nil && n.isRoot() || c.quarantined {
 		return LoadResult{}, nil
@@ -119,25 +126,14 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 		return LoadResult{}, err
 	}
 	var todo []*Node
+	host := 0
 	for _, x := range pathTo(n) {
 		if x.l1 == nil {
 			todo = append(todo, x)
+			host += len(x.hashes)
 		}
 	}
-	pages, cut := 0, 0 // cut: load only the first cut pages of todo's last node
-	for i, x := range todo {
-		if room := c.cfg.LoadQuotaPages - c.loadingPgs - pages; len(x.hashes) > room {
-			// A node longer than the quota left loads its head (split off below): a node
-			// longer than the whole quota (a long prefetch from storage) was never loaded.
-			todo = todo[:i]
-			if room > 0 {
-				todo, cut = append(todo, x), room
-				pages += room
-			}
-			break
-		}
-		pages += len(x.hashes)
-	}
+	pages := min(host, max(c.cfg.LoadQuotaPages-c.loadingPgs, 0))
 	if pages == 0 || pages < c.cfg.MinLoadPages {
 		return LoadResult{}, nil
 	}
@@ -145,12 +141,24 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 		c.lockPath(n, 1)
 		c.evictL1(pages - c.l1.available())
 		c.lockPath(n, -1)
-		if pages > c.l1.available() {
-			return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed", ErrL1Full, pages, c.l1.available())
+		if avail := c.l1.available(); pages > avail {
+			if avail == 0 || avail < c.cfg.MinLoadPages {
+				return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed (min load pages %d)", ErrL1Full, pages, avail, c.cfg.MinLoadPages)
+			}
+			pages = avail
 		}
 	}
-	if cut > 0 {
-		todo[len(todo)-1] = c.split(todo[len(todo)-1], cut)
+	// The first pages host pages: whole nodes, then the head of the node where they end.
+	left := pages
+	for i, x := range todo {
+		if k := len(x.hashes); k >= left {
+			if k > left {
+				todo[i] = c.split(x, left)
+			}
+			todo = todo[:i+1]
+			break
+		}
+		left -= len(x.hashes)
 	}
 	for _, x := range todo {
 		slots := c.l1.alloc(len(x.hashes))
@@ -218,8 +226,9 @@ func (c *Core) completed(kind Kind, seq uint64, err error) {
 }
 
 // HintEvict asks, from this rank only (e.g. local memory pressure), that the group evict
-// at least l1 L1 pages and l2 L2 pages. A local event: at the next consensus step every rank
-// evicts the largest amount any rank asked for.
+// l1 L1 pages and l2 L2 pages. A local event: at the next consensus step every rank evicts
+// the largest amount any rank asked for, as EvictL1 and EvictL2 do (write-back evictions
+// still pending count toward l1).
 func (c *Core) HintEvict(l1, l2 int) {
 	c.hintL1 = max(c.hintL1, l1)
 	c.hintL2 = max(c.hintL2, l2)

@@ -639,8 +639,12 @@ func (s *replicaSim) op() {
 	case k < 72:
 		n, m := s.rng.IntN(12), s.rng.IntN(12)
 		s.each("evict", func(i int, c *Core) error {
-			// short of the ask only when no candidate is left
-			if freed, pending := c.EvictL1(n); freed+pending < n && !c.Quarantined() {
+			// never more than the ask; short of it only when no candidate is left
+			freed, pending := c.EvictL1(n)
+			if freed+pending > n {
+				s.fatalf("rank %d: EvictL1(%d) took %d freed + %d pending pages", i, n, freed, pending)
+			}
+			if freed+pending < n && !c.Quarantined() {
 				s.noCandidate(i, c, "EvictL1", l1Evictable)
 			}
 			if freed := c.EvictL2(m); freed < m && !c.Quarantined() {

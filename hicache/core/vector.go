@@ -164,7 +164,7 @@ func (c *Core) Apply(v []int64) error {
 		c.l3Apply(v)
 	}
 	if n := -v[vEvictL1Neg]; n > 0 && !c.quarantined {
-		c.evictL1(int(n))
+		c.evictL1Request(int(n))
 	}
 	if n := -v[vEvictL2Neg]; n > 0 && !c.quarantined {
 		c.evictL2(int(n), nil)

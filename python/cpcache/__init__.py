@@ -41,6 +41,7 @@ __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
     "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "Evicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "ABI_VERSION",
 ]
@@ -136,6 +137,7 @@ class _Stats(ctypes.Structure):
 MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots")
 InsertResult = namedtuple("InsertResult", "node pages fill backups")
 FillPage = namedtuple("FillPage", "slot owner index hash owned")
+Evicted = namedtuple("Evicted", "freed pending")
 Info = namedtuple("Info", [f for f, _ in _Info._fields_ if f != "struct_size"])
 
 
@@ -180,6 +182,7 @@ def library():
         "cpcache_wait_l1": ([_u64, _u64, _i64], ctypes.c_int),
         "cpcache_insert": ([_u64, P(_i32), ctypes.c_size_t, P(_InsertResult), P(_FillPage), ctypes.c_size_t], ctypes.c_int),
         "cpcache_evict_l1": ([_u64, _i64, P(_i64)], ctypes.c_int),
+        "cpcache_evict_l1_ex": ([_u64, _i64, P(_i64), P(_i64)], ctypes.c_int),
         "cpcache_evict_l2": ([_u64, _i64, P(_i64)], ctypes.c_int),
         "cpcache_step": ([_u64], ctypes.c_int),
         "cpcache_pending": ([_u64, P(_i64)], ctypes.c_int),
@@ -439,10 +442,14 @@ class Cache:
         return InsertResult(res.node, res.pages, pages, res.backups)
 
     def evict_l1(self, pages):
-        """Frees up to pages L1 pages; returns how many [R]."""
-        freed = _i64()
-        _check(self._lib.cpcache_evict_l1(self._h, _arg("pages", pages, _i64), ctypes.byref(freed)))
-        return freed.value
+        """Evicts up to pages L1 pages, never more; returns Evicted(freed, pending): the
+        pages freed now, and (write_back) those whose backup is in flight, freed at the step
+        that commits it. Pages still pending from earlier calls count toward pages, so a
+        repeated request starts no more: freed + pending <= pages (cpcache_evict_l1_ex) [R]."""
+        freed, pending = _i64(), _i64()
+        _check(self._lib.cpcache_evict_l1_ex(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
+                                             ctypes.byref(pending)))
+        return Evicted(freed.value, pending.value)
 
     def evict_l2(self, pages):
         """Frees up to pages L2 pages of L2-only nodes; returns how many [R]."""

@@ -75,8 +75,11 @@ class HiCacheController:
         self.cache.step()
 
     def evict(self, num_tokens):
-        """evict (device pool pressure) → evict_l1 [R]."""
-        return self.cache.evict_l1(num_tokens // PAGE_TOKENS)
+        """evict (device pool pressure) → evict_l1 [R]: the tokens freed now plus, under
+        write_back, those freed at the step that commits their backup (SGLang waits for
+        those backups inside evict; here the next steps commit them)."""
+        freed, pending = self.cache.evict_l1(num_tokens // PAGE_TOKENS)
+        return (freed + pending) * PAGE_TOKENS
 
 
 def page_content(tokens, index, shard):

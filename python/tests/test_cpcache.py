@@ -474,3 +474,96 @@ def test_l1_views_die_with_their_cache(tmp_path):
     assert not caught, caught
     with pytest.raises(ValueError):
         v3[0]
+
+
+def _settle(c):
+    for _ in range(10000):
+        c.step()
+        if c.pending() == 0:
+            return
+        time.sleep(0.001)
+    raise AssertionError("transfers never ended")
+
+
+def _host_only(c, tokens):
+    """Inserts tokens, lets the backups commit, evicts them from L1: held in L2 only."""
+    res = c.insert(tokens)
+    for p in res.fill:
+        c.l1_page(p.slot)[:] = bytes([p.index + 1]) * 64
+    _settle(c)
+    pages = len(tokens) // 4
+    assert c.evict_l1(pages) == (pages, 0)
+    m = c.match(tokens)
+    assert (m.device_pages, m.host_pages) == (0, pages)
+
+
+def _load(c, tokens):
+    """Matches tokens, loads the host hit back and waits for it; returns (hit, loaded)."""
+    m = c.match(tokens)
+    c.lock(m.node)
+    loaded = c.load_back(m.node)
+    while c.load_pending(m.node):
+        c.step()
+    c.unlock(m.node)
+    return m, loaded
+
+
+def test_load_back_loads_the_matched_pages(tmp_path):
+    """A request sharing 3 pages with an 8-page sequence held only in L2 hits 3 host pages;
+    load_back used to load all 8 into L1. It loads the 3 (the match ended the node there),
+    with the bytes written at insert; the other 5 stay in L2."""
+    c = one_rank(tmp_path, l1_pages=32, l2_pages=64)
+    try:
+        long = list(range(1, 33))
+        _host_only(c, long)
+        m, loaded = _load(c, long[:12] + [9000 + t for t in range(12)])
+        assert (m.host_pages, loaded) == (3, 3)
+        assert c.stats()["l1_used"] == 3 and c.stats()["loaded_pages"] == 3
+        m = c.match(long)
+        assert (m.device_pages, m.host_pages) == (3, 5)
+        for i, slot in enumerate(m.l1_slots):
+            assert bytes(c.l1_page(slot)) == bytes([i + 1]) * 64
+    finally:
+        c.close()
+
+
+def test_load_back_of_a_long_host_hit(tmp_path):
+    """A 20-page host hit in one node, L1 of 32 pages empty: load_back used to load nothing
+    (the quota, 16 by default, was applied to the whole node). It loads the quota's worth,
+    16, then the other 4; with load_quota_pages 20 all 20 at once."""
+    for quota, first in ((0, 16), (20, 20)):
+        c = one_rank(tmp_path, l1_pages=32, l2_pages=64, load_quota_pages=quota)
+        try:
+            tokens = list(range(500, 580))
+            _host_only(c, tokens)
+            m, loaded = _load(c, tokens)
+            assert (m.host_pages, loaded) == (20, first)
+            m, loaded = _load(c, tokens)
+            assert (m.device_pages, m.host_pages, loaded) == (first, 20 - first, 20 - first)
+            m = c.match(tokens)
+            assert (m.device_pages, m.host_pages) == (20, 0)
+            for i, slot in enumerate(m.l1_slots):
+                assert bytes(c.l1_page(slot)) == bytes([i + 1]) * 64
+        finally:
+            c.close()
+
+
+def test_evict_l1_under_write_back_reports_pending(tmp_path):
+    """Under write_back, evict_l1(2) reported 0 (the pages pending their backup were left
+    out) and a caller asking again started more: 4 pages evicted where 2 were wanted. It
+    reports Evicted(freed=0, pending=2); asking again starts nothing; after the commit L1
+    has exactly 2 pages more."""
+    c = one_rank(tmp_path, l1_pages=16, l2_pages=32, policy=cpcache.WRITE_BACK)
+    try:
+        tokens = list(range(700, 732))
+        c.insert(tokens)
+        c.step()
+        assert c.evict_l1(2) == cpcache.Evicted(freed=0, pending=2)
+        assert c.evict_l1(2) == (0, 2)
+        _settle(c)
+        st = c.stats()
+        assert (st["l1_used"], st["evicted_l1_pages"], st["written_pages"]) == (6, 2, 2)
+        m = c.match(tokens)
+        assert (m.device_pages, m.host_pages) == (6, 2)
+    finally:
+        c.close()

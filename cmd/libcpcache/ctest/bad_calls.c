@@ -375,6 +375,39 @@ int main(void) {
   expect(cpcache_unlock(c2, stale_node), CPCACHE_ERR_NODE);
   expect(cpcache_close(c2), CPCACHE_OK);
 
+  // Eviction under write_back: evicting a page without an L2 copy starts its backup and
+  // frees the slot once the backup commits. cpcache_evict_l1 reports only pages freed now
+  // (0 here); cpcache_evict_l1_ex reports the pending ones too, never more than asked, and
+  // a repeated request counts the pages still pending and starts no more.
+  base_config(&cfg);
+  cfg.policy = CPCACHE_POLICY_WRITE_BACK;
+  expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+  int32_t wb[8 * PAGE_TOKENS];
+  cpcache_fill_page wb_fill[8];
+  for (int i = 0; i < 8 * PAGE_TOKENS; i++) wb[i] = 3000 + i;
+  expect(cpcache_insert(c2, wb, 8 * PAGE_TOKENS, &ins, wb_fill, 8), CPCACHE_OK);
+  expect(cpcache_step(c2), CPCACHE_OK);
+  expect(cpcache_evict_l1_ex(c2, -2, NULL, NULL), CPCACHE_ERR_INVALID);
+  int64_t wb_freed = -1, wb_pending = -1;
+  expect(cpcache_evict_l1_ex(c2, 2, &wb_freed, &wb_pending), CPCACHE_OK);
+  expect_true(wb_freed == 0 && wb_pending == 2);
+  expect(cpcache_evict_l1_ex(c2, 2, &wb_freed, &wb_pending), CPCACHE_OK);
+  expect_true(wb_freed == 0 && wb_pending == 2);
+  expect(cpcache_evict_l1(c2, 2, &wb_freed), CPCACHE_OK);
+  expect_true(wb_freed == 0);
+  expect(cpcache_evict_l1_ex(c2, 2, NULL, NULL), CPCACHE_OK);
+  for (int i = 0; i < 10000; i++) {
+    expect(cpcache_step(c2), CPCACHE_OK);
+    expect(cpcache_pending(c2, &pending), CPCACHE_OK);
+    if (pending <= 0) break;
+    usleep(1000);
+  }
+  expect(cpcache_get_stats(c2, &st), CPCACHE_OK);
+  expect_true(st.l1_used == 6 && st.evicted_l1_pages == 2 && st.written_pages == 2);
+  expect(cpcache_match(c2, wb, 8 * PAGE_TOKENS, &m, NULL, 0), CPCACHE_OK);
+  expect_true(m.device_pages == 6 && m.host_pages == 2);
+  expect(cpcache_close(c2), CPCACHE_OK);
+
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "bad_calls: could not remove %s\n", dir);

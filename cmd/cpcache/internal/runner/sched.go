@@ -381,15 +381,6 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 				s.verify(r, i, after.L1Slots[i], hashes[i])
 			}
 		}
-		// The deepest node may reach past the prompt (a partial match); it was loaded whole.
-		if n := m.Last; after.DevicePages > m.DevicePages && n.InL1() && n.Depth()+n.Pages() > after.DevicePages {
-			slots, nh := n.L1Slots(), n.PageHashes()
-			for j := max(after.DevicePages-n.Depth(), 0); j < n.Pages(); j++ {
-				if i := n.Depth() + j; c.Owns(i) {
-					s.verify(r, i, slots[j], nh[j])
-				}
-			}
-		}
 		device = after.DevicePages
 	}
 	var ins hicache.InsertResult
