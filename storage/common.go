@@ -116,8 +116,7 @@ func (b *base) decodeValue(v []byte, key Key, dst []byte) error {
 	if err := b.checkHeader(v[:HeaderSize], key, len(dst)); err != nil {
 		return err
 	}
-	copy(dst, v[HeaderSize:])
-	return b.checkPayload(v[:HeaderSize], dst)
+	return b.opts.auth.checkPayloadCopy(v[:HeaderSize], v[HeaderSize:], dst)
 }
 
 func (b *base) Stats() Stats {
