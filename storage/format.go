@@ -53,11 +53,16 @@ func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // encodeHeader fills hdr for payload stored under key, authenticated with m.
 func (m *authenticator) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+	m.encodeHeaderSum(hdr, key, payload, checksum(payload))
+}
+
+// encodeHeaderSum is encodeHeader for a payload whose checksum crc was computed already.
+func (m *authenticator) encodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, crc uint32) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
 	copy(hdr[8:32], key[:])
 	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
-	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], checksum(payload))
+	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], crc)
 	if m.insecure {
 		binary.LittleEndian.PutUint16(hdr[6:8], flagUnauthenticated)
 		clear(hdr[offPayloadMAC:offHeaderCRC])
