@@ -96,10 +96,6 @@ func (b *base) checkHeader(hdr []byte, key Key, wantLen int) error {
 	return b.opts.auth.checkHeader(hdr, key, wantLen)
 }
 
-func (b *base) checkPayload(hdr []byte, payload []byte) error {
-	return b.opts.auth.checkPayload(hdr, payload)
-}
-
 // encodeValue writes the stored form of payload under key, header then payload, into v
 // (storedLen(len(payload)) bytes). The payload is copied block by block, each checksummed
 // right after it is copied, from cache; the MAC, which covers the checksum, is the second
