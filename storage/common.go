@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"hash/crc32"
 	"sync"
 	"sync/atomic"
 )
@@ -95,15 +96,19 @@ func (b *base) checkHeader(hdr []byte, key Key, wantLen int) error {
 	return b.opts.auth.checkHeader(hdr, key, wantLen)
 }
 
-func (b *base) checkPayload(hdr []byte, payload []byte) error {
-	return b.opts.auth.checkPayload(hdr, payload)
-}
-
 // encodeValue writes the stored form of payload under key, header then payload, into v
-// (storedLen(len(payload)) bytes).
+// (storedLen(len(payload)) bytes). The payload is copied block by block, each checksummed
+// right after it is copied, from cache; the MAC, which covers the checksum, is the second
+// pass, over the copy.
 func (b *base) encodeValue(v []byte, key Key, payload []byte) {
-	b.encodeHeader((*[HeaderSize]byte)(v), key, payload)
-	copy(v[HeaderSize:], payload)
+	p := v[HeaderSize:storedLen(len(payload))]
+	var crc uint32
+	for off := 0; off < len(payload); off += copyBlock {
+		end := min(off+copyBlock, len(payload))
+		copy(p[off:end], payload[off:end])
+		crc = crc32.Update(crc, castagnoli, p[off:end])
+	}
+	b.opts.auth.encodeHeaderSum((*[HeaderSize]byte)(v), key, p, crc)
 }
 
 // decodeValue verifies v, a whole stored value read for key, and copies its payload into
@@ -116,8 +121,7 @@ func (b *base) decodeValue(v []byte, key Key, dst []byte) error {
 	if err := b.checkHeader(v[:HeaderSize], key, len(dst)); err != nil {
 		return err
 	}
-	copy(dst, v[HeaderSize:])
-	return b.checkPayload(v[:HeaderSize], dst)
+	return b.opts.auth.checkPayloadCopy(v[:HeaderSize], v[HeaderSize:], dst)
 }
 
 func (b *base) Stats() Stats {

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -218,38 +217,90 @@ func (s *dirStore) path(k Key) (dir, file string) {
 }
 
 // openPage opens the page file rel for reading, without waiting and without following a
-// link (as regfile.Open). A link on its path is reported as link, the entry that is one
-// (rel itself when the page file is a link).
-func (s *dirStore) openPage(rel string) (f *os.File, fi fs.FileInfo, ok bool, link string, err error) {
-	fd, err := s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+// link (as regfile.Open), and returns its descriptor and its fstat: the caller checks the
+// file's type and closes it. A link on its path is reported as link, the entry that is one
+// (rel itself when the page file is a link), with no descriptor. Raw descriptors, not
+// os.File: a page read is four system calls (openat2, fstat, pread, close), as a plain read
+// of the file, without the runtime poller's.
+func (s *dirStore) openPage(rel string) (fd int, st unix.Stat_t, link string, err error) {
+	fd, err = s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		if isLinkErr(err) {
 			if l, found := s.fs.linkOn(rel); found {
-				return nil, nil, false, l, nil
+				return -1, st, l, nil
 			}
 		}
-		return nil, nil, false, "", &fs.PathError{Op: "open", Path: s.fs.abs(rel), Err: err}
+		return -1, st, "", &fs.PathError{Op: "open", Path: s.fs.abs(rel), Err: err}
 	}
-	f = os.NewFile(uintptr(fd), s.fs.abs(rel))
-	if fi, err = f.Stat(); err != nil {
-		f.Close()
-		return nil, nil, false, "", err
+	if err := fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, "", &fs.PathError{Op: "fstat", Path: s.fs.abs(rel), Err: err}
 	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fi, false, "", nil
+	return fd, st, "", nil
+}
+
+// fileType names the type bits of a stat's mode as fs.FileMode prints them.
+func fileType(mode uint32) fs.FileMode {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return fs.ModeDir
+	case unix.S_IFLNK:
+		return fs.ModeSymlink
+	case unix.S_IFIFO:
+		return fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		return fs.ModeSocket
+	case unix.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		return fs.ModeDevice
+	case unix.S_IFREG:
+		return 0
 	}
-	return f, fi, true, "", nil
+	return fs.ModeIrregular
+}
+
+func fstat(fd int, st *unix.Stat_t) error {
+	for {
+		if err := unix.Fstat(fd, st); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// preadFull reads from fd at offset 0 into buf until buf is full or the file ends, and
+// returns how much it read.
+func preadFull(fd int, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return n, err
+		case m == 0:
+			return n, nil
+		}
+		n += m
+	}
+	return n, nil
 }
 
 func isMissing(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
-// Exists on the directory backend authenticates what it counts. With present == nil (the
-// cheap "how much of this prefix is stored" query, followed by a Get that verifies the rest)
-// it checks headers; with present (what a backup asks before writing) whole values, so that
-// a damaged or forged one reads as absent and the backup rewrites it.
+// Exists on the directory backend authenticates what it counts from the header alone and
+// reads no payload: a value is present when its file is a regular file whose header is
+// genuine for its key (header MAC) and whose size is that header's length plus the header,
+// so that a torn, foreign or forged header, a link or a truncated file is absent (counted,
+// reported and deleted, and the backup that asked rewrites it). The trade-off: a payload
+// damaged in place behind a genuine header (a bit flip on the disk) counts as present until a
+// Get reads it, rejects it and deletes it; the backup after that Get rewrites it. Verifying
+// payloads here would make every backup read and MAC each page already stored (the MAC is
+// the cost of a read: BenchmarkDataPath), to repair what a Get finds anyway, and no bad
+// value is ever loaded either way.
 func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int, error) {
 	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
 	if err != nil {
@@ -263,7 +314,7 @@ func (s *dirStore) Exists(ctx context.Context, keys []Key, present []bool) (int,
 	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
 		var ok bool
 		var err error
-		if derr := s.detach(ctx, "exists", func() { ok, err = s.existsOne(keys[i], present != nil) }, nil); derr != nil {
+		if derr := s.detach(ctx, "exists", func() { ok, err = s.existsOne(keys[i]) }, nil); derr != nil {
 			return false, derr
 		}
 		flags[i] = ok
@@ -288,19 +339,26 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
 		// The file is read into a buffer of the read's own (see detach): an abandoned read
-		// never writes into dst[i], which the caller reuses once Get returned.
-		buf := getBuffer(len(dst[i]))
-		var ok bool
+		// never writes into dst[i], which the caller reuses once Get returned. The detached
+		// operation only makes the system calls; the value is verified here, its payload
+		// copied into dst[i] in the same pass as its MAC (checkPayloadCopy), on as many
+		// cores as there are workers.
+		rel, _ := s.rel(keys[i])
+		buf := getBuffer(storedLen(len(dst[i])))
+		var f pageFile
 		var err error
-		if derr := s.detach(ctx, "get", func() { ok, err = s.getOne(keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+		if derr := s.detach(ctx, "get", func() { f, err = s.readPage(rel, *buf) }, func() { putBuffer(buf) }); derr != nil {
 			return false, derr
 		}
+		ok := false
+		if err == nil {
+			ok, err = s.loadPage(keys[i], rel, f, (*buf)[:f.n], dst[i])
+		}
+		putBuffer(buf)
 		if ok {
-			copy(dst[i], *buf)
 			s.stats.hits.Add(1)
 			s.stats.bytesRead.Add(uint64(len(dst[i])))
 		}
-		putBuffer(buf)
 		flags[i] = ok
 		return ok, err
 	})
@@ -311,12 +369,12 @@ func (s *dirStore) Get(ctx context.Context, keys []Key, dst [][]byte, found []bo
 }
 
 // existsOne reports whether k holds a value whose header is genuine (its MAC verifies for
-// this key) and whose length matches the header; with full, whether the whole value is
-// genuine. A value that fails is corrupt (counted, reported, purged), so the next backup of
+// this key) and whose length matches the file's size, reading the header only (see
+// Exists). A value that fails is corrupt (counted, reported, purged), so the next backup of
 // the page replaces it.
-func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
+func (s *dirStore) existsOne(k Key) (bool, error) {
 	rel, _ := s.rel(k)
-	f, fi, regular, link, err := s.openPage(rel)
+	fd, st, link, err := s.openPage(rel)
 	if err != nil {
 		if isMissing(err) {
 			return false, nil
@@ -327,32 +385,24 @@ func (s *dirStore) existsOne(k Key, full bool) (bool, error) {
 		s.linkedPage("exists", k, rel, link)
 		return false, nil
 	}
-	if !regular {
-		name := s.fs.abs(rel)
-		if !fi.IsDir() {
-			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fi.Mode().Type()))
+	defer unix.Close(fd)
+	name := s.fs.abs(rel)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(st.Mode)))
 		}
 		return false, nil
 	}
-	defer f.Close()
-	name := f.Name()
 	var hdr [HeaderSize]byte
-	if _, err := io.ReadFull(f, hdr[:]); err != nil {
-		return s.readFailed("exists", k, name, err, "header")
+	if n, err := preadFull(fd, hdr[:]); err != nil {
+		return false, &fs.PathError{Op: "read", Path: name, Err: err}
+	} else if n < HeaderSize {
+		s.corruptIn("exists", k, fmt.Errorf("file %s: truncated header", name))
+		return false, nil
 	}
-	if err := s.checkHeader(hdr[:], k, int(fi.Size()-HeaderSize)); err != nil {
+	if err := s.checkHeader(hdr[:], k, int(st.Size-HeaderSize)); err != nil {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
-	}
-	if full {
-		reason, err := s.opts.auth.checkPayloadFrom(hdr[:], f)
-		if err != nil {
-			return false, err
-		}
-		if reason != nil {
-			s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, reason))
-			return false, nil
-		}
 	}
 	return true, nil
 }
@@ -377,67 +427,85 @@ func (s *dirStore) detach(ctx context.Context, op string, fn func(), late func()
 	return err
 }
 
-// getOne reads one page into dst. A missing or corrupt file is (false, nil); a hit is
-// counted by Get, once it is delivered.
-func (s *dirStore) getOne(k Key, dst []byte) (bool, error) {
-	rel, _ := s.rel(k)
-	f, fi, regular, link, err := s.openPage(rel)
+// pageFile is what readPage found under a page's name.
+type pageFile struct {
+	missing bool   // no such file
+	link    string // the entry on the way that is a symbolic link (not followed)
+	mode    uint32 // the file's type bits (unix.S_IFMT)
+	size    int64  // and its size
+	n       int    // bytes read into the buffer, from the start of the file
+}
+
+// readPage reads the page file rel into buf (header and payload, storedLen bytes): one
+// pread, as a plain read of the file. It reads nothing when the file is not a regular one,
+// and only the header when the file is shorter than buf. It makes system calls only (it is
+// the detached part of a Get): loadPage judges what it found.
+func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
+	fd, st, link, err := s.openPage(rel)
 	if err != nil {
 		if isMissing(err) {
-			s.stats.misses.Add(1)
-			return false, nil
+			return pageFile{missing: true}, nil
 		}
-		return false, err
+		return f, err
 	}
 	if link != "" {
-		if !s.linkedPage("get", k, rel, link) {
+		return pageFile{link: link}, nil
+	}
+	defer unix.Close(fd)
+	f.mode, f.size = st.Mode&unix.S_IFMT, st.Size
+	if f.mode != unix.S_IFREG {
+		return f, nil
+	}
+	if f.size < int64(len(buf)) {
+		buf = buf[:min(HeaderSize, len(buf))]
+	}
+	if f.n, err = preadFull(fd, buf); err != nil {
+		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
+	}
+	return f, nil
+}
+
+// loadPage verifies what readPage found for key k (rel) and read into v (f.n bytes), and
+// copies its payload into dst. A missing, foreign, torn or corrupt file is (false, nil),
+// counted; a hit is counted by Get.
+func (s *dirStore) loadPage(k Key, rel string, f pageFile, v, dst []byte) (bool, error) {
+	name := s.fs.abs(rel)
+	switch {
+	case f.missing:
+		s.stats.misses.Add(1)
+		return false, nil
+	case f.link != "":
+		if !s.linkedPage("get", k, rel, f.link) {
 			s.stats.misses.Add(1)
 		}
 		return false, nil
+	case f.mode == unix.S_IFDIR: // the store's layout is broken: an I/O error, as reading it is
+		return false, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
+	case f.mode != unix.S_IFREG:
+		s.corrupt(k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(f.mode)))
+		return false, nil
 	}
-	if !regular {
-		name := s.fs.abs(rel)
-		if fi.IsDir() { // the store's layout is broken: an I/O error, as reading it is
-			return false, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
+	want := storedLen(len(dst))
+	var reason error
+	switch {
+	case len(v) < HeaderSize:
+		reason = fmt.Errorf("file %s: truncated header", name)
+	default:
+		if err := s.checkHeader(v[:HeaderSize], k, len(dst)); err != nil {
+			reason = fmt.Errorf("file %s: %w", name, err)
+		} else if len(v) < want {
+			reason = fmt.Errorf("file %s: truncated payload", name)
+		} else if f.size > int64(want) {
+			reason = fmt.Errorf("file %s: longer than header+payload", name)
+		} else if err := s.opts.auth.checkPayloadCopy(v[:HeaderSize], v[HeaderSize:want], dst); err != nil {
+			reason = fmt.Errorf("file %s: %w", name, err)
 		}
-		s.corrupt(k, fmt.Errorf("file %s: not a regular file (%v)", name, fi.Mode().Type()))
-		return false, nil
 	}
-	defer f.Close()
-	name := f.Name()
-	var hdr [HeaderSize]byte
-	if _, err := io.ReadFull(f, hdr[:]); err != nil {
-		return s.readFailed("get", k, name, err, "header")
-	}
-	if err := s.checkHeader(hdr[:], k, len(dst)); err != nil {
-		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
-		return false, nil
-	}
-	if _, err := io.ReadFull(f, dst); err != nil {
-		return s.readFailed("get", k, name, err, "payload")
-	}
-	var extra [1]byte
-	if n, err := f.Read(extra[:]); n != 0 || err != io.EOF {
-		if n == 0 && err != nil {
-			return false, err
-		}
-		s.corrupt(k, fmt.Errorf("file %s: longer than header+payload", name))
-		return false, nil
-	}
-	if err := s.checkPayload(hdr[:], dst); err != nil {
-		s.corrupt(k, fmt.Errorf("file %s: %w", name, err))
+	if reason != nil {
+		s.corrupt(k, reason)
 		return false, nil
 	}
 	return true, nil
-}
-
-// readFailed classifies a short read (a torn file: corrupt, a miss) from an I/O error.
-func (s *dirStore) readFailed(op string, k Key, name string, err error, what string) (bool, error) {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		s.corruptIn(op, k, fmt.Errorf("file %s: truncated %s", name, what))
-		return false, nil
-	}
-	return false, err
 }
 
 // linkedPage handles a read of k's page (rel) that met the link at link: it is counted and

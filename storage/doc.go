@@ -44,8 +44,9 @@
 // it in Stats.Corrupt (and Stats.Forged when its checksums hold but its MAC or key does not),
 // reports it to Options.OnCorrupt (an error wrapping ErrCorrupt, and ErrForged) and deletes
 // it (Stats.Purged), so that the next backup of the page, which asks Exists first, writes a
-// genuine copy. Exists on the directory backend authenticates each header too. A miss is
-// not an error.
+// genuine copy. Exists on the directory backend authenticates each header too (never a
+// payload: a payload damaged behind a genuine header is found by the Get that reads it). A
+// miss is not an error.
 //
 // # Authentication
 //

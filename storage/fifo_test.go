@@ -90,7 +90,7 @@ func TestReadKeyFileFIFO(t *testing.T) {
 }
 
 // lookup asks s for key k's page of size bytes by op: "get" (Get), "exists" (Exists of
-// headers) or "exists with present" (Exists of whole values).
+// headers) or "exists with present" (Exists as a backup asks it).
 func lookup(t *testing.T, s storage.Storage, op string, k storage.Key, size int) (int, error) {
 	switch op {
 	case "get":

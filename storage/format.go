@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"io"
 )
 
 // On-storage value format, shared by every backend: a fixed header followed by the payload.
@@ -28,7 +27,7 @@ import (
 // hold but whose MACs do not was written without the storage's MAC key (forged, or by a
 // store user with another key), and one whose MACs hold for another key was replayed under
 // this one; both are errors wrapping ErrForged. The header MAC lets Exists authenticate a
-// value from its header alone (auth.go). An insecure store (Options.Insecure) computes no
+// value from its header alone, reading no payload (auth.go). An insecure store (Options.Insecure) computes no
 // MACs: it writes flagUnauthenticated and zero MAC fields, and reads only such values; a
 // keyed store rejects them as forged.
 const (
@@ -54,11 +53,16 @@ func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // encodeHeader fills hdr for payload stored under key, authenticated with m.
 func (m *authenticator) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+	m.encodeHeaderSum(hdr, key, payload, checksum(payload))
+}
+
+// encodeHeaderSum is encodeHeader for a payload whose checksum crc was computed already.
+func (m *authenticator) encodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, crc uint32) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
 	copy(hdr[8:32], key[:])
 	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
-	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], checksum(payload))
+	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], crc)
 	if m.insecure {
 		binary.LittleEndian.PutUint16(hdr[6:8], flagUnauthenticated)
 		clear(hdr[offPayloadMAC:offHeaderCRC])
@@ -109,41 +113,29 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 // checkPayload verifies payload against the checksum and MAC in a header that passed
 // checkHeader.
 func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
-	var mac [macSize]byte
-	if !m.insecure {
-		m.sum(mac[:], domainPayload, hdr[:offPayloadMAC], payload)
-	}
-	return comparePayload(hdr, checksum(payload), mac[:])
+	return m.checkPayloadCopy(hdr, payload, nil)
 }
 
-// checkPayloadFrom is checkPayload for a payload read from r to its end, in pieces (the
-// directory backend's Exists verifies whole files without a page-sized buffer). ioErr is a
-// failure to read; reason says why a payload that was read is not genuine.
-func (m *authenticator) checkPayloadFrom(hdr []byte, r io.Reader) (reason, ioErr error) {
-	st := m.state()
-	defer m.release(st)
-	st.h.Write(domainPayload)
-	st.h.Write(hdr[:offPayloadMAC])
-	var crc uint32
-	var buf [32 << 10]byte
-	for {
-		n, err := r.Read(buf[:])
-		crc = crc32.Update(crc, castagnoli, buf[:n])
-		if !m.insecure {
-			st.h.Write(buf[:n])
+// checkPayloadCopy is checkPayload that also copies payload into dst (when not nil, of the
+// same length) in the same pass, block by block as each is hashed, while it is in cache. A
+// keyed store verifies the MAC alone: the MAC covers the header's checksum field, so a
+// payload whose MAC verifies has the checksum its writer computed, and the checksum (a
+// second pass over the payload) is computed only to tell damage from forgery when the MAC
+// fails. An insecure store has only the checksum. dst's contents are unspecified when the
+// payload is rejected.
+func (m *authenticator) checkPayloadCopy(hdr, payload, dst []byte) error {
+	if m.insecure {
+		if dst != nil {
+			copy(dst, payload)
 		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+		return comparePayload(hdr, checksum(payload), make([]byte, macSize))
 	}
 	var mac [macSize]byte
-	if !m.insecure {
-		copy(mac[:], st.h.Sum(st.out[:0]))
+	m.sumCopy(mac[:], domainPayload, hdr[:offPayloadMAC], payload, dst)
+	if hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], mac[:]) {
+		return nil
 	}
-	return comparePayload(hdr, crc, mac[:]), nil
+	return comparePayload(hdr, checksum(payload), mac[:])
 }
 
 // comparePayload checks a payload's checksum and MAC, as computed, against hdr's.

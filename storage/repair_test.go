@@ -6,15 +6,17 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/storage/storagetest"
 )
 
-// TestDirExistsVerifies: Exists on a file store authenticates what it counts: the prefix
-// query (no flags) each header, the backup's form (with flags) each whole value. A value that
-// fails is absent, counted, reported and deleted, so the backup rewrites it.
+// TestDirExistsVerifies: Exists on a file store authenticates what it counts from headers
+// alone, reading no payload: a damaged header is absent (counted, reported, deleted, so the
+// backup rewrites it), in both forms, while a payload damaged behind a genuine header is
+// present until a Get reads it, rejects and deletes it; the backup after that rewrites it.
 func TestDirExistsVerifies(t *testing.T) {
 	ns := mustNamespace(t, "exists-verifies")
 	var reports []error
@@ -37,27 +39,38 @@ func TestDirExistsVerifies(t *testing.T) {
 		t.Fatalf("prefix query over a damaged payload: %d, %v; want 2 (headers only: get verifies payloads)", n, err)
 	}
 	present := make([]bool, 3)
-	if _, err := s.Exists(testCtx(t), keys, present); err != nil || present[0] || present[1] || !present[2] {
-		t.Fatalf("exists with flags: %v, %v; want [false false true]", present, err)
+	if _, err := s.Exists(testCtx(t), keys, present); err != nil || present[0] || !present[1] || !present[2] {
+		t.Fatalf("exists with flags: %v, %v; want [false true true] (the damaged header gone, payloads not read)", present, err)
 	}
-	for i, k := range keys[:2] {
-		if _, err := os.Stat(storage.DirPath(s, k)); !os.IsNotExist(err) {
-			t.Errorf("damaged value %d was not deleted: %v", i, err)
-		}
+	if _, err := os.Stat(storage.DirPath(s, keys[0])); !os.IsNotExist(err) {
+		t.Errorf("the value with a damaged header was not deleted: %v", err)
+	}
+	if st := s.Stats(); st.Corrupt != 1 || st.Purged != 1 || len(reports) != 1 {
+		t.Errorf("after exists: stats %+v, %d reports; want 1 corrupt, 1 purged, 1 report", st, len(reports))
+	}
+	dst := [][]byte{make([]byte, 512)}
+	if n, err := s.Get(testCtx(t), keys[1:2], dst, nil); n != 0 || err != nil {
+		t.Fatalf("get of the damaged payload: %d, %v; want a miss", n, err)
+	}
+	if _, err := s.Exists(testCtx(t), keys, present); err != nil || present[0] || present[1] || !present[2] {
+		t.Fatalf("exists with flags after the get: %v, %v; want [false false true]", present, err)
 	}
 	if st := s.Stats(); st.Corrupt != 2 || st.Purged != 2 || st.Forged != 0 || len(reports) != 2 {
 		t.Errorf("stats %+v, %d reports; want 2 corrupt, 2 purged, 0 forged, 2 reports", st, len(reports))
 	}
 }
 
-// TestDirStoreRepairsItself replays one workload against a file store five times, as a
-// serving cache meets it: each conversation asks once how much of its history is stored,
-// reads that prefix, computes the rest and backs the history up (later turns would hit L1
-// and L2, not storage). A first run fills the store, a second measures the undamaged storage
-// hit rate, then 10% of the files are damaged (bit flips in headers and payloads, forged
-// payloads with valid checksums). The damaged run loses hits at the first bad page of each
-// history but rejects, deletes and rewrites every bad page of the histories it backs up, so
-// the run after it must be back to at least 90% of the undamaged rate.
+// TestDirStoreRepairsItself replays one workload against a file store, as a serving cache
+// meets it: each conversation asks once how much of its history is stored, reads that
+// prefix, computes the rest and backs the history up (later turns would hit L1 and L2, not
+// storage). A first run fills the store, a second measures the undamaged storage hit rate,
+// then 10% of the files are damaged (bit flips in headers and payloads, forged payloads with
+// valid checksums). No damaged page is ever loaded. A damaged header is found by the backup's
+// Exists and rewritten at once; a payload flipped behind a genuine header only by the Get
+// that reaches it (Exists reads no payload), which stops a history's prefix there, so each
+// run repairs the first such page of each history. The store must therefore be repaired (a run
+// that rejects nothing, at 99% of the undamaged rate) after at most 1 + (the most such pages
+// one history has) runs, having rejected and deleted each damaged file exactly once.
 func TestDirStoreRepairsItself(t *testing.T) {
 	const (
 		conversations = 48
@@ -118,8 +131,19 @@ func TestDirStoreRepairsItself(t *testing.T) {
 	if err != nil || len(files) != conversations*historyPages {
 		t.Fatalf("%d files (%v); want %d", len(files), err, conversations*historyPages)
 	}
+	history := map[string]int{} // file → its conversation
+	{
+		s := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+		for c := range conversations {
+			for i := range historyPages {
+				history[storage.DirPath(s, storage.NewKey(ns, uint64(c)<<32|uint64(i)))] = c
+			}
+		}
+		s.Close()
+	}
 	r := rand.New(rand.NewPCG(15, 2))
 	damaged := 0
+	payloadFlips := make([]int, conversations) // per history: payloads flipped behind a genuine header
 	for i, f := range files {
 		if r.IntN(10) != 0 {
 			continue
@@ -133,6 +157,7 @@ func TestDirStoreRepairsItself(t *testing.T) {
 			v[r.IntN(storage.HeaderSize)] ^= 1 << r.IntN(8)
 		case 1:
 			v[storage.HeaderSize+r.IntN(pageSize)] ^= 1 << r.IntN(8)
+			payloadFlips[history[f]]++
 		case 2:
 			copy(v[storage.HeaderSize:], bytes.Repeat([]byte("evil"), pageSize/4))
 			storagetest.Reseal(v)
@@ -142,14 +167,23 @@ func TestDirStoreRepairsItself(t *testing.T) {
 		}
 		damaged++
 	}
-	during, st := run()
-	after, _ := run()
-	t.Logf("storage hit rate: undamaged %.3f; after damaging %d of %d files %.3f (%d values rejected, %d forged, %d deleted); the run after %.3f (%.0f%% of undamaged)",
-		undamaged, damaged, len(files), during, st.Corrupt, st.Forged, st.Purged, after, 100*after/undamaged)
-	if after < 0.9*undamaged {
-		t.Errorf("storage hit rate of the run after the damaged one %.3f, below 90%% of the undamaged %.3f", after, undamaged)
+	maxRuns := 1 + slices.Max(payloadFlips)
+	var rates []float64
+	var rejected, purged uint64
+	for len(rates) < maxRuns+1 {
+		rate, st := run()
+		rates = append(rates, rate)
+		rejected, purged = rejected+st.Corrupt, purged+st.Purged
+		if st.Corrupt == 0 { // nothing left to repair
+			break
+		}
 	}
-	if st.Corrupt != uint64(damaged) || st.Purged != uint64(damaged) {
-		t.Errorf("%d values rejected and %d deleted; want each of the %d damaged ones once", st.Corrupt, st.Purged, damaged)
+	t.Logf("storage hit rate: undamaged %.3f; after damaging %d of %d files (at most %d payloads of one history flipped behind a genuine header), runs %.3f (%d values rejected, %d deleted)",
+		undamaged, damaged, len(files), slices.Max(payloadFlips), rates, rejected, purged)
+	if last := rates[len(rates)-1]; last < 0.99*undamaged || len(rates)-1 > maxRuns {
+		t.Errorf("storage hit rate %.3f after %d runs that repaired; want 99%% of the undamaged %.3f after at most %d", last, len(rates)-1, undamaged, maxRuns)
+	}
+	if rejected != uint64(damaged) || purged != uint64(damaged) {
+		t.Errorf("%d values rejected and %d deleted; want each of the %d damaged ones once", rejected, purged, damaged)
 	}
 }

@@ -18,9 +18,10 @@ type Storage interface {
 	// entries and every entry is set. It returns the number of leading keys present; with
 	// present == nil a backend may stop at the first missing key, which makes the common
 	// "how much of this prefix is stored" query cheap. Presence is not always verification:
-	// a present value can still turn out corrupt on Get. The directory backend authenticates
-	// headers, and with present (what a backup asks before writing) whole values; a value
-	// that fails is absent, counted and deleted, as on Get. Redis checks nothing.
+	// a present value can still turn out corrupt on Get, and no backend reads a payload to
+	// answer. The directory backend authenticates headers (and the file's size against the
+	// header's length); a value that fails is absent, counted and deleted, as on Get. Redis
+	// checks nothing.
 	Exists(ctx context.Context, keys []Key, present []bool) (int, error)
 
 	// Get reads the value of keys[i] into dst[i], which must have the stored length (the page
