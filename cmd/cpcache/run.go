@@ -165,6 +165,13 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		}
 	} else if err := checkLocalRanks("--world", cfg.Layout.World); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
+	} else if cfg.Device == runner.DeviceCUDA && statusDir == "" {
+		// This process starts every rank: a machine without a driver or a device is told
+		// here, once, instead of by each rank after it started. Under another launcher the
+		// ranks agree on the failure at their first collective.
+		if err := checkCUDA(); err != nil {
+			return fail(stderr, 2, fmt.Errorf("run: --device %s: %w (cpcache gpu-info shows what this machine has)", runner.DeviceCUDA, err))
+		}
 	}
 	if o.jsonPath != "" && o.report.html != "" && sameFile(o.jsonPath, o.report.html) {
 		return fail(stderr, 2, fmt.Errorf("run: --json %s and --html %s are the same file: one report would overwrite the other", o.jsonPath, o.report.html))
