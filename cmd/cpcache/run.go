@@ -165,13 +165,6 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		}
 	} else if err := checkLocalRanks("--world", cfg.Layout.World); err != nil {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
-	} else if cfg.Device == runner.DeviceCUDA && statusDir == "" {
-		// This process starts every rank: a machine without a driver or a device is told
-		// here, once, instead of by each rank after it started. Under another launcher the
-		// ranks agree on the failure at their first collective.
-		if err := checkCUDA(); err != nil {
-			return fail(stderr, 2, fmt.Errorf("run: --device %s: %w (cpcache gpu-info shows what this machine has)", runner.DeviceCUDA, err))
-		}
 	}
 	if o.jsonPath != "" && o.report.html != "" && sameFile(o.jsonPath, o.report.html) {
 		return fail(stderr, 2, fmt.Errorf("run: --json %s and --html %s are the same file: one report would overwrite the other", o.jsonPath, o.report.html))
@@ -201,6 +194,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if checkHere {
 		if err := plan.CheckHost(localRanks); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: %w", err))
+		}
+		// This process starts every rank: a machine without a driver or a device is told
+		// here, once, instead of by each rank after it started. Under another launcher the
+		// ranks agree on the failure at their first collective.
+		if !joined && cfg.Device == runner.DeviceCUDA {
+			if err := checkCUDA(); err != nil {
+				return fail(stderr, 2, fmt.Errorf("run: --device %s: %w (cpcache gpu-info shows what this machine has)", runner.DeviceCUDA, err))
+			}
 		}
 		for _, w := range plan.Warnings {
 			fmt.Fprintf(stderr, "cpcache: warning: %s\n", w)

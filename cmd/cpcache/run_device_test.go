@@ -71,8 +71,20 @@ func TestRunDeviceCUDADetectsACorruptDevicePage(t *testing.T) {
 // TestRunDeviceCUDAWithoutDriverFailsEveryRank: a rank that cannot load the driver makes
 // every rank fail at once with its reason.
 func TestRunDeviceCUDAWithoutDriverFailsEveryRank(t *testing.T) {
-	status, _, _, errOut := runBinary(t, []string{"CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1"},
+	// Ranks of another launcher (cpcache launch): no process checks before they start.
+	bin := cpcacheBinary(t)
+	cmd := exec.Command(bin, "launch", "-n", "2", "--", bin, "run",
 		"--device", "cuda", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "2", "--rounds", "2")
+	cmd.Env = append(withoutLauncherEnv(nil), "CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	status := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		status = ee.ExitCode()
+	}
+	errOut := stderr.String()
 	assert.Equal(t, 1, status, errOut)
 	assert.Contains(t, errOut, "failed on 2 of 2 ranks")
 	assert.Contains(t, errOut, "/nonexistent/libcuda.so.1")
