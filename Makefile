@@ -7,15 +7,19 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
 DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps \
-	cmake python3 python3-pytest
+	cmake pkg-config python3 python3-pytest python3-venv python3-pip
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
 # hicache driver (the CUDA engine, the CUDA slab backend and the bindings are the exceptions).
 PURE_PKGS := ./parallel/... ./slab ./slab/alloc ./hicache ./hicache/core ./hicache/engine \
 	./hicache/hostengine ./hicache/kvtest ./storage/... ./workload
 TEST_TIMEOUT ?= 40m
+# The release version: its one source is the VERSION file, linked into the binary and
+# libcpcache (internal/version), read by CMakeLists.txt and the Python wheel's build.
+VERSION := $(shell cat VERSION)
+VERSION_LDFLAGS := -X github.com/cpcache/cpcache/internal/version.version=$(VERSION)
 
-.PHONY: all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
+.PHONY: install install-test wheel wheel-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
 
 all: build
 
@@ -36,7 +40,7 @@ deps:
 
 build: deps
 	$(GO) build $(PKGS)
-	$(GO) build -o bin/cpcache ./cmd/cpcache
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -56,28 +60,31 @@ staticcheck:
 unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
-test: deps fmt-check vet staticcheck pure unit capi-test cmake-test
+test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test
 
 # --- libcpcache: the C ABI (include/cpcache.h), its C example and the Python binding ------
 # The libraries are built without NVML (tag cpcache_nonvml): go-nvml would leave undefined
 # symbols that executables linked with -lcpcache and ctypes (RTLD_NOW) refuse.
 CAPI_TAGS := cpcache_nonvml
-CAPI_GOFLAGS := -tags $(CAPI_TAGS) -trimpath
+CAPI_GOFLAGS := -tags $(CAPI_TAGS) -trimpath -ldflags "$(VERSION_LDFLAGS)"
 CAPI_CFLAGS := -O2 -Wall -Wextra -Werror -Iinclude
 # Debian's interpreter: the python3 on PATH may be another (pyenv) without python3-pytest.
 PYTHON := /usr/bin/python3
 # As gloo's mpirun test: root is allowed (CI runs as root), TCP only between ranks.
 MPIRUN := mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp
 
+# cgo writes its own libcpcache.h beside each library; include/cpcache.h is the header, so
+# the generated one is removed.
 capi:
 	$(GO) build $(CAPI_GOFLAGS) -buildmode=c-shared -o build/libcpcache.so ./cmd/libcpcache
 	$(GO) build $(CAPI_GOFLAGS) -buildmode=c-archive -o build/libcpcache.a ./cmd/libcpcache
+	rm -f build/libcpcache.h
 
 build/engine: examples/c/engine.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
 
 build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
-	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(CAPI_CFLAGS) '-DCPCACHE_EXPECTED_VERSION="cpcache $(VERSION)"' -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
 
 build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
@@ -87,7 +94,7 @@ build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
 # file store (then a second job on it, which must find it empty afterwards), and the
 # Python suite.
 capi-test: build/engine build/bad_calls build/reopen
-	$(GO) build -o bin/cpcache ./cmd/cpcache
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 200 && \
@@ -113,7 +120,7 @@ capi-test: build/engine build/bad_calls build/reopen
 # outside project then finds it with find_package(cpcache), links libcpcache.a and runs the
 # loop on 2 ranks.
 cmake-test:
-	$(GO) build -o bin/cpcache ./cmd/cpcache
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
 	cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(CURDIR)/build/prefix >/dev/null
 	cmake --build build/cmake -j2
 	ctest --test-dir build/cmake --output-on-failure
@@ -122,10 +129,37 @@ cmake-test:
 	cmake --build build/consumer
 	timeout 300 bin/cpcache launch -n 2 -- build/consumer/cpcache_engine --attn-cp 2
 
+# install: the binary, libcpcache.so/.a, include/cpcache.h, the CMake package, cpcache.pc and
+# the Python package under $(DESTDIR)$(PREFIX), through CMakeLists.txt (which `cmake --install`
+# of your own build runs too).
+PREFIX ?= /usr/local
+install:
+	cmake -S . -B build/install -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
+	  -DPython3_EXECUTABLE=$(PYTHON) >/dev/null
+	cmake --build build/install -j2
+	DESTDIR=$(DESTDIR) cmake --install build/install
+
+# install-test: `make install` into a temporary DESTDIR, then, from another directory, the
+# installed binary, the C example built with pkg-config and with find_package(cpcache), and
+# the Python example, each on 2 ranks under the installed `cpcache launch`.
+install-test:
+	PYTHON=$(PYTHON) test/install.sh
+
+# wheel: dist/cpcache-$(VERSION)-py3-none-linux_<machine>.whl, the Python binding with
+# libcpcache.so and the cpcache binary inside (pyproject.toml, python/build_backend).
+wheel: capi
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
+	$(PYTHON) python/build_backend/cpcache_wheel.py dist
+
+# wheel-test: the wheel installed offline (pip --no-index) into a fresh virtual environment,
+# then the Python example run from a temporary directory on 2 ranks under its cpcache.
+wheel-test: wheel
+	PYTHON=$(PYTHON) test/wheel.sh
+
 # bench-capi: per-call cost of the C ABI against the Go API, interleaved in one process
 # (a library with the cpcache_bench hook, in build/bench/), as ratios.
 bench-capi:
-	$(GO) build -tags $(CAPI_TAGS),cpcache_bench -trimpath -buildmode=c-shared -o build/bench/libcpcache.so ./cmd/libcpcache
+	$(GO) build -tags $(CAPI_TAGS),cpcache_bench -trimpath -ldflags "$(VERSION_LDFLAGS)" -buildmode=c-shared -o build/bench/libcpcache.so ./cmd/libcpcache
 	$(CC) -O2 -Iinclude -o build/bench/bench_capi cmd/libcpcache/ctest/bench.c -Lbuild/bench -lcpcache -Wl,-rpath,'$$ORIGIN'
 	build/bench/bench_capi
 
@@ -172,7 +206,7 @@ gpu-check:
 	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \
 	  fi; \
 	done
-	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o gpu-bundle/cpcache ./cmd/cpcache
+	CGO_ENABLED=1 $(GO) build -ldflags='-s -w $(VERSION_LDFLAGS)' -o gpu-bundle/cpcache ./cmd/cpcache
 	@for b in gpu-bundle/*.test gpu-bundle/cpcache; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
 	  grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' | \
 	  while read -r lib; do cp -L "$$lib" gpu-bundle/lib/ && echo "gpu-check: bundled $$lib"; done
@@ -182,4 +216,4 @@ gpu-check:
 	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
 
 clean:
-	rm -rf bin gpu-bundle build
+	rm -rf bin gpu-bundle build dist

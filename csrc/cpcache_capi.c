@@ -1,16 +1,19 @@
 // The C side of libcpcache (cmd/libcpcache): what must be C because it is thread-local or
 // static storage the Go runtime must not own — the last-error message of each thread, the
-// version string and the constant strings cpcache_info hands out.
+// constant strings cpcache_info hands out. The version string is the Go side's
+// (internal/version, set from the VERSION file at link time), returned through an export so
+// that a call made while the library is still loading waits for the Go runtime's start.
 #include <stdio.h>
 #include <string.h>
 
 #include "cpcache_capi.h"
 
-#define CPCACHE_VERSION_STRING "cpcache 0.1.0"
-
 static _Thread_local char last_error[1024];
 
-const char *cpcache_version(void) { return CPCACHE_VERSION_STRING; }
+// Exported by cmd/libcpcache (exports.go): "cpcache 0.1.0", in static storage.
+extern char *cpcapi_version(void);
+
+const char *cpcache_version(void) { return cpcapi_version(); }
 
 int cpcache_abi_version(void) { return CPCACHE_ABI_VERSION; }
 

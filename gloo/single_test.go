@@ -3,6 +3,7 @@ package gloo_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -165,5 +166,45 @@ func TestBadDirectMaxIsNamed(t *testing.T) {
 		if !strings.Contains(err.Error(), `CPCACHE_GLOO_DIRECT_MAX="`+v+`"`) || !errors.Is(err, parallel.ErrBadArgument) {
 			t.Errorf("CPCACHE_GLOO_DIRECT_MAX=%s: %v, want ErrBadArgument naming the value", v, err)
 		}
+	}
+}
+
+// TestWorldOfOneNeedsNoStore: a world of one given no store (none in the environment either)
+// meets in a private directory, which goes with the group; a larger world without a store
+// fails at once, saying how to run it, with one "gloo:" prefix.
+func TestWorldOfOneNeedsNoStore(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv(gloo.EnvStore, "")
+	ctx := context.Background()
+	w, err := gloo.NewWorld(ctx, gloo.Options{Rank: 0, Size: 1, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("a world of one without a store: %v", err)
+	}
+	if err := grouptest.Conformance(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 1 || !strings.HasPrefix(ents[0].Name(), "cpcache-run-"+strconv.Itoa(os.Getpid())+"-") {
+		t.Errorf("while open, %s holds %v; want one cpcache-run-%d-* store directory", tmp, ents, os.Getpid())
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("after Close, %s still holds %v", tmp, ents)
+	}
+
+	_, err = gloo.NewWorld(ctx, gloo.Options{Rank: 0, Size: 2, Timeout: 10 * time.Second})
+	if !errors.Is(err, parallel.ErrBadArgument) {
+		t.Fatalf("a world of two without a store: %v, want ErrBadArgument", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"rank 0 of 2", "cpcache launch -n N", "--store", "CPCACHE_STORE", "mpirun"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+	if strings.Count(msg, "gloo:") != 1 || strings.Contains(msg, "Options.") {
+		t.Errorf("error %q: want one gloo: prefix and no Go field name", msg)
 	}
 }

@@ -62,7 +62,7 @@ func badStore(format string, args ...any) error {
 // parallel.ErrBadArgument.
 func parseStore(raw string) (storeSpec, error) {
 	if raw == "" {
-		return storeSpec{}, badStore("gloo: no rendezvous store: set Options.Store or CPCACHE_STORE (file:///dir or redis://host:port)")
+		return storeSpec{}, badStore("gloo: no rendezvous store: want file:///dir or redis://host:port (--store or CPCACHE_STORE)")
 	}
 	u, err := url.Parse(raw)
 	if err != nil {

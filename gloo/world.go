@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -24,7 +25,8 @@ const (
 
 // Options configure NewWorld. Zero values mean "from the environment".
 type Options struct {
-	// Store is the rendezvous store URL; "" reads CPCACHE_STORE.
+	// Store is the rendezvous store URL; "" reads CPCACHE_STORE. A world of one needs none:
+	// without one it meets in a private directory removed with the group.
 	Store string
 	// Rank and Size place this process; Size 0 reads them with parallel.FromEnv (torchrun,
 	// OpenMPI or Slurm variables).
@@ -55,12 +57,18 @@ type shared struct {
 	store  *store // serialised store access
 	once   sync.Once
 	dev    *cDevice // shared by every context (each holds its own reference)
+	// ownDir is the private store directory of a world of one given no store ("" if none),
+	// removed after the store closes.
+	ownDir string
 }
 
 func (s *shared) close() {
 	s.once.Do(func() {
 		s.store.close()
 		s.dev.close()
+		if s.ownDir != "" {
+			os.RemoveAll(s.ownDir)
+		}
 	})
 }
 
@@ -88,6 +96,19 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	}
 	if opts.Store == "" {
 		opts.Store = os.Getenv(EnvStore)
+	}
+	ownDir := ""
+	if opts.Store == "" && opts.Size == 1 {
+		dir, err := privateStoreDir()
+		if err != nil {
+			return nil, fmt.Errorf("gloo: %w: the store of a world of one: %v", parallel.ErrBadArgument, err)
+		}
+		ownDir, opts.Store = dir, "file://"+dir
+	}
+	if opts.Store == "" {
+		return nil, badStore("gloo: no rendezvous store for rank %d of %d: run every rank under `cpcache launch -n N` (which makes one) "+
+			"or give them all the same one, file:///dir or redis://host:port, with --store or CPCACHE_STORE (under mpirun: -x CPCACHE_STORE=...)",
+			opts.Rank, opts.Size)
 	}
 	spec, err := parseStore(opts.Store)
 	if err != nil {
@@ -121,6 +142,11 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	defer cancel() // after success the store's own context lives on (see newStore)
 	go func() {
 		g, err := rendezvous(rctx, opts, spec, deadline)
+		if g != nil {
+			g.shared.ownDir = ownDir
+		} else if ownDir != "" {
+			os.RemoveAll(ownDir)
+		}
 		done <- result{g, err}
 	}()
 	select {
@@ -138,6 +164,22 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		}()
 		return nil, fmt.Errorf("gloo: rendezvous of rank %d of %d interrupted: %w", opts.Rank, opts.Size, ctx.Err())
 	}
+}
+
+// privateStoreDir makes the rendezvous directory of a world of one given no store. Its name
+// and owner file are those of cpcache's job directories (cpcache-run-PID-N, .cpcache-owner
+// holding the pid namespace), so that `cpcache cleanup` removes one a killed process left.
+func privateStoreDir() (string, error) {
+	dir, err := os.MkdirTemp("", fmt.Sprintf("cpcache-run-%d-*", os.Getpid()))
+	if err != nil {
+		return "", err
+	}
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	if err := os.WriteFile(filepath.Join(dir, ".cpcache-owner"), []byte(ns), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
 }
 
 // rendezvous opens the store and the TCP device, agrees on the run id and connects the

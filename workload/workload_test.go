@@ -105,3 +105,16 @@ func TestReferencesOfBadSizes(t *testing.T) {
 	}
 	assert.Positive(t, ReuseBound(reqs, 16))
 }
+
+// TestShippedTraceSlice: testdata's slice of Mooncake's conversation trace (testdata/README.md)
+// parses whole: 400 requests, arrivals from 0 to 141 s, and requests that share blocks share
+// prompt tokens.
+func TestShippedTraceSlice(t *testing.T) {
+	reqs, err := ReadTraceFile(filepath.Join("..", "testdata", "conversation_trace_400.jsonl"), TraceOptions{})
+	require.NoError(t, err)
+	require.Len(t, reqs, 400)
+	assert.Equal(t, int64(0), reqs[0].ArrivalMs)
+	assert.Equal(t, int64(141000), reqs[399].ArrivalMs)
+	assert.Equal(t, 6758, len(reqs[0].Tokens))
+	assert.Equal(t, reqs[0].Tokens[:512], reqs[1].Tokens[:512], "both start with block 0")
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -96,7 +97,7 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 			"Broadcast of 4 KiB, AllGather of 64 B and Barrier, back to back, first on the world\n"+
 			"group, then on every attention-CP group of the layout at once. Rank 0 prints the\n"+
 			"median and p99 microseconds per operation as measured by each group's rank 0.", stderr)
-	cfg := layoutFlags(fs, parallel.LayoutConfig{})
+	cfg := layoutFlags(fs, defaultLayoutFlags)
 	iters := fs.Int("iters", 1000, "timed operations per collective and group")
 	warmup := fs.Int("warmup", 50, "untimed operations before timing")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -141,7 +142,14 @@ func runCollectiveBench(args []string, stdout, stderr io.Writer) int {
 	for _, name := range names {
 		res, err := benchBackendRun(ctx, name, benchBackends[name], l, *store, *timeout, *warmup, *iters)
 		if err != nil {
-			return fail(stderr, 1, fmt.Errorf("collective-bench: %s: %w", name, err))
+			status := 1
+			if errors.Is(err, parallel.ErrBadArgument) { // no store, a bad one: the user's to fix
+				status = 2
+			}
+			if strings.HasPrefix(err.Error(), name+": ") { // gloo's errors name it already
+				return fail(stderr, status, fmt.Errorf("collective-bench: %w", err))
+			}
+			return fail(stderr, status, fmt.Errorf("collective-bench: %s: %w", name, err))
 		}
 		report.Results = append(report.Results, res...)
 	}

@@ -40,6 +40,12 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 	return 2, true
 }
 
+// defaultLayoutFlags are the layout flags' defaults of layout and collective-bench; run's
+// default job (runner.DefaultConfig) agrees on DP attention. DP attention is on because a
+// layout with dp > 1 needs it (parallel.NewLayout refuses dp > 1 without), and with dp 1
+// it changes nothing.
+var defaultLayoutFlags = parallel.LayoutConfig{DPAttention: true}
+
 // layoutFlags registers the parallel-layout flags shared by every multi-rank command.
 func layoutFlags(fs *flag.FlagSet, defaults parallel.LayoutConfig) *parallel.LayoutConfig {
 	cfg := defaults
@@ -48,7 +54,7 @@ func layoutFlags(fs *flag.FlagSet, defaults parallel.LayoutConfig) *parallel.Lay
 	fs.IntVar(&cfg.DP, "dp", defaults.DP, "data-parallel size (0: 1)")
 	fs.IntVar(&cfg.AttnCP, "attn-cp", defaults.AttnCP, "attention context-parallel size (0: 1)")
 	fs.IntVar(&cfg.EP, "ep", defaults.EP, "expert-parallel size (0: 1)")
-	fs.BoolVar(&cfg.DPAttention, "dp-attention", defaults.DPAttention, "enable DP attention")
+	fs.BoolVar(&cfg.DPAttention, "dp-attention", defaults.DPAttention, "DP attention: each DP replica runs attention on its own ranks (needed for --dp > 1; --dp-attention=false to turn it off)")
 	return &cfg
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -27,6 +28,28 @@ func runGPUInfo(args []string, stdout, stderr io.Writer) int {
 	printNCCL(stdout)
 	printTopology(stdout)
 	return 0
+}
+
+// checkCUDA says, in one short line, why this machine cannot run CUDA ranks: no driver
+// library (its soname and the override variable, not every path tried), a driver that
+// does not start, or no device; nil when a device is there.
+func checkCUDA() error {
+	drv, err := cuda.Open()
+	if le, ok := err.(*cuda.LoadError); ok && errors.Is(le, cuda.ErrLibraryNotFound) {
+		return fmt.Errorf("no CUDA driver: %s not found (set %s to its path)", le.Library, le.Env)
+	}
+	if err != nil {
+		return err
+	}
+	defer drv.Close()
+	n, err := drv.DeviceCount()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("the CUDA driver %s sees no device", drv.VersionString())
+	}
+	return nil
 }
 
 func printCUDA(w io.Writer) {

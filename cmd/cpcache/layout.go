@@ -13,11 +13,11 @@ func init() {
 }
 
 func runLayout(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("layout", "[--world N --tp N --dp N --attn-cp N --ep N --dp-attention] [--json]",
+	fs := newFlagSet("layout", "[--world N --tp N --dp N --attn-cp N --ep N --dp-attention=BOOL] [--json]",
 		"Prints every group of the layout as global rank lists: tp, attn_tp, attn_cp, ep,\n"+
 			"replica (attention-DP blocks: the ranks that run the cache's consensus) and slab\n"+
 			"(the ranks that share L2 slabs).", stderr)
-	cfg := layoutFlags(fs, parallel.LayoutConfig{})
+	cfg := layoutFlags(fs, defaultLayoutFlags)
 	asJSON := fs.Bool("json", false, "print JSON: one key per kind, each a sorted list of rank lists")
 	if status, done := parseFlags(fs, args); done {
 		return status

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -68,4 +69,17 @@ func keys(m map[string][][]int) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// TestDPAttentionDefaultIsOneForEveryCommand: layout, collective-bench and run default
+// --dp-attention alike (on: dp > 1 needs it), so the same layout flags give the same layout in
+// each; --dp-attention=false turns it off and dp 2 is then refused, naming the flag's cause.
+func TestDPAttentionDefaultIsOneForEveryCommand(t *testing.T) {
+	assert.Equal(t, runner.DefaultConfig().Layout.DPAttention, defaultLayoutFlags.DPAttention, "run's default and layout's")
+	status, out, errOut := runCmd("layout", "--world", "16", "--dp", "2", "--attn-cp", "8")
+	require.Equal(t, 0, status, errOut)
+	assert.Contains(t, out, "dp_attention=true (attn_dp=2 attn_tp=1)")
+	status, _, errOut = runCmd("layout", "--world", "16", "--dp", "2", "--attn-cp", "8", "--dp-attention=false")
+	assert.Equal(t, 2, status)
+	assert.Contains(t, errOut, "dp 2 needs DP attention")
 }

@@ -50,6 +50,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return runVersion(args[1:], stdout, stderr)
+	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "cpcache: unknown command %q (see cpcache --help)\n", args[0])

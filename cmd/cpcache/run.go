@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/hicache"
@@ -91,7 +92,37 @@ type runOpts struct {
 	prefetch                  string
 	report                    reportOpts // virtual time, sweep and HTML (run_report.go)
 	faults                    string     // --fault, parsed into cfg.Faults
+	metricsLinger             lingerFlag // --metrics-linger
 }
+
+// lingerFlag is --metrics-linger: how long /metrics stays up after the run, a duration or
+// "forever" (until SIGINT or SIGTERM).
+type lingerFlag struct {
+	d       time.Duration
+	forever bool
+}
+
+func (l *lingerFlag) String() string {
+	if l.forever {
+		return "forever"
+	}
+	return l.d.String()
+}
+
+func (l *lingerFlag) Set(s string) error {
+	if s == "forever" {
+		*l = lingerFlag{forever: true}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want a duration such as 30s, or forever")
+	}
+	*l = lingerFlag{d: d}
+	return nil
+}
+
+func (l lingerFlag) set() bool { return l.forever || l.d > 0 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
 	def := runner.DefaultConfig()
@@ -125,6 +156,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "deadline of rendezvous and of the final report gather (0: 5m); a consensus step waits at most 1m")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics at this address (host:port) while running")
+	fs.Var(&o.metricsLinger, "metrics-linger", "with --metrics: keep /metrics up after the run, with the final figures, for this long (30s) or forever (until Ctrl-C); the run's exit status is kept")
 	fs.StringVar(&o.faults, "fault", "", "inject failures: KIND[:PARAM=VALUE,...][;...] (see above)")
 	fs.BoolVar(&cfg.Strict, "strict", false, "a divergence of the replicas fails the run (exit 1) instead of quarantine and recovery")
 	o.report.flags(fs)
@@ -196,6 +228,14 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		if err := plan.CheckHost(localRanks); err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: %w", err))
 		}
+		// This process starts every rank: a machine without a driver or a device is told
+		// here, once, instead of by each rank after it started. Under another launcher the
+		// ranks agree on the failure at their first collective.
+		if !joined && cfg.Device == runner.DeviceCUDA {
+			if err := checkCUDA(); err != nil {
+				return fail(stderr, 2, fmt.Errorf("run: --device %s: %w (cpcache gpu-info shows what this machine has)", runner.DeviceCUDA, err))
+			}
+		}
 		for _, w := range plan.Warnings {
 			fmt.Fprintf(stderr, "cpcache: warning: %s\n", w)
 		}
@@ -206,11 +246,15 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if joined {
 		status = runAsRank(ctx, plan, statusDir, paths, o.metrics, stdout, stderr)
 	} else {
-		var rep *runner.Report
-		if rep, status = runLocal(ctx, plan, args, o.metrics, stdout, stderr); rep != nil {
+		var lingered bool
+		status, lingered = runLocal(ctx, plan, args, o.metrics, o.metricsLinger, stdout, stderr, func(rep *runner.Report) int {
 			if err := emitReport(rep, paths, stdout); err != nil {
-				status = fail(stderr, 1, err)
+				return fail(stderr, 1, err)
 			}
+			return 0
+		})
+		if lingered { // a signal that ends --metrics-linger ends no run
+			return status
 		}
 	}
 	if sig := signalled(); sig != 0 {
@@ -280,9 +324,42 @@ func runAsRank(ctx context.Context, p *runner.Plan, statusDir string, paths repo
 	return 0
 }
 
-// runLocal starts the world as local ranks of this binary, draws their progress and
-// returns rank 0's report (nil when the ranks left none) and the exit status.
-func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer) (*runner.Report, int) {
+// runLocal starts the world as local ranks of this binary, draws their progress, hands rank
+// 0's report (if the ranks left one) to emit, and returns the exit status. With metrics and
+// linger it then keeps /metrics up, with the ranks' final figures, for linger or until ctx
+// ends; lingered says the run was over before ctx ended.
+func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, linger lingerFlag, stdout, stderr io.Writer,
+	emit func(*runner.Report) int) (status int, lingered bool) {
+	_, status = startRanks(ctx, p, args, metrics, stdout, stderr, func(w *runner.Watcher, rep *runner.Report, status int) int {
+		if rep != nil {
+			if s := emit(rep); s != 0 && status == 0 {
+				status = s
+			}
+		}
+		if w.MetricsAddr() == "" || !linger.set() || ctx.Err() != nil {
+			return status
+		}
+		lingered = true
+		var timeout <-chan time.Time
+		until := "until interrupted (Ctrl-C)"
+		if !linger.forever {
+			timeout = time.After(linger.d)
+			until = "for " + linger.d.String()
+		}
+		fmt.Fprintf(stderr, "metrics: the run is over; http://%s/metrics serves its final figures %s\n", w.MetricsAddr(), until)
+		select {
+		case <-ctx.Done():
+		case <-timeout:
+		}
+		return status
+	})
+	return status, lingered
+}
+
+// startRanks starts the ranks and hands after the watcher (still serving /metrics), rank 0's
+// report (nil when the ranks left none) and the ranks' status; after's status is returned.
+func startRanks(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer,
+	after func(*runner.Watcher, *runner.Report, int) int) (*runner.Report, int) {
 	sigpipe.Catch() // this process is the ranks' launcher, its progress and report included
 	exe, err := os.Executable()
 	if err != nil {
@@ -328,17 +405,16 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string
 		w.Progress(pctx, stderr, stderr == io.Writer(os.Stderr) && runner.IsTerminal(os.Stderr))
 	}()
 	status := l.run()
-	w.Close()
 	stopProgress()
 	<-progressDone
 	rep, rerr := runner.ReadReport(statusDir)
 	if rerr != nil {
 		if status == 0 {
-			return nil, fail(stderr, 1, fmt.Errorf("run: the ranks finished without a report: %w", rerr))
+			status = fail(stderr, 1, fmt.Errorf("run: the ranks finished without a report: %w", rerr))
 		}
-		return nil, status
+		rep = nil
 	}
-	return rep, status
+	return rep, after(w, rep, status)
 }
 
 func emitReport(rep *runner.Report, paths reportPaths, stdout io.Writer) error {

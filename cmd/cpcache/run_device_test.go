@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,8 +71,20 @@ func TestRunDeviceCUDADetectsACorruptDevicePage(t *testing.T) {
 // TestRunDeviceCUDAWithoutDriverFailsEveryRank: a rank that cannot load the driver makes
 // every rank fail at once with its reason.
 func TestRunDeviceCUDAWithoutDriverFailsEveryRank(t *testing.T) {
-	status, _, _, errOut := runBinary(t, []string{"CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1"},
+	// Ranks of another launcher (cpcache launch): no process checks before they start.
+	bin := cpcacheBinary(t)
+	cmd := exec.Command(bin, "launch", "-n", "2", "--", bin, "run",
 		"--device", "cuda", "--world", "2", "--dp", "1", "--attn-cp", "2", "--clients", "2", "--rounds", "2")
+	cmd.Env = append(withoutLauncherEnv(nil), "CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	status := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		status = ee.ExitCode()
+	}
+	errOut := stderr.String()
 	assert.Equal(t, 1, status, errOut)
 	assert.Contains(t, errOut, "failed on 2 of 2 ranks")
 	assert.Contains(t, errOut, "/nonexistent/libcuda.so.1")
@@ -95,5 +110,28 @@ func TestRunDeviceBadFlagsExitTwo(t *testing.T) {
 		assert.Contains(t, errOut, c.want, c.args)
 		assert.NotContains(t, errOut, "starting", "%v: no rank may start", c.args)
 		assert.Len(t, strings.Split(strings.TrimSpace(errOut), "\n"), 1, "%v: one line: %q", c.args, errOut)
+	}
+}
+
+// TestRunCUDAWithoutDriverFailsBeforeRanks: `run --device cuda` on a machine without the
+// driver fails in the starting process, before any rank, with one short line naming the
+// library and the variable that overrides it.
+func TestRunCUDAWithoutDriverFailsBeforeRanks(t *testing.T) {
+	bin := cpcacheBinary(t)
+	cmd := exec.Command(bin, "run", "--device", "cuda", "--world", "2", "--dp", "1", "--attn-cp", "2")
+	cmd.Env = append(withoutLauncherEnv(nil), "CPCACHE_CUDA_LIBRARY=/nonexistent/libcuda.so.1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("run --device cuda without a driver: %v, stderr %q; want exit 2", err, stderr.String())
+	}
+	msg := strings.TrimSpace(stderr.String())
+	if strings.Contains(msg, "\n") || len(msg) > 200 || !strings.Contains(msg, "no CUDA driver: libcuda.so.1 not found (set CPCACHE_CUDA_LIBRARY") {
+		t.Errorf("stderr %q (%d bytes): want one line under 200 bytes naming libcuda.so.1 and CPCACHE_CUDA_LIBRARY", msg, len(msg))
+	}
+	if strings.Contains(stdout.String()+msg, "[0]") || strings.Contains(msg, "rank") {
+		t.Errorf("a rank started: stdout %q, stderr %q", stdout.String(), msg)
 	}
 }

@@ -116,7 +116,7 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, values[i], err))
 		}
-		rep, status := runLocal(ctx, p, runArgs[i], o.metrics, stdout, stderr)
+		rep, status := startRanks(ctx, p, runArgs[i], o.metrics, stdout, stderr, func(_ *runner.Watcher, _ *runner.Report, status int) int { return status })
 		if sig := signalled(); sig != 0 {
 			return 128 + int(sig)
 		}

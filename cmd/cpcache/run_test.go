@@ -47,7 +47,8 @@ func cpcacheBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "cpcache")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		// Linked as the Makefile links it, with the VERSION file's version.
+		out, err := exec.Command("go", "build", "-ldflags", "-X github.com/cpcache/cpcache/internal/version.version="+repoVersion(t), "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -112,7 +113,8 @@ func requireHealthy(t *testing.T, status int, rep *runner.Report, stdout, stderr
 	t.Helper()
 	require.Equal(t, 0, status, "stderr:\n%s", stderr)
 	require.NotNil(t, rep, "no JSON report; stderr:\n%s", stderr)
-	assert.Contains(t, stdout, "cpcache run report")
+	assert.Contains(t, stdout, "cpcache run report (cpcache "+repoVersion(t)+")")
+	assert.Equal(t, repoVersion(t), rep.Version, "the report carries the binary's version")
 	assert.Zero(t, rep.BadPages)
 	assert.Zero(t, rep.DigestMismatches)
 	assert.Equal(t, 1.0, rep.CollectivesPerStep, "exactly one consensus collective per scheduler step")

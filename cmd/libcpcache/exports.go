@@ -14,6 +14,7 @@ import (
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
@@ -33,6 +34,16 @@ const (
 // The exported functions: each checks its pointers and sizes, recovers panics (guard),
 // and turns errors into status codes with a thread-local message (fail). Documentation of
 // each is in include/cpcache.h.
+
+// versionString is cpcache_version()'s answer, allocated once and never freed (the header
+// promises static storage).
+var versionString = C.CString(version.String())
+
+// cpcapi_version backs cpcache_version (csrc/cpcache_capi.c), which C may call before the
+// Go runtime has started: a call into an exported function waits for it.
+//
+//export cpcapi_version
+func cpcapi_version() *C.char { return versionString }
 
 //export cpcache_config_init
 func cpcache_config_init(cfg *C.cpcache_config) (status C.int) {

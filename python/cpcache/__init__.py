@@ -43,7 +43,7 @@ __all__ = [
     "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
     "Evicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
-    "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "ABI_VERSION",
+    "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
 ]
 
 ABI_VERSION = 1  # CPCACHE_ABI_VERSION of the header this module mirrors
@@ -157,6 +157,12 @@ def _find_library():
 
 
 _lib = None
+
+
+def version():
+    """The library's version ("0.1.0"; cpcache_version() without its "cpcache " prefix): the
+    repository's VERSION file, as the binary, CMake's package and the wheel carry it."""
+    return library().cpcache_version().decode().removeprefix("cpcache ")
 
 
 def library():

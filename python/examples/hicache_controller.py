@@ -18,8 +18,11 @@ import hashlib
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import cpcache  # noqa: E402
+try:
+    import cpcache  # installed: make install, or the wheel (make wheel)
+except ImportError:  # run from a checkout: the package beside this example
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import cpcache  # noqa: E402
 
 PAGE_TOKENS, PAGE_BYTES = 16, 256
 

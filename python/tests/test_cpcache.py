@@ -29,6 +29,11 @@ def one_rank(tmp_path, **kw):
     return cpcache.Cache(**args)
 
 
+def test_version_is_the_version_file():
+    with open(os.path.join(ROOT, "VERSION")) as f:
+        assert cpcache.version() == f.read().strip()
+
+
 def test_bad_calls_raise_typed_errors(tmp_path):
     with pytest.raises(cpcache.InvalidError, match="page_bytes 0"):
         one_rank(tmp_path, page_bytes=0)

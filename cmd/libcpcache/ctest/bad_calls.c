@@ -71,6 +71,12 @@ int main(void) {
   // The library and the header agree.
   expect_true(cpcache_abi_version() == CPCACHE_ABI_VERSION);
   expect_true(strncmp(cpcache_version(), "cpcache ", 8) == 0);
+#ifdef CPCACHE_EXPECTED_VERSION /* the Makefile's: "cpcache " and the VERSION file */
+  if (strcmp(cpcache_version(), CPCACHE_EXPECTED_VERSION) != 0) {
+    fprintf(stderr, "cpcache_version() = \"%s\", want \"%s\"\n", cpcache_version(), CPCACHE_EXPECTED_VERSION);
+    failures++;
+  }
+#endif
   expect_true(cpcache_last_error() != NULL);
 
   // NULL pointers and wrong struct sizes.

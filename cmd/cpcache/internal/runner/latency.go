@@ -229,6 +229,18 @@ func (r *Report) writeTimeText(w io.Writer) {
 		fmt.Fprintf(w, "  %-20s TTFT p50 %.1f ms, p90 %.1f ms, p99 %.1f ms; queue p50 %.1f ms, p99 %.1f ms; %d prefill tokens; %.2f req/s, %.0f output tok/s over %.1f s\n",
 			name, f.TTFTP50Ms, f.TTFTP90Ms, f.TTFTP99Ms, f.QueueP50Ms, f.QueueP99Ms, f.PrefillTokens, f.RequestsPerS, f.OutputTokPerS, f.MakespanS)
 	}
+	if l.Time == TimeNone {
+		// Every request arrived at 0: a "TTFT" would be the queue of the whole workload, not
+		// a serving latency. The work the cache saved is the figure.
+		work := func(name string, f LatencyFigures) {
+			fmt.Fprintf(w, "  %-20s %d prefill tokens; %.2f req/s, %.0f output tok/s over %.1f s (no TTFT: --time none serves every request from 0)\n",
+				name, f.PrefillTokens, f.RequestsPerS, f.OutputTokPerS, f.MakespanS)
+		}
+		work("cache on", l.On)
+		work("cache off", l.Off)
+		fmt.Fprintf(w, "  prefill tokens saved %s\n", r.pct(l.Off.PrefillTokens-l.On.PrefillTokens))
+		return
+	}
 	row("cache on", l.On)
 	row("cache off", l.Off)
 	fmt.Fprintf(w, "  TTFT saved           p50 %.1f ms, p90 %.1f ms, p99 %.1f ms; prefill tokens saved %s\n",

@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -293,7 +294,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *Report {
-	r := &Report{Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
+	r := &Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {

@@ -9,6 +9,7 @@ import (
 
 // Report is what a run measured, summed over every rank (rank 0 prints it).
 type Report struct {
+	Version          string `json:"version"` // cpcache's version (internal/version), "0.1.0"
 	Layout           string `json:"layout"`
 	ConsensusBackend string `json:"consensus_backend"`
 	Workload         string `json:"workload"`
@@ -101,7 +102,11 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // WriteText writes r for a person.
 func (r *Report) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "cpcache run report\n")
+	if r.Version != "" {
+		fmt.Fprintf(w, "cpcache run report (cpcache %s)\n", r.Version)
+	} else {
+		fmt.Fprintf(w, "cpcache run report\n")
+	}
 	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
 	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)

@@ -182,3 +182,28 @@ func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 		})
 	}
 }
+
+// TestTimeNonePrintsNoTTFT: under --time none every request arrived at 0, so the text report
+// gives the work (prefill tokens, throughput) with the cache on and off and no TTFT or queue
+// figure; in virtual time it gives both rows of TTFT and the TTFT saved.
+func TestTimeNonePrintsNoTTFT(t *testing.T) {
+	figs := func(prefill int64, ttft float64) LatencyFigures {
+		return LatencyFigures{TTFTP50Ms: ttft, TTFTP90Ms: ttft, TTFTP99Ms: ttft, QueueP50Ms: ttft, PrefillTokens: prefill, MakespanS: 2}
+	}
+	text := func(mode string) string {
+		r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: mode, Speed: 1, On: figs(400, 100), Off: figs(1000, 300)}}
+		var b strings.Builder
+		r.writeTimeText(&b)
+		return b.String()
+	}
+	none := text(TimeNone)
+	assert.NotContains(t, none, "TTFT p50")
+	assert.NotContains(t, none, "TTFT saved")
+	assert.NotContains(t, none, "queue p50")
+	assert.Contains(t, none, "400 prefill tokens")
+	assert.Contains(t, none, "1000 prefill tokens")
+	assert.Contains(t, none, "prefill tokens saved 60.0%")
+	virtual := text(TimeVirtual)
+	assert.Contains(t, virtual, "TTFT p50 100.0 ms")
+	assert.Contains(t, virtual, "TTFT saved           p50 200.0 ms")
+}
