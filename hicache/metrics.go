@@ -199,7 +199,7 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {
 			return float64([]int64{s.L3PrefetchedPages, s.L3DiscardedPages, s.L3SkippedPrefetches}[i])
 		}, false},
-	{"storage_backups_total", "Backups to storage, by outcome (pages every I/O rank stored, backups that failed).",
+	{"storage_backups_total", "Backups to storage, by outcome (pages of backups every rank stored its part of, backups that failed).",
 		prometheus.CounterValue, "outcome", []string{"stored_pages", "failed"},
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {
 			return float64([]int64{s.L3BackedUpPages, s.L3FailedBackups}[i])
