@@ -12,6 +12,14 @@ import (
 	"github.com/cpcache/cpcache/storage"
 )
 
+var memStores atomic.Int64
+
+// memURL names a mem:// store of this test alone (mem:// tables live as long as the process:
+// a test run again with -count must not find the pages of its last run).
+func memURL(t testing.TB) string {
+	return fmt.Sprintf("mem://%s-%d", t.Name(), memStores.Add(1))
+}
+
 // cpLayout is one CP group of cp ranks (one slab group, one replica group).
 func cpLayout(cp int) parallel.LayoutConfig {
 	return parallel.LayoutConfig{World: cp, AttnCP: cp}
@@ -33,7 +41,7 @@ func TestL3EveryRankItsPages(t *testing.T) {
 	for _, cp := range []int{2, 4, 8} {
 		t.Run(fmt.Sprintf("cp%d", cp), func(t *testing.T) {
 			ns := testNamespace(t)
-			rc := l3RigConfig(cpLayout(cp), openStores(t, "mem://"+t.Name(), ns), ns,
+			rc := l3RigConfig(cpLayout(cp), openStores(t, memURL(t), ns), ns,
 				L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 2, PrefetchQuotaPages: 64})
 			r := newRig(t, rc)
 			// Distinct sequences (no shared page), of lengths that are not all multiples of C.
@@ -111,7 +119,7 @@ func (s *failSecondGet) Get(ctx context.Context, keys []storage.Key, dst [][]byt
 func TestL3OneRankReadFails(t *testing.T) {
 	const cp, pages, bad = 4, 12, 2
 	ns := testNamespace(t)
-	open := openStores(t, "mem://"+t.Name(), ns)
+	open := openStores(t, memURL(t), ns)
 	var failing *failSecondGet
 	store := func(i int) storage.Storage {
 		if i == bad { // rank i is CP rank i in this layout
@@ -152,7 +160,7 @@ func TestL3OneRankReadFails(t *testing.T) {
 func TestL3OneRankBreakerOpens(t *testing.T) {
 	const cp, pages, bad = 4, 8, 3
 	ns := testNamespace(t)
-	open := openStores(t, "mem://"+t.Name(), ns)
+	open := openStores(t, memURL(t), ns)
 	var hang atomic.Bool
 	var calls, probes atomic.Int64
 	store := func(i int) storage.Storage {
@@ -195,7 +203,7 @@ func TestL3StoreServesOtherCPSizes(t *testing.T) {
 	for _, c := range []struct{ fill, serve int }{{1, 4}, {4, 1}} {
 		t.Run(fmt.Sprintf("cp%d_to_cp%d", c.fill, c.serve), func(t *testing.T) {
 			ns := testNamespace(t)
-			url := "mem://" + t.Name()
+			url := memURL(t)
 			l3 := L3Options{PrefetchPolicy: PrefetchWaitComplete, PrefetchQuotaPages: 64}
 			seqs := [][]int32{tokensN(100, 4*9), tokensN(2000, 4*14)}
 			filler := newRig(t, l3RigConfig(cpLayout(c.fill), openStores(t, url, ns), ns, l3))
