@@ -39,10 +39,11 @@ type Config struct {
 	StepTimeout time.Duration
 	// LatencySamples is how many recent consensus latencies Stats keeps (default 1024).
 	LatencySamples int
-	// Storage is the L3 tier (nil: none): the I/O rank of each slab group (CP rank 0) backs
-	// committed L2 nodes up to it and prefetches from it (see Prefetch). Every rank of the
-	// group must pass one, or none; the caller owns it and closes it after Close. The slab set
-	// must have host pages (HostSlabs).
+	// Storage is the L3 tier (nil: none): every rank backs up the pages of committed L2 nodes
+	// it owns (those in its slab) to it and prefetches them from it (see Prefetch), through
+	// this handle. Every rank of the group must pass its own handle on the same store, or
+	// none; the caller owns it and closes it after Close. The slab set must have host pages
+	// (HostSlabs).
 	Storage storage.Storage
 	// StorageNamespace is the namespace Storage was opened with (required with Storage;
 	// NewStorageNamespace builds one). It must name everything that changes a page's bytes
@@ -70,12 +71,13 @@ type Cache struct {
 	engine     Engine
 	ownsEngine bool
 	cpRank     int
-	// clearOnFlush: this rank is its slab group's I/O rank and L3Options.ClearOnFlush is set.
+	// clearOnFlush: L3Options.ClearOnFlush is set and this rank is CP rank 0 of its slab group
+	// (one Clear per slab group: it removes the whole namespace).
 	clearOnFlush bool
 	l1mem        L1Memory // nil when the engine's L1 is not host memory
 	timeout      time.Duration
 	maxSamples   int
-	l3           *l3Driver // nil without storage; runs jobs only on the I/O rank
+	l3           *l3Driver // nil without storage; runs this rank's share of the storage jobs
 
 	mu       sync.Mutex // protects everything below
 	core     *core.Core
@@ -201,7 +203,7 @@ func build(cfg Config) (*Cache, error) {
 	c := &Cache{
 		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
 		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,
-		clearOnFlush: l3opts.ClearOnFlush && cr.IORank(), faults: faultState{f: cfg.Faults},
+		clearOnFlush: ccfg.L3 && l3opts.ClearOnFlush && ccfg.CPRank == 0, faults: faultState{f: cfg.Faults},
 	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
@@ -275,8 +277,8 @@ func (c *Cache) replicable() error {
 }
 
 // startLocked starts the work the core handed out, before the step's Apply and by it:
-// copies on the engine (a StepSubmitter gets them in one call), then storage jobs and stops
-// on the I/O rank. Only after the Apply that checked the state the work was chosen from
+// copies on the engine (a StepSubmitter gets them in one call), then this rank's storage
+// jobs and stops. Only after the Apply that checked the state the work was chosen from
 // (see Step).
 func (c *Cache) startLocked(before, byApply core.Ready) {
 	transfers := slices.Concat(before.Transfers, byApply.Transfers)
@@ -651,8 +653,8 @@ func (c *Cache) Close() error {
 }
 
 // Prefetch asks L3 storage for the continuation of tokens beyond what the tree holds (see
-// Core.Prefetch): the group agrees how much is stored, reserves L2 pages, the I/O ranks read
-// them in, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
+// Core.Prefetch): the group agrees how much is stored, reserves L2 pages, every rank reads
+// its own pages into its slab, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
 // false, then Match reports them as host pages. Replicated.
 func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
 	c.mu.Lock()
@@ -703,8 +705,8 @@ func (c *Cache) PrefetchQuotaPages() int {
 }
 
 // RevokePrefetch stops waiting for prefetch id (see Core.RevokePrefetch): under
-// PrefetchBestEffort and PrefetchTimeout the next step inserts what every I/O rank has
-// read. Replicated.
+// PrefetchBestEffort and PrefetchTimeout the next step inserts the prefix every rank has
+// read of its own pages. Replicated.
 func (c *Cache) RevokePrefetch(id uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

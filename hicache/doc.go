@@ -16,8 +16,9 @@
 //     host memory with goroutines, hicache/cudaengine (the one cgo package here) copies with
 //     CUDA streams and events.
 //   - package storage: the L3 backends, reached through this package's storage driver.
-//   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, its
-//     storage jobs on the I/O rank, and its consensus collective on the replica group. It
+//   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, this
+//     rank's storage jobs on its storage handle, and its consensus collective on the replica
+//     group. It
 //     talks to the core only through its boundary — Ready (work to start and the vector to
 //     reduce), Report (local completions), Apply (the agreed vector) — and never reads its
 //     fields. Types of the core that a scheduler needs are aliased here (Node, MatchResult,
@@ -80,7 +81,7 @@
 //     nothing changes): a barrier (in quarantine, where idleness may differ across ranks,
 //     an AllReduce that agrees it instead), then the tree, L1 accounting, queues, hints and the L2
 //     allocator are reset; the allocator's digest equals a fresh one on every rank. With
-//     L3Options.ClearOnFlush the I/O ranks then clear the storage namespace.
+//     L3Options.ClearOnFlush CP rank 0 of each slab group then clears the storage namespace.
 //
 // # Failures are agreed
 //
@@ -105,12 +106,17 @@
 //
 // With Config.Storage (a storage.Storage opened for Config.StorageNamespace; see package
 // storage for file:// and redis:// URLs) the group gets a third tier that survives L2
-// eviction, Flush and restarts, and is shared by every instance using the same store. One
-// I/O rank per slab group (CP rank 0) does all storage traffic for its slabs, in background
-// goroutines of the driver; the core only queues work and applies agreed results. Keys are
-// the nodes' chained page hashes plus the slab group's TP index, in the namespace. Wiring
-// it (every rank opens its own handle on the same URL, with the same MAC key: a shared
-// Redis needs one, see package storage):
+// eviction, Flush and restarts, and is shared by every instance using the same store. Every
+// rank does the storage traffic of the pages it owns (sequence page i is CP rank i mod C's,
+// in its slab) with its own storage handle, in background goroutines of the driver: it
+// checks, reads and verifies, and writes only those, so a CP group of C ranks has C
+// clients' bandwidth and no rank carries the group's bytes. The core only queues work and
+// applies agreed results: the stored length of a prefix is the longest one every rank
+// holds, a read inserts the longest prefix every rank verified, and a backup is done once
+// every rank stored its part. Keys are the nodes' chained page hashes plus the slab
+// group's TP index, in the namespace (not the CP rank or size: a store filled by a CP1 job
+// serves a CP4 job, and back). Wiring it (every rank opens its own handle on the same URL,
+// with the same MAC key: a shared Redis needs one, see package storage):
 //
 //	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
 //	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
@@ -122,14 +128,15 @@
 // through the same one AllReduce(MIN) per step; package core documents its slots. A storage
 // error (unreachable Redis, full disk, a torn or foreign value) is counted
 // (Stats.StorageErrors) and logged (L3Options.Log), and is a miss, a shorter read or a
-// skipped backup; it never blocks a step (storage calls run in the background on the I/O
+// skipped backup; it never blocks a step (storage calls run in the background on each
 // rank) and never publishes an unverified page. Storage contents survive a Flush unless
 // L3Options.ClearOnFlush. Each storage call is bounded by L3Options.CallTimeout; after
-// CircuitFailures consecutive failed calls, or the first one past the deadline, the I/O
-// rank's circuit breaker opens, the group agrees it at the next step and stops queueing
-// prefetches and backups (serving from L1 and L2), and the I/O rank probes the store with
-// backoff (one Exists, in the background) until it answers and the group agrees the circuit
-// closed (Stats.StorageCircuitOpen, StorageCircuitOpenSeconds).
+// CircuitFailures consecutive failed calls of a rank, or its first one past the deadline,
+// that rank's circuit breaker opens, the group agrees it at the next step and stops queueing
+// prefetches and backups (serving from L1 and L2), and every rank whose breaker is open
+// probes the store with backoff (one Exists, in the background) until it answers; the group
+// agrees the circuit closed once every rank's breaker is (Stats.StorageCircuitOpen,
+// StorageCircuitOpenSeconds).
 //
 // L3Options.PrefetchCost makes prefetches cost-aware: a stored continuation is read only when
 // reading it (latency + each I/O rank's pages at its bandwidth) is faster than its prefill
@@ -153,7 +160,8 @@
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
 // L3PrefetchedPages, L3BackedUpPages, L3FailedBackups and L3DiscardedPages are agreed;
-// Stats.StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own.
+// Stats.StorageErrors, StoragePagesRead and StoragePagesWritten are this rank's own (its
+// pages only: sum them over the ranks for a group's storage traffic).
 //
 // # Metrics
 //

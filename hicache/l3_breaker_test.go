@@ -81,7 +81,7 @@ func (r *rig) waitCircuit(open bool) {
 }
 
 // TestL3CircuitBreakerHangingStorage stops answering storage calls (they hang until their
-// deadline): the I/O ranks' breakers open at the first timed-out call, every rank
+// deadline): every rank's breaker opens at its first timed-out call, every rank
 // agrees the circuit open at the same step, no prefetch or backup is queued and no storage
 // call is made but the probes while it is open, every step completes and hits are served
 // from L1/L2; once the store answers a probe, the circuit closes everywhere and backups and
@@ -113,10 +113,20 @@ func TestL3CircuitBreakerHangingStorage(t *testing.T) {
 		}
 	}
 	r.waitCircuit(true)
+	opened := 0
 	for i, c := range r.caches {
-		if secs := c.Stats().StorageCircuitOpenSeconds; (secs > 0) != c.core.IORank() {
-			t.Fatalf("rank %d (I/O rank %t): circuit open for %.3fs", i, c.core.IORank(), secs)
+		// A rank's breaker opens at its own first call that hung (each rank queries only its
+		// own pages; once the group agreed the circuit open, the others make none).
+		st := c.Stats()
+		if (st.StorageCircuitOpenSeconds > 0) != (st.StorageErrors > 0) {
+			t.Fatalf("rank %d: circuit open for %.3fs after %d failed storage calls", i, st.StorageCircuitOpenSeconds, st.StorageErrors)
 		}
+		if st.StorageErrors > 0 {
+			opened++
+		}
+	}
+	if opened == 0 {
+		t.Fatal("the circuit is agreed open, but no rank's breaker opened")
 	}
 	r.drain()
 
@@ -221,7 +231,7 @@ func TestBreakerBackoff(t *testing.T) {
 // TestL3CircuitBreakerFrozenFileSystem runs the L3 tier on a real directory store whose
 // file system operations freeze (storage.Faults.Freeze: they block in the "kernel",
 // ignoring every context, as on a frozen ext4 or a hung NFS mount): the calls are abandoned
-// at their deadline, the I/O ranks' breakers open and the group agrees it; every step,
+// at their deadline, every rank's breaker opens and the group agrees it; every step,
 // Flush (which clears the store, abandoned too) and insert goes on from L1/L2 while the
 // file system stays frozen; the circuit stays open, probes answered or not, while
 // operations are stuck; the abandoned operations are counted. After the thaw they finish,
@@ -250,8 +260,8 @@ func TestL3CircuitBreakerFrozenFileSystem(t *testing.T) {
 	var abandoned int64
 	for i, c := range r.caches {
 		st := c.Stats()
-		if c.core.IORank() && (st.StorageAbandoned == 0 || st.StorageStuck == 0 || st.StorageCircuitOpenSeconds == 0) {
-			t.Fatalf("I/O rank %d: %d storage operations abandoned, %d stuck, circuit open %.3fs", i, st.StorageAbandoned, st.StorageStuck, st.StorageCircuitOpenSeconds)
+		if st.StorageAbandoned == 0 || st.StorageStuck == 0 || st.StorageCircuitOpenSeconds == 0 {
+			t.Fatalf("rank %d: %d storage operations abandoned, %d stuck, circuit open %.3fs", i, st.StorageAbandoned, st.StorageStuck, st.StorageCircuitOpenSeconds)
 		}
 		abandoned += st.StorageAbandoned
 	}
@@ -283,9 +293,13 @@ func TestL3CircuitBreakerFrozenFileSystem(t *testing.T) {
 	if st := r.sameStats(); st.L3BackedUpPages == 0 {
 		t.Fatal("nothing backed up after the thaw")
 	}
+	// Nothing stays stuck: an operation of the backups above that a loaded machine kept past
+	// its deadline (abandoned, counted stuck) returns soon after.
 	for i, c := range r.caches {
-		if st := c.Stats(); st.StorageStuck != 0 {
-			t.Fatalf("rank %d: %d operations stuck after the thaw", i, st.StorageStuck)
+		for deadline := time.Now().Add(10 * time.Second); c.Stats().StorageStuck != 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d: %d operations stuck 10 s after the thaw", i, c.Stats().StorageStuck)
+			}
 		}
 	}
 	r.checkCollectives()

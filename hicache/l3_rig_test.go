@@ -12,9 +12,12 @@ import (
 	"github.com/cpcache/cpcache/storage"
 )
 
-// l3Layout has two slab groups (TP shards) in one replica group: two I/O ranks (0 and 1)
-// whose reads finish at different times.
+// l3Layout has two slab groups (TP shards) of two CP ranks in one replica group: four ranks,
+// each reading and writing its own pages, whose reads finish at different times.
 var l3Layout = parallel.LayoutConfig{World: 4, TP: 4, AttnCP: 2}
+
+// l3Ranks is the number of ranks of l3Layout.
+const l3Ranks = 4
 
 func testNamespace(t testing.TB) storage.Namespace {
 	ns, err := storage.NewNamespace("hicache-test;page_tokens=4;page_bytes=256")
@@ -211,19 +214,24 @@ func (r *rig) sameStats() CoreStats {
 	return s0
 }
 
-// storedPages is how many leading pages of tokens every shard has in storage.
+// storedPages is how many leading pages of tokens every shard has in storage, as the ranks
+// see it: each checks the pages it owns with its own handle, and the answer is the first
+// page some rank lacks.
 func (r *rig) storedPages(tokens []int32) int {
 	r.t.Helper()
-	n := len(tokens) / 4
+	hashes := PrefixHashes(tokens, 4)
+	n := len(hashes)
 	for _, c := range r.caches {
-		if !c.core.IORank() {
-			continue
-		}
-		k, err := c.l3.st.Exists(context.Background(), c.l3.keys(PrefixHashes(tokens, 4)), nil)
-		if err != nil {
+		C := r.layout.AttnCP
+		present := make([]bool, len(hashes))
+		if _, err := c.l3.st.Exists(context.Background(), c.l3.keys(hashes), present); err != nil {
 			r.t.Fatal(err)
 		}
-		n = min(n, k)
+		for j := c.CPRank(); j < n; j += C {
+			if !present[j] {
+				n = j
+			}
+		}
 	}
 	return n
 }

@@ -22,7 +22,8 @@ import (
 )
 
 // TestL3PrefetchAgreement backs random sequences up to storage, evicts everything, and
-// prefetches them back under random per-rank storage delays on two I/O ranks: every rank
+// prefetches them back under random per-rank storage delays (each of the four ranks reads
+// its own pages): every rank
 // inserts the same pages (the digests agree at every step), and every page loaded into L1
 // afterwards has the right content. With wait_complete every stored page comes back.
 func TestL3PrefetchAgreement(t *testing.T) {
@@ -92,12 +93,12 @@ func TestL3PrefetchAgreement(t *testing.T) {
 
 // TestL3BackupAcknowledged holds every backup to storage at a gate: the node's L2 pages
 // stay pinned (not evictable, Flush busy) through any number of steps, and are released
-// only at the step after every I/O rank finished.
+// only at the step after every rank stored its part.
 func TestL3BackupAcknowledged(t *testing.T) {
 	ns := testNamespace(t)
 	gate := make(chan struct{})
 	rc := l3RigConfig(l3Layout, openStores(t, "mem://"+t.Name(), ns), ns, L3Options{})
-	// Rank 0 (one I/O rank) finishes its backups at once, the other I/O rank at the gate.
+	// Rank 0 stores its part of each backup at once, the other ranks at the gate.
 	rc.l3Hook = gateHook(gate, func(rank int, kind core.StorageKind) bool { return kind == core.StoragePut && rank != 0 })
 	r := newRig(t, rc)
 	seq := kvtest.RandomSequences(rand.New(rand.NewPCG(5, 5)), 1, 4)[0]
@@ -120,7 +121,7 @@ func TestL3BackupAcknowledged(t *testing.T) {
 			t.Fatalf("rank %d: nothing pending while a backup to storage waits", i)
 		}
 		if st := c.Stats(); st.L3BackedUpPages != 0 {
-			t.Fatalf("rank %d: %d pages acknowledged before the second I/O rank finished", i, st.L3BackedUpPages)
+			t.Fatalf("rank %d: %d pages acknowledged before ranks 1-3 stored their parts", i, st.L3BackedUpPages)
 		}
 	}
 	if err := r.each("flush", func(_ int, c *Cache) error { return c.Flush(context.Background()) }); !errors.Is(err, ErrBusy) {
@@ -599,7 +600,8 @@ func (s clearDeadlineStore) Clear(ctx context.Context) error {
 	return s.Storage.Clear(ctx)
 }
 
-// TestL3FlushClearHasCallDeadline: the I/O ranks' Clear at a ClearOnFlush flush is a storage
+// TestL3FlushClearHasCallDeadline: the Clear at a ClearOnFlush flush (CP rank 0's of each
+// slab group) is a storage
 // call like the others, bounded by L3Options.CallTimeout, even when Flush's context has no
 // deadline (a store that stops answering must not hold Flush, which holds the cache's
 // mutex, forever).

@@ -11,10 +11,11 @@ import (
 )
 
 // ErrStorageCircuitOpen is returned (and not counted as a storage error) for storage work
-// the I/O rank skipped because its circuit breaker is open.
+// a rank skipped because its circuit breaker is open.
 var ErrStorageCircuitOpen = errors.New("hicache: storage circuit open")
 
-// breaker is the I/O rank's storage circuit breaker. After threshold consecutive storage
+// breaker is one rank's storage circuit breaker (each rank has its own handle and calls).
+// After threshold consecutive storage
 // calls failed, or at once when a call ran past its deadline (a store that does not answer
 // within CallTimeout is as good as down, and waiting for more such calls, which may come one
 // after another, would stall prefetches for several deadlines), it opens: storage work fails at once (a miss, a

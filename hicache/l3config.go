@@ -15,8 +15,8 @@ import (
 type L3Options struct {
 	// PrefetchPolicy: when a prefetch stops (default PrefetchBestEffort).
 	PrefetchPolicy PrefetchPolicy
-	// PrefetchTimeoutBase and PrefetchTimeoutPerPage bound a PrefetchTimeout read (defaults
-	// 50ms and 2ms).
+	// PrefetchTimeoutBase and PrefetchTimeoutPerPage bound a PrefetchTimeout read on each
+	// rank: base + per page × the pages that rank reads (its own; defaults 50ms and 2ms).
 	PrefetchTimeoutBase, PrefetchTimeoutPerPage time.Duration
 	// MinPrefetchPages: a storage hit shorter than this is not prefetched (default 1).
 	MinPrefetchPages int
@@ -31,15 +31,15 @@ type L3Options struct {
 	// ReadChunkPages: pages per storage Get of a prefetch; progress is reported per chunk
 	// (default 8).
 	ReadChunkPages int
-	// Workers: storage calls in flight at once on the I/O rank (default 4).
+	// Workers: storage calls in flight at once on each rank (default 4).
 	Workers int
-	// CallTimeout bounds each storage call of the I/O rank (default 2s; a storage's own,
+	// CallTimeout bounds each storage call of a rank (default 2s; a storage's own,
 	// shorter timeout, such as a redis:// URL's timeout=, still holds). A call past it fails.
 	CallTimeout time.Duration
 	// CircuitFailures: after this many consecutive storage calls failed, or at the first one
-	// past CallTimeout, the I/O rank opens its circuit breaker and the group agrees to stop
-	// prefetching from and backing up to storage, serving from L1 and L2, until a probe of
-	// the store answers (default 3). Local to the I/O rank, like CallTimeout and
+	// past CallTimeout, a rank opens its circuit breaker and the group agrees to stop
+	// prefetching from and backing up to storage, serving from L1 and L2, until that rank's
+	// probe of the store answers (default 3). Local to each rank, like CallTimeout and
 	// CircuitProbeInterval (not part of the configuration fingerprint).
 	CircuitFailures int
 	// CircuitProbeInterval: the first probe of an open circuit's store comes this long after

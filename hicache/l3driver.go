@@ -15,7 +15,8 @@ import (
 	"github.com/cpcache/cpcache/storage"
 )
 
-// l3Driver runs the core's storage jobs on the I/O rank: each job is a goroutine (at most
+// l3Driver runs this rank's share of the core's storage jobs (the pages it owns) with this
+// rank's storage handle: each job is a goroutine (at most
 // Workers storage calls at once) whose completion is a local event reported to the core at
 // the next Step. Nothing here changes replicated state.
 type l3Driver struct {

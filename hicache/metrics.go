@@ -199,9 +199,9 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {
 			return float64([]int64{s.L3PrefetchedPages, s.L3DiscardedPages, s.L3SkippedPrefetches, s.L3CostSkippedPages}[i])
 		}, false},
-	{"storage_read_bandwidth_bytes_per_second", "Read bandwidth of the slowest I/O rank the group agreed (what the prefetch cost rule reads), 0 before any measurement.",
+	{"storage_read_bandwidth_bytes_per_second", "Read bandwidth of the slowest rank the group agreed (what the prefetch cost rule reads), 0 before any measurement.",
 		prometheus.GaugeValue, "", nil, func(_ *Collector, s *Stats, _ *storage.Stats, _ int) float64 { return float64(s.StorageReadRate) }, false},
-	{"storage_backups_total", "Backups to storage, by outcome (pages every I/O rank stored, backups that failed).",
+	{"storage_backups_total", "Backups to storage, by outcome (pages of backups every rank stored its part of, backups that failed).",
 		prometheus.CounterValue, "outcome", []string{"stored_pages", "failed"},
 		func(_ *Collector, s *Stats, _ *storage.Stats, i int) float64 {
 			return float64([]int64{s.L3BackedUpPages, s.L3FailedBackups}[i])

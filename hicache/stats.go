@@ -21,11 +21,11 @@ type Stats struct {
 	Quarantined      bool            // the group is in quarantine: no hits, inserts or slab I/O
 	Diverged         error           // the divergence error of the current quarantine, if any
 	PlacementDigest  uint64          // the allocator's digest
-	// L3 (storage). The CoreStats L3 fields are agreed; these are this rank's (non-zero
-	// only on I/O ranks).
+	// L3 (storage). The CoreStats L3 fields are agreed; these are this rank's (every rank
+	// does the storage I/O of the pages it owns: sum them over ranks for a group's).
 	StorageHitTokens    int64 // tokens the group agreed were in storage (L3HitPages × page size)
 	StorageErrors       int64 // storage calls that failed on this rank (each a miss or a skipped backup)
-	StoragePagesRead    int64 // pages this rank read from storage
+	StoragePagesRead    int64 // pages this rank read from storage (its own, verified)
 	StoragePagesWritten int64 // pages this rank wrote to storage (pages already stored are skipped)
 	// StorageAbandoned: storage operations this rank's store stopped waiting for at their
 	// deadline because the kernel did not return (a frozen or hung file system; see
@@ -34,12 +34,11 @@ type Stats struct {
 	// StorageCircuitOpen: the group agreed the storage circuit open (every rank alike): no
 	// prefetch or backup to storage is queued (see L3Options.CircuitFailures).
 	StorageCircuitOpen bool
-	// StorageCircuitOpenSeconds: how long this rank's circuit breaker has been open in all
-	// (non-zero only on I/O ranks).
+	// StorageCircuitOpenSeconds: how long this rank's circuit breaker has been open in all.
 	StorageCircuitOpenSeconds float64
-	// StorageReadRate: the read bandwidth (bytes/s) of the slowest I/O rank the group agreed
+	// StorageReadRate: the read bandwidth (bytes/s) of the slowest rank the group agreed
 	// (every rank alike; 0 before any measurement); StorageReadRateLocal: this rank's own
-	// measurement (an EWMA of its completed storage reads; non-zero only on I/O ranks).
+	// measurement (an EWMA of its completed storage reads; non-zero once this rank has read from storage).
 	StorageReadRate, StorageReadRateLocal int64
 }
 

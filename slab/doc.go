@@ -66,7 +66,8 @@
 // ReadPage copy under the set's lock; Page hands out a slice of the mapping, exactly one page
 // long, which is the only mapped memory the package exposes and is invalid after Close;
 // DevicePtr gives device addresses. The set does not enforce who writes which slab (hicache's
-// rule: page i of a sequence is written by its owner, slab i mod C, or by the I/O rank).
+// rule: page i of a sequence lives in slab i mod C and is written, from L1 and from storage,
+// only by its owner, CP rank i mod C).
 // Close unmaps everything (and frees this rank's device slab), is nil-safe and idempotent,
 // and must not race with accesses; it does not close the group, which the caller owns.
 //

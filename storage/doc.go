@@ -109,9 +109,10 @@
 // A Storage is safe for concurrent use; the caller owns it and closes it (Close is nil-safe
 // and idempotent). Get reads into caller-provided buffers (L2 slab pages; the Redis backend
 // copies there the value go-redis read); a buffer's contents are unspecified after a miss,
-// so only pages reported found may be published. Put does not retain its buffers. In cpcache the
-// group's I/O rank owns the Storage and drives it from the cache's backup and prefetch
-// queues; results take effect only through the consensus step. A typical loop:
+// so only pages reported found may be published. Put does not retain its buffers. In cpcache
+// every rank owns a Storage on the same store and drives it, for the pages it owns, from the
+// cache's backup and prefetch queues; results take effect only through the consensus step. A
+// typical loop:
 //
 //	ns, _ := storage.NewNamespace("model=llama3-8b;dtype=bf16;page_tokens=64;page_bytes=65536")
 //	st, err := storage.Open(ctx, "file:///var/cache/cpcache", storage.Options{Namespace: ns})

@@ -14,7 +14,7 @@ import (
 )
 
 // TestRunRedisStoppedMidRun stops the storage server (SIGSTOP: connections hang instead of
-// failing) once the run has backed pages up: the I/O rank's calls time out, the circuit
+// failing) once the run has backed pages up: the ranks' calls time out, the circuit
 // opens on every rank, and the run serves every request from L1 and L2, healthy, instead of
 // stalling. The wall times of the same run without storage and with the stopped server are
 // logged as a ratio (the README and the note quote it; no timing is asserted).

@@ -15,10 +15,10 @@ package core
 type Ready struct {
 	// Transfers are L1↔L2 copies to start, in the order they were made.
 	Transfers []Transfer
-	// Jobs are storage jobs to start (on the slab group's I/O rank only; empty elsewhere).
+	// Jobs are this rank's shares of storage work to start (the pages it owns).
 	Jobs []StorageJob
-	// Stops are the seqs of storage reads the group cut short: their I/O must stop (I/O
-	// rank only).
+	// Stops are the seqs of storage reads the group cut short: this rank's I/O on them must
+	// stop.
 	Stops []uint64
 	// Vector is this rank's contribution to the step's consensus, when Ready was given a
 	// buffer: the driver all-reduces it with MIN over the replica group and passes the
@@ -53,8 +53,8 @@ type TransferDone struct {
 }
 
 // StorageDone: this rank's storage job finished: a backup (Err: it failed), a query
-// (Pages leading pages stored) or a read (Pages leading pages read and verified; its I/O
-// has stopped).
+// (Pages leading pages of the job stored) or a read (Pages leading pages of the job read
+// and verified; its I/O has stopped). Pages count the job's pages, this rank's own.
 type StorageDone struct {
 	Kind  StorageKind
 	Seq   uint64
@@ -62,7 +62,8 @@ type StorageDone struct {
 	Err   error
 }
 
-// StorageProgress: a storage read still running has completed Pages leading pages; Cut
+// StorageProgress: a storage read still running has completed Pages leading pages of its
+// job (this rank's own); Cut
 // says this rank's timer asks the group to cut it (PrefetchTimeout).
 type StorageProgress struct {
 	Seq   uint64

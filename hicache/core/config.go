@@ -93,7 +93,7 @@ type Config struct {
 	// (the driver puts the group's ranks and the page size in bytes here).
 	Fingerprint uint64
 	// L3 enables the storage tier's protocol (backups to storage, prefetches from it);
-	// L3Config tunes it. CP rank 0 of each slab group is its I/O rank.
+	// L3Config tunes it. Every rank stores and reads the pages it owns (those of its slab).
 	L3       bool
 	L3Config L3Config
 }

@@ -57,7 +57,6 @@ type Core struct {
 	lruClock  uint64  // LRU moves so far (each node remembers its last one)
 	treeSalt  uint64  // PerturbTree on an empty tree
 	placeSalt uint64  // PerturbPlacement with L2 full
-	io        bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
 	l3        l3State // L3 queues (see l3core.go)
 }
 
@@ -82,14 +81,14 @@ type Stats struct {
 	QuarantinedSteps           int64 // steps applied in quarantine
 	// L3 (storage), agreed (equal on every rank):
 	L3Queries           int64 // prefetch queries made
-	L3HitPages          int64 // pages the I/O ranks agreed are stored (storage hits)
+	L3HitPages          int64 // leading pages every rank found stored (storage hits)
 	L3PrefetchedPages   int64 // pages inserted into the tree from storage
 	L3DiscardedPages    int64 // reserved pages released unused (cut reads, short reads, tree changed)
 	L3SkippedPrefetches int64 // hits not read (below the threshold, quota, no L2 room, revoked, tree changed, cost)
 	L3CostSkippedPages  int64 // stored pages not read because computing them is faster (L3Config.Cost)
 	L3CostProbes        int64 // prefetches read although the measured bandwidth said skip (PrefetchCost.MeasuredReads)
-	L3BackedUpPages     int64 // pages of backups to storage every I/O rank completed
-	L3FailedBackups     int64 // backups to storage that failed on some I/O rank
+	L3BackedUpPages     int64 // pages of backups to storage every rank stored its part of
+	L3FailedBackups     int64 // backups to storage that failed on some rank
 }
 
 // New returns an empty core.
@@ -101,7 +100,7 @@ func New(cfg Config) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), io: cfg.L3 && cfg.CPRank == 0}
+	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages)}
 	c.resetTree()
 	return c, nil
 }
@@ -156,9 +155,6 @@ func (c *Core) Stats() Stats { return c.stats }
 
 // Fingerprint is the configuration fingerprint the ranks of a group must share.
 func (c *Core) Fingerprint() uint64 { return c.fp }
-
-// IORank reports whether this rank does the slab group's storage I/O (L3 on, CP rank 0).
-func (c *Core) IORank() bool { return c.io }
 
 // NextStep is the number of the next consensus step (the Apply calls so far).
 func (c *Core) NextStep() uint64 { return c.step }

@@ -72,42 +72,51 @@
 //
 // # L3 (storage) in the vector
 //
+//   - Every rank does the storage I/O of the pages it owns (sequence page i is CP rank
+//     i mod C's, in slab i mod C) with its own storage handle: its StorageJobs hold only
+//     those pages, and a rank that owns none of a job's pages gets none (its share is done
+//     at once). Where a slot counts leading pages, a rank contributes the prefix it vouches
+//     for: the position of its first own page not done (stored, read, verified), or the
+//     job's length when none is left; the MIN is the prefix every rank has done.
 //   - Backup: when an L2 backup commits (any write policy; not with L3Options.NoBackup),
 //     the node's pages are pinned (not evictable from L2, not dropped with an ancestor)
-//     and the I/O ranks write the pages storage does not hold yet. Slots: the seq of the
-//     I/O rank's first unfinished backup and of its first failed one (others contribute
-//     the queue end and MaxInt64); every rank unpins the agreed prefix of the queue.
+//     and every rank writes its pages that storage does not hold yet. Slots: the seq of
+//     this rank's first unfinished backup and of its first failed one (the queue end and
+//     MaxInt64 when none): a backup is done once every rank stored its part, failed when
+//     any rank's part failed; every rank unpins the agreed prefix of the queue.
 //   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
-//     the tree holds (at most PrefetchQuotaPages pages). The I/O ranks count the leading
-//     pages stored; slot i of the query slots is that count for queue entry i, or -1 while
-//     unanswered (others: MaxInt64), so MIN is the count every shard holds; a query that
-//     was revoked, or (timeout policy) outlived its timer, counts 0 pages. At the answer
+//     the tree holds (at most PrefetchQuotaPages pages). Each rank counts the leading own
+//     pages stored; slot i of the query slots is the prefix it vouches for, for queue entry
+//     i, or -1 while unanswered, so MIN is the longest prefix every rank (and every shard)
+//     holds; a query that was revoked counts 0 pages, one that (timeout policy) outlived a
+//     rank's timer counts none of that rank's pages. At the answer
 //     step every rank reserves L2 pages for it (reserve → agree → commit or abort: nothing
 //     below MinPrefetchPages, over the quota, without L2 room, when the tree changed, or
 //     when L3Config.Cost finds the read slower than the prefill: RefusedCost; a
 //     continuation of which no leading part can pay off is not even queried), with
 //     MeasuredReads from the read bandwidth agreed in vL3ReadRate (MIN: the slowest rank's)
-//     and the I/O ranks read them into the slabs, verifying each page, in chunks of
-//     ReadChunkPages. Per read: done (MIN: all finished), pages completed so far (MIN) and a
-//     cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are
+//     and every rank reads its own pages into its slab, verifying each, in chunks of
+//     ReadChunkPages. Per read: done (MIN: all finished), the prefix completed so far (MIN)
+//     and a cut flag (-1 when this rank's PrefetchTimeout timer expired). A read ends when all are
 //     done, or when cut (timer, or RevokePrefetch under best-effort and timeout policies):
 //     every rank then inserts exactly the agreed pages as an L2-only node below the prefix
 //     (splitting the prefix's node if it ends inside one) and Match reports them as host
 //     pages; the other reserved pages are released at once if every read has stopped, or
-//     queued for release. Release slot: the seq of the I/O rank's first release whose read
+//     queued for release. Release slot: the seq of this rank's first release whose read
 //     has not stopped; every rank frees the agreed prefix of the queue, so no page is
-//     reused while a read may still write it.
+//     reused while any rank's read may still write it.
 //   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
 //     (hicache Stats.StorageErrors) and logged, and is a miss, a shorter read or a
 //     skipped backup; it never blocks a step (storage calls run in the background, each
 //     bounded by the storage's deadline) and never publishes an unverified page. A stored page that fails verification is deleted,
 //     so that the next backup of it replaces it.
-//   - Storage circuit: slot vL3Circuit is -1 when an I/O rank's circuit breaker is open
-//     (the driver reports it with StorageCircuit; others contribute 0). While the agreed
+//   - Storage circuit: slot vL3Circuit is -1 when this rank's circuit breaker is open
+//     (the driver reports it with StorageCircuit), else 0: MIN opens the circuit when any
+//     rank's is open and closes it when every rank's is closed. While the agreed
 //     circuit is open no prefetch starts and no backup to storage is queued (the node
 //     stays in L2 without a storage copy); work already queued ends as misses or failed
 //     backups. The agreed state is in the tree digest.
 //   - Flush needs the L3 queues empty too (Pending counts them); it resets their seqs.
-//     Storage contents survive it unless L3Options.ClearOnFlush (the I/O ranks then clear
-//     the namespace).
+//     Storage contents survive it unless L3Options.ClearOnFlush (CP rank 0 of each slab
+//     group then clears the namespace).
 package core

@@ -4,8 +4,9 @@ import (
 	"testing"
 )
 
-// Only an I/O rank's breaker opens the storage circuit; the group agrees it at one step, and
-// while it is open no rank starts a prefetch or queues storage work; closing is agreed too.
+// Any rank's breaker opens the storage circuit (every rank does storage I/O with its own
+// handle); the group agrees it at one step, and while it is open no rank starts a prefetch
+// or queues storage work; it closes at the step every rank's breaker is closed again.
 func TestStorageCircuitAgreed(t *testing.T) {
 	const n = 4
 	cores := make([]*Core, n)
@@ -38,13 +39,14 @@ func TestStorageCircuitAgreed(t *testing.T) {
 		tokens[i] = int32(i + 1)
 	}
 
-	cores[1].StorageCircuit(true) // not an I/O rank: its breaker does not count
-	step()
-	open(false)
-	cores[0].StorageCircuit(true)
+	cores[3].StorageCircuit(true)
 	open(false) // agreed only at the next step
 	step()
 	open(true)
+	cores[1].StorageCircuit(true)
+	cores[3].StorageCircuit(false)
+	step()
+	open(true) // rank 1's is still open
 	for i, c := range cores {
 		if res := c.Prefetch(tokens); res.ID != 0 {
 			t.Fatalf("rank %d: prefetch %+v started with the circuit open", i, res)
@@ -53,15 +55,16 @@ func TestStorageCircuitAgreed(t *testing.T) {
 			t.Fatalf("rank %d: storage jobs %+v queued with the circuit open", i, rd.Jobs)
 		}
 	}
-	cores[0].StorageCircuit(false)
+	cores[1].StorageCircuit(false)
 	step()
 	open(false)
 	for i, c := range cores {
 		if res := c.Prefetch(tokens); res.ID == 0 {
 			t.Fatalf("rank %d: no prefetch once the circuit closed", i)
 		}
-	}
-	if rd := cores[0].Ready(nil); len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageQuery {
-		t.Fatalf("I/O rank jobs %+v, want one query", rd.Jobs)
+		// 4 pages, one per rank: each queries its own
+		if rd := c.Ready(nil); len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageQuery || len(rd.Jobs[0].Hashes) != 1 {
+			t.Fatalf("rank %d: jobs %+v, want one query of its one page", i, rd.Jobs)
+		}
 	}
 }

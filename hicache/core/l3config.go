@@ -11,15 +11,15 @@ type PrefetchPolicy int
 // Prefetch policies.
 const (
 	// PrefetchBestEffort reads until done or until the scheduler revokes the prefetch
-	// (Cache.RevokePrefetch, typically when the request is scheduled): then the pages every
-	// I/O rank has completed are inserted and the rest released.
+	// (Cache.RevokePrefetch, typically when the request is scheduled): then the prefix every
+	// rank has completed of its own pages is inserted and the rest released.
 	PrefetchBestEffort PrefetchPolicy = iota
-	// PrefetchWaitComplete always waits until every I/O rank finished reading (a revoke takes
-	// effect only then).
+	// PrefetchWaitComplete always waits until every rank finished reading its pages (a revoke
+	// takes effect only then).
 	PrefetchWaitComplete
-	// PrefetchTimeout stops at completion, at a revoke, or when any I/O rank's timer
-	// (PrefetchTimeoutBase + PrefetchTimeoutPerPage × pages) expired; a storage query that
-	// takes longer than that is a miss.
+	// PrefetchTimeout stops at completion, at a revoke, or when any rank's timer
+	// (PrefetchTimeoutBase + PrefetchTimeoutPerPage × the pages it reads: its own) expired;
+	// a rank's storage query that takes longer than that is a miss of its pages.
 	PrefetchTimeout
 )
 
@@ -46,8 +46,8 @@ func ParsePrefetchPolicy(s string) (PrefetchPolicy, error) {
 }
 
 // L3Config is the part of the storage protocol's configuration that replicated decisions
-// read (the driver's L3 options add deadlines, chunking and workers, which only its I/O
-// rank uses). Normalized by Config.
+// read (the driver's L3 options add deadlines, chunking and workers, which each rank applies
+// to its own storage calls). Normalized by Config.
 type L3Config struct {
 	// PrefetchPolicy: when a prefetch stops (default PrefetchBestEffort).
 	PrefetchPolicy PrefetchPolicy

@@ -11,8 +11,12 @@ import (
 
 // The L3 protocol in the core: backups of committed L2 nodes to storage, prefetches of a
 // match's continuation from storage into L2, and the queue of reserved pages whose reads
-// were cut short. Only the I/O rank of each slab group (CP rank 0) does storage I/O; every
-// rank keeps the same queues, and only agreed vector slots move them.
+// were cut short. Every rank does the storage I/O of the pages it owns (sequence page i is
+// CP rank i mod C's and lives in its slab), with its own storage handle: no rank carries
+// its group's bytes. Every rank keeps the same queues, and only agreed vector slots move
+// them: a rank reports how far a job's leading pages are done as far as its own pages go
+// (the position of its first own page not done, see vouched), and the MIN over the group is
+// the prefix every rank vouches for.
 
 // StorageKind is the kind of a storage job.
 type StorageKind int
@@ -31,41 +35,43 @@ func (k StorageKind) String() string {
 // l3Slots is how many queries (and reads) the vector answers per step.
 const l3Slots = 4
 
-// StorageJob is storage work the I/O rank's driver runs in the background; its result is
-// reported back as a StorageDone.
+// StorageJob is this rank's share of storage work: the pages of a backup, query or read that
+// this rank owns, in sequence order. Its driver runs it in the background and reports the
+// result as a StorageDone counting these pages only; a rank that owns none of a job's pages
+// gets no job (the core counts its share done at once).
 type StorageJob struct {
 	Kind   StorageKind
 	Seq    uint64
 	Node   uint64       // put: node id (messages)
-	Hashes []uint64     // chained page hashes (storage keys)
-	Pages  []alloc.Page // put: L2 sources; read: reserved L2 destinations
+	Hashes []uint64     // chained page hashes of this rank's pages (storage keys)
+	Pages  []alloc.Page // put: L2 sources; read: reserved L2 destinations (all in this rank's slab)
 }
 
 // putOp is a backup to storage in flight: the node's L2 pages are pinned (not evictable)
-// until the group agreed every I/O rank finished.
+// until the group agreed every rank stored its part.
 type putOp struct {
 	seq   uint64
 	node  *Node
 	pages int // the node's pages when the backup started (a split may shorten the node)
-	// local (I/O rank)
+	// local: this rank's part is written (err: it failed)
 	done bool
 	err  error
 }
 
-// queryOp asks the I/O ranks how much of a continuation is stored.
+// queryOp asks every rank how much of a continuation it holds of its own pages.
 type queryOp struct {
 	seq     uint64
 	tokens  []int32 // the sequence up to the continuation's end
 	start   int     // first continuation page (sequence page index)
 	hashes  []uint64
 	revoked bool
-	// local (I/O rank)
+	// local: this rank's answer (hits: its leading own pages stored)
 	answered bool
 	hits     int
 }
 
-// readOp is a prefetch in flight: pages reserved in L2 (range rid, not a node), the I/O
-// ranks reading stored pages into them.
+// readOp is a prefetch in flight: pages reserved in L2 (range rid, not a node), every rank
+// reading its own stored pages into them.
 type readOp struct {
 	seq     uint64
 	id      uint64 // the prefetch id (its query's id)
@@ -77,20 +83,20 @@ type readOp struct {
 	revoked bool
 	stored  int             // leading pages the group agreed are stored (≥ len(pages))
 	clamp   PrefetchRefusal // RefusedQuota when the quota left fewer than stored
-	// local (I/O rank)
+	// local: this rank's read of its own pages (progress: its leading own pages verified)
 	done     bool
 	progress int
 	err      error
 	wantCut  bool
 }
 
-// releaseOp is the unused part of a cut read: freed once every I/O rank's read stopped.
+// releaseOp is the unused part of a cut read: freed once every rank's read stopped.
 type releaseOp struct {
 	seq     uint64
 	rid     alloc.RangeID
 	pages   int
 	readSeq uint64
-	acked   bool // local (I/O rank): the read's I/O has stopped
+	acked   bool // local: this rank's read I/O has stopped
 }
 
 // l3State is the core's L3 state. Queues and seqs are replicated; the fields marked local
@@ -105,20 +111,20 @@ type l3State struct {
 	readSeq    uint64
 	releaseSeq uint64
 	reserved   int          // L2 pages held by reads and releases
-	jobs       []StorageJob // to start (I/O rank only)
-	stops      []uint64     // read seqs whose I/O must stop (I/O rank only)
+	jobs       []StorageJob // this rank's shares of storage work, to start
+	stops      []uint64     // read seqs whose I/O on this rank must stop
 	// outcomes of finished prefetches by id, the oldest first in outcomeIDs (at most
 	// maxOutcomes; see Core.PrefetchOutcome)
 	outcomes   map[uint64]PrefetchOutcome
 	outcomeIDs []uint64
-	// circuitOpen: the group agreed that an I/O rank's storage circuit breaker is open: no
+	// circuitOpen: the group agreed that some rank's storage circuit breaker is open: no
 	// prefetch or backup to storage is queued until it agrees the circuit closed again.
 	circuitOpen bool
-	localOpen   bool // local (I/O rank): this rank's breaker is open (StorageCircuit)
-	// readRate: the read bandwidth of the slowest I/O rank (bytes/s) the group agreed, 0
+	localOpen   bool // local: this rank's breaker is open (StorageCircuit)
+	// readRate: the read bandwidth of the slowest rank (bytes/s) the group agreed, 0
 	// before any measurement; costSkips: prefetches the cost rule skipped (PrefetchCost).
 	readRate, costSkips int64
-	localRate           int64 // local (I/O rank): this rank's measured read bandwidth (StorageReadRate)
+	localRate           int64 // local: this rank's measured read bandwidth (StorageReadRate)
 }
 
 func (l *l3State) pending() int {
@@ -126,9 +132,9 @@ func (l *l3State) pending() int {
 }
 
 // StorageCircuit records whether this rank's storage circuit breaker is open (the driver
-// calls it once per step, before Ready with a vector). Only an I/O rank's breaker counts: it
-// contributes to the next vector, and the group opens or closes the circuit at the step it
-// agrees. Local.
+// calls it once per step, before Ready with a vector). It contributes to the next vector:
+// the group opens the circuit at the step it agrees any rank's breaker is open, and closes
+// it at the step every rank's is closed again. Local.
 func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
 
 // StorageReadRate records the read bandwidth this rank measured (bytes/s of its completed
@@ -138,7 +144,7 @@ func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
 // reads. Local.
 func (c *Core) StorageReadRate(bytesPerSec int64) { c.l3.localRate = bytesPerSec }
 
-// StorageReadRateAgreed is the read bandwidth (bytes/s) of the slowest I/O rank the group
+// StorageReadRateAgreed is the read bandwidth (bytes/s) of the slowest rank the group
 // agreed at the last step (0: none measured). Replicated.
 func (c *Core) StorageReadRateAgreed() int64 { return c.l3.readRate }
 
@@ -159,9 +165,48 @@ func (c *Core) l3Backup(n *Node) {
 	n.l3Own++
 	c.mark(n)
 	c.pinL3(n, 1)
-	if c.io {
-		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StoragePut, Seq: op.seq, Node: n.id, Hashes: slices.Clone(n.hashes), Pages: slices.Clone(n.l2)})
+	var hashes []uint64
+	var pages []alloc.Page
+	for i, p := range n.l2 {
+		if p.Slab == c.cfg.CPRank {
+			hashes, pages = append(hashes, n.hashes[i]), append(pages, p)
+		}
 	}
+	if len(pages) == 0 {
+		op.done = true // none of the node's pages is this rank's
+		return
+	}
+	c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StoragePut, Seq: op.seq, Node: n.id, Hashes: hashes, Pages: pages})
+}
+
+// firstOwned is the first position j of a job whose pages start at sequence page start that
+// this rank owns: sequence page start+j is CP rank (start+j) mod C's, so this rank's are j,
+// j+C, j+2C, ...
+func (c *Core) firstOwned(start int) int {
+	C := c.cfg.Slabs
+	return ((c.cfg.CPRank-start)%C + C) % C
+}
+
+// ownShare is this rank's share of a job over sequence pages start, start+1, ...: its hashes
+// and, with pages, its pages.
+func (c *Core) ownShare(start int, hashes []uint64, pages []alloc.Page) ([]uint64, []alloc.Page) {
+	var hs []uint64
+	var ps []alloc.Page
+	for j := c.firstOwned(start); j < len(hashes); j += c.cfg.Slabs {
+		hs = append(hs, hashes[j])
+		if pages != nil {
+			ps = append(ps, pages[j])
+		}
+	}
+	return hs, ps
+}
+
+// vouched is how many leading pages of a k-page job from sequence page start this rank
+// vouches for once the first m of its own pages are done: every page before its next own
+// one (the pages between are other ranks' to vouch for), or all k when it has none left.
+// The MIN over the group is the prefix every rank has done.
+func (c *Core) vouched(start, k, m int) int {
+	return min(k, c.firstOwned(start)+m*c.cfg.Slabs)
 }
 
 // pinL3 adds d to the storage pins of n and its ancestors: a pinned node is not evicted
@@ -215,24 +260,25 @@ func (c *Core) l3Progress(seq uint64, n int, cut bool) {
 	}
 }
 
-// l3Vector fills this rank's L3 slots. Ranks without storage I/O contribute the neutral
-// value of each slot (MIN leaves the I/O ranks' values).
+// l3Vector fills this rank's L3 slots: every rank reports its own pages' part (query
+// answers and read progress as the prefix it vouches for). Without L3 every slot holds its
+// neutral value.
 func (c *Core) l3Vector(v []int64) {
 	v[vL3PutDone], v[vL3PutFail] = int64(c.l3.putSeq), math.MaxInt64
 	v[vL3ReleaseAck] = int64(c.l3.releaseSeq)
 	v[vL3Circuit] = 0
-	if c.io && c.l3.localOpen {
+	if c.cfg.L3 && c.l3.localOpen {
 		v[vL3Circuit] = -1
 	}
 	v[vL3ReadRate] = math.MaxInt64
-	if c.l3.localRate > 0 { // a rank that read from storage (an I/O rank)
+	if c.l3.localRate > 0 { // a rank that has read from storage
 		v[vL3ReadRate] = c.l3.localRate
 	}
 	for i := range l3Slots {
 		v[vL3QueryAns+i] = math.MaxInt64
 		v[vL3ReadDone+i], v[vL3ReadPages+i], v[vL3ReadCut+i] = 1, math.MaxInt64, 0
 	}
-	if !c.io {
+	if !c.cfg.L3 {
 		return
 	}
 	for _, op := range c.l3.puts {
@@ -254,7 +300,7 @@ func (c *Core) l3Vector(v []int64) {
 		if q := c.l3.queries[i]; q.revoked {
 			v[vL3QueryAns+i] = 0 // nobody waits for it: a miss, whatever storage says
 		} else if q.answered {
-			v[vL3QueryAns+i] = int64(q.hits)
+			v[vL3QueryAns+i] = int64(c.vouched(q.start, len(q.hashes), q.hits))
 		} else {
 			v[vL3QueryAns+i] = -1
 		}
@@ -265,7 +311,7 @@ func (c *Core) l3Vector(v []int64) {
 		if r.done {
 			v[vL3ReadDone+i] = 1
 		}
-		v[vL3ReadPages+i] = int64(r.progress)
+		v[vL3ReadPages+i] = int64(c.vouched(r.start, len(r.pages), r.progress))
 		if r.wantCut {
 			v[vL3ReadCut+i] = -1
 		}

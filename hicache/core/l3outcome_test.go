@@ -17,10 +17,16 @@ func TestPrefetchOutcome(t *testing.T) {
 		cores[i] = c
 	}
 	r := &coreRig{cores: cores}
-	step := func(done Done) {
+	// Every rank finishes the storage jobs it was handed: all of its pages stored and read.
+	step := func() {
 		t.Helper()
-		cores[0].Ready(nil)
-		cores[0].Report(done)
+		for _, c := range cores {
+			var done Done
+			for _, j := range c.Ready(nil).Jobs {
+				done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
+			}
+			c.Report(done)
+		}
 		for i, err := range r.stepAll() {
 			if err != nil {
 				t.Fatalf("rank %d: %v", i, err)
@@ -52,8 +58,8 @@ func TestPrefetchOutcome(t *testing.T) {
 	}
 	// Storage holds all 4 pages of both: the first read reserves 4 of the 6 quota pages,
 	// the second gets the 2 left.
-	step(Done{Storage: []StorageDone{{Kind: StorageQuery, Seq: ids[0] - 1, Pages: 4}, {Kind: StorageQuery, Seq: ids[1] - 1, Pages: 4}}})
-	step(Done{Storage: []StorageDone{{Kind: StorageRead, Seq: 0, Pages: 4}, {Kind: StorageRead, Seq: 1, Pages: 2}}})
+	step() // the queries are answered
+	step() // the reads are done
 	want := []PrefetchOutcome{{Stored: 4, Inserted: 4}, {Stored: 4, Inserted: 2, Refused: RefusedQuota}}
 	for i, c := range cores {
 		for k, id := range ids {

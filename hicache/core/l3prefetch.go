@@ -16,7 +16,7 @@ type PrefetchResult struct {
 	// ID names the prefetch for PrefetchPending and RevokePrefetch; 0 when nothing started.
 	ID uint64
 	// Start is the first sequence page asked for (the pages before it are in the tree);
-	// Pages is how many pages the I/O ranks are asked about.
+	// Pages is how many pages storage is asked about (each rank for the ones it owns).
 	Start, Pages int
 	// CostSkipped: nothing started because reading the continuation's Pages pages, even
 	// all stored and at the full bandwidth of every I/O rank, is slower than computing them
@@ -46,7 +46,7 @@ const (
 	// RefusedCut: the read was cut by a rank's PrefetchTimeout timer.
 	RefusedCut
 	// RefusedShort: the read ended with fewer pages than were stored (a storage error, or a
-	// page rejected on some I/O rank).
+	// page rejected, on the rank that owns it).
 	RefusedShort
 	// RefusedBelowMin: fewer pages were stored, or left by the quota, than MinPrefetchPages.
 	RefusedBelowMin
@@ -75,7 +75,8 @@ func (r PrefetchRefusal) Transient() bool {
 
 // PrefetchOutcome is how a finished prefetch ended (Core.PrefetchOutcome).
 type PrefetchOutcome struct {
-	// Stored is how many leading pages of the continuation the I/O ranks agreed are stored.
+	// Stored is how many leading pages of the continuation every rank found stored (each
+	// checks its own pages).
 	Stored int
 	// Inserted is how many of them became an L2-only node (Inserted <= Stored).
 	Inserted int
@@ -113,11 +114,12 @@ func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
 	return o, ok
 }
 
-// Prefetch asks storage for the continuation of tokens beyond what the tree holds: the
-// I/O ranks query it in the background; once the group agreed how many leading pages are
-// stored (at least MinPrefetchPages), it reserves L2 pages for them and the I/O ranks read
-// them in; when the policy says the read is over, every rank inserts the agreed number of
-// pages (the least any I/O rank completed) as an L2-only node, which a later Match reports
+// Prefetch asks storage for the continuation of tokens beyond what the tree holds: every
+// rank queries its own pages in the background; once the group agreed how many leading
+// pages are stored (the longest prefix every rank holds, at least MinPrefetchPages), it
+// reserves L2 pages for them and every rank reads its own into its slab; when the policy
+// says the read is over, every rank inserts the agreed number of pages (the longest prefix
+// every rank verified) as an L2-only node, which a later Match reports
 // as host pages. Nothing starts without L3, in quarantine, while the storage circuit is
 // open, or when the continuation is shorter than MinPrefetchPages, and (without
 // MeasuredReads) when the cost rule says no prefix of it can pay off (CostSkipped).
@@ -143,8 +145,10 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	q := &queryOp{seq: c.l3.querySeq, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
 	c.l3.querySeq++
 	c.l3.queries = append(c.l3.queries, q)
-	if c.io {
-		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageQuery, Seq: q.seq, Hashes: hashes})
+	if own, _ := c.ownShare(have, hashes, nil); len(own) > 0 {
+		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageQuery, Seq: q.seq, Hashes: own})
+	} else {
+		q.answered = true // none of the pages is this rank's: it vouches for all
 	}
 	c.stats.L3Queries++
 	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
@@ -197,7 +201,7 @@ func (c *Core) PrefetchPending(id uint64) bool {
 
 // RevokePrefetch tells the group that the scheduler no longer waits for prefetch id: a
 // query not yet answered reserves nothing; a read stops at the next step (except under
-// PrefetchWaitComplete) and what every I/O rank completed is inserted. Unknown or finished
+// PrefetchWaitComplete) and the prefix every rank completed is inserted. Unknown or finished
 // ids are ignored. Replicated.
 func (c *Core) RevokePrefetch(id uint64) {
 	for _, q := range c.l3.queries {
@@ -298,8 +302,10 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	c.l3.readSeq++
 	c.l3.reads = append(c.l3.reads, r)
 	c.l3.reserved += hits
-	if c.io {
-		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: r.hashes, Pages: slices.Clone(pages)})
+	if hs, ps := c.ownShare(r.start, r.hashes, pages); len(ps) > 0 {
+		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: hs, Pages: ps})
+	} else {
+		r.done = true // none of the pages is this rank's: it vouches for all
 	}
 }
 
@@ -326,9 +332,9 @@ func (c *Core) prefetchPays(start, pages int) bool {
 	return false
 }
 
-// finishRead applies an agreed end of a read: its first m pages (complete on every I/O
-// rank) become an L2-only node under the prefix, if the prefix is still in the tree; the
-// rest of the range is released now when every I/O rank's read stopped (stopped), else
+// finishRead applies an agreed end of a read: its first m pages (each verified by its
+// owner) become an L2-only node under the prefix, if the prefix is still in the tree; the
+// rest of the range is released now when every rank's read stopped (stopped), else
 // queued until they acknowledge. cut is why a read that did not stop was ended (the
 // outcome's refusal when it inserted fewer pages than were stored).
 func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
@@ -383,7 +389,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 	}
 	c.l3.releases = append(c.l3.releases, &releaseOp{seq: c.l3.releaseSeq, rid: r.rid, pages: restPages, readSeq: r.seq, acked: r.done})
 	c.l3.releaseSeq++
-	if c.io && !r.done {
+	if !r.done {
 		c.l3.stops = append(c.l3.stops, r.seq)
 	}
 }

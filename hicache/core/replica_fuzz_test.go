@@ -14,7 +14,8 @@ import (
 
 // replicaSim drives N replicas of one slab group through random scheduler calls, with
 // random but agreed consensus steps: every rank finishes its transfers at its own pace (and
-// sometimes fails them), and the I/O rank runs storage jobs against an in-memory store. Data
+// sometimes fails them), and every rank runs its share of the storage jobs (the pages it
+// owns) against its slab group's in-memory store, at its own pace. Data
 // moves only when a transfer or storage job completes, so a page freed or reused while some
 // rank still had I/O in flight on it shows up as wrong bytes in L1, L2 or storage.
 type replicaSim struct {
@@ -28,7 +29,7 @@ type replicaSim struct {
 	pb    int
 
 	pending [][]Transfer        // per rank: transfers started, not finished
-	jobs    [][]*simJob         // per slab group: its I/O rank's storage jobs in flight
+	jobs    [][]*simJob         // per rank: its storage jobs in flight
 	store   []map[uint64][]byte // per slab group (its shard): page hash -> payload
 	index   map[uint64]int      // page hash -> sequence page index
 	locked  [][]*Node           // per lock: each rank's node
@@ -75,7 +76,6 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 	for range groups {
 		s.slabs = append(s.slabs, kvtest.NewMemSlabs(make([]int, n), cfg.PagesPerSlab, s.pb))
 		s.store = append(s.store, map[uint64][]byte{})
-		s.jobs = append(s.jobs, nil)
 	}
 	for i := range n * groups {
 		c := cfg
@@ -87,6 +87,7 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 		s.cores = append(s.cores, core)
 		s.l1 = append(s.l1, make([]byte, opts.L1Pages*s.pb))
 		s.pending = append(s.pending, nil)
+		s.jobs = append(s.jobs, nil)
 	}
 	s.cfg = s.cores[0].Config()
 	s.fail = []float64{0, 0.02, 0.1}[rng.IntN(3)]
@@ -103,7 +104,14 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 			hs := PrefixHashes(q, s.cfg.PageSize)
 			hs = hs[:rng.IntN(len(hs)+1)]
 			for g := range groups {
+				hole := -1 // a page lost from the middle: its owner's share ends there
+				if rng.IntN(3) == 0 {
+					hole = rng.IntN(len(hs) + 1)
+				}
 				for i, h := range hs[:len(hs)-rng.IntN(2)*rng.IntN(len(hs)+1)] {
+					if i == hole {
+						continue
+					}
 					b := make([]byte, s.pb)
 					kvtest.FillKV(b, h, i, g)
 					s.store[g][h] = b
@@ -161,18 +169,25 @@ func (s *replicaSim) take(i int, rd Ready) {
 		s.fatalf("rank %d starts I/O in quarantine: %+v", i, rd)
 	}
 	s.pending[i] = append(s.pending[i], rd.Transfers...)
-	g := s.group(i)
-	if s.cp(i) != 0 || !s.cfg.L3 {
-		if len(rd.Jobs)+len(rd.Stops) > 0 {
-			s.fatalf("rank %d is no I/O rank but got jobs %+v stops %v", i, rd.Jobs, rd.Stops)
-		}
-		return
+	if !s.cfg.L3 && len(rd.Jobs)+len(rd.Stops) > 0 {
+		s.fatalf("rank %d got storage jobs %+v stops %v without L3", i, rd.Jobs, rd.Stops)
 	}
 	for _, j := range rd.Jobs {
-		s.jobs[g] = append(s.jobs[g], &simJob{StorageJob: j})
+		if len(j.Hashes) == 0 || j.Kind != StorageQuery && len(j.Pages) != len(j.Hashes) {
+			s.fatalf("rank %d got storage %s %d with %d hashes and %d pages", i, j.Kind, j.Seq, len(j.Hashes), len(j.Pages))
+		}
+		for k, p := range j.Pages {
+			if p.Slab != s.cp(i) {
+				s.fatalf("rank %d got storage %s %d of page %v in another rank's slab", i, j.Kind, j.Seq, p)
+			}
+			if idx := s.index[j.Hashes[k]]; idx%s.C != s.cp(i) {
+				s.fatalf("rank %d got storage %s %d of sequence page %d, which CP rank %d owns", i, j.Kind, j.Seq, idx, idx%s.C)
+			}
+		}
+		s.jobs[i] = append(s.jobs[i], &simJob{StorageJob: j})
 	}
 	for _, seq := range rd.Stops {
-		for _, j := range s.jobs[g] {
+		for _, j := range s.jobs[i] {
 			if j.Kind == StorageRead && j.Seq == seq {
 				j.stopped = true
 			}
@@ -214,22 +229,23 @@ func (s *replicaSim) local() {
 			done.Transfers = append(done.Transfers, TransferDone{Kind: tr.Kind, Seq: tr.Seq, Err: s.runTransfer(i, tr)})
 		}
 		s.pending[i] = keep
-		if s.cp(i) == 0 && s.cfg.L3 {
-			done.Storage, done.Progress = s.storage(s.group(i))
-			c.StorageCircuit(s.rng.IntN(20) == 0)
+		if s.cfg.L3 {
+			done.Storage, done.Progress = s.storage(i)
+			c.StorageCircuit(s.rng.IntN(20*len(s.cores)) == 0)
 		}
 		c.Report(done)
 	}
 }
 
-// storage advances the storage jobs of slab group g's I/O rank.
-func (s *replicaSim) storage(g int) ([]StorageDone, []StorageProgress) {
+// storage advances the storage jobs of a rank against its slab group's store.
+func (s *replicaSim) storage(rank int) ([]StorageDone, []StorageProgress) {
 	var dones []StorageDone
 	var progress []StorageProgress
-	io := s.cores[g*s.C]
+	io := s.cores[rank]
+	g := s.group(rank)
 	store := s.store[g]
-	keep := s.jobs[g][:0]
-	for _, j := range s.jobs[g] {
+	keep := s.jobs[rank][:0]
+	for _, j := range s.jobs[rank] {
 		if s.rng.IntN(3) == 0 {
 			keep = append(keep, j)
 			continue
@@ -283,7 +299,7 @@ func (s *replicaSim) storage(g int) ([]StorageDone, []StorageProgress) {
 			continue
 		}
 	}
-	s.jobs[g] = keep
+	s.jobs[rank] = keep
 	return dones, progress
 }
 
@@ -345,8 +361,8 @@ func (s *replicaSim) drain() {
 	for i := range s.pending {
 		s.pending[i] = nil
 	}
-	for g := range s.jobs {
-		s.jobs[g] = nil
+	for i := range s.jobs {
+		s.jobs[i] = nil
 	}
 	s.collect()
 }
@@ -489,7 +505,7 @@ func (s *replicaSim) recount(rank int, c *Core) {
 			}
 		}
 	}
-	for _, j := range s.jobs[s.group(rank)] {
+	for _, j := range s.jobs[rank] {
 		if j.Kind == StoragePut || j.Kind == StorageRead && j.progress < len(j.Pages) {
 			for _, p := range j.Pages[min(j.progress, len(j.Pages)):] {
 				if free, _ := a.IsFree(p); free && j.Kind == StorageRead {
@@ -734,13 +750,13 @@ func (s *replicaSim) flush() {
 			s.fatalf("rank %d: the group is idle but transfers %+v are in flight", i, s.pending[i])
 		}
 	}
-	for g := range s.jobs {
-		for _, j := range s.jobs[g] {
+	for i := range s.jobs {
+		for _, j := range s.jobs[i] {
 			if j.Kind != StorageQuery {
-				s.fatalf("the group is idle but storage %s %d of slab group %d is in flight", j.Kind, j.Seq, g)
+				s.fatalf("the group is idle but storage %s %d of rank %d is in flight", j.Kind, j.Seq, i)
 			}
 		}
-		s.jobs[g] = nil
+		s.jobs[i] = nil
 	}
 	if err := s.each("reset", func(_ int, c *Core) error { return c.Reset() }); err != nil {
 		s.fatalf("reset of an idle group: %v", err)

@@ -25,15 +25,16 @@ const (
 	vEvictL1Neg        // -(L1 pages this rank asks to evict): MIN gives -max
 	vEvictL2Neg        // -(L2 pages this rank asks to evict)
 	vIdle              // 1 if this rank is idle (nothing in flight, no lock), else 0: MIN says all are
-	// L3 (storage). Ranks that are not I/O ranks contribute neutral values.
-	vL3PutDone                             // seq of the I/O rank's first unfinished backup to storage
+	// L3 (storage): every rank reports its share (the pages it owns); without L3 the slots
+	// hold neutral values.
+	vL3PutDone                             // seq of this rank's first unfinished backup to storage
 	vL3PutFail                             // seq of its first failed one among those, or MaxInt64
 	vL3ReleaseAck                          // seq of its first release whose read I/O has not stopped
-	vL3Circuit                             // -1 if the I/O rank's storage circuit breaker is open, else 0
-	vL3ReadRate                            // the I/O rank's measured read bandwidth, bytes/s (MaxInt64: none): MIN is the slowest
-	vL3QueryAns                            // l3Slots slots: stored pages of query i, -1 if unanswered
-	vL3ReadDone   = vL3QueryAns + l3Slots  // l3Slots slots: 1 if read i finished, else 0
-	vL3ReadPages  = vL3ReadDone + l3Slots  // l3Slots slots: pages read i completed so far
+	vL3Circuit                             // -1 if this rank's storage circuit breaker is open, else 0
+	vL3ReadRate                            // this rank's measured read bandwidth, bytes/s (MaxInt64: none): MIN is the slowest
+	vL3QueryAns                            // l3Slots slots: leading pages of query i this rank vouches for, -1 if unanswered
+	vL3ReadDone   = vL3QueryAns + l3Slots  // l3Slots slots: 1 if this rank's part of read i finished, else 0
+	vL3ReadPages  = vL3ReadDone + l3Slots  // l3Slots slots: leading pages of read i this rank vouches for so far
 	vL3ReadCut    = vL3ReadPages + l3Slots // l3Slots slots: -1 if this rank's timer cuts read i
 	VectorLen     = vL3ReadCut + l3Slots   // the vector's length
 )

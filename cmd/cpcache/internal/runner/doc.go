@@ -100,7 +100,8 @@
 // scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
 // makes its one consensus step). Prompt tokens served from prefetched pages are counted as
 // storage hits (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and
-// backed up (per replica, from its leader) and the storage errors of the I/O ranks.
+// backed up (per replica, from its leader), and the storage errors and pages read and
+// written summed over ranks (each rank does the storage I/O of the pages it owns).
 //
 // A bad page does not stop the run: it is counted, named (request and page) and makes
 // RunRank return an error wrapping ErrIntegrity after the report. A placement divergence

@@ -53,10 +53,12 @@ type rankResult struct {
 	DigestMismatches int64          `json:"digest_mismatches"`
 	L3Prefetched     int64          `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
 	L3BackedUp       int64          `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
-	StorageErrors    int64          `json:"storage_errors"`               // this rank's (I/O ranks only)
+	StorageErrors    int64          `json:"storage_errors"`               // this rank's calls (each rank does its own pages' storage I/O)
+	StorageRead      int64          `json:"storage_pages_read"`           // pages this rank read from storage (its own, verified)
+	StorageWritten   int64          `json:"storage_pages_written"`        // pages this rank wrote to storage (its own)
 	StorageRejected  int64          `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
 	StorageForged    int64          `json:"storage_forged"`               // of them, failing authentication
-	CircuitOpenSecs  float64        `json:"storage_circuit_open_seconds"` // this rank's breaker (I/O ranks only)
+	CircuitOpenSecs  float64        `json:"storage_circuit_open_seconds"` // this rank's breaker
 	StorageAbandoned int64          `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
 	Divergences      int64          `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64          `json:"recoveries"`
@@ -142,7 +144,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if engine != nil {
 		defer func() { err = errors.Join(err, engine.Close()) }()
 	}
-	// Every rank opens its own handle on the storage (the cache uses it on the I/O ranks);
+	// Every rank opens its own handle on the storage (the cache reads and writes this rank's
+	// pages through it);
 	// it is closed after the cache (defers run in reverse).
 	st, ns, openErr := p.openStorage(ctx)
 	if st != nil {
@@ -226,8 +229,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
-		CircuitOpenSecs: cst.StorageCircuitOpenSeconds,
-		Divergences:     cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
+		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
+		Divergences: cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
 		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
 		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
 	}
@@ -331,6 +334,8 @@ func buildReport(p *Plan, results []rankResult) *Report {
 		r.PagesVerified += x.Local.PagesVerified
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
+		r.StoragePagesRead += x.StorageRead
+		r.StoragePagesWritten += x.StorageWritten
 		r.StorageRejected += x.StorageRejected
 		r.StorageForged += x.StorageForged
 		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)

@@ -48,7 +48,8 @@ type Report struct {
 
 	// L3 storage (with --storage): its URL, prompt tokens served from pages prefetched from
 	// it (TokensHitL3), pages the replicas inserted from it and backed up to it (agreed
-	// counts, summed over replicas), and failed storage calls (summed over I/O ranks; each
+	// counts, summed over replicas), and failed storage calls (summed over ranks: each rank
+	// reads and writes the pages it owns with its own handle; each
 	// a miss or a skipped backup), stored values that failed verification (each a miss,
 	// deleted so that the next backup replaces it) and, of them, those that failed
 	// authentication (forged, replayed under another key, or written with another MAC key).
@@ -59,7 +60,11 @@ type Report struct {
 	StorageErrors   int64  `json:"storage_errors"`
 	StorageRejected int64  `json:"storage_rejected"`
 	StorageForged   int64  `json:"storage_forged"`
-	PrefetchSteps   int64  `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
+	// StoragePagesRead and StoragePagesWritten: pages read from and written to storage,
+	// summed over ranks (each rank's own pages; a CP group's traffic is spread over its ranks).
+	StoragePagesRead    int64 `json:"storage_pages_read"`
+	StoragePagesWritten int64 `json:"storage_pages_written"`
+	PrefetchSteps       int64 `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
 	// With prefetches overlapping decode (summed over replicas; see replicaCounts):
 	// prefetches asked again after the cache refused stored pages for want of room or quota
 	// (or a changed tree, a duplicate read) or after they were lost before the prefill,
@@ -72,7 +77,7 @@ type Report struct {
 	// PrefetchCostSkippedPages: stored pages not read because the cost model computes them
 	// faster than storage reads them (agreed, summed over replicas; see Latency.BreakEven).
 	PrefetchCostSkippedPages int64 `json:"prefetch_cost_skipped_pages"`
-	// StorageCircuitOpenSeconds: the longest time any I/O rank's storage circuit breaker
+	// StorageCircuitOpenSeconds: the longest time any rank's storage circuit breaker
 	// was open (storage unanswered; the group served from L1 and L2 meanwhile).
 	StorageCircuitOpenSeconds float64 `json:"storage_circuit_open_seconds"`
 	// StorageAbandoned: storage operations (summed over ranks) whose call stopped waiting at
@@ -124,6 +129,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
+		fmt.Fprintf(w, "  storage I/O          %d pages read, %d written (summed over ranks, each its own pages)\n", r.StoragePagesRead, r.StoragePagesWritten)
 		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut, %d skipped for cost\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages, r.PrefetchCostSkippedPages)
 		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
 	}
