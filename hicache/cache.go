@@ -334,26 +334,36 @@ func (c *Cache) reportLocked() {
 	c.core.Report(*d)
 }
 
-// Match returns the longest cached prefix of tokens. Replicated.
-func (c *Cache) Match(tokens []int32) (MatchResult, error) {
+// Match returns the longest cached prefix of tokens under the empty isolation key.
+// Replicated.
+func (c *Cache) Match(tokens []int32) (MatchResult, error) { return c.MatchKey("", tokens) }
+
+// MatchKey returns the longest prefix of tokens cached under isolation key key (see
+// "Isolation keys" in the package doc). Replicated.
+func (c *Cache) MatchKey(key string, tokens []int32) (MatchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return MatchResult{}, err
 	}
-	return c.core.Match(tokens), nil
+	return c.core.MatchKey(key, tokens), nil
 }
 
 // Insert caches tokens' whole pages (see Core.Insert); the caller then writes the KV of
 // the returned Fill pages it owns into their L1 slots, before the next Step: the backups the
-// write policy asks for start at the beginning of the next Step. Replicated.
-func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
+// write policy asks for start at the beginning of the next Step. The pages are cached
+// under the empty isolation key. Replicated.
+func (c *Cache) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
+
+// InsertKey is Insert under isolation key key: the pages match only a MatchKey with the
+// same key, and their L3 keys are the key's. Replicated.
+func (c *Cache) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return InsertResult{}, err
 	}
-	res, err := c.core.Insert(tokens)
+	res, err := c.core.InsertKey(key, tokens)
 	return res, err
 }
 
@@ -652,14 +662,18 @@ func (c *Cache) Close() error {
 // Prefetch asks L3 storage for the continuation of tokens beyond what the tree holds (see
 // Core.Prefetch): the group agrees how much is stored, reserves L2 pages, the I/O ranks read
 // them in, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
-// false, then Match reports them as host pages. Replicated.
-func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
+// false, then Match reports them as host pages. Under the empty isolation key. Replicated.
+func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) { return c.PrefetchKey("", tokens) }
+
+// PrefetchKey is Prefetch under isolation key key: it reads only pages stored under the
+// key, and inserts them under it. Replicated.
+func (c *Cache) PrefetchKey(key string, tokens []int32) (PrefetchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return PrefetchResult{}, err
 	}
-	res := c.core.Prefetch(tokens)
+	res := c.core.PrefetchKey(key, tokens)
 	return res, nil
 }
 
@@ -711,7 +725,12 @@ func (c *Cache) RevokePrefetch(id uint64) error {
 // included). Without L3, or when nothing was asked, it makes no Step. Replicated: every rank
 // makes the same Steps.
 func (c *Cache) PrefetchWait(ctx context.Context, tokens []int32) (PrefetchResult, error) {
-	res, err := c.Prefetch(tokens)
+	return c.PrefetchWaitKey(ctx, "", tokens)
+}
+
+// PrefetchWaitKey is PrefetchWait under isolation key key. Replicated.
+func (c *Cache) PrefetchWaitKey(ctx context.Context, key string, tokens []int32) (PrefetchResult, error) {
+	res, err := c.PrefetchKey(key, tokens)
 	if err != nil || res.ID == 0 {
 		return res, err
 	}

@@ -128,7 +128,7 @@ func (r *rig) prefetch(tokens []int32, revokeAt int) PrefetchResult {
 	r.t.Helper()
 	res := make([]PrefetchResult, len(r.caches))
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) {
-		res[i], err = c.Prefetch(tokens)
+		res[i], err = c.PrefetchKey(r.key, tokens)
 		return err
 	}); err != nil {
 		r.t.Fatal(err)
@@ -219,7 +219,7 @@ func (r *rig) storedPages(tokens []int32) int {
 		if !c.core.IORank() {
 			continue
 		}
-		k, err := c.l3.st.Exists(context.Background(), c.l3.keys(PrefixHashes(tokens, 4)), nil)
+		k, err := c.l3.st.Exists(context.Background(), c.l3.keys(KeyPrefixHashes(r.key, tokens, 4)), nil)
 		if err != nil {
 			r.t.Fatal(err)
 		}

@@ -55,6 +55,7 @@ type putOp struct {
 // queryOp asks the I/O ranks how much of a continuation is stored.
 type queryOp struct {
 	seq     uint64
+	key     string  // isolation key
 	tokens  []int32 // the sequence up to the continuation's end
 	start   int     // first continuation page (sequence page index)
 	hashes  []uint64
@@ -70,6 +71,7 @@ type readOp struct {
 	seq     uint64
 	id      uint64 // the prefetch id (its query's id)
 	rid     alloc.RangeID
+	key     string // isolation key
 	tokens  []int32
 	start   int
 	hashes  []uint64
