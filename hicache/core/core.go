@@ -59,6 +59,7 @@ type Core struct {
 	placeSalt uint64  // PerturbPlacement with L2 full
 	io        bool    // L3 on and this rank is its slab group's I/O rank (CP rank 0)
 	l3        l3State // L3 queues (see l3core.go)
+	ev        evState // KV events (local; see events.go)
 }
 
 // Stats are cumulative counters of one rank's core.
@@ -120,7 +121,11 @@ func (c *Core) resetTree() {
 
 // mark records that n's state changed: its term is recomputed at the next vector.
 func (c *Core) mark(n *Node) {
-	if n == nil || n.isRoot() || n.dirty {
+	if n == nil || n.isRoot() {
+		return
+	}
+	c.evMark(n)
+	if n.dirty {
 		return
 	}
 	n.dirty = true
@@ -451,6 +456,7 @@ func (c *Core) split(n *Node, at int) *Node {
 		id: c.nextID, gen: c.gen, parent: n.parent, key: n.key, depth: n.depth,
 		tokens: n.tokens[: at*P : at*P], hashes: n.hashes[:at:at],
 		stale: n.stale, lockRef: n.lockRef, l3Pins: n.l3Pins, hits: n.hits, children: []*Node{n},
+		pubL1: n.pubL1, pubL2: n.pubL2, // the head's pages were published with n's
 	}
 	c.nextID++
 	if n.l1 != nil {
@@ -517,6 +523,7 @@ func (c *Core) removeSubtree(n *Node) {
 	n.term = 0
 	c.nodes--
 	n.removed = true
+	c.evMark(n)
 	c.relist(n, false)
 	c.stats.DroppedNodes++
 }

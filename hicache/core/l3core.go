@@ -47,6 +47,7 @@ type putOp struct {
 	seq   uint64
 	node  *Node
 	pages int // the node's pages when the backup started (a split may shorten the node)
+	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local (I/O rank)
 	done bool
 	err  error
@@ -141,6 +142,9 @@ func (c *Core) l3Backup(n *Node) {
 		return
 	}
 	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
+	if c.ev.on {
+		op.ev = storedEvent(n, TierStorage)
+	}
 	c.l3.putSeq++
 	c.l3.puts = append(c.l3.puts, op)
 	n.l3Own++
@@ -271,6 +275,7 @@ func (c *Core) l3Apply(v []int64) {
 			break
 		}
 		c.stats.L3BackedUpPages += int64(op.pages)
+		c.evStorage(op.ev)
 	}
 	ack := uint64(v[vL3ReleaseAck])
 	for len(c.l3.releases) > 0 && c.l3.releases[0].seq < ack {

@@ -44,6 +44,10 @@ type Node struct {
 
 	term  uint64 // this node's current share of Core.stateSum (see stateTerm)
 	dirty bool   // in Core.dirty: term is recomputed at the next vector
+
+	// KV events (local bookkeeping, not replicated state: see events.go)
+	evDirty      bool // in Core.ev.nodes
+	pubL1, pubL2 bool // the last events reported the node's pages held in L1 / L2
 }
 
 // ID is the node's replicated id (also its L2 range id in the slab allocator).
