@@ -46,7 +46,7 @@ type StorageJob struct {
 type putOp struct {
 	seq   uint64
 	node  *Node
-	pages int // the node's pages when the backup started (a split may shorten the node)
+	pages int   // the node's pages when the backup started (a split may shorten the node)
 	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local (I/O rank)
 	done bool
