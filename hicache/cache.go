@@ -53,6 +53,9 @@ type Config struct {
 	L3 L3Options
 	// Faults injects failures on this rank (tests, rehearsals); nil injects nothing.
 	Faults *Faults
+	// Events turns on the KV event stream (Subscribe), published by the replica group's
+	// rank 0.
+	Events EventOptions
 }
 
 // Cache is one rank's hierarchical KV cache: the deterministic core (package core) plus the
@@ -76,6 +79,7 @@ type Cache struct {
 	timeout      time.Duration
 	maxSamples   int
 	l3           *l3Driver // nil without storage; runs jobs only on the I/O rank
+	events       *eventHub // nil unless this rank publishes KV events
 
 	mu       sync.Mutex // protects everything below
 	core     *core.Core
@@ -218,6 +222,16 @@ func build(cfg Config) (*Cache, error) {
 		c.engine, c.ownsEngine = he, true
 	}
 	c.l1mem, _ = c.engine.(L1Memory)
+	if cfg.Events.Enabled {
+		hub, err := newEventHub(cfg.Events, cfg.Layout.Coord(cfg.Rank).DP)
+		if err != nil {
+			return c, err
+		}
+		if cfg.Group.Rank() == 0 {
+			c.events = hub
+			cr.EnableEvents(true)
+		}
+	}
 	if ccfg.L3 {
 		hs, ok := cfg.Slabs.(HostSlabs)
 		if !ok {
@@ -496,6 +510,7 @@ func (c *Cache) Step(ctx context.Context) error {
 	if err := c.replicable(); err != nil {
 		return err
 	}
+	defer c.events.publish(c.core) // what the scheduler's calls and this step changed
 	c.reportLocked()
 	step := c.core.NextStep()
 	c.faults.beforeVector(c.core, step)
@@ -594,6 +609,7 @@ func (c *Cache) Flush(ctx context.Context) error {
 	if err := c.replicable(); err != nil {
 		return err
 	}
+	defer c.events.publish(c.core) // the reset's EventCleared
 	busy := c.core.Busy()
 	agree, what := c.group.Barrier, "barrier"
 	// In quarantine the collective is the group's MIN of "this rank is idle".
@@ -620,6 +636,9 @@ func (c *Cache) Flush(ctx context.Context) error {
 		return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
 	}
 	c.reportLocked()
+	if c.clearOnFlush && c.core.Idle() {
+		c.core.ForgetStorage() // the storage tier is cleared below
+	}
 	if err := c.core.Reset(); err != nil {
 		return err
 	}
@@ -653,6 +672,7 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	c.drainLocked()
+	c.events.closeSubs()
 	if c.ownsEngine {
 		return c.engine.Close()
 	}

@@ -46,6 +46,7 @@ type rigConfig struct {
 	ns     storage.Namespace
 	l3     L3Options
 	l3Hook func(rank int) func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
+	events EventOptions
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -92,7 +93,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		}
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
-			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail},
+			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail}, Events: rc.events,
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)

@@ -209,3 +209,25 @@ func (c *Core) TakeEvents(buf []Event) []Event {
 	c.ev.nodes = nodes[:0]
 	return buf
 }
+
+// TreePagesForTest returns the hashes of the pages the tree holds in L1 and in L2 (a full
+// walk: for tests that compare them with what the events rebuilt). Read-only.
+func (c *Core) TreePagesForTest() (l1, l2 map[uint64]bool) {
+	l1, l2 = map[uint64]bool{}, map[uint64]bool{}
+	var visit func(n *Node)
+	visit = func(n *Node) {
+		for _, ch := range n.children {
+			for _, h := range ch.hashes {
+				if ch.l1 != nil {
+					l1[h] = true
+				}
+				if ch.l2 != nil {
+					l2[h] = true
+				}
+			}
+			visit(ch)
+		}
+	}
+	visit(c.root)
+	return l1, l2
+}

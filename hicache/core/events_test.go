@@ -57,27 +57,6 @@ func (m *evModel) apply(events []Event, pageSize int) error {
 	return nil
 }
 
-// treePages is what c's tree holds in L1 and in L2.
-func treePages(c *Core) (l1, l2 map[uint64]bool) {
-	l1, l2 = map[uint64]bool{}, map[uint64]bool{}
-	var visit func(n *Node)
-	visit = func(n *Node) {
-		for _, ch := range n.children {
-			for _, h := range ch.hashes {
-				if ch.l1 != nil {
-					l1[h] = true
-				}
-				if ch.l2 != nil {
-					l2[h] = true
-				}
-			}
-			visit(ch)
-		}
-	}
-	visit(c.root)
-	return l1, l2
-}
-
 func samePages(a, b map[uint64]bool) bool {
 	return len(a) == len(b) && !slices.ContainsFunc(slices.Collect(maps.Keys(a)), func(h uint64) bool { return !b[h] })
 }
@@ -91,7 +70,7 @@ func (s *replicaSim) checkEvents() {
 	if err := s.ev.apply(c.TakeEvents(nil), s.cfg.PageSize); err != nil {
 		s.fatalf("events: %v", err)
 	}
-	l1, l2 := treePages(c)
+	l1, l2 := c.TreePagesForTest()
 	if !samePages(s.ev.tiers[TierDevice], l1) {
 		s.fatalf("events say %d device pages, the tree holds %d in L1", len(s.ev.tiers[TierDevice]), len(l1))
 	}
