@@ -218,3 +218,12 @@ func (h *eventHub) closeSubs() {
 	}
 	h.subs = nil
 }
+
+// HeldPages returns the hashes of the pages this replica holds in each tier (indexed by
+// Tier; storage: the backups the events announced), sorted: what a subscriber that applied
+// every batch so far has rebuilt. A full walk of the tree. Local.
+func (c *Cache) HeldPages() [3][]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.HeldPages()
+}

@@ -231,3 +231,24 @@ func (c *Core) TreePagesForTest() (l1, l2 map[uint64]bool) {
 	visit(c.root)
 	return l1, l2
 }
+
+// HeldPages returns the hashes of the pages the replica holds in each tier (indexed by
+// Tier), as the events have reported them: L1 and L2 from the tree, storage from the
+// backups the events announced (empty while events are off). A full walk: for snapshots
+// and checks, not for every step. Read-only.
+func (c *Core) HeldPages() [3][]uint64 {
+	var out [3][]uint64
+	l1, l2 := c.TreePagesForTest()
+	for i, set := range []map[uint64]bool{l1, l2} {
+		for h := range set {
+			out[i] = append(out[i], h)
+		}
+	}
+	for h := range c.ev.have {
+		out[TierStorage] = append(out[TierStorage], h)
+	}
+	for i := range out {
+		slices.Sort(out[i])
+	}
+	return out
+}
