@@ -71,7 +71,6 @@ type eventHub struct {
 	ring []EventBatch
 	head int // index in ring of the oldest batch once the ring is full
 	subs map[*subscription]struct{}
-	buf  []Event // reused by take
 }
 
 type subscription struct {
@@ -145,12 +144,11 @@ func (h *eventHub) since(seq uint64) ([]EventBatch, error) {
 
 // Subscribe returns a channel of this replica's event batches from seq fromSeq on: the ones
 // still in the replay ring first, then each new one as its Step applies, in Seq order. It
-// fails with ErrEventsGone when fromSeq is older than the ring (subscribe from
-// NextEventSeq then, after a fresh snapshot: the next batch starts with what the replica
-// holds only when EventCleared resets it, so a router starts from the ring's oldest batch
-// or from a Cleared). A subscription whose channel is full loses batches instead of slowing
-// a Step: Seq then jumps, and EventsSince replays the gap. cancel ends the subscription
-// and closes the channel; Close closes every channel. Local.
+// fails with ErrEventsGone when fromSeq is older than the ring; a router that starts late
+// takes HeldPages as its snapshot and subscribes from NextEventSeq. A subscription whose
+// channel is full loses batches instead of slowing a Step: Seq then jumps, and EventsSince
+// replays the gap. cancel ends the subscription and closes the channel; Close closes every
+// channel. Local.
 func (c *Cache) Subscribe(fromSeq uint64) (batches <-chan EventBatch, cancel func(), err error) {
 	h := c.events
 	if h == nil {
