@@ -208,6 +208,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := p.checkStorage(); err != nil {
 		return nil, err
 	}
+	if err := p.checkKVEvents(); err != nil {
+		return nil, err
+	}
 	if err := p.checkFaultRanks(); err != nil {
 		return nil, err
 	}

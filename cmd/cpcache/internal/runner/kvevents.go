@@ -16,6 +16,26 @@ import (
 // [...], "storage": [...]}, chained hashes): for tests that rebuild them from the events.
 const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
 
+// checkKVEvents refuses --kv-events-replay without --kv-events, and endpoints that cannot
+// be numbered for the last replica, before any rank starts.
+func (p *Plan) checkKVEvents() error {
+	c := &p.Config
+	if c.KVEvents == "" {
+		if c.KVEventsReplay != "" {
+			return bad("--kv-events-replay %s needs --kv-events", c.KVEventsReplay)
+		}
+		return nil
+	}
+	last := p.Layout.AttnDP - 1
+	if _, err := kvevents.OffsetEndpoint(c.KVEvents, last); err != nil {
+		return bad("--kv-events %q: %v", c.KVEvents, err)
+	}
+	if _, err := kvevents.OffsetEndpoint(c.KVEventsReplay, last); err != nil {
+		return bad("--kv-events-replay %q: %v", c.KVEventsReplay, err)
+	}
+	return nil
+}
+
 type kvPublisher struct {
 	pub  *kvevents.Publisher
 	dp   int
