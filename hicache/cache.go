@@ -54,6 +54,9 @@ type Config struct {
 	L3 L3Options
 	// Faults injects failures on this rank (tests, rehearsals); nil injects nothing.
 	Faults *Faults
+	// Events turns on the KV event stream (Subscribe), published by the replica group's
+	// rank 0.
+	Events EventOptions
 }
 
 // Cache is one rank's hierarchical KV cache: the deterministic core (package core) plus the
@@ -78,6 +81,7 @@ type Cache struct {
 	timeout      time.Duration
 	maxSamples   int
 	l3           *l3Driver // nil without storage; runs this rank's share of the storage jobs
+	events       *eventHub // nil unless this rank publishes KV events
 
 	mu       sync.Mutex // protects everything below
 	core     *core.Core
@@ -220,6 +224,16 @@ func build(cfg Config) (*Cache, error) {
 		c.engine, c.ownsEngine = he, true
 	}
 	c.l1mem, _ = c.engine.(L1Memory)
+	if cfg.Events.Enabled {
+		hub, err := newEventHub(cfg.Events, cfg.Layout.Coord(cfg.Rank).DP)
+		if err != nil {
+			return c, err
+		}
+		if cfg.Group.Rank() == 0 {
+			c.events = hub
+			cr.EnableEvents(true)
+		}
+	}
 	if ccfg.L3 {
 		hs, ok := cfg.Slabs.(HostSlabs)
 		if !ok {
@@ -337,26 +351,36 @@ func (c *Cache) reportLocked() {
 	c.core.Report(*d)
 }
 
-// Match returns the longest cached prefix of tokens. Replicated.
-func (c *Cache) Match(tokens []int32) (MatchResult, error) {
+// Match returns the longest cached prefix of tokens under the empty isolation key.
+// Replicated.
+func (c *Cache) Match(tokens []int32) (MatchResult, error) { return c.MatchKey("", tokens) }
+
+// MatchKey returns the longest prefix of tokens cached under isolation key key (see
+// "Isolation keys" in the package doc). Replicated.
+func (c *Cache) MatchKey(key string, tokens []int32) (MatchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return MatchResult{}, err
 	}
-	return c.core.Match(tokens), nil
+	return c.core.MatchKey(key, tokens), nil
 }
 
 // Insert caches tokens' whole pages (see Core.Insert); the caller then writes the KV of
 // the returned Fill pages it owns into their L1 slots, before the next Step: the backups the
-// write policy asks for start at the beginning of the next Step. Replicated.
-func (c *Cache) Insert(tokens []int32) (InsertResult, error) {
+// write policy asks for start at the beginning of the next Step. The pages are cached
+// under the empty isolation key. Replicated.
+func (c *Cache) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
+
+// InsertKey is Insert under isolation key key: the pages match only a MatchKey with the
+// same key, and their L3 keys are the key's. Replicated.
+func (c *Cache) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return InsertResult{}, err
 	}
-	res, err := c.core.Insert(tokens)
+	res, err := c.core.InsertKey(key, tokens)
 	return res, err
 }
 
@@ -489,6 +513,7 @@ func (c *Cache) Step(ctx context.Context) error {
 	if err := c.replicable(); err != nil {
 		return err
 	}
+	defer c.events.publish(c.core) // what the scheduler's calls and this step changed
 	c.reportLocked()
 	step := c.core.NextStep()
 	c.faults.beforeVector(c.core, step)
@@ -587,6 +612,7 @@ func (c *Cache) Flush(ctx context.Context) error {
 	if err := c.replicable(); err != nil {
 		return err
 	}
+	defer c.events.publish(c.core) // the reset's EventCleared
 	busy := c.core.Busy()
 	agree, what := c.group.Barrier, "barrier"
 	// In quarantine the collective is the group's MIN of "this rank is idle".
@@ -613,6 +639,9 @@ func (c *Cache) Flush(ctx context.Context) error {
 		return fmt.Errorf("%w: a rank of group %s is not idle (in quarantine the replicas differ); flush needs every rank idle", ErrBusy, c.group.Name())
 	}
 	c.reportLocked()
+	if c.clearOnFlush && c.core.Idle() {
+		c.core.ForgetStorage() // the storage tier is cleared below
+	}
 	if err := c.core.Reset(); err != nil {
 		return err
 	}
@@ -646,6 +675,7 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	c.drainLocked()
+	c.events.closeSubs()
 	if c.ownsEngine {
 		return c.engine.Close()
 	}
@@ -655,14 +685,18 @@ func (c *Cache) Close() error {
 // Prefetch asks L3 storage for the continuation of tokens beyond what the tree holds (see
 // Core.Prefetch): the group agrees how much is stored, reserves L2 pages, every rank reads
 // its own pages into its slab, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
-// false, then Match reports them as host pages. Replicated.
-func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) {
+// false, then Match reports them as host pages. Under the empty isolation key. Replicated.
+func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) { return c.PrefetchKey("", tokens) }
+
+// PrefetchKey is Prefetch under isolation key key: it reads only pages stored under the
+// key, and inserts them under it. Replicated.
+func (c *Cache) PrefetchKey(key string, tokens []int32) (PrefetchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return PrefetchResult{}, err
 	}
-	res := c.core.Prefetch(tokens)
+	res := c.core.PrefetchKey(key, tokens)
 	return res, nil
 }
 
@@ -675,11 +709,17 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 
 // PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because reading
 // the continuation is slower than computing it (L3Options.PrefetchCost; see
-// core.PrefetchResult.CostSkipped), starting nothing. Replicated.
+// core.PrefetchResult.CostSkipped), starting nothing. Under the empty isolation key.
+// Replicated.
 func (c *Cache) PrefetchSkipsForCost(tokens []int32) bool {
+	return c.PrefetchSkipsForCostKey("", tokens)
+}
+
+// PrefetchSkipsForCostKey is PrefetchSkipsForCost for PrefetchKey(key, tokens). Replicated.
+func (c *Cache) PrefetchSkipsForCostKey(key string, tokens []int32) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.core.PrefetchSkipsForCost(tokens)
+	return c.core.PrefetchSkipsForCost(key, tokens)
 }
 
 // PrefetchOutcome returns how prefetch id ended (see Core.PrefetchOutcome): how many pages
@@ -723,7 +763,12 @@ func (c *Cache) RevokePrefetch(id uint64) error {
 // included). Without L3, or when nothing was asked, it makes no Step. Replicated: every rank
 // makes the same Steps.
 func (c *Cache) PrefetchWait(ctx context.Context, tokens []int32) (PrefetchResult, error) {
-	res, err := c.Prefetch(tokens)
+	return c.PrefetchWaitKey(ctx, "", tokens)
+}
+
+// PrefetchWaitKey is PrefetchWait under isolation key key. Replicated.
+func (c *Cache) PrefetchWaitKey(ctx context.Context, key string, tokens []int32) (PrefetchResult, error) {
+	res, err := c.PrefetchKey(key, tokens)
 	if err != nil || res.ID == 0 {
 		return res, err
 	}

@@ -131,7 +131,7 @@ func (r *rig) prefetch(tokens []int32, revokeAt int) PrefetchResult {
 	r.t.Helper()
 	res := make([]PrefetchResult, len(r.caches))
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) {
-		res[i], err = c.Prefetch(tokens)
+		res[i], err = c.PrefetchKey(r.key, tokens)
 		return err
 	}); err != nil {
 		r.t.Fatal(err)
@@ -219,7 +219,7 @@ func (r *rig) sameStats() CoreStats {
 // page some rank lacks.
 func (r *rig) storedPages(tokens []int32) int {
 	r.t.Helper()
-	hashes := PrefixHashes(tokens, 4)
+	hashes := KeyPrefixHashes(r.key, tokens, 4)
 	n := len(hashes)
 	for _, c := range r.caches {
 		C := r.layout.AttnCP

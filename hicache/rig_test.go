@@ -27,6 +27,7 @@ type rig struct {
 	counted []*parallel.Counted
 	slabs   []*kvtest.MemSlabs // by rank
 	shards  []int              // tensor-parallel index of each rank (part of the KV content)
+	key     string             // isolation key of insert, matchLoad and prefetch ("" by default)
 }
 
 type rigConfig struct {
@@ -45,6 +46,7 @@ type rigConfig struct {
 	ns     storage.Namespace
 	l3     L3Options
 	l3Hook func(rank int) func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
+	events EventOptions
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -91,7 +93,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		}
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
-			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail},
+			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail}, Events: rc.events,
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)
@@ -161,7 +163,7 @@ func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
 	res := make([]InsertResult, len(r.caches))
 	err := r.same("insert", r.all(func(i int) error {
 		c := r.caches[i]
-		ir, err := c.Insert(tokens)
+		ir, err := c.InsertKey(r.key, tokens)
 		res[i] = ir
 		for _, f := range ir.Fill {
 			if c.Owns(f.Index) {
@@ -183,7 +185,7 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 	res := make([]MatchResult, len(r.caches))
 	err := r.same("match", r.all(func(i int) error {
 		c := r.caches[i]
-		m, err := c.Match(tokens)
+		m, err := c.MatchKey(r.key, tokens)
 		if err != nil {
 			return err
 		}

@@ -88,6 +88,9 @@ var (
 	ParsePrefetchPolicy = core.ParsePrefetchPolicy
 	// PrefixHashes returns the chained page hashes of tokens (see core.PrefixHashes).
 	PrefixHashes = core.PrefixHashes
+	// KeyPrefixHashes returns the chained page hashes of tokens under an isolation key (see
+	// core.KeyPrefixHashes).
+	KeyPrefixHashes = core.KeyPrefixHashes
 	// NewHostEngine makes the host-memory copy engine (see hostengine.New).
 	NewHostEngine = hostengine.New
 )

@@ -166,7 +166,7 @@ func loadBackAndWait(c *Cache, tokens []int32, m MatchResult, step func() error)
 			return m, err
 		}
 	}
-	return c.Match(tokens)
+	return c.MatchKey(m.Last.Key(), tokens) // a host hit's node has the match's isolation key
 }
 
 // matchLoadVerify matches tokens, loads the host part back when asked (stepping with step),

@@ -283,6 +283,18 @@ int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
  * room. [R] */
 int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_result *out,
                    cpcache_fill_page *fill, size_t fill_cap);
+/* Isolation keys: cpcache_match_key, cpcache_insert_key and cpcache_prefetch_key are
+ * cpcache_match, cpcache_insert and cpcache_prefetch under the isolation key
+ * key[0..key_len) (any bytes, at most 4096; NULL with key_len 0, like the unkeyed calls, is
+ * the empty key). The key seeds the chained page hash (the hashes fill[i].hash reports,
+ * and the storage keys), so equal tokens under different keys share no page in L1, L2 or
+ * storage: a tenant or LoRA adapter matches only what was cached under its own key. Keys
+ * are hashed to 64 bits (FNV-1a, mixed): two keys collide with probability 2^-64. The
+ * empty key keeps the hashes of caches without keys. [R] */
+int cpcache_match_key(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
+                      cpcache_match_result *out, int32_t *l1_slots, size_t slots_cap);
+int cpcache_insert_key(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
+                       cpcache_insert_result *out, cpcache_fill_page *fill, size_t fill_cap);
 /* Evicts up to pages L1 pages, least recently used unlocked leaves first, never more (a
  * longer leaf gives only its last pages). *freed (may be NULL) is the pages whose slots are
  * free now. Under write_back a page without an L2 copy is backed up first and its slot
@@ -320,6 +332,8 @@ int cpcache_flush(cpcache_t c);
 /* Asks storage for the continuation of tokens beyond the tree; *id is 0 when nothing was
  * asked. Step until cpcache_prefetch_pending says 0, then match again. [R] */
 int cpcache_prefetch(cpcache_t c, const int32_t *tokens, size_t n, uint64_t *id);
+int cpcache_prefetch_key(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
+                         size_t n, uint64_t *id); /* [R]; see cpcache_match_key */
 int cpcache_prefetch_pending(cpcache_t c, uint64_t id, int32_t *pending); /* [R] */
 int cpcache_prefetch_revoke(cpcache_t c, uint64_t id);                    /* [R] */
 

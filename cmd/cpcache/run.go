@@ -148,6 +148,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.BoolVar(&cfg.StorageClear, "storage-clear", false, "with --storage: remove this run's pages (its namespace) from the storage before serving")
 	fs.StringVar(&cfg.StorageKeyFile, "storage-key-file", "", "with --storage: file holding the MAC key that authenticates stored pages (mode 0600; the same on every rank); default CPCACHE_STORAGE_KEY_FILE, else a file store's own key file (created on first use)")
 	fs.BoolVar(&cfg.StorageInsecure, "storage-insecure", false, "with a redis:// --storage and no key: accept unauthenticated pages (anyone who can write to the server can inject them)")
+	fs.StringVar(&cfg.KVEvents, "kv-events", "", "publish each DP replica's KV events (pages stored and removed per tier) in vLLM's format on this ZMQ PUB endpoint, e.g. tcp://*:5557 (bound; a host name: connected); replica d uses the port plus d")
+	fs.StringVar(&cfg.KVEventsReplay, "kv-events-replay", "", "with --kv-events: the ZMQ ROUTER endpoint that replays missed batches (bound; replica d: the port plus d)")
 	fs.StringVar(&cfg.Device, "device", runner.DeviceHost, "where L1 lives and who copies: host (host memory, goroutines) or cuda (device memory, the CUDA engine; needs libcuda)")
 	fs.StringVar(&cfg.L2, "l2", "", "with --device cuda: L2 slabs in device memory shared over CUDA IPC (device, the default) or in pinned host memory (host)")
 	fs.IntVar(&cfg.CUDADevice, "cuda-device", def.CUDADevice, "with --device cuda: the device ordinal of every rank (-1: LOCAL_RANK mod the device count)")

@@ -230,6 +230,8 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--storage", "redis://127.0.0.1:6379/x", "--storage-key-file", filepath.Join(dir, "none")}, "none read: bad argument: open: no such file"},
 		{[]string{"--storage-clear"}, "--storage-clear needs --storage"},
 		{[]string{"--storage-insecure"}, "--storage-insecure needs --storage"},
+		{[]string{"--kv-events-replay", "tcp://*:5558"}, "--kv-events-replay tcp://*:5558 needs --kv-events"},
+		{[]string{"--kv-events", "tcp://host"}, `--kv-events "tcp://host": kvevents: endpoint "tcp://host" has no port`},
 		{[]string{"--prefetch-policy", "timeout"}, "--prefetch-policy timeout needs --storage"},
 		{[]string{"--timeout", "-1s"}, "timeout -1s is negative"},
 		{[]string{"--json", filepath.Join(dir, "r.out"), "--html", filepath.Join(dir, ".", "r.out")}, "are the same file"},

@@ -61,3 +61,21 @@ func latencyQuantiles(lat []time.Duration) (median, p99 time.Duration) {
 	slices.Sort(lat)
 	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
 }
+
+// maxKeyBytes bounds an isolation key: it is hashed on every keyed call (a longer key is a
+// caller's bug, not a tenant name).
+const maxKeyBytes = 4096
+
+// keyString copies the isolation key key[0..n) into Go memory (a node keeps it); NULL with
+// n = 0 is the empty key.
+func keyString(p unsafe.Pointer, n uint64) (string, error) {
+	switch {
+	case n == 0:
+		return "", nil
+	case p == nil:
+		return "", fmt.Errorf("%w: key is NULL with key_len = %d", errInvalid, n)
+	case n > maxKeyBytes:
+		return "", fmt.Errorf("%w: key_len %d is more than %d bytes", errInvalid, n, maxKeyBytes)
+	}
+	return string(unsafe.Slice((*byte)(p), n)), nil
+}

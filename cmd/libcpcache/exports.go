@@ -162,22 +162,36 @@ func (s *session) pagedArgs(fn string, tokens *C.int32_t, n C.size_t, outNil boo
 //export cpcache_match
 func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
+	return matchKey("cpcache_match", c, nil, 0, tokens, n, out, slots, slotsCap)
+}
+
+//export cpcache_match_key
+func cpcache_match_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
+	defer guard(&status)
+	return matchKey("cpcache_match_key", c, key, keyLen, tokens, n, out, slots, slotsCap)
+}
+
+func matchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) C.int {
 	s, err := use(uint64(c))
 	if err != nil {
 		return fail(err)
 	}
 	defer s.mu.Unlock()
-	toks, err := s.pagedArgs("cpcache_match", tokens, n, out == nil, unsafe.Pointer(slots), slotsCap, "l1_slots", true)
+	k, err := keyString(key, uint64(keyLen))
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", fn, err))
+	}
+	toks, err := s.pagedArgs(fn, tokens, n, out == nil, unsafe.Pointer(slots), slotsCap, "l1_slots", true)
 	if err != nil {
 		return fail(err)
 	}
 	// Match does not keep tokens: the C memory is read in place.
-	m, err := s.cache.Match(toks)
+	m, err := s.cache.MatchKey(k, toks)
 	if err != nil {
 		return fail(err)
 	}
 	if uint64(len(m.L1Slots)) > uint64(slotsCap) && slots != nil {
-		return fail(fmt.Errorf("%w: cpcache_match: %d slots for l1_slots of %d", errInternal, len(m.L1Slots), slotsCap))
+		return fail(fmt.Errorf("%w: %s: %d slots for l1_slots of %d", errInternal, fn, len(m.L1Slots), slotsCap))
 	}
 	if slots != nil && len(m.L1Slots) > 0 {
 		// The C buffer is viewed only as long as what is written: slots_cap is a bound
@@ -272,22 +286,36 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 //export cpcache_insert
 func cpcache_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
 	defer guard(&status)
+	return insertKey("cpcache_insert", c, nil, 0, tokens, n, out, fill, fillCap)
+}
+
+//export cpcache_insert_key
+func cpcache_insert_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
+	defer guard(&status)
+	return insertKey("cpcache_insert_key", c, key, keyLen, tokens, n, out, fill, fillCap)
+}
+
+func insertKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) C.int {
 	s, err := use(uint64(c))
 	if err != nil {
 		return fail(err)
 	}
 	defer s.mu.Unlock()
-	toks, err := s.pagedArgs("cpcache_insert", tokens, n, out == nil, unsafe.Pointer(fill), fillCap, "fill", false)
+	k, err := keyString(key, uint64(keyLen))
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", fn, err))
+	}
+	toks, err := s.pagedArgs(fn, tokens, n, out == nil, unsafe.Pointer(fill), fillCap, "fill", false)
 	if err != nil {
 		return fail(err)
 	}
 	// The tree keeps the tokens of new nodes: they must live in Go memory.
-	res, err := s.cache.Insert(append([]int32(nil), toks...))
+	res, err := s.cache.InsertKey(k, append([]int32(nil), toks...))
 	if err != nil {
-		return fail(fmt.Errorf("cpcache_insert: %w", err))
+		return fail(fmt.Errorf("%s: %w", fn, err))
 	}
 	if uint64(len(res.Fill)) > uint64(fillCap) {
-		return fail(fmt.Errorf("%w: cpcache_insert: %d fill pages for fill of %d", errInternal, len(res.Fill), fillCap))
+		return fail(fmt.Errorf("%w: %s: %d fill pages for fill of %d", errInternal, fn, len(res.Fill), fillCap))
 	}
 	if len(res.Fill) > 0 {
 		dst := unsafe.Slice(fill, len(res.Fill)) // fill_cap is a bound (pagedArgs), as in cpcache_match
@@ -422,7 +450,21 @@ func cpcache_flush(c C.cpcache_t) (status C.int) {
 //export cpcache_prefetch
 func cpcache_prefetch(c C.cpcache_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
 	defer guard(&status)
-	return sessionCall(c, "cpcache_prefetch", func(s *session) error {
+	return prefetchKey("cpcache_prefetch", c, nil, 0, tokens, n, id)
+}
+
+//export cpcache_prefetch_key
+func cpcache_prefetch_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
+	defer guard(&status)
+	return prefetchKey("cpcache_prefetch_key", c, key, keyLen, tokens, n, id)
+}
+
+func prefetchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) C.int {
+	return sessionCall(c, fn, func(s *session) error {
+		k, err := keyString(key, uint64(keyLen))
+		if err != nil {
+			return err
+		}
 		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
 		if err != nil {
 			return err
@@ -430,7 +472,7 @@ func cpcache_prefetch(c C.cpcache_t, tokens *C.int32_t, n C.size_t, id *C.uint64
 		if id == nil {
 			return fmt.Errorf("%w: id is NULL", errInvalid)
 		}
-		res, err := s.cache.Prefetch(append([]int32(nil), toks...))
+		res, err := s.cache.PrefetchKey(k, append([]int32(nil), toks...))
 		if err == nil {
 			*id = C.uint64_t(res.ID)
 		}

@@ -58,6 +58,7 @@ type Core struct {
 	treeSalt  uint64  // PerturbTree on an empty tree
 	placeSalt uint64  // PerturbPlacement with L2 full
 	l3        l3State // L3 queues (see l3core.go)
+	ev        evState // KV events (local; see events.go)
 }
 
 // Stats are cumulative counters of one rank's core.
@@ -121,7 +122,11 @@ func (c *Core) resetTree() {
 
 // mark records that n's state changed: its term is recomputed at the next vector.
 func (c *Core) mark(n *Node) {
-	if n == nil || n.isRoot() || n.dirty {
+	if n == nil || n.isRoot() {
+		return
+	}
+	c.evMark(n)
+	if n.dirty {
 		return
 	}
 	n.dirty = true
@@ -193,9 +198,12 @@ func (c *Core) TreeL2Pages() int {
 
 // Peek returns the deepest node whose pages all match a prefix of tokens, without touching
 // LRU order or counters (nil when nothing matches). Read-only: a rank may call it alone.
-func (c *Core) Peek(tokens []int32) *Node {
+func (c *Core) Peek(tokens []int32) *Node { return c.PeekKey("", tokens) }
+
+// PeekKey is Peek under isolation key key.
+func (c *Core) PeekKey(key string, tokens []int32) *Node {
 	var buf [walkBuf]pathMatch
-	path := c.walk(buf[:0], tokens)
+	path := c.walk(buf[:0], key, tokens)
 	for i := len(path) - 1; i >= 0; i-- {
 		if path[i].pages == len(path[i].n.hashes) {
 			return path[i].n
@@ -306,17 +314,18 @@ type pathMatch struct {
 // walkBuf is the path length that walk's callers hold on the stack.
 const walkBuf = 16
 
-// walk matches whole pages of tokens from the root and appends the path to path (callers
-// pass a stack buffer: var buf [walkBuf]pathMatch; c.walk(buf[:0], tokens)); every node but
-// the last is matched fully.
-func (c *Core) walk(path []pathMatch, tokens []int32) []pathMatch {
+// walk matches whole pages of tokens under isolation key key from the root and appends the
+// path to path (callers pass a stack buffer: var buf [walkBuf]pathMatch; c.walk(buf[:0],
+// key, tokens)); every node but the last is matched fully. The key seeds the chained hashes
+// (KeyRoot), so a walk under one key never reaches another key's nodes.
+func (c *Core) walk(path []pathMatch, key string, tokens []int32) []pathMatch {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
-	n, h, pos := c.root, RootHash, 0
+	n, h, pos := c.root, KeyRoot(key), 0
 	for pos < np {
 		ph := PageHash(h, tokens[pos*P:(pos+1)*P])
 		child := c.index[ph]
-		if child == nil || child.parent != n || !slices.Equal(child.tokens[:P], tokens[pos*P:(pos+1)*P]) {
+		if child == nil || child.parent != n || child.key != key || !slices.Equal(child.tokens[:P], tokens[pos*P:(pos+1)*P]) {
 			break
 		}
 		h = ph
@@ -404,10 +413,11 @@ func (c *Core) clearL1(n *Node) {
 }
 
 // newNode creates a child of parent holding pages of tokens (whole pages) with their
-// chained hashes. It returns nil when the first page's hash is already taken by another
-// node (a 64-bit collision): the caller stops inserting there.
-func (c *Core) newNode(parent *Node, tokens []int32, hashes []uint64) *Node {
-	n := c.newNodeID(parent, tokens, hashes, c.nextID)
+// chained hashes under isolation key key (a child of a node has its parent's key). It
+// returns nil when the first page's hash is already taken by another node (a 64-bit
+// collision): the caller stops inserting there.
+func (c *Core) newNode(parent *Node, key string, tokens []int32, hashes []uint64) *Node {
+	n := c.newNodeID(parent, key, tokens, hashes, c.nextID)
 	if n != nil {
 		c.nextID++
 	}
@@ -415,11 +425,11 @@ func (c *Core) newNode(parent *Node, tokens []int32, hashes []uint64) *Node {
 }
 
 // newNodeID is newNode with a given id (not taken from nextID).
-func (c *Core) newNodeID(parent *Node, tokens []int32, hashes []uint64, id uint64) *Node {
+func (c *Core) newNodeID(parent *Node, key string, tokens []int32, hashes []uint64, id uint64) *Node {
 	if c.index[hashes[0]] != nil {
 		return nil
 	}
-	n := &Node{id: id, gen: c.gen, parent: parent, tokens: tokens, hashes: hashes}
+	n := &Node{id: id, gen: c.gen, parent: parent, key: key, tokens: tokens, hashes: hashes}
 	if !parent.isRoot() {
 		n.depth = parent.depth + len(parent.hashes)
 	}
@@ -441,9 +451,10 @@ func (c *Core) split(n *Node, at int) *Node {
 	P := c.cfg.PageSize
 	c.treeSum -= nodeTerm(n)
 	head := &Node{
-		id: c.nextID, gen: c.gen, parent: n.parent, depth: n.depth,
+		id: c.nextID, gen: c.gen, parent: n.parent, key: n.key, depth: n.depth,
 		tokens: n.tokens[: at*P : at*P], hashes: n.hashes[:at:at],
 		stale: n.stale, lockRef: n.lockRef, l3Pins: n.l3Pins, hits: n.hits, children: []*Node{n},
+		pubL1: n.pubL1, pubL2: n.pubL2, // the head's pages were published with n's
 	}
 	c.nextID++
 	if n.l1 != nil {
@@ -510,6 +521,7 @@ func (c *Core) removeSubtree(n *Node) {
 	n.term = 0
 	c.nodes--
 	n.removed = true
+	c.evMark(n)
 	c.relist(n, false)
 	c.stats.DroppedNodes++
 }

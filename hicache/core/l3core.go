@@ -52,7 +52,8 @@ type StorageJob struct {
 type putOp struct {
 	seq   uint64
 	node  *Node
-	pages int // the node's pages when the backup started (a split may shorten the node)
+	pages int   // the node's pages when the backup started (a split may shorten the node)
+	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local: this rank's part is written (err: it failed)
 	done bool
 	err  error
@@ -61,6 +62,7 @@ type putOp struct {
 // queryOp asks every rank how much of a continuation it holds of its own pages.
 type queryOp struct {
 	seq     uint64
+	key     string  // isolation key
 	tokens  []int32 // the sequence up to the continuation's end
 	start   int     // first continuation page (sequence page index)
 	hashes  []uint64
@@ -76,6 +78,7 @@ type readOp struct {
 	seq     uint64
 	id      uint64 // the prefetch id (its query's id)
 	rid     alloc.RangeID
+	key     string // isolation key
 	tokens  []int32
 	start   int
 	hashes  []uint64
@@ -160,6 +163,9 @@ func (c *Core) l3Backup(n *Node) {
 		return
 	}
 	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
+	if c.ev.on {
+		op.ev = storedEvent(n, TierStorage)
+	}
 	c.l3.putSeq++
 	c.l3.puts = append(c.l3.puts, op)
 	n.l3Own++
@@ -337,6 +343,7 @@ func (c *Core) l3Apply(v []int64) {
 			break
 		}
 		c.stats.L3BackedUpPages += int64(op.pages)
+		c.evStorage(op.ev)
 	}
 	ack := uint64(v[vL3ReleaseAck])
 	for len(c.l3.releases) > 0 && c.l3.releases[0].seq < ack {

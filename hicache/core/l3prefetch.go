@@ -122,15 +122,20 @@ func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
 // every rank verified) as an L2-only node, which a later Match reports
 // as host pages. Nothing starts without L3, in quarantine, while the storage circuit is
 // open, or when the continuation is shorter than MinPrefetchPages, and (without
-// MeasuredReads) when the cost rule says no prefix of it can pay off (CostSkipped).
+// MeasuredReads) when the cost rule says no prefix of it can pay off (CostSkipped). The
+// query is under the empty isolation key. Replicated.
+func (c *Core) Prefetch(tokens []int32) PrefetchResult { return c.PrefetchKey("", tokens) }
+
+// PrefetchKey is Prefetch under isolation key key: it asks storage for the key's pages (the
+// key seeds their hashes, which are the L3 keys) and inserts them under the key.
 // Replicated.
-func (c *Core) Prefetch(tokens []int32) PrefetchResult {
+func (c *Core) PrefetchKey(key string, tokens []int32) PrefetchResult {
 	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return PrefetchResult{}
 	}
 	o := &c.cfg.L3Config
 	P := c.cfg.PageSize
-	have, h, k := c.continuation(tokens)
+	have, h, k := c.continuation(key, tokens)
 	if k < o.MinPrefetchPages || k <= 0 {
 		return PrefetchResult{}
 	}
@@ -142,7 +147,7 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 		h = PageHash(h, tokens[(have+i)*P:(have+i+1)*P])
 		hashes[i] = h
 	}
-	q := &queryOp{seq: c.l3.querySeq, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
+	q := &queryOp{seq: c.l3.querySeq, key: key, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
 	c.l3.querySeq++
 	c.l3.queries = append(c.l3.queries, q)
 	if own, _ := c.ownShare(have, hashes, nil); len(own) > 0 {
@@ -154,13 +159,13 @@ func (c *Core) Prefetch(tokens []int32) PrefetchResult {
 	return PrefetchResult{ID: q.seq + 1, Start: have, Pages: k}
 }
 
-// continuation walks tokens and returns the pages the tree holds, the hash of the last of
+// continuation walks tokens under isolation key key and returns the pages the tree holds, the hash of the last of
 // them and how many pages a prefetch would ask about (the rest of the whole pages, at most
 // the quota).
-func (c *Core) continuation(tokens []int32) (have int, h uint64, k int) {
-	h = RootHash
+func (c *Core) continuation(key string, tokens []int32) (have int, h uint64, k int) {
+	h = KeyRoot(key)
 	var buf [walkBuf]pathMatch
-	for _, m := range c.walk(buf[:0], tokens) {
+	for _, m := range c.walk(buf[:0], key, tokens) {
 		have += m.pages
 		h = m.n.hashes[m.pages-1]
 	}
@@ -174,13 +179,13 @@ func (c *Core) costSkips(have, k int) bool {
 	return !pc.MeasuredReads && !pc.MayPay(have, k, c.cfg.PageSize, pc.StorageBytesPerNs)
 }
 
-// PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because of the
+// PrefetchSkipsForCost reports whether PrefetchKey(key, tokens) would start nothing because of the
 // cost rule (PrefetchResult.CostSkipped), without starting anything. Replicated.
-func (c *Core) PrefetchSkipsForCost(tokens []int32) bool {
+func (c *Core) PrefetchSkipsForCost(key string, tokens []int32) bool {
 	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return false
 	}
-	have, _, k := c.continuation(tokens)
+	have, _, k := c.continuation(key, tokens)
 	return k >= c.cfg.L3Config.MinPrefetchPages && k > 0 && c.costSkips(have, k)
 }
 
@@ -216,12 +221,12 @@ func (c *Core) RevokePrefetch(id uint64) {
 	}
 }
 
-// prefixEnd walks the first start pages of tokens and returns the node holding the last of
+// prefixEnd walks the first start pages of tokens under key and returns the node holding the last of
 // them (nil when the tree no longer holds exactly that prefix) and how many of that node's
 // pages belong to the prefix.
-func (c *Core) prefixEnd(tokens []int32, start int) (*Node, int, bool) {
+func (c *Core) prefixEnd(key string, tokens []int32, start int) (*Node, int, bool) {
 	var buf [walkBuf]pathMatch
-	path := c.walk(buf[:0], tokens[:start*c.cfg.PageSize])
+	path := c.walk(buf[:0], key, tokens[:start*c.cfg.PageSize])
 	have := 0
 	for _, m := range path {
 		have += m.pages
@@ -270,7 +275,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		skip(RefusedCost)
 		return
 	}
-	end, _, ok := c.prefixEnd(q.tokens, q.start)
+	end, _, ok := c.prefixEnd(q.key, q.tokens, q.start)
 	if !ok || c.index[q.hashes[0]] != nil {
 		skip(RefusedTreeChanged) // the tree changed since the query
 		return
@@ -297,7 +302,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		skip(RefusedNoRoom)
 		return
 	}
-	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
+	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, key: q.key, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
 		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked, stored: stored, clamp: clamp}
 	c.l3.readSeq++
 	c.l3.reads = append(c.l3.reads, r)
@@ -399,7 +404,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 // changing nothing but a split, when the tree no longer holds exactly the prefix or
 // already holds the first page.
 func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
-	end, used, ok := c.prefixEnd(r.tokens, r.start)
+	end, used, ok := c.prefixEnd(r.key, r.tokens, r.start)
 	if !ok || c.index[r.hashes[0]] != nil {
 		return nil
 	}
@@ -408,5 +413,5 @@ func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
 	}
 	P := c.cfg.PageSize
 	toks := slices.Clone(r.tokens[r.start*P : (r.start+m)*P])
-	return c.newNodeID(end, toks, slices.Clone(r.hashes[:m]), id)
+	return c.newNodeID(end, r.key, toks, slices.Clone(r.hashes[:m]), id)
 }

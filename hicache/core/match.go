@@ -20,12 +20,16 @@ type MatchResult struct {
 	L1Slots []int32
 }
 
-// Match returns the longest cached prefix of tokens (whole pages only) and marks it recently
-// used; in quarantine it returns no hit. When the hit ends inside a node held only in L2,
-// that node is split at the hit's end (also with a storage backup of it in flight), so that
-// a load-back of the hit brings its pages and no others. Replicated: call it identically on
-// every rank.
-func (c *Core) Match(tokens []int32) MatchResult {
+// Match returns the longest cached prefix of tokens (whole pages only) under the empty
+// isolation key and marks it recently used; in quarantine it returns no hit. When the hit
+// ends inside a node held only in L2, that node is split at the hit's end (also with a
+// storage backup of it in flight), so that a load-back of the hit brings its pages and no
+// others. Replicated: call it identically on every rank.
+func (c *Core) Match(tokens []int32) MatchResult { return c.MatchKey("", tokens) }
+
+// MatchKey is Match under isolation key key: only pages inserted (or prefetched) under the
+// same key match. Replicated.
+func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
 	c.stats.Matches++
 	c.stats.PromptTokens += int64(len(tokens))
 	res := MatchResult{Last: c.root}
@@ -35,7 +39,7 @@ func (c *Core) Match(tokens []int32) MatchResult {
 	}
 	device := true
 	var buf [walkBuf]pathMatch
-	for _, m := range c.walk(buf[:0], tokens) {
+	for _, m := range c.walk(buf[:0], key, tokens) {
 		n := m.n
 		if device && n.l1 != nil && !n.stale {
 			res.DevicePages += m.pages
@@ -90,8 +94,14 @@ type InsertResult struct {
 // KV). It counts a hit on every node of the path and starts backups the write policy asks
 // for. It fails with ErrL1Full when L1 cannot make room, having changed nothing but
 // evictions and a split at the sequence's divergence point.
-// Replicated: call it identically on every rank.
-func (c *Core) Insert(tokens []int32) (InsertResult, error) {
+// The pages are cached under the empty isolation key. Replicated: call it identically on
+// every rank.
+func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
+
+// InsertKey is Insert under isolation key key: the pages' chained hashes (and so their L3
+// keys) are seeded with the key (KeyRoot), and they match only under the same key; equal
+// tokens under another key are other pages in every tier. Replicated.
+func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	if c.quarantined {
 		return InsertResult{Last: c.root}, nil // cache nothing until the recovery
@@ -99,7 +109,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
 	var buf [walkBuf]pathMatch
-	path := c.walk(buf[:0], tokens)
+	path := c.walk(buf[:0], key, tokens)
 	// Split a partly matched last node, even with I/O in flight (see split): two requests
 	// sharing a prefix are often inserted in the same step, before the first one's backup
 	// or load-back is over.
@@ -148,7 +158,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 	}
 	if np > pages {
 		hashes := make([]uint64, np-pages)
-		h := RootHash
+		h := KeyRoot(key)
 		if pages > 0 {
 			h = parent.hashes[len(parent.hashes)-1]
 		}
@@ -157,7 +167,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) {
 			hashes[i] = h
 		}
 		toks := append([]int32(nil), tokens[pages*P:np*P]...)
-		if n := c.newNode(parent, toks, hashes); n != nil {
+		if n := c.newNode(parent, key, toks, hashes); n != nil {
 			c.setL1(n, c.l1.alloc(len(hashes)))
 			res.Fill = c.appendFill(res.Fill, n)
 			nodes = append(nodes, n)

@@ -18,6 +18,7 @@ type Node struct {
 	parent   *Node
 	children []*Node // in creation order (replicated)
 	depth    int     // pages above this node in its sequence
+	key      string  // isolation key (the empty key by default); seeds the chained hashes
 	tokens   []int32 // pages × PageSize tokens
 	hashes   []uint64
 
@@ -43,6 +44,10 @@ type Node struct {
 
 	term  uint64 // this node's current share of Core.stateSum (see stateTerm)
 	dirty bool   // in Core.dirty: term is recomputed at the next vector
+
+	// KV events (local bookkeeping, not replicated state: see events.go)
+	evDirty      bool // in Core.ev.nodes
+	pubL1, pubL2 bool // the last events reported the node's pages held in L1 / L2
 }
 
 // ID is the node's replicated id (also its L2 range id in the slab allocator).
@@ -65,6 +70,9 @@ func (n *Node) Depth() int { return n.depth }
 // PageHashes are the chained hashes of the node's pages (L3 keys). The caller must not
 // modify them.
 func (n *Node) PageHashes() []uint64 { return n.hashes }
+
+// Key is the isolation key the node's pages were cached under ("" by default).
+func (n *Node) Key() string { return n.key }
 
 // InL1 reports whether the node holds L1 pages (possibly still loading).
 func (n *Node) InL1() bool { return n.l1 != nil }

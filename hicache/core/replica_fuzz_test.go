@@ -42,6 +42,7 @@ type replicaSim struct {
 	quar    bool                // the group is in quarantine (as the sim saw it)
 	trace   []string            // the last calls (for failure messages)
 	handles [][]*Node           // nodes handed out (each rank's), for calls with old handles
+	ev      *evModel            // the tiers rebuilt from rank 0's KV events
 }
 
 type simJob struct {
@@ -90,6 +91,8 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 		s.jobs = append(s.jobs, nil)
 	}
 	s.cfg = s.cores[0].Config()
+	s.cores[0].EnableEvents(true)
+	s.ev = newEvModel()
 	s.fail = []float64{0, 0.02, 0.1}[rng.IntN(3)]
 	s.seqs = kvtest.RandomSequences(rng, 10+rng.IntN(30), s.cfg.PageSize)
 	for _, q := range s.seqs {
@@ -409,6 +412,7 @@ func (s *replicaSim) check() {
 	if !s.quar {
 		s.checkBytes()
 	}
+	s.checkEvents()
 }
 
 // recount recomputes the O(1)-maintained sums and the allocator's accounting from scratch.
@@ -792,6 +796,7 @@ func runReplicaSim(t testing.TB, seed uint64, ops int) map[string]int {
 	}
 	s.settle()
 	s.flush()
+	s.checkEvents()
 	return s.counts
 }
 

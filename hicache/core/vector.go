@@ -289,6 +289,7 @@ func (c *Core) recover() {
 }
 
 func (c *Core) reset() {
+	c.evReset()
 	c.resetTree()
 	c.l1.reset()
 	c.alloc.Reset()

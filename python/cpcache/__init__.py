@@ -181,12 +181,16 @@ def library():
         "cpcache_close": ([_u64], ctypes.c_int),
         "cpcache_get_info": ([_u64, P(_Info)], ctypes.c_int),
         "cpcache_match": ([_u64, P(_i32), ctypes.c_size_t, P(_MatchResult), P(_i32), ctypes.c_size_t], ctypes.c_int),
+        "cpcache_match_key": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_MatchResult),
+                               P(_i32), ctypes.c_size_t], ctypes.c_int),
         "cpcache_lock": ([_u64, _u64], ctypes.c_int),
         "cpcache_unlock": ([_u64, _u64], ctypes.c_int),
         "cpcache_load_back": ([_u64, _u64, P(_i64)], ctypes.c_int),
         "cpcache_load_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
         "cpcache_wait_l1": ([_u64, _u64, _i64], ctypes.c_int),
         "cpcache_insert": ([_u64, P(_i32), ctypes.c_size_t, P(_InsertResult), P(_FillPage), ctypes.c_size_t], ctypes.c_int),
+        "cpcache_insert_key": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_InsertResult),
+                                P(_FillPage), ctypes.c_size_t], ctypes.c_int),
         "cpcache_evict_l1": ([_u64, _i64, P(_i64)], ctypes.c_int),
         "cpcache_evict_l1_ex": ([_u64, _i64, P(_i64), P(_i64)], ctypes.c_int),
         "cpcache_evict_l2": ([_u64, _i64, P(_i64)], ctypes.c_int),
@@ -194,6 +198,7 @@ def library():
         "cpcache_pending": ([_u64, P(_i64)], ctypes.c_int),
         "cpcache_flush": ([_u64], ctypes.c_int),
         "cpcache_prefetch": ([_u64, P(_i32), ctypes.c_size_t, P(_u64)], ctypes.c_int),
+        "cpcache_prefetch_key": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_u64)], ctypes.c_int),
         "cpcache_prefetch_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
         "cpcache_prefetch_revoke": ([_u64, _u64], ctypes.c_int),
         "cpcache_l1_page": ([_u64, _i32, P(ctypes.c_void_p), P(ctypes.c_size_t)], ctypes.c_int),
@@ -230,6 +235,17 @@ def _arg(name, value, ctype):
 
 # Formats of a buffer whose items are native int32 (array('i'), numpy int32, memoryview 'i').
 _INT32_FORMATS = ("i", "@i", "=i", "<i" if sys.byteorder == "little" else ">i")
+
+
+def _key(key):
+    """An isolation key as bytes: None is the empty key, a str is encoded as UTF-8."""
+    if key is None:
+        return b""
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError(f"cpcache: key must be bytes or str, not {type(key).__name__}")
 
 
 def _tokens(tokens):
@@ -403,13 +419,15 @@ class Cache:
         self._lib.cpcache_close(self._h)
         self._release_memory()
 
-    def match(self, tokens):
-        """The longest cached prefix [R]."""
+    def match(self, tokens, key=None):
+        """The longest prefix cached under isolation key key (bytes or str, None or empty:
+        the empty key; see insert) [R]."""
         arr, n = _tokens(tokens)
+        k = _key(key)
         cap = n // self.info.page_tokens
         slots = (_i32 * max(cap, 1))()
         res = _MatchResult()
-        _check(self._lib.cpcache_match(self._h, arr, n, ctypes.byref(res), slots, cap))
+        _check(self._lib.cpcache_match_key(self._h, k, len(k), arr, n, ctypes.byref(res), slots, cap))
         return MatchResult(res.node, res.device_pages, res.host_pages, list(slots[:res.device_pages]))
 
     def lock(self, node):
@@ -437,13 +455,18 @@ class Cache:
         """Waits for this rank's loads on node's prefix, after the step that starts them [L]."""
         _check(self._lib.cpcache_wait_l1(self._h, _arg("node", node, _u64), _arg("timeout_ms", timeout_ms, _i64)))
 
-    def insert(self, tokens):
-        """Caches tokens' whole pages; the owner of each fill page writes its KV [R]."""
+    def insert(self, tokens, key=None):
+        """Caches tokens' whole pages under isolation key key; the owner of each fill page
+        writes its KV [R]. The key (bytes, or str as UTF-8; at most 4096 bytes) seeds the page
+        hashes, so equal tokens under different keys share no page in L1, L2 or storage
+        (a tenant, or a LoRA adapter, matches only its own pages); None or empty is the
+        empty key, whose hashes are those of a cache without keys."""
         arr, n = _tokens(tokens)
+        k = _key(key)
         cap = n // self.info.page_tokens
         fill = (_FillPage * max(cap, 1))()
         res = _InsertResult()
-        _check(self._lib.cpcache_insert(self._h, arr, n, ctypes.byref(res), fill, cap))
+        _check(self._lib.cpcache_insert_key(self._h, k, len(k), arr, n, ctypes.byref(res), fill, cap))
         pages = [FillPage(f.slot, f.owner, f.index, f.hash, bool(f.owned)) for f in fill[:res.n_fill]]
         return InsertResult(res.node, res.pages, pages, res.backups)
 
@@ -477,11 +500,13 @@ class Cache:
         """Empties the cache when idle, else BusyError [R, collective]."""
         _check(self._lib.cpcache_flush(self._h))
 
-    def prefetch(self, tokens):
-        """Asks storage for the continuation of tokens; returns the id (0: nothing asked) [R]."""
+    def prefetch(self, tokens, key=None):
+        """Asks storage for the continuation of tokens under isolation key key (see insert);
+        returns the id (0: nothing asked) [R]."""
         arr, n = _tokens(tokens)
+        k = _key(key)
         pid = _u64()
-        _check(self._lib.cpcache_prefetch(self._h, arr, n, ctypes.byref(pid)))
+        _check(self._lib.cpcache_prefetch_key(self._h, k, len(k), arr, n, ctypes.byref(pid)))
         return pid.value
 
     def prefetch_pending(self, pid):

@@ -572,3 +572,73 @@ def test_evict_l1_under_write_back_reports_pending(tmp_path):
         assert (m.device_pages, m.host_pages) == (6, 2)
     finally:
         c.close()
+
+
+_ISOLATION_RANK = """
+import os, sys, time
+sys.path.insert(0, {python!r})
+import cpcache
+c = cpcache.Cache(page_bytes=64, l1_pages=32, l2_pages=64, page_tokens=4, attn_cp=4, timeout_ms=20000,
+                  storage_url={l3!r}, model="isolation-test")
+rank = int(os.environ["RANK"])
+seqs = [list(range(1000 + 40 * i, 1000 + 40 * i + 16)) for i in range(3)]
+pages = sum(len(s) // 4 for s in seqs)
+
+def steps_while(cond):
+    for _ in range(20000):
+        if not cond():
+            return
+        c.step()
+        time.sleep(0.0005)
+    raise SystemExit("[%d] no progress" % rank)
+
+def hits(key):
+    ms = [c.match(s, key=key) for s in seqs]
+    return sum(m.device_pages for m in ms), sum(m.host_pages for m in ms)
+
+def prefetch_all(key):
+    for s in seqs:
+        pid = c.prefetch(s, key=key)
+        steps_while(lambda: c.prefetch_pending(pid))
+
+for s in seqs:
+    for p in c.insert(s, key=b"tenant-a").fill:
+        if p.owned:
+            c.l1_page(p.slot)[:] = bytes([p.index]) * 64
+steps_while(lambda: c.pending() or c.stats()["storage_backed_up_pages"] < pages)
+out = ["L1", hits(b"tenant-b"), hits(None), hits("tenant-a")]
+c.evict_l1(1 << 20)
+steps_while(c.pending)
+out += ["L2", hits(b"tenant-b"), hits(b"tenant-a")]
+c.flush()
+prefetch_all(b"tenant-b")
+out += ["L3", hits(b"tenant-b")]
+prefetch_all(b"tenant-a")
+out += [hits(b"tenant-a")]
+for s in seqs:
+    for p in c.insert(s, key=b"tenant-b").fill:
+        if p.owned:
+            c.l1_page(p.slot)[:] = bytes([p.index]) * 64
+c.step()
+out += ["own", hits(b"tenant-b"), c.stats()["l1_hit_pages"]]
+print("[%d] %r" % (rank, out), flush=True)
+c.close()
+"""
+
+
+def test_isolation_key_shares_no_page(tmp_path):
+    """Four CP ranks under cpcache launch with storage: a second isolation key gets 0 hits on
+    the first key's prompts in L1, in L2 and in storage (after a flush), the empty key too,
+    while the first key's repeats hit in every tier and the second key's own repeat hits;
+    every rank sees the same."""
+    script = tmp_path / "rank.py"
+    script.write_text(_ISOLATION_RANK.format(python=os.path.join(ROOT, "python"), l3=f"file://{tmp_path / 'l3'}"))
+    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "4", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
+    assert out.returncode == 0 and len(lines) == 4, out.stdout + out.stderr
+    want = ["L1", (0, 0), (0, 0), (12, 0), "L2", (0, 0), (0, 12), "L3", (0, 0), (0, 12), "own", (12, 0)]
+    results = [eval(line[line.index("['"):]) for line in lines]  # after the launcher's "[rank] " and the script's
+    for rank, r in enumerate(results):
+        assert r[:-1] == want, (rank, r)
+        assert r[-1] == results[0][-1], (rank, r)

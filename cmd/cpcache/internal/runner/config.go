@@ -69,6 +69,12 @@ type Config struct {
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
 	Timeout   time.Duration // bound of every collective (0: 5 minutes)
 
+	// KV events (see package hicache/kvevents): KVEvents is the ZMQ PUB endpoint each DP
+	// replica's rank 0 publishes on, in vLLM's format (replica d: the port plus d); "": none.
+	// KVEventsReplay is the replay (ROUTER) endpoint, numbered the same way; "": none.
+	KVEvents       string
+	KVEventsReplay string
+
 	Faults []Fault // --fault: failures to inject (see FaultHelp)
 	Strict bool    // --strict: a divergence fails the run (exit 1) instead of quarantine and recovery
 }
@@ -207,6 +213,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if err := p.checkStorage(); err != nil {
+		return nil, err
+	}
+	if err := p.checkKVEvents(); err != nil {
 		return nil, err
 	}
 	if be := cfg.Time.Model.breakEven(); cfg.Storage != "" {

@@ -193,6 +193,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if st != nil {
 		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
 	}
+	if cfg.KVEvents != "" {
+		hc.Events = hicache.EventOptions{Enabled: true}
+	}
 	cache, err := hicache.New(ctx, hc)
 	if err != nil {
 		return nil, err
@@ -201,6 +204,13 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
+	if cfg.KVEvents != "" && leader {
+		pub, err := startKVEvents(cache, cfg, coord.DP, rank)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, pub.close(cache)) }()
+	}
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
 	sched.kv = mem.kv(cache)

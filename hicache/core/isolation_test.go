@@ -1,0 +1,95 @@
+package core
+
+import (
+	"slices"
+	"testing"
+)
+
+// goldenTokens and goldenHashes are the chained page hashes of a fixed sequence as every
+// cpcache release computed them before isolation keys existed: the empty key must keep
+// them, or storage written by an older release stops hitting.
+var (
+	goldenTokens = func() []int32 {
+		t := make([]int32, 12)
+		for i := range t {
+			t[i] = int32(i*7 + 1)
+		}
+		return t
+	}()
+	goldenHashes = []uint64{0x72375cb6e72f6bb7, 0x29dc6a251bc6fe42, 0x7c80250d6cd51980}
+)
+
+func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
+	if got := PrefixHashes(goldenTokens, 4); !slices.Equal(got, goldenHashes) {
+		t.Fatalf("PrefixHashes %#x, want %#x", got, goldenHashes)
+	}
+	if got := KeyPrefixHashes("", goldenTokens, 4); !slices.Equal(got, goldenHashes) {
+		t.Fatalf("KeyPrefixHashes of the empty key %#x, want %#x", got, goldenHashes)
+	}
+	if KeyRoot("") != RootHash {
+		t.Fatalf("KeyRoot(\"\") = %#x, want RootHash %#x", KeyRoot(""), RootHash)
+	}
+	c := newTestCore(t, Options{PageSize: 4, L1Pages: 16})
+	res, err := c.Insert(goldenTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Last.PageHashes(); !slices.Equal(got, goldenHashes) || res.Last.Key() != "" {
+		t.Fatalf("inserted node hashes %#x key %q, want %#x and the empty key", got, res.Last.Key(), goldenHashes)
+	}
+	for _, key := range []string{"a", "b", "tenant-1", "\x00"} {
+		h := KeyPrefixHashes(key, goldenTokens, 4)
+		for i := range h {
+			if h[i] == goldenHashes[i] {
+				t.Fatalf("key %q: page %d hash %#x equals the empty key's", key, i, h[i])
+			}
+		}
+	}
+	if KeyPrefixHashes("a", goldenTokens, 4)[0] == KeyPrefixHashes("b", goldenTokens, 4)[0] {
+		t.Fatal("keys a and b give the same first page hash")
+	}
+}
+
+// TestIsolationKeySeparatesTree: equal tokens under two keys are two nodes that never
+// match across keys, also when one key's sequence is a prefix of the other's.
+func TestIsolationKeySeparatesTree(t *testing.T) {
+	c := newTestCore(t, Options{PageSize: 4, L1Pages: 64})
+	for _, key := range []string{"", "a"} {
+		if _, err := c.InsertKey(key, goldenTokens); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.Nodes() != 2 {
+		t.Fatalf("%d nodes for one sequence under two keys, want 2", c.Nodes())
+	}
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{{"", 3}, {"a", 3}, {"b", 0}} {
+		m := c.MatchKey(tc.key, goldenTokens)
+		if m.DevicePages != tc.want || m.HostPages != 0 {
+			t.Fatalf("key %q: %d+%d pages matched, want %d+0", tc.key, m.DevicePages, m.HostPages, tc.want)
+		}
+		if tc.want > 0 && m.Last.Key() != tc.key {
+			t.Fatalf("key %q matched a node of key %q", tc.key, m.Last.Key())
+		}
+	}
+	// A longer sequence under "a" extends a's node only (a split keeps the key).
+	longer := append(slices.Clone(goldenTokens[:8]), 99, 98, 97, 96)
+	res, err := c.InsertKey("a", longer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Last.Key() != "a" || res.Last.Parent().Key() != "a" {
+		t.Fatalf("split under key a: keys %q and %q", res.Last.Key(), res.Last.Parent().Key())
+	}
+	if m := c.Match(longer); m.DevicePages != 2 {
+		t.Fatalf("the empty key matched %d pages of a's longer sequence, want its own 2", m.DevicePages)
+	}
+	if got := c.PeekKey("b", longer); got != nil {
+		t.Fatalf("PeekKey under key b found node %d", got.ID())
+	}
+	if err := c.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
