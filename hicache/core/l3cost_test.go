@@ -32,8 +32,9 @@ func TestPrefetchCostPays(t *testing.T) {
 
 // TestPrefetchCostMeasuredAgreed: with MeasuredReads, the ranks of a group that measured
 // different read bandwidths agree on the slowest one through the vector and make the same
-// decision from it, which none of them would make from its own measurement alone (rank 0,
-// whose vote answers the queries, measured a bandwidth at which the read pays off).
+// decision from it, which the faster ones would not make from their own measurement alone
+// (rank 0 measured a bandwidth at which the read pays off); every rank does the storage
+// jobs of the pages it owns.
 func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 	const n = 4
 	// 1 µs per token, 4-token pages of 4096 bytes on their owner, 4 I/O ranks: 4 pages
@@ -49,13 +50,18 @@ func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 		cores[i] = c
 	}
 	r := &coreRig{cores: cores}
-	step := func(rates []int64, done Done) {
+	// Every rank records its own measured bandwidth and finishes the storage jobs of the
+	// pages it owns: each of them stored and read.
+	step := func(rates []int64) {
 		t.Helper()
 		for i, c := range cores {
 			c.StorageReadRate(rates[i])
+			var done Done
+			for _, j := range c.Ready(nil).Jobs {
+				done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
+			}
+			c.Report(done)
 		}
-		cores[0].Ready(nil)
-		cores[0].Report(done)
 		for i, err := range r.stepAll() {
 			if err != nil {
 				t.Fatalf("rank %d: %v", i, err)
@@ -80,11 +86,11 @@ func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 				t.Fatalf("rank %d: prefetch %d, rank 0 %d", i, res.ID, id)
 			}
 		}
-		step(rates, Done{Storage: []StorageDone{{Kind: StorageQuery, Seq: id - 1, Pages: 4}}})
+		step(rates) // the queries are answered
 		if o, ok := cores[0].PrefetchOutcome(id); ok {
 			return o
 		}
-		step(rates, Done{Storage: []StorageDone{{Kind: StorageRead, Seq: cores[0].l3.readSeq - 1, Pages: 4}}})
+		step(rates) // the reads are done
 		o, ok := cores[0].PrefetchOutcome(id)
 		if !ok {
 			t.Fatalf("prefetch %d still pending", id)
@@ -131,7 +137,7 @@ func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 	}
 	same("fast ranks", 1e9)
 	// A rank that stops measuring (0) keeps the agreed value where it was.
-	step([]int64{0, 0, 0, 0}, Done{})
+	step([]int64{0, 0, 0, 0})
 	same("no new measurement", 1e9)
 }
 

@@ -122,22 +122,30 @@ func TestStoreStopsWhilePrefetchesWait(t *testing.T) {
 				c.Synthetic = workload.SyntheticConfig{Clients: perReplica * replicas, Rounds: 3, QuestionTokens: 96, AnswerTokens: 8, Seed: 7}
 				c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 8, perReplica*13, 256, 8
 			})
-			// The first turns' queries (from their first page: nothing is cached yet) are
-			// answered; the second turns' wait until the store stops.
+			// The first turns' queries are answered; the second turns' wait until the store
+			// stops. Every rank queries the pages it owns, so a rank's query of a first turn
+			// starts at one of that turn's pages (its first own one), and a second turn's
+			// (beyond its history, back in L1) at a page past every first turn's: a prefix
+			// longer than any first-turn prompt.
 			ns, err := p.StorageNamespace()
 			require.NoError(t, err)
-			firstPages := map[storage.Key]bool{}
+			firstTurnPages := map[storage.Key]bool{}
 			for _, r := range p.Requests {
-				var b [12]byte // the cache's key: the page hash and the TP shard (0)
-				binary.BigEndian.PutUint64(b[:8], hicache.PrefixHashes(r.Tokens[:p.Config.PageSize], p.Config.PageSize)[0])
-				firstPages[storage.NewKeyBytes(ns, b[:])] = true
+				if r.Round != 0 {
+					continue
+				}
+				for _, h := range hicache.PrefixHashes(r.Tokens, p.Config.PageSize) {
+					var b [12]byte // the cache's key: the page hash and the TP shard (0)
+					binary.BigEndian.PutUint64(b[:8], h)
+					firstTurnPages[storage.NewKeyBytes(ns, b[:])] = true
+				}
 			}
 			stores := make([]*stoppingStore, lc.World)
 			stopped := make([]int, lc.World) // queries waiting when the store stopped
 			out := runInProcessWith(t, p, inProcessOptions{
 				corruptRank: -1,
 				wrapStorage: func(rank int, st storage.Storage) storage.Storage {
-					stores[rank] = newStoppingStore(st, firstPages)
+					stores[rank] = newStoppingStore(st, firstTurnPages)
 					return stores[rank]
 				},
 				afterSchedule: func(rank int, s *scheduler) func(context.Context) error {
