@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -254,4 +255,56 @@ func TestPerturbPlacementWithL2Full(t *testing.T) {
 		}
 	}
 	r.checkSame()
+}
+
+// A request that holds a lock on a prefix a divergence dropped still holds its handle after
+// the recovery and a flush (neither waits for it: a dropped lock leaves the group idle); its
+// one Unlock is accepted then, a second is refused and changes nothing. The replica sim
+// counts such a lock as held across a flush (TestReplicasRandomOps, seed 174).
+func TestDroppedLockOutlivesRecoveryAndFlush(t *testing.T) {
+	for _, n := range []int{2, 4, 8} { // one rank has nobody to diverge from
+		t.Run(fmt.Sprintf("CP%d", n), func(t *testing.T) {
+			r := newCoreRig(t, n, Options{PageSize: 4, L1Pages: 64}, 16, 5)
+			tokens := seqTokens(4, 4, 1)
+			r.hostOnly(tokens)
+			held := r.match(tokens)
+			if err := r.each(func(i int, c *Core) error { return c.Lock(held[i].Last) }); err != nil {
+				t.Fatal(err)
+			}
+			r.cores[n-1].PerturbPlacement()
+			for i, err := range r.stepAll() {
+				var de *DivergedError
+				if !errors.As(err, &de) || de.What != "placement digest" {
+					t.Fatalf("rank %d: %v, want a placement divergence", i, err)
+				}
+				if !held[i].Last.removed || !r.cores[i].Idle() {
+					t.Fatalf("rank %d: held node removed %t, idle %t: want the lock dropped with L2", i, held[i].Last.removed, r.cores[i].Idle())
+				}
+			}
+			for k := 0; r.cores[0].Quarantined(); k++ {
+				if k > 10 {
+					t.Fatal("a dropped lock kept the group in quarantine")
+				}
+				for i, err := range r.stepAll() {
+					if err != nil {
+						t.Fatalf("rank %d in quarantine: %v", i, err)
+					}
+				}
+			}
+			if err := r.each(func(_ int, c *Core) error { return c.Reset() }); err != nil {
+				t.Fatalf("flush with only a dropped lock held: %v", err)
+			}
+			if err := r.each(func(i int, c *Core) error { return c.Unlock(held[i].Last) }); err != nil {
+				t.Fatalf("the request's unlock of its dropped lock after the flush: %v", err)
+			}
+			before := r.cores[0].StateDigest()
+			if err := r.each(func(i int, c *Core) error { return c.Unlock(held[i].Last) }); !errors.Is(err, ErrBadArgument) {
+				t.Fatalf("second unlock: %v, want ErrBadArgument", err)
+			}
+			if r.cores[0].StateDigest() != before {
+				t.Fatal("the refused unlock changed the state")
+			}
+			r.checkSame()
+		})
+	}
 }
