@@ -30,11 +30,11 @@ type TimeConfig struct {
 
 // normalize fills in the defaults for a workload kind and validates; errors wrap
 // ErrBadInput.
-func (t *TimeConfig) normalize(workloadKind string) error {
+func (t *TimeConfig) normalize(workloadKind string, spread bool) error {
 	switch t.Mode {
 	case "":
 		t.Mode = TimeNone
-		if workloadKind == WorkloadTrace {
+		if workloadKind == WorkloadTrace || spread {
 			t.Mode = TimeVirtual
 		}
 	case TimeVirtual, TimeNone:

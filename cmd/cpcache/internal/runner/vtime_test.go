@@ -12,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/workload"
 )
 
 func TestCostProfilesLoadAndOverride(t *testing.T) {
@@ -75,6 +76,11 @@ func TestPrepareRejectsBadTime(t *testing.T) {
 	for want, mutate := range map[string]func(*Config){
 		`time "wall"`:                        func(c *Config) { c.Time.Mode = "wall" },
 		"speed -2 must be a positive number": func(c *Config) { c.Time.Speed = -2 },
+		"--turn-gap 2s needs --time virtual": func(c *Config) { c.Time.Mode, c.Synthetic.TurnGapMs = TimeNone, 2000 },
+		"--turn-gap 2s is for --workload synthetic": func(c *Config) {
+			c.Workload, c.TracePath, c.Synthetic.TurnGapMs = WorkloadTrace, "x.jsonl", 2000
+		},
+		"turn gap 3600001 ms is outside": func(c *Config) { c.Synthetic.TurnGapMs = workload.MaxTurnGapMs + 1 },
 	} {
 		cfg := DefaultConfig()
 		mutate(&cfg)
@@ -82,6 +88,23 @@ func TestPrepareRejectsBadTime(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadInput, want)
 		assert.Contains(t, err.Error(), want)
 	}
+}
+
+// TestTurnGapImpliesVirtualTime: a synthetic workload with a turn gap is served in virtual
+// time unless told otherwise (the gap means nothing under --time none), and its arrivals are
+// the gap's.
+func TestTurnGapImpliesVirtualTime(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Synthetic.Clients, cfg.Synthetic.Rounds, cfg.Synthetic.TurnGapMs = 4, 2, 1000
+	p, err := Prepare(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, TimeVirtual, p.Config.Time.Mode)
+	assert.Equal(t, int64(1250), p.Requests[5].ArrivalMs, "client 1's second turn: one gap and a quarter")
+	assert.Contains(t, p.Desc, "a turn every 1s per conversation")
+	cfg.Synthetic.TurnGapMs = 0
+	p, err = Prepare(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, TimeNone, p.Config.Time.Mode, "without a gap a synthetic workload is served back to back")
 }
 
 func TestVirtualTimeReplaysArrivals(t *testing.T) {
