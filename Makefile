@@ -163,8 +163,13 @@ bench-capi:
 	$(CC) -O2 -Iinclude -o build/bench/bench_capi cmd/libcpcache/ctest/bench.c -Lbuild/bench -lcpcache -Wl,-rpath,'$$ORIGIN'
 	build/bench/bench_capi
 
+# demo serves at a load a server would see: 64 conversations of 12 turns, each asking its next
+# turn 4 s (virtual time) after the last, the clients staggered over the gap (about 8 requests
+# per second per DP replica, half what its 16 running requests serve), so its TTFT line is
+# serving latency, not the queue of a workload that all arrives at once.
+DEMO_FLAGS := --clients 64 --rounds 12 --turn-gap 4s
 demo: build
-	./bin/cpcache run
+	./bin/cpcache run $(DEMO_FLAGS)
 
 # bench runs every benchmark, then prints the storage data path's ratios, each taken in the
 # same run (storage's BenchmarkDataPath, MAC on): a warm file:// Get against raw reads of

@@ -15,7 +15,14 @@ type SyntheticConfig struct {
 	QuestionTokens int
 	AnswerTokens   int // output length of every turn
 	Seed           uint64
+	// TurnGapMs spreads the arrivals: client c's turn r arrives at r×TurnGapMs +
+	// c×TurnGapMs/Clients ms (each conversation asks every TurnGapMs, the clients evenly
+	// staggered over one gap). 0: turn r of every client arrives at r ms (all at once).
+	TurnGapMs int64
 }
+
+// MaxTurnGapMs bounds SyntheticConfig.TurnGapMs (an hour).
+const MaxTurnGapMs = 3_600_000
 
 // DefaultSynthetic is the workload `cpcache run` serves by default.
 var DefaultSynthetic = SyntheticConfig{Clients: 32, Rounds: 6, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
@@ -33,6 +40,8 @@ func (c SyntheticConfig) validate() error {
 		return fmt.Errorf("workload: question tokens %d must be positive", c.QuestionTokens)
 	case c.AnswerTokens < 0:
 		return fmt.Errorf("workload: answer tokens %d is negative", c.AnswerTokens)
+	case c.TurnGapMs < 0 || c.TurnGapMs > MaxTurnGapMs:
+		return fmt.Errorf("workload: turn gap %d ms is outside 0..%d ms", c.TurnGapMs, MaxTurnGapMs)
 	case c.Clients > maxClients:
 		return fmt.Errorf("workload: clients %d is over the limit of %d", c.Clients, maxClients)
 	case c.Rounds > maxRounds:
@@ -82,7 +91,11 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 			for j := 0; j < c.QuestionTokens; j++ {
 				prompt = append(prompt, token(3, c.Seed, uint64(cl), uint64(r), uint64(j)))
 			}
-			req := Request{ID: len(reqs), ArrivalMs: int64(r), Tokens: prompt, OutputLen: c.AnswerTokens, Client: cl, Round: r}
+			arrival := int64(r)
+			if c.TurnGapMs > 0 {
+				arrival = int64(r)*c.TurnGapMs + int64(cl)*c.TurnGapMs/int64(c.Clients)
+			}
+			req := Request{ID: len(reqs), ArrivalMs: arrival, Tokens: prompt, OutputLen: c.AnswerTokens, Client: cl, Round: r}
 			reqs = append(reqs, req)
 			history[cl] = append(prompt[:len(prompt):len(prompt)], Answer(req)...)
 		}

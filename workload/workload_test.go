@@ -36,8 +36,29 @@ func TestSyntheticTurnsExtendTheirHistory(t *testing.T) {
 	assert.Equal(t, reqs, again, "deterministic")
 }
 
+// TestSyntheticTurnGapSpreadsArrivals: with a turn gap each conversation asks every gap and
+// the clients are staggered evenly over one gap, so the requests stay in arrival order in
+// issue order; without one, round r arrives at r ms.
+func TestSyntheticTurnGapSpreadsArrivals(t *testing.T) {
+	cfg := SyntheticConfig{Clients: 4, Rounds: 3, QuestionTokens: 2, AnswerTokens: 1, TurnGapMs: 2000}
+	reqs, err := Synthetic(cfg)
+	require.NoError(t, err)
+	var arrivals []int64
+	for _, r := range reqs {
+		arrivals = append(arrivals, r.ArrivalMs)
+	}
+	assert.Equal(t, []int64{0, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000, 5500}, arrivals)
+	cfg.TurnGapMs = 0
+	reqs, err = Synthetic(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}, []int64{reqs[0].ArrivalMs, reqs[1].ArrivalMs, reqs[2].ArrivalMs, reqs[3].ArrivalMs,
+		reqs[4].ArrivalMs, reqs[5].ArrivalMs, reqs[6].ArrivalMs, reqs[7].ArrivalMs, reqs[8].ArrivalMs, reqs[9].ArrivalMs, reqs[10].ArrivalMs, reqs[11].ArrivalMs})
+}
+
 func TestSyntheticRejectsBadConfig(t *testing.T) {
-	_, err := Synthetic(SyntheticConfig{Clients: 0, Rounds: 1, QuestionTokens: 1})
+	_, err := Synthetic(SyntheticConfig{Clients: 1, Rounds: 1, QuestionTokens: 1, TurnGapMs: -5})
+	assert.ErrorContains(t, err, "turn gap -5 ms")
+	_, err = Synthetic(SyntheticConfig{Clients: 0, Rounds: 1, QuestionTokens: 1})
 	assert.ErrorContains(t, err, "clients 0")
 	_, err = Synthetic(SyntheticConfig{Clients: 1, Rounds: 1, QuestionTokens: 0})
 	assert.ErrorContains(t, err, "question tokens 0")

@@ -19,6 +19,7 @@ import (
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/sigpipe"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/workload"
 )
 
 func init() {
@@ -90,9 +91,10 @@ type runOpts struct {
 	layout                    *parallel.LayoutConfig // copied into cfg after parsing
 	jsonPath, metrics, policy string
 	prefetch                  string
-	report                    reportOpts // virtual time, sweep and HTML (run_report.go)
-	faults                    string     // --fault, parsed into cfg.Faults
-	metricsLinger             lingerFlag // --metrics-linger
+	report                    reportOpts    // virtual time, sweep and HTML (run_report.go)
+	faults                    string        // --fault, parsed into cfg.Faults
+	metricsLinger             lingerFlag    // --metrics-linger
+	turnGap                   time.Duration // --turn-gap, copied into cfg.Synthetic.TurnGapMs
 }
 
 // lingerFlag is --metrics-linger: how long /metrics stays up after the run, a duration or
@@ -141,6 +143,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
+	fs.DurationVar(&o.turnGap, "turn-gap", 0, "synthetic: each conversation asks its next turn this long after the last (virtual time; the clients evenly staggered over one gap; implies --time virtual); 0: every turn arrives at once")
 	fs.StringVar(&cfg.Storage, "storage", "", "L3 page storage below L2: file:///dir (a local or shared filesystem) redis://host:port/prefix or a Redis Cluster, redis+cluster://host:port,host:port/prefix (shared across machines); default none")
 	fs.BoolVar(&o.cfg.PrefetchAlways, "prefetch-always", false, "with --storage: read every stored continuation, even where the cost profile computes it faster than storage reads it (for comparison)")
 	fs.StringVar(&o.prefetch, "prefetch-policy", "best-effort", "with --storage: when a prefetch from storage stops: best-effort, wait-complete or timeout")
@@ -294,6 +297,10 @@ func (o *runOpts) finish() error {
 	if cfg.PrefetchPolicy, err = runner.ParsePrefetchPolicy(o.prefetch); err != nil {
 		return fmt.Errorf("--prefetch-policy: %w", err)
 	}
+	if o.turnGap < 0 || o.turnGap > workload.MaxTurnGapMs*time.Millisecond || o.turnGap%time.Millisecond != 0 {
+		return fmt.Errorf("--turn-gap %v: must be whole milliseconds from 0 to %v", o.turnGap, workload.MaxTurnGapMs*time.Millisecond)
+	}
+	cfg.Synthetic.TurnGapMs = o.turnGap.Milliseconds()
 	if o.faults != "" {
 		if cfg.Faults, err = runner.ParseFaults(o.faults); err != nil {
 			return err

@@ -101,7 +101,7 @@ func DefaultConfig() Config {
 // requests of up to 7 K tokens, about 6 M prompt tokens. Each DP replica serves 48
 // conversations: their histories (about 22 K pages at the end) overflow the 1024 L1 pages
 // many times and fit in the 3072 × 8 L2 pages of a CP group, so most prompts are served
-// from L2. It takes about 10-15 s on 2 cores with 16 ranks.
+// from L2. It takes about 26 s on 2 shared cores with 16 ranks.
 var DefaultSynthetic = workload.SyntheticConfig{Clients: 96, Rounds: 16, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
 
 // PageBytes is the size of one L1 or L2 page of one rank.
@@ -169,7 +169,15 @@ func Prepare(cfg Config) (*Plan, error) {
 	if cfg.StorageTimeout < 0 {
 		return nil, bad("storage timeout %v is negative", cfg.StorageTimeout)
 	}
-	if err := cfg.Time.normalize(cfg.Workload); err != nil {
+	if g := cfg.Synthetic.TurnGapMs; g != 0 {
+		switch {
+		case cfg.Workload != WorkloadSynthetic:
+			return nil, bad("--turn-gap %v is for --workload synthetic (a trace has its own arrival times)", time.Duration(g)*time.Millisecond)
+		case cfg.Time.Mode == TimeNone:
+			return nil, bad("--turn-gap %v needs --time virtual (under --time none every request is served from 0)", time.Duration(g)*time.Millisecond)
+		}
+	}
+	if err := cfg.Time.normalize(cfg.Workload, cfg.Synthetic.TurnGapMs > 0); err != nil {
 		return nil, err
 	}
 	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
@@ -194,6 +202,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		s := cfg.Synthetic
 		p.Desc = fmt.Sprintf("synthetic: %d clients × %d rounds (system %d, question %d, answer %d tokens), %d requests",
 			s.Clients, s.Rounds, s.SystemTokens, s.QuestionTokens, s.AnswerTokens, len(p.Requests))
+		if s.TurnGapMs > 0 {
+			p.Desc += fmt.Sprintf(", a turn every %v per conversation", time.Duration(s.TurnGapMs)*time.Millisecond)
+		}
 	case WorkloadTrace:
 		if cfg.TracePath == "" {
 			return nil, bad("--workload trace needs --trace FILE")

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"math"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -38,11 +40,16 @@ func WriteHTML(w io.Writer, rep *Report, sweep *SweepResult) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>cpcache run report</title>\n"+
 		"<style>body{font-family:sans-serif;margin:1.5em;max-width:1280px}figure{display:inline-block;margin:0.5em;vertical-align:top}"+
-		"pre{background:#f4f4f4;padding:1em;font-size:12px;overflow-x:auto}figcaption{font-size:13px;max-width:576px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>\n"+
+		"pre{background:#f4f4f4;padding:1em;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}figcaption{font-size:13px;max-width:576px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>\n"+
 		"</head><body>\n<h1>cpcache run report</h1>\n")
 	var text strings.Builder
 	rep.WriteText(&text)
-	fmt.Fprintf(&b, "<pre>%s</pre>\n", html.EscapeString(text.String()))
+	if sweep != nil && len(sweep.Values) > 0 {
+		// The text and the per-run charts are of one run: the sweep's last value.
+		fmt.Fprintf(&b, "<h2 id=\"run-label\">The run at %s=%s (the sweep's last value): report and charts below</h2>\n",
+			html.EscapeString(sweep.Param), html.EscapeString(sweep.Values[len(sweep.Values)-1]))
+	}
+	fmt.Fprintf(&b, "<pre id=\"report-text\">%s</pre>\n", html.EscapeString(text.String()))
 	if sweep != nil {
 		var t strings.Builder
 		WriteSweepTable(&t, sweep)
@@ -56,6 +63,9 @@ func WriteHTML(w io.Writer, rep *Report, sweep *SweepResult) error {
 		id, caption, n, p, err := chart(rep, sweep)
 		if err != nil {
 			return err
+		}
+		if sweep != nil && id != ChartSweep && len(sweep.Values) > 0 {
+			p.Title.Text += fmt.Sprintf(" (%s=%s)", sweep.Param, sweep.Values[len(sweep.Values)-1])
 		}
 		svg, err := renderSVG(p)
 		if err != nil {
@@ -90,18 +100,11 @@ func hitTimelineChart(rep *Report, _ *SweepResult) (string, string, int, *plot.P
 	p.Title.Text = "Hit rate per tier over virtual time"
 	p.X.Label.Text = "virtual time (s)"
 	p.Y.Label.Text = "prompt tokens hit"
-	p.Y.Min, p.Y.Max = 0, 1
+	// The legend sits above 1, where no hit rate reaches, so it hides no curve.
+	p.Y.Min, p.Y.Max = 0, legendRoom(len(tiersOf(rep)))
+	p.Y.Tick.Marker = unitTicks{}
 	p.Legend.Top = true
-	tiers := []struct {
-		name string
-		v    func(TimelinePoint) float64
-	}{{"L1", func(t TimelinePoint) float64 { return t.HitL1 }}, {"L2", func(t TimelinePoint) float64 { return t.HitL2 }}}
-	if rep.Storage != "" {
-		tiers = append(tiers, struct {
-			name string
-			v    func(TimelinePoint) float64
-		}{"storage", func(t TimelinePoint) float64 { return t.HitL3 }})
-	}
+	tiers := tiersOf(rep)
 	var args []any
 	n := 0
 	for _, tier := range tiers {
@@ -114,6 +117,61 @@ func hitTimelineChart(rep *Report, _ *SweepResult) (string, string, int, *plot.P
 	}
 	err := plotutil.AddLinePoints(p, args...)
 	return ChartHitTimeline, "Share of the prompt tokens of the requests whose first token falls in each window served from each tier.", n, p, err
+}
+
+type tier struct {
+	name string
+	v    func(TimelinePoint) float64
+}
+
+// tiersOf is the tiers the timeline draws: L1, L2 and, with storage, L3.
+func tiersOf(rep *Report) []tier {
+	tiers := []tier{{"L1", func(t TimelinePoint) float64 { return t.HitL1 }}, {"L2", func(t TimelinePoint) float64 { return t.HitL2 }}}
+	if rep.Storage != "" {
+		tiers = append(tiers, tier{"storage", func(t TimelinePoint) float64 { return t.HitL3 }})
+	}
+	return tiers
+}
+
+// legendRoom is the top of a 0..1 axis that leaves room above 1 for a legend of n entries.
+func legendRoom(n int) float64 { return 1 + 0.12*float64(n) }
+
+// unitTicks are the ticks of a 0..1 axis (0, 0.2, ..., 1) and none in the legend's room above.
+type unitTicks struct{}
+
+func (unitTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for i := 0; i <= 10; i++ {
+		v := float64(i) / 10
+		if v < lo || v > hi {
+			continue
+		}
+		label := ""
+		if i%2 == 0 {
+			label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+		ts = append(ts, plot.Tick{Value: v, Label: label})
+	}
+	return ts
+}
+
+// countTicks are plot's default ticks labelled as whole counts ("500000", not "500000.00");
+// a tick between whole numbers (a small range) keeps no label.
+type countTicks struct{}
+
+func (countTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label == "" {
+			continue
+		}
+		if v := ts[i].Value; v == math.Trunc(v) {
+			ts[i].Label = strconv.FormatFloat(v, 'f', 0, 64)
+		} else {
+			ts[i].Label = ""
+		}
+	}
+	return ts
 }
 
 func ttftChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
@@ -152,6 +210,7 @@ func missChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, er
 	p := plot.New()
 	p.Title.Text = "Missed prompt tokens by cause"
 	p.Y.Label.Text = "tokens"
+	p.Y.Tick.Marker = countTicks{}
 	vals := make(plotter.Values, len(causes))
 	names := make([]string, len(causes))
 	n := 0
@@ -176,6 +235,7 @@ func consensusChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plo
 	p.Title.Text = "Consensus step latency"
 	p.X.Label.Text = "all-reduce latency (µs, log)"
 	p.Y.Label.Text = "steps"
+	p.Y.Tick.Marker = countTicks{}
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	h := &plotter.Histogram{FillColor: plotutil.Color(0), LineStyle: plotter.DefaultLineStyle}
 	n := 0
@@ -195,7 +255,8 @@ func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, er
 	p.Title.Text = "Hit rate against " + sw.Param
 	p.X.Label.Text = sw.Param
 	p.Y.Label.Text = "hit rate"
-	p.Y.Min, p.Y.Max = 0, 1
+	p.Y.Min, p.Y.Max = 0, legendRoom(3) // the legend above 1 hides no curve
+	p.Y.Tick.Marker = unitTicks{}
 	p.Legend.Top = true
 	lines := []struct {
 		name string
@@ -217,5 +278,5 @@ func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, er
 	}
 	err := plotutil.AddLinePoints(p, args...)
 	p.NominalX(sw.Values...)
-	return ChartSweep, "Measured hit rate at each value, beside an LRU over 512-token blocks of the same capacity and the unlimited-capacity bound.", n, p, err
+	return ChartSweep, "Measured hit rate at each value, beside an LRU over 512-token blocks of the same capacity and the unlimited-capacity bound (where the measured line hides the LRU one, the cache hits what an LRU of its capacity would).", n, p, err
 }

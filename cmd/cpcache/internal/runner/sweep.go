@@ -37,7 +37,7 @@ func WriteSweepTable(w io.Writer, sw *SweepResult) {
 		var p50, p99, saved string = "-", "-", "-"
 		if l := r.Latency; l != nil {
 			p50, p99 = fmt.Sprintf("%.1f ms", l.On.TTFTP50Ms), fmt.Sprintf("%.1f ms", l.On.TTFTP99Ms)
-			saved = fmt.Sprintf("%.1f ms", l.Off.TTFTP50Ms-l.On.TTFTP50Ms)
+			saved = fmt.Sprintf("%.1f ms", l.TTFTSavedP50Ms)
 		}
 		fmt.Fprintf(w, "%-16s %8s %8s %8s %7.1f%% %7.1f%% %9.1f%% %10s %10s %10s %11s\n",
 			sw.Values[i], r.pct(r.TokensHitL1), r.pct(r.TokensHitL2), r.pct(r.TokensHitL3), 100*r.HitRate,

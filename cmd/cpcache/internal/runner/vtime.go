@@ -30,11 +30,11 @@ type TimeConfig struct {
 
 // normalize fills in the defaults for a workload kind and validates; errors wrap
 // ErrBadInput.
-func (t *TimeConfig) normalize(workloadKind string) error {
+func (t *TimeConfig) normalize(workloadKind string, spread bool) error {
 	switch t.Mode {
 	case "":
 		t.Mode = TimeNone
-		if workloadKind == WorkloadTrace {
+		if workloadKind == WorkloadTrace || spread {
 			t.Mode = TimeVirtual
 		}
 	case TimeVirtual, TimeNone:
@@ -59,6 +59,7 @@ func (t *TimeConfig) normalize(workloadKind string) error {
 
 // requestTiming is when one request was served, in virtual nanoseconds, and what it hit.
 type requestTiming struct {
+	ID        int32 `json:"id"` // the request's position in the workload (workload.Request.ID)
 	ArrivalNs int64 `json:"a"`
 	QueueNs   int64 `json:"q"` // arrival to the start of its prefill step
 	TTFTNs    int64 `json:"t"` // arrival to the end of its prefill step (the first token)
@@ -126,7 +127,7 @@ func (v *vclock) prefilled(r workload.Request, l1, l2, l3 int64) {
 	if math.IsNaN(v.firstArrival) {
 		v.firstArrival = a
 	}
-	v.admitted = append(v.admitted, requestTiming{ArrivalNs: int64(a), QueueNs: int64(v.stepStart - a), Prompt: int32(n),
+	v.admitted = append(v.admitted, requestTiming{ID: int32(r.ID), ArrivalNs: int64(a), QueueNs: int64(v.stepStart - a), Prompt: int32(n),
 		HitL1: int32(l1), HitL2: int32(l2), HitL3: int32(l3)})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/workload"
 )
 
 func TestCostProfilesLoadAndOverride(t *testing.T) {
@@ -75,6 +76,11 @@ func TestPrepareRejectsBadTime(t *testing.T) {
 	for want, mutate := range map[string]func(*Config){
 		`time "wall"`:                        func(c *Config) { c.Time.Mode = "wall" },
 		"speed -2 must be a positive number": func(c *Config) { c.Time.Speed = -2 },
+		"--turn-gap 2s needs --time virtual": func(c *Config) { c.Time.Mode, c.Synthetic.TurnGapMs = TimeNone, 2000 },
+		"--turn-gap 2s is for --workload synthetic": func(c *Config) {
+			c.Workload, c.TracePath, c.Synthetic.TurnGapMs = WorkloadTrace, "x.jsonl", 2000
+		},
+		"turn gap 3600001 ms is outside": func(c *Config) { c.Synthetic.TurnGapMs = workload.MaxTurnGapMs + 1 },
 	} {
 		cfg := DefaultConfig()
 		mutate(&cfg)
@@ -82,6 +88,23 @@ func TestPrepareRejectsBadTime(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadInput, want)
 		assert.Contains(t, err.Error(), want)
 	}
+}
+
+// TestTurnGapImpliesVirtualTime: a synthetic workload with a turn gap is served in virtual
+// time unless told otherwise (the gap means nothing under --time none), and its arrivals are
+// the gap's.
+func TestTurnGapImpliesVirtualTime(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Synthetic.Clients, cfg.Synthetic.Rounds, cfg.Synthetic.TurnGapMs = 4, 2, 1000
+	p, err := Prepare(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, TimeVirtual, p.Config.Time.Mode)
+	assert.Equal(t, int64(1250), p.Requests[5].ArrivalMs, "client 1's second turn: one gap and a quarter")
+	assert.Contains(t, p.Desc, "a turn every 1s per conversation")
+	cfg.Synthetic.TurnGapMs = 0
+	p, err = Prepare(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, TimeNone, p.Config.Time.Mode, "without a gap a synthetic workload is served back to back")
 }
 
 func TestVirtualTimeReplaysArrivals(t *testing.T) {
@@ -191,7 +214,7 @@ func TestTimeNonePrintsNoTTFT(t *testing.T) {
 		return LatencyFigures{TTFTP50Ms: ttft, TTFTP90Ms: ttft, TTFTP99Ms: ttft, QueueP50Ms: ttft, PrefillTokens: prefill, MakespanS: 2}
 	}
 	text := func(mode string) string {
-		r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: mode, Speed: 1, On: figs(400, 100), Off: figs(1000, 300)}}
+		r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: mode, Speed: 1, On: figs(400, 100), Off: figs(1000, 300), TTFTSavedP50Ms: 200}}
 		var b strings.Builder
 		r.writeTimeText(&b)
 		return b.String()
@@ -205,5 +228,45 @@ func TestTimeNonePrintsNoTTFT(t *testing.T) {
 	assert.Contains(t, none, "prefill tokens saved 60.0%")
 	virtual := text(TimeVirtual)
 	assert.Contains(t, virtual, "TTFT p50 100.0 ms")
-	assert.Contains(t, virtual, "TTFT saved           p50 200.0 ms")
+	assert.Contains(t, virtual, "TTFT saved           per request (off minus on): p50 200.0 ms")
+}
+
+// TestTTFTSavedIsPerRequest: "TTFT saved" is the quantiles of each request's own saving (its
+// cache-off TTFT minus its cache-on TTFT, matched by request ID whatever the admission order),
+// not the difference of the two runs' quantiles. Ten requests with cache-off TTFTs 100..1000 ms,
+// of which only the slowest (1000 ms) is served in 100 ms with the cache: the quantiles of the
+// savings are p50 0, p90 0, p99 900 ms; differences of the quantiles would give 100 ms at each.
+func TestTTFTSavedIsPerRequest(t *testing.T) {
+	const ms = int64(1e6)
+	var on, off replicaTiming
+	for id := range int32(10) {
+		ttft := int64(id+1) * 100 * ms
+		off.Requests = append(off.Requests, requestTiming{ID: id, TTFTNs: ttft})
+		if id == 9 {
+			ttft = 100 * ms
+		}
+		// With the cache the requests were admitted in the reverse order.
+		on.Requests = append([]requestTiming{{ID: id, TTFTNs: ttft}}, on.Requests...)
+	}
+	saved := ttftSaved([]replicaTiming{on}, []replicaTiming{off})
+	require.Len(t, saved, 10, "one saving per request")
+	assert.Equal(t, []float64{0, 0, 900}, []float64{quantileMs(saved, 0.5), quantileMs(saved, 0.9), quantileMs(saved, 0.99)})
+
+	fOn, fOff := figures([]replicaTiming{on}, 0), figures([]replicaTiming{off}, 0)
+	assert.Equal(t, []float64{100, 100, 100}, []float64{fOff.TTFTP50Ms - fOn.TTFTP50Ms, fOff.TTFTP90Ms - fOn.TTFTP90Ms, fOff.TTFTP99Ms - fOn.TTFTP99Ms},
+		"the differences of quantiles, which the report does not give")
+
+	r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: TimeVirtual, Speed: 1, On: fOn, Off: fOff,
+		TTFTSavedP50Ms: quantileMs(saved, 0.5), TTFTSavedP90Ms: quantileMs(saved, 0.9), TTFTSavedP99Ms: quantileMs(saved, 0.99)}}
+	var b strings.Builder
+	r.writeTimeText(&b)
+	assert.Contains(t, b.String(), "TTFT saved           per request (off minus on): p50 0.0 ms, p90 0.0 ms, p99 900.0 ms;")
+
+	// Two replicas: each replica's requests are matched with that replica's cache-off run only
+	// (IDs repeat across replicas' request lists only by chance of the workload split).
+	other := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 50 * ms}}}
+	otherOff := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 80 * ms}}}
+	saved = ttftSaved([]replicaTiming{on, other}, []replicaTiming{off, otherOff})
+	require.Len(t, saved, 11)
+	assert.Equal(t, 30*ms, saved[9], "replica 1's request 0 saved 80 - 50 ms, not 100 - 50")
 }
