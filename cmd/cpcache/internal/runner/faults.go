@@ -278,6 +278,9 @@ type faultRunner struct {
 	rank int
 	// idleFlushed marks the when=idle flushes (by index in mine("flush")) already made.
 	idleFlushed map[int]bool
+	// afterFlush, if set, runs after each flush made (the KV events dump of the publishing
+	// rank).
+	afterFlush func() error
 }
 
 func newFaultRunner(cfg *Config, rank int) *faultRunner {
@@ -329,6 +332,11 @@ func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
 		switch {
 		case err == nil:
 			s.counts.Flushes++
+			if f.afterFlush != nil {
+				if err := f.afterFlush(); err != nil {
+					return err
+				}
+			}
 		case errors.Is(err, hicache.ErrBusy):
 			s.counts.FlushesRefused++
 		default:

@@ -265,8 +265,11 @@ func (s *scheduler) admitted(r workload.Request) error {
 // do (the store stopped while a replica's second turns all waited for it:
 // TestStoreStopsWhilePrefetchesWait). So that call is tried again at the next step with no
 // hold in its way, and holds are taken again after a step in which nothing wanted room.
-// Replicated.
-func (s *scheduler) holdsAllowed() bool { return !s.roomWanted && !s.roomWantedLast }
+// Nor while admissions are held for a flush when idle, which a hold would keep from
+// coming. Replicated.
+func (s *scheduler) holdsAllowed() bool {
+	return !s.roomWanted && !s.roomWantedLast && !s.faults.holdsAdmissions(uint64(s.counts.Steps))
+}
 
 // wantRoom records that an insert or a load-back found L1 full, and releases the holds of
 // the waiting requests (releaseHolds).

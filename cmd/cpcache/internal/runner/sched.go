@@ -252,7 +252,9 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 // the running limit allow. A conversation's turn waits until its previous turn finished.
 func (s *scheduler) admit(ctx context.Context) (int, error) {
 	if s.faults.holdsAdmissions(uint64(s.counts.Steps)) {
-		return 0, nil
+		// Nothing is admitted, and the waiting requests' holds go (they are matched again
+		// at their prefill), so that the cache goes idle for the flush.
+		return 0, s.releaseHolds()
 	}
 	blocked := s.blocked
 	clear(blocked)
