@@ -13,7 +13,6 @@ import (
 // alike, flush:step=20,when=idle holds admissions until nothing runs and nothing is in
 // flight, flushes and serves the rest, so the turns after it miss what the flush dropped.
 func TestFlushWhenIdleIsMade(t *testing.T) {
-	const step = 20
 	run := func(spec string) []rankOutcome {
 		faults, err := ParseFaults(spec)
 		if err != nil {
