@@ -10,9 +10,9 @@ import (
 // baselines a measured hit rate is read against.
 //
 // A request's cacheable prefix is made of whole units (pages or blocks) of its prompt; a
-// unit is identified by its chained prefix hash (core.PrefixHashes, the cache's own page
-// identity), so two units are equal only when their whole prefixes are. Requests are taken
-// in workload order; a request "leaves" its prompt and its answer (Answer) behind, as a
+// unit is identified by its chained prefix hash under the request's isolation key
+// (core.KeyPrefixHashes, the cache's own page identity), so two units are equal only when
+// their whole prefixes and keys are. Requests are taken in workload order; a request "leaves" its prompt and its answer (Answer) behind, as a
 // server that inserts a finished request with its answer does.
 
 // withAnswer is r's prompt followed by its answer.
@@ -32,13 +32,13 @@ func ReuseBound(reqs []Request, pageSize int) int64 {
 	seen := map[uint64]struct{}{}
 	var hits int64
 	for _, r := range reqs {
-		for _, h := range core.PrefixHashes(r.Tokens, pageSize) {
+		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, pageSize) {
 			if _, ok := seen[h]; !ok {
 				break
 			}
 			hits += int64(pageSize)
 		}
-		for _, h := range core.PrefixHashes(withAnswer(r), pageSize) {
+		for _, h := range core.KeyPrefixHashes(r.Key, withAnswer(r), pageSize) {
 			seen[h] = struct{}{}
 		}
 	}
@@ -59,13 +59,13 @@ func LRUBlockHits(reqs []Request, capacityBlocks int) int64 {
 	at := map[uint64]*list.Element{}
 	var hits int64
 	for _, r := range reqs {
-		for _, h := range core.PrefixHashes(r.Tokens, BlockTokens) {
+		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, BlockTokens) {
 			if _, ok := at[h]; !ok {
 				break
 			}
 			hits += BlockTokens
 		}
-		for _, h := range core.PrefixHashes(withAnswer(r), BlockTokens) {
+		for _, h := range core.KeyPrefixHashes(r.Key, withAnswer(r), BlockTokens) {
 			if e, ok := at[h]; ok {
 				order.MoveToFront(e)
 				continue

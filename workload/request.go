@@ -10,6 +10,10 @@ type Request struct {
 	OutputLen int     // tokens to decode
 	Client    int     // conversation (synthetic) or -1 (trace)
 	Round     int     // turn within the conversation (synthetic), 0 for traces
+	Tenant    string  // trace: the line's optional "tenant" field ("": none); synthetic: ""
+	// Key is the isolation key the cache keeps the request's pages under ("": the shared
+	// key space). The workload leaves it empty; a server assigns it (cpcache run --isolation).
+	Key string
 }
 
 // mix64 is one SplitMix64 step: the golden-ratio increment, then the finaliser; a fixed,

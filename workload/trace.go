@@ -41,6 +41,7 @@ type traceLine struct {
 	InputLength  *int     `json:"input_length"`
 	OutputLength *int     `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	Tenant       *string  `json:"tenant"`
 }
 
 // rawTraceLine is a line's fields as they are written, each decoded on its own so that an
@@ -51,6 +52,7 @@ type rawTraceLine struct {
 	InputLength  json.RawMessage `json:"input_length"`
 	OutputLength json.RawMessage `json:"output_length"`
 	HashIDs      json.RawMessage `json:"hash_ids"`
+	Tenant       json.RawMessage `json:"tenant"`
 }
 
 // decodeTraceLine decodes one line; an error names the field and its value.
@@ -73,6 +75,9 @@ func decodeTraceLine(text []byte) (traceLine, error) {
 		if f.raw != nil && json.Unmarshal(f.raw, f.dst) != nil {
 			return traceLine{}, fmt.Errorf("invalid JSON: %s %s is not a 64-bit integer", f.name, shortJSON(f.raw))
 		}
+	}
+	if raw.Tenant != nil && json.Unmarshal(raw.Tenant, &tl.Tenant) != nil {
+		return traceLine{}, fmt.Errorf("invalid JSON: tenant %s is not a string", shortJSON(raw.Tenant))
 	}
 	if raw.HashIDs != nil && json.Unmarshal(raw.HashIDs, &tl.HashIDs) != nil {
 		var ids []json.RawMessage
@@ -125,7 +130,7 @@ func FileKind(m fs.FileMode) string { return regfile.Kind(m) }
 
 // ReadTrace parses a Mooncake trace: one JSON object per line with timestamp (ms),
 // input_length, output_length and hash_ids (ids of 512-token blocks; equal id means equal
-// prefix up to that block). Block k of a request holds the tokens derived from its id, and
+// prefix up to that block), and optionally tenant (a string: who sent it, for isolation). Block k of a request holds the tokens derived from its id, and
 // the prompt is the first input_length tokens of its blocks. A bad line is an error that
 // names the line number; nothing is returned for a trace with a bad line among those read.
 func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) { return readTrace(r, opts, "") }
@@ -202,7 +207,11 @@ func parseTraceLine(text []byte, id int) (Request, error) {
 	for i := range tokens {
 		tokens[i] = BlockToken(tl.HashIDs[i/BlockTokens], i%BlockTokens)
 	}
-	return Request{ID: id, ArrivalMs: *tl.Timestamp, Tokens: tokens, OutputLen: *tl.OutputLength, Client: -1}, nil
+	req := Request{ID: id, ArrivalMs: *tl.Timestamp, Tokens: tokens, OutputLen: *tl.OutputLength, Client: -1}
+	if tl.Tenant != nil {
+		req.Tenant = *tl.Tenant
+	}
+	return req, nil
 }
 
 // BlockToken is token j of the block with the given trace hash id.

@@ -141,6 +141,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&cfg.Workload, "workload", def.Workload, "synthetic or trace")
 	fs.StringVar(&cfg.TracePath, "trace", "", "Mooncake JSONL trace (--workload trace)")
 	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
+	fs.StringVar(&cfg.Isolation, "isolation", "none", "isolation key of each request: none (equal prefixes share pages), per-client (each synthetic conversation its own key: no cross-client hits) or per-tenant (a trace's \"tenant\" field, which every line must have)")
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")
 	fs.IntVar(&cfg.Synthetic.Rounds, "rounds", def.Synthetic.Rounds, "synthetic: turns of each conversation")
 	fs.DurationVar(&o.turnGap, "turn-gap", 0, "synthetic: each conversation asks its next turn this long after the last (virtual time; the clients evenly staggered over one gap; implies --time virtual); 0: every turn arrives at once")

@@ -2,7 +2,7 @@
 vLLM KV-aware router would (ZMQ SUB + the replay ROUTER, msgpack payloads decoded by the
 layout of vLLM's KVEventBatch, BlockStored, BlockRemoved and AllBlocksCleared), rebuilds each
 replica's pages per tier from the events through evictions, a flush and a recovery, and
-compares them with the pages the cache itself holds at the end.
+compares them with the pages the cache itself holds right after the flush and at the end.
 
 Needs Debian's python3-zmq and python3-msgpack (make deps) and bin/cpcache (or CPCACHE_BIN).
 """
@@ -23,14 +23,29 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM = {"GPU": "device", "CPU": "host", "STORAGE": "storage"}
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+def free_port_pairs(n):
+    """n ports p, each with p + 1 free too (replica d uses the port plus d), no two pairs
+    overlapping: the kernel hands out ephemeral ports in sequence, so two free ports are
+    often neighbours and one's "plus 1" is the other."""
+    held, bases = [], []
+    try:
+        while len(bases) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            base = s.getsockname()[1]
+            nxt = socket.socket()
+            try:
+                nxt.bind(("127.0.0.1", base + 1))
+            except OSError:
+                nxt.close()
+                continue
+            held.append(nxt)
+            bases.append(base)
+    finally:
+        for s in held:
+            s.close()
+    return bases
 
 
 class Replica:
@@ -89,7 +104,7 @@ def replay(ctx, endpoint, start):
 
 
 def test_router_rebuilds_each_replica_from_events(tmp_path):
-    pub_port, replay_port = free_ports(2)
+    pub_port, replay_port = free_port_pairs(2)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -104,7 +119,9 @@ def test_router_rebuilds_each_replica_from_events(tmp_path):
     args = [CPCACHE_BIN, "run", "--world", "8", "--dp", "2", "--attn-cp", "4", "--page-size", "16",
             "--clients", "12", "--rounds", "4", "--l1-pages", "256", "--l2-pages", "96", "--kv-bytes-per-token", "64",
             "--storage", f"file://{tmp_path / 'l3'}",
-            "--fault", "diverge-tree:rank=1,step=90;diverge-tree:rank=5,step=120",  # one recovery per replica
+            # One flush per replica (when=idle: admissions held from step 40 until nothing runs
+            # and nothing is in flight, so it is made, not refused as busy) and one recovery.
+            "--fault", "flush:step=40,when=idle;diverge-tree:rank=1,step=90;diverge-tree:rank=5,step=120",
             "--kv-events", f"tcp://127.0.0.1:{pub_port}", "--kv-events-replay", f"tcp://127.0.0.1:{replay_port}",
             "--json", str(tmp_path / "report.json")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -145,6 +162,20 @@ def test_router_rebuilds_each_replica_from_events(tmp_path):
             batches[seq] = payload
         seqs = sorted(batches)
         assert seqs == list(range(len(seqs))), f"replica {dp}: batches {seqs[:5]}...{seqs[-5:]} have gaps"
+        # Right after the flush: the batches before the first one that followed it rebuild
+        # what the cache held then (the flush emptied device and host).
+        flushed = json.loads((dump / f"replica-{dp}-flush-1.json").read_text())
+        r = Replica()
+        last = flushed["next_seq"] - 1  # the flush's batch: it clears every tier
+        for seq in seqs[:last]:
+            assert r.apply(seq, batches[seq]) == dp
+        cleared = r.counts["AllBlocksCleared"]
+        assert r.apply(last, batches[last]) == dp
+        assert r.counts["AllBlocksCleared"] == cleared + 1, (dp, last, r.counts)
+        for tier in ("device", "host", "storage"):
+            want = set(flushed[tier] or [])
+            assert r.tiers[tier] == want, (dp, "after the flush", tier, len(r.tiers[tier]), len(want))
+        assert not r.tiers["device"] and not r.tiers["host"], (dp, {k: len(v) for k, v in r.tiers.items()})
         r = Replica()
         for seq in seqs:
             assert r.apply(seq, batches[seq]) == dp
@@ -152,8 +183,9 @@ def test_router_rebuilds_each_replica_from_events(tmp_path):
         for tier in ("device", "host", "storage"):
             want = set(held[tier] or [])
             assert r.tiers[tier] == want, (dp, tier, len(r.tiers[tier]), len(want))
-        # The run went through evictions and a recovery (whose clear is followed by the
+        # The run went through evictions, the flush and a recovery (whose clear is followed by the
         # storage pages announced again).
-        assert r.counts["BlockRemoved"] > 0 and r.counts["AllBlocksCleared"] >= 1, (dp, r.counts)
+        assert r.counts["BlockRemoved"] > 0 and r.counts["AllBlocksCleared"] >= 2, (dp, r.counts)
         assert len(r.tiers["storage"]) > 0 and len(r.tiers["host"]) > 0, (dp, {k: len(v) for k, v in r.tiers.items()})
     assert report["recoveries"] == 2, report["recoveries"]
+    assert (report["flushes"], report["flushes_refused"]) == (2, 0), (report["flushes"], report["flushes_refused"])

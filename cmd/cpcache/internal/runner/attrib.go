@@ -99,7 +99,7 @@ func (t *missTracker) quarantined(q bool) {
 // rule skipped its continuation).
 func (t *missTracker) prefilled(r workload.Request, matched, served int, cost bool) {
 	P := t.pageSize
-	hashes := hicache.PrefixHashes(r.Tokens[:len(r.Tokens)/P*P], P)
+	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:len(r.Tokens)/P*P], P)
 	t.causes.PartialPage += int64(len(r.Tokens) % P)
 	for i := served; i < len(hashes); i++ {
 		h := hashes[i]
@@ -133,12 +133,12 @@ func (t *missTracker) prefilled(r workload.Request, matched, served int, cost bo
 }
 
 // matchedL2 records the pages a match found in L2 only.
-func (t *missTracker) matchedL2(tokens []int32, m hicache.MatchResult) {
+func (t *missTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
 	if t.policy != hicache.WriteThroughSelective || m.HostPages == 0 {
 		return
 	}
 	n := (m.DevicePages + m.HostPages) * t.pageSize
-	for _, h := range hicache.PrefixHashes(tokens[:n], t.pageSize)[m.DevicePages:] {
+	for _, h := range hicache.KeyPrefixHashes(r.Key, r.Tokens[:n], t.pageSize)[m.DevicePages:] {
 		t.inL2[h] = struct{}{}
 	}
 }
@@ -147,7 +147,7 @@ func (t *missTracker) matchedL2(tokens []int32, m hicache.MatchResult) {
 func (t *missTracker) answerPages(r workload.Request) []uint64 {
 	P := t.pageSize
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
-	return hicache.PrefixHashes(full[:len(full)/P*P], P)[len(r.Tokens)/P:]
+	return hicache.KeyPrefixHashes(r.Key, full[:len(full)/P*P], P)[len(r.Tokens)/P:]
 }
 
 // finished records that r's prompt and answer were inserted.

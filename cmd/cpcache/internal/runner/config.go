@@ -21,6 +21,13 @@ const (
 	WorkloadTrace     = "trace"
 )
 
+// Isolation modes (--isolation): which requests may share cached pages.
+const (
+	IsolationNone      = "none"       // every request under the empty key: equal prefixes share
+	IsolationPerClient = "per-client" // synthetic: each conversation under a key of its own
+	IsolationPerTenant = "per-tenant" // trace: each line's "tenant" field is its key
+)
+
 // Config is one run's configuration; every rank of a job must use the same one.
 type Config struct {
 	Layout          parallel.LayoutConfig // EP 0 means the world size
@@ -36,6 +43,9 @@ type Config struct {
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
 	TracePath string                   // WorkloadTrace: Mooncake JSONL
 	Requests  int                      // serve only the first N requests (0: all)
+	// Isolation assigns each request an isolation key (see assignIsolation): IsolationNone
+	// ("" too), IsolationPerClient or IsolationPerTenant.
+	Isolation string
 
 	// L3: Storage is the URL of a page store below L2 (file:///dir or
 	// redis://host:port/prefix; "": none). With it every replica backs its L2 pages up there
@@ -217,6 +227,12 @@ func Prepare(cfg Config) (*Plan, error) {
 	default:
 		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
 	}
+	if err := p.assignIsolation(); err != nil {
+		return nil, err
+	}
+	if m := cfg.Isolation; m != "" && m != IsolationNone {
+		p.Desc += ", isolation " + m
+	}
 	if err := p.checkArrivals(); err != nil {
 		return nil, err
 	}
@@ -238,6 +254,45 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// assignIsolation gives every request its isolation key under Config.Isolation: none, the
+// empty key (every request may hit every other's prefix); per-client, "client-N" for the
+// synthetic workload's conversation N (a shared system prompt is then cached once per
+// client, and no client's timing shows another's prompts); per-tenant, the trace line's
+// "tenant" field, which every line must then have (a Mooncake trace has none: the flag is
+// refused for it, naming the first request without one).
+func (p *Plan) assignIsolation() error {
+	mode := p.Config.Isolation
+	switch mode {
+	case "", IsolationNone:
+		for i := range p.Requests {
+			p.Requests[i].Key = ""
+		}
+		return nil
+	case IsolationPerClient:
+		if p.Config.Workload != WorkloadSynthetic {
+			return bad("--isolation %s needs --workload %s (a trace has no clients; per-tenant reads a trace's \"tenant\" field)", mode, WorkloadSynthetic)
+		}
+		for i := range p.Requests {
+			p.Requests[i].Key = fmt.Sprintf("client-%d", p.Requests[i].Client)
+		}
+		return nil
+	case IsolationPerTenant:
+		if p.Config.Workload != WorkloadTrace {
+			return bad("--isolation %s needs --workload %s with a \"tenant\" field on every line (the synthetic workload has clients: per-client)", mode, WorkloadTrace)
+		}
+		for i := range p.Requests {
+			r := &p.Requests[i]
+			if r.Tenant == "" {
+				return bad("--isolation %s: request %d of the trace has no \"tenant\" field (or an empty one); every line needs one", mode, r.ID)
+			}
+			r.Key = "tenant-" + r.Tenant
+		}
+		return nil
+	default:
+		return bad("--isolation %q (want %s, %s or %s)", mode, IsolationNone, IsolationPerClient, IsolationPerTenant)
+	}
 }
 
 // maxArrivalNs bounds a request's arrival on the virtual clock (about 146 years), which

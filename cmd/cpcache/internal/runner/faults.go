@@ -40,8 +40,11 @@ or more faults separated by ';', each KIND[:PARAM=VALUE,...]:
                                    "kernel", deaf to every deadline, as on a frozen ext4 or
                                    a hung NFS mount (default: to the end of the run); the
                                    calls are abandoned at their deadline
-  flush:step=S                     every rank asks its cache to flush before step S (refused
-                                   on every rank alike while it is busy)
+  flush:step=S[,when=now|idle]     every rank asks its cache to flush before step S (when=now,
+                                   the default: refused on every rank alike while it is busy);
+                                   when=idle: from step S the replica admits no request until
+                                   its running ones finished and its I/O ended, then flushes
+                                   (the flush is made, never refused) and admits again
   kill:rank=R,at=start|slabs|step[,step=S]
                                    rank R kills itself with SIGKILL before joining the job,
                                    before the slab exchange, or before step S
@@ -56,7 +59,14 @@ type Fault struct {
 	After, For time.Duration
 	Ops        []string
 	At         string // kill: start, slabs or step
+	When       string // flush: FlushNow ("" too) or FlushIdle
 }
+
+// When a flush fault flushes (its when= parameter).
+const (
+	FlushNow  = "now"  // at its step, refused if the cache is busy then
+	FlushIdle = "idle" // at the first step from its step at which the cache is idle, admitting nothing meanwhile
+)
 
 // faultParams are the parameters each kind accepts, and which it requires.
 var faultParams = map[string]struct{ allowed, required []string }{
@@ -67,7 +77,7 @@ var faultParams = map[string]struct{ allowed, required []string }{
 	"storage-hang":      {[]string{"after", "for", "op", "rank"}, nil},
 	"storage-error":     {[]string{"after", "for", "op", "rank"}, nil},
 	"storage-freeze":    {[]string{"after", "for", "op", "rank"}, nil},
-	"flush":             {[]string{"step"}, []string{"step"}},
+	"flush":             {[]string{"step", "when"}, []string{"step"}},
 	"kill":              {[]string{"rank", "at", "step"}, []string{"rank", "at"}},
 	"stall":             {[]string{"rank", "step", "for"}, []string{"rank", "step", "for"}},
 }
@@ -139,6 +149,11 @@ func parseFault(part string) (Fault, error) {
 				if !slices.Contains(storageOps, op) {
 					err = fmt.Errorf("unknown operation %q (known: %s)", op, strings.Join(storageOps, ", "))
 				}
+			}
+		case "when":
+			f.When = val
+			if val != FlushNow && val != FlushIdle {
+				err = fmt.Errorf("want %s or %s", FlushNow, FlushIdle)
 			}
 		case "at":
 			f.At = val
@@ -261,18 +276,40 @@ func (c *Config) stallPoint(rank int, step uint64) {
 type faultRunner struct {
 	cfg  *Config
 	rank int
+	// idleFlushed marks the when=idle flushes (by index in mine("flush")) already made.
+	idleFlushed map[int]bool
+	// afterFlush, if set, runs after each flush made (the KV events dump of the publishing
+	// rank).
+	afterFlush func() error
 }
 
 func newFaultRunner(cfg *Config, rank int) *faultRunner {
 	if len(cfg.Faults) == 0 {
 		return nil
 	}
-	return &faultRunner{cfg: cfg, rank: rank}
+	return &faultRunner{cfg: cfg, rank: rank, idleFlushed: map[int]bool{}}
+}
+
+// holdsAdmissions reports whether a when=idle flush is due at step: from its step until it
+// is made the replica admits nothing, so that its running requests finish, its I/O ends
+// and the cache goes idle. Replicated (steps and the flushes made are).
+func (f *faultRunner) holdsAdmissions(step uint64) bool {
+	if f == nil {
+		return false
+	}
+	for i, fl := range f.cfg.mine("flush", f.rank) {
+		if fl.When == FlushIdle && step >= fl.Step && !f.idleFlushed[i] {
+			return true
+		}
+	}
+	return false
 }
 
 // beforeStep runs the faults due before step s.counts.Steps. A flush is replicated: every
 // rank of the replica makes it at the same step and gets the same answer (refused while
-// busy).
+// busy). A when=idle flush is made at the first step from its own at which the cache is idle
+// and not in quarantine (both replicated outside quarantine, and quarantine is entered and
+// left at the same step everywhere), so it is never refused.
 func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
 	if f == nil {
 		return nil
@@ -280,8 +317,13 @@ func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
 	step := uint64(s.counts.Steps)
 	f.cfg.killPoint(f.rank, "step", step)
 	f.cfg.stallPoint(f.rank, step)
-	for _, fl := range f.cfg.mine("flush", f.rank) {
-		if fl.Step != step {
+	for i, fl := range f.cfg.mine("flush", f.rank) {
+		if fl.When == FlushIdle {
+			if step < fl.Step || f.idleFlushed[i] || s.cache.Quarantined() || !s.cache.Idle() {
+				continue
+			}
+			f.idleFlushed[i] = true
+		} else if fl.Step != step {
 			continue
 		}
 		before := s.cache.Stats().Collectives
@@ -290,6 +332,11 @@ func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
 		switch {
 		case err == nil:
 			s.counts.Flushes++
+			if f.afterFlush != nil {
+				if err := f.afterFlush(); err != nil {
+					return err
+				}
+			}
 		case errors.Is(err, hicache.ErrBusy):
 			s.counts.FlushesRefused++
 		default:

@@ -48,6 +48,7 @@ func TestParseFaults(t *testing.T) {
 		"kill:rank=1,at=step":        "kill at=step needs step=",
 		"kill:rank=1,at=never":       "at=never: want start, slabs or step",
 		"flush:step=1,step=2":        `parameter "step" given twice`,
+		"flush:step=1,when=later":    "when=later: want now or idle",
 		"diverge-tree:rank=1;stall:": "stall needs rank=",
 		"copy-fail:rank":             `parameter "rank" is not NAME=VALUE`,
 	} {

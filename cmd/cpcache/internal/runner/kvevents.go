@@ -13,7 +13,9 @@ import (
 
 // EnvKVEventsDump names a directory where each replica's publishing rank writes, after its
 // last step, the pages its cache holds per tier (replica-<d>.json: {"device": [...], "host":
-// [...], "storage": [...]}, chained hashes): for tests that rebuild them from the events.
+// [...], "storage": [...]}, chained hashes), and after its n-th flush by --fault flush the
+// same with "next_seq", the seq of the first batch after the flush's (replica-<d>-flush-<n>.json,
+// from 1): for tests that rebuild them from the events.
 const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
 
 // checkKVEvents refuses --kv-events-replay without --kv-events, and endpoints that cannot
@@ -37,9 +39,10 @@ func (p *Plan) checkKVEvents() error {
 }
 
 type kvPublisher struct {
-	pub  *kvevents.Publisher
-	dp   int
-	dump string
+	pub     *kvevents.Publisher
+	dp      int
+	dump    string
+	flushes int // dumps written after flushes
 }
 
 // startKVEvents publishes replica dp's events on its endpoints (see Config.KVEvents).
@@ -65,12 +68,36 @@ func startKVEvents(cache *hicache.Cache, cfg *Config, dp, rank int) (*kvPublishe
 func (p *kvPublisher) close(cache *hicache.Cache) error {
 	var dumpErr error
 	if p.dump != "" {
-		held := cache.HeldPages()
-		raw, err := json.Marshal(map[string][]uint64{"device": held[hicache.TierDevice], "host": held[hicache.TierHost], "storage": held[hicache.TierStorage]})
-		if err == nil {
-			err = os.WriteFile(filepath.Join(p.dump, fmt.Sprintf("replica-%d.json", p.dp)), raw, 0o644)
-		}
-		dumpErr = err
+		dumpErr = p.writeDump(cache, fmt.Sprintf("replica-%d.json", p.dp), nil)
 	}
 	return errors.Join(p.pub.Close(), dumpErr)
+}
+
+// flushed writes the dump of a flush just made (see EnvKVEventsDump); nothing without one.
+func (p *kvPublisher) flushed(cache *hicache.Cache) error {
+	if p.dump == "" {
+		return nil
+	}
+	seq, err := cache.NextEventSeq()
+	if err != nil {
+		return err
+	}
+	p.flushes++
+	return p.writeDump(cache, fmt.Sprintf("replica-%d-flush-%d.json", p.dp, p.flushes), &seq)
+}
+
+// writeDump writes the pages cache holds per tier to name in the dump directory, with
+// next_seq when given.
+func (p *kvPublisher) writeDump(cache *hicache.Cache, name string, nextSeq *uint64) error {
+	held := cache.HeldPages()
+	raw, err := json.Marshal(struct {
+		NextSeq *uint64  `json:"next_seq,omitempty"`
+		Device  []uint64 `json:"device"`
+		Host    []uint64 `json:"host"`
+		Storage []uint64 `json:"storage"`
+	}{nextSeq, held[hicache.TierDevice], held[hicache.TierHost], held[hicache.TierStorage]})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(p.dump, name), raw, 0o644)
 }

@@ -79,11 +79,11 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	if pf == nil {
 		w := len(r.Tokens) / P
 		if len(s.prefetches) > 0 && s.prefetchHeld+w > s.prefetchBudget() {
-			if c.PrefetchSkipsForCost(r.Tokens) {
+			if c.PrefetchSkipsForCostKey(r.Key, r.Tokens) {
 				s.costSkip(r) // nothing to wait for: it computes its continuation
 				return false, nil
 			}
-			m, err := c.Match(r.Tokens)
+			m, err := c.MatchKey(r.Key, r.Tokens)
 			if err != nil {
 				return false, err
 			}
@@ -127,7 +127,7 @@ func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 		}
 		pf.locked = nil
 	}
-	m, err := c.Match(r.Tokens)
+	m, err := c.MatchKey(r.Key, r.Tokens)
 	if err != nil {
 		return false, err
 	}
@@ -265,8 +265,11 @@ func (s *scheduler) admitted(r workload.Request) error {
 // do (the store stopped while a replica's second turns all waited for it:
 // TestStoreStopsWhilePrefetchesWait). So that call is tried again at the next step with no
 // hold in its way, and holds are taken again after a step in which nothing wanted room.
-// Replicated.
-func (s *scheduler) holdsAllowed() bool { return !s.roomWanted && !s.roomWantedLast }
+// Nor while admissions are held for a flush when idle, which a hold would keep from
+// coming. Replicated.
+func (s *scheduler) holdsAllowed() bool {
+	return !s.roomWanted && !s.roomWantedLast && !s.faults.holdsAdmissions(uint64(s.counts.Steps))
+}
 
 // wantRoom records that an insert or a load-back found L1 full, and releases the holds of
 // the waiting requests (releaseHolds).
@@ -298,7 +301,7 @@ func (s *scheduler) releaseHolds() error {
 func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
-	m, err := c.Match(r.Tokens)
+	m, err := c.MatchKey(r.Key, r.Tokens)
 	if err != nil {
 		return false, err
 	}
@@ -313,7 +316,7 @@ func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, 
 	if err := c.Lock(m.Last); err != nil {
 		return false, err
 	}
-	res, err := c.Prefetch(r.Tokens)
+	res, err := c.PrefetchKey(r.Key, r.Tokens)
 	if res.CostSkipped {
 		s.costSkip(r)
 	}

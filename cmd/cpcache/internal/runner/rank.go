@@ -204,9 +204,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
+	var pub *kvPublisher
 	if cfg.KVEvents != "" && leader {
-		pub, err := startKVEvents(cache, cfg, coord.DP, rank)
-		if err != nil {
+		if pub, err = startKVEvents(cache, cfg, coord.DP, rank); err != nil {
 			return nil, err
 		}
 		defer func() { err = errors.Join(err, pub.close(cache)) }()
@@ -215,6 +215,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
 	sched.kv = mem.kv(cache)
 	sched.faults = newFaultRunner(cfg, rank)
+	if pub != nil && sched.faults != nil {
+		sched.faults.afterFlush = func() error { return pub.flushed(cache) }
+	}
 	if leader {
 		sched.misses = newMissTracker(cfg)
 	}

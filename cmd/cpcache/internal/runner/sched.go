@@ -100,7 +100,9 @@ type scheduler struct {
 	local    localCounts
 	firstBad error               // the first bad page this rank found
 	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
-	faults   *faultRunner        // --fault: kills, stalls and flushes at steps (nil: none)
+	// onPrefilled (tests) is told each request's prompt tokens served from the cache.
+	onPrefilled func(r workload.Request, hitTokens int64)
+	faults      *faultRunner // --fault: kills, stalls and flushes at steps (nil: none)
 	// afterSchedule (tests) runs in run's loop after each step's decisions, before its
 	// consensus step; it may make consensus steps of its own (s.step).
 	afterSchedule func(context.Context) error
@@ -154,6 +156,9 @@ func (s *scheduler) run(ctx context.Context) error {
 		}
 		quiet := s.cache.Pending() == 0
 		prefetched := len(s.prefetches) > 0
+		// Admissions held for a flush when idle (see faultRunner.holdsAdmissions): the
+		// flush is made at a step below once nothing runs and nothing is in flight.
+		held := s.faults.holdsAdmissions(uint64(s.counts.Steps))
 		if err := s.step(ctx); err != nil {
 			return err
 		}
@@ -166,7 +171,11 @@ func (s *scheduler) run(ctx context.Context) error {
 		// free L1 or end a prefetch: no later step can do better, except while requests
 		// wait for prefetches, whose holds and checks may take a few steps to settle (see
 		// maxQuietSteps). Replicated (every input is), so every rank stops at the same step.
-		if s.quietSteps++; !prefetched || s.quietSteps >= maxQuietSteps {
+		if s.quietSteps++; (!prefetched && !held) || s.quietSteps >= maxQuietSteps {
+			if held {
+				return fmt.Errorf("runner: no progress: a flush:when=idle holds admissions and the cache is not idle after %d steps (%d running, %d queued requests waiting for prefetches)",
+					s.quietSteps, len(s.running), len(s.prefetches))
+			}
 			return s.stalled()
 		}
 	}
@@ -242,6 +251,11 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 // admit prefills queued requests in order while the token budget, the L1 reservation and
 // the running limit allow. A conversation's turn waits until its previous turn finished.
 func (s *scheduler) admit(ctx context.Context) (int, error) {
+	if s.faults.holdsAdmissions(uint64(s.counts.Steps)) {
+		// Nothing is admitted, and the waiting requests' holds go (they are matched again
+		// at their prefill), so that the cache goes idle for the flush.
+		return 0, s.releaseHolds()
+	}
 	blocked := s.blocked
 	clear(blocked)
 	clear(s.deferred)
@@ -322,7 +336,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 // now.
 func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, error) {
 	c, P := s.cache, s.cfg.PageSize
-	m, err := c.Match(r.Tokens)
+	m, err := c.MatchKey(r.Key, r.Tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +355,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	}
 	matched := m.DevicePages + m.HostPages
 	if s.misses != nil {
-		s.misses.matchedL2(r.Tokens, m)
+		s.misses.matchedL2(r, m)
 	}
 	device := m.DevicePages
 	if m.HostPages > 0 {
@@ -368,14 +382,14 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 				}
 				s.counts.LoadSteps++
 			}
-			if after, err = c.Match(r.Tokens); err != nil {
+			if after, err = c.MatchKey(r.Key, r.Tokens); err != nil {
 				return nil, err
 			}
 		}
 		if err := c.WaitL1(ctx, after.Last); err != nil {
 			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
 		}
-		hashes := hicache.PrefixHashes(r.Tokens[:after.DevicePages*P], P)
+		hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
 		for i := m.DevicePages; i < after.DevicePages; i++ {
 			if c.Owns(i) {
 				s.verify(r, i, after.L1Slots[i], hashes[i])
@@ -384,7 +398,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 		device = after.DevicePages
 	}
 	var ins hicache.InsertResult
-	err = s.withRoom(ctx, func() (err error) { ins, err = c.Insert(r.Tokens); return err })
+	err = s.withRoom(ctx, func() (err error) { ins, err = c.InsertKey(r.Key, r.Tokens); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return nil, c.Unlock(m.Last)
 	}
@@ -414,6 +428,9 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.HitL3 += l3
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
 	s.clock.prefilled(r, l1, l2, l3)
+	if s.onPrefilled != nil {
+		s.onPrefilled(r, l1+l2+l3)
+	}
 	s.clock.loadPages += device - m.DevicePages
 	cost := s.prefillCost(r, device)
 	if s.misses != nil {
@@ -438,7 +455,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
-	res, err := c.Prefetch(r.Tokens)
+	res, err := c.PrefetchKey(r.Key, r.Tokens)
 	if err != nil {
 		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
 	}
@@ -458,7 +475,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	if out, ok := c.PrefetchOutcome(res.ID); ok && out.Refused == hicache.RefusedCost {
 		s.costSkip(r)
 	}
-	after, err := c.Match(r.Tokens)
+	after, err := c.MatchKey(r.Key, r.Tokens)
 	if err != nil {
 		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
 	}
@@ -575,7 +592,7 @@ func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	r := a.req
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
 	var ins hicache.InsertResult
-	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.Insert(full); return err })
+	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.InsertKey(r.Key, full); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return false, nil
 	}

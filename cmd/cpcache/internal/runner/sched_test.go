@@ -54,6 +54,8 @@ type inProcessOptions struct {
 	wrapStorage func(rank int, st storage.Storage) storage.Storage
 	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
 	afterSchedule func(rank int, s *scheduler) func(context.Context) error
+	// onPrefilled, if set, is told each request a rank prefilled and its hit tokens.
+	onPrefilled func(rank int, r workload.Request, hitTokens int64)
 }
 
 // runInProcessWith is runInProcess with the hooks of o.
@@ -116,6 +118,10 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if opts.afterSchedule != nil {
 				s.afterSchedule = opts.afterSchedule(rank, s)
 			}
+			s.faults = newFaultRunner(&p.Config, rank) // flush faults (no kill or stall in-process)
+			if opts.onPrefilled != nil {
+				s.onPrefilled = func(r workload.Request, hit int64) { opts.onPrefilled(rank, r, hit) }
+			}
 			if rank == corruptRank {
 				done := false
 				s.corrupt = func(n *hicache.Node) {
@@ -132,7 +138,7 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			o.err = s.run(ctx)
 			o.counts, o.local, o.firstBad = s.counts, s.local, s.firstBad
 			o.prefetchesLeft, o.prefetchHeld = len(s.prefetches), s.prefetchHeld
-			o.collectives = counted.Counts().Total() - before
+			o.collectives = counted.Counts().Total() - before - int(s.local.FlushCollectives) // as rank.go counts them
 			o.stats = cache.Stats()
 			o.loaded = o.stats.PagesLoaded
 			if leader {
