@@ -56,25 +56,10 @@ func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 		t.Helper()
 		for i, c := range cores {
 			c.StorageReadRate(rates[i])
-			var done Done
-			for _, j := range c.Ready(nil).Jobs {
-				done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
-			}
-			c.Report(done)
 		}
-		for i, err := range r.stepAll() {
-			if err != nil {
-				t.Fatalf("rank %d: %v", i, err)
-			}
-		}
+		r.finishStorageJobs(t)
 	}
-	seq := func(base int32) []int32 {
-		s := make([]int32, 16) // 4 pages
-		for i := range s {
-			s[i] = base + int32(i)
-		}
-		return s
-	}
+	seq := fourPages
 	prefetch := func(rates []int64, base int32) PrefetchOutcome {
 		t.Helper()
 		var id uint64

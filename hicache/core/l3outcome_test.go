@@ -17,29 +17,8 @@ func TestPrefetchOutcome(t *testing.T) {
 		cores[i] = c
 	}
 	r := &coreRig{cores: cores}
-	// Every rank finishes the storage jobs it was handed: all of its pages stored and read.
-	step := func() {
-		t.Helper()
-		for _, c := range cores {
-			var done Done
-			for _, j := range c.Ready(nil).Jobs {
-				done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
-			}
-			c.Report(done)
-		}
-		for i, err := range r.stepAll() {
-			if err != nil {
-				t.Fatalf("rank %d: %v", i, err)
-			}
-		}
-	}
-	seq := func(base int32) []int32 {
-		s := make([]int32, 16) // 4 pages
-		for i := range s {
-			s[i] = base + int32(i)
-		}
-		return s
-	}
+	step := func() { t.Helper(); r.finishStorageJobs(t) }
+	seq := fourPages
 	var ids []uint64
 	for _, s := range [][]int32{seq(100), seq(200)} {
 		var id uint64
@@ -74,4 +53,46 @@ func TestPrefetchOutcome(t *testing.T) {
 	if !RefusedQuota.Transient() || RefusedCut.Transient() {
 		t.Fatal("the quota is transient, a cut is not")
 	}
+}
+
+// finishStorageJobs steps every core once after each finished the storage jobs it was
+// handed (all of its pages stored and read).
+func (r *coreRig) finishStorageJobs(t *testing.T) {
+	t.Helper()
+	for _, c := range r.cores {
+		var done Done
+		for _, j := range c.Ready(nil).Jobs {
+			done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
+		}
+		c.Report(done)
+	}
+	for i, err := range r.stepAll() {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+}
+
+// fourPages is the 16 tokens base, base+1, …: 4 pages of 4 tokens.
+func fourPages(base int32) []int32 {
+	s := make([]int32, 16)
+	for i := range s {
+		s[i] = base + int32(i)
+	}
+	return s
+}
+
+// stepSolo steps a lone core (one rank, its own vector) after reporting d, checks its
+// invariants and returns what it has to do next.
+func stepSolo(t *testing.T, c *Core, d Done) Ready {
+	t.Helper()
+	c.Report(d)
+	rd := c.Ready(make([]int64, VectorLen))
+	if err := c.Apply(rd.Vector); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	return c.Ready(nil)
 }

@@ -214,18 +214,7 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	step := func(d Done) Ready {
-		t.Helper()
-		c.Report(d)
-		rd := c.Ready(make([]int64, VectorLen))
-		if err := c.Apply(rd.Vector); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.CheckInvariants(); err != nil {
-			t.Fatal(err)
-		}
-		return c.Ready(nil)
-	}
+	step := func(d Done) Ready { t.Helper(); return stepSolo(t, c, d) }
 	seq := []int32{1, 1, 2, 2, 3, 3, 4, 4}
 	if _, err := c.Insert(seq); err != nil {
 		t.Fatal(err)
