@@ -192,7 +192,8 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 	for _, r := range missing {
 		if atomic.LoadUint32(g.closedFlag[r]) != 0 {
 			g.publishLocked(abortClosed, r)
-			return fmt.Errorf("%w: member %d (global rank %d) closed the group", parallel.ErrPeerLost, r, g.ranks[r])
+			return fmt.Errorf("%w: member %d (global rank %d) closed the group after %d of its rounds, while this member waits in round %d",
+				parallel.ErrPeerLost, r, g.ranks[r], atomic.LoadUint64(g.arrive[r]), seq)
 		}
 	}
 	if checkProcs {
