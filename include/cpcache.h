@@ -102,7 +102,7 @@ typedef struct cpcache_config {
 
   /* Parallel layout (SGLang's rules; see `cpcache layout`). world 0: the launcher's. */
   int32_t world, tp, dp, attn_cp, ep;
-  int32_t dp_attention; /* 0 or 1 */
+  int32_t dp_attention; /* 0 or 1 (default 1, as the cpcache commands: each DP replica runs attention on its own ranks) */
 
   /* This process's rank: -1 (default) reads the launcher's environment (torchrun, OpenMPI,
    * Slurm variables, as `cpcache launch` and mpirun set them). */

@@ -53,7 +53,7 @@ func cpcache_config_init(cfg *C.cpcache_config) (status C.int) {
 	}
 	*cfg = C.cpcache_config{
 		struct_size: C.sizeof_cpcache_config, abi_version: C.CPCACHE_ABI_VERSION,
-		rank: -1, timeout_ms: C.int64_t(60_000), page_tokens: 16,
+		dp_attention: 1, rank: -1, timeout_ms: C.int64_t(60_000), page_tokens: 16,
 		slab_backend: C.CPCACHE_SLAB_HOST, l1_kind: C.CPCACHE_L1_ALLOC, policy: C.CPCACHE_POLICY_WRITE_THROUGH,
 	}
 	return C.CPCACHE_OK

@@ -9,8 +9,10 @@
 // owns — insert), then makes exactly one cpcache_step. KV pages hold content derived from
 // their token prefix, page index and TP shard, so every page read back is checked.
 //
-// Usage: engine [--attn-cp N] [--dp N] [--dp-attention] [--clients N] [--rounds N]
+// Usage: engine [--attn-cp N] [--dp N] [--dp-attention=false] [--clients N] [--rounds N]
 //               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
+// DP attention is on by default (cpcache_config_init, as the cpcache commands); --dp-attention is
+// accepted and changes nothing, --dp-attention=false turns it off.
 // --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
 // Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
 // peer was lost.
@@ -237,7 +239,7 @@ int main(int argc, char **argv) {
   check(cpcache_config_init(&cfg));
   cfg.attn_cp = (int32_t)arg(argc, argv, "--attn-cp", 1, 1, INT32_MAX);
   cfg.dp = (int32_t)arg(argc, argv, "--dp", 1, 1, INT32_MAX);
-  cfg.dp_attention = flag(argc, argv, "--dp-attention");
+  if (flag(argc, argv, "--dp-attention=false")) cfg.dp_attention = 0;
   cfg.page_tokens = PAGE_TOKENS;
   cfg.page_bytes = PAGE_BYTES;
   cfg.l1_pages = arg(argc, argv, "--l1-pages", 96, 1, INT32_MAX);

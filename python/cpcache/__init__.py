@@ -314,7 +314,7 @@ class Cache:
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
 
     def __init__(self, *, page_bytes, l1_pages, l2_pages, page_tokens=16, world=0, tp=0, dp=0,
-                 attn_cp=0, ep=0, dp_attention=False, rank=-1, store=None, consensus=None,
+                 attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None):

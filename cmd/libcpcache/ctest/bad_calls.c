@@ -84,6 +84,9 @@ int main(void) {
   cpcache_t c = 0;
   expect(cpcache_config_init(NULL), CPCACHE_ERR_INVALID);
   base_config(&cfg);
+  // The defaults are `cpcache run`'s and `cpcache layout`'s: DP attention on, the launcher's rank.
+  expect_true(cfg.dp_attention == 1);
+  expect_true(cfg.rank == 0 && cfg.timeout_ms == 60000 && cfg.page_tokens == PAGE_TOKENS);
   expect(cpcache_open(NULL, &c), CPCACHE_ERR_INVALID);
   expect(cpcache_open(&cfg, NULL), CPCACHE_ERR_INVALID);
   cfg.struct_size = sizeof cfg - 8;
