@@ -19,7 +19,7 @@ TEST_TIMEOUT ?= 40m
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/cpcache/cpcache/internal/version.version=$(VERSION)
 
-.PHONY: install install-test wheel wheel-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
+.PHONY: install install-test readme-test wheel wheel-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
 
 all: build
 
@@ -60,7 +60,7 @@ staticcheck:
 unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
-test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test
+test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test readme-test
 
 # --- libcpcache: the C ABI (include/cpcache.h), its C example and the Python binding ------
 # The libraries are built without NVML (tag cpcache_nonvml): go-nvml would leave undefined
@@ -144,6 +144,11 @@ install:
 # the Python example, each on 2 ranks under the installed `cpcache launch`.
 install-test:
 	PYTHON=$(PYTHON) test/install.sh
+
+# readme-test: every shell command README shows, run as written after make install (test/readme.py
+# says how; what needs two machines or a GPU is skipped with its reason).
+readme-test:
+	$(PYTHON) test/readme.py
 
 # wheel: dist/cpcache-$(VERSION)-py3-none-linux_<machine>.whl, the Python binding with
 # libcpcache.so and the cpcache binary inside (pyproject.toml, python/build_backend).

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""`make readme-test`: runs every shell command README.md shows, as written, after `make install`.
+
+Each ```sh block of README is read as a user reads it: lines joined at a trailing backslash, a
+"$ " prompt marks a command whose output follows (compared exactly), a comment `# exit N` is the
+status the command must end with (0 otherwise), a comment `# hit rate X%, N prefill tokens` is a
+figure the output must show. Commands ending in `&` run in the background for the rest of their
+block and are then interrupted (SIGINT, as Ctrl-C). Every block runs in the repository root,
+under a HOME of its own (so `~/...` and `PREFIX=$HOME/.local` stay inside the test's
+directory), with PATH holding the installed binary; a system-wide install (`make install`
+without PREFIX, `cmake --install` to /opt) gets DESTDIR under the test's directory, which README
+names as the packaging switch, so the test writes nothing outside it. A local redis-server
+serves redis://127.0.0.1:6379 for the commands that name it.
+
+What cannot run on one machine without a GPU is skipped, and each skip prints its reason: two
+machines (`-H a:8,b:8`, a hostfile, a server named `a`), a GPU (`--device cuda`, unless
+/dev/nvidia0 exists), elided flags (`...`), placeholders (`./my-rank-binary`), a user's own TLS
+Redis, and `make test` itself (which runs this test).
+
+Exit status 0 when every command ran as written; each failure prints its command, status and
+output tail.
+"""
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = int(os.environ.get("CPCACHE_README_TIMEOUT", "600"))
+
+# A command for two machines; a block holding one line "# on host ..." is a two-machine setup.
+TWO_MACHINES = re.compile(r"-H a:|--hostfile|redis://a:|@a:|/opt/cpcache/bin")
+SKIPS = [
+    (re.compile(r"^make (test|demo)\b"), "make test runs this test; make demo runs the next block's second command"),
+    (re.compile(r"(^|\s)\.\.\.(\s|$)"), "flags elided with ..."),
+    (re.compile(r"my-rank-binary"), "a placeholder for the user's own program"),
+    (re.compile(r"rediss://"), "the user's own TLS Redis server"),
+    (re.compile(r"pkg-config --cflags --libs cpcache"), "test/install.sh builds the example with the installed pkg-config file"),
+]
+FIGURES = [
+    (re.compile(r"hit rate (\d+\.\d)%"), lambda v: re.compile(r"hit rate\s+" + re.escape(v) + "%")),
+    (re.compile(r"(\d+) prefill tokens"), lambda v: re.compile(r"\b" + re.escape(v) + r"\b")),
+]
+
+
+def blocks(text):
+    """Yields (line number, lines) of every ```sh block."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```sh":
+            start, body = i + 1, []
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            yield start + 1, body
+        i += 1
+
+
+def commands(start, body):
+    """Yields (line number, command, comment, expected output or None) of a block."""
+    i = 0
+    while i < len(body):
+        line, n = body[i], start + i
+        if not line.strip() or line.lstrip().startswith("#"):
+            i += 1
+            continue
+        prompt = line.startswith("$ ")
+        if prompt:
+            line = line[2:]
+        while line.endswith("\\") and i + 1 < len(body):
+            i += 1
+            line = line[:-1] + " " + body[i].strip()
+        cmd, comment = split_comment(line)
+        expected = None
+        if prompt:
+            out = []
+            while i + 1 < len(body) and not body[i + 1].startswith("$ "):
+                i += 1
+                out.append(body[i])
+            expected = "\n".join(out).rstrip()
+        yield n, cmd.strip(), comment, expected
+        i += 1
+
+
+def split_comment(line):
+    """Splits a shell line at its first # outside quotes that starts a word."""
+    quote = None
+    for j, c in enumerate(line):
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (j == 0 or line[j - 1] in " \t"):
+            return line[:j], line[j + 1:].strip()
+    return line, ""
+
+
+def listening(port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Runner:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.home = os.path.join(tmp, "home")
+        self.stage = os.path.join(tmp, "stage")
+        os.makedirs(self.home)
+        self.env = dict(os.environ)
+        # The installed binary first; the user's own tools (go, cc) after it, but not the
+        # repository's bin/, so that every cpcache the commands run is the installed one.
+        inherited = [d for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+                     if d and os.path.realpath(d) != os.path.join(ROOT, "bin")]
+        self.env.update(HOME=self.home, PATH=":".join([
+            os.path.join(self.home, ".local/bin"), os.path.join(self.stage, "usr/local/bin")] + inherited))
+        # A user's Go caches stay where they are (HOME moved; Go finds them from HOME).
+        for k in ("GOPATH", "GOCACHE", "GOMODCACHE"):
+            self.env[k] = subprocess.run(["go", "env", k], capture_output=True, text=True, check=True).stdout.strip()
+        for k in ("CPCACHE_STORE", "CPCACHE_LIBRARY", "CPCACHE_BIN", "PYTHONPATH", "DESTDIR"):
+            self.env.pop(k, None)
+        if os.geteuid() == 0:
+            # README: "add --allow-run-as-root to every mpirun command here when you run them as
+            # root"; OpenMPI reads the same permission from these variables.
+            self.env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        self.redis = None
+        self.passed, self.failed, self.skipped = [], [], []
+
+    def close(self):
+        if self.redis:
+            self.redis.terminate()
+            self.redis.wait(10)
+
+    def need_redis(self):
+        if self.redis or listening(6379):
+            return
+        self.redis = subprocess.Popen(["redis-server", "--port", "6379", "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no", "--dir", self.tmp],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while not listening(6379):
+            if time.time() > deadline:
+                raise RuntimeError("redis-server did not listen on 127.0.0.1:6379 within 10 s")
+            time.sleep(0.1)
+
+    def env_for(self, cmd):
+        env = dict(self.env)
+        system_install = (re.match(r"make install\b", cmd) and "PREFIX=" not in cmd) or \
+            ("cmake --install" in cmd and "-DCMAKE_INSTALL_PREFIX=/opt" in cmd)
+        if system_install:
+            env["DESTDIR"] = self.stage
+        return env
+
+    def skip_reason(self, cmd):
+        if "--device cuda" in cmd and not os.path.exists("/dev/nvidia0"):
+            return "needs a GPU"
+        if TWO_MACHINES.search(cmd):
+            return "needs two machines (README's two-machine guide)"
+        for pattern, reason in SKIPS:
+            if pattern.search(cmd):
+                return reason
+        return None
+
+    def run_block(self, start, body):
+        cmds = list(commands(start, body))
+        if any(comment.startswith("on host") for _, _, comment, _ in cmds):
+            for n, c, _, _ in cmds:
+                self.skip(n, c, "needs two machines (README's two-machine guide)")
+            return
+        background = []
+        try:
+            for n, cmd, comment, expected in cmds:
+                reason = self.skip_reason(cmd)
+                if reason:
+                    self.skip(n, cmd, reason)
+                    continue
+                if "redis://127.0.0.1:6379" in cmd:
+                    self.need_redis()
+                if "file:///tmp/cpc-store" in cmd:
+                    shutil.rmtree("/tmp/cpc-store", ignore_errors=True)
+                if cmd.endswith("&"):
+                    log = open(os.path.join(self.tmp, "bg-%d.log" % n), "w+")
+                    p = subprocess.Popen(["bash", "-c", cmd[:-1]], cwd=ROOT, env=self.env_for(cmd),
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    background.append((n, cmd, p, log))
+                    continue
+                self.run(n, cmd, comment, expected)
+        finally:
+            for n, cmd, p, log in background:
+                self.stop(n, cmd, p, log)
+
+    def run(self, n, cmd, comment, expected):
+        want = 0
+        m = re.search(r"\bexit (\d+)\b", comment)
+        if m:
+            want = int(m.group(1))
+        t0 = time.time()
+        try:
+            r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=self.env_for(cmd), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=TIMEOUT, start_new_session=True)
+            out, status = r.stdout.decode(errors="replace"), r.returncode
+        except subprocess.TimeoutExpired as e:
+            out, status = (e.stdout or b"").decode(errors="replace"), "timeout after %d s" % TIMEOUT
+        took = time.time() - t0
+        problems = []
+        if status != want:
+            problems.append("exit status %s, want %d" % (status, want))
+        if expected is not None and out.rstrip() != expected:
+            problems.append("output differs from README:\n--- README\n%s\n--- got\n%s" % (expected, out.rstrip()))
+        for pattern, check in FIGURES:
+            for v in pattern.findall(comment):
+                if not check(v).search(out):
+                    problems.append("README states %r; the output does not show it" % pattern.pattern.replace(r"(\d+\.\d)", v).replace(r"(\d+)", v))
+        if problems:
+            self.failed.append(n)
+            print("FAIL  README:%d  %s  (%.0f s)\n      %s\n      output tail:\n%s" % (
+                n, cmd, took, "\n      ".join(problems), indent(out[-3000:])), flush=True)
+        else:
+            self.passed.append(n)
+            print("PASS  README:%d  %s  (%.0f s)" % (n, cmd, took), flush=True)
+
+    def stop(self, n, cmd, p, log):
+        """Interrupts a background command (Ctrl-C) and checks it ended on it."""
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            self.failed.append(n)
+            log.seek(0)
+            print("FAIL  README:%d  %s\n      still running 60 s after SIGINT\n%s" % (n, cmd, indent(log.read()[-3000:])), flush=True)
+            return
+        self.passed.append(n)
+        print("PASS  README:%d  %s  (in the background; ended by SIGINT with status %d)" % (n, cmd, p.returncode), flush=True)
+
+    def skip(self, n, cmd, reason):
+        self.skipped.append(n)
+        print("SKIP  README:%d  %s\n      (%s)" % (n, cmd, reason), flush=True)
+
+
+def indent(s):
+    return "\n".join("        " + line for line in s.rstrip().split("\n"))
+
+
+def main():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    tmp = tempfile.mkdtemp(prefix="cpcache-readme-")
+    runner = Runner(tmp)
+    try:
+        for start, body in blocks(text):
+            runner.run_block(start, body)
+    finally:
+        runner.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree("/tmp/cpc-store", ignore_errors=True)
+    print("readme-test: %d commands ran as written, %d failed, %d skipped" % (
+        len(runner.passed), len(runner.failed), len(runner.skipped)))
+    return 1 if runner.failed or not runner.passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
