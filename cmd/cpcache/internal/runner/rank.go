@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/version"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -96,7 +97,6 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	defer func() { err = errors.Join(err, rk.Close()) }()
 	world, rank, cache, counted, st := rk.World, rk.Rank(), rk.Cache, rk.Counted, rk.Storage
-
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	var pub *kvPublisher
@@ -130,29 +130,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if runErr != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
 	}
-	cst := cache.Stats()
-	res := rankResult{
-		Rank: rank, DP: coord.DP, Leader: leader, Backend: rk.Backend, Replica: sched.counts, Local: sched.local,
-		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
-		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
-		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
-		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
-		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
-		Divergences: cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
-		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
-		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
-	}
-	if st != nil {
-		sst := st.Stats()
-		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
-		res.StorageAbandoned = int64(sst.Abandoned)
-	}
-	if leader {
-		res.Timing = sched.timing()
-	}
-	for _, d := range cst.ConsensusLatency {
-		res.LatencyNs = append(res.LatencyNs, int64(d))
-	}
+	res := newRankResult(rk, sched, int64(counted.Counts().Total()-before), mem)
+	res.WallSeconds = time.Since(start).Seconds()
 	var integrity error
 	if sched.firstBad != nil {
 		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
@@ -200,6 +179,36 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return rep, fmt.Errorf("%w: %.3f consensus collectives per scheduler step, want exactly 1", ErrIntegrity, rep.CollectivesPerStep)
 	}
 	return rep, nil
+}
+
+// newRankResult is what rank rk contributes to the report after sched served its requests
+// with collectives consensus collectives.
+func newRankResult(rk *job.Rank, sched *scheduler, collectives int64, mem *memory) rankResult {
+	rank, cache, st := rk.Rank(), rk.Cache, rk.Storage
+	coord := rk.Layout.Coord(rank)
+	cst := cache.Stats()
+	res := rankResult{
+		Rank: rank, DP: coord.DP, Leader: rk.Layout.ReplicaGroup(rank)[0] == rank, Backend: rk.Backend, Replica: sched.counts, Local: sched.local,
+		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
+		Collectives:  collectives - sched.local.FlushCollectives,
+		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
+		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
+		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
+		Divergences: cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
+		CopyFailures: cst.AbortedWrites + cst.FailedLoads, Device: mem.result(),
+	}
+	if st != nil {
+		sst := st.Stats()
+		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
+		res.StorageAbandoned = int64(sst.Abandoned)
+	}
+	if res.Leader {
+		res.Timing = sched.timing()
+	}
+	for _, d := range cst.ConsensusLatency {
+		res.LatencyNs = append(res.LatencyNs, int64(d))
+	}
+	return res
 }
 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
