@@ -105,6 +105,20 @@ func fromEnv(lookup func(string) (string, bool)) (Env, error) {
 	return e, nil
 }
 
+// UnderLauncher reports whether a launcher that sets each process's own variables started
+// this one: torchrun-style (RANK) or OpenMPI (OMPI_COMM_WORLD_RANK) ones. Slurm's are not
+// enough: they describe the allocation, and a command run by hand inside it sees them too.
+func UnderLauncher() bool { return underLauncher(os.LookupEnv) }
+
+func underLauncher(lookup func(string) (string, bool)) bool {
+	for _, src := range envSources {
+		if _, ok := lookup(src.rank); ok && !src.allocation {
+			return true
+		}
+	}
+	return false
+}
+
 // LauncherVars lists the variables that place a process in its job: every launcher's rank,
 // world size, local rank and local world size variables FromEnv reads, EnvSourceVar,
 // CPCACHE_STORE and CPCACHE_JOB_ID. A launcher drops them from its children's environment

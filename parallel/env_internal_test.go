@@ -131,3 +131,21 @@ func TestJobIDFromEnv(t *testing.T) {
 		assert.Equal(t, c.want, jobIDFromEnv(lookupMap(c.env)), "env %v", c.env)
 	}
 }
+
+// TestUnderLauncher: torchrun-style and OpenMPI variables say a launcher started this
+// process; Slurm's alone describe the allocation a command run by hand sees too.
+func TestUnderLauncher(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{}, false},
+		{map[string]string{"RANK": "0"}, true},
+		{map[string]string{"OMPI_COMM_WORLD_RANK": "1"}, true},
+		{map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, false},
+		{map[string]string{"SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "0"}, true},
+		{map[string]string{"WORLD_SIZE": "2", "MASTER_ADDR": "h"}, false},
+	} {
+		assert.Equal(t, c.want, underLauncher(lookupMap(c.env)), "env %v", c.env)
+	}
+}

@@ -190,10 +190,8 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if cudaDeviceSet && cfg.Device != runner.DeviceCUDA {
 		return fail(stderr, 2, fmt.Errorf("run: --cuda-device %d needs --device %s", cfg.CUDADevice, runner.DeviceCUDA))
 	}
-	_, underRank := os.LookupEnv("RANK")
-	_, underMPI := os.LookupEnv("OMPI_COMM_WORLD_RANK")
 	statusDir := os.Getenv(runner.EnvStatusDir)
-	joined := underRank || underMPI
+	joined := parallel.UnderLauncher()
 	localRanks := cfg.Layout.World
 	if joined {
 		if env, err := parallel.FromEnv(); err == nil {

@@ -6,21 +6,14 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
 
-	"github.com/cpcache/cpcache/cuda"
-	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
-	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
 	"github.com/cpcache/cpcache/internal/hostmem"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
-	"github.com/cpcache/cpcache/parallel/shm"
-	"github.com/cpcache/cpcache/slab"
-	"github.com/cpcache/cpcache/slab/cudaslab"
-	"github.com/cpcache/cpcache/storage"
 )
 
 // L1 pool kinds and slab backends (CPCACHE_L1_*, CPCACHE_SLAB_* in include/cpcache.h).
@@ -133,10 +126,10 @@ type sessionInfo struct {
 	consensus                                                string
 }
 
-// openSession joins the job and builds the cache (see cpcache_open). Its node-handle
-// generations start above lastGen, this process's last one, and above every other rank's
-// (agreed with the host-memory check), so that handles stay equal on every rank. On failure
-// everything made so far is closed.
+// openSession joins the job and builds the cache (see cpcache_open) through job.Open. Its
+// node-handle generations start above lastGen, this process's last one, and above every
+// other rank's (agreed with the host-memory check), so that handles stay equal on every
+// rank. On failure everything made so far is closed.
 func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session, err error) {
 	if err := checkConfig(c); err != nil {
 		return nil, err
@@ -151,156 +144,67 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 			err = errors.Join(err, s.close())
 		}
 	}()
-	wopts := gloo.Options{Store: c.store, Timeout: c.timeout}
-	if c.rank >= 0 {
-		wopts.Rank, wopts.Size = c.rank, c.layout.World
-	}
-	world, err := gloo.NewWorld(ctx, wopts)
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, world.Close)
+	jc := jobConfig(c)
 	// Before any pool is allocated, so that a rank that would not fit stops every rank with
 	// its cause instead of leaving them waiting for it; with it every rank's configuration,
 	// compared by every rank (agreeConfig), before any group is made.
-	payloads, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, encodeStart(c, lastGen, world.Size()))
-	if err != nil {
-		return nil, err
-	}
-	if s.nodes.gen, err = agreeConfig(payloads); err != nil {
-		return nil, err
-	}
-	lc := c.layout
-	if lc.World == 0 {
-		lc.World = world.Size()
-	}
-	layout, err := parallel.NewLayout(lc)
-	if err != nil {
-		return nil, err
-	}
-	if layout.Config.World != world.Size() {
-		return nil, fmt.Errorf("%w: the layout %s needs %d ranks, the job has %d", errInvalid, layout, layout.Config.World, world.Size())
-	}
-	groups, err := gloo.NewLayoutGroups(world, layout)
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, groups.Close)
-	cons, backend, err := shm.Consensus(ctx, groups.Group(parallel.KindReplica), shm.Options{Backend: c.consensus, Timeout: c.timeout})
-	if err != nil {
-		// An unknown backend is a bad value (CPCACHE_ERR_INVALID), not an I/O error.
-		if errors.Is(err, shm.ErrUnknownBackend) {
-			err = fmt.Errorf("%w: %w", errInvalid, err)
+	jc.Start = func(ctx context.Context, world parallel.Group) error {
+		payloads, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, encodeStart(c, lastGen, world.Size()))
+		if err != nil {
+			return err
 		}
-		return nil, err
+		s.nodes.gen, err = agreeConfig(payloads)
+		return err
 	}
-	s.closers = append(s.closers, cons.Close)
-	if backend == shm.BackendBootstrap {
-		backend = "gloo"
+	rk, err := job.Open(ctx, jc)
+	if errors.Is(err, job.ErrBadValue) {
+		// A value that does not fit the job (the layout's world, an unknown consensus
+		// backend) is CPCACHE_ERR_INVALID.
+		err = fmt.Errorf("%w: %w", errInvalid, err)
 	}
-	var dev *cuda.Device
-	var cudaErr error
-	if c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost {
-		dev, cudaErr = s.openCUDA(c.device)
-	}
-	// Agreed by every rank, with CUDA or without: a rank whose CUDA failed (its own device
-	// ordinal, driver) used to leave the others with a lost peer at the slab exchange, and no
-	// cause.
-	if _, err := hicache.AgreeStart(ctx, world, "opening CUDA", cudaErr, ""); err != nil {
-		return nil, err
-	}
-	spec := slab.Spec{Backend: slab.Host, PageSize: c.pageBytes, Pages: c.l2Pages, Device: c.device, PinHost: c.pinHost,
-		Tag: "libcpcache", Layout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens)}
-	if c.slabKind == slabCUDAIPC {
-		spec.Backend = slab.CUDAIPC
-	}
-	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), spec)
 	if err != nil {
 		return nil, err
 	}
-	s.closers = append(s.closers, set.Close)
-	engine, err := s.newEngine(c, set, dev)
-	if err != nil {
-		return nil, err
-	}
-	rank := world.Rank()
-	opts := c.options
-	opts.PageSize, opts.L1Pages = c.pageTokens, c.l1Pages
-	hc := hicache.Config{Options: opts, Layout: layout, Rank: rank, Group: cons, Slabs: set, Engine: engine, StepTimeout: c.timeout}
-	// Every rank takes part in the agreement, with a storage or without (agreeStorage).
-	var st storage.Storage
-	var ns storage.Namespace
-	if c.storageURL != "" {
-		ns, err = hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
-		if err == nil {
-			st, err = storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
-		}
-		if st != nil {
-			s.closers = append(s.closers, st.Close)
-		}
-	}
-	if err := agreeStorage(ctx, world, st, err); err != nil {
-		return nil, err
-	}
-	if st != nil {
-		hc.Storage, hc.StorageNamespace = st, ns
-	}
-	if s.cache, err = hicache.New(ctx, hc); err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, s.cache.Close)
+	s.closers = append(s.closers, rk.Close)
+	s.cache, s.engine, s.l1Base = rk.Cache, rk.HostEngine, rk.L1Host
+	rank, layout := rk.Rank(), rk.Layout
 	coord := layout.Coord(rank)
 	s.info = sessionInfo{
-		rank: rank, world: world.Size(), cpRank: s.cache.CPRank(), cpSize: set.Size(), tpRank: coord.TP, dpRank: coord.DP,
+		rank: rank, world: rk.World.Size(), cpRank: s.cache.CPRank(), cpSize: rk.Set.Size(), tpRank: coord.TP, dpRank: coord.DP,
 		replicaSize: len(layout.ReplicaGroup(rank)), pageTokens: c.pageTokens, pageBytes: c.pageBytes,
-		l1Pages: c.l1Pages, l2Pages: c.l2Pages, consensus: backend,
+		l1Pages: c.l1Pages, l2Pages: c.l2Pages, consensus: rk.Backend,
 	}
 	s.nodes.init()
 	return s, nil
 }
 
-// openCUDA opens the CUDA slab backend (registered for slab.OpenSet) and device.
-func (s *session) openCUDA(device int) (*cuda.Device, error) {
-	be, err := cudaslab.Open(device)
-	if err != nil {
-		return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
+// jobConfig is c as a job.Config: the C ABI's L1 kinds and slab backends in job's terms.
+func jobConfig(c *openConfig) job.Config {
+	jc := job.Config{
+		Store: c.store, Timeout: c.timeout, StepTimeout: c.timeout, Layout: c.layout,
+		PageTokens: c.pageTokens, PageBytes: c.pageBytes, L1Pages: c.l1Pages, L2Pages: c.l2Pages,
+		Options: c.options, Consensus: c.consensus, L1Base: c.l1Base, Device: c.device,
+		Tag: "libcpcache", SlabLayout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens),
+		StorageURL: c.storageURL, StorageModel: c.model,
 	}
-	s.closers = append(s.closers, be.Close)
-	be.Register()
-	return be.Device(device)
-}
-
-// newEngine makes the copy engine over the L1 pool the configuration names.
-func (s *session) newEngine(c *openConfig, set *slab.Set, dev *cuda.Device) (hicache.Engine, error) {
-	size := c.l1Pages * c.pageBytes
+	if c.rank >= 0 {
+		jc.Rank, jc.Size = c.rank, c.layout.World
+	}
 	switch c.l1Kind {
-	case l1Device:
-		// Device slabs, or pinned host slabs through their registered device pointers.
-		addr := cudaengine.DevicePageAddr(set)
-		e, err := cudaengine.New(dev, cuda.DevicePtr(uintptr(c.l1Base)), c.l1Pages, c.pageBytes, addr, cudaengine.Options{})
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, e.Close)
-		return e, nil
 	case l1Host:
-		s.l1Base = c.l1Base
+		jc.L1 = job.L1Host
+	case l1Device:
+		jc.L1 = job.L1Device
 	default:
-		// Anonymous memory, not the Go heap: its address is handed to C (cpcache_l1_page).
-		mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-		if err != nil {
-			return nil, fmt.Errorf("cpcache: allocating an L1 pool of %d bytes: %w", size, err)
-		}
-		s.closers = append(s.closers, func() error { return syscall.Munmap(mem) })
-		s.l1Base = unsafe.Pointer(unsafe.SliceData(mem))
+		jc.L1 = job.L1HostAlloc
 	}
-	e, err := hostengine.New(set, c.l1Pages, c.pageBytes, hostengine.Options{Pool: unsafe.Slice((*byte)(s.l1Base), size)})
-	if err != nil {
-		return nil, err
+	switch {
+	case c.slabKind == slabCUDAIPC:
+		jc.L2 = job.L2Device
+	case c.pinHost:
+		jc.L2 = job.L2Pinned
 	}
-	s.engine = e
-	s.closers = append(s.closers, e.Close)
-	return e, nil
+	return jc
 }
 
 // close releases everything in reverse order of creation. Idempotent.

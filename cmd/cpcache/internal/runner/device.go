@@ -8,8 +8,8 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/slab"
-	"github.com/cpcache/cpcache/slab/cudaslab"
 )
 
 // Memory kinds of Config.Device and Config.L2.
@@ -56,7 +56,7 @@ func (c *Config) checkDevice() error {
 // its local rank mod the device count, so that the ranks of a node spread over its GPUs.
 func SelectDevice(explicit, localRank, count int) (int, error) {
 	if count <= 0 {
-		return 0, fmt.Errorf("%sno CUDA device (the driver reports %d)", deviceErrPrefix, count)
+		return 0, fmt.Errorf("runner: --device cuda: no CUDA device (the driver reports %d)", count)
 	}
 	if explicit < 0 {
 		return localRank % count, nil
@@ -69,92 +69,47 @@ func SelectDevice(explicit, localRank, count int) (int, error) {
 
 // memory is where one rank's L1 and L2 live and how pages move between them. For host
 // runs it holds nothing: the cache makes its HostEngine over host slabs. For CUDA runs it
-// owns the driver backend, the device, the L1 pool in device memory and a pinned staging
-// page through which the scheduler writes computed KV and reads loaded KV back.
-//
-// Close order: the cache, then the engine (newEngine), then the slab set, then memory.
+// holds the device and the L1 pool in device memory that job.Open made, and a pinned
+// staging page (jobConfig's OnDevice) through which the scheduler writes computed KV and
+// reads loaded KV back; job.Open's Rank owns and closes them.
 type memory struct {
 	cfg     *Config
-	be      *cudaslab.Backend
 	dev     *cuda.Device
 	name    string
-	l1      *cuda.DeviceBuffer
+	l1      cuda.DevicePtr
 	staging *cuda.HostBuffer
 	timed   *timedEngine
 }
 
-// openMemory prepares this rank's memory: for a CUDA run it loads the driver, picks the
-// device (SelectDevice) and allocates the L1 pool and the staging page on it.
-func openMemory(cfg *Config, localRank int) (m *memory, err error) {
-	m = &memory{cfg: cfg}
-	if cfg.Device != DeviceCUDA {
-		return m, nil
+// jobMemory sets the memory kinds of jc from the run's: host runs leave the L1 to the cache
+// and the L2 in host shared memory; CUDA runs put the L1 in device memory (a pool job.Open
+// allocates on the device SelectDevice picks for localRank) and the L2 in CUDA IPC device
+// slabs or pinned host slabs, with m's staging page and timed engine.
+func (m *memory) jobMemory(jc *job.Config, localRank int) {
+	if m.cfg.Device != DeviceCUDA {
+		return
 	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, m.Close())
-			m = nil
-		}
-	}()
-	drv, err := cuda.Open()
-	if err != nil {
-		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
-	}
-	n, err := drv.DeviceCount()
-	drv.Close() // the backend below holds its own reference
-	if err != nil {
-		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
-	}
-	ordinal, err := SelectDevice(cfg.CUDADevice, localRank, n)
-	if err != nil {
-		return m, err
-	}
-	if m.be, err = cudaslab.Open(ordinal); err != nil {
-		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
-	}
-	if m.dev, err = m.be.Device(ordinal); err != nil {
-		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
-	}
-	m.be.Register()
-	if m.name, err = m.dev.Name(); err != nil {
-		return m, err
-	}
-	if m.l1, err = m.dev.Alloc(cfg.L1Pages * cfg.PageBytes()); err != nil {
-		return m, fmt.Errorf("runner: L1 pool of %d pages × %d bytes on device %d: %w", cfg.L1Pages, cfg.PageBytes(), ordinal, err)
-	}
-	if m.staging, err = m.dev.AllocHost(cfg.PageBytes()); err != nil {
-		return m, err
-	}
-	return m, nil
-}
-
-// slabSpec sets the memory kind of the L2 slabs: CUDA IPC device slabs, or host slabs
-// pinned with the driver.
-func (m *memory) slabSpec(s slab.Spec) slab.Spec {
-	if m.dev == nil {
-		return s
-	}
+	jc.L1, jc.L2 = job.L1Device, job.L2Pinned
 	if m.cfg.L2 == L2Device {
-		s.Backend, s.Device = slab.CUDAIPC, m.dev.Ordinal()
-	} else {
-		s.PinHost = true
+		jc.L2 = job.L2Device
 	}
-	return s
+	jc.PickDevice = func(n int) (int, error) { return SelectDevice(m.cfg.CUDADevice, localRank, n) }
+	jc.OnDevice = func(dev *cuda.Device) (func() error, error) {
+		var err error
+		if m.staging, err = dev.AllocHost(m.cfg.PageBytes()); err != nil {
+			return nil, err
+		}
+		return m.staging.Close, nil
+	}
+	jc.WrapEngine = func(e hicache.Engine) hicache.Engine {
+		m.timed = newTimedEngine(e, m.cfg.PageBytes())
+		return m.timed
+	}
 }
 
-// newEngine returns the CUDA engine (hicache/cudaengine) over the L1 pool and set's pages (addressed by their
-// device pointers, also for pinned host slabs), wrapped to time its copies; nil for host
-// runs (the cache makes its own). The caller closes it after the cache.
-func (m *memory) newEngine(set *slab.Set) (hicache.Engine, error) {
-	if m.dev == nil {
-		return nil, nil
-	}
-	e, err := cudaengine.New(m.dev, m.l1.Ptr(), m.cfg.L1Pages, m.cfg.PageBytes(), cudaengine.DevicePageAddr(set), cudaengine.Options{})
-	if err != nil {
-		return nil, err
-	}
-	m.timed = newTimedEngine(e, m.cfg.PageBytes())
-	return m.timed, nil
+// opened takes the device and L1 pool of rk.
+func (m *memory) opened(rk *job.Rank) {
+	m.dev, m.name, m.l1 = rk.Device, rk.DeviceName, rk.L1Device
 }
 
 // kv is how the scheduler reaches this rank's L1 pages.
@@ -200,17 +155,6 @@ func (m *memory) flipByte(set *slab.Set, pg slab.Page) error {
 	return m.dev.CopyHtoD(at, one)
 }
 
-// Close releases the staging page, the L1 pool and the driver backend. Nil-safe and
-// idempotent.
-func (m *memory) Close() error {
-	if m == nil {
-		return nil
-	}
-	err := errors.Join(m.staging.Close(), m.l1.Close(), m.be.Close())
-	m.staging, m.l1, m.be, m.dev = nil, nil, nil, nil
-	return err
-}
-
 // kvMemory is the scheduler's view of L1: it writes the KV it "computes" into a slot
 // (fill) and reads a loaded slot to check it (read).
 type kvMemory interface {
@@ -240,7 +184,7 @@ func (d *deviceKV) slot(slot int32) (cuda.DevicePtr, error) {
 	if slot < 0 || int(slot) >= d.m.cfg.L1Pages {
 		return 0, fmt.Errorf("runner: L1 slot %d outside a pool of %d pages", slot, d.m.cfg.L1Pages)
 	}
-	return d.m.l1.Ptr().Add(int(slot) * d.m.cfg.PageBytes()), nil
+	return d.m.l1.Add(int(slot) * d.m.cfg.PageBytes()), nil
 }
 
 func (d *deviceKV) fill(slot int32, write func([]byte)) error {

@@ -1,51 +1,11 @@
 package runner
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
-
-	"github.com/cpcache/cpcache/gloo"
 )
-
-// openMemoryAgreed opens this rank's memory (openMemory); for a CUDA run the ranks then
-// agree over world, so that a rank without a usable device fails every rank at once with
-// its reason instead of leaving the others waiting for it in a collective.
-func openMemoryAgreed(ctx context.Context, world *gloo.Group, cfg *Config, localRank int) (*memory, error) {
-	m, err := openMemory(cfg, localRank)
-	if cfg.Device != DeviceCUDA {
-		return m, err
-	}
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
-	all, gerr := world.AllGather(ctx, []byte(msg))
-	if gerr != nil {
-		return nil, fmt.Errorf("runner: agreeing on device memory: %w (this rank: %v)", gerr, errors.Join(err, m.Close()))
-	}
-	var failed []string
-	for r, b := range all {
-		if len(b) > 0 {
-			msg := strings.TrimPrefix(strings.TrimPrefix(string(b), deviceErrPrefix), ErrBadInput.Error()+": ")
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, msg))
-		}
-	}
-	if len(failed) == 0 {
-		return m, nil
-	}
-	what := fmt.Sprintf("--device cuda failed on %d of %d ranks: %s", len(failed), len(all), strings.Join(failed, "; "))
-	agreed := errors.New("runner: " + what)
-	if errors.Is(err, ErrBadInput) {
-		agreed = fmt.Errorf("%w: %s", ErrBadInput, what)
-	}
-	return nil, errors.Join(agreed, m.Close())
-}
-
-const deviceErrPrefix = "runner: --device cuda: "
 
 // DeviceReport is the memory and copy bandwidth of a --device cuda run.
 type DeviceReport struct {

@@ -70,9 +70,9 @@
 // cache gets its L3 tier: CP rank 0 of each slab group backs committed L2 pages up and
 // reads prefetches. Prepare opens and closes the storage once, so a bad URL, an
 // unreachable server or a missing or unsafe MAC key file is a bad input; before serving,
-// the ranks compare their storage key fingerprints (agreeStorageKey) and stop with a bad
-// input if they differ. With StorageClear, world rank 0 clears the namespace
-// and every rank waits at a world barrier before its cache starts.
+// the ranks compare their storage key fingerprints (job.Open) and stop with a bad input if
+// they differ. With StorageClear, world rank 0 clears the namespace and every rank waits
+// for its outcome, agreed over the world, before its cache starts.
 //
 // Prefetch overlaps decoding: when a queued request's prompt continues beyond its L1 and L2
 // hit, the scheduler locks the matched prefix and calls Prefetch, and the request waits in

@@ -10,13 +10,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/version"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
-	"github.com/cpcache/cpcache/parallel/shm"
-	"github.com/cpcache/cpcache/slab"
 )
 
 // EnvStatusDir names the directory where the ranks of a job started by `cpcache run` itself
@@ -92,116 +90,13 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, fmt.Errorf("%w: the launcher started %d ranks, the layout %s needs %d", ErrBadInput, env.WorldSize, p.Layout, p.Layout.Config.World)
 	}
 	cfg.killPoint(env.Rank, "start", 0)
-	world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Timeout: cfg.Timeout})
-	if errors.Is(err, gloo.ErrStoreInUse) {
-		// Another job joins through the same --store with the same job id (or none): the
-		// job's input, not a failure of this run, and it fails before the run starts.
-		return nil, fmt.Errorf("%w: --store: %w", ErrBadInput, err)
-	}
+	mem := &memory{cfg: cfg}
+	rk, err := p.openRank(ctx, env, mem)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { err = errors.Join(err, world.Close()) }()
-	if err := agreeStartFlags(ctx, world, p.startFlags()); err != nil {
-		return nil, err
-	}
-	rank := world.Rank()
-	groups, err := gloo.NewLayoutGroups(world, p.Layout)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, groups.Close()) }()
-	// A consensus step waits at most a minute (or --timeout when shorter) for a stuck peer;
-	// rendezvous and the final gather, which waits for the slowest replica, get --timeout.
-	stepTimeout := min(cfg.Timeout, parallel.DefaultTimeout)
-	cons, backend, err := shm.Consensus(ctx, groups.Group(parallel.KindReplica), shm.Options{Backend: cfg.Consensus, Timeout: stepTimeout})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, cons.Close()) }()
-	if backend == shm.BackendBootstrap {
-		backend = "gloo"
-	}
-	counted := parallel.Count(cons)
-	mem, err := openMemoryAgreed(ctx, world, cfg, env.LocalRank)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, mem.Close()) }()
-	cfg.killPoint(rank, "slabs", 0)
-	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), mem.slabSpec(slab.Spec{
-		Backend: slab.Host, PageSize: cfg.PageBytes(), Pages: cfg.L2Pages, Tag: "cpcache-run",
-		Layout: fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
-	}))
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, set.Close()) }()
-	engine, err := mem.newEngine(set) // nil for host runs: the cache makes its own
-	if err != nil {
-		return nil, err
-	}
-	if engine != nil {
-		defer func() { err = errors.Join(err, engine.Close()) }()
-	}
-	// Every rank opens its own handle on the storage (the cache reads and writes this rank's
-	// pages through it);
-	// it is closed after the cache (defers run in reverse).
-	st, ns, openErr := p.openStorage(ctx)
-	if st != nil {
-		defer func() { err = errors.Join(err, st.Close()) }()
-	}
-	if cfg.Storage != "" { // every rank has it: the run's configuration is the job's
-		if err := agreeStorageKey(ctx, world, st, openErr); err != nil {
-			return nil, err
-		}
-	}
-	if st != nil {
-		st = cfg.faultyStorage(rank, st) // after the key check: the wrapper hides the key
-		if cfg.StorageClear {
-			// Rank 0 clears; no cache reads the storage before it is clear, and a failed
-			// clear is agreed (every rank stops now rather than wait for rank 0).
-			var clearErr error
-			cleared := []int64{0}
-			if rank == 0 {
-				if clearErr = clearStorage(ctx, st, cfg.Storage); clearErr != nil {
-					cleared[0] = -1
-				}
-			}
-			if err := world.AllReduce(ctx, parallel.Min, cleared); err != nil {
-				return nil, errors.Join(fmt.Errorf("runner: after clearing the storage: %w", err), clearErr)
-			}
-			if clearErr != nil {
-				return nil, clearErr
-			}
-			if cleared[0] < 0 {
-				return nil, fmt.Errorf("runner: --storage-clear %s failed on rank 0", redact.URL(cfg.Storage))
-			}
-		}
-	}
-	hc := hicache.Config{
-		Options:        hicache.Options{PageSize: cfg.PageSize, L1Pages: cfg.L1Pages, Policy: cfg.Policy},
-		Layout:         p.Layout,
-		Rank:           rank,
-		Group:          counted,
-		Slabs:          set,
-		Engine:         engine,
-		StepTimeout:    stepTimeout,
-		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
-		Faults:         cfg.cacheFaults(rank),
-	}
-	if st != nil {
-		hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, cfg.l3Options()
-	}
-	if cfg.KVEvents != "" {
-		hc.Events = hicache.EventOptions{Enabled: true}
-	}
-	cache, err := hicache.New(ctx, hc)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, cache.Close()) }()
-
+	defer func() { err = errors.Join(err, rk.Close()) }()
+	world, rank, cache, counted, st := rk.World, rk.Rank(), rk.Cache, rk.Counted, rk.Storage
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
 	var pub *kvPublisher
@@ -222,7 +117,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		sched.misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.corrupt = mem.corrupter(set, cache.CPRank())
+		sched.corrupt = mem.corrupter(rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, hicache.LabelsOf(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
@@ -235,29 +130,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if runErr != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
 	}
-	cst := cache.Stats()
-	res := rankResult{
-		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
-		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
-		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
-		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
-		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
-		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
-		Divergences: cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
-		CopyFailures: cst.AbortedWrites + cst.FailedLoads,
-		WallSeconds:  time.Since(start).Seconds(), Device: mem.result(),
-	}
-	if st != nil {
-		sst := st.Stats()
-		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
-		res.StorageAbandoned = int64(sst.Abandoned)
-	}
-	if leader {
-		res.Timing = sched.timing()
-	}
-	for _, d := range cst.ConsensusLatency {
-		res.LatencyNs = append(res.LatencyNs, int64(d))
-	}
+	res := newRankResult(rk, sched, int64(counted.Counts().Total()-before), mem)
+	res.WallSeconds = time.Since(start).Seconds()
 	var integrity error
 	if sched.firstBad != nil {
 		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
@@ -305,6 +179,36 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return rep, fmt.Errorf("%w: %.3f consensus collectives per scheduler step, want exactly 1", ErrIntegrity, rep.CollectivesPerStep)
 	}
 	return rep, nil
+}
+
+// newRankResult is what rank rk contributes to the report after sched served its requests
+// with collectives consensus collectives.
+func newRankResult(rk *job.Rank, sched *scheduler, collectives int64, mem *memory) rankResult {
+	rank, cache, st := rk.Rank(), rk.Cache, rk.Storage
+	coord := rk.Layout.Coord(rank)
+	cst := cache.Stats()
+	res := rankResult{
+		Rank: rank, DP: coord.DP, Leader: rk.Layout.ReplicaGroup(rank)[0] == rank, Backend: rk.Backend, Replica: sched.counts, Local: sched.local,
+		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
+		Collectives:  collectives - sched.local.FlushCollectives,
+		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
+		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
+		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
+		Divergences: cst.Divergences, Recoveries: cst.Recoveries, QuarantinedSteps: cst.QuarantinedSteps,
+		CopyFailures: cst.AbortedWrites + cst.FailedLoads, Device: mem.result(),
+	}
+	if st != nil {
+		sst := st.Stats()
+		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
+		res.StorageAbandoned = int64(sst.Abandoned)
+	}
+	if res.Leader {
+		res.Timing = sched.timing()
+	}
+	for _, d := range cst.ConsensusLatency {
+		res.LatencyNs = append(res.LatencyNs, int64(d))
+	}
+	return res
 }
 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
@@ -64,12 +65,13 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 	corruptRank := opts.corruptRank
 	l := p.Layout
 	W := l.Config.World
-	groups := make([]parallel.Group, W)
+	groups := make([]inProcessGroups, W)
 	for _, ranks := range l.Groups(parallel.KindReplica) {
 		for i, m := range local.New(ranks, local.Options{Kind: "replica"}) {
-			groups[ranks[i]] = m
+			groups[ranks[i]] = inProcessGroups{replica: m}
 		}
 	}
+	worlds := local.World(W, local.Options{Kind: "world"})
 	slabs := make([]*kvtest.MemSlabs, W)
 	for _, ranks := range l.Groups(parallel.KindSlab) {
 		ms := kvtest.NewMemSlabs(ranks, p.Config.L2Pages, p.Config.PageBytes())
@@ -83,32 +85,25 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer worlds[rank].Close()
 			o := &out[rank]
 			ctx, cancel := context.WithTimeout(context.Background(), inProcessTimeout)
 			defer cancel()
-			counted := parallel.Count(groups[rank])
-			hc := hicache.Config{
-				Options: hicache.Options{PageSize: p.Config.PageSize, L1Pages: p.Config.L1Pages, Policy: p.Config.Policy},
-				Layout:  l, Rank: rank, Group: counted, Slabs: slabs[rank], Faults: p.Config.cacheFaults(rank),
+			// The run's rank (jobConfig) over in-process groups and slabs: no consensus step
+			// timeout but the context's, no latency samples, no storage faults but the hook's.
+			jc := p.jobConfig(rank)
+			jc.World, jc.Groups, jc.Slabs = worlds[rank], groups[rank], slabs[rank]
+			jc.StepTimeout, jc.LatencySamples, jc.WrapStorage, jc.ClearStorage = 0, 0, nil, nil
+			if opts.wrapStorage != nil {
+				jc.WrapStorage = func(st storage.Storage) storage.Storage { return opts.wrapStorage(rank, st) }
 			}
-			st, ns, err := p.openStorage(ctx)
+			rk, err := job.Open(ctx, jc)
 			if err != nil {
 				o.err = err
 				return
 			}
-			if st != nil {
-				defer st.Close() // after the cache's Close
-				if opts.wrapStorage != nil {
-					st = opts.wrapStorage(rank, st)
-				}
-				hc.Storage, hc.StorageNamespace, hc.L3 = st, ns, p.Config.l3Options()
-			}
-			cache, err := hicache.New(ctx, hc)
-			if err != nil {
-				o.err = err
-				return
-			}
-			defer cache.Close()
+			defer rk.Close()
+			cache, counted := rk.Cache, rk.Counted
 			coord := l.Coord(rank)
 			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
 			leader := l.ReplicaGroup(rank)[0] == rank
@@ -148,6 +143,17 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 	}
 	wg.Wait()
 	return out
+}
+
+// inProcessGroups are an in-process rank's groups: its replica group (the consensus group;
+// the slabs are in-process too).
+type inProcessGroups struct{ replica parallel.Group }
+
+func (g inProcessGroups) Group(kind parallel.GroupKind) parallel.Group {
+	if kind == parallel.KindReplica {
+		return g.replica
+	}
+	return nil
 }
 
 func smallPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config)) *Plan {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
-	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -39,17 +38,12 @@ func (p *Plan) StorageNamespace() (storage.Namespace, error) {
 	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes())
 }
 
-// openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace.
-// A rank prints the links its storage finds under a file store (storage.ErrLink) to stderr;
-// the store's mode was reported by Prepare (Plan.Warnings).
+// openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace, as
+// a rank of the run does (job.Open with jobConfig's storage settings).
 func (p *Plan) openStorage(ctx context.Context) (storage.Storage, storage.Namespace, error) {
-	st, ns, err := p.openStorageRaw(ctx, func(err error) {
-		if !errors.Is(err, storage.ErrWritableStore) {
-			fmt.Fprintf(os.Stderr, "cpcache: warning: %v\n", redact.Error(err, p.Config.Storage))
-		}
-	})
+	st, ns, err := p.openStorageRaw(ctx, p.storageWarning)
 	if err != nil {
-		return nil, ns, fmt.Errorf("runner: --storage: %w", redact.Error(err, p.Config.Storage))
+		return nil, ns, p.storageError(err)
 	}
 	return st, ns, nil
 }
@@ -64,34 +58,39 @@ func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (stora
 	}
 	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
 	defer cancel()
-	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile,
-		Insecure: p.Config.StorageInsecure, OnWarning: onWarning})
+	opts := p.storageOptions(onWarning)
+	opts.Namespace = ns
+	st, err := storage.Open(ctx, p.Config.Storage, opts)
+	return st, ns, storageHint(err)
+}
+
+// storageOptions are the options every rank opens the run's storage with (the namespace
+// aside).
+func (p *Plan) storageOptions(onWarning func(error)) storage.Options {
+	return storage.Options{MACKeyFile: p.Config.StorageKeyFile, Insecure: p.Config.StorageInsecure, OnWarning: onWarning}
+}
+
+// storageWarning prints what a rank's storage warns of (the links it finds under a file
+// store, storage.ErrLink) to stderr; the store's mode was reported by Prepare (Plan.Warnings).
+func (p *Plan) storageWarning(err error) {
+	if !errors.Is(err, storage.ErrWritableStore) {
+		fmt.Fprintf(os.Stderr, "cpcache: warning: %v\n", redact.Error(err, p.Config.Storage))
+	}
+}
+
+// storageHint adds to storage.ErrNoKey how to give the ranks a key.
+func storageHint(err error) error {
 	if errors.Is(err, storage.ErrNoKey) {
-		err = fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
+		return fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
 			"give every rank the same key file (mode 0600, e.g. from `openssl rand -hex 32`) with --storage-key-file FILE or %s, "+
 			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, storage.EnvKeyFile)
 	}
-	return st, ns, err
+	return err
 }
 
-// agreeStorageKey checks that every rank opened the storage, with the same MAC key,
-// comparing fingerprints (never keys): a rank with another key would reject, and delete,
-// every page the others back up. openErr is this rank's failure to open it (st is then
-// nil): every rank fails alike (hicache.AgreeStart), the others with a *hicache.StartError
-// naming the lowest failing rank and its cause, instead of waiting for a peer that left
-// without a word.
-func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Storage, openErr error) error {
-	fps, err := hicache.AgreeStart(ctx, world, "opening the storage", openErr, storage.KeyFingerprint(st))
-	if err != nil {
-		return err
-	}
-	for rank, fp := range fps {
-		if fp != fps[0] {
-			return bad("--storage: ranks use different storage MAC keys (key fingerprint %s on rank 0, %s on rank %d): give every rank the same key file (--storage-key-file or %s)",
-				fps[0], fp, rank, storage.EnvKeyFile)
-		}
-	}
-	return nil
+// storageError is a rank's error opening the run's storage, as it reports it.
+func (p *Plan) storageError(err error) error {
+	return fmt.Errorf("runner: --storage: %w", redact.Error(err, p.Config.Storage))
 }
 
 // checkStorage opens and closes the storage once, so that a bad URL or an unreachable

@@ -1,9 +1,10 @@
-package runner
+package job
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +18,7 @@ import (
 )
 
 // TestAgreeStorageKey: ranks whose storages have the same MAC key pass; one rank with
-// another key makes every rank fail with a bad input naming both fingerprints (not keys).
+// another key makes every rank fail with a mismatch naming both fingerprints (not keys).
 func TestAgreeStorageKey(t *testing.T) {
 	ns, err := storage.NewNamespace(t.Name())
 	require.NoError(t, err)
@@ -34,7 +35,7 @@ func TestAgreeStorageKey(t *testing.T) {
 			st, err := storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: k})
 			require.NoError(t, err)
 			defer st.Close()
-			wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st, nil) })
+			wg.Go(func() { errs[i] = agreeStorage(context.Background(), m, st, nil) })
 		}
 		wg.Wait()
 		for i, err := range errs {
@@ -43,7 +44,7 @@ func TestAgreeStorageKey(t *testing.T) {
 				continue
 			}
 			require.Error(t, err, "rank %d", i)
-			assert.True(t, errors.Is(err, ErrBadInput), "rank %d: %v", i, err)
+			assert.True(t, errors.Is(err, ErrMismatch), "rank %d: %v", i, err)
 			assert.Contains(t, err.Error(), "different storage MAC keys")
 			assert.Contains(t, err.Error(), "on rank 2")
 			assert.False(t, strings.Contains(err.Error(), string(key[:8])) || strings.Contains(err.Error(), string(other[:8])), "the key shows: %v", err)
@@ -59,7 +60,7 @@ func TestAgreeStorageOpenFailure(t *testing.T) {
 	require.NoError(t, err)
 	members := local.New([]int{0, 1, 2, 3}, local.Options{Kind: "world"})
 	errs := make([]error, len(members))
-	openErr := bad("--storage redis://x: no MAC key on this host")
+	openErr := fmt.Errorf("%w: --storage redis://x: no MAC key on this host", ErrBadValue)
 	var wg sync.WaitGroup
 	for i, m := range members {
 		var st storage.Storage
@@ -71,7 +72,7 @@ func TestAgreeStorageOpenFailure(t *testing.T) {
 			require.NoError(t, err)
 			defer st.Close()
 		}
-		wg.Go(func() { errs[i] = agreeStorageKey(context.Background(), m, st, own) })
+		wg.Go(func() { errs[i] = agreeStorage(context.Background(), m, st, own) })
 	}
 	wg.Wait()
 	for i, err := range errs {

@@ -1,0 +1,168 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// Errors of Open that are the job's input rather than a failure of a rank.
+var (
+	// ErrBadValue is wrapped by errors naming a value of Config no rank could use (checked
+	// before any collective) or that does not fit the job (the layout's world against the
+	// job's, an unknown consensus backend).
+	ErrBadValue = errors.New("job: bad configuration value")
+	// ErrMismatch is wrapped by errors naming ranks that disagree on what must be alike
+	// (the storage and its MAC key). They also wrap storage.ErrBadArgument.
+	ErrMismatch = errors.New("job: ranks disagree")
+)
+
+// L1Kind is where the L1 pool of a rank lives.
+type L1Kind int
+
+// L1 kinds.
+const (
+	L1Cache     L1Kind = iota // host memory the cache allocates (hicache's own HostEngine)
+	L1HostAlloc               // anonymous host memory Open maps (outside the Go heap: its address may go to C)
+	L1Host                    // the caller's host memory at L1Base
+	L1Device                  // device memory: the caller's at L1Base, or a pool Open allocates when L1Base is nil
+)
+
+// L2Kind is the memory of a rank's L2 slab.
+type L2Kind int
+
+// L2 kinds.
+const (
+	L2Host   L2Kind = iota // host shared memory
+	L2Pinned               // host shared memory registered with CUDA (its device pointers address it)
+	L2Device               // device memory shared over CUDA IPC
+)
+
+// Groups is a rank's group of each kind of its layout (gloo.LayoutGroups, or in-process groups).
+type Groups interface {
+	Group(kind parallel.GroupKind) parallel.Group
+}
+
+// Config is one rank's configuration: plain values, and hooks for what only the caller knows.
+type Config struct {
+	// World, with Groups, is an in-process world (local groups): Open makes no Gloo world
+	// and closes neither. Nil: a Gloo world over Store, placed by Rank and Size.
+	World  parallel.Group
+	Groups Groups // with World: this rank's groups (Consensus uses KindReplica; KindSlab unless Slabs is set)
+	Store  string // rendezvous store URL ("": CPCACHE_STORE)
+	Rank   int    // with Size > 0: this rank (else the launcher's environment)
+	Size   int    // world size (0: the launcher's environment)
+	// Timeout bounds rendezvous and every collective of the world (0: parallel.DefaultTimeout).
+	Timeout time.Duration
+	// StepTimeout bounds each consensus step (0: the context's deadline, or the group's).
+	StepTimeout time.Duration
+	// Start, if set, is the first agreement over the world, before any group is made: every
+	// rank calls it (a comparison of the ranks' settings; a host-memory check).
+	Start func(ctx context.Context, world parallel.Group) error
+	// BeforeSlabs, if set, is called just before the slabs are opened (fault injection).
+	BeforeSlabs func()
+
+	Layout     parallel.LayoutConfig // World 0: the world's size
+	PageTokens int                   // tokens per page
+	PageBytes  int                   // bytes of one page of one rank
+	L1Pages    int                   // L1 pages of this rank
+	L2Pages    int                   // L2 pages of each slab
+	Options    hicache.Options       // the cache's options (PageSize and L1Pages come from above)
+	Consensus  string                // consensus backend: "", auto, shm or gloo (see parallel/shm)
+
+	L1     L1Kind
+	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
+	L2     L2Kind
+	// Device is the CUDA device ordinal (L1Device, L2Pinned, L2Device). PickDevice, if set,
+	// chooses it instead from the node's device count.
+	Device     int
+	PickDevice func(count int) (int, error)
+	// OnDevice, if set, prepares what the caller needs on the device (a staging page) as part
+	// of the agreed CUDA step; the returned close runs in Close before the device is released.
+	OnDevice func(dev *cuda.Device) (closeFn func() error, err error)
+	// WrapEngine, if set, wraps a copy engine Open makes (timing its copies).
+	WrapEngine func(hicache.Engine) hicache.Engine
+	// Slabs is a pre-built L2 (in-process slabs): no slab set is opened.
+	Slabs      hicache.SlabSet
+	Tag        string // the slabs' segment-name tag
+	SlabLayout string // the page layout the slab group compares
+
+	// L3 storage: StorageURL "" is none. Every rank opens its own handle in the namespace of
+	// StorageModel (hicache.NewStorageNamespace) with StorageOptions (Namespace is set here).
+	StorageURL     string
+	StorageModel   string
+	StorageOptions storage.Options
+	StorageTimeout time.Duration // bounds opening the storage and its clear (0: the context's)
+	// StorageError, if set, rewrites this rank's error opening the storage (a hint, a
+	// redacted URL) before it is agreed.
+	StorageError func(error) error
+	// WrapStorage, if set, wraps the storage after the key agreement (faults of the store).
+	WrapStorage func(storage.Storage) storage.Storage
+	// ClearStorage, if set, clears the storage on rank 0 before any cache reads it; its
+	// outcome is agreed.
+	ClearStorage func(ctx context.Context, st storage.Storage) error
+	L3           hicache.L3Options
+
+	Events         hicache.EventOptions
+	Faults         *hicache.Faults
+	LatencySamples int
+}
+
+// usesCUDA reports whether the rank needs the CUDA driver.
+func (c *Config) usesCUDA() bool { return c.L1 == L1Device || c.L2 != L2Host }
+
+// check rejects values no rank could use, naming them, before any collective.
+func (c *Config) check() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrBadValue}, args...)...)
+	}
+	switch {
+	case c.World != nil && c.Groups == nil:
+		return bad("an in-process world needs its groups")
+	case c.World == nil && c.Groups != nil:
+		return bad("groups without their world")
+	case c.Size < 0:
+		return bad("world size %d is negative", c.Size)
+	case c.Size > 0 && (c.Rank < 0 || c.Rank >= c.Size):
+		return bad("rank %d outside world size %d", c.Rank, c.Size)
+	case c.Layout.World < 0:
+		return bad("layout world %d is negative", c.Layout.World)
+	case c.PageTokens <= 0:
+		return bad("page tokens %d must be positive", c.PageTokens)
+	case c.PageBytes <= 0:
+		return bad("page bytes %d must be positive", c.PageBytes)
+	case c.L1Pages <= 0 || c.L1Pages > math.MaxInt32:
+		return bad("L1 pages %d must be in 1..2^31-1", c.L1Pages)
+	case c.L2Pages <= 0 || c.L2Pages > math.MaxInt32:
+		return bad("L2 pages %d must be in 1..2^31-1", c.L2Pages)
+	case c.L1Pages > math.MaxInt/c.PageBytes || c.L2Pages > math.MaxInt/c.PageBytes:
+		return bad("%d pages of %d bytes overflow", max(c.L1Pages, c.L2Pages), c.PageBytes)
+	case c.L1 < L1Cache || c.L1 > L1Device:
+		return bad("L1 kind %d", int(c.L1))
+	case c.L2 < L2Host || c.L2 > L2Device:
+		return bad("L2 kind %d", int(c.L2))
+	case c.L1 == L1Host && c.L1Base == nil:
+		return bad("a caller's host L1 with a nil base")
+	case c.L2 == L2Device && c.L1 != L1Device:
+		return bad("device L2 slabs need a device L1")
+	case c.L1 == L1Device && c.L2 == L2Host:
+		return bad("a device L1 needs pinned host or device L2 slabs (copies reach them through device pointers)")
+	case c.usesCUDA() && c.PickDevice == nil && c.Device < 0:
+		return bad("CUDA device %d is negative", c.Device)
+	case c.StorageURL != "" && c.L2 == L2Device:
+		return bad("storage needs L2 pages in host memory")
+	case c.StorageURL == "" && c.ClearStorage != nil:
+		return bad("a storage clear without a storage")
+	case c.Timeout < 0 || c.StepTimeout < 0 || c.StorageTimeout < 0:
+		return bad("negative timeout (%v, step %v, storage %v)", c.Timeout, c.StepTimeout, c.StorageTimeout)
+	}
+	return nil
+}

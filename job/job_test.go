@@ -1,0 +1,268 @@
+package job
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// testGroups are an in-process rank's groups: its replica group (the consensus group).
+type testGroups struct{ replica parallel.Group }
+
+func (g testGroups) Group(kind parallel.GroupKind) parallel.Group {
+	if kind == parallel.KindReplica {
+		return g.replica
+	}
+	return nil
+}
+
+var testLayout = parallel.LayoutConfig{World: 4, AttnCP: 2}
+
+// inProcess returns the configurations of the ranks of testLayout as goroutines: a local
+// world, local replica groups and in-process slabs, each edited by edit (nil: none).
+func inProcess(t *testing.T, edit func(rank int, c *Config)) []Config {
+	t.Helper()
+	l, err := parallel.NewLayout(testLayout)
+	require.NoError(t, err)
+	W := l.Config.World
+	cfgs := make([]Config, W)
+	worlds := local.World(W, local.Options{Timeout: 20 * time.Second, Kind: "world"})
+	for _, ranks := range l.Groups(parallel.KindReplica) {
+		for i, m := range local.New(ranks, local.Options{Timeout: 20 * time.Second, Kind: "replica"}) {
+			cfgs[ranks[i]].Groups = testGroups{m}
+		}
+	}
+	for _, ranks := range l.Groups(parallel.KindSlab) {
+		ms := kvtest.NewMemSlabs(ranks, 16, 64)
+		for _, r := range ranks {
+			cfgs[r].Slabs = ms
+		}
+	}
+	for r := range cfgs {
+		c := &cfgs[r]
+		c.World, c.Layout = worlds[r], testLayout
+		c.PageTokens, c.PageBytes, c.L1Pages, c.L2Pages = 4, 64, 8, 16
+		if edit != nil {
+			edit(r, c)
+		}
+		t.Cleanup(func() { worlds[r].Close() })
+	}
+	return cfgs
+}
+
+// openAll opens every rank at once and returns each rank's Rank and error.
+func openAll(t *testing.T, cfgs []Config) ([]*Rank, []error) {
+	t.Helper()
+	ranks, errs := make([]*Rank, len(cfgs)), make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for r := range cfgs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			ranks[r], errs[r] = Open(ctx, cfgs[r])
+		})
+	}
+	wg.Wait()
+	return ranks, errs
+}
+
+// TestOpenManyRanksInProcess: every rank opens its cache over in-process groups; Close
+// closes it and is idempotent.
+func TestOpenManyRanksInProcess(t *testing.T) {
+	for round := range 3 {
+		ranks, errs := openAll(t, inProcess(t, nil))
+		for r, err := range errs {
+			require.NoError(t, err, "round %d rank %d", round, r)
+			rk := ranks[r]
+			assert.Equal(t, r, rk.Rank())
+			assert.Equal(t, "local", rk.Backend)
+			assert.Equal(t, 4, rk.Layout.Config.World)
+			assert.Nil(t, rk.Set, "the slabs were given")
+			assert.Nil(t, rk.Storage)
+			assert.Equal(t, rk.Layout.Coord(r).CP, rk.Cache.CPRank())
+		}
+		var wg sync.WaitGroup
+		for _, rk := range ranks {
+			wg.Go(func() {
+				assert.NoError(t, rk.Close())
+				assert.NoError(t, rk.Close(), "a second Close does nothing")
+				_, err := rk.Cache.Match([]int32{1, 2, 3, 4})
+				assert.ErrorIs(t, err, hicache.ErrClosed, "Close closed the cache")
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// TestCloseIsReverseAndJoinsErrors: what Open made is closed last first, each once, with
+// every error joined.
+func TestCloseIsReverseAndJoinsErrors(t *testing.T) {
+	var order []string
+	r := &Rank{}
+	for _, name := range []string{"world", "groups", "slabs", "storage", "cache"} {
+		r.onClose(func() error {
+			order = append(order, name)
+			if name == "slabs" || name == "cache" {
+				return fmt.Errorf("closing %s failed", name)
+			}
+			return nil
+		})
+	}
+	err := r.Close()
+	assert.Equal(t, []string{"cache", "storage", "slabs", "groups", "world"}, order)
+	assert.ErrorContains(t, err, "closing cache failed")
+	assert.ErrorContains(t, err, "closing slabs failed")
+	assert.NoError(t, r.Close())
+	assert.Len(t, order, 5, "closed once")
+	assert.NoError(t, (*Rank)(nil).Close())
+}
+
+// TestStorageKeyMismatchIsAgreed: one rank with another MAC key makes every rank fail with
+// the same mismatch naming it.
+func TestStorageKeyMismatchIsAgreed(t *testing.T) {
+	url := "mem://job-test-" + t.Name()
+	_, errs := openAll(t, inProcess(t, func(r int, c *Config) {
+		c.StorageURL, c.StorageModel = url, "job-test"
+		c.StorageOptions.MACKey = bytes.Repeat([]byte("a"), 32)
+		if r == 2 {
+			c.StorageOptions.MACKey = bytes.Repeat([]byte("b"), 32)
+		}
+	}))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.ErrorIs(t, err, ErrMismatch, "rank %d", r)
+		assert.ErrorIs(t, err, storage.ErrBadArgument, "rank %d", r)
+		assert.Contains(t, err.Error(), "different storage MAC keys", "rank %d", r)
+		assert.Contains(t, err.Error(), "on rank 2", "rank %d", r)
+		assert.Equal(t, errs[0].Error(), err.Error(), "every rank gives the same verdict")
+	}
+}
+
+// TestStorageOpenFailureIsAgreed: a rank whose storage does not open makes every rank fail
+// naming it and its cause.
+func TestStorageOpenFailureIsAgreed(t *testing.T) {
+	_, errs := openAll(t, inProcess(t, func(r int, c *Config) {
+		c.StorageURL, c.StorageModel = "mem://job-test-"+t.Name(), "job-test"
+		c.StorageOptions.Insecure = true
+		if r == 1 {
+			c.StorageURL = "ftp://nowhere/x"
+			c.StorageError = func(err error) error { return fmt.Errorf("rank one's storage: %w", err) }
+		}
+	}))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.ErrorIs(t, err, hicache.ErrPeerFailed, "rank %d", r)
+		assert.Contains(t, err.Error(), "rank 1 of group world[0..3] could not start: opening the storage: rank one's storage: ", "rank %d", r)
+	}
+	var se *hicache.StartError
+	require.ErrorAs(t, errs[1], &se)
+	assert.ErrorContains(t, errors.Unwrap(se.Err), `"ftp"`, "rank 1 wraps its own error")
+}
+
+// TestCUDAFailureIsAgreed: a rank whose CUDA driver does not load makes every rank fail at
+// once, naming how many ranks failed, which, and why.
+func TestCUDAFailureIsAgreed(t *testing.T) {
+	t.Setenv("CPCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
+	_, errs := openAll(t, inProcess(t, func(r int, c *Config) {
+		if r == 2 {
+			c.L2, c.Device = L2Pinned, 0 // pinned host slabs need the driver
+		}
+	}))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		var se *hicache.StartError
+		require.ErrorAs(t, err, &se, "rank %d", r)
+		assert.Equal(t, 2, se.Rank)
+		assert.ErrorIs(t, err, hicache.ErrPeerFailed, "rank %d", r)
+		assert.Contains(t, err.Error(), "rank 2 of group world[0..3] could not start: opening CUDA: failed on 1 of 4 ranks: rank 2: job: CUDA", "rank %d", r)
+		assert.Contains(t, err.Error(), "/nonexistent/libcuda.so.1", "rank %d", r)
+		assert.Equal(t, errs[0].Error(), err.Error(), "every rank gives the same verdict")
+	}
+	var le *cuda.LoadError
+	assert.ErrorAs(t, errs[2], &le, "the failing rank wraps its own error")
+}
+
+// TestStorageClearFailureIsAgreed: a clear that fails on rank 0 stops every rank with its
+// cause; a clear that works lets every rank open.
+func TestStorageClearFailureIsAgreed(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		cleared := 0
+		var mu sync.Mutex
+		ranks, errs := openAll(t, inProcess(t, func(r int, c *Config) {
+			c.StorageURL, c.StorageModel = fmt.Sprintf("mem://job-test-%s-%v", t.Name(), fail), "job-test"
+			c.StorageOptions.Insecure = true
+			c.ClearStorage = func(ctx context.Context, st storage.Storage) error {
+				mu.Lock()
+				cleared++
+				mu.Unlock()
+				if fail {
+					return errors.New("the clear was refused")
+				}
+				return st.Clear(ctx)
+			}
+		}))
+		assert.Equal(t, 1, cleared, "rank 0 alone clears")
+		for r, err := range errs {
+			if !fail {
+				require.NoError(t, err, "rank %d", r)
+				assert.NoError(t, ranks[r].Close())
+				continue
+			}
+			require.Error(t, err, "rank %d", r)
+			assert.Contains(t, err.Error(), "the clear was refused", "rank %d", r)
+			if r > 0 {
+				assert.Contains(t, err.Error(), "clearing the storage failed on rank 0", "rank %d", r)
+			}
+		}
+	}
+}
+
+// TestBadConfigIsNamedBeforeAnyCollective: a bad value fails this rank at once, naming it,
+// while the other ranks of its world never call Open (a collective would wait for them).
+func TestBadConfigIsNamedBeforeAnyCollective(t *testing.T) {
+	cases := map[string]func(*Config){
+		"page bytes 0 must be positive":        func(c *Config) { c.PageBytes = 0 },
+		"L1 pages -1":                          func(c *Config) { c.L1Pages = -1 },
+		"L2 pages 0":                           func(c *Config) { c.L2Pages = 0 },
+		"L1 kind 9":                            func(c *Config) { c.L1 = 9 },
+		"device L2 slabs need a device L1":     func(c *Config) { c.L2 = L2Device },
+		"CUDA device -1 is negative":           func(c *Config) { c.L2, c.Device = L2Pinned, -1 },
+		"storage needs L2 pages in host":       func(c *Config) { c.L1, c.L2, c.StorageURL = L1Device, L2Device, "mem://x" },
+		"a storage clear without a storage":    func(c *Config) { c.ClearStorage = func(context.Context, storage.Storage) error { return nil } },
+		"an in-process world needs its groups": func(c *Config) { c.Groups = nil },
+		"rank 4 outside world size 4":          func(c *Config) { c.World, c.Groups, c.Rank, c.Size = nil, nil, 4, 4 },
+		"a caller's host L1 with a nil base":   func(c *Config) { c.L1 = L1Host },
+	}
+	for want, edit := range cases {
+		cfgs := inProcess(t, nil)
+		edit(&cfgs[0])
+		start := time.Now()
+		_, err := Open(context.Background(), cfgs[0])
+		require.ErrorIs(t, err, ErrBadValue, want)
+		assert.Contains(t, err.Error(), want)
+		assert.Less(t, time.Since(start), 5*time.Second, "%s: no rank waited for", want)
+	}
+}
+
+// TestLayoutMustFitTheWorld: a layout for another world size is a bad value on every rank.
+func TestLayoutMustFitTheWorld(t *testing.T) {
+	_, errs := openAll(t, inProcess(t, func(_ int, c *Config) { c.Layout.World = 2 }))
+	for r, err := range errs {
+		require.ErrorIs(t, err, ErrBadValue, "rank %d", r)
+		assert.Contains(t, err.Error(), "needs 2 ranks, the job has 4")
+	}
+}

@@ -1,0 +1,452 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/cuda"
+	"github.com/cpcache/cpcache/gloo"
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/shm"
+	"github.com/cpcache/cpcache/slab"
+	"github.com/cpcache/cpcache/slab/cudaslab"
+	"github.com/cpcache/cpcache/storage"
+)
+
+// Rank is one open rank of the job and everything it owns.
+type Rank struct {
+	Cache   *hicache.Cache
+	World   parallel.Group
+	Groups  Groups
+	Layout  *parallel.Layout
+	Counted *parallel.Counted // the consensus group, counted (the cache's group)
+	Backend string            // the consensus backend: "shm" or "gloo" (or the in-process group's)
+	Slabs   hicache.SlabSet   // the L2 of this rank's slab group
+	Set     *slab.Set         // Slabs when Open opened them (nil with Config.Slabs)
+	Engine  hicache.Engine    // the copy engine Open made (nil with L1Cache: the cache's own)
+	// HostEngine is Engine with a host L1 (L1HostAlloc, L1Host).
+	HostEngine *hostengine.Engine
+	L1Host     unsafe.Pointer // the host L1 pool (L1HostAlloc, L1Host)
+	Device     *cuda.Device   // nil without CUDA
+	DeviceName string
+	L1Device   cuda.DevicePtr // the device L1 pool (L1Device)
+	Storage    storage.Storage
+	Namespace  storage.Namespace
+
+	closers []func() error
+	closed  bool
+}
+
+// Rank is this rank's place in the world.
+func (r *Rank) Rank() int { return r.World.Rank() }
+
+// Close releases everything in the reverse order of creation: the cache, the storage, the
+// engine, the slabs, the device, the consensus group, the groups and the world. Idempotent;
+// the errors are joined.
+func (r *Rank) Close() error {
+	if r == nil || r.closed {
+		return nil
+	}
+	r.closed = true
+	var errs []error
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		errs = append(errs, r.closers[i]())
+	}
+	r.closers = nil
+	return errors.Join(errs...)
+}
+
+func (r *Rank) onClose(f func() error) { r.closers = append(r.closers, f) }
+
+// Open assembles this rank (see the package doc). On failure everything made so far is
+// closed and the error names the step, and, for a step one rank can fail alone, the lowest
+// failing rank and its cause, on every rank.
+func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	r := &Rank{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.Close())
+		}
+	}()
+	if err := r.openWorld(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Start != nil {
+		if err := cfg.Start(ctx, r.World); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.openGroups(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	if err := r.openDevice(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	if err := r.openSlabs(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	if err := r.openEngine(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	if err := r.openStorage(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	opts := cfg.Options
+	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
+	hc := hicache.Config{
+		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine,
+		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
+	}
+	if r.Storage != nil {
+		hc.Storage, hc.StorageNamespace, hc.L3 = r.Storage, r.Namespace, cfg.L3
+	}
+	if r.Cache, err = hicache.New(ctx, hc); err != nil {
+		return nil, err
+	}
+	r.onClose(r.Cache.Close)
+	return r, nil
+}
+
+// openWorld makes the world (or takes the in-process one) and the layout.
+func (r *Rank) openWorld(ctx context.Context, cfg *Config) error {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = parallel.DefaultTimeout
+	}
+	if cfg.World != nil {
+		r.World = cfg.World
+	} else {
+		world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Rank: cfg.Rank, Size: cfg.Size, Timeout: cfg.Timeout})
+		if err != nil {
+			return err
+		}
+		r.World = world
+		r.onClose(world.Close)
+	}
+	return nil
+}
+
+// glooGroups adapts gloo.LayoutGroups to Groups.
+type glooGroups struct{ lg *gloo.LayoutGroups }
+
+func (g glooGroups) Group(kind parallel.GroupKind) parallel.Group { return g.lg.Group(kind) }
+
+// openGroups builds the layout, its groups and the consensus group.
+func (r *Rank) openGroups(ctx context.Context, cfg *Config) error {
+	lc := cfg.Layout
+	if lc.World == 0 {
+		lc.World = r.World.Size()
+	}
+	layout, err := parallel.NewLayout(lc)
+	if err != nil {
+		return err
+	}
+	if layout.Config.World != r.World.Size() {
+		return fmt.Errorf("%w: the layout %s needs %d ranks, the job has %d", ErrBadValue, layout, layout.Config.World, r.World.Size())
+	}
+	r.Layout = layout
+	if cfg.Groups != nil {
+		r.Groups = cfg.Groups
+	} else {
+		world, ok := r.World.(*gloo.Group)
+		if !ok {
+			return fmt.Errorf("%w: layout groups need a Gloo world or Config.Groups", ErrBadValue)
+		}
+		lg, err := gloo.NewLayoutGroups(world, layout)
+		if err != nil {
+			return err
+		}
+		r.onClose(lg.Close)
+		r.Groups = glooGroups{lg}
+	}
+	replica := r.Groups.Group(parallel.KindReplica)
+	if cfg.World != nil {
+		// In-process: the replica group is the consensus group.
+		r.Counted, r.Backend = parallel.Count(replica), "local"
+		return nil
+	}
+	cons, backend, err := shm.Consensus(ctx, replica, shm.Options{Backend: cfg.Consensus, Timeout: cfg.StepTimeout})
+	if err != nil {
+		if errors.Is(err, shm.ErrUnknownBackend) {
+			err = fmt.Errorf("%w: %w", ErrBadValue, err)
+		}
+		return err
+	}
+	r.onClose(cons.Close)
+	if backend == shm.BackendBootstrap {
+		backend = "gloo"
+	}
+	r.Counted, r.Backend = parallel.Count(cons), backend
+	return nil
+}
+
+// openDevice opens the CUDA slab backend, the device and the device L1 pool when the
+// configuration needs them, agreed by every rank with CUDA or without (agreeDevice).
+func (r *Rank) openDevice(ctx context.Context, cfg *Config) error {
+	var local error
+	if cfg.usesCUDA() {
+		local = r.openCUDA(cfg)
+	}
+	return agreeDevice(ctx, r.World, local)
+}
+
+func (r *Rank) openCUDA(cfg *Config) error {
+	ordinal := cfg.Device
+	if cfg.PickDevice != nil {
+		drv, err := cuda.Open()
+		if err != nil {
+			return fmt.Errorf("job: CUDA: %w", err)
+		}
+		n, err := drv.DeviceCount()
+		drv.Close() // the backend below holds its own reference
+		if err != nil {
+			return fmt.Errorf("job: CUDA: %w", err)
+		}
+		if ordinal, err = cfg.PickDevice(n); err != nil {
+			return err
+		}
+	}
+	be, err := cudaslab.Open(ordinal)
+	if err != nil {
+		return fmt.Errorf("job: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
+	}
+	r.onClose(be.Close)
+	be.Register()
+	if r.Device, err = be.Device(ordinal); err != nil {
+		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
+	}
+	if r.DeviceName, err = r.Device.Name(); err != nil {
+		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
+	}
+	if cfg.L1 == L1Device {
+		if cfg.L1Base != nil {
+			r.L1Device = cuda.DevicePtr(uintptr(cfg.L1Base))
+		} else {
+			buf, err := r.Device.Alloc(cfg.L1Pages * cfg.PageBytes)
+			if err != nil {
+				return fmt.Errorf("job: L1 pool of %d pages × %d bytes on device %d: %w", cfg.L1Pages, cfg.PageBytes, ordinal, err)
+			}
+			r.onClose(buf.Close)
+			r.L1Device = buf.Ptr()
+		}
+	}
+	if cfg.OnDevice != nil {
+		closeFn, err := cfg.OnDevice(r.Device)
+		if err != nil {
+			return err
+		}
+		if closeFn != nil {
+			r.onClose(closeFn)
+		}
+	}
+	return nil
+}
+
+// agreeDevice is the one agreement on this rank's CUDA step (local: its failure, nil on
+// success or without CUDA). Every rank returns the same verdict: nil, or a
+// *hicache.StartError naming the lowest failing rank, with a cause that counts and names
+// every failing rank with its error ("opening CUDA: failed on 2 of 4 ranks: rank 1: ...;
+// rank 3: ..."); on a failing rank it also wraps that rank's own error.
+func agreeDevice(ctx context.Context, world parallel.Group, local error) error {
+	const what = "opening CUDA"
+	msg := ""
+	if local != nil {
+		msg = local.Error()
+		msg = msg[:min(len(msg), causeLen)]
+	}
+	all, err := world.AllGather(ctx, []byte(msg))
+	if err != nil {
+		return errors.Join(local, fmt.Errorf("job: agreeing on %s: %w", what, err))
+	}
+	var failed []string
+	lowest := -1
+	for i, b := range all {
+		if len(b) == 0 {
+			continue
+		}
+		if lowest < 0 {
+			lowest = i
+		}
+		failed = append(failed, fmt.Sprintf("rank %d: %s", world.Ranks()[i], b))
+	}
+	if lowest < 0 {
+		return nil
+	}
+	return &hicache.StartError{
+		Rank: world.Ranks()[lowest], Group: world.Name(), Err: local,
+		Cause: fmt.Sprintf("%s: failed on %d of %d ranks: %s", what, len(failed), len(all), strings.Join(failed, "; ")),
+	}
+}
+
+// causeLen bounds the cause one rank sends in an agreement (as hicache.AgreeStart's).
+const causeLen = 1024
+
+// openSlabs opens the L2 slab set over the slab group (unless Config.Slabs is given).
+func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
+	if cfg.BeforeSlabs != nil {
+		cfg.BeforeSlabs()
+	}
+	if cfg.Slabs != nil {
+		r.Slabs = cfg.Slabs
+		return nil
+	}
+	spec := slab.Spec{Backend: slab.Host, PageSize: cfg.PageBytes, Pages: cfg.L2Pages, Tag: cfg.Tag, Layout: cfg.SlabLayout}
+	switch cfg.L2 {
+	case L2Pinned:
+		spec.PinHost, spec.Device = true, cfg.Device
+		if r.Device != nil {
+			spec.Device = r.Device.Ordinal()
+		}
+	case L2Device:
+		spec.Backend, spec.Device = slab.CUDAIPC, r.Device.Ordinal()
+	}
+	set, err := slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
+	if err != nil {
+		return err
+	}
+	r.onClose(set.Close)
+	r.Set, r.Slabs = set, set
+	return nil
+}
+
+// openEngine makes the copy engine over the L1 pool (none with L1Cache), agreed by every
+// rank: a rank whose pool or engine could not be made stops every rank with its cause.
+func (r *Rank) openEngine(ctx context.Context, cfg *Config) error {
+	local := r.makeEngine(cfg)
+	_, err := hicache.AgreeStart(ctx, r.World, "making the copy engine", local, "")
+	return err
+}
+
+func (r *Rank) makeEngine(cfg *Config) error {
+	size := cfg.L1Pages * cfg.PageBytes
+	var e hicache.Engine
+	switch cfg.L1 {
+	case L1Cache:
+		return nil
+	case L1Device:
+		if r.Set == nil {
+			return fmt.Errorf("%w: a device L1 needs slabs Open opens", ErrBadValue)
+		}
+		ce, err := cudaengine.New(r.Device, r.L1Device, cfg.L1Pages, cfg.PageBytes, cudaengine.DevicePageAddr(r.Set), cudaengine.Options{})
+		if err != nil {
+			return err
+		}
+		r.onClose(ce.Close)
+		e = ce
+	default:
+		if cfg.L1 == L1Host {
+			r.L1Host = cfg.L1Base
+		} else {
+			// Anonymous memory, not the Go heap: its address may be handed to C.
+			mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+			if err != nil {
+				return fmt.Errorf("job: allocating an L1 pool of %d bytes: %w", size, err)
+			}
+			r.onClose(func() error { return syscall.Munmap(mem) })
+			r.L1Host = unsafe.Pointer(unsafe.SliceData(mem))
+		}
+		slabs, ok := r.Slabs.(engine.HostSlabs)
+		if !ok {
+			return fmt.Errorf("%w: a host L1 needs host slabs", ErrBadValue)
+		}
+		he, err := hostengine.New(slabs, cfg.L1Pages, cfg.PageBytes, hostengine.Options{Pool: unsafe.Slice((*byte)(r.L1Host), size)})
+		if err != nil {
+			return err
+		}
+		r.onClose(he.Close)
+		r.HostEngine, e = he, he
+	}
+	if cfg.WrapEngine != nil {
+		e = cfg.WrapEngine(e)
+	}
+	r.Engine = e
+	return nil
+}
+
+// openStorage opens this rank's storage handle, agrees the outcome and the MAC key with
+// every rank (agreeStorage), wraps it (Config.WrapStorage) and clears it on rank 0
+// (Config.ClearStorage, agreed). Every rank takes part, with a storage or without.
+func (r *Rank) openStorage(ctx context.Context, cfg *Config) error {
+	var openErr error
+	if cfg.StorageURL != "" {
+		openErr = r.openStorageHandle(ctx, cfg)
+	}
+	if err := agreeStorage(ctx, r.World, r.Storage, openErr); err != nil {
+		return err
+	}
+	if r.Storage == nil {
+		return nil
+	}
+	if cfg.WrapStorage != nil {
+		r.Storage = cfg.WrapStorage(r.Storage) // after the key check: a wrapper hides the key
+	}
+	if cfg.ClearStorage == nil {
+		return nil
+	}
+	return r.clearStorage(ctx, cfg)
+}
+
+func (r *Rank) openStorageHandle(ctx context.Context, cfg *Config) error {
+	ns, err := hicache.NewStorageNamespace(cfg.StorageModel, r.Layout, cfg.PageTokens, cfg.PageBytes)
+	if err == nil {
+		octx, cancel := withTimeout(ctx, cfg.StorageTimeout)
+		opts := cfg.StorageOptions
+		opts.Namespace = ns
+		var st storage.Storage
+		st, err = storage.Open(octx, cfg.StorageURL, opts)
+		cancel()
+		if st != nil {
+			r.onClose(st.Close)
+			r.Storage, r.Namespace = st, ns
+		}
+	}
+	if err != nil && cfg.StorageError != nil {
+		err = cfg.StorageError(err)
+	}
+	return err
+}
+
+// clearStorage clears the storage on rank 0; no cache reads it before it is clear, and a
+// failed clear is agreed: every rank stops with rank 0's cause rather than wait for it.
+func (r *Rank) clearStorage(ctx context.Context, cfg *Config) error {
+	var clearErr error
+	msg := ""
+	if r.World.Rank() == 0 {
+		cctx, cancel := withTimeout(ctx, cfg.StorageTimeout)
+		clearErr = cfg.ClearStorage(cctx, r.Storage)
+		cancel()
+		if clearErr != nil {
+			msg = clearErr.Error()
+			msg = msg[:min(len(msg), causeLen)]
+		}
+	}
+	all, err := r.World.AllGather(ctx, []byte(msg))
+	if err != nil {
+		return errors.Join(fmt.Errorf("job: after clearing the storage: %w", err), clearErr)
+	}
+	if clearErr != nil {
+		return clearErr
+	}
+	if len(all[0]) > 0 {
+		return fmt.Errorf("job: clearing the storage failed on rank 0: %s", all[0])
+	}
+	return nil
+}
+
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
