@@ -156,7 +156,7 @@ func (r *coreRig) match(tokens []int32) []MatchResult {
 
 // verify checks rank's owned pages among the first pages of the path to last that are in
 // L1 and not loading.
-func (r *coreRig) verify(rank int, last *Node, pages int) {
+func (r *coreRig) verify(rank int, last *treeNode, pages int) {
 	r.t.Helper()
 	for _, n := range pathTo(last) {
 		for j := 0; j < len(n.hashes) && pages > 0; j++ {
@@ -195,7 +195,7 @@ func TestCoreRandomWorkload(t *testing.T) {
 			r.fail = 0.03
 			rng := rand.New(rand.NewPCG(1, uint64(pol)))
 			seqs := kvtest.RandomSequences(rng, 60, 4)
-			var locked [][]*Node // per lock: each rank's node
+			var locked [][]*treeNode // per lock: each rank's node
 			stats := map[string]int{}
 			for it := 0; it < 1500; it++ {
 				s := seqs[rng.IntN(len(seqs))]
@@ -209,7 +209,7 @@ func TestCoreRandomWorkload(t *testing.T) {
 					}
 				case op < 7:
 					ms := r.match(s)
-					var last []*Node
+					var last []*treeNode
 					for _, m := range ms {
 						last = append(last, m.Last)
 					}

@@ -51,7 +51,7 @@ type StorageJob struct {
 // until the group agreed every rank stored its part.
 type putOp struct {
 	seq   uint64
-	node  *Node
+	node  *treeNode
 	pages int   // the node's pages when the backup started (a split may shorten the node)
 	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local: this rank's part is written (err: it failed)
@@ -158,7 +158,7 @@ func (c *Core) StorageCircuitOpen() bool { return c.l3.circuitOpen }
 
 // l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages
 // (not while the storage circuit is open: the node stays in L2 without a storage copy).
-func (c *Core) l3Backup(n *Node) {
+func (c *Core) l3Backup(n *treeNode) {
 	if c.l3.circuitOpen {
 		return
 	}
@@ -217,7 +217,7 @@ func (c *Core) vouched(start, k, m int) int {
 
 // pinL3 adds d to the storage pins of n and its ancestors: a pinned node is not evicted
 // from L2 and not dropped with an ancestor.
-func (c *Core) pinL3(n *Node, d int) {
+func (c *Core) pinL3(n *treeNode, d int) {
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		n.l3Pins += d
 		c.mark(n)

@@ -179,7 +179,7 @@ func TestLoadBackFitsL1(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			last := make([]*Node, n)
+			last := make([]*treeNode, n)
 			r.each(func(i int, c *Core) error { last[i] = c.Peek(locked); return c.Lock(last[i]) })
 			r.settle()
 			if res.Pages != 27 {

@@ -15,7 +15,7 @@ type MatchResult struct {
 	// hit that ends inside a host node ends at Last's end (Match split the node there); one
 	// that ends inside a device node may end inside Last. Lock it while a request uses the
 	// prefix.
-	Last *Node
+	Last *treeNode
 	// L1Slots are the L1 slots of the device pages, in sequence order.
 	L1Slots []int32
 }
@@ -81,7 +81,7 @@ type InsertResult struct {
 	// than the sequence only on a hash collision).
 	Pages int
 	// Last is the deepest node of the inserted prefix (the root's sentinel if Pages is 0).
-	Last *Node
+	Last *treeNode
 	// Fill lists the pages that got L1 slots and need their KV written by their owner.
 	Fill []FillPage
 	// Backups is the number of backups this insert started.
@@ -113,7 +113,7 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	// Split a partly matched last node, even with I/O in flight (see split): two requests
 	// sharing a prefix are often inserted in the same step, before the first one's backup
 	// or load-back is over.
-	var nbuf [walkBuf]*Node
+	var nbuf [walkBuf]*treeNode
 	nodes := nbuf[:0]
 	pages := 0
 	for _, m := range path {
@@ -201,7 +201,7 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	return res, nil
 }
 
-func (c *Core) appendFill(fill []FillPage, n *Node) []FillPage {
+func (c *Core) appendFill(fill []FillPage, n *treeNode) []FillPage {
 	for j, s := range n.l1 {
 		i := n.depth + j
 		fill = append(fill, FillPage{Slot: s, Index: i, Owner: i % c.cfg.Slabs, Hash: n.hashes[j]})

@@ -50,7 +50,7 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 	for _, tc := range []struct {
 		tokens []int32
 		pages  int
-		last   *Node
+		last   *treeNode
 	}{
 		{a, 3, ra.Last},
 		{b, 3, rb.Last},

@@ -222,8 +222,8 @@ func (c *Core) diverge() {
 	c.dropL3()
 	// Remove L2-only subtrees (their roots are children of L1 nodes or of the root), then
 	// forget L2 copies everywhere.
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		for i := len(n.children) - 1; i >= 0; i-- {
 			ch := n.children[i]
 			if ch.l1 == nil {
@@ -244,12 +244,12 @@ func (c *Core) diverge() {
 
 // dropLocks releases the locks held on n's subtree before a divergence removes it: the
 // ancestors and the lock count forget them, and Unlock of a dropped node is a no-op.
-func (c *Core) dropLocks(n *Node) {
+func (c *Core) dropLocks(n *treeNode) {
 	if n.lockRef == 0 {
 		return
 	}
-	var visit func(x *Node)
-	visit = func(x *Node) {
+	var visit func(x *treeNode)
+	visit = func(x *treeNode) {
 		x.droppedLocks += x.ownLocks
 		c.locks -= x.ownLocks
 		x.ownLocks = 0
