@@ -111,19 +111,14 @@ func checkConfig(c *openConfig) error {
 
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
-	handle uint64     // set once before the session is published
-	mu     sync.Mutex // protects closed and nodes; held through every call on the session
-	closed bool
-	// quarantined: a Step returned a divergence and no recovery has been seen since;
-	// recoveries is Stats.Recoveries when last read (see stepped).
-	quarantined bool
-	recoveries  int64
-	cache       *hicache.Cache
-	engine      *hostengine.Engine // nil with a device L1
-	l1Base      unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
-	info        sessionInfo
-	closers     []func() error
-	nodes       nodeTable
+	handle  uint64     // set once before the session is published
+	mu      sync.Mutex // protects closed; held through every call on the session
+	closed  bool
+	cache   *hicache.Cache
+	engine  *hostengine.Engine // nil with a device L1
+	l1Base  unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
+	info    sessionInfo
+	closers []func() error
 }
 
 // sessionInfo is what cpcache_get_info reports.
@@ -167,7 +162,8 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	if err != nil {
 		return nil, err
 	}
-	if s.nodes.gen, err = agreeConfig(payloads); err != nil {
+	gen, err := agreeConfig(payloads)
+	if err != nil {
 		return nil, err
 	}
 	lc := c.layout
@@ -225,7 +221,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	}
 	rank := world.Rank()
 	opts := c.options
-	opts.PageSize, opts.L1Pages = c.pageTokens, c.l1Pages
+	opts.PageSize, opts.L1Pages, opts.Generation = c.pageTokens, c.l1Pages, gen
 	hc := hicache.Config{Options: opts, Layout: layout, Rank: rank, Group: cons, Slabs: set, Engine: engine, StepTimeout: c.timeout}
 	// Every rank takes part in the agreement, with a storage or without (agreeStorage).
 	var st storage.Storage
@@ -255,7 +251,6 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 		replicaSize: len(layout.ReplicaGroup(rank)), pageTokens: c.pageTokens, pageBytes: c.pageBytes,
 		l1Pages: c.l1Pages, l2Pages: c.l2Pages, consensus: backend,
 	}
-	s.nodes.init()
 	return s, nil
 }
 

@@ -16,7 +16,7 @@ import (
 // LoadBack, Prefetch, RevokePrefetch, Reset) and Apply's agreed vector; every rank of the
 // group must make them identically. Local inputs (Report, HintEvict, PerturbPlacement) only
 // change what this rank contributes to the next vector. The work to do comes out of Ready
-// (see boundary.go).
+// and the step's consensus contribution out of Vector (see boundary.go).
 //
 // A Core is not safe for concurrent use.
 type Core struct {
@@ -25,8 +25,12 @@ type Core struct {
 	alloc *alloc.Allocator
 	l1    *l1Pool
 
-	root    *treeNode
-	index   map[uint64]*treeNode // chained hash of a node's first page -> node
+	root  *treeNode
+	index map[uint64]*treeNode // chained hash of a node's first page -> node
+	byID  map[uint64]*treeNode // node id -> node, the root (id 0) included: what handles name
+	// dropped counts the locks held on nodes a divergence removed, by handle: Unlock of such
+	// a handle is a no-op that uses one up, also after the recovery.
+	dropped map[Handle]int
 	nextID  uint64
 	gen     uint64
 	nodes   int
@@ -100,7 +104,7 @@ func New(cfg Config) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages)}
+	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), gen: cfg.Generation, dropped: map[Handle]int{}}
 	c.resetTree()
 	return c, nil
 }
@@ -188,9 +192,6 @@ func (c *Core) placementDigest() (d, negD int64) {
 	d = int64((c.alloc.Digest() ^ mix.Mix64(c.placeSalt)) & mask63)
 	return d, -d
 }
-
-// L2Enabled is false in quarantine: after a divergence, until the agreed recovery (or Reset).
-func (c *Core) L2Enabled() bool { return !c.quarantined }
 
 // Quarantined reports whether the group is in quarantine after a divergence: Match serves
 // no hits, Insert caches nothing and no slab I/O starts, until the first step at which

@@ -85,7 +85,7 @@ func (c *Core) CheckInvariants() error {
 	var err error
 	fail := func(format string, args ...any) {
 		if err == nil {
-			err = fmt.Errorf("hicache: "+format, args...)
+			err = fmt.Errorf("core: "+format, args...)
 		}
 	}
 	l1Pages, nodes, ownLocks := 0, 0, 0

@@ -74,7 +74,7 @@ type Event struct {
 type evState struct {
 	on    bool
 	nodes []*treeNode // nodes whose tiers may have changed since the last TakeEvents
-	out   []Event // events of resets and storage backups, in order, before the node diffs
+	out   []Event     // events of resets and storage backups, in order, before the node diffs
 	// storage: the runs whose backup the group agreed complete since the last time storage
 	// was cleared (ForgetStorage), announced again after every EventCleared; have holds
 	// their hashes.

@@ -124,7 +124,7 @@ func (c *Core) commitWrite(op *writeOp) {
 	for _, part := range op.parts {
 		n := part.node
 		if err := c.alloc.Commit(alloc.RangeID(n.id)); err != nil {
-			panic(fmt.Sprintf("hicache: commit of node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: commit of node %d: %v (replica invariant broken)", n.id, err))
 		}
 		n.write = nil
 		n.l2 = part.pages
@@ -154,7 +154,7 @@ func (c *Core) abortWrite(op *writeOp) {
 	for _, part := range op.parts {
 		n := part.node
 		if err := c.alloc.Abort(alloc.RangeID(n.id)); err != nil {
-			panic(fmt.Sprintf("hicache: abort of node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: abort of node %d: %v (replica invariant broken)", n.id, err))
 		}
 		n.write = nil
 		n.evictAfterWrite = false

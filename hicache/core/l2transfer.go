@@ -78,7 +78,7 @@ func (c *Core) backup(n *treeNode) bool {
 	}
 	if err != nil {
 		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
-			panic(fmt.Sprintf("hicache: reserve for node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: reserve for node %d: %v (replica invariant broken)", n.id, err))
 		}
 		c.stats.SkippedBackups++
 		return false
@@ -104,7 +104,7 @@ type LoadResult struct {
 	Nodes         int // nodes loading
 }
 
-// LoadBack brings the L2-only pages of the path to n into L1: it allocates L1 slots
+// LoadBack brings the L2-only pages of the path to node h (n) into L1: it allocates L1 slots
 // (evicting if needed) and starts the loads; the pages count as device pages at once, and a
 // layer must WaitL1 before reading them. n is what Match returned as Last: the path ends
 // exactly where the match did (Match splits a host node the tokens leave in its middle), so
@@ -118,12 +118,13 @@ type LoadResult struct {
 // when fewer than MinLoadPages pages (and at least one) would, or when L2 is disabled
 // (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
 // L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
-func (c *Core) LoadBack(n *treeNode) (LoadResult, error) {
-	if n != nil && n.isRoot() || c.quarantined {
-		return LoadResult{}, nil
-	}
-	if err := c.check(n); err != nil {
+func (c *Core) LoadBack(h Handle) (LoadResult, error) {
+	n, err := c.node(h)
+	if err != nil {
 		return LoadResult{}, err
+	}
+	if n.isRoot() || c.quarantined {
+		return LoadResult{}, nil
 	}
 	var todo []*treeNode
 	host := 0
@@ -181,28 +182,36 @@ func (c *Core) LoadBack(n *treeNode) (LoadResult, error) {
 	return LoadResult{Pages: pages, Tokens: pages * c.cfg.PageSize, Nodes: len(todo)}, nil
 }
 
-// Writing returns the seqs of the backups in flight on the path to n (pieces of a split
-// node share one).
-func (c *Core) Writing(n *treeNode) []uint64 {
+// Writing returns the seqs of the backups in flight on the path to node h (pieces of a
+// split node share one).
+func (c *Core) Writing(h Handle) ([]uint64, error) {
+	n, err := c.node(h)
+	if err != nil {
+		return nil, err
+	}
 	var seqs []uint64
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		if n.write != nil && !slices.Contains(seqs, n.write.seq) {
 			seqs = append(seqs, n.write.seq)
 		}
 	}
-	return seqs
+	return seqs, nil
 }
 
-// Loading returns the seqs of the loads in flight on the path to n (what a layer must wait
-// for before reading n's prefix from L1).
-func (c *Core) Loading(n *treeNode) []uint64 {
+// Loading returns the seqs of the loads in flight on the path to node h (what a layer must
+// wait for before reading its prefix from L1).
+func (c *Core) Loading(h Handle) ([]uint64, error) {
+	n, err := c.node(h)
+	if err != nil {
+		return nil, err
+	}
 	var seqs []uint64
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		if n.load != nil && !slices.Contains(seqs, n.load.seq) { // pieces of a split share one
 			seqs = append(seqs, n.load.seq)
 		}
 	}
-	return seqs
+	return seqs, nil
 }
 
 // completed records that this rank finished a transfer (err != nil: it failed).

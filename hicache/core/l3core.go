@@ -135,14 +135,13 @@ func (l *l3State) pending() int {
 }
 
 // StorageCircuit records whether this rank's storage circuit breaker is open (the driver
-// calls it once per step, before Ready with a vector). It contributes to the next vector:
+// calls it once per step, before Vector). It contributes to the next vector:
 // the group opens the circuit at the step it agrees any rank's breaker is open, and closes
 // it at the step every rank's is closed again. Local.
 func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
 
 // StorageReadRate records the read bandwidth this rank measured (bytes/s of its completed
-// storage reads, e.g. an EWMA; 0: none yet). The driver calls it once per step, before Ready
-// with a vector. A measurement counts only through the vector: the group agrees the
+// storage reads, e.g. an EWMA; 0: none yet). The driver calls it once per step, before Vector. A measurement counts only through the vector: the group agrees the
 // slowest rank's, which the cost rule (L3Config.Cost.MeasuredReads)
 // reads. Local.
 func (c *Core) StorageReadRate(bytesPerSec int64) { c.l3.localRate = bytesPerSec }
@@ -387,7 +386,7 @@ func (c *Core) l3Apply(v []int64) {
 
 func (c *Core) abortRange(id alloc.RangeID) {
 	if err := c.alloc.Abort(id); err != nil {
-		panic(fmt.Sprintf("hicache: abort of prefetch range %d: %v (replica invariant broken)", id, err))
+		panic(fmt.Sprintf("core: abort of prefetch range %d: %v (replica invariant broken)", id, err))
 	}
 }
 

@@ -297,7 +297,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	}
 	if err != nil {
 		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
-			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
+			panic(fmt.Sprintf("core: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
 		}
 		skip(RefusedNoRoom)
 		return
@@ -362,11 +362,11 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 		if n := c.attachPrefetch(r, m, id); n != nil {
 			if m < k {
 				if err := c.alloc.Split(r.rid, m, alloc.RangeID(id)); err != nil {
-					panic(fmt.Sprintf("hicache: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
+					panic(fmt.Sprintf("core: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
 				}
 			}
 			if err := c.alloc.Commit(alloc.RangeID(id)); err != nil {
-				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
+				panic(fmt.Sprintf("core: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
 			// n and the L2-only nodes above it go to the back of the L2 list, deepest

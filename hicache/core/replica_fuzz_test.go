@@ -32,7 +32,7 @@ type replicaSim struct {
 	jobs    [][]*simJob         // per rank: its storage jobs in flight
 	store   []map[uint64][]byte // per slab group (its shard): page hash -> payload
 	index   map[uint64]int      // page hash -> sequence page index
-	locked  [][]*treeNode           // per lock: each rank's node
+	locked  [][]*treeNode       // per lock: each rank's node
 	fail    float64             // probability that a transfer or storage job fails
 	seqs    [][]int32           // the workload's sequences
 	pids    []uint64            // prefetch ids handed out
@@ -41,7 +41,7 @@ type replicaSim struct {
 	steps   int                 // steps made
 	quar    bool                // the group is in quarantine (as the sim saw it)
 	trace   []string            // the last calls (for failure messages)
-	handles [][]*treeNode           // nodes handed out (each rank's), for calls with old handles
+	handles [][]*treeNode       // nodes handed out (each rank's), for calls with old handles
 	ev      *evModel            // the tiers rebuilt from rank 0's KV events
 }
 

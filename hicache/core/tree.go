@@ -11,6 +11,7 @@ func (c *Core) resetTree() {
 	c.gen++
 	c.root = &treeNode{gen: c.gen}
 	c.index = map[uint64]*treeNode{}
+	c.byID = map[uint64]*treeNode{0: c.root}
 	c.nextID = 1
 	c.nodes = 0
 	c.treeSum = 0
@@ -49,12 +50,20 @@ func (c *Core) flushDirty() {
 	c.dirty = c.dirty[:0]
 }
 
-// Peek returns the deepest node whose pages all match a prefix of tokens, without touching
-// LRU order or counters (nil when nothing matches). Read-only: a rank may call it alone.
-func (c *Core) Peek(tokens []int32) *treeNode { return c.PeekKey("", tokens) }
+// Peek returns a copy of the deepest node whose pages all match a prefix of tokens, without
+// touching LRU order or counters (the zero NodeInfo, Handle 0, when nothing matches).
+// Read-only: a rank may call it alone.
+func (c *Core) Peek(tokens []int32) NodeInfo { return c.PeekKey("", tokens) }
 
 // PeekKey is Peek under isolation key key.
-func (c *Core) PeekKey(key string, tokens []int32) *treeNode {
+func (c *Core) PeekKey(key string, tokens []int32) NodeInfo {
+	if n := c.peek(key, tokens); n != nil {
+		return n.info()
+	}
+	return NodeInfo{}
+}
+
+func (c *Core) peek(key string, tokens []int32) *treeNode {
 	var buf [walkBuf]pathMatch
 	path := c.walk(buf[:0], key, tokens)
 	for i := len(path) - 1; i >= 0; i-- {
@@ -63,20 +72,6 @@ func (c *Core) PeekKey(key string, tokens []int32) *treeNode {
 		}
 	}
 	return nil
-}
-
-func (c *Core) check(n *treeNode) error {
-	if n == nil || n.removed || n.gen != c.gen {
-		return fmt.Errorf("%w: node %v is not in the tree (evicted, or from before a flush)", ErrBadArgument, nodeName(n))
-	}
-	return nil
-}
-
-func nodeName(n *treeNode) string {
-	if n == nil {
-		return "<nil>"
-	}
-	return fmt.Sprintf("#%d", n.id)
 }
 
 // pathMatch is one node of a walk and how many of its pages matched.
@@ -209,6 +204,7 @@ func (c *Core) newNodeID(parent *treeNode, key string, tokens []int32, hashes []
 	}
 	parent.children = append(parent.children, n)
 	c.index[hashes[0]] = n
+	c.byID[id] = n
 	c.nodes++
 	c.treeSum += nodeTerm(n)
 	c.mark(n)
@@ -238,7 +234,7 @@ func (c *Core) split(n *treeNode, at int) *treeNode {
 	}
 	if (n.l2 != nil || n.write != nil) && !c.quarantined {
 		if err := c.alloc.Split(alloc.RangeID(n.id), at, alloc.RangeID(head.id)); err != nil {
-			panic(fmt.Sprintf("hicache: allocator split of node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: allocator split of node %d: %v (replica invariant broken)", n.id, err))
 		}
 	}
 	if n.l2 != nil {
@@ -252,6 +248,7 @@ func (c *Core) split(n *treeNode, at int) *treeNode {
 	n.tokens, n.hashes = n.tokens[at*P:], n.hashes[at:]
 	n.depth += at
 	c.index[head.hashes[0]] = head
+	c.byID[head.id] = head
 	c.index[n.hashes[0]] = n
 	c.nodes++
 	c.treeSum += nodeTerm(n) + nodeTerm(head)
@@ -282,7 +279,7 @@ func (c *Core) removeSubtree(n *treeNode) {
 	if n.l2 != nil {
 		if !c.quarantined {
 			if err := c.alloc.Free(alloc.RangeID(n.id)); err != nil {
-				panic(fmt.Sprintf("hicache: allocator free of node %d: %v (replica invariant broken)", n.id, err))
+				panic(fmt.Sprintf("core: allocator free of node %d: %v (replica invariant broken)", n.id, err))
 			}
 		}
 		n.l2 = nil
@@ -290,6 +287,7 @@ func (c *Core) removeSubtree(n *treeNode) {
 	c.clearL1(n)
 	n.parent.unlinkChild(n)
 	delete(c.index, n.hashes[0])
+	delete(c.byID, n.id)
 	c.treeSum -= nodeTerm(n)
 	c.stateSum -= n.term
 	n.term = 0
@@ -317,13 +315,11 @@ func (c *Core) lockPath(n *treeNode, d int) {
 	}
 }
 
-// Lock pins n and its ancestors: none of them is evicted from any tier until Unlock. A
-// running request holds a lock on its matched prefix.
-func (c *Core) Lock(n *treeNode) error {
-	if n != nil && n.isRoot() {
-		return nil
-	}
-	if err := c.check(n); err != nil {
+// Lock pins the node h names and its ancestors: none of them is evicted from any tier until
+// Unlock. A running request holds a lock on its matched prefix.
+func (c *Core) Lock(h Handle) error {
+	n, err := c.node(h)
+	if err != nil || n.isRoot() {
 		return err
 	}
 	c.lockPath(n, 1)
@@ -332,16 +328,19 @@ func (c *Core) Lock(n *treeNode) error {
 	return nil
 }
 
-// Unlock releases one Lock of n.
-func (c *Core) Unlock(n *treeNode) error {
-	if n != nil && n.isRoot() {
+// Unlock releases one Lock of the node h names. The locks of a node a divergence removed
+// are released by as many Unlocks of its handle, which change nothing.
+func (c *Core) Unlock(h Handle) error {
+	if k := c.dropped[h]; k > 0 {
+		if k == 1 {
+			delete(c.dropped, h)
+		} else {
+			c.dropped[h] = k - 1
+		}
 		return nil
 	}
-	if n != nil && n.removed && n.droppedLocks > 0 {
-		n.droppedLocks-- // the node was locked when a divergence dropped it
-		return nil
-	}
-	if err := c.check(n); err != nil {
+	n, err := c.node(h)
+	if err != nil || n.isRoot() {
 		return err
 	}
 	if n.ownLocks <= 0 {
@@ -351,4 +350,11 @@ func (c *Core) Unlock(n *treeNode) error {
 	n.ownLocks--
 	c.locks--
 	return nil
+}
+
+func nodeName(n *treeNode) string {
+	if n == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("#%d", n.id)
 }

@@ -115,7 +115,7 @@ func (c *Core) Apply(v []int64) error {
 	c.stats.Steps++
 	var derr error
 	if len(v) != VectorLen {
-		panic("hicache: consensus vector of wrong length")
+		panic("core: consensus vector of wrong length")
 	}
 	// The digests are checked at every step. A mismatch outside quarantine starts one (on
 	// every rank: the vector is the same); in quarantine the replicas are known to differ
@@ -250,7 +250,9 @@ func (c *Core) dropLocks(n *treeNode) {
 	}
 	var visit func(x *treeNode)
 	visit = func(x *treeNode) {
-		x.droppedLocks += x.ownLocks
+		if x.ownLocks > 0 {
+			c.dropped[x.handle()] += x.ownLocks
+		}
 		c.locks -= x.ownLocks
 		x.ownLocks = 0
 		c.mark(x)
@@ -313,7 +315,7 @@ func (c *Core) Busy() error {
 type busyError struct{ writes, loads, l3, locks int }
 
 func (e *busyError) Error() string {
-	return "hicache: busy: " + strconv.Itoa(e.writes) + " backups, " + strconv.Itoa(e.loads) + " loads and " + strconv.Itoa(e.l3) +
+	return "core: busy: " + strconv.Itoa(e.writes) + " backups, " + strconv.Itoa(e.loads) + " loads and " + strconv.Itoa(e.l3) +
 		" storage operations in flight, " + strconv.Itoa(e.locks) + " locks held; flush needs an idle cache"
 }
 
