@@ -67,6 +67,9 @@ const (
 	RefusedCost        = core.RefusedCost
 )
 
+// HandleIDBits is the width of the node id in a Handle (see core.Handle).
+const HandleIDBits = core.HandleIDBits
+
 // Transfer kinds (see core.Kind).
 const (
 	Write = core.Write

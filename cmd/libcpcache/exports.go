@@ -207,7 +207,24 @@ func matchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 // names no node (0, evicted, from before a flush or a recovery, from a closed cache) is
 // CPCACHE_ERR_NODE (see statusOf).
 func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, hicache.Handle) error) C.int {
-	return sessionCall(c, what, func(s *session) error { return f(s, hicache.Handle(h)) })
+	return sessionCall(c, what, func(s *session) error {
+		n, err := s.node(h)
+		if err != nil {
+			return err
+		}
+		return f(s, n)
+	})
+}
+
+// node is h as the cache's handle. The cache takes the root's handle (the empty prefix) of
+// any of its generations for the current root's, so that a Go scheduler's lock on it
+// outlives a flush; to C, every handle from before a flush or a recovery is stale, the
+// root's too.
+func (s *session) node(h C.cpcache_node_t) (hicache.Handle, error) {
+	if gen := uint64(h) >> hicache.HandleIDBits; h != 0 && gen != s.cache.Generation() {
+		return 0, &hicache.StaleHandleError{Handle: hicache.Handle(h), Why: "from before a flush or a recovery, or from a closed cache"}
+	}
+	return hicache.Handle(h), nil
 }
 
 //export cpcache_lock
@@ -256,17 +273,21 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 	if err != nil {
 		return fail(err)
 	}
+	h, err := s.node(node)
 	cache := s.cache
 	// The wait is local and may be long: it must not hold the session, which the scheduler
 	// thread needs meanwhile.
 	s.mu.Unlock()
+	if err != nil {
+		return fail(fmt.Errorf("cpcache_wait_l1: %w", err))
+	}
 	ctx := context.Background()
 	if limit, ok := waitLimit(int64(timeoutMs)); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
-	return result(cache.WaitL1(ctx, hicache.Handle(node)))
+	return result(cache.WaitL1(ctx, h))
 }
 
 //export cpcache_insert

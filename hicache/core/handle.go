@@ -12,24 +12,26 @@ import (
 // quarantine), so a handle is equal on every rank of the group and one from before a reset
 // never names a node made after it. 0 is never a handle (generations start at 1). The
 // root's handle (id 0) stands for the empty prefix: Lock, Unlock and LoadBack of it do
-// nothing. Every call taking a Handle checks it; one that names no node of the tree (never
-// handed out, evicted, from before a reset) returns a *StaleHandleError.
+// nothing, and the root's handle of any of this core's generations is accepted as the
+// current root's, so that a lock a request holds on the empty prefix outlives a reset.
+// Every call taking a Handle checks it; one that names no node of the tree (never handed
+// out, evicted, from before a reset, from another core) returns a *StaleHandleError.
 type Handle uint64
 
-// handleIDBits is the width of the node id in a Handle.
-const handleIDBits = 40
+// HandleIDBits is the width of the node id in a Handle.
+const HandleIDBits = 40
 
 // Generation is the handle generation of the tree's nodes: Options.Generation plus the
 // resets so far. Replicated.
 func (c *Core) Generation() uint64 { return c.gen }
 
-func (n *treeNode) handle() Handle { return Handle(n.gen<<handleIDBits | n.id) }
+func (n *treeNode) handle() Handle { return Handle(n.gen<<HandleIDBits | n.id) }
 
 // StaleHandleError is the error of a call given a handle that names no node of the tree. It
 // wraps ErrStaleHandle and ErrBadArgument.
 type StaleHandleError struct {
 	Handle Handle
-	Why    string // "handle 0", "from another generation (before a reset, or another cache)", "not in the tree (evicted, or never handed out)"
+	Why    string // what is wrong with it: 0, from another generation, not in the tree
 }
 
 func (e *StaleHandleError) Error() string {
@@ -40,13 +42,16 @@ func (e *StaleHandleError) Unwrap() []error { return []error{ErrStaleHandle, Err
 
 // node resolves h to a node of the current tree (the root for the root's handle).
 func (c *Core) node(h Handle) (*treeNode, error) {
+	gen, id := uint64(h)>>HandleIDBits, uint64(h)&(1<<HandleIDBits-1)
 	switch {
 	case h == 0:
 		return nil, &StaleHandleError{Handle: h, Why: "handle 0"}
-	case uint64(h)>>handleIDBits != c.gen:
-		return nil, &StaleHandleError{Handle: h, Why: "from another generation (before a reset, or another cache)"}
+	case id == 0 && gen > c.cfg.Generation && gen <= c.gen:
+		return c.root, nil
+	case gen != c.gen:
+		return nil, &StaleHandleError{Handle: h, Why: "from before a flush or a recovery, or from another cache"}
 	}
-	n := c.byID[uint64(h)&(1<<handleIDBits-1)]
+	n := c.byID[id]
 	if n == nil {
 		return nil, &StaleHandleError{Handle: h, Why: "not in the tree (evicted, or never handed out)"}
 	}
