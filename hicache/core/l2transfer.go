@@ -119,12 +119,12 @@ type LoadResult struct {
 // (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
 // L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
 func (c *Core) LoadBack(h Handle) (LoadResult, error) {
-	n, err := c.node(h)
-	if err != nil {
-		return LoadResult{}, err
-	}
-	if n.isRoot() || c.quarantined {
+	if c.quarantined {
 		return LoadResult{}, nil
+	}
+	n, err := c.node(h)
+	if err != nil || n.isRoot() {
+		return LoadResult{}, err
 	}
 	var todo []*treeNode
 	host := 0

@@ -284,7 +284,7 @@ func (c *Core) Reset() error {
 }
 
 // recover ends a quarantine: the agreed flush of every rank at the first step where all are
-// idle. Nodes handed out before it are invalid afterwards (ErrBadArgument), as after Flush.
+// idle. Handles handed out before it are stale afterwards (ErrStaleHandle), as after Flush.
 func (c *Core) recover() {
 	c.reset()
 	c.stats.Recoveries++
