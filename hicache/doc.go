@@ -19,10 +19,11 @@
 //   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, this
 //     rank's storage jobs on its storage handle, and its consensus collective on the replica
 //     group. It
-//     talks to the core only through its boundary — Ready (work to start and the vector to
-//     reduce), Report (local completions), Apply (the agreed vector) — and never reads its
-//     fields. Types of the core that a scheduler needs are aliased here (Node, MatchResult,
-//     Options, ...), so a scheduler imports this package alone.
+//     talks to the core only through its boundary — Ready (work to start), Vector (the
+//     vector to reduce), Report (local completions), Apply (the agreed vector) — and never
+//     reads its fields. Nodes are named by checked handles (Handle), and their state comes
+//     as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are aliased
+//     here (Handle, MatchResult, Options, ...), so a scheduler imports this package alone.
 //
 // package kvtest makes KV content checkable (FillKV/CheckKV) and provides an in-process L2
 // for tests.
@@ -43,9 +44,9 @@
 // replicated state); calls marked L are local.
 //
 //  1. For each new request: m, err := cache.Match(tokens) (R) gives the device hit (L1 pages),
-//     the host hit (pages only in L2 that follow it) and the deepest node m.Last (a hit that
-//     ends inside a node held only in L2 splits it there, so m.Last's prefix is the hit).
-//     cache.Lock(m.Last) (R) pins the prefix while the request runs.
+//     the host hit (pages only in L2 that follow it) and the deepest node's handle m.Last (a
+//     hit that ends inside a node held only in L2 splits it there, so m.Last's prefix is the
+//     hit). cache.Lock(m.Last) (R) pins the prefix while the request runs.
 //     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(tokens)
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
 //     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)

@@ -15,17 +15,13 @@ var (
 	// ErrScope: the consensus group does not cover the slab group (or is not the layout's
 	// replica group). Returned by New; the message names both groups.
 	ErrScope = errors.New("hicache: consensus group scope")
-	// ErrPlacementDiverged: the consensus step found that the replicas of the cache metadata
-	// differ (placement digest, tree digest or configuration fingerprint).
+	// The core's sentinels: see their documentation in package core.
 	ErrPlacementDiverged = core.ErrPlacementDiverged
-	// ErrBusy: Flush while backups, loads or locks are outstanding. Nothing changed.
-	ErrBusy = core.ErrBusy
-	// ErrBadConfig: a configuration value that cannot work; the message names it.
-	ErrBadConfig = core.ErrBadConfig
-	// ErrBadArgument: a call with an argument that cannot be valid.
-	ErrBadArgument = core.ErrBadArgument
-	// ErrL1Full: not enough L1 pages could be freed for an insert or a load-back.
-	ErrL1Full = core.ErrL1Full
+	ErrBusy              = core.ErrBusy
+	ErrBadConfig         = core.ErrBadConfig
+	ErrBadArgument       = core.ErrBadArgument
+	ErrStaleHandle       = core.ErrStaleHandle
+	ErrL1Full            = core.ErrL1Full
 	// ErrPeerFailed: some rank of the group could not start (New's *StartError) or reported
 	// a failure that the group agreed on.
 	ErrPeerFailed = errors.New("hicache: a rank of the group failed")
@@ -56,3 +52,7 @@ func (e *StartError) Unwrap() []error { return []error{ErrPeerFailed, e.Err} }
 
 // DivergedError is the error of the step that detected divergence (see core.DivergedError).
 type DivergedError = core.DivergedError
+
+// StaleHandleError is the error of a call given a handle that names no node (see
+// core.StaleHandleError).
+type StaleHandleError = core.StaleHandleError

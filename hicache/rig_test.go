@@ -152,7 +152,7 @@ func (r *rig) checkAgree() {
 		if err := c.core.CheckInvariants(); err != nil {
 			r.t.Fatalf("rank %d: %v", i, err)
 		}
-		if d, p := c.StateDigest(), c.core.Allocator().Digest(); d != d0 || p != p0 && c.core.L2Enabled() {
+		if d, p := c.StateDigest(), c.core.Allocator().Digest(); d != d0 || p != p0 && !c.core.Quarantined() {
 			r.t.Fatalf("rank %d: state digest %#x placement %#x; rank 0: %#x %#x", i, d, p, d0, p0)
 		}
 	}
@@ -276,9 +276,9 @@ func (r *rig) flushAndCheckFresh() {
 	for i, c := range r.caches {
 		st := c.Stats()
 		if st.PlacementDigest != fresh.Allocator().Digest() || st.L1Used != 0 || st.Nodes != 0 ||
-			st.L2FreePages != fresh.Allocator().TotalFree() || c.core.Allocator().NumRanges() != 0 || !st.L2Enabled {
+			st.L2FreePages != fresh.Allocator().TotalFree() || c.core.Allocator().NumRanges() != 0 || st.Quarantined {
 			r.t.Fatalf("rank %d after flush: digest %#x (fresh %#x), L1 used %d, nodes %d, L2 free %d of %d, ranges %d, L2 enabled %t",
-				i, st.PlacementDigest, fresh.Allocator().Digest(), st.L1Used, st.Nodes, st.L2FreePages, fresh.Allocator().TotalFree(), c.core.Allocator().NumRanges(), st.L2Enabled)
+				i, st.PlacementDigest, fresh.Allocator().Digest(), st.L1Used, st.Nodes, st.L2FreePages, fresh.Allocator().TotalFree(), c.core.Allocator().NumRanges(), !st.Quarantined)
 		}
 		if c.StateDigest() != fresh.StateDigest() {
 			r.t.Fatalf("rank %d after flush: state digest %#x, fresh core %#x", i, c.StateDigest(), fresh.StateDigest())

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -103,14 +104,16 @@ func TestInsertSplitsNodeWithBackupInFlight(t *testing.T) {
 			}
 			cr := r.caches[0].core
 			n := cr.Peek(a)
-			if n.State()&StateWriting == 0 {
-				t.Fatalf("node %d has no backup in flight (state %v)", n.ID(), n.State())
+			if n.State&StateWriting == 0 {
+				t.Fatalf("node %d has no backup in flight (state %v)", n.ID, n.State)
 			}
 			requireWholeInsert(t, r, b) // same step: splits n
-			head := n.Parent()
-			if head == nil || head.State()&StateWriting == 0 || len(cr.Writing(n)) != 1 || head.Pages() != 5 || n.Pages() != 3 {
+			n = nodeOf(cr, n.Handle)
+			head, ok := parentOf(cr, n)
+			writing, _ := cr.Writing(n.Handle)
+			if !ok || head.State&StateWriting == 0 || len(writing) != 1 || head.Pages() != 5 || n.Pages() != 3 {
 				t.Fatalf("split: head %v (%d pages), tail %d pages; backups in flight on the tail's path %v, want the one shared backup",
-					head, head.Pages(), n.Pages(), cr.Writing(n))
+					head, head.Pages(), n.Pages(), writing)
 			}
 			// Another request on the same prefix while the copies run on ranks 1 and 2.
 			if err := r.step(); err != nil {
@@ -149,15 +152,16 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	if err := r.step(); err != nil { // the loads start
 		t.Fatal(err)
 	}
-	n := r.caches[0].core.Peek(a)
-	if n.State()&StateLoading == 0 {
-		t.Fatalf("node %d is not loading (state %v)", n.ID(), n.State())
+	cr := r.caches[0].core
+	n := cr.Peek(a)
+	if n.State&StateLoading == 0 {
+		t.Fatalf("node %d is not loading (state %v)", n.ID, n.State)
 	}
 	requireWholeInsert(t, r, b)
-	if head := n.Parent(); head == nil || head.State()&StateLoading == 0 || head.Pages() != 5 {
+	if head, ok := parentOf(cr, nodeOf(cr, n.Handle)); !ok || head.State&StateLoading == 0 || head.Pages() != 5 {
 		t.Fatalf("split: head %v does not share the load", head)
 	}
-	if got := r.caches[0].core.Loading(n); len(got) != 1 {
+	if got, _ := cr.Loading(n.Handle); len(got) != 1 {
 		t.Fatalf("Loading(tail) = %v, want the one shared load", got)
 	}
 	for _, s := range [][]int32{a, b} {
@@ -175,8 +179,20 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	}
 	requireServedFromL2(t, r, a, b)
 	for _, c := range r.caches {
-		if err := c.WaitL1(context.Background(), n); err != nil {
+		if err := c.WaitL1(context.Background(), n.Handle); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// nodeOf returns the state of the node h names now (the zero NodeInfo when it names none).
+func nodeOf(cr *core.Core, h Handle) NodeInfo {
+	n, _ := cr.Node(h)
+	return n
+}
+
+// parentOf returns the node above n; ok is false when n hangs from the root (or is none).
+func parentOf(cr *core.Core, n NodeInfo) (p NodeInfo, ok bool) {
+	p = nodeOf(cr, n.Parent)
+	return p, p.Parent != 0
 }

@@ -17,7 +17,6 @@ type Stats struct {
 	L1Used           int             // L1 slots in use
 	L2FreePages      int             // free L2 pages (all slabs)
 	Nodes            int             // tree nodes
-	L2Enabled        bool            // false in quarantine (after a divergence, until the recovery)
 	Quarantined      bool            // the group is in quarantine: no hits, inserts or slab I/O
 	Diverged         error           // the divergence error of the current quarantine, if any
 	PlacementDigest  uint64          // the allocator's digest
@@ -57,7 +56,6 @@ func (c *Cache) Stats() Stats {
 		L1Used:           c.core.L1Used(),
 		L2FreePages:      c.core.Allocator().TotalFree(),
 		Nodes:            c.core.Nodes(),
-		L2Enabled:        c.core.L2Enabled(),
 		Quarantined:      c.core.Quarantined(),
 		Diverged:         c.stats.diverged,
 		PlacementDigest:  c.core.Allocator().Digest(),

@@ -10,7 +10,8 @@ import (
 // hicache alone. Their documentation is in package core (the state machine) and package
 // engine (the copy-engine interface).
 type (
-	Node           = core.Node
+	Handle         = core.Handle
+	NodeInfo       = core.NodeInfo
 	NodeState      = core.NodeState
 	MatchResult    = core.MatchResult
 	InsertResult   = core.InsertResult
@@ -65,6 +66,9 @@ const (
 	RefusedBelowMin    = core.RefusedBelowMin
 	RefusedCost        = core.RefusedCost
 )
+
+// HandleIDBits is the width of the node id in a Handle (see core.Handle).
+const HandleIDBits = core.HandleIDBits
 
 // Transfer kinds (see core.Kind).
 const (

@@ -51,7 +51,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 	local := rand.New(rand.NewPCG(seed, uint64(1000+c.CPRank()+shard*64)))
 	P := c.core.Config().PageSize
 	seqs := kvtest.RandomSequences(rng, 40, P)
-	var locked []*Node
+	var locked []Handle
 	counts := map[string]int{}
 	var recs []stepRecord
 	step := func() error {
@@ -59,7 +59,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 		if ierr := c.core.CheckInvariants(); ierr != nil {
 			return ierr
 		}
-		recs = append(recs, stepRecord{c.StateDigest(), c.core.Allocator().Digest(), c.core.L2Enabled()})
+		recs = append(recs, stepRecord{c.StateDigest(), c.core.Allocator().Digest(), !c.core.Quarantined()})
 		return err
 	}
 	for s := 0; s < steps; s++ {
@@ -166,7 +166,11 @@ func loadBackAndWait(c *Cache, tokens []int32, m MatchResult, step func() error)
 			return m, err
 		}
 	}
-	return c.MatchKey(m.Last.Key(), tokens) // a host hit's node has the match's isolation key
+	last, err := c.Node(m.Last)
+	if err != nil {
+		return m, err
+	}
+	return c.MatchKey(last.Key, tokens) // a host hit's node has the match's isolation key
 }
 
 // matchLoadVerify matches tokens, loads the host part back when asked (stepping with step),
@@ -193,19 +197,23 @@ func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, sha
 // this rank (c, holding KV shard shard) owns.
 func verifyOwnPages(c *Cache, m MatchResult, shard int, read func(slot int32) ([]byte, error)) error {
 	pages := m.DevicePages
-	for _, n := range pathTo(m.Last) {
+	path, err := pathTo(c, m.Last)
+	if err != nil {
+		return err
+	}
+	for _, n := range path {
 		for j := 0; j < n.Pages() && pages > 0; j++ {
 			pages--
-			idx := n.Depth() + j
+			idx := n.Depth + j
 			if !c.Owns(idx) {
 				continue
 			}
-			b, err := read(n.L1Slots()[j])
+			b, err := read(n.L1[j])
 			if err != nil {
 				return err
 			}
-			if err := kvtest.CheckKV(b, n.PageHashes()[j], idx, shard); err != nil {
-				return fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID(), err)
+			if err := kvtest.CheckKV(b, n.Hashes[j], idx, shard); err != nil {
+				return fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID, err)
 			}
 		}
 	}
@@ -228,12 +236,20 @@ func compareRecords(recs [][]stepRecord) error {
 	return nil
 }
 
-// pathTo returns the nodes from the root's child down to n.
-func pathTo(n *Node) []*Node {
-	var p []*Node
-	for ; n != nil; n = n.Parent() {
+// pathTo returns copies of the nodes from the root's child down to the node h names.
+func pathTo(c *Cache, h Handle) ([]NodeInfo, error) {
+	var p []NodeInfo
+	for {
+		n, err := c.Node(h)
+		if err != nil {
+			return nil, err
+		}
+		if n.Parent == 0 { // the root
+			break
+		}
 		p = append(p, n)
+		h = n.Parent
 	}
 	slices.Reverse(p)
-	return p
+	return p, nil
 }

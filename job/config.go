@@ -65,8 +65,10 @@ type Config struct {
 	// StepTimeout bounds each consensus step (0: the context's deadline, or the group's).
 	StepTimeout time.Duration
 	// Start, if set, is the first agreement over the world, before any group is made: every
-	// rank calls it (a comparison of the ranks' settings; a host-memory check).
-	Start func(ctx context.Context, world parallel.Group) error
+	// rank calls it (a comparison of the ranks' settings; a host-memory check). It may set
+	// what the agreement decides in opts, the cache's options (libcpcache: the first handle
+	// generation, above every rank's closed sessions').
+	Start func(ctx context.Context, world parallel.Group, opts *hicache.Options) error
 	// BeforeSlabs, if set, is called just before the slabs are opened (fault injection).
 	BeforeSlabs func()
 

@@ -84,7 +84,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 		return nil, err
 	}
 	if cfg.Start != nil {
-		if err := cfg.Start(ctx, r.World); err != nil {
+		if err := cfg.Start(ctx, r.World, &cfg.Options); err != nil {
 			return nil, err
 		}
 	}

@@ -80,7 +80,7 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 	}{
 		{nil, 0},
 		{errInvalid, -1}, {errSize, -2}, {errRange, -3}, {errClosed, -4}, {hicache.ErrClosed, -4},
-		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {errNode, -7},
+		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {hicache.ErrStaleHandle, -7},
 		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
 		{errInternal, -100}, {errors.New("copy failed"), -13},
 		{parallel.ErrClosed, -4}, // a step whose group cpcache_close closed meanwhile

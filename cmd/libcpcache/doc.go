@@ -27,10 +27,11 @@
 // # The boundary
 //
 // No Go pointer crosses it. Handles are integers: a cache handle names the one open session
-// (never reused, so a closed handle stays invalid); a node handle is (generation << 40 |
-// node id), equal on every rank of the replica group (nodeTable); the generation changes at
-// every flush and every recovery from a quarantine, which restart node ids, and at every open
-// (above any generation a rank's earlier cache used, agreed by the job). Tokens are read from C
+// (never reused, so a closed handle stays invalid); a node handle is the cache's own
+// (hicache.Handle: generation << 40 | node id), equal on every rank of the replica group and
+// checked by the core at every call; the generation changes at every flush and every
+// recovery from a quarantine, which restart node ids, and at every open (above any
+// generation a rank's earlier cache used, agreed by the job: Options.Generation). Tokens are read from C
 // memory in place by Match and copied for Insert and Prefetch (the tree keeps them).
 // Results are written into caller-provided structs and arrays whose sizes are checked
 // before anything changes, so a replicated call either happens on every rank or fails on

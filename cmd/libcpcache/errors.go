@@ -9,6 +9,5 @@ var (
 	errRange       = errors.New("cpcache: out of range")
 	errClosed      = errors.New("cpcache: closed")
 	errAlreadyOpen = errors.New("cpcache: already open")
-	errNode        = errors.New("cpcache: unknown node")
 	errInternal    = errors.New("cpcache: internal error")
 )

@@ -198,44 +198,51 @@ func matchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 		// (pagedArgs checked it holds them all), and SIZE_MAX is past any Go slice.
 		copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), len(m.L1Slots)), m.L1Slots)
 	}
-	*out = C.cpcache_match_result{node: C.cpcache_node_t(s.nodes.handle(m.Last)), device_pages: C.int64_t(m.DevicePages), host_pages: C.int64_t(m.HostPages)}
+	*out = C.cpcache_match_result{node: C.cpcache_node_t(m.Last), device_pages: C.int64_t(m.DevicePages), host_pages: C.int64_t(m.HostPages)}
 	return C.CPCACHE_OK
 }
 
-// nodeCall runs f on the node named by h under the session's lock (sessionCall). The table
-// keeps a node that left the cache until its next sweep; hicache refuses such a node as a
-// bad argument, which to the caller is a handle that names no node (CPCACHE_ERR_NODE, as
-// after a flush).
-func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, *hicache.Node) error) C.int {
+// nodeCall runs f on the node named by h under the session's lock (sessionCall). A C node
+// handle is the cache's own (hicache.Handle), checked by every call taking it: one that
+// names no node (0, evicted, from before a flush or a recovery, from a closed cache) is
+// CPCACHE_ERR_NODE (see statusOf).
+func nodeCall(c C.cpcache_t, h C.cpcache_node_t, what string, f func(*session, hicache.Handle) error) C.int {
 	return sessionCall(c, what, func(s *session) error {
-		n, err := s.nodes.node(uint64(h))
+		n, err := s.node(h)
 		if err != nil {
 			return err
 		}
-		err = f(s, n)
-		if errors.Is(err, hicache.ErrBadArgument) && n.State() == 0 {
-			return fmt.Errorf("%w: node handle %#x: %w", errNode, uint64(h), err)
-		}
-		return err
+		return f(s, n)
 	})
+}
+
+// node is h as the cache's handle. The cache takes the root's handle (the empty prefix) of
+// any of its generations for the current root's, so that a Go scheduler's lock on it
+// outlives a flush; to C, every handle from before a flush or a recovery is stale, the
+// root's too.
+func (s *session) node(h C.cpcache_node_t) (hicache.Handle, error) {
+	if gen := uint64(h) >> hicache.HandleIDBits; h != 0 && gen != s.cache.Generation() {
+		return 0, &hicache.StaleHandleError{Handle: hicache.Handle(h), Why: "from before a flush or a recovery, or from a closed cache"}
+	}
+	return hicache.Handle(h), nil
 }
 
 //export cpcache_lock
 func cpcache_lock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
 	defer guard(&status)
-	return nodeCall(c, node, "cpcache_lock", func(s *session, n *hicache.Node) error { return s.cache.Lock(n) })
+	return nodeCall(c, node, "cpcache_lock", func(s *session, n hicache.Handle) error { return s.cache.Lock(n) })
 }
 
 //export cpcache_unlock
 func cpcache_unlock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
 	defer guard(&status)
-	return nodeCall(c, node, "cpcache_unlock", func(s *session, n *hicache.Node) error { return s.cache.Unlock(n) })
+	return nodeCall(c, node, "cpcache_unlock", func(s *session, n hicache.Handle) error { return s.cache.Unlock(n) })
 }
 
 //export cpcache_load_back
 func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (status C.int) {
 	defer guard(&status)
-	return nodeCall(c, node, "cpcache_load_back", func(s *session, n *hicache.Node) error {
+	return nodeCall(c, node, "cpcache_load_back", func(s *session, n hicache.Handle) error {
 		res, err := s.cache.LoadBack(n)
 		if err == nil && pages != nil {
 			*pages = C.int64_t(res.Pages)
@@ -247,7 +254,7 @@ func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (
 //export cpcache_load_pending
 func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32_t) (status C.int) {
 	defer guard(&status)
-	return nodeCall(c, node, "cpcache_load_pending", func(s *session, n *hicache.Node) error {
+	return nodeCall(c, node, "cpcache_load_pending", func(s *session, n hicache.Handle) error {
 		if pending == nil {
 			return fmt.Errorf("%w: pending is NULL", errInvalid)
 		}
@@ -266,7 +273,7 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 	if err != nil {
 		return fail(err)
 	}
-	n, err := s.nodes.node(uint64(node))
+	h, err := s.node(node)
 	cache := s.cache
 	// The wait is local and may be long: it must not hold the session, which the scheduler
 	// thread needs meanwhile.
@@ -280,7 +287,7 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
-	return result(cache.WaitL1(ctx, n))
+	return result(cache.WaitL1(ctx, h))
 }
 
 //export cpcache_insert
@@ -327,7 +334,7 @@ func insertKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, to
 			dst[i] = C.cpcache_fill_page{slot: C.int32_t(p.Slot), owner: C.int32_t(p.Owner), index: C.int64_t(p.Index), hash: C.uint64_t(p.Hash), owned: owned}
 		}
 	}
-	*out = C.cpcache_insert_result{node: C.cpcache_node_t(s.nodes.handle(res.Last)), pages: C.int64_t(res.Pages), n_fill: C.int64_t(len(res.Fill)), backups: C.int64_t(res.Backups)}
+	*out = C.cpcache_insert_result{node: C.cpcache_node_t(res.Last), pages: C.int64_t(res.Pages), n_fill: C.int64_t(len(res.Fill)), backups: C.int64_t(res.Backups)}
 	return C.CPCACHE_OK
 }
 
@@ -401,23 +408,19 @@ func cpcache_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status 
 //export cpcache_step
 func cpcache_step(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) },
-		func(s *session, err error) { s.stepped(err) })
+	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) })
 }
 
 // collectiveCall runs f — a call with a collective, which may wait for peers — without the
 // session's lock, so that local calls (cpcache_wait_l1, cpcache_get_stats) answer meanwhile
-// as the cache allows; after runs under the lock once f returned.
-func collectiveCall(c C.cpcache_t, what string, f func(*session) error, after func(*session, error)) C.int {
+// as the cache allows.
+func collectiveCall(c C.cpcache_t, what string, f func(*session) error) C.int {
 	s, err := use(uint64(c))
 	if err != nil {
 		return fail(err)
 	}
 	s.mu.Unlock()
 	err = f(s)
-	s.mu.Lock()
-	after(s, err)
-	s.mu.Unlock()
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", what, err))
 	}
@@ -439,12 +442,7 @@ func cpcache_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
 //export cpcache_flush
 func cpcache_flush(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) },
-		func(s *session, err error) {
-			if err == nil {
-				s.flushed()
-			}
-		})
+	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) })
 }
 
 //export cpcache_prefetch
@@ -531,9 +529,9 @@ func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 	return sessionCall(c, "cpcache_get_stats", func(s *session) error {
 		st := s.cache.Stats()
 		med, p99 := latencyQuantiles(st.ConsensusLatency)
-		l2 := C.int64_t(0)
-		if st.L2Enabled {
-			l2 = 1
+		l2 := C.int64_t(1) // l2_enabled: the header's field, the negation of quarantined
+		if st.Quarantined {
+			l2 = 0
 		}
 		*out = C.cpcache_stats{
 			struct_size: C.sizeof_cpcache_stats,
@@ -576,7 +574,7 @@ func statusOf(err error) C.int {
 		return C.CPCACHE_ERR_CLOSED
 	case errors.Is(err, errAlreadyOpen):
 		return C.CPCACHE_ERR_ALREADY_OPEN
-	case errors.Is(err, errNode):
+	case errors.Is(err, hicache.ErrStaleHandle):
 		return C.CPCACHE_ERR_NODE
 	case errors.Is(err, hicache.ErrL1Full):
 		return C.CPCACHE_ERR_L1_FULL

@@ -104,19 +104,14 @@ func checkConfig(c *openConfig) error {
 
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
-	handle uint64     // set once before the session is published
-	mu     sync.Mutex // protects closed and nodes; held through every call on the session
-	closed bool
-	// quarantined: a Step returned a divergence and no recovery has been seen since;
-	// recoveries is Stats.Recoveries when last read (see stepped).
-	quarantined bool
-	recoveries  int64
-	cache       *hicache.Cache
-	engine      *hostengine.Engine // nil with a device L1
-	l1Base      unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
-	info        sessionInfo
-	closers     []func() error
-	nodes       nodeTable
+	handle  uint64     // set once before the session is published
+	mu      sync.Mutex // protects closed; held through every call on the session
+	closed  bool
+	cache   *hicache.Cache
+	engine  *hostengine.Engine // nil with a device L1
+	l1Base  unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
+	info    sessionInfo
+	closers []func() error
 }
 
 // sessionInfo is what cpcache_get_info reports.
@@ -148,12 +143,12 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	// Before any pool is allocated, so that a rank that would not fit stops every rank with
 	// its cause instead of leaving them waiting for it; with it every rank's configuration,
 	// compared by every rank (agreeConfig), before any group is made.
-	jc.Start = func(ctx context.Context, world parallel.Group) error {
+	jc.Start = func(ctx context.Context, world parallel.Group, opts *hicache.Options) error {
 		payloads, err := hicache.AgreeStart(ctx, world, "checking host memory", memErr, encodeStart(c, lastGen, world.Size()))
 		if err != nil {
 			return err
 		}
-		s.nodes.gen, err = agreeConfig(payloads)
+		opts.Generation, err = agreeConfig(payloads)
 		return err
 	}
 	rk, err := job.Open(ctx, jc)
@@ -174,7 +169,6 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 		replicaSize: len(layout.ReplicaGroup(rank)), pageTokens: c.pageTokens, pageBytes: c.pageBytes,
 		l1Pages: c.l1Pages, l2Pages: c.l2Pages, consensus: rk.Backend,
 	}
-	s.nodes.init()
 	return s, nil
 }
 

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
-
-	"github.com/cpcache/cpcache/hicache"
 )
 
 // lib is the process's registry: at most one open session — a process is one rank of one
@@ -54,7 +51,7 @@ func closeHandle(h uint64) error {
 	defer s.mu.Unlock()
 	s.closed = true
 	lib.cur.Store(nil)
-	lib.nodeGen = max(lib.nodeGen, s.nodes.gen)
+	lib.nodeGen = max(lib.nodeGen, s.cache.Generation())
 	return s.close()
 }
 
@@ -71,23 +68,3 @@ func use(h uint64) (*session, error) {
 	}
 	return s, nil
 }
-
-// stepped is called, under s.mu, after every Step that returned err. A divergence puts the
-// group into quarantine, which ends at the first all-idle step with a reset of the tree on
-// every rank (Stats.Recoveries): node handles from before it are then stale, as after a
-// flush. Only a quarantined session pays for reading the stats.
-func (s *session) stepped(err error) {
-	if errors.Is(err, hicache.ErrPlacementDiverged) {
-		s.quarantined = true
-	}
-	if s.quarantined && err == nil {
-		if r := s.cache.Stats().Recoveries; r != s.recoveries {
-			s.recoveries, s.quarantined = r, false
-			s.nodes.init()
-		}
-	}
-	s.nodes.sweep()
-}
-
-// flushed is called after a successful Flush: every handle from before it is stale.
-func (s *session) flushed() { s.nodes.init() }

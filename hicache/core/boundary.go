@@ -3,13 +3,16 @@ package core
 // The core's one boundary with its driver, in the spirit of raft's Ready/Advance:
 //
 //	Ready   hands the driver the work made since the last call (transfers to start, storage
-//	        jobs to start and reads to stop) and, at a step, this rank's consensus vector;
+//	        jobs to start and reads to stop);
+//	Vector  fills, once per step, this rank's consensus vector;
 //	Report  takes this rank's local completions (transfers and storage jobs finished,
 //	        storage read progress);
 //	Apply   takes the agreed (all-reduced) vector and changes replicated state.
 //
 // The driver never reads the core's fields; everything it needs goes through these calls
-// and the read-only accessors (Config, Stats, Loading, ...).
+// and the read-only accessors (Config, Stats, Node, Loading, ...). Nodes cross it as Handles
+// (see Handle) and copies of their state (NodeInfo, MatchResult, InsertResult), never as
+// the tree's own nodes.
 
 // Ready is the work the core hands its driver.
 type Ready struct {
@@ -20,22 +23,26 @@ type Ready struct {
 	// Stops are the seqs of storage reads the group cut short: this rank's I/O on them must
 	// stop.
 	Stops []uint64
-	// Vector is this rank's contribution to the step's consensus, when Ready was given a
-	// buffer: the driver all-reduces it with MIN over the replica group and passes the
-	// result to Apply.
-	Vector []int64
 }
 
-// Ready returns the work made since the last call and forgets it. With vec (of length
-// VectorLen) it also fills vec with this rank's consensus contribution and returns it as
-// Ready.Vector: call it so once per step, after the step's scheduler calls and Report.
-func (c *Core) Ready(vec []int64) Ready {
+// Ready returns the work made since the last call and forgets it. A driver calls it at a
+// step before Vector (the work made by the step's scheduler calls) and after Apply (the
+// work Apply made), and starts both only after Apply.
+func (c *Core) Ready() Ready {
 	rd := Ready{Transfers: c.out, Jobs: c.l3.jobs, Stops: c.l3.stops}
 	c.out, c.l3.jobs, c.l3.stops = nil, nil, nil
-	if vec != nil {
-		rd.Vector = c.fillVector(vec)
-	}
 	return rd
+}
+
+// Vector fills v (of length VectorLen) with this rank's contribution to the step's
+// consensus and returns it: the driver all-reduces it with MIN over the replica group and
+// passes the result to Apply. Call it once per step, after the step's scheduler calls,
+// Report and Ready.
+func (c *Core) Vector(v []int64) []int64 {
+	if len(v) != VectorLen {
+		panic("core: consensus vector buffer of wrong length")
+	}
+	return c.fillVector(v)
 }
 
 // Done is the set of local completions a driver reports at once (see Report).

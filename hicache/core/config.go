@@ -50,6 +50,11 @@ type Options struct {
 	WriteThreshold int    // WriteThroughSelective: insertions before a backup (default 2)
 	MinLoadPages   int    // load back only host hits of at least this many pages (default 1)
 	LoadQuotaPages int    // at most this many pages loading at once (default L1Pages/2)
+	// Generation is the handle generation before the first tree: the first tree's handles
+	// have Generation+1, and every reset moves it on by one (see Handle). A process that
+	// opens caches one after another starts each above the last one's Core.Generation, so
+	// that no handle of a closed cache names a node of the next one. Equal on every rank.
+	Generation uint64
 }
 
 func (o *Options) normalize() error {

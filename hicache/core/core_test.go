@@ -66,7 +66,7 @@ func (r *coreRig) run(rank int, t Transfer) error {
 // step: every rank completes a random subset of its transfers, then one consensus step.
 func (r *coreRig) step() error {
 	for i, c := range r.cores {
-		r.pending[i] = append(r.pending[i], c.Ready(nil).Transfers...)
+		r.pending[i] = append(r.pending[i], c.Ready().Transfers...)
 		keep := r.pending[i][:0]
 		var done Done
 		for _, t := range r.pending[i] {
@@ -92,9 +92,9 @@ func (r *coreRig) step() error {
 // stepAll makes one consensus step on every core without checking that they agree (the
 // digests may differ on purpose) and returns each core's Apply error.
 func (r *coreRig) stepAll() []error {
-	agreed := r.cores[0].Ready(make([]int64, VectorLen)).Vector
+	agreed := readyVector(r.cores[0])
 	for _, c := range r.cores[1:] {
-		parallel.Min.Apply(agreed, c.Ready(make([]int64, VectorLen)).Vector)
+		parallel.Min.Apply(agreed, readyVector(c))
 	}
 	var errs []error
 	for _, c := range r.cores {
@@ -149,14 +149,14 @@ func (r *coreRig) match(tokens []int32) []MatchResult {
 		} else if res.DevicePages != res0.DevicePages || res.HostPages != res0.HostPages || !slices.Equal(res.L1Slots, res0.L1Slots) {
 			r.t.Fatalf("rank %d match %d+%d, rank 0 %d+%d", i, res.DevicePages, res.HostPages, res0.DevicePages, res0.HostPages)
 		}
-		r.verify(i, res.Last, res.DevicePages)
+		r.verify(i, c.at(res.Last), res.DevicePages)
 	}
 	return all
 }
 
 // verify checks rank's owned pages among the first pages of the path to last that are in
 // L1 and not loading.
-func (r *coreRig) verify(rank int, last *Node, pages int) {
+func (r *coreRig) verify(rank int, last *treeNode, pages int) {
 	r.t.Helper()
 	for _, n := range pathTo(last) {
 		for j := 0; j < len(n.hashes) && pages > 0; j++ {
@@ -195,7 +195,7 @@ func TestCoreRandomWorkload(t *testing.T) {
 			r.fail = 0.03
 			rng := rand.New(rand.NewPCG(1, uint64(pol)))
 			seqs := kvtest.RandomSequences(rng, 60, 4)
-			var locked [][]*Node // per lock: each rank's node
+			var locked [][]Handle // per lock: each rank's node
 			stats := map[string]int{}
 			for it := 0; it < 1500; it++ {
 				s := seqs[rng.IntN(len(seqs))]
@@ -209,7 +209,7 @@ func TestCoreRandomWorkload(t *testing.T) {
 					}
 				case op < 7:
 					ms := r.match(s)
-					var last []*Node
+					var last []Handle
 					for _, m := range ms {
 						last = append(last, m.Last)
 					}
@@ -279,4 +279,30 @@ func TestCoreRandomWorkload(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readyVector takes c's work (dropping it, as a step whose work the test does not run) and
+// returns its consensus vector.
+func readyVector(c *Core) []int64 {
+	c.Ready()
+	return c.Vector(make([]int64, VectorLen))
+}
+
+// at resolves h, failing the test's goroutine by a panic when it names no node.
+func (c *Core) at(h Handle) *treeNode {
+	n, err := c.node(h)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// isRootHandle reports whether h is the root's handle (of any generation).
+func isRootHandle(h Handle) bool { return h != 0 && uint64(h)&(1<<HandleIDBits-1) == 0 }
+
+// gone reports whether h names no node of c's tree (the node was removed, or is from before
+// a reset).
+func (c *Core) gone(h Handle) bool {
+	_, err := c.node(h)
+	return err != nil
 }

@@ -45,8 +45,8 @@ func (c *Core) StateDigest() uint64 {
 		}
 		return 0
 	}
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		if !n.isRoot() {
 			h = mix.Mix64(h ^ n.id ^ uint64(n.depth)<<32)
 			h = mix.Mix64(h ^ n.hashes[len(n.hashes)-1])
@@ -61,7 +61,7 @@ func (c *Core) StateDigest() uint64 {
 			}
 		}
 		kids := slices.Clone(n.children)
-		slices.SortFunc(kids, func(a, b *Node) int { return cmp.Compare(a.id, b.id) })
+		slices.SortFunc(kids, func(a, b *treeNode) int { return cmp.Compare(a.id, b.id) })
 		h = mix.Mix64(h ^ uint64(len(kids)))
 		for _, k := range kids {
 			visit(k)
@@ -85,13 +85,13 @@ func (c *Core) CheckInvariants() error {
 	var err error
 	fail := func(format string, args ...any) {
 		if err == nil {
-			err = fmt.Errorf("hicache: "+format, args...)
+			err = fmt.Errorf("core: "+format, args...)
 		}
 	}
 	l1Pages, nodes, ownLocks := 0, 0, 0
 	var stateSum uint64 // what the incremental tree digest should hold once up to date
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		kids := 0
 		for _, ch := range n.children {
 			if ch.parent != n {
@@ -192,8 +192,8 @@ func (c *Core) CheckInvariants() error {
 
 func (c *Core) countRanges() int {
 	n := 0
-	var visit func(x *Node)
-	visit = func(x *Node) {
+	var visit func(x *treeNode)
+	visit = func(x *treeNode) {
 		if x.l2 != nil || x.write != nil {
 			n++
 		}

@@ -19,13 +19,16 @@
 //
 // # The boundary
 //
-// A driver talks to the core through three calls, in the spirit of raft's Ready/Advance, and
-// read-only accessors (Config, Stats, Loading, Queues, digests):
+// A driver talks to the core through four calls, in the spirit of raft's Ready/Advance, and
+// read-only accessors (Config, Stats, Node, Loading, Queues, digests):
 //
-//	rd := c.Ready(nil)     // after a scheduler call: transfers and storage jobs to start
+//	rd := c.Ready()        // after a scheduler call: transfers and storage jobs to start
 //	c.Report(done)         // once per step: this rank's finished transfers and storage jobs
-//	rd = c.Ready(vec)      // once per step: remaining work, and the vector to all-reduce
+//	rd = c.Ready()         // once per step: the work made since
+//	v := c.Vector(vec)     // once per step: this rank's vector to all-reduce
 //	err := c.Apply(agreed) // the MIN over the replica group: commits, aborts, digest checks
+//
+// Nodes are named by Handles, checked at every call (see Handle).
 //
 // # The consensus vector
 //

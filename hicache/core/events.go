@@ -73,8 +73,8 @@ type Event struct {
 // evState is the core's event state (only while events are on).
 type evState struct {
 	on    bool
-	nodes []*Node // nodes whose tiers may have changed since the last TakeEvents
-	out   []Event // events of resets and storage backups, in order, before the node diffs
+	nodes []*treeNode // nodes whose tiers may have changed since the last TakeEvents
+	out   []Event     // events of resets and storage backups, in order, before the node diffs
 	// storage: the runs whose backup the group agreed complete since the last time storage
 	// was cleared (ForgetStorage), announced again after every EventCleared; have holds
 	// their hashes.
@@ -94,8 +94,8 @@ func (c *Core) EnableEvents(on bool) {
 		return
 	}
 	c.ev.have = map[uint64]struct{}{}
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		for _, ch := range n.children {
 			ch.pubL1, ch.pubL2 = false, false
 			c.evMark(ch)
@@ -108,7 +108,7 @@ func (c *Core) EnableEvents(on bool) {
 // EventsEnabled reports whether EnableEvents(true) is in force.
 func (c *Core) EventsEnabled() bool { return c.ev.on }
 
-func (c *Core) evMark(n *Node) {
+func (c *Core) evMark(n *treeNode) {
 	if c.ev.on && !n.evDirty && !n.isRoot() {
 		n.evDirty = true
 		c.ev.nodes = append(c.ev.nodes, n)
@@ -158,7 +158,7 @@ func (c *Core) ForgetStorage() {
 }
 
 // storedEvent is the EventStored of n's pages in tier t.
-func storedEvent(n *Node, t Tier) Event {
+func storedEvent(n *treeNode, t Tier) Event {
 	e := Event{Kind: EventStored, Tier: t, Hashes: n.hashes, Tokens: n.tokens, Key: n.key}
 	if p := n.parent; p != nil && !p.isRoot() {
 		e.Parent, e.HasParent = p.hashes[len(p.hashes)-1], true
@@ -178,7 +178,7 @@ func (c *Core) TakeEvents(buf []Event) []Event {
 	clear(c.ev.out)
 	c.ev.out = c.ev.out[:0]
 	nodes := c.ev.nodes
-	slices.SortStableFunc(nodes, func(a, b *Node) int { return a.depth - b.depth })
+	slices.SortStableFunc(nodes, func(a, b *treeNode) int { return a.depth - b.depth })
 	for i := len(nodes) - 1; i >= 0; i-- {
 		n := nodes[i]
 		live := !n.removed && n.gen == c.gen
@@ -214,8 +214,8 @@ func (c *Core) TakeEvents(buf []Event) []Event {
 // walk: for tests that compare them with what the events rebuilt). Read-only.
 func (c *Core) TreePagesForTest() (l1, l2 map[uint64]bool) {
 	l1, l2 = map[uint64]bool{}, map[uint64]bool{}
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		for _, ch := range n.children {
 			for _, h := range ch.hashes {
 				if ch.l1 != nil {

@@ -9,13 +9,13 @@ import (
 // l1Evictable: holds L1 pages, no child holds L1 pages, not locked, no I/O in flight, and
 // not dropping a subtree with a storage backup in flight (a node with an L2 copy only
 // loses its L1 pages).
-func l1Evictable(n *Node) bool {
+func l1Evictable(n *treeNode) bool {
 	return n.l1 != nil && n.l1Kids == 0 && n.lockRef == 0 && !n.busy() && (n.l2 != nil || n.l3Pins == 0)
 }
 
 // l2Evictable: held only in L2, a leaf, not locked, no storage backup reading its pages
 // (other I/O in flight implies L1 pages).
-func l2Evictable(n *Node) bool {
+func l2Evictable(n *treeNode) bool {
 	return n.l1 == nil && n.l2 != nil && len(n.children) == 0 && n.lockRef == 0 && n.l3Pins == 0
 }
 
@@ -124,7 +124,7 @@ func (c *Core) commitWrite(op *writeOp) {
 	for _, part := range op.parts {
 		n := part.node
 		if err := c.alloc.Commit(alloc.RangeID(n.id)); err != nil {
-			panic(fmt.Sprintf("hicache: commit of node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: commit of node %d: %v (replica invariant broken)", n.id, err))
 		}
 		n.write = nil
 		n.l2 = part.pages
@@ -154,7 +154,7 @@ func (c *Core) abortWrite(op *writeOp) {
 	for _, part := range op.parts {
 		n := part.node
 		if err := c.alloc.Abort(alloc.RangeID(n.id)); err != nil {
-			panic(fmt.Sprintf("hicache: abort of node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: abort of node %d: %v (replica invariant broken)", n.id, err))
 		}
 		n.write = nil
 		n.evictAfterWrite = false

@@ -34,8 +34,8 @@ func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := res.Last.PageHashes(); !slices.Equal(got, goldenHashes) || res.Last.Key() != "" {
-		t.Fatalf("inserted node hashes %#x key %q, want %#x and the empty key", got, res.Last.Key(), goldenHashes)
+	if got := c.at(res.Last).hashes; !slices.Equal(got, goldenHashes) || c.at(res.Last).key != "" {
+		t.Fatalf("inserted node hashes %#x key %q, want %#x and the empty key", got, c.at(res.Last).key, goldenHashes)
 	}
 	for _, key := range []string{"a", "b", "tenant-1", "\x00"} {
 		h := KeyPrefixHashes(key, goldenTokens, 4)
@@ -70,8 +70,8 @@ func TestIsolationKeySeparatesTree(t *testing.T) {
 		if m.DevicePages != tc.want || m.HostPages != 0 {
 			t.Fatalf("key %q: %d+%d pages matched, want %d+0", tc.key, m.DevicePages, m.HostPages, tc.want)
 		}
-		if tc.want > 0 && m.Last.Key() != tc.key {
-			t.Fatalf("key %q matched a node of key %q", tc.key, m.Last.Key())
+		if tc.want > 0 && c.at(m.Last).key != tc.key {
+			t.Fatalf("key %q matched a node of key %q", tc.key, c.at(m.Last).key)
 		}
 	}
 	// A longer sequence under "a" extends a's node only (a split keeps the key).
@@ -80,14 +80,14 @@ func TestIsolationKeySeparatesTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Last.Key() != "a" || res.Last.Parent().Key() != "a" {
-		t.Fatalf("split under key a: keys %q and %q", res.Last.Key(), res.Last.Parent().Key())
+	if c.at(res.Last).key != "a" || c.at(res.Last).parent.key != "a" {
+		t.Fatalf("split under key a: keys %q and %q", c.at(res.Last).key, c.at(res.Last).parent.key)
 	}
 	if m := c.Match(longer); m.DevicePages != 2 {
 		t.Fatalf("the empty key matched %d pages of a's longer sequence, want its own 2", m.DevicePages)
 	}
-	if got := c.PeekKey("b", longer); got != nil {
-		t.Fatalf("PeekKey under key b found node %d", got.ID())
+	if got := c.PeekKey("b", longer); got.Handle != 0 {
+		t.Fatalf("PeekKey under key b found node %d", got.ID)
 	}
 	if err := c.CheckInvariants(); err != nil {
 		t.Fatal(err)

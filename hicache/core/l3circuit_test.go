@@ -51,7 +51,7 @@ func TestStorageCircuitAgreed(t *testing.T) {
 		if res := c.Prefetch(tokens); res.ID != 0 {
 			t.Fatalf("rank %d: prefetch %+v started with the circuit open", i, res)
 		}
-		if rd := c.Ready(nil); len(rd.Jobs) != 0 {
+		if rd := c.Ready(); len(rd.Jobs) != 0 {
 			t.Fatalf("rank %d: storage jobs %+v queued with the circuit open", i, rd.Jobs)
 		}
 	}
@@ -63,7 +63,7 @@ func TestStorageCircuitAgreed(t *testing.T) {
 			t.Fatalf("rank %d: no prefetch once the circuit closed", i)
 		}
 		// 4 pages, one per rank: each queries its own
-		if rd := c.Ready(nil); len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageQuery || len(rd.Jobs[0].Hashes) != 1 {
+		if rd := c.Ready(); len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageQuery || len(rd.Jobs[0].Hashes) != 1 {
 			t.Fatalf("rank %d: jobs %+v, want one query of its one page", i, rd.Jobs)
 		}
 	}

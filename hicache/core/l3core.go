@@ -51,7 +51,7 @@ type StorageJob struct {
 // until the group agreed every rank stored its part.
 type putOp struct {
 	seq   uint64
-	node  *Node
+	node  *treeNode
 	pages int   // the node's pages when the backup started (a split may shorten the node)
 	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local: this rank's part is written (err: it failed)
@@ -135,14 +135,13 @@ func (l *l3State) pending() int {
 }
 
 // StorageCircuit records whether this rank's storage circuit breaker is open (the driver
-// calls it once per step, before Ready with a vector). It contributes to the next vector:
+// calls it once per step, before Vector). It contributes to the next vector:
 // the group opens the circuit at the step it agrees any rank's breaker is open, and closes
 // it at the step every rank's is closed again. Local.
 func (c *Core) StorageCircuit(open bool) { c.l3.localOpen = open }
 
 // StorageReadRate records the read bandwidth this rank measured (bytes/s of its completed
-// storage reads, e.g. an EWMA; 0: none yet). The driver calls it once per step, before Ready
-// with a vector. A measurement counts only through the vector: the group agrees the
+// storage reads, e.g. an EWMA; 0: none yet). The driver calls it once per step, before Vector. A measurement counts only through the vector: the group agrees the
 // slowest rank's, which the cost rule (L3Config.Cost.MeasuredReads)
 // reads. Local.
 func (c *Core) StorageReadRate(bytesPerSec int64) { c.l3.localRate = bytesPerSec }
@@ -158,7 +157,7 @@ func (c *Core) StorageCircuitOpen() bool { return c.l3.circuitOpen }
 
 // l3Backup queues the backup of a freshly committed L2 node to storage and pins its pages
 // (not while the storage circuit is open: the node stays in L2 without a storage copy).
-func (c *Core) l3Backup(n *Node) {
+func (c *Core) l3Backup(n *treeNode) {
 	if c.l3.circuitOpen {
 		return
 	}
@@ -217,7 +216,7 @@ func (c *Core) vouched(start, k, m int) int {
 
 // pinL3 adds d to the storage pins of n and its ancestors: a pinned node is not evicted
 // from L2 and not dropped with an ancestor.
-func (c *Core) pinL3(n *Node, d int) {
+func (c *Core) pinL3(n *treeNode, d int) {
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		n.l3Pins += d
 		c.mark(n)
@@ -387,7 +386,7 @@ func (c *Core) l3Apply(v []int64) {
 
 func (c *Core) abortRange(id alloc.RangeID) {
 	if err := c.alloc.Abort(id); err != nil {
-		panic(fmt.Sprintf("hicache: abort of prefetch range %d: %v (replica invariant broken)", id, err))
+		panic(fmt.Sprintf("core: abort of prefetch range %d: %v (replica invariant broken)", id, err))
 	}
 }
 

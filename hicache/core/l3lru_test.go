@@ -16,26 +16,26 @@ func TestPrefetchBelowL2OnlyNodeKeepsEvictionOrder(t *testing.T) {
 	if _, err := c.Insert(prefix); err != nil {
 		t.Fatal(err)
 	}
-	rd := c.Ready(nil) // the write-through backup
+	rd := c.Ready() // the write-through backup
 	rd = step(Done{Transfers: []TransferDone{{Kind: Write, Seq: rd.Transfers[0].Seq}}})
 	if len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StoragePut { // the backup to storage
 		t.Fatalf("jobs %+v, want a storage backup", rd.Jobs)
 	}
 	step(Done{Storage: []StorageDone{{Kind: StoragePut, Seq: rd.Jobs[0].Seq}}})
-	if freed, _ := c.EvictL1(2); freed != 2 || c.Peek(prefix).State() != StateL2 {
-		t.Fatalf("freed %d, prefix %v; want it held in L2 only", freed, c.Peek(prefix).State())
+	if freed, _ := c.EvictL1(2); freed != 2 || c.Peek(prefix).State != StateL2 {
+		t.Fatalf("freed %d, prefix %v; want it held in L2 only", freed, c.Peek(prefix).State)
 	}
 	long := append(append([]int32(nil), prefix...), 3, 3, 4, 4)
 	if res := c.Prefetch(long); res.ID == 0 || res.Start != 2 || res.Pages != 2 {
 		t.Fatalf("prefetch %+v", res)
 	}
-	rd = c.Ready(nil)
+	rd = c.Ready()
 	rd = step(Done{Storage: []StorageDone{{Kind: StorageQuery, Seq: rd.Jobs[0].Seq, Pages: 2}}})
 	if len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StorageRead {
 		t.Fatalf("jobs %+v, want a storage read", rd.Jobs)
 	}
 	step(Done{Storage: []StorageDone{{Kind: StorageRead, Seq: rd.Jobs[0].Seq, Pages: 2}}})
-	if n := c.Peek(long); n == nil || n.Depth() != 2 || n.State() != StateL2 {
+	if n := c.Peek(long); n.Handle == 0 || n.Depth != 2 || n.State != StateL2 {
 		t.Fatalf("prefetched node %v, want 2 pages below the prefix in L2", n)
 	}
 	if freed := c.EvictL2(4); freed != 4 || c.Nodes() != 0 {

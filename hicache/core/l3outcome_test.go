@@ -61,7 +61,7 @@ func (r *coreRig) finishStorageJobs(t *testing.T) {
 	t.Helper()
 	for _, c := range r.cores {
 		var done Done
-		for _, j := range c.Ready(nil).Jobs {
+		for _, j := range c.Ready().Jobs {
 			done.Storage = append(done.Storage, StorageDone{Kind: j.Kind, Seq: j.Seq, Pages: len(j.Hashes)})
 		}
 		c.Report(done)
@@ -87,12 +87,12 @@ func fourPages(base int32) []int32 {
 func stepSolo(t *testing.T, c *Core, d Done) Ready {
 	t.Helper()
 	c.Report(d)
-	rd := c.Ready(make([]int64, VectorLen))
-	if err := c.Apply(rd.Vector); err != nil {
+	c.Ready()
+	if err := c.Apply(c.Vector(make([]int64, VectorLen))); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
-	return c.Ready(nil)
+	return c.Ready()
 }

@@ -224,7 +224,7 @@ func (c *Core) RevokePrefetch(id uint64) {
 // prefixEnd walks the first start pages of tokens under key and returns the node holding the last of
 // them (nil when the tree no longer holds exactly that prefix) and how many of that node's
 // pages belong to the prefix.
-func (c *Core) prefixEnd(key string, tokens []int32, start int) (*Node, int, bool) {
+func (c *Core) prefixEnd(key string, tokens []int32, start int) (*treeNode, int, bool) {
 	var buf [walkBuf]pathMatch
 	path := c.walk(buf[:0], key, tokens[:start*c.cfg.PageSize])
 	have := 0
@@ -297,7 +297,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 	}
 	if err != nil {
 		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
-			panic(fmt.Sprintf("hicache: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
+			panic(fmt.Sprintf("core: reserve for prefetch %d: %v (replica invariant broken)", q.seq+1, err))
 		}
 		skip(RefusedNoRoom)
 		return
@@ -362,11 +362,11 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 		if n := c.attachPrefetch(r, m, id); n != nil {
 			if m < k {
 				if err := c.alloc.Split(r.rid, m, alloc.RangeID(id)); err != nil {
-					panic(fmt.Sprintf("hicache: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
+					panic(fmt.Sprintf("core: split of prefetch range %d: %v (replica invariant broken)", r.rid, err))
 				}
 			}
 			if err := c.alloc.Commit(alloc.RangeID(id)); err != nil {
-				panic(fmt.Sprintf("hicache: commit of prefetch range %d: %v (replica invariant broken)", id, err))
+				panic(fmt.Sprintf("core: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
 			// n and the L2-only nodes above it go to the back of the L2 list, deepest
@@ -403,7 +403,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 // prefix, splitting the prefix's last node when the prefix ends inside it. It returns nil,
 // changing nothing but a split, when the tree no longer holds exactly the prefix or
 // already holds the first page.
-func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *Node {
+func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *treeNode {
 	end, used, ok := c.prefixEnd(r.key, r.tokens, r.start)
 	if !ok || c.index[r.hashes[0]] != nil {
 		return nil

@@ -33,7 +33,7 @@ func newShareRig(t *testing.T, C int) *shareRig {
 func (r *shareRig) step(answer func(rank int, j StorageJob) int) {
 	r.t.Helper()
 	for i, c := range r.cores {
-		rd := c.Ready(nil)
+		rd := c.Ready()
 		r.jobs[i] = append(r.jobs[i], rd.Jobs...)
 		var done Done
 		for _, tr := range rd.Transfers {
@@ -52,16 +52,16 @@ func (r *shareRig) step(answer func(rank int, j StorageJob) int) {
 	}
 	agreed := make([]int64, VectorLen)
 	for i, c := range r.cores {
-		rd := c.Ready(make([]int64, VectorLen))
+		rd, vec := c.Ready(), c.Vector(make([]int64, VectorLen))
 		r.jobs[i] = append(r.jobs[i], rd.Jobs...)
 		if len(rd.Transfers) > 0 {
 			r.t.Fatalf("rank %d: transfers %+v made between Ready calls", i, rd.Transfers)
 		}
 		if i == 0 {
-			copy(agreed, rd.Vector)
+			copy(agreed, vec)
 		} else {
 			for k := range agreed {
-				agreed[k] = min(agreed[k], rd.Vector[k])
+				agreed[k] = min(agreed[k], vec[k])
 			}
 		}
 	}
@@ -151,7 +151,7 @@ func TestStorageEveryRankItsShare(t *testing.T) {
 			}
 			r.step(putAnswer) // the L2 backup committed: storage backups made
 			for i, c := range r.cores {
-				r.jobs[i] = append(r.jobs[i], c.Ready(nil).Jobs...)
+				r.jobs[i] = append(r.jobs[i], c.Ready().Jobs...)
 				r.checkShare(i, StoragePut, hashes, k)
 			}
 			for range 3 {
@@ -194,7 +194,7 @@ func TestStorageEveryRankItsShare(t *testing.T) {
 				return len(j.Hashes)
 			})
 			for i, c := range r.cores {
-				r.jobs[i] = append(r.jobs[i], c.Ready(nil).Jobs...)
+				r.jobs[i] = append(r.jobs[i], c.Ready().Jobs...)
 				r.checkShare(i, StorageRead, hashes, stored)
 			}
 			r.step(func(rank int, j StorageJob) int {

@@ -149,8 +149,8 @@ func TestLoadBackLoadsTheMatchedPagesOnly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.HostPages != 3 || m.Last.Pages() != 3 || res.Pages != 3 || res.Nodes != 1 {
-				t.Fatalf("host hit %d pages (last node %d pages), load-back %+v; want 3, 3, 3 pages in 1 node", m.HostPages, m.Last.Pages(), res)
+			if last := r.cores[0].at(m.Last); m.HostPages != 3 || len(last.hashes) != 3 || res.Pages != 3 || res.Nodes != 1 {
+				t.Fatalf("host hit %d pages (last node %d pages), load-back %+v; want 3, 3, 3 pages in 1 node", m.HostPages, len(last.hashes), res)
 			}
 			r.settle()
 			if m := r.match(long)[0]; m.DevicePages != 3 || m.HostPages != 5 {
@@ -179,8 +179,8 @@ func TestLoadBackFitsL1(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			last := make([]*Node, n)
-			r.each(func(i int, c *Core) error { last[i] = c.Peek(locked); return c.Lock(last[i]) })
+			last := make([]Handle, n)
+			r.each(func(i int, c *Core) error { last[i] = c.Peek(locked).Handle; return c.Lock(last[i]) })
 			r.settle()
 			if res.Pages != 27 {
 				t.Fatalf("inserted %d pages, want 27", res.Pages)
@@ -219,7 +219,7 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 	if _, err := c.Insert(seq); err != nil {
 		t.Fatal(err)
 	}
-	rd := c.Ready(nil) // the write-through backup
+	rd := c.Ready() // the write-through backup
 	rd = step(Done{Transfers: []TransferDone{{Kind: Write, Seq: rd.Transfers[0].Seq}}})
 	if len(rd.Jobs) != 1 || rd.Jobs[0].Kind != StoragePut {
 		t.Fatalf("jobs %+v, want a storage backup", rd.Jobs)
@@ -229,21 +229,21 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 		t.Fatalf("freed %d, want 4", freed)
 	}
 	m := c.Match([]int32{1, 1, 2, 2, 9, 9})
-	if m.HostPages != 2 || m.Last.Pages() != 2 || c.Nodes() != 2 {
-		t.Fatalf("match: %d host pages, last node %d pages, %d nodes; want 2, 2, 2", m.HostPages, m.Last.Pages(), c.Nodes())
+	if m.HostPages != 2 || len(c.at(m.Last).hashes) != 2 || c.Nodes() != 2 {
+		t.Fatalf("match: %d host pages, last node %d pages, %d nodes; want 2, 2, 2", m.HostPages, len(c.at(m.Last).hashes), c.Nodes())
 	}
-	tail := c.Peek(seq)
-	if m.Last.l3Pins != 1 || tail.l3Pins != 1 || tail.l3Own != 1 {
-		t.Fatalf("pins: head %d, tail %d (own %d); want 1, 1 (1)", m.Last.l3Pins, tail.l3Pins, tail.l3Own)
+	tail := c.peek("", seq)
+	if c.at(m.Last).l3Pins != 1 || tail.l3Pins != 1 || tail.l3Own != 1 {
+		t.Fatalf("pins: head %d, tail %d (own %d); want 1, 1 (1)", c.at(m.Last).l3Pins, tail.l3Pins, tail.l3Own)
 	}
 	res, err := c.LoadBack(m.Last)
 	if err != nil || res.Pages != 2 {
 		t.Fatalf("load-back %+v, %v; want 2 pages", res, err)
 	}
-	rd = c.Ready(nil)
+	rd = c.Ready()
 	step(Done{Transfers: []TransferDone{{Kind: Load, Seq: rd.Transfers[0].Seq}}, Storage: []StorageDone{{Kind: StoragePut, Seq: put.Seq}}})
-	if m.Last.l3Pins != 0 || tail.l3Pins != 0 || c.Stats().L3BackedUpPages != 4 {
-		t.Fatalf("after the backup: pins %d and %d, %d pages backed up; want 0, 0, 4", m.Last.l3Pins, tail.l3Pins, c.Stats().L3BackedUpPages)
+	if c.at(m.Last).l3Pins != 0 || tail.l3Pins != 0 || c.Stats().L3BackedUpPages != 4 {
+		t.Fatalf("after the backup: pins %d and %d, %d pages backed up; want 0, 0, 4", c.at(m.Last).l3Pins, tail.l3Pins, c.Stats().L3BackedUpPages)
 	}
 	if m := c.Match(seq); m.DevicePages != 2 || m.HostPages != 2 {
 		t.Fatalf("%d device and %d host pages, want 2 and 2", m.DevicePages, m.HostPages)

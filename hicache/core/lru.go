@@ -7,7 +7,7 @@ package core
 // can evict a whole idle subtree bottom-up. The order is a function of the replicated call
 // sequence only, so every replica evicts the same nodes.
 type lruList struct {
-	head Node // sentinel: head.next is the least recently used
+	head treeNode // sentinel: head.next is the least recently used
 	n    int
 }
 
@@ -22,7 +22,7 @@ func (l *lruList) init() {
 	l.n = 0
 }
 
-func (l *lruList) pushBack(n *Node) {
+func (l *lruList) pushBack(n *treeNode) {
 	n.prev = l.head.prev
 	n.next = &l.head
 	l.head.prev.next = n
@@ -30,14 +30,14 @@ func (l *lruList) pushBack(n *Node) {
 	l.n++
 }
 
-func (l *lruList) remove(n *Node) {
+func (l *lruList) remove(n *treeNode) {
 	n.prev.next = n.next
 	n.next.prev = n.prev
 	n.prev, n.next = nil, nil
 	l.n--
 }
 
-func (l *lruList) front() *Node {
+func (l *lruList) front() *treeNode {
 	if l.head.next == &l.head {
 		return nil
 	}
@@ -45,7 +45,7 @@ func (l *lruList) front() *Node {
 }
 
 // after returns the node after n, or nil at the end.
-func (l *lruList) after(n *Node) *Node {
+func (l *lruList) after(n *treeNode) *treeNode {
 	if n.next == &l.head {
 		return nil
 	}

@@ -11,11 +11,10 @@ type MatchResult struct {
 	// them into L1 (as many as its quota and L1 allow; see LoadBack). Zero once L2 is
 	// disabled.
 	HostPages, HostTokens int
-	// Last is the deepest node of the hit (the root's sentinel when nothing matched). A
-	// hit that ends inside a host node ends at Last's end (Match split the node there); one
-	// that ends inside a device node may end inside Last. Lock it while a request uses the
-	// prefix.
-	Last *Node
+	// Last is the deepest node of the hit (the root's handle when nothing matched). A hit
+	// that ends inside a host node ends at Last's end (Match split the node there); one that
+	// ends inside a device node may end inside Last. Lock it while a request uses the prefix.
+	Last Handle
 	// L1Slots are the L1 slots of the device pages, in sequence order.
 	L1Slots []int32
 }
@@ -32,12 +31,12 @@ func (c *Core) Match(tokens []int32) MatchResult { return c.MatchKey("", tokens)
 func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
 	c.stats.Matches++
 	c.stats.PromptTokens += int64(len(tokens))
-	res := MatchResult{Last: c.root}
+	res := MatchResult{Last: c.root.handle()}
 	if c.quarantined {
 		c.stats.MissedTokens += int64(len(tokens))
 		return res // the trees may differ: serve nothing
 	}
-	device := true
+	device, last := true, c.root
 	var buf [walkBuf]pathMatch
 	for _, m := range c.walk(buf[:0], key, tokens) {
 		n := m.n
@@ -55,9 +54,10 @@ func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
 		} else {
 			break
 		}
-		res.Last = n
+		last = n
 	}
-	c.touch(res.Last)
+	res.Last = last.handle()
+	c.touch(last)
 	P := c.cfg.PageSize
 	res.DeviceTokens, res.HostTokens = res.DevicePages*P, res.HostPages*P
 	c.stats.L1HitPages += int64(res.DevicePages)
@@ -80,8 +80,8 @@ type InsertResult struct {
 	// Pages is the number of leading whole pages of the sequence now in the tree (shorter
 	// than the sequence only on a hash collision).
 	Pages int
-	// Last is the deepest node of the inserted prefix (the root's sentinel if Pages is 0).
-	Last *Node
+	// Last is the deepest node of the inserted prefix (the root's handle if Pages is 0).
+	Last Handle
 	// Fill lists the pages that got L1 slots and need their KV written by their owner.
 	Fill []FillPage
 	// Backups is the number of backups this insert started.
@@ -104,7 +104,7 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey
 func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	if c.quarantined {
-		return InsertResult{Last: c.root}, nil // cache nothing until the recovery
+		return InsertResult{Last: c.root.handle()}, nil // cache nothing until the recovery
 	}
 	P := c.cfg.PageSize
 	np := len(tokens) / P
@@ -113,7 +113,7 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	// Split a partly matched last node, even with I/O in flight (see split): two requests
 	// sharing a prefix are often inserted in the same step, before the first one's backup
 	// or load-back is over.
-	var nbuf [walkBuf]*Node
+	var nbuf [walkBuf]*treeNode
 	nodes := nbuf[:0]
 	pages := 0
 	for _, m := range path {
@@ -192,16 +192,17 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 		}
 	}
 	res.Pages = pages
-	res.Last = c.root
+	last := c.root
 	if len(nodes) > 0 {
-		res.Last = nodes[len(nodes)-1]
+		last = nodes[len(nodes)-1]
 	}
-	c.touch(res.Last)
+	res.Last = last.handle()
+	c.touch(last)
 	c.stats.InsertedPages += int64(len(res.Fill))
 	return res, nil
 }
 
-func (c *Core) appendFill(fill []FillPage, n *Node) []FillPage {
+func (c *Core) appendFill(fill []FillPage, n *treeNode) []FillPage {
 	for j, s := range n.l1 {
 		i := n.depth + j
 		fill = append(fill, FillPage{Slot: s, Index: i, Owner: i % c.cfg.Slabs, Hash: n.hashes[j]})

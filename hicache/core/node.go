@@ -7,19 +7,19 @@ import (
 	"github.com/cpcache/cpcache/slab/alloc"
 )
 
-// Node is one radix-tree node: a run of whole pages of one token prefix. The scheduler holds
-// *Node handles from Match and Insert to Lock, Unlock, LoadBack and WaitL1; a handle is valid
-// until the node is evicted or the cache is flushed (then calls taking it return
-// ErrBadArgument). Every field is replicated state: equal on every rank of the group.
-type Node struct {
+// treeNode is one radix-tree node: a run of whole pages of one token prefix. The scheduler
+// names it by its Handle (Match and Insert return it; Lock, Unlock, LoadBack and Loading take
+// it); the node itself never leaves the core. Every field is replicated state: equal on every
+// rank of the group.
+type treeNode struct {
 	id       uint64
-	gen      uint64 // Core.gen when created; a Flush invalidates older nodes
+	gen      uint64 // Core.gen when created: the generation of its Handle
 	removed  bool
-	parent   *Node
-	children []*Node // in creation order (replicated)
-	depth    int     // pages above this node in its sequence
-	key      string  // isolation key (the empty key by default); seeds the chained hashes
-	tokens   []int32 // pages × PageSize tokens
+	parent   *treeNode
+	children []*treeNode // in creation order (replicated)
+	depth    int         // pages above this node in its sequence
+	key      string      // isolation key (the empty key by default); seeds the chained hashes
+	tokens   []int32     // pages × PageSize tokens
 	hashes   []uint64
 
 	l1     []int32      // L1 slot of each page; nil when not in L1
@@ -31,15 +31,14 @@ type Node struct {
 	load            *loadOp  // load-back in flight (L1 slots allocated, data arriving)
 	evictAfterWrite bool     // write-back eviction: free L1 once the backup commits
 
-	l3Pins       int // storage backups in flight on this node or a descendant
-	l3Own        int // storage backups in flight on this node itself
-	lockRef      int // Lock calls on this node or a descendant, not yet unlocked
-	ownLocks     int // Lock calls on this node itself
-	droppedLocks int // ownLocks of a node a divergence removed: Unlock accepts them as no-ops
-	hits         int
+	l3Pins   int // storage backups in flight on this node or a descendant
+	l3Own    int // storage backups in flight on this node itself
+	lockRef  int // Lock calls on this node or a descendant, not yet unlocked
+	ownLocks int // Lock calls on this node itself
+	hits     int
 
 	list       int8 // inNoList, inL1List, inL2List
-	prev, next *Node
+	prev, next *treeNode
 	lruSeq     uint64 // Core.lruClock when last moved to the back of its list
 
 	term  uint64 // this node's current share of Core.stateSum (see stateTerm)
@@ -49,41 +48,6 @@ type Node struct {
 	evDirty      bool // in Core.ev.nodes
 	pubL1, pubL2 bool // the last events reported the node's pages held in L1 / L2
 }
-
-// ID is the node's replicated id (also its L2 range id in the slab allocator).
-func (n *Node) ID() uint64 { return n.id }
-
-// Parent is the node above n, or nil when n hangs from the root.
-func (n *Node) Parent() *Node {
-	if n.parent == nil || n.parent.isRoot() {
-		return nil
-	}
-	return n.parent
-}
-
-// Pages is the number of pages the node holds.
-func (n *Node) Pages() int { return len(n.hashes) }
-
-// Depth is the number of pages above the node: its first page is sequence page Depth().
-func (n *Node) Depth() int { return n.depth }
-
-// PageHashes are the chained hashes of the node's pages (L3 keys). The caller must not
-// modify them.
-func (n *Node) PageHashes() []uint64 { return n.hashes }
-
-// Key is the isolation key the node's pages were cached under ("" by default).
-func (n *Node) Key() string { return n.key }
-
-// InL1 reports whether the node holds L1 pages (possibly still loading).
-func (n *Node) InL1() bool { return n.l1 != nil }
-
-// L1Slots returns the node's L1 page slots (nil when not in L1). The caller must not modify
-// them.
-func (n *Node) L1Slots() []int32 { return n.l1 }
-
-// L2Pages returns the node's committed L2 pages (nil when not in L2); page j lives in slab
-// (Depth()+j) mod C.
-func (n *Node) L2Pages() []alloc.Page { return n.l2 }
 
 // NodeState is a set of node state flags.
 type NodeState uint8
@@ -113,8 +77,8 @@ func (s NodeState) String() string {
 	return out
 }
 
-// State returns the node's tiers and transfers in flight.
-func (n *Node) State() NodeState {
+// state returns the node's tiers and transfers in flight.
+func (n *treeNode) state() NodeState {
 	var s NodeState
 	if n.l1 != nil {
 		s |= StateL1
@@ -134,11 +98,11 @@ func (n *Node) State() NodeState {
 	return s
 }
 
-func (n *Node) busy() bool { return n.write != nil || n.load != nil || n.evictAfterWrite }
+func (n *treeNode) busy() bool { return n.write != nil || n.load != nil || n.evictAfterWrite }
 
-func (n *Node) isRoot() bool { return n.parent == nil }
+func (n *treeNode) isRoot() bool { return n.parent == nil }
 
-func (n *Node) unlinkChild(c *Node) {
+func (n *treeNode) unlinkChild(c *treeNode) {
 	i := slices.Index(n.children, c)
 	n.children = slices.Delete(n.children, i, i+1)
 }
@@ -146,7 +110,7 @@ func (n *Node) unlinkChild(c *Node) {
 // stateTerm is n's share of the tree digest beyond its identity (nodeTerm): its tiers,
 // transfers, flags, locks, storage pins, hits and LRU position — everything a replicated
 // decision (match, eviction, backup, load-back) reads.
-func stateTerm(n *Node) uint64 {
+func stateTerm(n *treeNode) uint64 {
 	var f uint64
 	for i, b := range [...]bool{n.l1 != nil, n.l2 != nil, n.stale, n.write != nil, n.load != nil, n.evictAfterWrite} {
 		if b {
@@ -159,6 +123,6 @@ func stateTerm(n *Node) uint64 {
 }
 
 // nodeTerm is a node's contribution to the O(1)-maintained tree digest.
-func nodeTerm(n *Node) uint64 {
+func nodeTerm(n *treeNode) uint64 {
 	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }

@@ -51,7 +51,7 @@ func TestDivergenceQuarantinesThenRecovers(t *testing.T) {
 				if res, err := c.Insert(seqs[15]); err != nil || res.Pages != 0 || len(res.Fill) != 0 {
 					t.Fatalf("rank %d caches in quarantine: %+v, %v", i, res, err)
 				}
-				if rd := c.Ready(nil); len(rd.Transfers)+len(rd.Jobs) != 0 {
+				if rd := c.Ready(); len(rd.Transfers)+len(rd.Jobs) != 0 {
 					t.Fatalf("rank %d starts I/O in quarantine: %+v", i, rd)
 				}
 			}
@@ -109,11 +109,11 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 		}
 		// Commit the backups (one rank: its completions are the group's).
 		var done Done
-		for _, tr := range c.Ready(nil).Transfers {
+		for _, tr := range c.Ready().Transfers {
 			done.Transfers = append(done.Transfers, TransferDone{Kind: tr.Kind, Seq: tr.Seq})
 		}
 		c.Report(done)
-		if err := c.Apply(c.Ready(make([]int64, VectorLen)).Vector); err != nil || c.Queues().Writes != 0 {
+		if err := c.Apply(readyVector(c)); err != nil || c.Queues().Writes != 0 {
 			t.Fatalf("backups not committed: %v, %+v", err, c.Queues())
 		}
 		return c, seqs
@@ -140,15 +140,15 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 	// Residency: the same number of L1 pages, held by different nodes (the others L2-only).
 	a, _ = build()
 	b, _ = build()
-	a.clearL1(a.Peek(seqs[0]))
-	b.clearL1(b.Peek(seqs[1]))
+	a.clearL1(a.peek("", seqs[0]))
+	b.clearL1(b.peek("", seqs[1]))
 	if a.l1.used() != b.l1.used() || digest(a) == digest(b) {
 		t.Fatal("the tree digest is blind to which nodes hold L1 pages")
 	}
 	// Locks: one lock each, on different nodes.
 	a, _ = build()
 	b, _ = build()
-	if err := errors.Join(a.Lock(a.Peek(seqs[0])), b.Lock(b.Peek(seqs[1]))); err != nil {
+	if err := errors.Join(a.Lock(a.Peek(seqs[0]).Handle), b.Lock(b.Peek(seqs[1]).Handle)); err != nil {
 		t.Fatal(err)
 	}
 	if digest(a) == digest(b) {
@@ -277,8 +277,8 @@ func TestDroppedLockOutlivesRecoveryAndFlush(t *testing.T) {
 				if !errors.As(err, &de) || de.What != "placement digest" {
 					t.Fatalf("rank %d: %v, want a placement divergence", i, err)
 				}
-				if !held[i].Last.removed || !r.cores[i].Idle() {
-					t.Fatalf("rank %d: held node removed %t, idle %t: want the lock dropped with L2", i, held[i].Last.removed, r.cores[i].Idle())
+				if !r.cores[i].gone(held[i].Last) || !r.cores[i].Idle() {
+					t.Fatalf("rank %d: held node removed %t, idle %t: want the lock dropped with L2", i, r.cores[i].gone(held[i].Last), r.cores[i].Idle())
 				}
 			}
 			for k := 0; r.cores[0].Quarantined(); k++ {

@@ -32,7 +32,7 @@ type replicaSim struct {
 	jobs    [][]*simJob         // per rank: its storage jobs in flight
 	store   []map[uint64][]byte // per slab group (its shard): page hash -> payload
 	index   map[uint64]int      // page hash -> sequence page index
-	locked  [][]*Node           // per lock: each rank's node
+	locked  [][]Handle          // per lock: each rank's node
 	fail    float64             // probability that a transfer or storage job fails
 	seqs    [][]int32           // the workload's sequences
 	pids    []uint64            // prefetch ids handed out
@@ -41,7 +41,7 @@ type replicaSim struct {
 	steps   int                 // steps made
 	quar    bool                // the group is in quarantine (as the sim saw it)
 	trace   []string            // the last calls (for failure messages)
-	handles [][]*Node           // nodes handed out (each rank's), for calls with old handles
+	handles [][]Handle          // nodes handed out (each rank's), for calls with old handles
 	ev      *evModel            // the tiers rebuilt from rank 0's KV events
 }
 
@@ -162,7 +162,7 @@ func (s *replicaSim) each(what string, f func(i int, c *Core) error) error {
 
 func (s *replicaSim) collect() {
 	for i, c := range s.cores {
-		rd := c.Ready(nil)
+		rd := c.Ready()
 		s.take(i, rd)
 	}
 }
@@ -313,14 +313,14 @@ func (s *replicaSim) step() {
 	s.local()
 	var agreed []int64
 	for i, c := range s.cores {
-		rd := c.Ready(make([]int64, VectorLen))
+		rd, vec := c.Ready(), c.Vector(make([]int64, VectorLen))
 		s.take(i, rd)
 		if agreed == nil {
-			agreed = slices.Clone(rd.Vector)
+			agreed = slices.Clone(vec)
 			continue
 		}
 		for k := range agreed {
-			agreed[k] = min(agreed[k], rd.Vector[k])
+			agreed[k] = min(agreed[k], vec[k])
 		}
 	}
 	s.steps++
@@ -420,8 +420,8 @@ func (s *replicaSim) recount(rank int, c *Core) {
 	var treeSum uint64
 	l1Slots := map[int32]uint64{}
 	committed := 0
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		if !n.isRoot() {
 			treeSum += nodeTerm(n)
 			for _, sl := range n.l1 {
@@ -442,7 +442,7 @@ func (s *replicaSim) recount(rank int, c *Core) {
 	visit(c.root)
 	// LRU lists: every node stands behind its descendants in its list (one eviction pass
 	// frees a leaf, then its parent).
-	pos := map[*Node]int{}
+	pos := map[*treeNode]int{}
 	for l, list := range []*lruList{&c.lruL1, &c.lruL2} {
 		k := 0
 		for n := list.front(); n != nil; n = list.after(n) {
@@ -533,19 +533,19 @@ func (s *replicaSim) checkBytes() {
 	C := s.C
 	for rank, c := range s.cores {
 		g := s.group(rank)
-		var visit func(n *Node)
-		visit = func(n *Node) {
+		var visit func(n *treeNode)
+		visit = func(n *treeNode) {
 			if !n.isRoot() {
 				for j := range n.hashes {
 					idx := n.depth + j
 					if n.l1 != nil && n.load == nil && !n.stale && idx%C == s.cp(rank) {
 						if err := kvtest.CheckKV(s.slot(rank, n.l1[j]), n.hashes[j], idx, g); err != nil {
-							s.fatalf("rank %d node %d (%v) L1 slot %d: %v", rank, n.id, n.State(), n.l1[j], err)
+							s.fatalf("rank %d node %d (%v) L1 slot %d: %v", rank, n.id, n.state(), n.l1[j], err)
 						}
 					}
 					if s.cp(rank) == 0 && n.l2 != nil {
 						if err := kvtest.CheckKV(s.page(g, n.l2[j]), n.hashes[j], idx, g); err != nil {
-							s.fatalf("node %d (%v) L2 page %v: %v", n.id, n.State(), n.l2[j], err)
+							s.fatalf("node %d (%v) L2 page %v: %v", n.id, n.state(), n.l2[j], err)
 						}
 					}
 				}
@@ -570,7 +570,7 @@ func (s *replicaSim) op() {
 	switch {
 	case k < 30:
 		var fill []FillPage
-		var last []*Node
+		var last []Handle
 		err := s.each("insert", func(i int, c *Core) error {
 			res, err := c.Insert(q)
 			last = append(last, res.Last)
@@ -598,7 +598,7 @@ func (s *replicaSim) op() {
 		}
 		s.handles = append(s.handles, last)
 	case k < 55:
-		var last []*Node
+		var last []Handle
 		var m0 MatchResult
 		s.each("match", func(i int, c *Core) error {
 			m := c.Match(q)
@@ -634,7 +634,7 @@ func (s *replicaSim) op() {
 		}
 		h := s.handles[s.rng.IntN(len(s.handles))]
 		which := s.rng.IntN(2)
-		held := h[0] != nil && h[0].isRoot() || slices.ContainsFunc(s.locked, func(l []*Node) bool { return l[0] == h[0] })
+		held := isRootHandle(h[0]) || slices.ContainsFunc(s.locked, func(l []Handle) bool { return l[0] == h[0] })
 		if which == 0 && held {
 			break // an unlock by another holder of the lock
 		}
@@ -643,7 +643,7 @@ func (s *replicaSim) op() {
 			var err error
 			if which == 0 {
 				if err = c.Unlock(h[i]); err == nil {
-					s.fatalf("rank %d: unlock of node %d, which nobody locked, succeeded", i, h[i].id)
+					s.fatalf("rank %d: unlock of node %#x, which nobody locked, succeeded", i, uint64(h[i]))
 				}
 			} else {
 				_, err = c.LoadBack(h[i])
@@ -721,11 +721,11 @@ func (s *replicaSim) op() {
 }
 
 // noCandidate checks that no node of c's tree is evictable after an eviction fell short.
-func (s *replicaSim) noCandidate(rank int, c *Core, what string, evictable func(*Node) bool) {
-	var visit func(n *Node)
-	visit = func(n *Node) {
+func (s *replicaSim) noCandidate(rank int, c *Core, what string, evictable func(*treeNode) bool) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		if !n.isRoot() && evictable(n) {
-			s.fatalf("rank %d: %s fell short, but node %d (%v) is evictable", rank, what, n.id, n.State())
+			s.fatalf("rank %d: %s fell short, but node %d (%v) is evictable", rank, what, n.id, n.state())
 		}
 		for _, ch := range n.children {
 			visit(ch)
@@ -768,7 +768,7 @@ func (s *replicaSim) flush() {
 	// A lock a divergence dropped leaves the group idle, so a flush does not wait for its
 	// request: the request still holds its handle and unlocks it later (accepted once).
 	// Every other lock left is the root's (a no-op).
-	s.locked = slices.DeleteFunc(s.locked, func(l []*Node) bool { return !l[0].removed || l[0].droppedLocks == 0 })
+	s.locked = slices.DeleteFunc(s.locked, func(l []Handle) bool { return s.cores[0].dropped[l[0]] == 0 })
 	s.pids, s.quar = nil, false // a flush ends a quarantine too
 	s.counts["flush"]++
 	s.checkFresh("flush")

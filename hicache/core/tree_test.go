@@ -40,28 +40,29 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 	if rb.Pages != 3 || len(rb.Fill) != 1 || c.Nodes() != 3 || rb.Fill[0].Index != 2 || rb.Fill[0].Slot != 3 {
 		t.Fatalf("insert b: %+v, nodes %d", rb, c.Nodes())
 	}
-	head := rb.Last.parent
-	if head.Pages() != 2 || head.Depth() != 0 || ra.Last.parent != head || ra.Last.Depth() != 2 || rb.Last.Depth() != 2 {
-		t.Fatalf("split: head %d pages at %d; a's tail at %d under %d; b at %d", head.Pages(), head.Depth(), ra.Last.Depth(), ra.Last.parent.ID(), rb.Last.Depth())
+	na, nb := c.at(ra.Last), c.at(rb.Last)
+	head := nb.parent
+	if len(head.hashes) != 2 || head.depth != 0 || na.parent != head || na.depth != 2 || nb.depth != 2 {
+		t.Fatalf("split: head %d pages at %d; a's tail at %d under %d; b at %d", len(head.hashes), head.depth, na.depth, na.parent.id, nb.depth)
 	}
-	if !slices.Equal(head.PageHashes(), PrefixHashes(a, 2)[:2]) || !slices.Equal(ra.Last.PageHashes(), PrefixHashes(a, 2)[2:]) {
+	if !slices.Equal(head.hashes, PrefixHashes(a, 2)[:2]) || !slices.Equal(na.hashes, PrefixHashes(a, 2)[2:]) {
 		t.Fatal("page hashes do not chain over the prefix")
 	}
 	for _, tc := range []struct {
 		tokens []int32
 		pages  int
-		last   *Node
+		last   Handle
 	}{
 		{a, 3, ra.Last},
 		{b, 3, rb.Last},
-		{[]int32{1, 2, 3}, 1, head}, // partial match inside the head
+		{[]int32{1, 2, 3}, 1, head.handle()}, // partial match inside the head
 		{[]int32{1, 2, 3, 4, 5, 6, 0, 0}, 3, ra.Last},
-		{[]int32{2, 2}, 0, c.root},
-		{[]int32{1}, 0, c.root}, // less than a page
+		{[]int32{2, 2}, 0, c.root.handle()},
+		{[]int32{1}, 0, c.root.handle()}, // less than a page
 	} {
 		m := c.Match(tc.tokens)
 		if m.DevicePages != tc.pages || m.HostPages != 0 || m.Last != tc.last || m.DeviceTokens != 2*tc.pages || len(m.L1Slots) != tc.pages {
-			t.Fatalf("match %v: %+v, want %d pages at node %d", tc.tokens, m, tc.pages, tc.last.ID())
+			t.Fatalf("match %v: %+v, want %d pages at node %#x", tc.tokens, m, tc.pages, uint64(tc.last))
 		}
 	}
 	if err := c.CheckInvariants(); err != nil {
@@ -83,11 +84,11 @@ func TestLRUEvictsLeavesFirstAndSkipsLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Z is locked; Y (a leaf) goes before X.
-	if freed, _ := c.EvictL1(1); freed != 1 || y.Last.removed == false || x.Last.removed {
-		t.Fatalf("first eviction: freed %d, Y removed %t, X removed %t", freed, y.Last.removed, x.Last.removed)
+	if freed, _ := c.EvictL1(1); freed != 1 || !c.gone(y.Last) || c.gone(x.Last) {
+		t.Fatalf("first eviction: freed %d, Y removed %t, X removed %t", freed, c.gone(y.Last), c.gone(x.Last))
 	}
-	if freed, _ := c.EvictL1(10); freed != 2 || !x.Last.removed || z.Last.removed {
-		t.Fatalf("second eviction: freed %d, X removed %t, Z removed %t", freed, x.Last.removed, z.Last.removed)
+	if freed, _ := c.EvictL1(10); freed != 2 || !c.gone(x.Last) || c.gone(z.Last) {
+		t.Fatalf("second eviction: freed %d, X removed %t, Z removed %t", freed, c.gone(x.Last), c.gone(z.Last))
 	}
 	if err := c.Unlock(z.Last); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestConfigErrorsNameTheValue(t *testing.T) {
 		{Config{Options: Options{L1Pages: 4}, Slabs: 1, PagesPerSlab: 1, L3: true, L3Config: L3Config{MinPrefetchPages: -1}}, "min prefetch pages -1"},
 	} {
 		_, err := New(tc.cfg)
-		if err == nil || !containsAll(err.Error(), tc.want, "hicache:") || !errors.Is(err, ErrBadConfig) {
+		if err == nil || !containsAll(err.Error(), tc.want, "core:") || !errors.Is(err, ErrBadConfig) {
 			t.Fatalf("New(%+v): %v, want an ErrBadConfig naming %q", tc.cfg, err, tc.want)
 		}
 	}

@@ -115,7 +115,7 @@ func (c *Core) Apply(v []int64) error {
 	c.stats.Steps++
 	var derr error
 	if len(v) != VectorLen {
-		panic("hicache: consensus vector of wrong length")
+		panic("core: consensus vector of wrong length")
 	}
 	// The digests are checked at every step. A mismatch outside quarantine starts one (on
 	// every rank: the vector is the same); in quarantine the replicas are known to differ
@@ -222,8 +222,8 @@ func (c *Core) diverge() {
 	c.dropL3()
 	// Remove L2-only subtrees (their roots are children of L1 nodes or of the root), then
 	// forget L2 copies everywhere.
-	var visit func(n *Node)
-	visit = func(n *Node) {
+	var visit func(n *treeNode)
+	visit = func(n *treeNode) {
 		for i := len(n.children) - 1; i >= 0; i-- {
 			ch := n.children[i]
 			if ch.l1 == nil {
@@ -244,13 +244,15 @@ func (c *Core) diverge() {
 
 // dropLocks releases the locks held on n's subtree before a divergence removes it: the
 // ancestors and the lock count forget them, and Unlock of a dropped node is a no-op.
-func (c *Core) dropLocks(n *Node) {
+func (c *Core) dropLocks(n *treeNode) {
 	if n.lockRef == 0 {
 		return
 	}
-	var visit func(x *Node)
-	visit = func(x *Node) {
-		x.droppedLocks += x.ownLocks
+	var visit func(x *treeNode)
+	visit = func(x *treeNode) {
+		if x.ownLocks > 0 {
+			c.dropped[x.handle()] += x.ownLocks
+		}
 		c.locks -= x.ownLocks
 		x.ownLocks = 0
 		c.mark(x)
@@ -282,7 +284,7 @@ func (c *Core) Reset() error {
 }
 
 // recover ends a quarantine: the agreed flush of every rank at the first step where all are
-// idle. Nodes handed out before it are invalid afterwards (ErrBadArgument), as after Flush.
+// idle. Handles handed out before it are stale afterwards (ErrStaleHandle), as after Flush.
 func (c *Core) recover() {
 	c.reset()
 	c.stats.Recoveries++
@@ -313,7 +315,7 @@ func (c *Core) Busy() error {
 type busyError struct{ writes, loads, l3, locks int }
 
 func (e *busyError) Error() string {
-	return "hicache: busy: " + strconv.Itoa(e.writes) + " backups, " + strconv.Itoa(e.loads) + " loads and " + strconv.Itoa(e.l3) +
+	return "core: busy: " + strconv.Itoa(e.writes) + " backups, " + strconv.Itoa(e.loads) + " loads and " + strconv.Itoa(e.l3) +
 		" storage operations in flight, " + strconv.Itoa(e.locks) + " locks held; flush needs an idle cache"
 }
 

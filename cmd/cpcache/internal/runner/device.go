@@ -122,10 +122,10 @@ func (m *memory) kv(c *hicache.Cache) kvMemory {
 
 // corrupter returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
 // slab, once, through the host mapping or the device.
-func (m *memory) corrupter(set *slab.Set, cpRank int) func(*hicache.Node) {
+func (m *memory) corrupter(set *slab.Set, cpRank int) func(hicache.NodeInfo) {
 	done := false
-	return func(n *hicache.Node) {
-		for _, pg := range n.L2Pages() {
+	return func(n hicache.NodeInfo) {
+		for _, pg := range n.L2 {
 			if done || pg.Slab != cpRank {
 				continue
 			}

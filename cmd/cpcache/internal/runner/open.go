@@ -54,7 +54,7 @@ func (p *Plan) jobConfig(rank int) job.Config {
 func (p *Plan) openRank(ctx context.Context, env parallel.Env, mem *memory) (*job.Rank, error) {
 	cfg := &p.Config
 	jc := p.jobConfig(env.Rank)
-	jc.Start = func(ctx context.Context, world parallel.Group) error {
+	jc.Start = func(ctx context.Context, world parallel.Group, _ *hicache.Options) error {
 		return agreeStartFlags(ctx, world, p.startFlags())
 	}
 	jc.BeforeSlabs = func() { cfg.killPoint(env.Rank, "slabs", 0) }

@@ -17,13 +17,13 @@ import (
 // the request's prefill the prompt's match stays locked (held), so that what was read is
 // still there to serve, except while L1 room is wanted (see holdsAllowed).
 type pendingPrefetch struct {
-	id       uint64        // the cache's last prefetch for the request, until its outcome is taken (0: none)
-	locked   *hicache.Node // locked: the prefix while the cache reads, then the match it read (the hold)
-	askedNs  float64       // virtual time the first prefetch was asked
-	readyNs  float64       // NaN until the cache finished and its outcome was taken (settle)
-	pages    [2]int        // page range [from, to) of the prompt the prefetches added
-	weight   int           // pages of the prompt: what it may hold in L2 (see prefetchBudget)
-	attempts int           // prefetches asked again after a refusal or a lost hold
+	id       uint64         // the cache's last prefetch for the request, until its outcome is taken (0: none)
+	locked   hicache.Handle // locked: the prefix while the cache reads, then the match it read (the hold)
+	askedNs  float64        // virtual time the first prefetch was asked
+	readyNs  float64        // NaN until the cache finished and its outcome was taken (settle)
+	pages    [2]int         // page range [from, to) of the prompt the prefetches added
+	weight   int            // pages of the prompt: what it may hold in L2 (see prefetchBudget)
+	attempts int            // prefetches asked again after a refusal or a lost hold
 	// recheck: the match is not held (its hold was released, or room was wanted when it
 	// would have been taken): it is matched again before the prefill, and what it lost
 	// meanwhile is fetched again.
@@ -121,11 +121,11 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 // prefetch asked again or for the room to change. Replicated.
 func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
-	if pf.locked != nil {
+	if pf.locked != 0 {
 		if err := c.Unlock(pf.locked); err != nil {
 			return false, err
 		}
-		pf.locked = nil
+		pf.locked = 0
 	}
 	m, err := c.MatchKey(r.Key, r.Tokens)
 	if err != nil {
@@ -249,7 +249,7 @@ func (s *scheduler) admitted(r workload.Request) error {
 	delete(s.prefetches, r.ID)
 	s.prefetchHeld -= pf.weight
 	s.roomEpoch++
-	if pf.locked == nil {
+	if pf.locked == 0 {
 		return nil
 	}
 	return s.cache.Unlock(pf.locked)
@@ -283,13 +283,13 @@ func (s *scheduler) wantRoom() error {
 func (s *scheduler) releaseHolds() error {
 	for _, id := range slices.Sorted(maps.Keys(s.prefetches)) {
 		pf := s.prefetches[id]
-		if math.IsNaN(pf.readyNs) || pf.locked == nil {
+		if math.IsNaN(pf.readyNs) || pf.locked == 0 {
 			continue // reading (its lock is the prefix the read is for), or holding nothing
 		}
 		if err := s.cache.Unlock(pf.locked); err != nil {
 			return err
 		}
-		pf.locked, pf.recheck = nil, true
+		pf.locked, pf.recheck = 0, true
 	}
 	return nil
 }

@@ -69,7 +69,7 @@ type localCounts struct {
 // active is a request between its prefill and its last decoded token.
 type active struct {
 	req       workload.Request
-	last      *hicache.Node // deepest node of the cached prompt, locked while running
+	last      hicache.Handle // deepest node of the cached prompt, locked while running
 	generated int
 	pages     int // L1 pages reserved for it (prompt and answer)
 }
@@ -98,8 +98,8 @@ type scheduler struct {
 
 	counts   replicaCounts
 	local    localCounts
-	firstBad error               // the first bad page this rank found
-	corrupt  func(*hicache.Node) // tests: damages an L2 page of the node before its load
+	firstBad error                  // the first bad page this rank found
+	corrupt  func(hicache.NodeInfo) // tests: damages an L2 page of the node before its load
 	// onPrefilled (tests) is told each request's prompt tokens served from the cache.
 	onPrefilled func(r workload.Request, hitTokens int64)
 	faults      *faultRunner // --fault: kills, stalls and flushes at steps (nil: none)
@@ -360,7 +360,9 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	device := m.DevicePages
 	if m.HostPages > 0 {
 		if s.corrupt != nil {
-			s.corrupt(m.Last)
+			if info, err := c.Node(m.Last); err == nil {
+				s.corrupt(info)
+			}
 		}
 		// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
 		// default) of a longer host hit: load again while it moves the hit on, so that a

@@ -119,8 +119,8 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			}
 			if rank == corruptRank {
 				done := false
-				s.corrupt = func(n *hicache.Node) {
-					for _, pg := range n.L2Pages() {
+				s.corrupt = func(n hicache.NodeInfo) {
+					for _, pg := range n.L2 {
 						if !done && pg.Slab == cache.CPRank() {
 							b, _ := slabs[rank].Page(pg)
 							b[3] ^= 1

@@ -23,7 +23,7 @@ type writeOp struct {
 
 // writePart is one node of a backup in flight and the L2 pages reserved for it.
 type writePart struct {
-	node  *Node
+	node  *treeNode
 	pages []alloc.Page
 }
 
@@ -32,13 +32,13 @@ type writePart struct {
 // when the node is split while it loads.
 type loadOp struct {
 	seq   uint64
-	nodes []*Node // replicated
+	nodes []*treeNode // replicated
 	done  bool
 	err   error
 }
 
 // pagesOf returns the pages the op reserved for node n (nil if n is not one of its parts).
-func (op *writeOp) pagesOf(n *Node) []alloc.Page {
+func (op *writeOp) pagesOf(n *treeNode) []alloc.Page {
 	for _, p := range op.parts {
 		if p.node == n {
 			return p.pages
@@ -51,7 +51,7 @@ func (op *writeOp) pagesOf(n *Node) []alloc.Page {
 // the head joins n's backup and load-back ops (right in front of n, keeping sequence
 // order), with the first at reserved pages of a backup. The ops' seqs are unchanged, so the
 // copies already started, and every rank's completion of them, cover both halves.
-func splitIO(n, head *Node, at int) {
+func splitIO(n, head *treeNode, at int) {
 	if op := n.write; op != nil {
 		i := slices.IndexFunc(op.parts, func(p writePart) bool { return p.node == n })
 		pages := op.parts[i].pages
@@ -69,7 +69,7 @@ func splitIO(n, head *Node, at int) {
 
 // backup reserves L2 for n (evicting L2-only nodes when the pool is full) and queues its
 // write. It returns false, changing nothing else, when no room could be made.
-func (c *Core) backup(n *Node) bool {
+func (c *Core) backup(n *treeNode) bool {
 	id, k := alloc.RangeID(n.id), len(n.hashes)
 	pages, err := c.alloc.Reserve(id, n.depth, k)
 	if errors.Is(err, alloc.ErrNoSpace) {
@@ -78,7 +78,7 @@ func (c *Core) backup(n *Node) bool {
 	}
 	if err != nil {
 		if !errors.Is(err, alloc.ErrNoSpace) && !errors.Is(err, alloc.ErrTooLarge) {
-			panic(fmt.Sprintf("hicache: reserve for node %d: %v (replica invariant broken)", n.id, err))
+			panic(fmt.Sprintf("core: reserve for node %d: %v (replica invariant broken)", n.id, err))
 		}
 		c.stats.SkippedBackups++
 		return false
@@ -104,7 +104,7 @@ type LoadResult struct {
 	Nodes         int // nodes loading
 }
 
-// LoadBack brings the L2-only pages of the path to n into L1: it allocates L1 slots
+// LoadBack brings the L2-only pages of the path to node h (n) into L1: it allocates L1 slots
 // (evicting if needed) and starts the loads; the pages count as device pages at once, and a
 // layer must WaitL1 before reading them. n is what Match returned as Last: the path ends
 // exactly where the match did (Match splits a host node the tokens leave in its middle), so
@@ -118,14 +118,15 @@ type LoadResult struct {
 // when fewer than MinLoadPages pages (and at least one) would, or when L2 is disabled
 // (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
 // L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
-func (c *Core) LoadBack(n *Node) (LoadResult, error) {
-	if n != nil && n.isRoot() || c.quarantined {
+func (c *Core) LoadBack(h Handle) (LoadResult, error) {
+	if c.quarantined {
 		return LoadResult{}, nil
 	}
-	if err := c.check(n); err != nil {
+	n, err := c.node(h)
+	if err != nil || n.isRoot() {
 		return LoadResult{}, err
 	}
-	var todo []*Node
+	var todo []*treeNode
 	host := 0
 	for _, x := range pathTo(n) {
 		if x.l1 == nil {
@@ -163,7 +164,7 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 	for _, x := range todo {
 		slots := c.l1.alloc(len(x.hashes))
 		c.setL1(x, slots)
-		op := &loadOp{seq: c.loadSeq, nodes: []*Node{x}}
+		op := &loadOp{seq: c.loadSeq, nodes: []*treeNode{x}}
 		c.loadSeq++
 		x.load = op
 		c.mark(x)
@@ -181,28 +182,36 @@ func (c *Core) LoadBack(n *Node) (LoadResult, error) {
 	return LoadResult{Pages: pages, Tokens: pages * c.cfg.PageSize, Nodes: len(todo)}, nil
 }
 
-// Writing returns the seqs of the backups in flight on the path to n (pieces of a split
-// node share one).
-func (c *Core) Writing(n *Node) []uint64 {
+// Writing returns the seqs of the backups in flight on the path to node h (pieces of a
+// split node share one).
+func (c *Core) Writing(h Handle) ([]uint64, error) {
+	n, err := c.node(h)
+	if err != nil {
+		return nil, err
+	}
 	var seqs []uint64
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		if n.write != nil && !slices.Contains(seqs, n.write.seq) {
 			seqs = append(seqs, n.write.seq)
 		}
 	}
-	return seqs
+	return seqs, nil
 }
 
-// Loading returns the seqs of the loads in flight on the path to n (what a layer must wait
-// for before reading n's prefix from L1).
-func (c *Core) Loading(n *Node) []uint64 {
+// Loading returns the seqs of the loads in flight on the path to node h (what a layer must
+// wait for before reading its prefix from L1).
+func (c *Core) Loading(h Handle) ([]uint64, error) {
+	n, err := c.node(h)
+	if err != nil {
+		return nil, err
+	}
 	var seqs []uint64
 	for ; n != nil && !n.isRoot(); n = n.parent {
 		if n.load != nil && !slices.Contains(seqs, n.load.seq) { // pieces of a split share one
 			seqs = append(seqs, n.load.seq)
 		}
 	}
-	return seqs
+	return seqs, nil
 }
 
 // completed records that this rank finished a transfer (err != nil: it failed).
