@@ -165,10 +165,11 @@
 //
 // # Metrics
 //
-// NewCollector(cache, LabelsOf(layout, rank), storage) is a prometheus.Collector of one
-// rank's Stats (cpcache_ names, labels rank, replica and slab_group, a histogram of the
-// consensus latency fed from Stats.ConsensusLatency) that the engine registers; each scrape
-// takes one Stats snapshot. The caller owns the registry; the collector holds the Cache.
+// Package hicache/metrics exports a rank's Stats to Prometheus:
+// metrics.NewCollector(cache, metrics.RankLabels(layout, rank), storage) is a
+// prometheus.Collector (cpcache_ names, labels rank, replica and slab_group, a histogram of
+// the consensus latency fed from Stats.ConsensusLatency) that the engine registers. This
+// package depends on the standard library and the project only (TestDriverDependsOnNothingExternal).
 //
 // # Write policies
 //

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/hicache/metrics"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
@@ -54,7 +55,7 @@ func rankRegistryOfTestCache(t *testing.T) *prometheus.Registry {
 		require.NoError(t, errs[rank])
 		t.Cleanup(func() { c.Close() })
 	}
-	return rankRegistry(&live{}, caches[0], st, hicache.LabelsOf(layout, 0))
+	return rankRegistry(&live{}, caches[0], st, metrics.RankLabels(layout, 0))
 }
 
 // TestRankMetricsLint: what a rank exports passes the Prometheus linter.

@@ -1,7 +1,9 @@
-package hicache
+package metrics
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,11 +13,161 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
 )
+
+// rig is the in-process replicas of one replica group over parallel/local, each with a
+// host engine that sleeps a random per-rank delay before every transfer; slab groups share
+// kvtest.MemSlabs. It drives the caches through their exported API only.
+type rig struct {
+	t      testing.TB
+	layout *parallel.Layout
+	caches []*hicache.Cache
+	shards []int // tensor-parallel index of each rank (part of the KV content)
+}
+
+type rigConfig struct {
+	layout         parallel.LayoutConfig
+	opts           hicache.Options
+	pagesPerSlab   int
+	pageBytes      int
+	maxDelay       time.Duration
+	seed           uint64
+	latencySamples int // Config.LatencySamples (0: the default)
+}
+
+func mustLayout(t testing.TB, cfg parallel.LayoutConfig) *parallel.Layout {
+	t.Helper()
+	l, err := parallel.NewLayout(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func newRig(t testing.TB, rc rigConfig) *rig {
+	t.Helper()
+	l := mustLayout(t, rc.layout)
+	replica := l.ReplicaGroup(0)
+	n := len(replica)
+	r := &rig{t: t, layout: l, caches: make([]*hicache.Cache, n), shards: make([]int, n)}
+	members := local.New(replica, local.Options{Kind: "replica", Timeout: 20 * time.Second})
+	bySlabGroup := map[int]*kvtest.MemSlabs{}
+	slabs := make([]*kvtest.MemSlabs, n)
+	for i, rank := range replica {
+		sg := l.SlabGroup(rank)
+		ms := bySlabGroup[sg[0]]
+		if ms == nil {
+			ms = kvtest.NewMemSlabs(sg, rc.pagesPerSlab, rc.pageBytes)
+			bySlabGroup[sg[0]] = ms
+		}
+		slabs[i] = ms
+		r.shards[i] = l.Coord(rank).TP
+	}
+	errs := grouptest.Parallel(n, func(i int) error {
+		var delay func(hicache.Transfer) time.Duration
+		if rc.maxDelay > 0 {
+			rng := rand.New(rand.NewPCG(rc.seed, uint64(i)))
+			var mu sync.Mutex
+			delay = func(hicache.Transfer) time.Duration {
+				mu.Lock()
+				defer mu.Unlock()
+				return time.Duration(rng.Int64N(int64(rc.maxDelay)))
+			}
+		}
+		c, err := hicache.New(context.Background(), hicache.Config{
+			Options: rc.opts, Layout: l, Rank: replica[i], Group: members[i], Slabs: slabs[i],
+			HostEngine: hicache.HostEngineOptions{Workers: 2, Delay: delay}, LatencySamples: rc.latencySamples,
+		})
+		r.caches[i] = c
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range r.caches {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	return r
+}
+
+// all runs f on every rank concurrently (so that collectives meet) and joins the errors.
+func (r *rig) all(f func(i int, c *hicache.Cache) error) error {
+	return errors.Join(grouptest.Parallel(len(r.caches), func(i int) error { return f(i, r.caches[i]) })...)
+}
+
+// step runs one consensus step everywhere.
+func (r *rig) step() error {
+	return r.all(func(_ int, c *hicache.Cache) error { return c.Step(context.Background()) })
+}
+
+// workload runs steps scheduler steps on every rank: the same random inserts (each rank
+// filling the pages it owns), matches and evictions everywhere (one seed), one consensus
+// step after each; then it steps until no transfer is in flight.
+func (r *rig) workload(steps int, seed uint64) {
+	r.t.Helper()
+	err := r.all(func(i int, c *hicache.Cache) error {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(seed, 99))
+		seqs := kvtest.RandomSequences(rng, 40, c.Geometry().PageSize)
+		for range steps {
+			for k := rng.IntN(3); k >= 0; k-- {
+				tokens := seqs[rng.IntN(rng.IntN(len(seqs))+1)] // skewed: low indices are hot
+				switch op := rng.IntN(12); {
+				case op < 4:
+					res, err := c.Insert(tokens)
+					if err != nil && !errors.Is(err, hicache.ErrL1Full) {
+						return err
+					}
+					for _, f := range res.Fill {
+						if c.Owns(f.Index) {
+							b, err := c.L1Page(f.Slot)
+							if err != nil {
+								return err
+							}
+							kvtest.FillKV(b, f.Hash, f.Index, r.shards[i])
+						}
+					}
+				case op < 9:
+					if _, err := c.Match(tokens); err != nil {
+						return err
+					}
+				default:
+					if _, _, err := c.EvictL1(rng.IntN(12)); err != nil {
+						return err
+					}
+					if _, err := c.EvictL2(rng.IntN(12) * rng.IntN(2)); err != nil {
+						return err
+					}
+				}
+			}
+			if err := c.Step(ctx); err != nil {
+				return err
+			}
+		}
+		for k := 0; c.Pending() > 0; k++ {
+			if k > 10000 {
+				return errors.New("cache never became idle")
+			}
+			if err := c.Step(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
 
 // metricValue returns the value of family name's sample whose labels include want (a
 // counter, gauge, or a histogram's sample count), failing the test when there is none.
@@ -65,7 +217,7 @@ func TestCollector(t *testing.T) {
 	defer st.Close()
 	r := newRig(t, rigConfig{
 		layout:       parallel.LayoutConfig{World: 4, AttnCP: 2},
-		opts:         Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
+		opts:         hicache.Options{PageSize: 4, L1Pages: 64, MinLoadPages: 2, LoadQuotaPages: 64},
 		pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 3,
 	})
 	reg := prometheus.NewPedanticRegistry()
@@ -74,10 +226,9 @@ func TestCollector(t *testing.T) {
 		if i == 0 {
 			cst = st // counters of a storage, on one rank
 		}
-		reg.MustRegister(NewCollector(c, LabelsOf(r.layout, r.layout.ReplicaGroup(0)[i]), cst))
+		reg.MustRegister(NewCollector(c, RankLabels(r.layout, r.layout.ReplicaGroup(0)[i]), cst))
 	}
-	r.workload(300, 11, 0)
-	r.drain()
+	r.workload(300, 11)
 	if err := st.Put(t.Context(), []storage.Key{storage.NewKey(ns, 1)}, [][]byte{make([]byte, 100)}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +284,7 @@ func TestCollector(t *testing.T) {
 	if got := metricValue(t, fams, "cpcache_storage_bytes_total", map[string]string{"rank": "0", "direction": "written"}); got != 100 {
 		t.Errorf("storage bytes written: %v, want 100", got)
 	}
-	problems, err := testutil.CollectAndLint(NewCollector(r.caches[0], LabelsOf(r.layout, 0), st))
+	problems, err := testutil.CollectAndLint(NewCollector(r.caches[0], RankLabels(r.layout, 0), st))
 	if err != nil || len(problems) > 0 {
 		t.Fatalf("lint: %v %+v", err, problems)
 	}
@@ -142,11 +293,9 @@ func TestCollector(t *testing.T) {
 // TestCollectorLatencyWindow: a scrape observes only the steps timed since the previous
 // one, at most the LatencySamples that Stats keeps, each once.
 func TestCollectorLatencyWindow(t *testing.T) {
-	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
-	for _, c := range r.caches {
-		c.maxSamples = 4 // before any step: New records no latency
-	}
-	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), nil)
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: hicache.Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64,
+		latencySamples: 4})
+	col := NewCollector(r.caches[0], RankLabels(r.layout, 0), nil)
 	count := func() (uint64, float64) {
 		var m dto.Metric
 		if err := col.latency.Write(&m); err != nil {
@@ -195,13 +344,13 @@ func TestCollectorLatencyWindow(t *testing.T) {
 func TestCollectorConcurrentScrapes(t *testing.T) {
 	l := mustLayout(t, parallel.LayoutConfig{World: 1})
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 5 * time.Second})
-	c, err := New(context.Background(), Config{Options: Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: 0,
+	c, err := hicache.New(context.Background(), hicache.Config{Options: hicache.Options{PageSize: 4, L1Pages: 16}, Layout: l, Rank: 0,
 		Group: members[0], Slabs: kvtest.NewMemSlabs(l.SlabGroup(0), 8, 64), LatencySamples: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	col := NewCollector(c, MetricLabels{}, nil)
+	col := NewCollector(c, Labels{}, nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 4 {
@@ -247,8 +396,8 @@ func (s statsStore) Stats() storage.Stats { return s.st }
 // snapshot taken while a forged value is counted can hold one more Forged than Corrupt; the
 // damaged count (Corrupt - Forged) must not wrap around to 2^64 then.
 func TestCollectorRejectedValuesNeverWrap(t *testing.T) {
-	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
-	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), statsStore{st: storage.Stats{Corrupt: 3, Forged: 4}})
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: hicache.Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], RankLabels(r.layout, 0), statsStore{st: storage.Stats{Corrupt: 3, Forged: 4}})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
 	fams, err := reg.Gather()
@@ -265,8 +414,8 @@ func TestCollectorRejectedValuesNeverWrap(t *testing.T) {
 // TestCollectorStorageAbandoned: the storage operations abandoned at their deadline and
 // those of them still stuck in the kernel are exported (a counter and a gauge).
 func TestCollectorStorageAbandoned(t *testing.T) {
-	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
-	col := NewCollector(r.caches[0], LabelsOf(r.layout, 0), statsStore{st: storage.Stats{Abandoned: 7, Stuck: 2}})
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: hicache.Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], RankLabels(r.layout, 0), statsStore{st: storage.Stats{Abandoned: 7, Stuck: 2}})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
 	fams, err := reg.Gather()
