@@ -119,7 +119,7 @@
 // with the same MAC key: a shared Redis needs one, see package storage):
 //
 //	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
-//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
+//	st, err := stores.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
 //	defer st.Close() // after cache.Close
 //	cfg.Storage, cfg.StorageNamespace = st, ns
 //	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}
@@ -155,7 +155,7 @@
 //
 // Config.Faults (nil by default: one nil check per failpoint) injects failures on one rank:
 // an error in New, a copy reported failed at completion, a tree or placement perturbation
-// before a step's vector; storage.WithFaults makes a storage hang or fail. cpcache run
+// before a step's vector; stores.WithFaults makes a storage hang or fail. cpcache run
 // --fault uses both; every injected failure must end as the failure model above says.
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),

@@ -107,51 +107,10 @@ type Options struct {
 	// not authenticated (no MAC is computed; a keyed store does not load them), and whoever
 	// can write to the server can inject pages.
 	Insecure bool
-
-	auth *authenticator // the resolved MAC key (Open)
 }
 
 // DefaultTimeout bounds a call when Options.Timeout is not set.
 const DefaultTimeout = 10 * time.Second
 
-func (o Options) withDefaults() Options {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.Workers <= 0 {
-		o.Workers = 4
-	}
-	if o.PoolSize <= 0 {
-		o.PoolSize = 4
-	}
-	if o.MaxStuck <= 0 {
-		o.MaxStuck = DefaultMaxStuck
-	}
-	return o
-}
-
-// checkBatch validates the shapes shared by Exists, Get and Put.
-func checkBatch(backend, where, op string, ns [NamespaceSize]byte, keys []Key, bufs [][]byte, flags []bool) error {
-	if bufs != nil && len(bufs) != len(keys) {
-		return badArg(backend, where, op, "%d buffers for %d keys", len(bufs), len(keys))
-	}
-	if flags != nil && len(flags) != len(keys) {
-		return badArg(backend, where, op, "%d result flags for %d keys", len(flags), len(keys))
-	}
-	for i, b := range bufs {
-		if len(b) > MaxValueSize {
-			return badArg(backend, where, op, "buffer %d has %d bytes, more than the limit %d", i, len(b), MaxValueSize)
-		}
-	}
-	return checkKeys(backend, where, op, ns, keys)
-}
-
-// leading counts the leading true entries of flags.
-func leading(flags []bool) int {
-	for i, f := range flags {
-		if !f {
-			return i
-		}
-	}
-	return len(flags)
-}
+// DefaultMaxStuck is Options.MaxStuck when it is not set.
+const DefaultMaxStuck = 64

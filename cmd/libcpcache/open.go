@@ -21,6 +21,7 @@ import (
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/slab/cudaslab"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // L1 pool kinds and slab backends (CPCACHE_L1_*, CPCACHE_SLAB_* in include/cpcache.h).
@@ -233,7 +234,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	if c.storageURL != "" {
 		ns, err = hicache.NewStorageNamespace(c.model, layout, c.pageTokens, c.pageBytes)
 		if err == nil {
-			st, err = storage.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
+			st, err = stores.Open(ctx, c.storageURL, storage.Options{Namespace: ns})
 		}
 		if st != nil {
 			s.closers = append(s.closers, st.Close)

@@ -8,6 +8,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // Opening the L3 storage is a decision of the whole job, as the rest of the start
@@ -39,7 +40,7 @@ func agreeStorage(ctx context.Context, world parallel.Group, st storage.Storage,
 	for r, m := range all {
 		if m != all[0] {
 			return fmt.Errorf("%w: ranks disagree on the storage: rank %d has %s, rank %d %s; every rank needs the same storage_url and the same key file (%s)",
-				storage.ErrBadArgument, world.Ranks()[0], describe(all[0]), world.Ranks()[r], describe(m), storage.EnvKeyFile)
+				storage.ErrBadArgument, world.Ranks()[0], describe(all[0]), world.Ranks()[r], describe(m), stores.EnvKeyFile)
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // rig is the in-process replicas of one replica group over parallel/local, each with a
@@ -210,7 +211,7 @@ func TestCollector(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := storage.Open(t.Context(), "mem://metrics-test", storage.Options{Namespace: ns})
+	st, err := stores.Open(t.Context(), "mem://metrics-test", storage.Options{Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}

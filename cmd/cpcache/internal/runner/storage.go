@@ -12,6 +12,7 @@ import (
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // storageModel names the KV content of a run in its storage namespace: kvtest's page
@@ -64,12 +65,12 @@ func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (stora
 	}
 	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
 	defer cancel()
-	st, err := storage.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile,
+	st, err := stores.Open(ctx, p.Config.Storage, storage.Options{Namespace: ns, MACKeyFile: p.Config.StorageKeyFile,
 		Insecure: p.Config.StorageInsecure, OnWarning: onWarning})
 	if errors.Is(err, storage.ErrNoKey) {
 		err = fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
 			"give every rank the same key file (mode 0600, e.g. from `openssl rand -hex 32`) with --storage-key-file FILE or %s, "+
-			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, storage.EnvKeyFile)
+			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, stores.EnvKeyFile)
 	}
 	return st, ns, err
 }
@@ -88,7 +89,7 @@ func agreeStorageKey(ctx context.Context, world parallel.Group, st storage.Stora
 	for rank, fp := range fps {
 		if fp != fps[0] {
 			return bad("--storage: ranks use different storage MAC keys (key fingerprint %s on rank 0, %s on rank %d): give every rank the same key file (--storage-key-file or %s)",
-				fps[0], fp, rank, storage.EnvKeyFile)
+				fps[0], fp, rank, stores.EnvKeyFile)
 		}
 	}
 	return nil
