@@ -184,7 +184,7 @@ bench: deps
 
 bench-storage:
 	@mkdir -p build
-	set -o pipefail; $(GO) test -run '^$$' -bench '^BenchmarkDataPath$$' -benchtime 200x ./storage | tee $(BENCH_OUT)
+	set -o pipefail; $(GO) test -run '^$$' -bench '^BenchmarkDataPath$$' -benchtime 200x ./storage/stores | tee $(BENCH_OUT)
 	@$(MAKE) --no-print-directory bench-summary
 
 bench-summary:

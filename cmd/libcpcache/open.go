@@ -199,10 +199,11 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	if backend == shm.BackendBootstrap {
 		backend = "gloo"
 	}
+	var be *cudaslab.Backend
 	var dev *cuda.Device
 	var cudaErr error
 	if c.l1Kind == l1Device || c.slabKind == slabCUDAIPC || c.pinHost {
-		dev, cudaErr = s.openCUDA(c.device)
+		be, dev, cudaErr = s.openCUDA(c.device)
 	}
 	// Agreed by every rank, with CUDA or without: a rank whose CUDA failed (its own device
 	// ordinal, driver) used to leave the others with a lost peer at the slab exchange, and no
@@ -215,7 +216,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	if c.slabKind == slabCUDAIPC {
 		spec.Backend = slab.CUDAIPC
 	}
-	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), spec)
+	set, err := slab.OpenSet(ctx, groups.Group(parallel.KindSlab), be.Spec(spec))
 	if err != nil {
 		return nil, err
 	}
@@ -260,15 +261,15 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	return s, nil
 }
 
-// openCUDA opens the CUDA slab backend (registered for slab.OpenSet) and device.
-func (s *session) openCUDA(device int) (*cuda.Device, error) {
+// openCUDA opens the CUDA slab backend (for the slab.Spec) and device.
+func (s *session) openCUDA(device int) (*cudaslab.Backend, *cuda.Device, error) {
 	be, err := cudaslab.Open(device)
 	if err != nil {
-		return nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
+		return nil, nil, fmt.Errorf("cpcache: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
 	}
 	s.closers = append(s.closers, be.Close)
-	be.Register()
-	return be.Device(device)
+	dev, err := be.Device(device)
+	return be, dev, err
 }
 
 // newEngine makes the copy engine over the L1 pool the configuration names.

@@ -14,7 +14,7 @@ import (
 // BenchmarkStorage): batches of 64 pages of 64 KiB, put under new keys (deleted untimed)
 // and read back. Each mode is a way to open the store (redisBenchModes); "nomac" is the
 // same work as the hand-written client this backend replaced (checksums, no MACs), so
-// storage/testdata/redis-baseline.sh can run this file against that client's commit and
+// storage/stores/testdata/redis-baseline.sh can run this file against that client's commit and
 // compare side by side.
 func BenchmarkRedisPages(b *testing.B) {
 	for _, m := range redisBenchModes() {

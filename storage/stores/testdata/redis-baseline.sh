@@ -5,7 +5,7 @@
 # redis-server per run, compared with benchstat. The old client wrote checksummed values
 # without MACs, so its one mode is "nomac"; the second table sets this tree's "mac" mode
 # (the default, authenticated values) against it.
-#   usage: storage/testdata/redis-baseline.sh [BASE]     env: RUNS (10), BENCHTIME (100x)
+#   usage: storage/stores/testdata/redis-baseline.sh [BASE]     env: RUNS (10), BENCHTIME (100x)
 set -euo pipefail
 base=${1:-1bc4e1e^}
 runs=${RUNS:-10}
@@ -16,7 +16,9 @@ trap 'git -C "$root" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
 benchstat=(go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da)
 
 git -C "$root" worktree add --detach "$tmp/base" "$base" >/dev/null 2>&1
-cp "$root/storage/redis_bench_test.go" "$tmp/base/storage/"
+# BASE has the backends in package storage itself: the benchmark is rewritten for it.
+sed -e 's/^package stores_test$/package storage_test/' -e '\#"github.com/cpcache/cpcache/storage/stores"#d' \
+	-e 's/\bstores\./storage./g' "$root/storage/stores/redis_bench_test.go" >"$tmp/base/storage/redis_bench_test.go"
 cat >"$tmp/base/storage/redis_bench_modes_test.go" <<'GO'
 package storage_test
 
@@ -34,7 +36,7 @@ func redisBenchModes() []redisBenchMode {
 }
 GO
 (cd "$tmp/base" && go test -c -o "$tmp/old.test" ./storage)
-(cd "$root" && go test -c -o "$tmp/new.test" ./storage)
+(cd "$root" && go test -c -o "$tmp/new.test" ./storage/stores)
 for i in $(seq "$runs"); do
 	for v in old new; do
 		(cd "$root/storage" && "$tmp/$v.test" -test.run '^$' -test.bench '^BenchmarkRedisPages$' \

@@ -115,7 +115,6 @@ func openMemory(cfg *Config, localRank int) (m *memory, err error) {
 	if m.dev, err = m.be.Device(ordinal); err != nil {
 		return m, fmt.Errorf(deviceErrPrefix+"%w", err)
 	}
-	m.be.Register()
 	if m.name, err = m.dev.Name(); err != nil {
 		return m, err
 	}
@@ -139,7 +138,7 @@ func (m *memory) slabSpec(s slab.Spec) slab.Spec {
 	} else {
 		s.PinHost = true
 	}
-	return s
+	return m.be.Spec(s)
 }
 
 // newEngine returns the CUDA engine (hicache/cudaengine) over the L1 pool and set's pages (addressed by their
