@@ -15,7 +15,9 @@
 //   - hicache/engine: the copy-engine interface (Engine, Ticket); hicache/hostengine copies
 //     host memory with goroutines, hicache/cudaengine (the one cgo package here) copies with
 //     CUDA streams and events.
-//   - package storage: the L3 backends, reached through this package's storage driver.
+//   - package storage: the L3 interface (Storage, keys, the value format), reached through
+//     this package's storage driver; the backends are package storage/stores, which the
+//     caller opens and hands to New (Config.Storage).
 //   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, this
 //     rank's storage jobs on its storage handle, and its consensus collective on the replica
 //     group. It
@@ -23,6 +25,10 @@
 //     reduce), Report (local completions), Apply (the agreed vector) — and never reads its
 //     fields. Types of the core that a scheduler needs are aliased here (Node, MatchResult,
 //     Options, ...), so a scheduler imports this package alone.
+//
+// This package depends on the standard library, the project, golang.org/x/sys and the
+// page MAC's hash only (TestDriverDependsOnNothingExternal): storage clients and Prometheus
+// (package hicache/metrics) are linked only by the programs that use them.
 //
 // package kvtest makes KV content checkable (FillKV/CheckKV) and provides an in-process L2
 // for tests.
@@ -168,8 +174,7 @@
 // Package hicache/metrics exports a rank's Stats to Prometheus:
 // metrics.NewCollector(cache, metrics.RankLabels(layout, rank), storage) is a
 // prometheus.Collector (cpcache_ names, labels rank, replica and slab_group, a histogram of
-// the consensus latency fed from Stats.ConsensusLatency) that the engine registers. This
-// package depends on the standard library and the project only (TestDriverDependsOnNothingExternal).
+// the consensus latency fed from Stats.ConsensusLatency) that the engine registers.
 //
 // # Write policies
 //
