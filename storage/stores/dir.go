@@ -27,7 +27,7 @@ import (
 //
 // A value is written to a temporary file in its final directory and renamed into place, so
 // a reader never sees a partial file under a page's name; a torn file left by a crash or a
-// foreign file is rejected by the header and checksums (format.go).
+// foreign file is rejected by the header and checksums (storage/format.go).
 //
 // Whoever can write the root can delete pages, never make the store act outside it: every
 // path under the root is opened relative to its handle without following symbolic links

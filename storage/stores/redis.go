@@ -15,7 +15,7 @@ import (
 )
 
 // redisStore is the Redis backend, a go-redis client. Page keys are
-// "<prefix>:<namespace hex>:<hash hex>"; values are header + payload (format.go), so a value
+// "<prefix>:<namespace hex>:<hash hex>"; values are header + payload (storage/format.go), so a value
 // written by something else under the same name, or a truncated one, is a miss. Batches go
 // in chunks (chunkKeys keys or chunkBytes bytes per round trip, several at once): one
 // pipeline of UNLINK, EXISTS, SET, or GET into a buffer (no allocation per page). The client
