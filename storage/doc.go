@@ -41,9 +41,9 @@
 // secret MAC key, over the value's key, length and payload: without the key nobody can write a value that loads,
 // and a genuine value copied under another key does not load either. Values are not
 // encrypted. The key is Options.MACKey, else the file Options.MACKeyFile, else the file
-// named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile refuses files that group or others can
+// named by $CPCACHE_STORAGE_KEY_FILE (stores.ReadKeyFile refuses files that group or others can
 // read or write); without any, a file store creates and uses <dir>/.cpcache-storage-key
-// (LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
+// (stores.LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
 // open (ErrNoKey) unless Options.Insecure accepts unauthenticated values (an insecure store
 // computes no MACs, writes values marked unauthenticated and reads only those; a keyed
 // store rejects them as forged). Every user of a

@@ -96,12 +96,12 @@ type Options struct {
 	// MACKey authenticates every stored value (keyed BLAKE3 over the value's key, length
 	// and payload; see format.go): a value written without it is never loaded. At least 16
 	// bytes; every user of one store needs the same key. If empty, Open reads the key from
-	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile), else
+	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (stores.ReadKeyFile), else
 	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use
-	// (LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
+	// (stores.LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
 	// refuses to open (ErrNoKey) unless Insecure is set.
 	MACKey []byte
-	// MACKeyFile names a file holding the MAC key (ReadKeyFile), used when MACKey is empty.
+	// MACKeyFile names a file holding the MAC key (stores.ReadKeyFile), used when MACKey is empty.
 	MACKeyFile string
 	// Insecure lets a Redis store open without a MAC key: its values are then checksummed,
 	// not authenticated (no MAC is computed; a keyed store does not load them), and whoever
