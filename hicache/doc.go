@@ -15,7 +15,9 @@
 //   - hicache/engine: the copy-engine interface (Engine, Ticket); hicache/hostengine copies
 //     host memory with goroutines, hicache/cudaengine (the one cgo package here) copies with
 //     CUDA streams and events.
-//   - package storage: the L3 backends, reached through this package's storage driver.
+//   - package storage: the L3 interface (Storage, keys, the value format), reached through
+//     this package's storage driver; the backends are package storage/stores, which the
+//     caller opens and hands to New (Config.Storage).
 //   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, this
 //     rank's storage jobs on its storage handle, and its consensus collective on the replica
 //     group. It
@@ -24,6 +26,10 @@
 //     reads its fields. Nodes are named by checked handles (Handle), and their state comes
 //     as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are aliased
 //     here (Handle, MatchResult, Options, ...), so a scheduler imports this package alone.
+//
+// This package depends on the standard library, the project, golang.org/x/sys and the
+// page MAC's hash only (TestDriverDependsOnNothingExternal): storage clients and Prometheus
+// (package hicache/metrics) are linked only by the programs that use them.
 //
 // package kvtest makes KV content checkable (FillKV/CheckKV) and provides an in-process L2
 // for tests.
@@ -120,7 +126,7 @@
 // with the same MAC key: a shared Redis needs one, see package storage):
 //
 //	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
-//	st, err := storage.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
+//	st, err := stores.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
 //	defer st.Close() // after cache.Close
 //	cfg.Storage, cfg.StorageNamespace = st, ns
 //	cfg.L3 = hicache.L3Options{PrefetchPolicy: hicache.PrefetchTimeout, MinPrefetchPages: 2}
@@ -156,7 +162,7 @@
 //
 // Config.Faults (nil by default: one nil check per failpoint) injects failures on one rank:
 // an error in New, a copy reported failed at completion, a tree or placement perturbation
-// before a step's vector; storage.WithFaults makes a storage hang or fail. cpcache run
+// before a step's vector; stores.WithFaults makes a storage hang or fail. cpcache run
 // --fault uses both; every injected failure must end as the failure model above says.
 //
 // Counters: CoreStats.L3HitPages (agreed storage hits; Stats.StorageHitTokens in tokens),
@@ -166,10 +172,10 @@
 //
 // # Metrics
 //
-// NewCollector(cache, LabelsOf(layout, rank), storage) is a prometheus.Collector of one
-// rank's Stats (cpcache_ names, labels rank, replica and slab_group, a histogram of the
-// consensus latency fed from Stats.ConsensusLatency) that the engine registers; each scrape
-// takes one Stats snapshot. The caller owns the registry; the collector holds the Cache.
+// Package hicache/metrics exports a rank's Stats to Prometheus:
+// metrics.NewCollector(cache, metrics.RankLabels(layout, rank), storage) is a
+// prometheus.Collector (cpcache_ names, labels rank, replica and slab_group, a histogram of
+// the consensus latency fed from Stats.ConsensusLatency) that the engine registers.
 //
 // # Write policies
 //

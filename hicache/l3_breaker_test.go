@@ -11,6 +11,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // hangingStore wraps a storage: while hang is set every call blocks until its context ends
@@ -229,7 +230,7 @@ func TestBreakerBackoff(t *testing.T) {
 }
 
 // TestL3CircuitBreakerFrozenFileSystem runs the L3 tier on a real directory store whose
-// file system operations freeze (storage.Faults.Freeze: they block in the "kernel",
+// file system operations freeze (stores.Faults.Freeze: they block in the "kernel",
 // ignoring every context, as on a frozen ext4 or a hung NFS mount): the calls are abandoned
 // at their deadline, every rank's breaker opens and the group agrees it; every step,
 // Flush (which clears the store, abandoned too) and insert goes on from L1/L2 while the
@@ -242,7 +243,7 @@ func TestL3CircuitBreakerFrozenFileSystem(t *testing.T) {
 	var mu sync.Mutex            // protects frozen (the ranks open their stores at once)
 	var frozen []storage.Storage // every rank's store, frozen from the start
 	store := func(i int) storage.Storage {
-		st := storage.WithFaults(plain(i), storage.Faults{Freeze: true, Ops: []string{"put", "clear"}})
+		st := stores.WithFaults(plain(i), stores.Faults{Freeze: true, Ops: []string{"put", "clear"}})
 		mu.Lock()
 		frozen = append(frozen, st)
 		mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/cpcache/cpcache/internal/testenv/multiproc"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // roleL3 is one rank of a Gloo job with two slab groups (TP 2 × CP 2) and a directory
@@ -29,7 +30,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 			if err != nil {
 				return err
 			}
-			st, err := storage.Open(ctx, os.Getenv("CPCACHE_TEST_STORAGE"), storage.Options{Namespace: ns})
+			st, err := stores.Open(ctx, os.Getenv("CPCACHE_TEST_STORAGE"), storage.Options{Namespace: ns})
 			if err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // l3Layout has two slab groups (TP shards) of two CP ranks in one replica group: four ranks,
@@ -34,7 +35,7 @@ func openStores(t testing.TB, url string, ns storage.Namespace) func(int) storag
 	return func(int) storage.Storage {
 		mu.Lock()
 		defer mu.Unlock()
-		st, err := storage.Open(context.Background(), url, storage.Options{Namespace: ns, MACKey: []byte("hicache test storage MAC key....")})
+		st, err := stores.Open(context.Background(), url, storage.Options{Namespace: ns, MACKey: []byte("hicache test storage MAC key....")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -41,6 +41,20 @@ type Stats struct {
 	StorageReadRate, StorageReadRateLocal int64
 }
 
+// Geometry is the fixed size of one rank's cache: what New configured, the same for every
+// rank of a replica group.
+type Geometry struct {
+	PageSize int // tokens per page
+	L1Pages  int // device pages (L1 slots)
+	L2Pages  int // host pages of the slab group (every slab)
+}
+
+// Geometry returns the cache's fixed size.
+func (c *Cache) Geometry() Geometry {
+	cfg := c.core.Config() // fixed at New
+	return Geometry{PageSize: cfg.PageSize, L1Pages: cfg.L1Pages, L2Pages: cfg.Slabs * cfg.PagesPerSlab}
+}
+
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
 	c.mu.Lock()

@@ -20,6 +20,7 @@ import (
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/slab/cudaslab"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // Rank is one open rank of the job and everything it owns.
@@ -42,8 +43,9 @@ type Rank struct {
 	Storage    storage.Storage
 	Namespace  storage.Namespace
 
-	closers []func() error
-	closed  bool
+	cudaSlabs *cudaslab.Backend // CUDA IPC and pinned slabs' backends (nil without CUDA)
+	closers   []func() error
+	closed    bool
 }
 
 // Rank is this rank's place in the world.
@@ -222,7 +224,7 @@ func (r *Rank) openCUDA(cfg *Config) error {
 		return fmt.Errorf("job: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
 	}
 	r.onClose(be.Close)
-	be.Register()
+	r.cudaSlabs = be
 	if r.Device, err = be.Device(ordinal); err != nil {
 		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
 	}
@@ -310,6 +312,9 @@ func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
 		}
 	case L2Device:
 		spec.Backend, spec.Device = slab.CUDAIPC, r.Device.Ordinal()
+	}
+	if r.cudaSlabs != nil {
+		spec = r.cudaSlabs.Spec(spec) // the device backend and host pinner of CUDA IPC and pinned slabs
 	}
 	set, err := slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
 	if err != nil {
@@ -404,7 +409,7 @@ func (r *Rank) openStorageHandle(ctx context.Context, cfg *Config) error {
 		opts := cfg.StorageOptions
 		opts.Namespace = ns
 		var st storage.Storage
-		st, err = storage.Open(octx, cfg.StorageURL, opts)
+		st, err = stores.Open(octx, cfg.StorageURL, opts)
 		cancel()
 		if st != nil {
 			r.onClose(st.Close)

@@ -8,6 +8,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // agreeStorage compares, across world, the outcome of opening the storage on each rank: st,
@@ -46,7 +47,7 @@ func agreeStorage(ctx context.Context, world parallel.Group, st storage.Storage,
 			hint = "different storage MAC keys"
 		}
 		return fmt.Errorf("%w: %w: ranks disagree on the storage (%s): %s on rank %d, %s on rank %d; every rank needs the same storage URL and the same key file (%s)",
-			ErrMismatch, storage.ErrBadArgument, hint, describe(all[0]), world.Ranks()[0], describe(m), world.Ranks()[r], storage.EnvKeyFile)
+			ErrMismatch, storage.ErrBadArgument, hint, describe(all[0]), world.Ranks()[0], describe(m), world.Ranks()[r], stores.EnvKeyFile)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // TestAgreeStorageKey: ranks whose storages have the same MAC key pass; one rank with
@@ -32,7 +33,7 @@ func TestAgreeStorageKey(t *testing.T) {
 			if i == odd {
 				k = other
 			}
-			st, err := storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: k})
+			st, err := stores.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: k})
 			require.NoError(t, err)
 			defer st.Close()
 			wg.Go(func() { errs[i] = agreeStorage(context.Background(), m, st, nil) })
@@ -68,7 +69,7 @@ func TestAgreeStorageOpenFailure(t *testing.T) {
 		if i == 2 {
 			own = openErr
 		} else {
-			st, err = storage.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: bytes.Repeat([]byte("a"), 32)})
+			st, err = stores.Open(context.Background(), "mem://"+t.Name(), storage.Options{Namespace: ns, MACKey: bytes.Repeat([]byte("a"), 32)})
 			require.NoError(t, err)
 			defer st.Close()
 		}

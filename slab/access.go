@@ -32,7 +32,7 @@ func (s *Set) Page(p Page) ([]byte, error) {
 }
 
 // DevicePtr returns the device address of page p: device memory of a CUDAIPC set, or the
-// device-visible address of a pinned host slab (Spec.PinHost with a registered HostPinner).
+// device-visible address of a pinned host slab (Spec.PinHost with Spec.Pinner).
 func (s *Set) DevicePtr(p Page) (uintptr, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

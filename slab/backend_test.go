@@ -61,10 +61,8 @@ func (d *fakeDevice) Open(device int, handle []byte, size int) (DeviceRegion, er
 
 func TestDeviceBackendSlabsGiveDevicePointers(t *testing.T) {
 	fake := &fakeDevice{failOn: -1}
-	RegisterDeviceBackend(fake)
-	defer RegisterDeviceBackend(nil)
 	errs := runMembers(3, func(g parallel.Group) error {
-		spec := Spec{Backend: CUDAIPC, PageSize: 1 << 20, Pages: 8, Device: g.Rank()}
+		spec := Spec{Backend: CUDAIPC, PageSize: 1 << 20, Pages: 8, Device: g.Rank(), DeviceBackend: fake}
 		s, err := OpenSet(context.Background(), g, spec)
 		if err != nil {
 			return err
@@ -113,10 +111,8 @@ func TestDeviceBackendSlabsGiveDevicePointers(t *testing.T) {
 
 func TestDeviceOpenFailureOnOneRankFailsEveryRank(t *testing.T) {
 	fake := &fakeDevice{failOn: 1}
-	RegisterDeviceBackend(fake)
-	defer RegisterDeviceBackend(nil)
 	allFailAlike(t, 3, func(r int) Spec {
-		return Spec{Backend: CUDAIPC, PageSize: 4096, Pages: 2, Device: r}
+		return Spec{Backend: CUDAIPC, PageSize: 4096, Pages: 2, Device: r, DeviceBackend: fake}
 	}, ErrSetup, "rank 1 (global 1) could not map", "fake: device 1 cannot open")
 	if fake.open != 0 {
 		t.Fatalf("%d device regions left open after the failed setup", fake.open)
@@ -160,12 +156,10 @@ func (r *pinnedRegion) Close() error {
 
 func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 	pin := &fakePinner{}
-	RegisterHostPinner(pin)
-	defer RegisterHostPinner(nil)
 	tag := uniqueTag(t)
 	errs := runMembers(2, func(g parallel.Group) error {
 		spec := hostSpec(tag)
-		spec.PinHost = true
+		spec.PinHost, spec.Pinner = true, pin
 		s, err := OpenSet(context.Background(), g, spec)
 		if err != nil {
 			return err
@@ -193,10 +187,10 @@ func TestPinHostRegistersEverySlabAndUnpinsOnClose(t *testing.T) {
 	}
 
 	// A pin failure on one rank fails every rank.
-	RegisterHostPinner(&fakePinner{failAt: 1})
+	failing := &fakePinner{failAt: 1}
 	errs = runMembers(2, func(g parallel.Group) error {
 		spec := hostSpec(tag)
-		spec.PinHost = true
+		spec.PinHost, spec.Pinner = true, failing
 		_, err := OpenSet(context.Background(), g, spec)
 		return err
 	})

@@ -1,9 +1,6 @@
 package slab
 
-import (
-	"fmt"
-	"sync"
-)
+import "fmt"
 
 // DeviceRegion is device memory seen by this process: a slab allocated here, or a peer's slab
 // opened from its IPC handle.
@@ -15,7 +12,8 @@ type DeviceRegion interface {
 }
 
 // DeviceBackend allocates device memory exportable with CUDA IPC and opens peers' exports.
-// The cuda package provides one; tests may register a fake.
+// slab/cudaslab provides one (over the CUDA driver); tests may use a fake. A Spec names it
+// (Spec.DeviceBackend).
 type DeviceBackend interface {
 	// Alloc allocates size bytes on device and returns it with its IPC handle.
 	Alloc(device, size int) (DeviceRegion, []byte, error)
@@ -23,54 +21,14 @@ type DeviceBackend interface {
 	Open(device int, handle []byte, size int) (DeviceRegion, error)
 }
 
-// HostPinner registers host memory with CUDA as pinned (page-locked) memory.
+// HostPinner registers host memory with CUDA as pinned (page-locked) memory. slab/cudaslab
+// provides one; a Spec names it (Spec.Pinner).
 type HostPinner interface {
 	// Pin registers mem; the region's Ptr is mem's device-visible address and its Close
 	// unregisters it.
 	Pin(mem []byte) (DeviceRegion, error)
 }
 
-var (
-	backendsMu sync.Mutex    // protects deviceBE and pinner
-	deviceBE   DeviceBackend // nil: CUDAIPC is unsupported in this process
-	pinner     HostPinner    // nil: Spec.PinHost is ignored
-)
-
-// RegisterDeviceBackend installs the CUDA IPC backend (nil removes it). Call it before
-// OpenSet, typically once a CUDA driver was found.
-func RegisterDeviceBackend(b DeviceBackend) {
-	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	deviceBE = b
-}
-
-// RegisterHostPinner installs the pinned-memory registrar used for Spec.PinHost (nil removes
-// it; PinHost is then ignored).
-func RegisterHostPinner(p HostPinner) {
-	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	pinner = p
-}
-
-// UnregisterBackends removes b and p where they are the registered backends (a backend's
-// Close calls it; another registration made since is left alone).
-func UnregisterBackends(b DeviceBackend, p HostPinner) {
-	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	if deviceBE == b {
-		deviceBE = nil
-	}
-	if pinner == p {
-		pinner = nil
-	}
-}
-
-func currentBackends() (DeviceBackend, HostPinner) {
-	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	return deviceBE, pinner
-}
-
 func errNoDeviceBackend() error {
-	return fmt.Errorf("%w: backend %q needs a CUDA driver and a registered device backend", ErrUnsupported, CUDAIPC)
+	return fmt.Errorf("%w: backend %q needs a CUDA driver: Spec.DeviceBackend is nil (slab/cudaslab provides one)", ErrUnsupported, CUDAIPC)
 }

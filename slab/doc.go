@@ -54,13 +54,14 @@
 // namespace. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
 // hicache checks against its consensus group.
 //
-// Backends: Host (shared memory; with Spec.PinHost and a registered HostPinner every slab is
-// also registered with CUDA, and DevicePtr gives its device-visible address) and CUDAIPC
-// (device memory exported with an IPC handle; one process per rank, on one node). slab itself
-// is pure Go and knows no CUDA: the CUDA implementation of both interfaces lives in
-// slab/cudaslab (cudaslab.Open(dev) loads the driver, an error on a machine without one:
-// skip GPU work; Register installs it; Close it after the sets that used it). Tests may
-// register fakes (RegisterDeviceBackend, RegisterHostPinner).
+// Backends: Host (shared memory; with Spec.PinHost every slab is also registered with CUDA
+// through Spec.Pinner, and DevicePtr gives its device-visible address) and CUDAIPC (device
+// memory exported with an IPC handle through Spec.DeviceBackend; one process per rank, on
+// one node). slab itself is pure Go and knows no CUDA, and has no process-wide state: the
+// CUDA implementation of both interfaces lives in slab/cudaslab (cudaslab.Open(dev) loads
+// the driver, an error on a machine without one: skip GPU work; its Spec method names it in
+// a Spec; Close it after the sets that used it). Tests pass fakes in the Spec. PinHost
+// without a Pinner and CUDAIPC without a DeviceBackend are errors, never ignored.
 //
 // Access and ownership: page access is bounds-checked by Page{Slab, Index}. WritePage and
 // ReadPage copy under the set's lock; Page hands out a slice of the mapping, exactly one page

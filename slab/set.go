@@ -78,7 +78,7 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 		return nil, fmt.Errorf("%w: nil group", ErrBadArgument)
 	}
 	rank, size := group.Rank(), group.Size()
-	be, pin := currentBackends()
+	be, pin := spec.DeviceBackend, spec.Pinner
 
 	own, handle, localErr := (*Slab)(nil), []byte(nil), spec.validate()
 	if localErr == nil {
@@ -120,7 +120,7 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 		}
 		s.slabs[r] = peer
 	}
-	if status == "" && spec.Backend == Host && spec.PinHost && pin != nil {
+	if status == "" && spec.Backend == Host && spec.PinHost {
 		for _, sl := range s.slabs {
 			if sl.pinned, err = pin.Pin(sl.host.mem); err != nil {
 				status = fmt.Sprintf("pin slab of rank %d: %v", sl.owner, err)

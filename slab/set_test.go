@@ -198,11 +198,23 @@ func TestInvalidSpecOnOneRankFailsEveryRank(t *testing.T) {
 	}, ErrSetup, "rank 1 (global 1) could not create its slab", `tag "bad/tag"`)
 }
 
+// A CUDAIPC spec without a DeviceBackend (no driver in this process) fails every rank,
+// naming the setting.
 func TestDeviceBackendWithoutDriverFailsEveryRankCleanly(t *testing.T) {
-	RegisterDeviceBackend(nil)
 	allFailAlike(t, 2, func(int) Spec {
 		return Spec{Backend: CUDAIPC, PageSize: 4096, Pages: 4, Tag: uniqueTag(t)}
-	}, ErrSetup, "rank 0", "rank 1", "needs a CUDA driver")
+	}, ErrSetup, "rank 0", "rank 1", "needs a CUDA driver", "Spec.DeviceBackend is nil")
+}
+
+// PinHost without a Pinner is an error on every rank, naming both settings: the slabs are
+// never silently left unpinned.
+func TestPinHostWithoutPinnerFailsEveryRank(t *testing.T) {
+	tag := uniqueTag(t)
+	allFailAlike(t, 2, func(int) Spec {
+		s := hostSpec(tag)
+		s.PinHost = true
+		return s
+	}, ErrSetup, "rank 0", "rank 1", "Spec.PinHost is set but Spec.Pinner is nil")
 }
 
 func TestRankCrashingDuringSetupLeavesNoSegment(t *testing.T) {

@@ -14,20 +14,27 @@ const (
 	// ranks on this host over a Unix socket, optionally registered with CUDA as pinned memory.
 	Host Backend = "host"
 	// CUDAIPC is device memory exported with a CUDA IPC handle and opened by peers on the same
-	// node. It needs a registered DeviceBackend (see RegisterDeviceBackend).
+	// node. It needs a DeviceBackend (Spec.DeviceBackend).
 	CUDAIPC Backend = "cuda-ipc"
 )
 
 // Spec describes the slab every rank creates. Backend, PageSize, Pages and Layout must be
-// equal on every rank of the group; Device, PinHost and Tag are local choices.
+// equal on every rank of the group; Device, PinHost, Tag, DeviceBackend and Pinner are
+// local choices. The device memory and pinning a set uses travel in its Spec (slab/cudaslab
+// fills them in: cudaslab.Backend.Spec), so that two sets of one process may use different
+// ones and a set never uses memory its caller did not name.
 type Spec struct {
 	Backend  Backend
 	PageSize int    // bytes per page, > 0
 	Pages    int    // pages per slab, > 0
 	Layout   string // the page layout (dtype, layers, heads, ...), compared verbatim
 	Device   int    // CUDAIPC: this rank's CUDA device ordinal
-	PinHost  bool   // Host: register with CUDA as pinned memory when a driver is present
+	PinHost  bool   // Host: register every slab with CUDA as pinned memory (needs Pinner)
 	Tag      string // Host: [A-Za-z0-9_-]{0,32}, part of segment names (to find leftovers)
+	// DeviceBackend allocates and opens the device slabs of a CUDAIPC set (required there).
+	DeviceBackend DeviceBackend
+	// Pinner registers the slabs of a Host set with PinHost (required with PinHost).
+	Pinner HostPinner
 }
 
 var tagRE = regexp.MustCompile(`^[A-Za-z0-9_-]{0,32}$`)
@@ -47,6 +54,9 @@ func (s Spec) validate() error {
 	}
 	if s.Pages > math.MaxInt32 || s.PageSize > math.MaxInt/s.Pages {
 		return fmt.Errorf("%w: %d pages of %d bytes overflow", ErrBadArgument, s.Pages, s.PageSize)
+	}
+	if s.PinHost && s.Pinner == nil {
+		return fmt.Errorf("%w: Spec.PinHost is set but Spec.Pinner is nil (pinned host slabs need a HostPinner, e.g. from slab/cudaslab)", ErrBadArgument)
 	}
 	if !tagRE.MatchString(s.Tag) {
 		return fmt.Errorf("%w: tag %q (want [A-Za-z0-9_-], at most 32 characters)", ErrBadArgument, s.Tag)

@@ -10,13 +10,13 @@ import (
 	"github.com/zeebo/blake3"
 )
 
-// authenticator computes and checks the MACs of stored values (format.go) with one storage
-// key. The MAC is keyed BLAKE3 (twice the speed of HMAC-SHA256 with SHA extensions, more
+// MAC computes and checks the MACs of stored values (format.go) with one storage key:
+// every backend encodes and verifies its values through one (NewMAC). The MAC is keyed BLAKE3 (twice the speed of HMAC-SHA256 with SHA extensions, more
 // on cores with AVX-512) under a 32-byte key derived from the storage key. It is safe for
 // concurrent use: each call takes a keyed state from a free list (a channel, not a
 // sync.Pool, which drops states at random under the race detector: MACs must not allocate
 // per page).
-type authenticator struct {
+type MAC struct {
 	macKey      [32]byte       // derived from the storage key (macKeyContext)
 	free        chan *macState // idle states keyed with macKey
 	fingerprint uint64         // of the key (KeyFingerprint); never the key itself
@@ -44,10 +44,10 @@ const (
 	macKeyContext = "cpcache storage value MAC v3"
 )
 
-// newAuthenticator returns the authenticator of key; an empty key is the insecure one
-// (a MAC anyone can compute, i.e. a checksum).
-func newAuthenticator(key []byte) *authenticator {
-	a := &authenticator{free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
+// NewMAC returns the MAC of key; an empty key is the insecure one (a MAC anyone can
+// compute, i.e. a checksum: values carry none, see Options.Insecure).
+func NewMAC(key []byte) *MAC {
+	a := &MAC{free: make(chan *macState, maxIdleMACStates), insecure: len(key) == 0}
 	blake3.DeriveKey(macKeyContext, key, a.macKey[:])
 	// The fingerprint stays HMAC-SHA256 so that it does not change with the MAC.
 	var fp [sha256.Size]byte
@@ -58,13 +58,13 @@ func newAuthenticator(key []byte) *authenticator {
 	return a
 }
 
-// newRandomAuthenticator returns an authenticator with a fresh random key (mem tables).
-func newRandomAuthenticator() *authenticator {
-	return newAuthenticator([]byte(rand.Text()))
+// NewRandomMAC returns a MAC with a fresh random key (a store private to one process).
+func NewRandomMAC() *MAC {
+	return NewMAC([]byte(rand.Text()))
 }
 
 // state takes a keyed state, reset, from the free list; release gives it back.
-func (m *authenticator) state() *macState {
+func (m *MAC) state() *macState {
 	select {
 	case st := <-m.free:
 		st.h.Reset()
@@ -78,7 +78,7 @@ func (m *authenticator) state() *macState {
 	}
 }
 
-func (m *authenticator) release(st *macState) {
+func (m *MAC) release(st *macState) {
 	select {
 	case m.free <- st:
 	default:
@@ -86,7 +86,7 @@ func (m *authenticator) release(st *macState) {
 }
 
 // sum writes the first len(out) bytes of BLAKE3(macKey; domain ‖ a ‖ b) to out.
-func (m *authenticator) sum(out []byte, domain, a, b []byte) {
+func (m *MAC) sum(out []byte, domain, a, b []byte) {
 	st := m.state()
 	st.h.Write(domain)
 	st.h.Write(a)
@@ -97,7 +97,7 @@ func (m *authenticator) sum(out []byte, domain, a, b []byte) {
 
 // sumCopy is sum that also copies b into dst (when not nil, len(b) bytes) in the same
 // pass: each block of b is copied right after it is hashed, from cache.
-func (m *authenticator) sumCopy(out []byte, domain, a, b, dst []byte) {
+func (m *MAC) sumCopy(out []byte, domain, a, b, dst []byte) {
 	if dst == nil {
 		m.sum(out, domain, a, b)
 		return
@@ -120,14 +120,16 @@ func (m *authenticator) sumCopy(out []byte, domain, a, b, dst []byte) {
 const copyBlock = 32 << 10
 
 // verify reports whether tag is the MAC of domain ‖ a ‖ b (constant time).
-func (m *authenticator) verify(tag []byte, domain, a, b []byte) bool {
+func (m *MAC) verify(tag []byte, domain, a, b []byte) bool {
 	var want [macSize]byte
 	m.sum(want[:], domain, a, b)
 	return hmac.Equal(tag, want[:len(tag)])
 }
 
-// fingerprintString is the printable key fingerprint ("insecure" for the empty key).
-func (m *authenticator) fingerprintString() string {
+// Fingerprint is the printable key fingerprint (16 hex digits, "insecure" for the empty
+// key). It reveals nothing of the key: users of one store compare fingerprints to find a
+// mismatched key.
+func (m *MAC) Fingerprint() string {
 	if m.insecure {
 		return "insecure"
 	}
@@ -137,11 +139,12 @@ func (m *authenticator) fingerprintString() string {
 }
 
 // KeyFingerprint returns a fingerprint of the MAC key s was opened with (16 hex digits,
-// "insecure" for Options.Insecure; "" for a Storage not made by Open). It reveals nothing
-// of the key: users of one store compare fingerprints to find a mismatched key.
+// "insecure" for Options.Insecure; "" for a Storage that has no MAC key of its own, such
+// as a wrapper). It reveals nothing of the key: users of one store compare fingerprints to
+// find a mismatched key. A backend tells its fingerprint by a method KeyFingerprint() string.
 func KeyFingerprint(s Storage) string {
-	if b, ok := s.(backend); ok && b.common().opts.auth != nil {
-		return b.common().opts.auth.fingerprintString()
+	if f, ok := s.(interface{ KeyFingerprint() string }); ok {
+		return f.KeyFingerprint()
 	}
 	return ""
 }

@@ -16,26 +16,13 @@
 //
 // # Backends
 //
-//	file:///dir[?fsync=true]          one file per page under dir/<ns>/<xx>/<hash>, written to
-//	                                  a temporary file in the same directory and renamed (and
-//	                                  fsynced, file and directory, with fsync=true)
-//	redis://[[user]:pass@]host:port/prefix
-//	rediss://...                      a Redis server through go-redis (rediss: TLS); keys
-//	                                  "<prefix>:<ns>:<hash>", pipelined UNLINK / EXISTS /
-//	                                  SET / GET; ?db=, ?ttl=, ?pool_size=,
-//	                                  ?timeout=, ?dial_timeout=, ?read_timeout=,
-//	                                  ?write_timeout=, ?tls_ca=, ?tls_cert=, ?tls_key=,
-//	                                  ?skip_verify= and go-redis's other URL options
-//	                                  (Sentinel is refused); needs a MAC key (see
-//	                                  Authentication)
-//	redis+cluster://[[user]:pass@]host:port,host:port.../prefix
-//	rediss+cluster://...              a Redis Cluster through go-redis's cluster client,
-//	                                  reached through the seed nodes named (any nodes of
-//	                                  it); the same keys, spread over every master by
-//	                                  their own slots (no hash tag), a batch pipelined
-//	                                  per node, Clear scanning every master; the same
-//	                                  options but db (redis_cluster.go)
-//	mem://name                        process memory, for tests
+// This package is the interface only: it depends on the standard library, the project and
+// the MAC's hash, so that the cache (package hicache), which imports it, links no storage
+// client. The backends — a directory (file://), Redis and Redis Cluster (redis://,
+// rediss://, redis+cluster://), process memory (mem://) — are package storage/stores,
+// which opens them by URL (stores.Open), resolves MAC key files and injects faults
+// (stores.WithFaults). A backend encodes and verifies its values with a MAC (NewMAC) and
+// reports its key's fingerprint by a KeyFingerprint method.
 //
 // Every value is stored as an 80-byte header (magic, version, key, length, CRC-32C of the
 // payload, a MAC of the payload, a MAC of the header, CRC-32C of the header) followed by the
@@ -54,32 +41,14 @@
 // secret MAC key, over the value's key, length and payload: without the key nobody can write a value that loads,
 // and a genuine value copied under another key does not load either. Values are not
 // encrypted. The key is Options.MACKey, else the file Options.MACKeyFile, else the file
-// named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile refuses files that group or others can
+// named by $CPCACHE_STORAGE_KEY_FILE (stores.ReadKeyFile refuses files that group or others can
 // read or write); without any, a file store creates and uses <dir>/.cpcache-storage-key
-// (LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
+// (stores.LoadOrCreateKeyFile), a mem store a random key per table, and a Redis store refuses to
 // open (ErrNoKey) unless Options.Insecure accepts unauthenticated values (an insecure store
 // computes no MACs, writes values marked unauthenticated and reads only those; a keyed
 // store rejects them as forged). Every user of a
 // store must use the same key; KeyFingerprint lets them compare keys without showing them.
 // No error shows a key or a URL's password.
-//
-// # A directory others can write
-//
-// Whoever can write a file store's directory can delete its pages, and nothing more: they
-// cannot forge a page (the MAC), and they cannot make the store act outside its directory.
-// Every path under it is opened relative to the directory's handle without following
-// symbolic links (openat2 with RESOLVE_NO_SYMLINKS, or O_NOFOLLOW component by component
-// where the kernel lacks it). A link where the store keeps a namespace, fan-out, trash or
-// page entry is never followed and never deleted through: it is counted (Stats.Links, each
-// time one is met), reported to Options.OnWarning (ErrLink with its path, the first few)
-// and skipped: reads miss (a page that is a link is also corrupt, and purged: the link is
-// removed, not its target), puts through it are not made, deletes and purges remove
-// nothing through it, and Clear removes the link itself with the namespace. The store's own
-// key file must not be a link. A directory that group or others can write is reported at
-// open (ErrWritableStore), sticky or not (sticky stops others removing the store's entries,
-// not planting names it has yet to make). The directory itself, as named in the URL, may be
-// a link: that is the operator's choice. Temporary files of a writer that died (older than
-// TempMaxAge) are removed by the first Put of each Open into their directory.
 //
 // # Errors and deadlines
 //
@@ -102,7 +71,7 @@
 // abandoned operation reads and writes only private copies of the pages, so the caller's
 // buffers are never touched after its call returned (one page copy per read or write). With
 // Options.MaxStuck operations stuck, calls fail at once (ErrStuck) until the kernel lets
-// them go. Faults.Freeze simulates such a file system.
+// them go. stores.Faults.Freeze simulates such a file system.
 //
 // # Ownership and usage
 //
@@ -115,7 +84,7 @@
 // typical loop:
 //
 //	ns, _ := storage.NewNamespace("model=llama3-8b;dtype=bf16;page_tokens=64;page_bytes=65536")
-//	st, err := storage.Open(ctx, "file:///var/cache/cpcache", storage.Options{Namespace: ns})
+//	st, err := stores.Open(ctx, "file:///var/cache/cpcache", storage.Options{Namespace: ns})
 //	if err != nil { ... }
 //	defer st.Close()
 //	keys := make([]storage.Key, len(chainedHashes))

@@ -37,6 +37,10 @@ var (
 	// ErrWritableStore: the directory store's root can be written by group or others, who
 	// can then delete its pages. Reported to Options.OnWarning at open, with the mode.
 	ErrWritableStore = errors.New("storage: store directory writable by others")
+	// ErrStuck is wrapped (with ErrUnavailable) by the error of a call refused because
+	// Options.MaxStuck file system operations abandoned at earlier deadlines have still not
+	// returned: the store is as good as down until they do.
+	ErrStuck = errors.New("storage: file system calls stuck")
 )
 
 // OpError reports a failed operation: which backend, which operation, and why. It wraps
@@ -92,8 +96,4 @@ func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 func forged(format string, args ...any) error {
 	return &kindError{kind: ErrForged, err: fmt.Errorf(format, args...)}
-}
-
-func badArg(backend, where, op, format string, args ...any) error {
-	return &OpError{Backend: backend, Where: where, Op: op, Kind: ErrBadArgument, Err: fmt.Errorf(format, args...)}
 }

@@ -49,15 +49,21 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+// Checksum is the CRC-32C of b, the checksum of the value format's payload and header.
+func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// encodeHeader fills hdr for payload stored under key, authenticated with m.
-func (m *authenticator) encodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
-	m.encodeHeaderSum(hdr, key, payload, checksum(payload))
+// UpdateChecksum returns the checksum of the bytes crc covered followed by b, so that a
+// payload can be checksummed block by block (UpdateChecksum(0, b) == Checksum(b)).
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
+// EncodeHeader fills hdr for payload stored under key, authenticated with m.
+func (m *MAC) EncodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
+	m.EncodeHeaderSum(hdr, key, payload, Checksum(payload))
 }
 
-// encodeHeaderSum is encodeHeader for a payload whose checksum crc was computed already.
-func (m *authenticator) encodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, crc uint32) {
+// EncodeHeaderSum is EncodeHeader for a payload whose checksum crc (Checksum) was computed
+// already.
+func (m *MAC) EncodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, crc uint32) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
 	copy(hdr[8:32], key[:])
@@ -71,13 +77,13 @@ func (m *authenticator) encodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload 
 		m.sum(hdr[offPayloadMAC:offHeaderMAC], domainPayload, hdr[:offPayloadMAC], payload)
 		m.sum(hdr[offHeaderMAC:offHeaderCRC], domainHeader, hdr[:offHeaderMAC], nil)
 	}
-	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], checksum(hdr[:offHeaderCRC]))
+	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], Checksum(hdr[:offHeaderCRC]))
 }
 
-// checkHeader verifies hdr against the expected key and payload length. The returned error
-// says what is wrong (it is wrapped into an ErrCorrupt OpError by the caller); it wraps
+// CheckHeader verifies hdr against the expected key and payload length. The returned error
+// says what is wrong (the caller wraps it into an ErrCorrupt OpError); it wraps
 // ErrForged when the header's checksum holds but its MAC or key does not.
-func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
+func (m *MAC) CheckHeader(hdr []byte, key Key, wantLen int) error {
 	if len(hdr) < HeaderSize {
 		return fmt.Errorf("value of %d bytes is shorter than the %d-byte header", len(hdr), HeaderSize)
 	}
@@ -87,7 +93,7 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 	if v := binary.LittleEndian.Uint16(hdr[4:6]); v != formatVersion {
 		return fmt.Errorf("format version %d, want %d (%s)", v, formatVersion, oldFormat(v))
 	}
-	if got, want := binary.LittleEndian.Uint32(hdr[offHeaderCRC:]), checksum(hdr[:offHeaderCRC]); got != want {
+	if got, want := binary.LittleEndian.Uint32(hdr[offHeaderCRC:]), Checksum(hdr[:offHeaderCRC]); got != want {
 		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
 	}
 	switch f := binary.LittleEndian.Uint16(hdr[6:8]); {
@@ -110,32 +116,32 @@ func (m *authenticator) checkHeader(hdr []byte, key Key, wantLen int) error {
 	return nil
 }
 
-// checkPayload verifies payload against the checksum and MAC in a header that passed
-// checkHeader.
-func (m *authenticator) checkPayload(hdr []byte, payload []byte) error {
-	return m.checkPayloadCopy(hdr, payload, nil)
+// CheckPayload verifies payload against the checksum and MAC in a header that passed
+// CheckHeader.
+func (m *MAC) CheckPayload(hdr []byte, payload []byte) error {
+	return m.CheckPayloadCopy(hdr, payload, nil)
 }
 
-// checkPayloadCopy is checkPayload that also copies payload into dst (when not nil, of the
+// CheckPayloadCopy is CheckPayload that also copies payload into dst (when not nil, of the
 // same length) in the same pass, block by block as each is hashed, while it is in cache. A
 // keyed store verifies the MAC alone: the MAC covers the header's checksum field, so a
 // payload whose MAC verifies has the checksum its writer computed, and the checksum (a
 // second pass over the payload) is computed only to tell damage from forgery when the MAC
 // fails. An insecure store has only the checksum. dst's contents are unspecified when the
 // payload is rejected.
-func (m *authenticator) checkPayloadCopy(hdr, payload, dst []byte) error {
+func (m *MAC) CheckPayloadCopy(hdr, payload, dst []byte) error {
 	if m.insecure {
 		if dst != nil {
 			copy(dst, payload)
 		}
-		return comparePayload(hdr, checksum(payload), make([]byte, macSize))
+		return comparePayload(hdr, Checksum(payload), make([]byte, macSize))
 	}
 	var mac [macSize]byte
 	m.sumCopy(mac[:], domainPayload, hdr[:offPayloadMAC], payload, dst)
 	if hmac.Equal(hdr[offPayloadMAC:offHeaderMAC], mac[:]) {
 		return nil
 	}
-	return comparePayload(hdr, checksum(payload), mac[:])
+	return comparePayload(hdr, Checksum(payload), mac[:])
 }
 
 // comparePayload checks a payload's checksum and MAC, as computed, against hdr's.
@@ -160,9 +166,5 @@ func oldFormat(v uint16) string {
 	return "unknown version"
 }
 
-// storedLen returns the total stored size of a payload of n bytes.
-func storedLen(n int) int { return HeaderSize + n }
-
-func errLength(got, want int) error {
-	return fmt.Errorf("stored value has %d bytes, want %d (header + page)", got, want)
-}
+// StoredLen returns the total stored size of a payload of n bytes.
+func StoredLen(n int) int { return HeaderSize + n }

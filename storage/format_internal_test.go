@@ -14,17 +14,17 @@ import (
 // with a reason that names it.
 func TestHeaderModes(t *testing.T) {
 	key, payload := NewKey(Namespace{}, 7), bytes.Repeat([]byte("kv"), 512)
-	keyed, other, insecure := newAuthenticator(bytes.Repeat([]byte("k"), 32)), newAuthenticator(bytes.Repeat([]byte("o"), 32)), newAuthenticator(nil)
-	encode := func(m *authenticator) []byte {
+	keyed, other, insecure := NewMAC(bytes.Repeat([]byte("k"), 32)), NewMAC(bytes.Repeat([]byte("o"), 32)), NewMAC(nil)
+	encode := func(m *MAC) []byte {
 		var hdr [HeaderSize]byte
-		m.encodeHeader(&hdr, key, payload)
+		m.EncodeHeader(&hdr, key, payload)
 		return hdr[:]
 	}
-	check := func(m *authenticator, hdr []byte) error {
-		if err := m.checkHeader(hdr, key, len(payload)); err != nil {
+	check := func(m *MAC, hdr []byte) error {
+		if err := m.CheckHeader(hdr, key, len(payload)); err != nil {
 			return err
 		}
-		return m.checkPayload(hdr, payload)
+		return m.CheckPayload(hdr, payload)
 	}
 
 	hk, hi := encode(keyed), encode(insecure)
@@ -39,7 +39,7 @@ func TestHeaderModes(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		m    *authenticator
+		m    *MAC
 		hdr  []byte
 		want string
 	}{
@@ -54,7 +54,7 @@ func TestHeaderModes(t *testing.T) {
 
 	v2 := bytes.Clone(hk)
 	binary.LittleEndian.PutUint16(v2[4:6], 2)
-	binary.LittleEndian.PutUint32(v2[offHeaderCRC:], checksum(v2[:offHeaderCRC]))
+	binary.LittleEndian.PutUint32(v2[offHeaderCRC:], Checksum(v2[:offHeaderCRC]))
 	if err := check(keyed, v2); err == nil || errors.Is(err, ErrForged) || !strings.Contains(err.Error(), "version 2 values carry HMAC-SHA256") {
 		t.Errorf("format 2 value: %v", err)
 	}

@@ -132,18 +132,4 @@ func (k Key) appendString(dst []byte) []byte {
 	return hex.AppendEncode(dst, k[NamespaceSize:])
 }
 
-// checkKeys validates keys against the namespace id of a storage.
-func checkKeys(backend, where, op string, ns [NamespaceSize]byte, keys []Key) error {
-	for i := range keys {
-		if keys[i].IsZero() {
-			return badArg(backend, where, op, "key %d is the zero key", i)
-		}
-		if [NamespaceSize]byte(keys[i][:NamespaceSize]) != ns {
-			return badArg(backend, where, op, "key %d (%s) belongs to namespace %x, storage is opened for namespace %x",
-				i, keys[i], keys[i][:NamespaceSize], ns[:])
-		}
-	}
-	return nil
-}
-
 var _ fmt.Stringer = Key{}

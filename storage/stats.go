@@ -1,7 +1,5 @@
 package storage
 
-import "sync/atomic"
-
 // Stats are cumulative counters of one Storage.
 type Stats struct {
 	Hits         uint64 // Get: verified values read
@@ -20,36 +18,4 @@ type Stats struct {
 	// the kernel now (a gauge). See ErrStuck and Options.MaxStuck.
 	Abandoned uint64
 	Stuck     uint64
-}
-
-// counters is the live, atomically updated form of Stats.
-type counters struct {
-	hits, misses, corrupt, forged, purged, puts, deletes, bytesRead, bytesWritten, errors, links atomic.Uint64
-}
-
-func (c *counters) snapshot() Stats {
-	// Forged before Corrupt: a forged value adds to Corrupt first, so Forged <= Corrupt
-	// holds in every snapshot.
-	forged := c.forged.Load()
-	return Stats{
-		Hits:         c.hits.Load(),
-		Misses:       c.misses.Load(),
-		Corrupt:      c.corrupt.Load(),
-		Forged:       forged,
-		Purged:       c.purged.Load(),
-		Puts:         c.puts.Load(),
-		Deletes:      c.deletes.Load(),
-		BytesRead:    c.bytesRead.Load(),
-		BytesWritten: c.bytesWritten.Load(),
-		Errors:       c.errors.Load(),
-		Links:        c.links.Load(),
-	}
-}
-
-// fail counts err (if non-nil) and returns it.
-func (c *counters) fail(err error) error {
-	if err != nil {
-		c.errors.Add(1)
-	}
-	return err
 }

@@ -96,62 +96,21 @@ type Options struct {
 	// MACKey authenticates every stored value (keyed BLAKE3 over the value's key, length
 	// and payload; see format.go): a value written without it is never loaded. At least 16
 	// bytes; every user of one store needs the same key. If empty, Open reads the key from
-	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (ReadKeyFile), else
+	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (stores.ReadKeyFile), else
 	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use
-	// (LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
+	// (stores.LoadOrCreateKeyFile); a mem store uses a random key of its table; a Redis store
 	// refuses to open (ErrNoKey) unless Insecure is set.
 	MACKey []byte
-	// MACKeyFile names a file holding the MAC key (ReadKeyFile), used when MACKey is empty.
+	// MACKeyFile names a file holding the MAC key (stores.ReadKeyFile), used when MACKey is empty.
 	MACKeyFile string
 	// Insecure lets a Redis store open without a MAC key: its values are then checksummed,
 	// not authenticated (no MAC is computed; a keyed store does not load them), and whoever
 	// can write to the server can inject pages.
 	Insecure bool
-
-	auth *authenticator // the resolved MAC key (Open)
 }
 
 // DefaultTimeout bounds a call when Options.Timeout is not set.
 const DefaultTimeout = 10 * time.Second
 
-func (o Options) withDefaults() Options {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.Workers <= 0 {
-		o.Workers = 4
-	}
-	if o.PoolSize <= 0 {
-		o.PoolSize = 4
-	}
-	if o.MaxStuck <= 0 {
-		o.MaxStuck = DefaultMaxStuck
-	}
-	return o
-}
-
-// checkBatch validates the shapes shared by Exists, Get and Put.
-func checkBatch(backend, where, op string, ns [NamespaceSize]byte, keys []Key, bufs [][]byte, flags []bool) error {
-	if bufs != nil && len(bufs) != len(keys) {
-		return badArg(backend, where, op, "%d buffers for %d keys", len(bufs), len(keys))
-	}
-	if flags != nil && len(flags) != len(keys) {
-		return badArg(backend, where, op, "%d result flags for %d keys", len(flags), len(keys))
-	}
-	for i, b := range bufs {
-		if len(b) > MaxValueSize {
-			return badArg(backend, where, op, "buffer %d has %d bytes, more than the limit %d", i, len(b), MaxValueSize)
-		}
-	}
-	return checkKeys(backend, where, op, ns, keys)
-}
-
-// leading counts the leading true entries of flags.
-func leading(flags []bool) int {
-	for i, f := range flags {
-		if !f {
-			return i
-		}
-	}
-	return len(flags)
-}
+// DefaultMaxStuck is Options.MaxStuck when it is not set.
+const DefaultMaxStuck = 64

@@ -18,7 +18,7 @@ import (
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/internal/testenv/redistest"
-	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // The end-to-end tests run a cpcache binary built once without the race detector: up to 16
@@ -297,7 +297,7 @@ func requireSecondRunHitsStorage(t *testing.T, url string, extra ...string) {
 func TestRunTwiceSharesFileStorage(t *testing.T) {
 	dir := t.TempDir()
 	requireSecondRunHitsStorage(t, "file://"+dir)
-	fi, err := os.Stat(filepath.Join(dir, storage.DirKeyFile))
+	fi, err := os.Stat(filepath.Join(dir, stores.DirKeyFile))
 	require.NoError(t, err, "the first run creates the store's MAC key beside it")
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	// Another page size in bytes is another namespace: it never reads those pages.
@@ -313,7 +313,7 @@ func TestRunTwiceSharesFileStorage(t *testing.T) {
 func TestRunTwiceSharesRedisStorage(t *testing.T) {
 	srv := redistest.Start(t) // skips, saying why, without redis-server
 	keyFile := filepath.Join(t.TempDir(), "key")
-	_, err := storage.LoadOrCreateKeyFile(keyFile)
+	_, err := stores.LoadOrCreateKeyFile(keyFile)
 	require.NoError(t, err)
 	requireSecondRunHitsStorage(t, srv.URL("cpcache-run-test"), "--prefetch-policy", "wait-complete", "--storage-key-file", keyFile)
 }

@@ -16,7 +16,7 @@
 // rendezvous store (gloo.NewWorld), makes the layout's groups (gloo.NewLayoutGroups), the
 // consensus group (shm.Consensus: shared memory on one host, else Gloo), the slab set of this
 // rank's CP group (slab.OpenSet: host shared memory, or CUDA IPC through slab/cudaslab), the
-// copy engine over the L1 pool, the optional storage (storage.Open) and the hicache.Cache.
+// copy engine over the L1 pool, the optional storage (stores.Open) and the hicache.Cache.
 // cpcache_close closes them in reverse order. One cache per process (lib.cur).
 //
 // L1 pools: CPCACHE_L1_ALLOC is an anonymous mapping the library makes (not Go heap, so its

@@ -13,8 +13,8 @@ import (
 // allocations exported with cuIpcGetMemHandle and opened by peers with cuIpcOpenMemHandle;
 // pinned host slabs are registered with cuMemHostRegister (portable, device-mapped).
 //
-// Open it with Open, call Register to make OpenSet use it, and Close it after every Set
-// that used it. A process cannot open its own IPC handles, so a CUDAIPC set needs one
+// Open it with Open, name it in the slab.Spec of the sets that use it (Spec), and Close it
+// after every Set that used it. A process cannot open its own IPC handles, so a CUDAIPC set needs one
 // process per rank.
 type Backend struct {
 	drv       *cuda.Driver
@@ -36,10 +36,13 @@ func Open(pinDevice int) (*Backend, error) {
 	return &Backend{drv: drv, pinDevice: pinDevice, devs: map[int]*cuda.Device{}}, nil
 }
 
-// Register installs c as this process's device backend and host pinner.
-func (c *Backend) Register() {
-	slab.RegisterDeviceBackend(c)
-	slab.RegisterHostPinner(c)
+// Spec returns s with c as its device backend and host pinner (Spec.DeviceBackend,
+// Spec.Pinner), for slab.OpenSet. A nil c returns s as it is.
+func (c *Backend) Spec(s slab.Spec) slab.Spec {
+	if c != nil {
+		s.DeviceBackend, s.Pinner = c, c
+	}
+	return s
 }
 
 // Device returns device ordinal, retained by c until Close (for copies into slabs).
@@ -118,8 +121,7 @@ func (c *Backend) Pin(mem []byte) (slab.DeviceRegion, error) {
 	return cudaRegistration{r}, nil
 }
 
-// Close unregisters c (when it is the registered backend), releases its devices and the
-// driver. Close every Set that used it first. Nil-safe and idempotent.
+// Close releases c's devices and the driver. Close every Set that used it first. Nil-safe and idempotent.
 func (c *Backend) Close() error {
 	if c == nil {
 		return nil
@@ -130,7 +132,6 @@ func (c *Backend) Close() error {
 		return nil
 	}
 	c.closed = true
-	slab.UnregisterBackends(c, c) // a no-op unless c is the registered backend
 	var errs []error
 	for _, d := range c.devs {
 		errs = append(errs, d.Close())

@@ -49,11 +49,10 @@ func requireCUDA(t *testing.T) *Backend {
 
 func TestCUDAPinnedHostSlabsAreDeviceVisible(t *testing.T) {
 	c := requireCUDA(t)
-	c.Register()
 	dev, _ := c.Device(0)
 	tag := uniqueTag(t)
 	errs := runMembers(2, func(g parallel.Group) error {
-		spec := hostSpec(tag)
+		spec := c.Spec(hostSpec(tag))
 		spec.PinHost = true
 		s, err := slab.OpenSet(context.Background(), g, spec)
 		if err != nil {
@@ -97,12 +96,11 @@ func roleCUDAIPC(ctx context.Context, g *gloo.Group) error {
 		return err
 	}
 	defer c.Close()
-	c.Register()
 	dev, err := c.Device(0)
 	if err != nil {
 		return err
 	}
-	spec := slab.Spec{Backend: slab.CUDAIPC, PageSize: 1 << 16, Pages: 8, Layout: "test", Device: 0}
+	spec := c.Spec(slab.Spec{Backend: slab.CUDAIPC, PageSize: 1 << 16, Pages: 8, Layout: "test", Device: 0})
 	s, err := slab.OpenSet(ctx, g, spec)
 	if err != nil {
 		return err

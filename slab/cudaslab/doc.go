@@ -12,5 +12,5 @@
 //	be, err := cudaslab.Open(0) // an error on a machine without a driver: no GPU slabs
 //	if err != nil { ... }
 //	defer be.Close()
-//	be.Register() // slab.OpenSet now accepts Backend: slab.CUDAIPC and Spec.PinHost
+//	spec = be.Spec(spec) // a slab.Spec with Backend: slab.CUDAIPC or PinHost needs it
 package cudaslab

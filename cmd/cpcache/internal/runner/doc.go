@@ -129,7 +129,7 @@
 // the end the ranks gather their results over the world group and rank 0 builds the
 // Report: per-replica counts (requests, tokens, steps) once per replica, page and check
 // counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting its own
-// ranks) every rank writes a status file and a metrics file (its hicache.Collector and
+// ranks) every rank writes a status file and a metrics file (its metrics.Collector and
 // runner counters, protobuf) there and rank 0 the report, and the starting process draws
 // the progress, serves the ranks' metrics with its own Go and process collectors (a
 // Watcher) and prints the report; otherwise (under mpirun or torchrun) rank 0 does that

@@ -16,6 +16,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // FaultHelp documents the --fault grammar (cpcache run --help and the README).
@@ -237,7 +238,7 @@ func (c *Config) cacheFaults(rank int) *hicache.Faults {
 func (c *Config) faultyStorage(rank int, st storage.Storage) storage.Storage {
 	for _, kind := range []string{"storage-hang", "storage-error", "storage-freeze"} {
 		for _, f := range c.mine(kind, rank) {
-			st = storage.WithFaults(st, storage.Faults{After: f.After, For: f.For, Hang: kind == "storage-hang", Freeze: kind == "storage-freeze", Ops: f.Ops})
+			st = stores.WithFaults(st, stores.Faults{After: f.After, For: f.For, Hang: kind == "storage-hang", Freeze: kind == "storage-freeze", Ops: f.Ops})
 		}
 	}
 	return st

@@ -22,10 +22,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/metrics"
 	"github.com/cpcache/cpcache/storage"
 )
 
-// Metrics: every rank builds a registry of its cache's hicache.Collector and the runner's
+// Metrics: every rank builds a registry of its cache's metrics.Collector and the runner's
 // own counters (rankRegistry). The process that serves /metrics adds its Go and process
 // collectors: rank 0 when the ranks run under a launcher, or the `cpcache run` parent of
 // local ranks, which reads the ranks' registries from the files they write into the status
@@ -34,9 +35,9 @@ import (
 const metricsFilePrefix = "metrics-"
 
 // rankRegistry is what one rank exports.
-func rankRegistry(l *live, cache *hicache.Cache, st storage.Storage, labels hicache.MetricLabels) *prometheus.Registry {
+func rankRegistry(l *live, cache *hicache.Cache, st storage.Storage, labels metrics.Labels) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(hicache.NewCollector(cache, labels, st))
+	reg.MustRegister(metrics.NewCollector(cache, labels, st))
 	reg.MustRegister(liveCollectors(l, labels.Labels())...)
 	return reg
 }

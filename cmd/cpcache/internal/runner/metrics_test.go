@@ -18,9 +18,11 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/hicache/metrics"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 const dashboardPath = "../../../../deploy/grafana/cpcache.json"
@@ -33,7 +35,7 @@ func rankRegistryOfTestCache(t *testing.T) *prometheus.Registry {
 	require.NoError(t, err)
 	ns, err := storage.NewNamespace("runner-metrics")
 	require.NoError(t, err)
-	st, err := storage.Open(t.Context(), "mem://runner-metrics", storage.Options{Namespace: ns})
+	st, err := stores.Open(t.Context(), "mem://runner-metrics", storage.Options{Namespace: ns})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	groups := local.New(layout.ReplicaGroup(0), local.Options{Kind: "replica"})
@@ -54,7 +56,7 @@ func rankRegistryOfTestCache(t *testing.T) *prometheus.Registry {
 		require.NoError(t, errs[rank])
 		t.Cleanup(func() { c.Close() })
 	}
-	return rankRegistry(&live{}, caches[0], st, hicache.LabelsOf(layout, 0))
+	return rankRegistry(&live{}, caches[0], st, metrics.RankLabels(layout, 0))
 }
 
 // TestRankMetricsLint: what a rank exports passes the Prometheus linter.

@@ -10,6 +10,7 @@ import (
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // jobConfig is the job.Config of the run's rank rank: the plan's layout, capacities and
@@ -66,7 +67,7 @@ func (p *Plan) openRank(ctx context.Context, env parallel.Env, mem *memory) (*jo
 		// job's input, not a failure of this run, and it fails before the run starts.
 		return nil, fmt.Errorf("%w: --store: %w", ErrBadInput, err)
 	case errors.Is(err, job.ErrMismatch):
-		return nil, bad("--storage: %w (--storage-key-file or %s)", err, storage.EnvKeyFile)
+		return nil, bad("--storage: %w (--storage-key-file or %s)", err, stores.EnvKeyFile)
 	case errors.Is(err, job.ErrBadValue) && !errors.Is(err, ErrBadInput):
 		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
 	case err != nil:

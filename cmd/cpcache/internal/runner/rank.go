@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/metrics"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/job"
@@ -119,7 +119,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.corrupt = mem.corrupter(rk.Set, cache.CPRank())
 	}
-	reg := rankRegistry(lv, cache, st, hicache.LabelsOf(p.Layout, rank))
+	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
 	if err != nil {
 		return nil, err

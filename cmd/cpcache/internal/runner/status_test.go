@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/metrics"
 )
 
 // TestWatcherSumsStatusFilesAndServesMetrics: the progress sums the ranks' status files;
@@ -36,7 +36,7 @@ func TestWatcherSumsStatusFilesAndServesMetrics(t *testing.T) {
 		l.done.Store(s.Done)
 		l.inputTokens.Store(s.InputTokens)
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(liveCollectors(&l, hicache.MetricLabels{Rank: s.Rank, Replica: s.Rank / 2, SlabGroup: s.Rank % 2}.Labels())...)
+		reg.MustRegister(liveCollectors(&l, metrics.Labels{Rank: s.Rank, Replica: s.Rank / 2, SlabGroup: s.Rank % 2}.Labels())...)
 		require.NoError(t, writeMetricsFile(dir, s.Rank, reg))
 	}
 	w, err := NewWatcher(dir, 9, "127.0.0.1:0")

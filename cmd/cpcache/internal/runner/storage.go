@@ -11,6 +11,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // storageModel names the KV content of a run in its storage namespace: kvtest's page
@@ -60,7 +61,7 @@ func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (stora
 	defer cancel()
 	opts := p.storageOptions(onWarning)
 	opts.Namespace = ns
-	st, err := storage.Open(ctx, p.Config.Storage, opts)
+	st, err := stores.Open(ctx, p.Config.Storage, opts)
 	return st, ns, storageHint(err)
 }
 
@@ -83,7 +84,7 @@ func storageHint(err error) error {
 	if errors.Is(err, storage.ErrNoKey) {
 		return fmt.Errorf("%w: a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
 			"give every rank the same key file (mode 0600, e.g. from `openssl rand -hex 32`) with --storage-key-file FILE or %s, "+
-			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, storage.EnvKeyFile)
+			"or accept unauthenticated pages with --storage-insecure", storage.ErrNoKey, stores.EnvKeyFile)
 	}
 	return err
 }

@@ -1,0 +1,894 @@
+package stores
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cpcache/cpcache/storage"
+)
+
+// dirStore is the directory backend. Layout under the root:
+//
+//	<root>/<namespace hex>/<first hash byte hex>/<hash hex>      one file per page
+//	<root>/<namespace hex>/<xx>/.tmp-*                           writes in progress
+//	<root>/.trash-<namespace hex>-*/ns                           a namespace being cleared
+//
+// A value is written to a temporary file in its final directory and renamed into place, so
+// a reader never sees a partial file under a page's name; a torn file left by a crash or a
+// foreign file is rejected by the header and checksums (storage/format.go).
+//
+// Whoever can write the root can delete pages, never make the store act outside it: every
+// path under the root is opened relative to its handle without following symbolic links
+// (dirFS). A link found where the store keeps a namespace, fan-out, trash or page entry is
+// counted (Stats.Links), reported to Options.OnWarning (ErrLink, with its path; the first
+// few of each store) and skipped: Get and Exists read it as a miss (a page that is a link
+// is also corrupt, and purged: the link is removed, never its target), Put skips the pages
+// it would have written through it, Delete and purges remove nothing through it, and Clear
+// removes the link itself, with the namespace, never what it points to. Put replaces a page
+// entry that is a link by renaming its file over it (rename does not follow links).
+//
+// A root that group or others can write is reported once at open (ErrWritableStore), sticky
+// or not: the sticky bit keeps others from removing or renaming the store's own entries,
+// but not from planting a name before the store makes it (a namespace directory, a trash
+// entry) or filling the disk.
+//
+// Temporary files: a Put's .tmp-* file lives for one write, far less than TempMaxAge. One
+// older than that was left by a writer that died (kill -9, a crash) and is removed by the
+// first Put of this store into its fan-out directory; a live writer's file, in this process
+// or another, is younger and kept. Clear removes them all with the namespace.
+type dirStore struct {
+	base
+	fs     *dirFS
+	nsName string // <namespace hex>, the namespace directory relative to the root
+	nsDir  string // <root>/<namespace hex>, for messages
+	// reaped marks the fan-out directories this store has reaped stale temporary files from.
+	reaped [256]atomic.Bool
+	// warned counts warnings given about links (at most maxLinkWarnings are reported).
+	warned atomic.Int64
+}
+
+// TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
+// removed (see dirStore), and after which an empty trash directory is a Clear's that died
+// between making it and moving the namespace into it, and removed by the next Clear.
+const TempMaxAge = time.Hour
+
+// maxLinkWarnings bounds the links a store reports to Options.OnWarning; further ones are
+// only counted, so that a store full of planted links does not flood the log.
+const maxLinkWarnings = 8
+
+// openDirGate, when set (tests: FreezeOpen), runs at the start of openDir, before it
+// touches the file system, and blocks where a dead mount would.
+var openDirGate atomic.Pointer[func(root string)]
+
+// openDirBounded is openDir bounded by Options.Timeout or ctx's deadline, whichever comes
+// first: a file system that does not answer at start (a dead or frozen mount: the
+// MkdirAll, the key file, the root's descriptor never return) fails the open with
+// ErrUnavailable at the deadline instead of hanging it. The open then goes on on its own
+// goroutine until the kernel lets it, and the store it opens, if any, is closed: the
+// caller never sees it (nor its warnings).
+func openDirBounded(ctx context.Context, root string, opts options) (*dirStore, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	unavailable := func(err error) error {
+		return &storage.OpError{Backend: "file", Where: filepath.Clean(root), Op: "open", Kind: storage.ErrUnavailable, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable(err)
+	}
+	var abandoned atomic.Bool
+	warn := opts.OnWarning
+	opts.OnWarning = func(err error) {
+		switch {
+		case abandoned.Load():
+		case warn != nil:
+			warn(err)
+		default:
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	type opened struct {
+		s   *dirStore
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		s, err := openDir(root, opts)
+		done <- opened{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+	}
+	abandoned.Store(true)
+	go func() {
+		if r := <-done; r.s != nil {
+			r.s.Close()
+		}
+	}()
+	return nil, unavailable(fmt.Errorf("the file system did not answer (the open is abandoned in the kernel): %w", ctx.Err()))
+}
+
+func openDir(root string, opts options) (*dirStore, error) {
+	if g := openDirGate.Load(); g != nil {
+		(*g)(root)
+	}
+	root = filepath.Clean(root)
+	s := &dirStore{base: base{backend: "file", where: root, ns: opts.Namespace.ID(), opts: opts}}
+	s.nsName = opts.Namespace.String()
+	s.nsDir = filepath.Join(root, s.nsName)
+	fail := func(kind, err error) (*dirStore, error) {
+		if s.fs != nil {
+			s.fs.close()
+		}
+		return nil, &storage.OpError{Backend: "file", Where: root, Op: "open", Kind: kind, Err: err}
+	}
+	if fi, err := os.Stat(root); err == nil && !fi.IsDir() {
+		return fail(storage.ErrBadArgument, errNotDir)
+	}
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return fail(nil, err)
+	}
+	var err error
+	if s.fs, err = openDirFS(root); err != nil {
+		if err == errNotDir {
+			return fail(storage.ErrBadArgument, err)
+		}
+		return fail(nil, err)
+	}
+	if fi, err := s.fs.root.Stat(); err == nil && fi.Mode().Perm()&0o022 != 0 {
+		s.warn(&storage.OpError{Backend: "file", Where: root, Op: "open", Kind: storage.ErrWritableStore, Err: fmt.Errorf(
+			"the store directory %s has mode %v: whoever can write it can delete pages (never forge them; links under it are not followed); chmod go-w %s",
+			root, fi.Mode(), root)})
+	}
+	if err := unix.Mkdirat(s.fs.fd, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+		return fail(nil, &os.PathError{Op: "mkdir", Path: s.nsDir, Err: err})
+	}
+	if st, err := s.fs.lstat(s.nsName); err != nil {
+		return fail(nil, &os.PathError{Op: "lstat", Path: s.nsDir, Err: err})
+	} else if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		s.link("open", s.nsDir, linkSkipped+" (until a Clear replaces it)")
+	} else if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fail(nil, &os.PathError{Op: "open", Path: s.nsDir, Err: syscall.ENOTDIR})
+	}
+	if s.opts.auth == nil {
+		key, err := loadOrCreateKeyFile(filepath.Join(root, DirKeyFile), true)
+		if err != nil {
+			return fail(nil, err)
+		}
+		s.opts.auth = storage.NewMAC(key)
+	}
+	return s, nil
+}
+
+// warn reports err to Options.OnWarning, or to stderr without one.
+func (s *dirStore) warn(err error) {
+	if s.opts.OnWarning != nil {
+		s.opts.OnWarning(err)
+		return
+	}
+	fmt.Fprintln(os.Stderr, err)
+}
+
+// What the store did with a link it found, for its report.
+const (
+	linkSkipped = "skipped, not followed"
+	linkRemoved = "removed (the link itself, never its target)"
+)
+
+// link counts the symbolic link found at path by the call op and reports it, with what was
+// done with it (linkSkipped, linkRemoved), the first few times.
+func (s *dirStore) link(op, path, done string) {
+	s.stats.links.Add(1)
+	if s.warned.Add(1) <= maxLinkWarnings {
+		s.warn(&storage.OpError{Backend: "file", Where: s.where, Op: op, Kind: storage.ErrLink,
+			Err: fmt.Errorf("%s: %s", path, done)})
+	}
+}
+
+// rel returns the path of key's page relative to the root, and the lengths of its
+// directory part (<ns>/<xx>) and of the whole (one allocation).
+func (s *dirStore) rel(k storage.Key) (rel string, dirLen int) {
+	const hexLen = 2 * (storage.KeySize - storage.NamespaceSize)
+	buf := make([]byte, 0, len(s.nsName)+4+hexLen)
+	buf = append(buf, s.nsName...)
+	buf = append(buf, '/')
+	buf = hex.AppendEncode(buf, k[storage.NamespaceSize:storage.NamespaceSize+1])
+	dirLen = len(buf)
+	buf = append(buf, '/')
+	buf = hex.AppendEncode(buf, k[storage.NamespaceSize:])
+	return string(buf), dirLen
+}
+
+// path returns the fan-out directory and the file name of key, as absolute paths.
+func (s *dirStore) path(k storage.Key) (dir, file string) {
+	rel, dirLen := s.rel(k)
+	return s.fs.abs(rel[:dirLen]), s.fs.abs(rel)
+}
+
+// openPage opens the page file rel for reading, without waiting and without following a
+// link (as regfile.Open), and returns its descriptor and its fstat: the caller checks the
+// file's type and closes it. A link on its path is reported as link, the entry that is one
+// (rel itself when the page file is a link), with no descriptor. Raw descriptors, not
+// os.File: a page read is four system calls (openat2, fstat, pread, close), as a plain read
+// of the file, without the runtime poller's.
+func (s *dirStore) openPage(rel string) (fd int, st unix.Stat_t, link string, err error) {
+	fd, err = s.fs.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		if isLinkErr(err) {
+			if l, found := s.fs.linkOn(rel); found {
+				return -1, st, l, nil
+			}
+		}
+		return -1, st, "", &fs.PathError{Op: "open", Path: s.fs.abs(rel), Err: err}
+	}
+	if err := fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, "", &fs.PathError{Op: "fstat", Path: s.fs.abs(rel), Err: err}
+	}
+	return fd, st, "", nil
+}
+
+// fileType names the type bits of a stat's mode as fs.FileMode prints them.
+func fileType(mode uint32) fs.FileMode {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return fs.ModeDir
+	case unix.S_IFLNK:
+		return fs.ModeSymlink
+	case unix.S_IFIFO:
+		return fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		return fs.ModeSocket
+	case unix.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		return fs.ModeDevice
+	case unix.S_IFREG:
+		return 0
+	}
+	return fs.ModeIrregular
+}
+
+func fstat(fd int, st *unix.Stat_t) error {
+	for {
+		if err := unix.Fstat(fd, st); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// preadFull reads from fd at offset 0 into buf until buf is full or the file ends, and
+// returns how much it read.
+func preadFull(fd int, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return n, err
+		case m == 0:
+			return n, nil
+		}
+		n += m
+	}
+	return n, nil
+}
+
+func isMissing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+// Exists on the directory backend authenticates what it counts from the header alone and
+// reads no payload: a value is present when its file is a regular file whose header is
+// genuine for its key (header MAC) and whose size is that header's length plus the header,
+// so that a torn, foreign or forged header, a link or a truncated file is absent (counted,
+// reported and deleted, and the backup that asked rewrites it). The trade-off: a payload
+// damaged in place behind a genuine header (a bit flip on the disk) counts as present until a
+// Get reads it, rejects it and deletes it; the backup after that Get rewrites it. Verifying
+// payloads here would make every backup read and MAC each page already stored (the MAC is
+// the cost of a read: BenchmarkDataPath), to repair what a Get finds anyway, and no bad
+// value is ever loaded either way.
+func (s *dirStore) Exists(ctx context.Context, keys []storage.Key, present []bool) (int, error) {
+	flags, ctx, cancel, err := s.beginLookup(ctx, "exists", keys, nil, present)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	if !s.fs.acquire() {
+		return 0, s.err("exists", storage.ErrClosed, nil)
+	}
+	defer s.fs.release()
+	err = forEach(ctx, len(keys), s.opts.Workers, present == nil, func(i int) (bool, error) {
+		var ok bool
+		var err error
+		if derr := s.detach(ctx, "exists", func() { ok, err = s.existsOne(keys[i]) }, nil); derr != nil {
+			return false, derr
+		}
+		flags[i] = ok
+		return ok, err
+	})
+	if err != nil {
+		return leading(flags), s.err("exists", kindOf(ctx, err), err)
+	}
+	return leading(flags), nil
+}
+
+func (s *dirStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+	dst = buffers(dst)
+	flags, ctx, cancel, err := s.beginLookup(ctx, "get", keys, dst, found)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	if !s.fs.acquire() {
+		return 0, s.err("get", storage.ErrClosed, nil)
+	}
+	defer s.fs.release()
+	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
+		// The file is read into a buffer of the read's own (see detach): an abandoned read
+		// never writes into dst[i], which the caller reuses once Get returned. The detached
+		// operation only makes the system calls; the value is verified here, its payload
+		// copied into dst[i] in the same pass as its MAC (checkPayloadCopy), on as many
+		// cores as there are workers.
+		rel, _ := s.rel(keys[i])
+		buf := getBuffer(storage.StoredLen(len(dst[i])))
+		var f pageFile
+		var err error
+		if derr := s.detach(ctx, "get", func() { f, err = s.readPage(rel, *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		ok := false
+		if err == nil {
+			ok, err = s.loadPage(keys[i], rel, f, (*buf)[:f.n], dst[i])
+		}
+		putBuffer(buf)
+		if ok {
+			s.stats.hits.Add(1)
+			s.stats.bytesRead.Add(uint64(len(dst[i])))
+		}
+		flags[i] = ok
+		return ok, err
+	})
+	if err != nil {
+		return leading(flags), s.err("get", kindOf(ctx, err), err)
+	}
+	return leading(flags), nil
+}
+
+// existsOne reports whether k holds a value whose header is genuine (its MAC verifies for
+// this key) and whose length matches the file's size, reading the header only (see
+// Exists). A value that fails is corrupt (counted, reported, purged), so the next backup of
+// the page replaces it.
+func (s *dirStore) existsOne(k storage.Key) (bool, error) {
+	rel, _ := s.rel(k)
+	fd, st, link, err := s.openPage(rel)
+	if err != nil {
+		if isMissing(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	if link != "" {
+		s.linkedPage("exists", k, rel, link)
+		return false, nil
+	}
+	defer unix.Close(fd)
+	name := s.fs.abs(rel)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(st.Mode)))
+		}
+		return false, nil
+	}
+	var hdr [storage.HeaderSize]byte
+	if n, err := preadFull(fd, hdr[:]); err != nil {
+		return false, &fs.PathError{Op: "read", Path: name, Err: err}
+	} else if n < storage.HeaderSize {
+		s.corruptIn("exists", k, fmt.Errorf("file %s: truncated header", name))
+		return false, nil
+	}
+	if err := s.checkHeader(hdr[:], k, int(st.Size-storage.HeaderSize)); err != nil {
+		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
+		return false, nil
+	}
+	return true, nil
+}
+
+// detach is base.detach for an operation under the store's directory: the operation holds
+// the root's descriptor open (dirFS.acquire) until it returns, also after its call
+// abandoned it, so a late operation never acts through a descriptor number that a Close
+// freed and the process reused for another directory.
+func (s *dirStore) detach(ctx context.Context, op string, fn func(), late func()) error {
+	if !s.fs.acquire() {
+		return storage.ErrClosed
+	}
+	err := s.base.detach(ctx, op, fn, func() {
+		s.fs.release()
+		if late != nil {
+			late()
+		}
+	})
+	if err == nil {
+		s.fs.release()
+	}
+	return err
+}
+
+// pageFile is what readPage found under a page's name.
+type pageFile struct {
+	missing bool   // no such file
+	link    string // the entry on the way that is a symbolic link (not followed)
+	mode    uint32 // the file's type bits (unix.S_IFMT)
+	size    int64  // and its size
+	n       int    // bytes read into the buffer, from the start of the file
+}
+
+// readPage reads the page file rel into buf (header and payload, storedLen bytes): one
+// pread, as a plain read of the file. It reads nothing when the file is not a regular one,
+// and only the header when the file is shorter than buf. It makes system calls only (it is
+// the detached part of a Get): loadPage judges what it found.
+func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
+	fd, st, link, err := s.openPage(rel)
+	if err != nil {
+		if isMissing(err) {
+			return pageFile{missing: true}, nil
+		}
+		return f, err
+	}
+	if link != "" {
+		return pageFile{link: link}, nil
+	}
+	defer unix.Close(fd)
+	f.mode, f.size = st.Mode&unix.S_IFMT, st.Size
+	if f.mode != unix.S_IFREG {
+		return f, nil
+	}
+	if f.size < int64(len(buf)) {
+		buf = buf[:min(storage.HeaderSize, len(buf))]
+	}
+	if f.n, err = preadFull(fd, buf); err != nil {
+		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
+	}
+	return f, nil
+}
+
+// loadPage verifies what readPage found for key k (rel) and read into v (f.n bytes), and
+// copies its payload into dst. A missing, foreign, torn or corrupt file is (false, nil),
+// counted; a hit is counted by Get.
+func (s *dirStore) loadPage(k storage.Key, rel string, f pageFile, v, dst []byte) (bool, error) {
+	name := s.fs.abs(rel)
+	switch {
+	case f.missing:
+		s.stats.misses.Add(1)
+		return false, nil
+	case f.link != "":
+		if !s.linkedPage("get", k, rel, f.link) {
+			s.stats.misses.Add(1)
+		}
+		return false, nil
+	case f.mode == unix.S_IFDIR: // the store's layout is broken: an I/O error, as reading it is
+		return false, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
+	case f.mode != unix.S_IFREG:
+		s.corrupt(k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(f.mode)))
+		return false, nil
+	}
+	want := storage.StoredLen(len(dst))
+	var reason error
+	switch {
+	case len(v) < storage.HeaderSize:
+		reason = fmt.Errorf("file %s: truncated header", name)
+	default:
+		if err := s.checkHeader(v[:storage.HeaderSize], k, len(dst)); err != nil {
+			reason = fmt.Errorf("file %s: %w", name, err)
+		} else if len(v) < want {
+			reason = fmt.Errorf("file %s: truncated payload", name)
+		} else if f.size > int64(want) {
+			reason = fmt.Errorf("file %s: longer than header+payload", name)
+		} else if err := s.opts.auth.CheckPayloadCopy(v[:storage.HeaderSize], v[storage.HeaderSize:want], dst); err != nil {
+			reason = fmt.Errorf("file %s: %w", name, err)
+		}
+	}
+	if reason != nil {
+		s.corrupt(k, reason)
+		return false, nil
+	}
+	return true, nil
+}
+
+// linkedPage handles a read of k's page (rel) that met the link at link: it is counted and
+// reported; a page file that is itself a link is also corrupt (and purged: the link is
+// removed, never its target). It reports whether it counted the page corrupt.
+func (s *dirStore) linkedPage(op string, k storage.Key, rel, link string) bool {
+	if link != rel {
+		s.link(op, s.fs.abs(link), linkSkipped)
+		return false
+	}
+	s.link(op, s.fs.abs(link), "not followed; purged as a corrupt page (the link itself, never its target)")
+	s.corruptIn(op, k, fmt.Errorf("file %s: a symbolic link, not followed", s.fs.abs(rel)))
+	return true
+}
+
+func (s *dirStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
+	src = buffers(src)
+	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.fs.acquire() {
+		return s.err("put", storage.ErrClosed, nil)
+	}
+	defer s.fs.release()
+	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+		// The file is written from a copy (see detach): an abandoned write never reads
+		// src[i], which the caller reuses once Put returned.
+		buf := getBuffer(len(src[i]))
+		copy(*buf, src[i])
+		var err error
+		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+			return false, derr
+		}
+		putBuffer(buf)
+		return true, err
+	})
+	if err != nil {
+		return s.err("put", kindOf(ctx, err), err)
+	}
+	return nil
+}
+
+// putOne writes one page. A Clear of the namespace that runs meanwhile (another instance's
+// flush) may move the fan-out directory aside, the temporary file with it, or remove it,
+// before the file is created or renamed: the page was then put concurrently with the Clear,
+// and is cleared by it (as if written just before it), not an error.
+func (s *dirStore) putOne(ctx context.Context, k storage.Key, payload []byte) (err error) {
+	rel, dirLen := s.rel(k)
+	dirRel, file := rel[:dirLen], rel[dirLen+1:]
+	dir, err := s.fanOut(dirRel)
+	switch {
+	case err == errLinked:
+		return nil // counted and reported by fanOut
+	case err == errCleared:
+		return s.clearedPut(payload)
+	case err != nil:
+		return err
+	}
+	defer unix.Close(dir)
+	s.reapOnce(ctx, dir, dirRel, k[storage.NamespaceSize])
+	tmp, fd, err := createTemp(dir)
+	if err == unix.ENOENT { // the directory was removed with a Clear's trash
+		return s.clearedPut(payload)
+	}
+	if err != nil {
+		return &fs.PathError{Op: "create", Path: s.fs.abs(dirRel) + "/.tmp-*", Err: err}
+	}
+	f := os.NewFile(uintptr(fd), s.fs.abs(dirRel+"/"+tmp))
+	defer func() {
+		if err != nil {
+			f.Close()
+			unix.Unlinkat(dir, tmp, 0)
+		}
+	}()
+	var hdr [storage.HeaderSize]byte
+	s.encodeHeader(&hdr, k, payload)
+	if _, err = f.Write(hdr[:]); err != nil {
+		return err
+	}
+	if _, err = f.Write(payload); err != nil {
+		return err
+	}
+	if s.opts.Fsync {
+		if err = f.Sync(); err != nil {
+			return err
+		}
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	// renameat replaces whatever entry has the page's name, a link included, never what a
+	// link points to.
+	if err = renameat(dir, tmp, file); err != nil {
+		if err == unix.ENOENT { // gone with its directory
+			err = nil
+			return s.clearedPut(payload)
+		}
+		return &fs.PathError{Op: "rename", Path: s.fs.abs(rel), Err: err}
+	}
+	if s.opts.Fsync {
+		if err = fsync(dir); err != nil {
+			if err == unix.ENOENT {
+				err = nil
+				return s.clearedPut(payload)
+			}
+			return &fs.PathError{Op: "fsync", Path: s.fs.abs(dirRel), Err: err}
+		}
+	}
+	s.stats.puts.Add(1)
+	s.stats.bytesWritten.Add(uint64(len(payload)))
+	return nil
+}
+
+var (
+	errLinked  = errors.New("a link on the path")       // fanOut: the put is skipped
+	errCleared = errors.New("cleared while being made") // fanOut: the put is cleared
+)
+
+// fanOut opens the fan-out directory dirRel (<ns>/<xx>), making it and the namespace
+// directory if they are missing. A link on the way is counted and reported, and errLinked
+// returned: the put is skipped. A Clear that keeps moving the namespace aside while it is
+// made is errCleared.
+func (s *dirStore) fanOut(dirRel string) (int, error) {
+	for range 3 {
+		fd, err := s.fs.openDir(dirRel)
+		if err == nil {
+			return fd, nil
+		}
+		if isLinkErr(err) {
+			if l, ok := s.fs.linkOn(dirRel); ok {
+				s.link("put", s.fs.abs(l), linkSkipped)
+				return -1, errLinked
+			}
+		}
+		if err != unix.ENOENT {
+			return -1, &fs.PathError{Op: "open", Path: s.fs.abs(dirRel), Err: err}
+		}
+		if err := unix.Mkdirat(s.fs.fd, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+			return -1, &fs.PathError{Op: "mkdir", Path: s.nsDir, Err: err}
+		}
+		ns, err := s.fs.openDir(s.nsName)
+		if err != nil {
+			continue // moved aside again, or a link: the next open says which
+		}
+		err = unix.Mkdirat(ns, dirRel[len(s.nsName)+1:], 0o750)
+		unix.Close(ns)
+		if err != nil && err != unix.EEXIST && err != unix.ENOENT {
+			return -1, &fs.PathError{Op: "mkdir", Path: s.fs.abs(dirRel), Err: err}
+		}
+	}
+	return -1, errCleared
+}
+
+// reapOnce removes, the first time this store writes into fan-out directory dir, the
+// temporary files there older than TempMaxAge: a dead writer's (see dirStore). It is best
+// effort and bounded by ctx.
+func (s *dirStore) reapOnce(ctx context.Context, dir int, dirRel string, fan byte) {
+	if s.reaped[fan].Load() || !s.reaped[fan].CompareAndSwap(false, true) {
+		return
+	}
+	readNames(dir, s.fs.abs(dirRel), func(name string, typ uint32) (bool, error) {
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		if !strings.HasPrefix(name, ".tmp-") {
+			return true, nil
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR &&
+			time.Since(time.Unix(st.Mtim.Unix())) > TempMaxAge {
+			unix.Unlinkat(dir, name, 0)
+		}
+		return true, nil
+	})
+}
+
+// createTemp creates a new temporary file .tmp-<random> in dir (mode 0600) for writing.
+func createTemp(dir int) (string, int, error) {
+	for {
+		name := fmt.Sprintf(".tmp-%016x", rand.Uint64())
+		fd, err := openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != unix.EEXIST {
+			return name, fd, err
+		}
+	}
+}
+
+func renameat(dir int, from, to string) error { return renameBetween(dir, from, dir, to) }
+
+// renameBetween renames from in directory fromDir to to in toDir, again when interrupted.
+func renameBetween(fromDir int, from string, toDir int, to string) error {
+	for {
+		if err := unix.Renameat(fromDir, from, toDir, to); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func fsync(fd int) error {
+	for {
+		if err := unix.Fsync(fd); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// clearedPut counts a put that a concurrent Clear removed with the namespace (putOne).
+func (s *dirStore) clearedPut(payload []byte) error {
+	s.stats.puts.Add(1)
+	s.stats.bytesWritten.Add(uint64(len(payload)))
+	return nil
+}
+
+func (s *dirStore) Delete(ctx context.Context, keys []storage.Key) error {
+	ctx, cancel, err := s.beginCall(ctx, "delete", keys, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if !s.fs.acquire() {
+		return s.err("delete", storage.ErrClosed, nil)
+	}
+	defer s.fs.release()
+	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
+		var err error
+		if derr := s.detach(ctx, "delete", func() {
+			if err = s.deleteOne(keys[i]); err == nil {
+				s.stats.deletes.Add(1)
+			}
+		}, nil); derr != nil {
+			return false, derr
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return s.err("delete", kindOf(ctx, err), err)
+	}
+	return nil
+}
+
+// deleteOne removes k's page entry (a link is removed itself). Through a fan-out or
+// namespace directory that is a link it removes nothing (the link is reported).
+func (s *dirStore) deleteOne(k storage.Key) error {
+	rel, dirLen := s.rel(k)
+	dir, err := s.fs.openDir(rel[:dirLen])
+	if err != nil {
+		if isLinkErr(err) {
+			if l, ok := s.fs.linkOn(rel[:dirLen]); ok {
+				s.link("delete", s.fs.abs(l), linkSkipped)
+				return nil
+			}
+		}
+		if isMissing(err) {
+			return nil
+		}
+		return &fs.PathError{Op: "open", Path: s.fs.abs(rel[:dirLen]), Err: err}
+	}
+	defer unix.Close(dir)
+	err = unix.Unlinkat(dir, rel[dirLen+1:], 0)
+	if err == unix.EISDIR || err == unix.EPERM { // a directory under a page's name, as os.Remove
+		err = unix.Unlinkat(dir, rel[dirLen+1:], unix.AT_REMOVEDIR)
+	}
+	if err != nil && err != unix.ENOENT {
+		return &fs.PathError{Op: "remove", Path: s.fs.abs(rel), Err: err}
+	}
+	return nil
+}
+
+// Clear moves the namespace directory aside (one atomic rename, so no reader sees half of
+// it) and removes it, with what earlier Clears left aside (one that crashed, or ran out of
+// time). Removal is bounded by the call's deadline: the namespace is clear once it is moved
+// aside, and what is left of the trash then goes with the next Clear. Other namespaces
+// under the same root are untouched. Nothing is removed through a link: a namespace, trash
+// or fan-out entry that is a link is removed itself (and reported).
+func (s *dirStore) Clear(ctx context.Context) error {
+	ctx, cancel, err := s.beginCall(ctx, "clear", nil, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return s.err("clear", storage.ErrUnavailable, err)
+	}
+	if !s.fs.acquire() {
+		return s.err("clear", storage.ErrClosed, nil)
+	}
+	defer s.fs.release()
+	// One detached operation (see detach): abandoned at the deadline, its removal of the
+	// trash stops at its next check of ctx, which ends with the call.
+	if derr := s.detach(ctx, "clear", func() { err = s.clear(ctx) }, nil); derr != nil {
+		return s.err("clear", kindOf(ctx, derr), derr)
+	}
+	return err
+}
+
+// clear is Clear's work, in the call's context.
+func (s *dirStore) clear(ctx context.Context) error {
+	root := s.fs.fd
+	trashPrefix := ".trash-" + s.nsName + "-"
+	trash, err := s.fs.mkdirTemp(trashPrefix)
+	if err != nil {
+		return s.err("clear", nil, err)
+	}
+	into, err := s.fs.openDir(trash)
+	if err == nil {
+		// renameat moves the entry, whatever it is (a link included), never its target.
+		err = renameBetween(root, s.nsName, into, "ns")
+		unix.Close(into)
+	}
+	if err != nil && err != unix.ENOENT {
+		unix.Unlinkat(root, trash, unix.AT_REMOVEDIR)
+		return s.err("clear", nil, &fs.PathError{Op: "rename", Path: s.nsDir, Err: err})
+	}
+	if err := unix.Mkdirat(root, s.nsName, 0o750); err != nil && err != unix.EEXIST {
+		return s.err("clear", nil, &fs.PathError{Op: "mkdir", Path: s.nsDir, Err: err})
+	}
+	// The namespace is empty: remove the trash (a concurrent Clear may be removing the
+	// same; both succeed). Another Clear's trash is removed only once its namespace is in
+	// it: removed between its mkdir and its rename, that Clear's rename would fail as if
+	// the namespace were missing, and it would report success having cleared nothing.
+	var old []string
+	if err := readNames(root, s.where, func(name string, _ uint32) (bool, error) {
+		if strings.HasPrefix(name, trashPrefix) {
+			old = append(old, name)
+		}
+		return true, nil
+	}); err != nil {
+		return s.err("clear", nil, err)
+	}
+	for _, name := range old {
+		st, err := s.fs.lstat(name)
+		switch {
+		case err != nil:
+			continue
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			s.link("clear", s.fs.abs(name), linkRemoved)
+			unix.Unlinkat(root, name, 0)
+			continue
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			continue
+		}
+		if name != trash {
+			if _, err := s.fs.lstat(name + "/ns"); err != nil {
+				// No namespace in it: a Clear between its mkdir and its rename (leave it),
+				// or one that died there; that one's empty trash goes once older than
+				// TempMaxAge (rmdir: only while it is still empty).
+				if err == unix.ENOENT && time.Since(time.Unix(st.Mtim.Unix())) > TempMaxAge {
+					unix.Unlinkat(root, name, unix.AT_REMOVEDIR)
+				}
+				continue
+			}
+		}
+		removedLink := func(path string) { s.link("clear", path, linkRemoved) }
+		if err := removeAll(ctx, root, name, s.fs.abs(name), 0, removedLink); err != nil {
+			if ctx.Err() != nil {
+				return nil // cleared; the rest of the trash goes with the next Clear
+			}
+			return s.err("clear", nil, err)
+		}
+	}
+	return nil
+}
+
+// Close is nil-safe and idempotent; the root's handle is closed once no call uses it.
+func (s *dirStore) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.closed.Store(true)
+	s.fs.close()
+	return nil
+}
+
+// kindOf classifies an error of a file operation: the context ending is ErrUnavailable
+// (the call did not finish in time), as is a call refused because too many file system
+// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
+func kindOf(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, storage.ErrStuck) {
+		return storage.ErrUnavailable
+	}
+	return nil
+}

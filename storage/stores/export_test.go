@@ -1,0 +1,59 @@
+package stores
+
+import (
+	"sync"
+
+	"github.com/cpcache/cpcache/storage"
+)
+
+// Test hooks into the backends' internals.
+
+// DirPath returns the file that holds k in a directory storage.
+func DirPath(s storage.Storage, k storage.Key) string {
+	_, name := s.(*purging).backend.(*dirStore).path(k)
+	return name
+}
+
+// RedisKeyName returns the Redis key that holds k.
+func RedisKeyName(s storage.Storage, k storage.Key) string {
+	return s.(*purging).backend.(*redisStore).name(k)
+}
+
+// MutateMem replaces the stored bytes of k in mem table name with mutate(old).
+func MutateMem(name string, k storage.Key, mutate func([]byte) []byte) bool {
+	memTablesMu.Lock()
+	t := memTables[name]
+	memTablesMu.Unlock()
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.vals[k]
+	if ok {
+		t.vals[k] = mutate(append([]byte(nil), v...))
+	}
+	return ok
+}
+
+// ForceComponentWalk makes directory stores opened from now on open paths one component
+// at a time (as without openat2) when walk is set; the returned function undoes it.
+func ForceComponentWalk(walk bool) func() {
+	old := forceWalk
+	forceWalk = walk
+	return func() { forceWalk = old }
+}
+
+// DirWalks reports whether directory storage s opens paths one component at a time.
+func DirWalks(s storage.Storage) bool { return s.(*purging).backend.(*dirStore).fs.walk }
+
+// FreezeOpen makes directory stores opened from now on block, before their open touches
+// the file system, where a dead mount would, whatever the open's context, until the
+// returned thaw is called (which also undoes the hook).
+func FreezeOpen() (thaw func()) {
+	ch := make(chan struct{})
+	g := func(string) { <-ch }
+	openDirGate.Store(&g)
+	var once sync.Once
+	return func() { once.Do(func() { openDirGate.Store(nil); close(ch) }) }
+}
