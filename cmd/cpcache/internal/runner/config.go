@@ -191,7 +191,7 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
-		return nil, err
+		return nil, bad("%w", err)
 	}
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
@@ -245,8 +245,8 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := p.checkKVEvents(); err != nil {
 		return nil, err
 	}
-	if be := cfg.Time.Model.breakEven(); cfg.Storage != "" {
-		if w := be.warning(cfg.Time.Cost.Name); w != "" {
+	if be := cfg.Time.Model.BreakEven(); cfg.Storage != "" {
+		if w := be.Warning(cfg.Time.Cost.Name); w != "" {
 			p.Warnings = append(p.Warnings, w)
 		}
 	}

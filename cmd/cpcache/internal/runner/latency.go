@@ -3,6 +3,7 @@ package runner
 import (
 	"cmp"
 	"fmt"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"io"
 	"math"
 	"slices"
@@ -11,10 +12,10 @@ import (
 
 // replicaTiming is what a replica's leader reports of virtual time and misses.
 type replicaTiming struct {
-	Requests       []requestTiming `json:"requests"`
-	MakespanNs     float64         `json:"makespan_ns"`
-	ComputedTokens int64           `json:"computed_tokens"`
-	Misses         MissCauses      `json:"misses"`
+	Requests       []vtime.RequestTiming `json:"requests"`
+	MakespanNs     float64               `json:"makespan_ns"`
+	ComputedTokens int64                 `json:"computed_tokens"`
+	Misses         MissCauses            `json:"misses"`
 }
 
 // addTiming adds what virtual time and the miss attribution measured to r: the latency
@@ -32,12 +33,12 @@ func (r *Report) addTiming(p *Plan, results []rankResult, lat []time.Duration) {
 	}
 	saved := ttftSaved(on, off)
 	t := p.Config.Time
-	be := t.Model.breakEven()
+	be := t.Model.BreakEven()
 	r.Latency = &LatencyReport{Time: t.Mode, Speed: t.Speed, CostProfile: t.Cost, Model: t.Model, BreakEven: be,
 		PrefetchSync: t.PrefetchSync && p.Config.Storage != "", On: figures(on, r.OutputTokens), Off: figures(off, r.OutputTokens),
 		TTFTSavedP50Ms: quantileMs(saved, 0.5), TTFTSavedP90Ms: quantileMs(saved, 0.9), TTFTSavedP99Ms: quantileMs(saved, 0.99)}
 	if p.Config.Storage != "" {
-		r.Latency.Warning = be.warning(t.Cost.Name)
+		r.Latency.Warning = be.Warning(t.Cost.Name)
 	}
 	r.Timeline = timeline(on)
 	r.ConsensusHistogram = histogram(lat)
@@ -70,8 +71,8 @@ func ttftSaved(on, off []replicaTiming) []int64 {
 	return saved
 }
 
-func timingOf(v *vclock) replicaTiming {
-	return replicaTiming{Requests: v.timings, MakespanNs: v.makespanNs(), ComputedTokens: v.computed}
+func timingOf(v *vtime.Clock) replicaTiming {
+	return replicaTiming{Requests: v.Timings(), MakespanNs: v.MakespanNs(), ComputedTokens: v.Computed()}
 }
 
 // LatencyFigures are the latency and throughput of a run in virtual time.
@@ -93,11 +94,11 @@ type LatencyFigures struct {
 // LatencyReport is the run's time model and its figures with the cache on (measured) and
 // off (simulated from the same workload under the same rules and costs).
 type LatencyReport struct {
-	Time        string      `json:"time"` // virtual or none
-	Speed       float64     `json:"speed"`
-	CostProfile CostProfile `json:"cost_profile"`
-	Model       CostModel   `json:"cost_model"` // the profile resolved against the run's layout
-	BreakEven   BreakEven   `json:"break_even"`
+	Time        string            `json:"time"` // virtual or none
+	Speed       float64           `json:"speed"`
+	CostProfile vtime.CostProfile `json:"cost_profile"`
+	Model       vtime.CostModel   `json:"cost_model"` // the profile resolved against the run's layout
+	BreakEven   vtime.BreakEven   `json:"break_even"`
 	// Warning: with --storage, the profile makes a storage hit slower than recomputing it.
 	Warning string         `json:"warning,omitempty"`
 	On      LatencyFigures `json:"cache_on"`
@@ -168,15 +169,15 @@ func figures(reps []replicaTiming, outputTokens int64) LatencyFigures {
 // timeline buckets the requests by the virtual time of their first token into windows
 // and gives each window's hit rate per tier.
 func timeline(reps []replicaTiming) []TimelinePoint {
-	var all []requestTiming
+	var all []vtime.RequestTiming
 	for _, r := range reps {
 		all = append(all, r.Requests...)
 	}
 	if len(all) == 0 {
 		return nil
 	}
-	end := func(t requestTiming) int64 { return t.ArrivalNs + t.TTFTNs }
-	slices.SortFunc(all, func(a, b requestTiming) int { return cmp.Compare(end(a), end(b)) })
+	end := func(t vtime.RequestTiming) int64 { return t.ArrivalNs + t.TTFTNs }
+	slices.SortFunc(all, func(a, b vtime.RequestTiming) int { return cmp.Compare(end(a), end(b)) })
 	first, last := end(all[0]), end(all[len(all)-1])
 	width := max(float64(last-first)/timelinePoints, 1)
 	var out []TimelinePoint
@@ -250,7 +251,7 @@ func (r *Report) writeTimeText(w io.Writer) {
 	fmt.Fprintf(w, "  time                 %s (speed %g), cost %s\n", l.Time, l.Speed, l.CostProfile.String())
 	fmt.Fprintf(w, "  cost model           %s\n", l.Model.String())
 	be := l.BreakEven
-	pays := fmt.Sprintf("a prefetch pays off for prompts over %.0f tokens (SGLang's fixed prefetch_threshold: %d)", be.MinPromptTokens, SGLangPrefetchThreshold)
+	pays := fmt.Sprintf("a prefetch pays off for prompts over %.0f tokens (SGLang's fixed prefetch_threshold: %d)", be.MinPromptTokens, vtime.SGLangPrefetchThreshold)
 	if be.Never {
 		pays = "no prefetch pays off"
 	}

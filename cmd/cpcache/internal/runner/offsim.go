@@ -2,6 +2,7 @@ package runner
 
 import (
 	"cmp"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"slices"
 
 	"github.com/cpcache/cpcache/workload"
@@ -13,10 +14,10 @@ import (
 // computed and nothing is loaded or backed up. It needs no ranks, so the cache-off figures
 // come from the same run instead of a second one. It returns the clock (timings, makespan,
 // computed tokens).
-func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
-	v := newVClock(cfg)
+func simulateNoCache(cfg *Config, reqs []workload.Request) *vtime.Clock {
+	v := newClock(cfg)
 	queue := slices.Clone(reqs)
-	if v.virtual {
+	if v.Virtual() {
 		slices.SortStableFunc(queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
 	}
 	type running struct {
@@ -29,14 +30,14 @@ func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
 	blocked := map[int]bool{}
 	for len(queue) > 0 || len(run) > 0 {
 		if len(run) == 0 {
-			v.advanceTo(v.arrival(queue[0]))
+			v.AdvanceTo(v.Arrival(queue[0]))
 		}
-		v.beginStep()
+		v.BeginStep()
 		keepRun := run[:0]
 		for _, a := range run {
 			if a.generated < a.req.OutputLen {
 				a.generated++
-				v.decoding++
+				v.Decoded()
 			}
 			if a.generated < a.req.OutputLen {
 				keepRun = append(keepRun, a)
@@ -59,7 +60,7 @@ func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
 				keep = append(keep, r)
 				continue
 			}
-			if !stop && !v.arrived(r) {
+			if !stop && !v.Arrived(r) {
 				stop = true
 			}
 			need := cfg.pagesOf(r)
@@ -79,11 +80,11 @@ func simulateNoCache(cfg *Config, reqs []workload.Request) *vclock {
 				a.generated = 1
 			}
 			run = append(run, a)
-			v.prefilled(r, 0, 0, 0)
+			v.Prefilled(r, 0, 0, 0)
 		}
 		clear(queue[len(keep):])
 		queue = keep
-		v.endStep()
+		v.EndStep()
 	}
 	return v
 }

@@ -94,7 +94,7 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 			s.deferred[r.ID] = true
 			return true, nil
 		}
-		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
+		pf = &pendingPrefetch{askedNs: s.clock.NowNs(), readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
 		started, err := s.askPrefetch(r, pf)
 		if err != nil || !started {
 			return false, err
@@ -106,12 +106,12 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	if pf.id != 0 && c.PrefetchPending(pf.id) {
 		return true, nil // the cache is reading
 	}
-	if math.IsNaN(pf.readyNs) || pf.recheck && (s.holdsAllowed() || s.clock.nowNs >= pf.readyNs) {
+	if math.IsNaN(pf.readyNs) || pf.recheck && (s.holdsAllowed() || s.clock.NowNs() >= pf.readyNs) {
 		if waiting, err := s.settle(r, pf); err != nil || waiting {
 			return waiting, err
 		}
 	}
-	return s.clock.nowNs < pf.readyNs, nil
+	return s.clock.NowNs() < pf.readyNs, nil
 }
 
 // settle takes the outcome of r's prefetch once the cache is done with it (or matches r
@@ -156,7 +156,7 @@ func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 	}
 	pf.id = 0 // the outcome is taken: a later recheck counts only what the tree lost
 	pf.pages[1] = max(pf.pages[1], have)
-	pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
+	pf.readyNs = s.clock.StorageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
 	pf.recheck = !s.holdsAllowed()
 	if pf.recheck {
 		return false, nil
@@ -353,11 +353,11 @@ func (s *scheduler) waitIdle() {
 		if s.deferred[r.ID] {
 			continue // its prefetch waits for those before it (see prefetchWaits)
 		}
-		next = min(next, s.clock.arrival(r))
+		next = min(next, s.clock.Arrival(r))
 		break // the queue is in arrival order
 	}
 	if !math.IsInf(next, 1) {
-		s.clock.advanceTo(next)
+		s.clock.AdvanceTo(next)
 	}
 }
 
@@ -366,6 +366,6 @@ func (s *scheduler) waitIdle() {
 // charge (it overlaps compute like any backup).
 func (s *scheduler) backedUp(pages int) {
 	if s.cfg.Policy != hicache.WriteBack {
-		s.clock.backupPages += pages
+		s.clock.BackedUp(pages)
 	}
 }

@@ -3,6 +3,7 @@ package runner
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"io"
 	"math"
 )
@@ -124,7 +125,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  hit rate             %.1f%%\n", 100*r.HitRate)
 	fmt.Fprintf(w, "  L2 pages written     %d\n", r.PagesWrittenL2)
 	fmt.Fprintf(w, "  L2 pages loaded      %d\n", r.PagesLoadedL2)
-	fmt.Fprintf(w, "  bytes moved          %s\n", humanBytes(r.BytesMoved))
+	fmt.Fprintf(w, "  bytes moved          %s\n", vtime.HumanBytes(r.BytesMoved))
 	if r.Storage != "" {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
@@ -158,19 +159,6 @@ func (r *Report) pct(n int64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // quantile returns the q-quantile (0..1) of sorted samples by nearest rank; 0 for none.

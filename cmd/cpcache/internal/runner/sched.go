@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"slices"
 
 	"github.com/cpcache/cpcache/hicache"
@@ -107,7 +108,7 @@ type scheduler struct {
 	// consensus step; it may make consensus steps of its own (s.step).
 	afterSchedule func(context.Context) error
 
-	clock      *vclock                  // virtual time (replicated: it gates admissions)
+	clock      *vtime.Clock             // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
 	// prefetchHeld is the weight (prompt pages) of the prefetches: at most prefetchBudget
 	// unless only one is under way.
@@ -126,8 +127,8 @@ type scheduler struct {
 
 func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
 	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}, costSkipped: map[int]bool{}}
-	if s.clock.virtual {
+		clock: newClock(cfg), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}, costSkipped: map[int]bool{}}
+	if s.clock.Virtual() {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
 	}
@@ -144,7 +145,7 @@ func (s *scheduler) run(ctx context.Context) error {
 			return err
 		}
 		s.waitIdle()
-		s.clock.beginStep()
+		s.clock.BeginStep()
 		progressed, err := s.schedule(ctx)
 		if err != nil {
 			return err
@@ -162,7 +163,7 @@ func (s *scheduler) run(ctx context.Context) error {
 		if err := s.step(ctx); err != nil {
 			return err
 		}
-		s.clock.endStep()
+		s.clock.EndStep()
 		if progressed || !quiet {
 			s.quietSteps = 0
 			continue
@@ -271,7 +272,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 			keep = append(keep, r)
 			continue
 		}
-		if !stop && !s.clock.arrived(r) {
+		if !stop && !s.clock.Arrived(r) {
 			stop = true // the queue is in arrival order: nothing after r has arrived either
 		}
 		// A prefetch asked at an earlier step is looked at even after a stop: once the cache
@@ -427,11 +428,11 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.HitL2 += l2
 	s.counts.HitL3 += l3
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
-	s.clock.prefilled(r, l1, l2, l3)
+	s.clock.Prefilled(r, l1, l2, l3)
 	if s.onPrefilled != nil {
 		s.onPrefilled(r, l1+l2+l3)
 	}
-	s.clock.loadPages += device - m.DevicePages
+	s.clock.Loaded(device - m.DevicePages)
 	cost := s.prefillCost(r, device)
 	if s.misses != nil {
 		if s.diverged { // only then can the group be in quarantine
@@ -465,7 +466,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	if res.ID == 0 {
 		return m, [2]int{}, nil
 	}
-	asked := s.clock.nowNs
+	asked := s.clock.NowNs()
 	for c.PrefetchPending(res.ID) {
 		if err := s.step(ctx); err != nil {
 			return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
@@ -487,7 +488,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	}
 	from, to := m.DevicePages+m.HostPages, after.DevicePages+after.HostPages
 	// Everything waits until the storage read is over in virtual time.
-	s.clock.advanceTo(s.clock.storageReady(asked, max(to-from, 0)))
+	s.clock.AdvanceTo(s.clock.StorageReady(asked, max(to-from, 0)))
 	return after, [2]int{from, max(from, to)}, nil
 }
 
@@ -561,7 +562,7 @@ func (s *scheduler) decode(ctx context.Context) (int, error) {
 		if a.generated < a.req.OutputLen {
 			a.generated++
 			moved++
-			s.clock.decoding++
+			s.clock.Decoded()
 		}
 		if a.generated < a.req.OutputLen {
 			keep = append(keep, a)

@@ -3,6 +3,7 @@ package runner
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"io"
 	"slices"
 	"strings"
@@ -41,7 +42,7 @@ func WriteSweepTable(w io.Writer, sw *SweepResult) {
 		}
 		fmt.Fprintf(w, "%-16s %8s %8s %8s %7.1f%% %7.1f%% %9.1f%% %10s %10s %10s %11s\n",
 			sw.Values[i], r.pct(r.TokensHitL1), r.pct(r.TokensHitL2), r.pct(r.TokensHitL3), 100*r.HitRate,
-			100*r.Reference.LRUBlockHitRate, 100*r.Reference.ReuseBoundHitRate, p50, p99, saved, humanBytes(r.BytesMoved))
+			100*r.Reference.LRUBlockHitRate, 100*r.Reference.ReuseBoundHitRate, p50, p99, saved, vtime.HumanBytes(r.BytesMoved))
 	}
 }
 

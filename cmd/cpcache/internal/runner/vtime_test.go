@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,7 +111,7 @@ func TestTurnGapImpliesVirtualTime(t *testing.T) {
 func TestVirtualTimeReplaysArrivals(t *testing.T) {
 	// The unit profile: 1 µs per computed token, 1 ms + 10 µs per request per decode step.
 	lc := parallel.LayoutConfig{World: 2, AttnCP: 2}
-	run := func(mode string, speed float64) (*Plan, []requestTiming, float64) {
+	run := func(mode string, speed float64) (*Plan, []vtime.RequestTiming, float64) {
 		p := attributionPlan(t, lc, func(c *Config) { c.Time.Mode, c.Time.Speed = mode, speed })
 		out := runInProcess(t, p, -1)
 		requireAgreed(t, p, out)
@@ -147,11 +148,11 @@ func TestCacheOffSimulationComputesEveryToken(t *testing.T) {
 	for _, r := range p.Requests {
 		prompt += int64(len(r.Tokens))
 	}
-	assert.Equal(t, prompt, off.computed)
-	require.Len(t, off.timings, len(p.Requests))
+	assert.Equal(t, prompt, off.Computed())
+	require.Len(t, off.Timings(), len(p.Requests))
 	out := runInProcess(t, p, -1)
 	on := out[0].timing
-	assert.Less(t, on.ComputedTokens, off.computed, "the cache saves prefill tokens")
+	assert.Less(t, on.ComputedTokens, off.Computed(), "the cache saves prefill tokens")
 	onFig, offFig := figures([]replicaTiming{*on}, 0), figures([]replicaTiming{timingOf(off)}, 0)
 	assert.LessOrEqual(t, onFig.TTFTP50Ms, offFig.TTFTP50Ms, "hits shorten the prefill")
 	assert.Len(t, onFig.TTFTQuantilesMs, 101)
@@ -181,7 +182,7 @@ func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 			cfg.Time.Cost, _ = LoadCostProfile("unit", "")
 			p, err := Prepare(cfg)
 			require.NoError(t, err)
-			off := simulateNoCache(&p.Config, p.Requests).timings
+			off := simulateNoCache(&p.Config, p.Requests).Timings()
 			var first replicaCounts
 			for run := range 2 {
 				out := runInProcess(t, p, -1)
@@ -241,12 +242,12 @@ func TestTTFTSavedIsPerRequest(t *testing.T) {
 	var on, off replicaTiming
 	for id := range int32(10) {
 		ttft := int64(id+1) * 100 * ms
-		off.Requests = append(off.Requests, requestTiming{ID: id, TTFTNs: ttft})
+		off.Requests = append(off.Requests, vtime.RequestTiming{ID: id, TTFTNs: ttft})
 		if id == 9 {
 			ttft = 100 * ms
 		}
 		// With the cache the requests were admitted in the reverse order.
-		on.Requests = append([]requestTiming{{ID: id, TTFTNs: ttft}}, on.Requests...)
+		on.Requests = append([]vtime.RequestTiming{{ID: id, TTFTNs: ttft}}, on.Requests...)
 	}
 	saved := ttftSaved([]replicaTiming{on}, []replicaTiming{off})
 	require.Len(t, saved, 10, "one saving per request")
@@ -264,8 +265,8 @@ func TestTTFTSavedIsPerRequest(t *testing.T) {
 
 	// Two replicas: each replica's requests are matched with that replica's cache-off run only
 	// (IDs repeat across replicas' request lists only by chance of the workload split).
-	other := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 50 * ms}}}
-	otherOff := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 80 * ms}}}
+	other := replicaTiming{Requests: []vtime.RequestTiming{{ID: 0, TTFTNs: 50 * ms}}}
+	otherOff := replicaTiming{Requests: []vtime.RequestTiming{{ID: 0, TTFTNs: 80 * ms}}}
 	saved = ttftSaved([]replicaTiming{on, other}, []replicaTiming{off, otherOff})
 	require.Len(t, saved, 11)
 	assert.Equal(t, 30*ms, saved[9], "replica 1's request 0 saved 80 - 50 ms, not 100 - 50")
