@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -116,8 +117,8 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 		out := runInProcess(t, p, -1)
 		requireAgreed(t, p, out) // the ranks of the replica count alike, skipped pages too
 		c := out[0].counts
-		on := figures([]replicaTiming{*out[0].timing}, 0)
-		off := figures([]replicaTiming{timingOf(simulateNoCache(&p.Config, p.Requests))}, 0)
+		on := report.Figures([]report.ReplicaTiming{*out[0].timing}, 0)
+		off := report.Figures([]report.ReplicaTiming{report.TimingOf(simulateNoCache(&p.Config, p.Requests))}, 0)
 		return result{hitL3: c.HitL3, beyond: stored - c.HitL1 - c.HitL2, skipped: c.PrefetchCostSkippedPages * P,
 			missedCost: out[0].timing.Misses.Cost, prefetched: out[0].stats.L3PrefetchedPages, ttftOn: on.TTFTP50Ms, ttftOff: off.TTFTP50Ms}
 	}

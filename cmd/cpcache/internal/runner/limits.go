@@ -2,12 +2,12 @@ package runner
 
 import (
 	"context"
-	"github.com/cpcache/cpcache/sim/vtime"
 	"math"
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/internal/hostmem"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/sim/vtime"
 )
 
 // Upper bounds of the configuration, so that no product of them overflows and a typo is a

@@ -2,9 +2,9 @@ package runner
 
 import (
 	"cmp"
-	"github.com/cpcache/cpcache/sim/vtime"
 	"slices"
 
+	"github.com/cpcache/cpcache/sim/vtime"
 	"github.com/cpcache/cpcache/workload"
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -40,35 +41,35 @@ const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
 
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
-	Rank             int            `json:"rank"`
-	DP               int            `json:"dp"`     // its DP replica
-	Leader           bool           `json:"leader"` // rank 0 of its replica group: its replicaCounts count
-	Backend          string         `json:"backend"`
-	Replica          replicaCounts  `json:"replica"`
-	Local            localCounts    `json:"local"`
-	PagesWritten     int64          `json:"pages_written"`
-	PagesLoaded      int64          `json:"pages_loaded"`
-	Collectives      int64          `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
-	DigestChecks     int64          `json:"digest_checks"`
-	DigestMismatches int64          `json:"digest_mismatches"`
-	L3Prefetched     int64          `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
-	L3BackedUp       int64          `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
-	StorageErrors    int64          `json:"storage_errors"`               // this rank's calls (each rank does its own pages' storage I/O)
-	StorageRead      int64          `json:"storage_pages_read"`           // pages this rank read from storage (its own, verified)
-	StorageWritten   int64          `json:"storage_pages_written"`        // pages this rank wrote to storage (its own)
-	StorageRejected  int64          `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
-	StorageForged    int64          `json:"storage_forged"`               // of them, failing authentication
-	CircuitOpenSecs  float64        `json:"storage_circuit_open_seconds"` // this rank's breaker
-	StorageAbandoned int64          `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
-	Divergences      int64          `json:"divergences"`                  // agreed in the replica
-	Recoveries       int64          `json:"recoveries"`
-	QuarantinedSteps int64          `json:"quarantined_steps"`
-	CopyFailures     int64          `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
-	LatencyNs        []int64        `json:"latency_ns"`
-	WallSeconds      float64        `json:"wall_seconds"`
-	Err              string         `json:"err,omitempty"` // an integrity failure on this rank
-	Device           *deviceResult  `json:"device,omitempty"`
-	Timing           *replicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
+	Rank             int                   `json:"rank"`
+	DP               int                   `json:"dp"`     // its DP replica
+	Leader           bool                  `json:"leader"` // rank 0 of its replica group: its replicaCounts count
+	Backend          string                `json:"backend"`
+	Replica          replicaCounts         `json:"replica"`
+	Local            localCounts           `json:"local"`
+	PagesWritten     int64                 `json:"pages_written"`
+	PagesLoaded      int64                 `json:"pages_loaded"`
+	Collectives      int64                 `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
+	DigestChecks     int64                 `json:"digest_checks"`
+	DigestMismatches int64                 `json:"digest_mismatches"`
+	L3Prefetched     int64                 `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
+	L3BackedUp       int64                 `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
+	StorageErrors    int64                 `json:"storage_errors"`               // this rank's calls (each rank does its own pages' storage I/O)
+	StorageRead      int64                 `json:"storage_pages_read"`           // pages this rank read from storage (its own, verified)
+	StorageWritten   int64                 `json:"storage_pages_written"`        // pages this rank wrote to storage (its own)
+	StorageRejected  int64                 `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
+	StorageForged    int64                 `json:"storage_forged"`               // of them, failing authentication
+	CircuitOpenSecs  float64               `json:"storage_circuit_open_seconds"` // this rank's breaker
+	StorageAbandoned int64                 `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
+	Divergences      int64                 `json:"divergences"`                  // agreed in the replica
+	Recoveries       int64                 `json:"recoveries"`
+	QuarantinedSteps int64                 `json:"quarantined_steps"`
+	CopyFailures     int64                 `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
+	LatencyNs        []int64               `json:"latency_ns"`
+	WallSeconds      float64               `json:"wall_seconds"`
+	Err              string                `json:"err,omitempty"` // an integrity failure on this rank
+	Device           *deviceResult         `json:"device,omitempty"`
+	Timing           *report.ReplicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
 }
 
 // ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
@@ -81,7 +82,7 @@ var ErrIntegrity = errors.New("runner: integrity check failed")
 // shared-memory slabs. Rank 0 returns the report of the whole job (other ranks a nil
 // report). The error wraps ErrIntegrity when the run completed but a check failed; the
 // report is then still returned.
-func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) {
+func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err error) {
 	start := time.Now()
 	cfg := &p.Config
 	env, err := parallel.FromEnv()
@@ -309,8 +310,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
-func buildReport(p *Plan, results []rankResult) *Report {
-	r := &Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
+func buildReport(p *Plan, results []rankResult) *report.Report {
+	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {
@@ -368,9 +369,9 @@ func buildReport(p *Plan, results []rankResult) *Report {
 	}
 	r.BytesMoved = (r.PagesWrittenL2 + r.PagesLoadedL2) * int64(p.Config.PageBytes())
 	slices.Sort(lat)
-	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
-	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
-	r.addTiming(p, results, lat)
+	r.ConsensusMedianUs = float64(report.Quantile(lat, 0.5)) / 1e3
+	r.ConsensusP99Us = float64(report.Quantile(lat, 0.99)) / 1e3
+	addTiming(r, p, results, lat)
 	return r
 }
 
@@ -393,12 +394,12 @@ func checkReplicas(results []rankResult) error {
 }
 
 // ReadReport reads the report rank 0 left in a status directory.
-func ReadReport(dir string) (*Report, error) {
+func ReadReport(dir string) (*report.Report, error) {
 	b, err := os.ReadFile(statusPath(dir, reportFile))
 	if err != nil {
 		return nil, fmt.Errorf("runner: report: %w", err)
 	}
-	var r Report
+	var r report.Report
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("runner: report: %w", err)
 	}

@@ -11,12 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // inProcessReport runs p with every rank in this process (runInProcess) and builds the
 // report rank 0 of `cpcache run` would (its consensus latencies are those of the in-process
 // group).
-func inProcessReport(t *testing.T, p *Plan) *Report {
+func inProcessReport(t *testing.T, p *Plan) *report.Report {
 	t.Helper()
 	start := time.Now()
 	out := runInProcess(t, p, -1)
@@ -74,7 +75,7 @@ func TestReplaySweepInProcess(t *testing.T) {
 		}
 		return
 	}
-	sw := &SweepResult{Param: "l2-pages", Values: []string{"1024", "4096", "16384"}}
+	sw := &report.SweepResult{Param: "l2-pages", Values: []string{"1024", "4096", "16384"}}
 	for _, v := range sw.Values {
 		l2, _ := strconv.Atoi(v)
 		rep := inProcessReport(t, plan(func(c *Config) { c.L2Pages = l2 }))
@@ -84,11 +85,11 @@ func TestReplaySweepInProcess(t *testing.T) {
 		t.Logf("l2-pages=%s\n%s", v, b.String())
 	}
 	var b strings.Builder
-	WriteSweepTable(&b, sw)
+	report.WriteSweepTable(&b, sw)
 	t.Logf("\n%s", b.String())
 	for name, write := range map[string]func(*os.File) error{
-		"sweep.json":  func(f *os.File) error { return WriteSweepJSON(f, sw) },
-		"report.html": func(f *os.File) error { return WriteHTML(f, sw.Reports[len(sw.Reports)-1], sw) },
+		"sweep.json":  func(f *os.File) error { return report.WriteSweepJSON(f, sw) },
+		"report.html": func(f *os.File) error { return report.WriteHTML(f, sw.Reports[len(sw.Reports)-1], sw) },
 	} {
 		f, err := os.Create(filepath.Join(dir, name))
 		require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/workload"
 )
@@ -30,7 +31,7 @@ type rankOutcome struct {
 	stats       hicache.Stats
 	firstBad    error
 	err         error
-	timing      *replicaTiming // leaders: virtual time and miss causes
+	timing      *report.ReplicaTiming // leaders: virtual time and miss causes
 	// prefetchesLeft and prefetchHeld are the scheduler's prefetch entries and their weight
 	// when its loop ended (both 0 once every request was served).
 	prefetchesLeft, prefetchHeld int
