@@ -13,6 +13,7 @@ import (
 
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -98,8 +99,8 @@ func attributionPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config
 }
 
 // leaderTotals sums the replica leaders' counts and miss causes.
-func leaderTotals(p *Plan, out []rankOutcome) (replicaCounts, report.MissCauses) {
-	var c replicaCounts
+func leaderTotals(p *Plan, out []rankOutcome) (sched.Counts, report.MissCauses) {
+	var c sched.Counts
 	var m report.MissCauses
 	for rank, o := range out {
 		if p.Layout.ReplicaGroup(rank)[0] == rank {

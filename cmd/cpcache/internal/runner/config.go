@@ -315,20 +315,10 @@ func (p *Plan) checkArrivals() error {
 	return nil
 }
 
-// pagesOf is the number of L1 pages a request occupies at most: its prompt and answer
-// rounded up to whole pages.
+// pagesOf is the number of L1 pages a request occupies at most (see sched.Config.PagesOf).
 func (c *Config) pagesOf(r workload.Request) int {
-	return (len(r.Tokens) + r.OutputLen + c.PageSize - 1) / c.PageSize
-}
-
-// fits is the scheduler's admission rule (simulateNoCache follows it too): r, needing need
-// L1 pages, enters this step after admitted requests (budget prompt tokens left) beside
-// running requests that reserve reserved pages. The first admission of a step may exceed
-// the budget, and a replica with nothing running or admitted takes any request
-// (checkCapacity made sure L1 holds the largest).
-func (c *Config) fits(r workload.Request, need, admitted, budget, running, reserved int) bool {
-	busy := admitted > 0 || running > 0
-	return (admitted == 0 || len(r.Tokens) <= budget) && running < c.MaxRunning && (!busy || reserved+need <= c.L1Pages)
+	sc := c.sched()
+	return sc.PagesOf(r)
 }
 
 // checkCapacity rejects capacities too small to hold the largest request: L1 must hold all

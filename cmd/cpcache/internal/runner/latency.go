@@ -21,12 +21,3 @@ func addTiming(r *report.Report, p *Plan, results []rankResult, lat []time.Durat
 	r.AddTiming(report.Time{Mode: t.Mode, Speed: t.Speed, Cost: t.Cost, Model: t.Model, PrefetchSync: t.PrefetchSync, Storage: p.Config.Storage != ""},
 		on, off, lat, referenceOf(p))
 }
-
-// timing is what the scheduler's leader reports: its clock's timings and its miss causes.
-func (s *scheduler) timing() *report.ReplicaTiming {
-	t := report.TimingOf(s.clock)
-	if s.misses != nil {
-		t.Misses = s.misses.causes
-	}
-	return &t
-}

@@ -17,6 +17,7 @@ import (
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -43,10 +44,10 @@ const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
 type rankResult struct {
 	Rank             int                   `json:"rank"`
 	DP               int                   `json:"dp"`     // its DP replica
-	Leader           bool                  `json:"leader"` // rank 0 of its replica group: its replicaCounts count
+	Leader           bool                  `json:"leader"` // rank 0 of its replica group: its sched.Counts count
 	Backend          string                `json:"backend"`
-	Replica          replicaCounts         `json:"replica"`
-	Local            localCounts           `json:"local"`
+	Replica          sched.Counts          `json:"replica"`
+	Local            sched.Local           `json:"local"`
 	PagesWritten     int64                 `json:"pages_written"`
 	PagesLoaded      int64                 `json:"pages_loaded"`
 	Collectives      int64                 `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
@@ -214,16 +215,19 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	}
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
-	sched.kv = mem.kv(cache)
-	sched.faults = newFaultRunner(cfg, rank)
-	if pub != nil && sched.faults != nil {
-		sched.faults.afterFlush = func() error { return pub.flushed(cache) }
+	sched.KV = mem.kv(cache)
+	faults := newFaultRunner(cfg, rank, cache)
+	if faults != nil {
+		sched.Faults = faults
+	}
+	if pub != nil && faults != nil {
+		faults.afterFlush = func() error { return pub.flushed(cache) }
 	}
 	if leader {
-		sched.misses = newMissTracker(cfg)
+		sched.Misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.corrupt = mem.corrupter(set, cache.CPRank())
+		sched.Corrupt = mem.corrupter(set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, hicache.LabelsOf(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
@@ -231,16 +235,16 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		return nil, err
 	}
 	before := counted.Counts().Total()
-	runErr := sched.run(ctx)
+	runErr := sched.Run(ctx)
 	stop()
 	if runErr != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
 	}
 	cst := cache.Stats()
 	res := rankResult{
-		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.counts, Local: sched.local,
+		Rank: rank, DP: coord.DP, Leader: leader, Backend: backend, Replica: sched.Counts(), Local: sched.Local(),
 		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
-		Collectives:  int64(counted.Counts().Total()-before) - sched.local.FlushCollectives,
+		Collectives:  int64(counted.Counts().Total()-before) - sched.Local().FlushCollectives,
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
@@ -254,14 +258,14 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		res.StorageAbandoned = int64(sst.Abandoned)
 	}
 	if leader {
-		res.Timing = sched.timing()
+		res.Timing = sched.Timing()
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
 	}
 	var integrity error
-	if sched.firstBad != nil {
-		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
+	if sched.FirstBad() != nil {
+		integrity = fmt.Errorf("rank %d: %w", rank, sched.FirstBad())
 	}
 	if integrity != nil {
 		res.Err = integrity.Error()

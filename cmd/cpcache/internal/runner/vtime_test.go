@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/sim/vtime"
 	"github.com/cpcache/cpcache/workload"
 )
@@ -184,7 +185,7 @@ func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 			p, err := Prepare(cfg)
 			require.NoError(t, err)
 			off := simulateNoCache(&p.Config, p.Requests).Timings()
-			var first replicaCounts
+			var first sched.Counts
 			for run := range 2 {
 				out := runInProcess(t, p, -1)
 				requireAgreed(t, p, out)

@@ -14,8 +14,9 @@ import (
 // computed and nothing is loaded or backed up. It needs no ranks, so the cache-off figures
 // come from the same run instead of a second one. It returns the clock (timings, makespan,
 // computed tokens).
-func simulateNoCache(cfg *Config, reqs []workload.Request) *vtime.Clock {
+func simulateNoCacheOld(cfg *Config, reqs []workload.Request) *vtime.Clock {
 	v := newClock(cfg)
+	sc := cfg.sched()
 	queue := slices.Clone(reqs)
 	if v.Virtual() {
 		slices.SortStableFunc(queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
@@ -63,8 +64,8 @@ func simulateNoCache(cfg *Config, reqs []workload.Request) *vtime.Clock {
 			if !stop && !v.Arrived(r) {
 				stop = true
 			}
-			need := cfg.pagesOf(r)
-			if stop || !cfg.fits(r, need, admitted, budget, len(run), reserved) {
+			need := sc.PagesOf(r)
+			if stop || !sc.Fits(r, need, admitted, budget, len(run), reserved) {
 				stop = true
 				keep = append(keep, r)
 				continue

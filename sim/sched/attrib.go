@@ -1,4 +1,4 @@
-package runner
+package sched
 
 import (
 	"github.com/cpcache/cpcache/hicache"
@@ -6,11 +6,11 @@ import (
 	"github.com/cpcache/cpcache/workload"
 )
 
-// missTracker attributes misses from what the scheduler did: a shadow of which pages (by
+// MissTracker attributes misses from what the scheduler did: a shadow of which pages (by
 // chained prefix hash) were ever inserted, which had an L2 copy, and which are answers of
-// running requests not inserted yet. It only observes; it decides nothing, so only a
-// replica's leader keeps one.
-type missTracker struct {
+// running requests not inserted yet. It only observes (an Observer); it decides nothing, so
+// only a replica's leader keeps one.
+type MissTracker struct {
 	pageSize   int
 	policy     hicache.Policy
 	storage    bool
@@ -22,8 +22,9 @@ type missTracker struct {
 	causes     report.MissCauses
 }
 
-func newMissTracker(cfg *Config) *missTracker {
-	return &missTracker{pageSize: cfg.PageSize, policy: cfg.Policy, storage: cfg.Storage != "",
+// NewMissTracker returns the miss attribution of a scheduler of cfg.
+func NewMissTracker(cfg Config) *MissTracker {
+	return &MissTracker{pageSize: cfg.PageSize, policy: cfg.Policy, storage: cfg.Storage,
 		seen: map[uint64]struct{}{}, flushed: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}}
 }
 
@@ -31,7 +32,7 @@ func newMissTracker(cfg *Config) *missTracker {
 // write_through every inserted page is backed up, under write_back every page leaving L1
 // is; under write_through_selective only hot pages are, and the tracker knows those that a
 // match found in L2.
-func (t *missTracker) hadL2(h uint64) bool {
+func (t *MissTracker) hadL2(h uint64) bool {
 	if t.policy != hicache.WriteThroughSelective {
 		return true
 	}
@@ -41,7 +42,7 @@ func (t *missTracker) hadL2(h uint64) bool {
 
 // quarantined records whether the group is in quarantine now; the end of a quarantine is
 // an agreed flush that dropped every page.
-func (t *missTracker) quarantined(q bool) {
+func (t *MissTracker) quarantined(q bool) {
 	if t.quarantine && !q {
 		for h := range t.seen {
 			t.flushed[h] = struct{}{}
@@ -55,7 +56,7 @@ func (t *missTracker) quarantined(q bool) {
 // cache (device or host) by its match, served pages were served (hits), and the rest of the
 // prompt was computed (all of it beyond the served pages for cost, when cost says the cost
 // rule skipped its continuation).
-func (t *missTracker) prefilled(r workload.Request, matched, served int, cost bool) {
+func (t *MissTracker) prefilled(r workload.Request, matched, served int, cost bool) {
 	P := t.pageSize
 	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:len(r.Tokens)/P*P], P)
 	t.causes.PartialPage += int64(len(r.Tokens) % P)
@@ -91,7 +92,7 @@ func (t *missTracker) prefilled(r workload.Request, matched, served int, cost bo
 }
 
 // matchedL2 records the pages a match found in L2 only.
-func (t *missTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
+func (t *MissTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
 	if t.policy != hicache.WriteThroughSelective || m.HostPages == 0 {
 		return
 	}
@@ -102,14 +103,14 @@ func (t *missTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
 }
 
 // answerPages are the pages of r's prompt and answer that its prompt alone does not hold.
-func (t *missTracker) answerPages(r workload.Request) []uint64 {
+func (t *MissTracker) answerPages(r workload.Request) []uint64 {
 	P := t.pageSize
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
 	return hicache.KeyPrefixHashes(r.Key, full[:len(full)/P*P], P)[len(r.Tokens)/P:]
 }
 
 // finished records that r's prompt and answer were inserted.
-func (t *missTracker) finished(r workload.Request) {
+func (t *MissTracker) finished(r workload.Request) {
 	for _, h := range t.answerPages(r) {
 		if t.inflight[h]--; t.inflight[h] <= 0 {
 			delete(t.inflight, h)
@@ -117,3 +118,26 @@ func (t *missTracker) finished(r workload.Request) {
 		t.seen[h] = struct{}{}
 	}
 }
+
+// Causes are the misses attributed so far.
+func (t *MissTracker) Causes() report.MissCauses { return t.causes }
+
+// Matched implements Observer: it records the pages the match found in L2 only.
+func (t *MissTracker) Matched(r workload.Request, m hicache.MatchResult) { t.matchedL2(r, m) }
+
+// Prefilled implements Observer: it attributes the prefill's misses.
+func (t *MissTracker) Prefilled(p Prefill) {
+	if p.Diverged {
+		t.quarantined(p.Quarantined)
+	}
+	t.prefilled(p.Request, p.Matched, p.Served, p.CostSkipped)
+}
+
+// Finished implements Observer.
+func (t *MissTracker) Finished(r workload.Request) { t.finished(r) }
+
+// Stepped implements Observer.
+func (t *MissTracker) Stepped(int64) {}
+
+// BadPage implements Observer.
+func (t *MissTracker) BadPage() {}
