@@ -28,7 +28,7 @@ type pendingPrefetch struct {
 	// would have been taken): it is matched again before the prefill, and what it lost
 	// meanwhile is fetched again.
 	recheck bool
-	epoch   uint64 // scheduler.roomEpoch at the last retry
+	epoch   uint64 // Scheduler.roomEpoch at the last retry
 }
 
 // costSkip records that r's continuation beyond its L1 and L2 hit is computed because the
@@ -50,7 +50,7 @@ func (s *Scheduler) prefillCost(r workload.Request, device int) bool {
 // maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
 // cache refused stored pages for a transient reason (quota, L2 room, a changed tree, a
 // duplicate read) or its hold was released: past it, the refused pages are computed and
-// counted (replicaCounts.PrefetchRefusedPages), never silently.
+// counted (Counts.PrefetchRefusedPages), never silently.
 const maxPrefetchAttempts = 8
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for

@@ -165,7 +165,7 @@ func (s *Scheduler) run(ctx context.Context) error {
 		}
 		quiet := s.cache.Pending() == 0
 		prefetched := len(s.prefetches) > 0
-		// Admissions held for a flush when idle (see faultRunner.holdsAdmissions): the
+		// Admissions held for a flush when idle (see Faults.HoldsAdmissions): the
 		// flush is made at a step below once nothing runs and nothing is in flight.
 		held := s.holdsAdmissions(uint64(s.counts.Steps))
 		if err := s.step(ctx); err != nil {
@@ -538,11 +538,11 @@ func (s *Scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 // its victims) and calls it again. It returns try's last error.
 //
 // When the group agrees that a copy is over depends on how fast the host copies, not on any
-// replicated decision. The scheduler used to give up at once and retry at later steps: how
-// many (each decoding the running requests, charged a decode step) and which pages could
-// be evicted meanwhile then followed the host's speed, and hits per tier, misses by cause
-// and every virtual time differed from one run of the same job to the next. In the cost
-// model a step lasts as long as its backups (see CostProfile), so they are over by the next
+// replicated decision. Giving up at once and retrying at later steps would make how many
+// steps (each decoding the running requests, charged a decode step) and which pages could
+// be evicted meanwhile follow the host's speed, and hits per tier, misses by cause and
+// every virtual time differ from one run of the same job to the next. In the cost
+// model a step lasts as long as its backups (see vtime.CostProfile), so they are over by the next
 // step: the steps withRoom makes decode nothing and are not charged to the virtual clock,
 // like the steps a load-back waits in. Replicated: Pending is, so every rank makes the same
 // steps.

@@ -73,7 +73,7 @@ type Config struct {
 	L2         string
 	CUDADevice int
 
-	Time TimeConfig // virtual time and its cost model (see vtime.go)
+	Time TimeConfig // virtual time and its cost model (see sim/vtime)
 
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
