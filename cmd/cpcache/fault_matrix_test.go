@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // EnvFaultSoak runs the fault matrix on every layout × consensus backend (4 runs per case)
@@ -62,7 +62,7 @@ type rankEnd struct {
 type matrixRun struct {
 	layout matrixLayout
 	ends   []rankEnd
-	report *runner.Report // rank 0's, when it wrote one
+	report *report.Report // rank 0's, when it wrote one
 	wall   time.Duration
 }
 
@@ -179,7 +179,7 @@ func runRanks(t *testing.T, l matrixLayout, args []string) *matrixRun {
 		t.Errorf("shared-memory segments left behind: %v", leaked)
 	}
 	if b, err := os.ReadFile(jsonPath); err == nil && len(b) > 0 { // a failed run leaves it empty
-		m.report = &runner.Report{}
+		m.report = &report.Report{}
 		if err := json.Unmarshal(b, m.report); err != nil {
 			t.Fatal(err)
 		}

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/internal/testenv/redistest"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // rdvJob is a small 2-rank job: a few requests, so that a trial takes about a second.
@@ -54,7 +54,7 @@ func TestRunTwoJobsOneRendezvousStore(t *testing.T) {
 	for name, store := range stores {
 		t.Run(name, func(t *testing.T) {
 			for trial := 0; trial < trials[name]; trial++ {
-				var waits [2]func() (int, *runner.Report, string, string)
+				var waits [2]func() (int, *report.Report, string, string)
 				for j := range waits {
 					waits[j] = startBinary(t, nil, append([]string{"--store", store, "--timeout", "30s"}, rdvJob...)...)
 				}

@@ -19,6 +19,7 @@ import (
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/sigpipe"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -251,7 +252,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		status = runAsRank(ctx, plan, statusDir, paths, o.metrics, stdout, stderr)
 	} else {
 		var lingered bool
-		status, lingered = runLocal(ctx, plan, args, o.metrics, o.metricsLinger, stdout, stderr, func(rep *runner.Report) int {
+		status, lingered = runLocal(ctx, plan, args, o.metrics, o.metricsLinger, stdout, stderr, func(rep *report.Report) int {
 			if err := emitReport(rep, paths, stdout); err != nil {
 				return fail(stderr, 1, err)
 			}
@@ -337,8 +338,8 @@ func runAsRank(ctx context.Context, p *runner.Plan, statusDir string, paths repo
 // linger it then keeps /metrics up, with the ranks' final figures, for linger or until ctx
 // ends; lingered says the run was over before ctx ended.
 func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string, linger lingerFlag, stdout, stderr io.Writer,
-	emit func(*runner.Report) int) (status int, lingered bool) {
-	_, status = startRanks(ctx, p, args, metrics, stdout, stderr, func(w *runner.Watcher, rep *runner.Report, status int) int {
+	emit func(*report.Report) int) (status int, lingered bool) {
+	_, status = startRanks(ctx, p, args, metrics, stdout, stderr, func(w *runner.Watcher, rep *report.Report, status int) int {
 		if rep != nil {
 			if s := emit(rep); s != 0 && status == 0 {
 				status = s
@@ -367,7 +368,7 @@ func runLocal(ctx context.Context, p *runner.Plan, args []string, metrics string
 // startRanks starts the ranks and hands after the watcher (still serving /metrics), rank 0's
 // report (nil when the ranks left none) and the ranks' status; after's status is returned.
 func startRanks(ctx context.Context, p *runner.Plan, args []string, metrics string, stdout, stderr io.Writer,
-	after func(*runner.Watcher, *runner.Report, int) int) (*runner.Report, int) {
+	after func(*runner.Watcher, *report.Report, int) int) (*report.Report, int) {
 	sigpipe.Catch() // this process is the ranks' launcher, its progress and report included
 	exe, err := os.Executable()
 	if err != nil {
@@ -425,12 +426,12 @@ func startRanks(ctx context.Context, p *runner.Plan, args []string, metrics stri
 	return rep, after(w, rep, status)
 }
 
-func emitReport(rep *runner.Report, paths reportPaths, stdout io.Writer) error {
+func emitReport(rep *report.Report, paths reportPaths, stdout io.Writer) error {
 	rep.WriteText(stdout)
 	if err := writeOutput(paths.json, "--json", rep.WriteJSON); err != nil {
 		return err
 	}
-	return writeOutput(paths.html, "--html", func(w io.Writer) error { return runner.WriteHTML(w, rep, nil) })
+	return writeOutput(paths.html, "--html", func(w io.Writer) error { return report.WriteHTML(w, rep, nil) })
 }
 
 // writeOutput writes a file with write ("" path: nothing); errors name the flag and path.

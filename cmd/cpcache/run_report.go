@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // reportOpts are the flags of `cpcache run` about time, the cost model, sweeps and the
@@ -109,14 +110,14 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 		cfgs, runArgs = append(cfgs, ro.cfg), append(runArgs, a)
 	}
 	ctx, signalled := signalContext()
-	sw := &runner.SweepResult{Param: param, Values: values}
+	sw := &report.SweepResult{Param: param, Values: values}
 	for i, cfg := range cfgs {
 		fmt.Fprintf(stderr, "run: --sweep %s=%s\n", param, values[i])
 		p, err := runner.Prepare(cfg)
 		if err != nil {
 			return fail(stderr, 2, fmt.Errorf("run: --sweep %s=%s: %w", param, values[i], err))
 		}
-		rep, status := startRanks(ctx, p, runArgs[i], o.metrics, stdout, stderr, func(_ *runner.Watcher, _ *runner.Report, status int) int { return status })
+		rep, status := startRanks(ctx, p, runArgs[i], o.metrics, stdout, stderr, func(_ *runner.Watcher, _ *report.Report, status int) int { return status })
 		if sig := signalled(); sig != 0 {
 			return 128 + int(sig)
 		}
@@ -127,12 +128,12 @@ func runSweep(o *runOpts, args []string, stdout, stderr io.Writer) int {
 	}
 	sw.Reports[len(sw.Reports)-1].WriteText(stdout)
 	fmt.Fprintln(stdout)
-	runner.WriteSweepTable(stdout, sw)
-	if err := writeOutput(o.jsonPath, "--json", func(w io.Writer) error { return runner.WriteSweepJSON(w, sw) }); err != nil {
+	report.WriteSweepTable(stdout, sw)
+	if err := writeOutput(o.jsonPath, "--json", func(w io.Writer) error { return report.WriteSweepJSON(w, sw) }); err != nil {
 		return fail(stderr, 1, err)
 	}
 	last := sw.Reports[len(sw.Reports)-1]
-	if err := writeOutput(o.report.html, "--html", func(w io.Writer) error { return runner.WriteHTML(w, last, sw) }); err != nil {
+	if err := writeOutput(o.report.html, "--html", func(w io.Writer) error { return report.WriteHTML(w, last, sw) }); err != nil {
 		return fail(stderr, 1, err)
 	}
 	return 0

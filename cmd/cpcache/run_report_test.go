@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // conversationTrace writes a Mooncake trace of 6 conversations of 10 turns, each turn's
@@ -79,7 +79,7 @@ func TestRunSweepOverThreeCapacitiesWithHTML(t *testing.T) {
 
 	table := stdout.String()[strings.Index(stdout.String(), "l2-pages "):]
 	assert.Len(t, strings.Split(strings.TrimSpace(table), "\n"), 4, "a header and one row per value:\n%s", table)
-	var sw runner.SweepResult
+	var sw report.SweepResult
 	b, err := os.ReadFile(jsonPath)
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &sw))
@@ -106,7 +106,7 @@ func TestRunSweepOverThreeCapacitiesWithHTML(t *testing.T) {
 	page, err := os.ReadFile(htmlPath)
 	require.NoError(t, err)
 	figs := svgFigures(t, string(page))
-	for _, id := range []string{runner.ChartHitTimeline, runner.ChartTTFTCDF, runner.ChartMisses, runner.ChartConsensus, runner.ChartSweep} {
+	for _, id := range []string{report.ChartHitTimeline, report.ChartTTFTCDF, report.ChartMisses, report.ChartConsensus, report.ChartSweep} {
 		f, ok := figs[id]
 		require.True(t, ok, "chart %s is in the report", id)
 		assert.Positive(t, f[0], "chart %s has data", id)

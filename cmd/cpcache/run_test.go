@@ -18,6 +18,7 @@ import (
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/internal/testenv/redistest"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/storage/stores"
 )
 
@@ -74,14 +75,14 @@ func withoutLauncherEnv(alsoDrop func(name string) bool) []string {
 
 // runBinary runs `cpcache run args...` with the launcher's variables removed; it returns
 // the exit status, the report (when --json was written) and stderr.
-func runBinary(t *testing.T, env []string, args ...string) (int, *runner.Report, string, string) {
+func runBinary(t *testing.T, env []string, args ...string) (int, *report.Report, string, string) {
 	t.Helper()
 	return startBinary(t, env, args...)()
 }
 
 // startBinary starts `cpcache run args...` (see runBinary) and returns a function that waits
 // for it and returns what runBinary returns.
-func startBinary(t *testing.T, env []string, args ...string) func() (int, *runner.Report, string, string) {
+func startBinary(t *testing.T, env []string, args ...string) func() (int, *report.Report, string, string) {
 	t.Helper()
 	jsonPath := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(cpcacheBinary(t), append([]string{"run", "--json", jsonPath}, args...)...)
@@ -89,7 +90,7 @@ func startBinary(t *testing.T, env []string, args ...string) func() (int, *runne
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())
-	return func() (int, *runner.Report, string, string) {
+	return func() (int, *report.Report, string, string) {
 		t.Helper()
 		err := cmd.Wait()
 		status := 0
@@ -99,9 +100,9 @@ func startBinary(t *testing.T, env []string, args ...string) func() (int, *runne
 		} else {
 			require.NoError(t, err)
 		}
-		var rep *runner.Report
+		var rep *report.Report
 		if b, err := os.ReadFile(jsonPath); err == nil {
-			rep = &runner.Report{}
+			rep = &report.Report{}
 			require.NoError(t, json.Unmarshal(b, rep))
 		}
 		return status, rep, stdout.String(), stderr.String()
@@ -109,7 +110,7 @@ func startBinary(t *testing.T, env []string, args ...string) func() (int, *runne
 }
 
 // requireHealthy asserts what every good run must show.
-func requireHealthy(t *testing.T, status int, rep *runner.Report, stdout, stderr string) {
+func requireHealthy(t *testing.T, status int, rep *report.Report, stdout, stderr string) {
 	t.Helper()
 	require.Equal(t, 0, status, "stderr:\n%s", stderr)
 	require.NotNil(t, rep, "no JSON report; stderr:\n%s", stderr)
@@ -184,7 +185,7 @@ func TestRunJoinsAnotherLaunchersJob(t *testing.T) {
 	require.NoError(t, cmd.Run(), stderr.String())
 	b, err := os.ReadFile(jsonPath)
 	require.NoError(t, err, stderr.String())
-	var rep runner.Report
+	var rep report.Report
 	require.NoError(t, json.Unmarshal(b, &rep))
 	requireHealthy(t, 0, &rep, stdout.String(), stderr.String())
 	assert.Contains(t, stdout.String(), "[0] cpcache run report")
@@ -276,7 +277,7 @@ var storageArgs = append([]string{"--world", "4", "--dp", "1", "--attn-cp", "4"}
 func requireSecondRunHitsStorage(t *testing.T, url string, extra ...string) {
 	t.Helper()
 	args := append(append([]string{"--storage", url}, storageArgs...), extra...)
-	var reps [2]*runner.Report
+	var reps [2]*report.Report
 	for i := range reps {
 		status, rep, out, errOut := runBinary(t, nil, args...)
 		requireHealthy(t, status, rep, out, errOut)

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -97,9 +99,9 @@ func attributionPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config
 }
 
 // leaderTotals sums the replica leaders' counts and miss causes.
-func leaderTotals(p *Plan, out []rankOutcome) (replicaCounts, MissCauses) {
-	var c replicaCounts
-	var m MissCauses
+func leaderTotals(p *Plan, out []rankOutcome) (sched.Counts, report.MissCauses) {
+	var c sched.Counts
+	var m report.MissCauses
 	for rank, o := range out {
 		if p.Layout.ReplicaGroup(rank)[0] == rank {
 			c.InputTokens += o.counts.InputTokens
@@ -107,7 +109,7 @@ func leaderTotals(p *Plan, out []rankOutcome) (replicaCounts, MissCauses) {
 			c.HitL2 += o.counts.HitL2
 			c.HitL3 += o.counts.HitL3
 			c.Missed += o.counts.Missed
-			m.add(o.timing.Misses)
+			m.Add(o.timing.Misses)
 		}
 	}
 	return c, m

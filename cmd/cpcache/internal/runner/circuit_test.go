@@ -12,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/workload"
 )
@@ -87,17 +88,6 @@ func (s *stoppingStore) Clear(ctx context.Context) error {
 	return s.Storage.Clear(ctx)
 }
 
-// queriesWaiting counts s's prefetch entries whose prefetch the group has not agreed over.
-func (s *scheduler) queriesWaiting() int {
-	n := 0
-	for _, pf := range s.prefetches {
-		if pf.id != 0 && s.cache.PrefetchPending(pf.id) {
-			n++
-		}
-	}
-	return n
-}
-
 // TestStoreStopsWhilePrefetchesWait: the store stops, and the storage circuit opens, while
 // every conversation's second turn waits in the queue for its prefetch; the group agrees all
 // those prefetches over (misses) at one step. Each turn's history, back in L1 from its first
@@ -148,20 +138,20 @@ func TestStoreStopsWhilePrefetchesWait(t *testing.T) {
 					stores[rank] = newStoppingStore(st, firstTurnPages)
 					return stores[rank]
 				},
-				afterSchedule: func(rank int, s *scheduler) func(context.Context) error {
+				afterSchedule: func(rank int, s *sched.Scheduler) func(context.Context) error {
 					return func(ctx context.Context) error {
 						if stopped[rank] > 0 {
 							return nil
 						}
-						waiting := s.queriesWaiting()
-						if s.counts.Requests < perReplica || waiting < perReplica || len(s.running) > 0 {
+						waiting := s.PrefetchesReading()
+						if s.Counts().Requests < perReplica || waiting < perReplica || s.Running() > 0 {
 							return nil
 						}
 						// Every first turn finished; every second turn waits for storage.
 						stopped[rank] = waiting
 						stores[rank].Stop()
-						for s.queriesWaiting() > 0 { // the group agrees the misses (replicated)
-							if err := s.step(ctx); err != nil {
+						for s.PrefetchesReading() > 0 { // the group agrees the misses (replicated)
+							if err := s.Step(ctx); err != nil {
 								return err
 							}
 						}

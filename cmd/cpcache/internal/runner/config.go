@@ -73,7 +73,7 @@ type Config struct {
 	L2         string
 	CUDADevice int
 
-	Time TimeConfig // virtual time and its cost model (see vtime.go)
+	Time TimeConfig // virtual time and its cost model (see sim/vtime)
 
 	Store     string        // rendezvous store URL ("": CPCACHE_STORE)
 	Consensus string        // consensus backend: "", auto, shm or gloo (see parallel/shm)
@@ -191,7 +191,7 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
-		return nil, err
+		return nil, bad("%w", err)
 	}
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
@@ -245,8 +245,8 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := p.checkKVEvents(); err != nil {
 		return nil, err
 	}
-	if be := cfg.Time.Model.breakEven(); cfg.Storage != "" {
-		if w := be.warning(cfg.Time.Cost.Name); w != "" {
+	if be := cfg.Time.Model.BreakEven(); cfg.Storage != "" {
+		if w := be.Warning(cfg.Time.Cost.Name); w != "" {
 			p.Warnings = append(p.Warnings, w)
 		}
 	}
@@ -315,20 +315,10 @@ func (p *Plan) checkArrivals() error {
 	return nil
 }
 
-// pagesOf is the number of L1 pages a request occupies at most: its prompt and answer
-// rounded up to whole pages.
+// pagesOf is the number of L1 pages a request occupies at most (see sched.Config.PagesOf).
 func (c *Config) pagesOf(r workload.Request) int {
-	return (len(r.Tokens) + r.OutputLen + c.PageSize - 1) / c.PageSize
-}
-
-// fits is the scheduler's admission rule (simulateNoCache follows it too): r, needing need
-// L1 pages, enters this step after admitted requests (budget prompt tokens left) beside
-// running requests that reserve reserved pages. The first admission of a step may exceed
-// the budget, and a replica with nothing running or admitted takes any request
-// (checkCapacity made sure L1 holds the largest).
-func (c *Config) fits(r workload.Request, need, admitted, budget, running, reserved int) bool {
-	busy := admitted > 0 || running > 0
-	return (admitted == 0 || len(r.Tokens) <= budget) && running < c.MaxRunning && (!busy || reserved+need <= c.L1Pages)
+	sc := c.sched()
+	return sc.PagesOf(r)
 }
 
 // checkCapacity rejects capacities too small to hold the largest request: L1 must hold all

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -37,8 +38,8 @@ func TestCostProfileFollowsTheLayout(t *testing.T) {
 
 	// The virtual clock of each run: a 64-page prefetch, latency aside.
 	read := func(p *Plan) float64 {
-		v := newVClock(&p.Config)
-		return v.storageReady(0, 64) - p.Config.Time.Model.StorageLatencyUs*1e3
+		v := newClock(&p.Config)
+		return v.StorageReady(0, 64) - p.Config.Time.Model.StorageLatencyUs*1e3
 	}
 	r1, r8 := read(plan(1, 1, nil)), read(plan(8, 8, nil))
 	assert.InDelta(t, 64*16*131072/7.0, r1, 1e-6, "CP1: one I/O rank reads all 64 pages at 7 GB/s")
@@ -80,48 +81,6 @@ func TestCostProfileFollowsTheLayout(t *testing.T) {
 	assert.Contains(t, err.Error(), "mfu 1.5 is over 1")
 }
 
-// TestBreakEven: the break-even prompt length solves latency + storage time = prefill time
-// (linear and attention), storage per token faster than prefill needs no warning, slower
-// does, and without an attention term slower never pays off.
-func TestBreakEven(t *testing.T) {
-	resolve := func(name, overrides string, cp int) CostModel {
-		p, err := LoadCostProfile(name, overrides)
-		require.NoError(t, err)
-		m, err := p.Resolve(cp, 1, 16, 64)
-		require.NoError(t, err)
-		return m
-	}
-	check := func(m CostModel, b BreakEven) {
-		t.Helper()
-		n := b.MinPromptTokens
-		s := float64(m.KVBytesPerToken) / (float64(m.CP) * m.StorageGBps)
-		lhs := m.StorageLatencyUs*1e3 + s*n
-		rhs := m.PrefillNsPerToken*n + m.AttentionNsPerTokenPair*n*n/2
-		assert.InDelta(t, 1, lhs/rhs, 1e-9, "at %.0f tokens reading and computing take as long", n)
-	}
-	fast := resolve(DefaultCostProfile, "", 4)
-	b := fast.breakEven()
-	check(fast, b)
-	assert.False(t, b.StorageSlower)
-	assert.Empty(t, b.warning("x"))
-	// CP4: 4 ranks × 7 GB/s over 128 KiB = 214 K tokens/s; prefill 98.5 K tokens/s.
-	assert.InDelta(t, 4*7e9/131072, b.StorageTokensPerS, 1e-6)
-	assert.InDelta(t, 1e9/fast.PrefillNsPerToken, b.PrefillTokensPerS, 1e-9)
-	assert.Less(t, b.MinPromptTokens, float64(SGLangPrefetchThreshold), "NVMe per rank pays off below SGLang's 256 tokens")
-
-	slow := resolve(DefaultCostProfile, "storage_gbps=0.5", 4)
-	b = slow.breakEven()
-	check(slow, b)
-	assert.True(t, b.StorageSlower)
-	assert.Greater(t, b.MinPromptTokens, 100000.0, "at 0.5 GB/s per rank only prompts of hundreds of K tokens pay off")
-	assert.Contains(t, b.warning("slow"), "a storage hit is slower than recomputing it")
-
-	never := resolve("unit", "storage_gbps=0.001", 4)
-	b = never.breakEven()
-	assert.True(t, b.Never)
-	assert.Contains(t, b.warning("never"), "no prefetch pays off")
-}
-
 // TestPrefetchSkippedForCost: a second run against the store its first run filled (CP4, the
 // synthetic workload of TestSecondRunServesWhatStorageHolds). (a) Where the profile reads a
 // page from storage slower than it computes it (0.5 GB/s per I/O rank: 65.5 µs per token
@@ -158,8 +117,8 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 		out := runInProcess(t, p, -1)
 		requireAgreed(t, p, out) // the ranks of the replica count alike, skipped pages too
 		c := out[0].counts
-		on := figures([]replicaTiming{*out[0].timing}, 0)
-		off := figures([]replicaTiming{timingOf(simulateNoCache(&p.Config, p.Requests))}, 0)
+		on := report.Figures([]report.ReplicaTiming{*out[0].timing}, 0)
+		off := report.Figures([]report.ReplicaTiming{report.TimingOf(simulateNoCache(&p.Config, p.Requests))}, 0)
 		return result{hitL3: c.HitL3, beyond: stored - c.HitL1 - c.HitL2, skipped: c.PrefetchCostSkippedPages * P,
 			missedCost: out[0].timing.Misses.Cost, prefetched: out[0].stats.L3PrefetchedPages, ttftOn: on.TTFTP50Ms, ttftOff: off.TTFTP50Ms}
 	}

@@ -156,16 +156,16 @@ func (m *memory) flipByte(set *slab.Set, pg slab.Page) error {
 }
 
 // kvMemory is the scheduler's view of L1: it writes the KV it "computes" into a slot
-// (fill) and reads a loaded slot to check it (read).
+// (Fill) and reads a loaded slot to check it (Read): a sched.KV.
 type kvMemory interface {
-	fill(slot int32, write func([]byte)) error
-	read(slot int32) ([]byte, error)
+	Fill(slot int32, write func([]byte)) error
+	Read(slot int32) ([]byte, error)
 }
 
 // hostKV is L1 in host memory (the cache's HostEngine).
 type hostKV struct{ c *hicache.Cache }
 
-func (h hostKV) fill(slot int32, write func([]byte)) error {
+func (h hostKV) Fill(slot int32, write func([]byte)) error {
 	b, err := h.c.L1Page(slot)
 	if err == nil {
 		write(b)
@@ -173,7 +173,7 @@ func (h hostKV) fill(slot int32, write func([]byte)) error {
 	return err
 }
 
-func (h hostKV) read(slot int32) ([]byte, error) { return h.c.L1Page(slot) }
+func (h hostKV) Read(slot int32) ([]byte, error) { return h.c.L1Page(slot) }
 
 // deviceKV is L1 in device memory, reached through the pinned staging page with
 // synchronous copies (from pinned memory they are complete when they return, so a backup
@@ -187,7 +187,7 @@ func (d *deviceKV) slot(slot int32) (cuda.DevicePtr, error) {
 	return d.m.l1.Add(int(slot) * d.m.cfg.PageBytes()), nil
 }
 
-func (d *deviceKV) fill(slot int32, write func([]byte)) error {
+func (d *deviceKV) Fill(slot int32, write func([]byte)) error {
 	p, err := d.slot(slot)
 	if err != nil {
 		return err
@@ -197,7 +197,7 @@ func (d *deviceKV) fill(slot int32, write func([]byte)) error {
 	return d.m.dev.CopyHtoD(p, b)
 }
 
-func (d *deviceKV) read(slot int32) ([]byte, error) {
+func (d *deviceKV) Read(slot int32) ([]byte, error) {
 	p, err := d.slot(slot)
 	if err != nil {
 		return nil, err

@@ -37,21 +37,21 @@
 //
 // # Virtual time
 //
-// Each replica keeps a virtual clock (vtime.go), the same on every rank because it advances
+// Each replica keeps a virtual clock (sim/vtime), the same on every rank because it advances
 // only from replicated decisions. With TimeVirtual (the default for traces) a request is
 // admitted only once the clock reached its trace timestamp (divided by Speed), and when
 // nothing runs the clock jumps to the next arrival; with TimeNone every request arrives at 0
 // and they are served back to back. Each scheduler step advances the clock by its modelled
-// duration from a CostProfile (cost.go: prefill per computed token plus a quadratic attention
+// duration from a CostProfile (sim/vtime: prefill per computed token plus a quadratic attention
 // term, decode per step and per running request, L2→L1 loads and L1→L2 backups from page
 // bytes and bandwidth, storage latency and bandwidth). Nothing sleeps. From the clock the
 // report gives TTFT and queueing quantiles, prefill tokens computed and throughput; the same
-// figures with the cache off come from simulateNoCache, the scheduler's rules replayed
-// without a cache under the same costs, so "TTFT saved" needs no second run.
+// figures with the cache off come from simulateNoCache, the same scheduler (sim/sched) over
+// a cache that holds nothing (sched.NullCache) under the same costs, so "TTFT saved" needs no second run.
 //
 // # Miss attribution and references
 //
-// A replica's leader keeps a missTracker (attrib.go) that observes which pages were
+// A replica's leader keeps a sched.MissTracker (an observer of its scheduler) that observes which pages were
 // inserted, which are answers of running requests, and what each match found, and counts
 // every missed prompt token under one cause (MissCauses: compulsory, capacity in L1 or L2,
 // in flight, quarantined, storage, partial page); the causes sum to the tokens missed. The

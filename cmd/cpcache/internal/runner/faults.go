@@ -15,6 +15,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/storage/stores"
 )
@@ -275,8 +276,9 @@ func (c *Config) stallPoint(rank int, step uint64) {
 // faultRunner runs one rank's scheduler-level faults (kill, stall, flush) before its steps.
 // nil when the run has no faults.
 type faultRunner struct {
-	cfg  *Config
-	rank int
+	cfg   *Config
+	rank  int
+	cache *hicache.Cache // the rank's cache, which flushes
 	// idleFlushed marks the when=idle flushes (by index in mine("flush")) already made.
 	idleFlushed map[int]bool
 	// afterFlush, if set, runs after each flush made (the KV events dump of the publishing
@@ -284,17 +286,17 @@ type faultRunner struct {
 	afterFlush func() error
 }
 
-func newFaultRunner(cfg *Config, rank int) *faultRunner {
+func newFaultRunner(cfg *Config, rank int, cache *hicache.Cache) *faultRunner {
 	if len(cfg.Faults) == 0 {
 		return nil
 	}
-	return &faultRunner{cfg: cfg, rank: rank, idleFlushed: map[int]bool{}}
+	return &faultRunner{cfg: cfg, rank: rank, cache: cache, idleFlushed: map[int]bool{}}
 }
 
-// holdsAdmissions reports whether a when=idle flush is due at step: from its step until it
+// HoldsAdmissions (sched.Faults) reports whether a when=idle flush is due at step: from its step until it
 // is made the replica admits nothing, so that its running requests finish, its I/O ends
 // and the cache goes idle. Replicated (steps and the flushes made are).
-func (f *faultRunner) holdsAdmissions(step uint64) bool {
+func (f *faultRunner) HoldsAdmissions(step uint64) bool {
 	if f == nil {
 		return false
 	}
@@ -306,40 +308,40 @@ func (f *faultRunner) holdsAdmissions(step uint64) bool {
 	return false
 }
 
-// beforeStep runs the faults due before step s.counts.Steps. A flush is replicated: every
+// BeforeStep (sched.Faults) runs the faults due before step, counting the flushes in counts
+// and their collectives in local. A flush is replicated: every
 // rank of the replica makes it at the same step and gets the same answer (refused while
 // busy). A when=idle flush is made at the first step from its own at which the cache is idle
 // and not in quarantine (both replicated outside quarantine, and quarantine is entered and
 // left at the same step everywhere), so it is never refused.
-func (f *faultRunner) beforeStep(ctx context.Context, s *scheduler) error {
+func (f *faultRunner) BeforeStep(ctx context.Context, step uint64, counts *sched.Counts, local *sched.Local) error {
 	if f == nil {
 		return nil
 	}
-	step := uint64(s.counts.Steps)
 	f.cfg.killPoint(f.rank, "step", step)
 	f.cfg.stallPoint(f.rank, step)
 	for i, fl := range f.cfg.mine("flush", f.rank) {
 		if fl.When == FlushIdle {
-			if step < fl.Step || f.idleFlushed[i] || s.cache.Quarantined() || !s.cache.Idle() {
+			if step < fl.Step || f.idleFlushed[i] || f.cache.Quarantined() || !f.cache.Idle() {
 				continue
 			}
 			f.idleFlushed[i] = true
 		} else if fl.Step != step {
 			continue
 		}
-		before := s.cache.Stats().Collectives
-		err := s.cache.Flush(ctx)
-		s.local.FlushCollectives += s.cache.Stats().Collectives - before
+		before := f.cache.Stats().Collectives
+		err := f.cache.Flush(ctx)
+		local.FlushCollectives += f.cache.Stats().Collectives - before
 		switch {
 		case err == nil:
-			s.counts.Flushes++
+			counts.Flushes++
 			if f.afterFlush != nil {
 				if err := f.afterFlush(); err != nil {
 					return err
 				}
 			}
 		case errors.Is(err, hicache.ErrBusy):
-			s.counts.FlushesRefused++
+			counts.FlushesRefused++
 		default:
 			return err
 		}

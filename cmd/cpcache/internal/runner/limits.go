@@ -7,13 +7,14 @@ import (
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/internal/hostmem"
 	"github.com/cpcache/cpcache/internal/redact"
+	"github.com/cpcache/cpcache/sim/vtime"
 )
 
 // Upper bounds of the configuration, so that no product of them overflows and a typo is a
 // clear error instead of an impossible job.
 const (
-	MaxPageTokens        = 1 << 20 // tokens per page
-	MaxKVBytesPerToken   = 1 << 24 // bytes of one rank's KV shard per token
+	MaxPageTokens        = 1 << 20                  // tokens per page
+	MaxKVBytesPerToken   = vtime.MaxKVBytesPerToken // bytes of one rank's KV shard per token
 	MaxPagesPerPool      = math.MaxInt32
 	MaxBatchTokens       = 1 << 30
 	MaxRunningPerReplica = 1 << 20

@@ -8,6 +8,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/sim/sched"
+	"github.com/cpcache/cpcache/workload"
 )
 
 // live holds counters that change while a rank runs; the metrics endpoint and the progress
@@ -22,6 +26,24 @@ type live struct {
 	pagesLoaded  atomic.Int64
 	badPages     atomic.Int64
 }
+
+// Matched implements sched.Observer.
+func (l *live) Matched(workload.Request, hicache.MatchResult) {}
+
+// Prefilled implements sched.Observer: the prompt tokens and those served from the cache.
+func (l *live) Prefilled(p sched.Prefill) {
+	l.inputTokens.Add(int64(len(p.Request.Tokens)))
+	l.hitTokens.Add(p.L1 + p.L2 + p.L3)
+}
+
+// Finished implements sched.Observer.
+func (l *live) Finished(workload.Request) { l.done.Add(1) }
+
+// Stepped implements sched.Observer.
+func (l *live) Stepped(steps int64) { l.steps.Store(steps) }
+
+// BadPage implements sched.Observer.
+func (l *live) BadPage() { l.badPages.Add(1) }
 
 func (l *live) hitRate() float64 {
 	in := l.inputTokens.Load()

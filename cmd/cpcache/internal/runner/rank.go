@@ -15,6 +15,8 @@ import (
 	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 )
 
 // EnvStatusDir names the directory where the ranks of a job started by `cpcache run` itself
@@ -38,35 +40,35 @@ const EnvCorruptRank = "CPCACHE_RUN_TEST_CORRUPT_RANK"
 
 // rankResult is what each rank contributes to the report.
 type rankResult struct {
-	Rank             int            `json:"rank"`
-	DP               int            `json:"dp"`     // its DP replica
-	Leader           bool           `json:"leader"` // rank 0 of its replica group: its replicaCounts count
-	Backend          string         `json:"backend"`
-	Replica          replicaCounts  `json:"replica"`
-	Local            localCounts    `json:"local"`
-	PagesWritten     int64          `json:"pages_written"`
-	PagesLoaded      int64          `json:"pages_loaded"`
-	Collectives      int64          `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
-	DigestChecks     int64          `json:"digest_checks"`
-	DigestMismatches int64          `json:"digest_mismatches"`
-	L3Prefetched     int64          `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
-	L3BackedUp       int64          `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
-	StorageErrors    int64          `json:"storage_errors"`               // this rank's calls (each rank does its own pages' storage I/O)
-	StorageRead      int64          `json:"storage_pages_read"`           // pages this rank read from storage (its own, verified)
-	StorageWritten   int64          `json:"storage_pages_written"`        // pages this rank wrote to storage (its own)
-	StorageRejected  int64          `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
-	StorageForged    int64          `json:"storage_forged"`               // of them, failing authentication
-	CircuitOpenSecs  float64        `json:"storage_circuit_open_seconds"` // this rank's breaker
-	StorageAbandoned int64          `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
-	Divergences      int64          `json:"divergences"`                  // agreed in the replica
-	Recoveries       int64          `json:"recoveries"`
-	QuarantinedSteps int64          `json:"quarantined_steps"`
-	CopyFailures     int64          `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
-	LatencyNs        []int64        `json:"latency_ns"`
-	WallSeconds      float64        `json:"wall_seconds"`
-	Err              string         `json:"err,omitempty"` // an integrity failure on this rank
-	Device           *deviceResult  `json:"device,omitempty"`
-	Timing           *replicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
+	Rank             int                   `json:"rank"`
+	DP               int                   `json:"dp"`     // its DP replica
+	Leader           bool                  `json:"leader"` // rank 0 of its replica group: its sched.Counts count
+	Backend          string                `json:"backend"`
+	Replica          sched.Counts          `json:"replica"`
+	Local            sched.Local           `json:"local"`
+	PagesWritten     int64                 `json:"pages_written"`
+	PagesLoaded      int64                 `json:"pages_loaded"`
+	Collectives      int64                 `json:"collectives"` // on the consensus group while serving, less Flush's (local.FlushCollectives)
+	DigestChecks     int64                 `json:"digest_checks"`
+	DigestMismatches int64                 `json:"digest_mismatches"`
+	L3Prefetched     int64                 `json:"l3_prefetched"`                // agreed in the replica: its leader's counts
+	L3BackedUp       int64                 `json:"l3_backed_up"`                 // agreed in the replica: its leader's counts
+	StorageErrors    int64                 `json:"storage_errors"`               // this rank's calls (each rank does its own pages' storage I/O)
+	StorageRead      int64                 `json:"storage_pages_read"`           // pages this rank read from storage (its own, verified)
+	StorageWritten   int64                 `json:"storage_pages_written"`        // pages this rank wrote to storage (its own)
+	StorageRejected  int64                 `json:"storage_rejected"`             // stored values this rank's storage rejected (and deleted)
+	StorageForged    int64                 `json:"storage_forged"`               // of them, failing authentication
+	CircuitOpenSecs  float64               `json:"storage_circuit_open_seconds"` // this rank's breaker
+	StorageAbandoned int64                 `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
+	Divergences      int64                 `json:"divergences"`                  // agreed in the replica
+	Recoveries       int64                 `json:"recoveries"`
+	QuarantinedSteps int64                 `json:"quarantined_steps"`
+	CopyFailures     int64                 `json:"copy_failures"` // agreed in the replica: backups aborted and loads made stale
+	LatencyNs        []int64               `json:"latency_ns"`
+	WallSeconds      float64               `json:"wall_seconds"`
+	Err              string                `json:"err,omitempty"` // an integrity failure on this rank
+	Device           *deviceResult         `json:"device,omitempty"`
+	Timing           *report.ReplicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
 }
 
 // ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
@@ -79,7 +81,7 @@ var ErrIntegrity = errors.New("runner: integrity check failed")
 // shared-memory slabs. Rank 0 returns the report of the whole job (other ranks a nil
 // report). The error wraps ErrIntegrity when the run completed but a check failed; the
 // report is then still returned.
-func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) {
+func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err error) {
 	start := time.Now()
 	cfg := &p.Config
 	env, err := parallel.FromEnv()
@@ -108,16 +110,19 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	}
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
-	sched.kv = mem.kv(cache)
-	sched.faults = newFaultRunner(cfg, rank)
-	if pub != nil && sched.faults != nil {
-		sched.faults.afterFlush = func() error { return pub.flushed(cache) }
+	sched.KV = mem.kv(cache)
+	faults := newFaultRunner(cfg, rank, cache)
+	if faults != nil {
+		sched.Faults = faults
+	}
+	if pub != nil && faults != nil {
+		faults.afterFlush = func() error { return pub.flushed(cache) }
 	}
 	if leader {
-		sched.misses = newMissTracker(cfg)
+		sched.Misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.corrupt = mem.corrupter(rk.Set, cache.CPRank())
+		sched.Corrupt = mem.corrupter(rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
@@ -125,7 +130,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 		return nil, err
 	}
 	before := counted.Counts().Total()
-	runErr := sched.run(ctx)
+	runErr := sched.Run(ctx)
 	stop()
 	if runErr != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
@@ -133,8 +138,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 	res := newRankResult(rk, sched, int64(counted.Counts().Total()-before), mem)
 	res.WallSeconds = time.Since(start).Seconds()
 	var integrity error
-	if sched.firstBad != nil {
-		integrity = fmt.Errorf("rank %d: %w", rank, sched.firstBad)
+	if sched.FirstBad() != nil {
+		integrity = fmt.Errorf("rank %d: %w", rank, sched.FirstBad())
 	}
 	if integrity != nil {
 		res.Err = integrity.Error()
@@ -183,14 +188,14 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *Report, err error) 
 
 // newRankResult is what rank rk contributes to the report after sched served its requests
 // with collectives consensus collectives.
-func newRankResult(rk *job.Rank, sched *scheduler, collectives int64, mem *memory) rankResult {
+func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *memory) rankResult {
 	rank, cache, st := rk.Rank(), rk.Cache, rk.Storage
 	coord := rk.Layout.Coord(rank)
 	cst := cache.Stats()
 	res := rankResult{
-		Rank: rank, DP: coord.DP, Leader: rk.Layout.ReplicaGroup(rank)[0] == rank, Backend: rk.Backend, Replica: sched.counts, Local: sched.local,
+		Rank: rank, DP: coord.DP, Leader: rk.Layout.ReplicaGroup(rank)[0] == rank, Backend: rk.Backend, Replica: s.Counts(), Local: s.Local(),
 		PagesWritten: cst.PagesWritten, PagesLoaded: cst.PagesLoaded,
-		Collectives:  collectives - sched.local.FlushCollectives,
+		Collectives:  collectives - s.Local().FlushCollectives,
 		DigestChecks: cst.DigestChecks, DigestMismatches: cst.DigestMismatches,
 		L3Prefetched: cst.L3PrefetchedPages, L3BackedUp: cst.L3BackedUpPages, StorageErrors: cst.StorageErrors,
 		CircuitOpenSecs: cst.StorageCircuitOpenSeconds, StorageRead: cst.StoragePagesRead, StorageWritten: cst.StoragePagesWritten,
@@ -203,7 +208,7 @@ func newRankResult(rk *job.Rank, sched *scheduler, collectives int64, mem *memor
 		res.StorageAbandoned = int64(sst.Abandoned)
 	}
 	if res.Leader {
-		res.Timing = sched.timing()
+		res.Timing = s.Timing()
 	}
 	for _, d := range cst.ConsensusLatency {
 		res.LatencyNs = append(res.LatencyNs, int64(d))
@@ -213,8 +218,8 @@ func newRankResult(rk *job.Rank, sched *scheduler, collectives int64, mem *memor
 
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
-func buildReport(p *Plan, results []rankResult) *Report {
-	r := &Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
+func buildReport(p *Plan, results []rankResult) *report.Report {
+	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {
@@ -272,9 +277,9 @@ func buildReport(p *Plan, results []rankResult) *Report {
 	}
 	r.BytesMoved = (r.PagesWrittenL2 + r.PagesLoadedL2) * int64(p.Config.PageBytes())
 	slices.Sort(lat)
-	r.ConsensusMedianUs = float64(quantile(lat, 0.5)) / 1e3
-	r.ConsensusP99Us = float64(quantile(lat, 0.99)) / 1e3
-	r.addTiming(p, results, lat)
+	r.ConsensusMedianUs = float64(report.Quantile(lat, 0.5)) / 1e3
+	r.ConsensusP99Us = float64(report.Quantile(lat, 0.99)) / 1e3
+	addTiming(r, p, results, lat)
 	return r
 }
 
@@ -297,12 +302,12 @@ func checkReplicas(results []rankResult) error {
 }
 
 // ReadReport reads the report rank 0 left in a status directory.
-func ReadReport(dir string) (*Report, error) {
+func ReadReport(dir string) (*report.Report, error) {
 	b, err := os.ReadFile(statusPath(dir, reportFile))
 	if err != nil {
 		return nil, fmt.Errorf("runner: report: %w", err)
 	}
-	var r Report
+	var r report.Report
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("runner: report: %w", err)
 	}

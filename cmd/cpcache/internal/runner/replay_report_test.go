@@ -1,22 +1,24 @@
 package runner
 
 import (
-	"os"
-	"path/filepath"
+	"bytes"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 )
 
 // inProcessReport runs p with every rank in this process (runInProcess) and builds the
 // report rank 0 of `cpcache run` would (its consensus latencies are those of the in-process
 // group).
-func inProcessReport(t *testing.T, p *Plan) *Report {
+func inProcessReport(t *testing.T, p *Plan) *report.Report {
 	t.Helper()
 	start := time.Now()
 	out := runInProcess(t, p, -1)
@@ -38,61 +40,50 @@ func inProcessReport(t *testing.T, p *Plan) *Report {
 	return rep
 }
 
-// TestReplaySweepInProcess measures what README's sweep shows, with the ranks in one
-// process: CPCACHE_REPLAY_TRACE=conversation_trace.jsonl CPCACHE_REPLAY_OUT=dir
-// [CPCACHE_REPLAY_REQUESTS=N] [CPCACHE_REPLAY_STORAGE=l2pages] go test -run
-// TestReplaySweepInProcess -v -timeout 2h. It writes the sweep's JSON and HTML into the
-// directory; with CPCACHE_REPLAY_STORAGE it instead compares synchronous and overlapped
-// prefetch with an in-memory storage below that many L2 pages. Minutes to an hour on 2 cores.
-func TestReplaySweepInProcess(t *testing.T) {
-	trace, dir := os.Getenv("CPCACHE_REPLAY_TRACE"), os.Getenv("CPCACHE_REPLAY_OUT")
-	if trace == "" || dir == "" {
-		t.Skip("a measurement, not a check: set CPCACHE_REPLAY_TRACE and CPCACHE_REPLAY_OUT to run it")
-	}
-	inProcessTimeout = 2 * time.Hour
-	n, _ := strconv.Atoi(os.Getenv("CPCACHE_REPLAY_REQUESTS"))
-	plan := func(mutate func(*Config)) *Plan {
+// TestSweepReportInProcess: a sweep of L2 sizes over a small trace (World 4, CP 4), with the
+// ranks in one process, builds the reports `cpcache run --sweep` would: in each, the hits per
+// tier and the misses sum to the input tokens, the miss causes to the misses, the hit rate
+// stays within the unlimited-cache bound and does not fall as L2 grows; the sweep's JSON
+// holds every report and its HTML the sweep chart.
+func TestSweepReportInProcess(t *testing.T) {
+	trace := writeSmallTrace(t, 48)
+	plan := func(l2 int) *Plan {
 		cfg := DefaultConfig()
-		cfg.Layout = parallel.LayoutConfig{World: 8, DP: 1, AttnCP: 8}
-		cfg.Workload, cfg.TracePath, cfg.Requests = WorkloadTrace, trace, n
-		cfg.PageSize, cfg.L1Pages, cfg.KVBytesPerToken = 64, 4096, 16
-		mutate(&cfg)
+		cfg.Layout = parallel.LayoutConfig{World: 4, DP: 1, AttnCP: 4}
+		cfg.Workload, cfg.TracePath = WorkloadTrace, trace
+		cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 16, 256, l2, 8
+		cfg.Time.Cost, _ = LoadCostProfile("unit", "")
 		p, err := Prepare(cfg)
 		require.NoError(t, err)
 		return p
 	}
-	if v := os.Getenv("CPCACHE_REPLAY_STORAGE"); v != "" {
+	sw := &report.SweepResult{Param: "l2-pages", Values: []string{"48", "128", "1024"}}
+	for _, v := range sw.Values {
 		l2, err := strconv.Atoi(v)
 		require.NoError(t, err)
-		for _, sync := range []bool{true, false} {
-			rep := inProcessReport(t, plan(func(c *Config) {
-				c.L2Pages, c.Storage, c.Time.PrefetchSync = l2, "mem://replay-"+strconv.FormatBool(sync), sync
-			}))
-			var b strings.Builder
-			rep.WriteText(&b)
-			t.Logf("prefetch-sync=%v\n%s", sync, b.String())
+		rep := inProcessReport(t, plan(l2))
+		assert.Equal(t, rep.InputTokens, rep.TokensHitL1+rep.TokensHitL2+rep.TokensHitL3+rep.TokensMissed, "l2-pages=%s", v)
+		assert.Equal(t, rep.TokensMissed, rep.MissCauses.Total(), "l2-pages=%s: every miss has one cause", v)
+		assert.LessOrEqual(t, rep.HitRate, rep.Reference.ReuseBoundHitRate+1e-9, "l2-pages=%s", v)
+		assert.InDelta(t, 1, rep.CollectivesPerStep, 1e-9, "l2-pages=%s", v)
+		if n := len(sw.Reports); n > 0 {
+			assert.GreaterOrEqual(t, rep.HitRate, sw.Reports[n-1].HitRate, "l2-pages=%s: a larger L2 hits no less", v)
 		}
-		return
-	}
-	sw := &SweepResult{Param: "l2-pages", Values: []string{"1024", "4096", "16384"}}
-	for _, v := range sw.Values {
-		l2, _ := strconv.Atoi(v)
-		rep := inProcessReport(t, plan(func(c *Config) { c.L2Pages = l2 }))
 		sw.Reports = append(sw.Reports, rep)
-		var b strings.Builder
-		rep.WriteText(&b)
-		t.Logf("l2-pages=%s\n%s", v, b.String())
 	}
-	var b strings.Builder
-	WriteSweepTable(&b, sw)
-	t.Logf("\n%s", b.String())
-	for name, write := range map[string]func(*os.File) error{
-		"sweep.json":  func(f *os.File) error { return WriteSweepJSON(f, sw) },
-		"report.html": func(f *os.File) error { return WriteHTML(f, sw.Reports[len(sw.Reports)-1], sw) },
-	} {
-		f, err := os.Create(filepath.Join(dir, name))
-		require.NoError(t, err)
-		require.NoError(t, write(f))
-		require.NoError(t, f.Close())
-	}
+	var table strings.Builder
+	report.WriteSweepTable(&table, sw)
+	assert.Equal(t, 1+len(sw.Values), strings.Count(table.String(), "\n"), "a header and a line per value:\n%s", table.String())
+
+	var js bytes.Buffer
+	require.NoError(t, report.WriteSweepJSON(&js, sw))
+	var back report.SweepResult
+	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
+	assert.Equal(t, sw.Values, back.Values)
+	require.Len(t, back.Reports, len(sw.Values))
+	assert.Equal(t, sw.Reports[2].TokensHitL2, back.Reports[2].TokensHitL2)
+
+	var page bytes.Buffer
+	require.NoError(t, report.WriteHTML(&page, sw.Reports[len(sw.Reports)-1], sw))
+	assert.Contains(t, page.String(), `<figure id="`+report.ChartSweep+`" data-points="9">`, "three lines of three values")
 }

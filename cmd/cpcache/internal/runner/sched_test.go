@@ -18,20 +18,22 @@ import (
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/storage"
 	"github.com/cpcache/cpcache/workload"
 )
 
 // rankOutcome is what one in-process rank's scheduler ended with.
 type rankOutcome struct {
-	counts      replicaCounts
-	local       localCounts
+	counts      sched.Counts
+	local       sched.Local
 	collectives int
 	loaded      int64
 	stats       hicache.Stats
 	firstBad    error
 	err         error
-	timing      *replicaTiming // leaders: virtual time and miss causes
+	timing      *report.ReplicaTiming // leaders: virtual time and miss causes
 	// prefetchesLeft and prefetchHeld are the scheduler's prefetch entries and their weight
 	// when its loop ended (both 0 once every request was served).
 	prefetchesLeft, prefetchHeld int
@@ -54,7 +56,7 @@ type inProcessOptions struct {
 	// wrapStorage, if set, wraps each rank's storage handle (faults of the store).
 	wrapStorage func(rank int, st storage.Storage) storage.Storage
 	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
-	afterSchedule func(rank int, s *scheduler) func(context.Context) error
+	afterSchedule func(rank int, s *sched.Scheduler) func(context.Context) error
 	// onPrefilled, if set, is told each request a rank prefilled and its hit tokens.
 	onPrefilled func(rank int, r workload.Request, hitTokens int64)
 }
@@ -108,18 +110,18 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
-				s.misses = newMissTracker(&p.Config)
+				s.Misses = newMissTracker(&p.Config)
 			}
 			if opts.afterSchedule != nil {
-				s.afterSchedule = opts.afterSchedule(rank, s)
+				s.AfterSchedule = opts.afterSchedule(rank, s)
 			}
-			s.faults = newFaultRunner(&p.Config, rank) // flush faults (no kill or stall in-process)
+			s.Faults = newFaultRunner(&p.Config, rank, cache) // flush faults (no kill or stall in-process)
 			if opts.onPrefilled != nil {
-				s.onPrefilled = func(r workload.Request, hit int64) { opts.onPrefilled(rank, r, hit) }
+				s.Observe(sched.OnPrefilled(func(r workload.Request, hit int64) { opts.onPrefilled(rank, r, hit) }))
 			}
 			if rank == corruptRank {
 				done := false
-				s.corrupt = func(n hicache.NodeInfo) {
+				s.Corrupt = func(n hicache.NodeInfo) {
 					for _, pg := range n.L2 {
 						if !done && pg.Slab == cache.CPRank() {
 							b, _ := slabs[rank].Page(pg)
@@ -130,14 +132,14 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 				}
 			}
 			before := counted.Counts().Total()
-			o.err = s.run(ctx)
-			o.counts, o.local, o.firstBad = s.counts, s.local, s.firstBad
-			o.prefetchesLeft, o.prefetchHeld = len(s.prefetches), s.prefetchHeld
-			o.collectives = counted.Counts().Total() - before - int(s.local.FlushCollectives) // as rank.go counts them
+			o.err = s.Run(ctx)
+			o.counts, o.local, o.firstBad = s.Counts(), s.Local(), s.FirstBad()
+			o.prefetchesLeft, o.prefetchHeld = s.Prefetches()
+			o.collectives = counted.Counts().Total() - before - int(s.Local().FlushCollectives) // as rank.go counts them
 			o.stats = cache.Stats()
 			o.loaded = o.stats.PagesLoaded
 			if leader {
-				o.timing = s.timing()
+				o.timing = s.Timing()
 			}
 		}()
 	}

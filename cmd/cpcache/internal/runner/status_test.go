@@ -81,9 +81,8 @@ func TestProgressPlainLinesWhenNotATerminal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); progress(ctx, &buf, false, &l, time.Millisecond) }()
-	for !strings.Contains(buf.String(), "4/4") {
-		time.Sleep(time.Millisecond)
-	}
+	require.Eventually(t, func() bool { return strings.Contains(buf.String(), "4/4") }, 10*time.Second, time.Millisecond,
+		"the progress line of 4/4 requests: %q", buf.String())
 	cancel()
 	<-done
 	assert.NotContains(t, buf.String(), "\r", "no carriage returns off a terminal")

@@ -131,7 +131,7 @@ func (p *Plan) checkStorage() error {
 func (c *Config) l3Options() hicache.L3Options {
 	o := hicache.L3Options{PrefetchPolicy: c.PrefetchPolicy, CallTimeout: c.StorageTimeout}
 	if !c.PrefetchAlways {
-		o.PrefetchCost = c.Time.Model.prefetchCost()
+		o.PrefetchCost = c.Time.Model.PrefetchCost()
 	}
 	return o
 }

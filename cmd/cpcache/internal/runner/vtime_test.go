@@ -12,6 +12,9 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/sim/sched"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -110,7 +113,7 @@ func TestTurnGapImpliesVirtualTime(t *testing.T) {
 func TestVirtualTimeReplaysArrivals(t *testing.T) {
 	// The unit profile: 1 µs per computed token, 1 ms + 10 µs per request per decode step.
 	lc := parallel.LayoutConfig{World: 2, AttnCP: 2}
-	run := func(mode string, speed float64) (*Plan, []requestTiming, float64) {
+	run := func(mode string, speed float64) (*Plan, []vtime.RequestTiming, float64) {
 		p := attributionPlan(t, lc, func(c *Config) { c.Time.Mode, c.Time.Speed = mode, speed })
 		out := runInProcess(t, p, -1)
 		requireAgreed(t, p, out)
@@ -147,12 +150,12 @@ func TestCacheOffSimulationComputesEveryToken(t *testing.T) {
 	for _, r := range p.Requests {
 		prompt += int64(len(r.Tokens))
 	}
-	assert.Equal(t, prompt, off.computed)
-	require.Len(t, off.timings, len(p.Requests))
+	assert.Equal(t, prompt, off.Computed())
+	require.Len(t, off.Timings(), len(p.Requests))
 	out := runInProcess(t, p, -1)
 	on := out[0].timing
-	assert.Less(t, on.ComputedTokens, off.computed, "the cache saves prefill tokens")
-	onFig, offFig := figures([]replicaTiming{*on}, 0), figures([]replicaTiming{timingOf(off)}, 0)
+	assert.Less(t, on.ComputedTokens, off.Computed(), "the cache saves prefill tokens")
+	onFig, offFig := report.Figures([]report.ReplicaTiming{*on}, 0), report.Figures([]report.ReplicaTiming{report.TimingOf(off)}, 0)
 	assert.LessOrEqual(t, onFig.TTFTP50Ms, offFig.TTFTP50Ms, "hits shorten the prefill")
 	assert.Len(t, onFig.TTFTQuantilesMs, 101)
 }
@@ -181,8 +184,8 @@ func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 			cfg.Time.Cost, _ = LoadCostProfile("unit", "")
 			p, err := Prepare(cfg)
 			require.NoError(t, err)
-			off := simulateNoCache(&p.Config, p.Requests).timings
-			var first replicaCounts
+			off := simulateNoCache(&p.Config, p.Requests).Timings()
+			var first sched.Counts
 			for run := range 2 {
 				out := runInProcess(t, p, -1)
 				requireAgreed(t, p, out)
@@ -204,69 +207,4 @@ func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestTimeNonePrintsNoTTFT: under --time none every request arrived at 0, so the text report
-// gives the work (prefill tokens, throughput) with the cache on and off and no TTFT or queue
-// figure; in virtual time it gives both rows of TTFT and the TTFT saved.
-func TestTimeNonePrintsNoTTFT(t *testing.T) {
-	figs := func(prefill int64, ttft float64) LatencyFigures {
-		return LatencyFigures{TTFTP50Ms: ttft, TTFTP90Ms: ttft, TTFTP99Ms: ttft, QueueP50Ms: ttft, PrefillTokens: prefill, MakespanS: 2}
-	}
-	text := func(mode string) string {
-		r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: mode, Speed: 1, On: figs(400, 100), Off: figs(1000, 300), TTFTSavedP50Ms: 200}}
-		var b strings.Builder
-		r.writeTimeText(&b)
-		return b.String()
-	}
-	none := text(TimeNone)
-	assert.NotContains(t, none, "TTFT p50")
-	assert.NotContains(t, none, "TTFT saved")
-	assert.NotContains(t, none, "queue p50")
-	assert.Contains(t, none, "400 prefill tokens")
-	assert.Contains(t, none, "1000 prefill tokens")
-	assert.Contains(t, none, "prefill tokens saved 60.0%")
-	virtual := text(TimeVirtual)
-	assert.Contains(t, virtual, "TTFT p50 100.0 ms")
-	assert.Contains(t, virtual, "TTFT saved           per request (off minus on): p50 200.0 ms")
-}
-
-// TestTTFTSavedIsPerRequest: "TTFT saved" is the quantiles of each request's own saving (its
-// cache-off TTFT minus its cache-on TTFT, matched by request ID whatever the admission order),
-// not the difference of the two runs' quantiles. Ten requests with cache-off TTFTs 100..1000 ms,
-// of which only the slowest (1000 ms) is served in 100 ms with the cache: the quantiles of the
-// savings are p50 0, p90 0, p99 900 ms; differences of the quantiles would give 100 ms at each.
-func TestTTFTSavedIsPerRequest(t *testing.T) {
-	const ms = int64(1e6)
-	var on, off replicaTiming
-	for id := range int32(10) {
-		ttft := int64(id+1) * 100 * ms
-		off.Requests = append(off.Requests, requestTiming{ID: id, TTFTNs: ttft})
-		if id == 9 {
-			ttft = 100 * ms
-		}
-		// With the cache the requests were admitted in the reverse order.
-		on.Requests = append([]requestTiming{{ID: id, TTFTNs: ttft}}, on.Requests...)
-	}
-	saved := ttftSaved([]replicaTiming{on}, []replicaTiming{off})
-	require.Len(t, saved, 10, "one saving per request")
-	assert.Equal(t, []float64{0, 0, 900}, []float64{quantileMs(saved, 0.5), quantileMs(saved, 0.9), quantileMs(saved, 0.99)})
-
-	fOn, fOff := figures([]replicaTiming{on}, 0), figures([]replicaTiming{off}, 0)
-	assert.Equal(t, []float64{100, 100, 100}, []float64{fOff.TTFTP50Ms - fOn.TTFTP50Ms, fOff.TTFTP90Ms - fOn.TTFTP90Ms, fOff.TTFTP99Ms - fOn.TTFTP99Ms},
-		"the differences of quantiles, which the report does not give")
-
-	r := &Report{InputTokens: 1000, Latency: &LatencyReport{Time: TimeVirtual, Speed: 1, On: fOn, Off: fOff,
-		TTFTSavedP50Ms: quantileMs(saved, 0.5), TTFTSavedP90Ms: quantileMs(saved, 0.9), TTFTSavedP99Ms: quantileMs(saved, 0.99)}}
-	var b strings.Builder
-	r.writeTimeText(&b)
-	assert.Contains(t, b.String(), "TTFT saved           per request (off minus on): p50 0.0 ms, p90 0.0 ms, p99 900.0 ms;")
-
-	// Two replicas: each replica's requests are matched with that replica's cache-off run only
-	// (IDs repeat across replicas' request lists only by chance of the workload split).
-	other := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 50 * ms}}}
-	otherOff := replicaTiming{Requests: []requestTiming{{ID: 0, TTFTNs: 80 * ms}}}
-	saved = ttftSaved([]replicaTiming{on, other}, []replicaTiming{off, otherOff})
-	require.Len(t, saved, 11)
-	assert.Equal(t, 30*ms, saved[9], "replica 1's request 0 saved 80 - 50 ms, not 100 - 50")
 }

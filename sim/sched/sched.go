@@ -1,4 +1,4 @@
-package runner
+package sched
 
 import (
 	"cmp"
@@ -9,12 +9,13 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/sim/vtime"
 	"github.com/cpcache/cpcache/workload"
 )
 
-// replicaCounts are what one replica's scheduler measured; every rank of the replica counts
+// Counts are what one replica's scheduler measured; every rank of the replica counts
 // the same values (they follow from replicated decisions).
-type replicaCounts struct {
+type Counts struct {
 	Requests     int64 `json:"requests"`
 	InputTokens  int64 `json:"input_tokens"`
 	OutputTokens int64 `json:"output_tokens"`
@@ -56,8 +57,8 @@ type replicaCounts struct {
 	FlushesRefused int64 `json:"flushes_refused"`
 }
 
-// localCounts are this rank's own checks.
-type localCounts struct {
+// Local are this rank's own checks.
+type Local struct {
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
 	PagesFilled   int64 `json:"pages_filled"`
@@ -74,7 +75,7 @@ type active struct {
 	pages     int // L1 pages reserved for it (prompt and answer)
 }
 
-// scheduler runs one replica's requests through its rank's cache. Every rank of the
+// Scheduler runs one replica's requests through its rank's cache. Every rank of the
 // replica runs the same scheduler on the same requests; every call it makes on the cache
 // except WaitL1, L1Page and the KV writes and checks is a replicated decision, and every
 // branch depends only on replicated results, so the ranks stay in lockstep.
@@ -84,30 +85,39 @@ type active struct {
 // queued requests (prefill: match, lock, load L2 hits back and verify them, compute the
 // missing pages, insert; the prefill produces the first token) within a token budget and
 // the L1 pages left, then runs the cache's consensus step — exactly one per scheduler step.
-type scheduler struct {
-	cache *hicache.Cache
-	kv    kvMemory // this rank's L1 pages, in host or device memory
-	cfg   *Config
+//
+// The fields a caller sets before Run are hooks: KV, Faults, Misses, Corrupt and
+// AfterSchedule; Observe adds observers.
+type Scheduler struct {
+	cache Cache
+	cfg   Config
 	shard int // this rank's attention-TP index: which part of a page's KV it holds
-	live  *live
+
+	// KV is this rank's L1 pages (New: the cache's own, through Cache.L1Page).
+	KV KV
+	// Faults runs the run's faults before each step (nil: none).
+	Faults Faults
+	// Misses attributes the misses (replica leaders; nil elsewhere): an observer whose
+	// causes Timing reports.
+	Misses *MissTracker
+	// Corrupt (tests) damages an L2 page of the node before its load.
+	Corrupt func(hicache.NodeInfo)
+	// AfterSchedule (tests) runs in Run's loop after each step's decisions, before its
+	// consensus step; it may make consensus steps of its own (Step).
+	AfterSchedule func(context.Context) error
+
+	observers []Observer
 
 	queue    []workload.Request
 	running  []*active
 	reserved int          // L1 pages reserved by running requests
 	blocked  map[int]bool // admit's scratch: clients with a turn running, reused every step
 
-	counts   replicaCounts
-	local    localCounts
-	firstBad error                  // the first bad page this rank found
-	corrupt  func(hicache.NodeInfo) // tests: damages an L2 page of the node before its load
-	// onPrefilled (tests) is told each request's prompt tokens served from the cache.
-	onPrefilled func(r workload.Request, hitTokens int64)
-	faults      *faultRunner // --fault: kills, stalls and flushes at steps (nil: none)
-	// afterSchedule (tests) runs in run's loop after each step's decisions, before its
-	// consensus step; it may make consensus steps of its own (s.step).
-	afterSchedule func(context.Context) error
+	counts   Counts
+	local    Local
+	firstBad error // the first bad page this rank found
 
-	clock      *vclock                  // virtual time (replicated: it gates admissions)
+	clock      *vtime.Clock             // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
 	// prefetchHeld is the weight (prompt pages) of the prefetches: at most prefetchBudget
 	// unless only one is under way.
@@ -115,7 +125,6 @@ type scheduler struct {
 	deferred     map[int]bool // requests whose prefetch waited for the budget at the last admit
 	costSkipped  map[int]bool // requests whose continuation the cost rule left to compute (see costSkip)
 	roomEpoch    uint64       // admissions and finishes so far: L2 room may have changed since
-	misses       *missTracker // miss attribution (replica leaders only; nil elsewhere)
 	diverged     bool         // a divergence was seen: the group may be in quarantine
 
 	// roomWanted: an insert or a load-back found L1 full in this step (roomWantedLast: in
@@ -124,45 +133,45 @@ type scheduler struct {
 	quietSteps                 int // steps in a row that moved nothing with nothing in flight
 }
 
-func newScheduler(cache *hicache.Cache, cfg *Config, shard int, reqs []workload.Request, l *live) *scheduler {
-	s := &scheduler{cache: cache, kv: hostKV{cache}, cfg: cfg, shard: shard, live: l, queue: reqs, blocked: map[int]bool{},
-		clock: newVClock(cfg), prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}, costSkipped: map[int]bool{}}
-	if s.clock.virtual {
+// New returns the scheduler of reqs (which it reorders by arrival in virtual time) over
+// cache, for the rank of attention-TP index shard.
+func New(cache Cache, cfg Config, shard int, reqs []workload.Request) *Scheduler {
+	s := &Scheduler{cache: cache, KV: cacheKV{cache}, cfg: cfg, shard: shard, queue: reqs, blocked: map[int]bool{},
+		prefetches: map[int]*pendingPrefetch{}, deferred: map[int]bool{}, costSkipped: map[int]bool{}}
+	s.clock = vtime.NewClock(&s.cfg.Cost, cfg.Time, cfg.Speed)
+	if s.clock.Virtual() {
 		// Served in order of arrival (a trace is already; replicated either way).
 		slices.SortStableFunc(s.queue, func(a, b workload.Request) int { return cmp.Compare(a.ArrivalMs, b.ArrivalMs) })
-	}
-	if l != nil {
-		l.total.Store(int64(len(reqs)))
 	}
 	return s
 }
 
 // run serves every request, then steps until no backup or load is in flight.
-func (s *scheduler) run(ctx context.Context) error {
+func (s *Scheduler) run(ctx context.Context) error {
 	for len(s.queue) > 0 || len(s.running) > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		s.waitIdle()
-		s.clock.beginStep()
+		s.clock.BeginStep()
 		progressed, err := s.schedule(ctx)
 		if err != nil {
 			return err
 		}
-		if s.afterSchedule != nil {
-			if err := s.afterSchedule(ctx); err != nil {
+		if s.AfterSchedule != nil {
+			if err := s.AfterSchedule(ctx); err != nil {
 				return err
 			}
 		}
 		quiet := s.cache.Pending() == 0
 		prefetched := len(s.prefetches) > 0
-		// Admissions held for a flush when idle (see faultRunner.holdsAdmissions): the
+		// Admissions held for a flush when idle (see Faults.HoldsAdmissions): the
 		// flush is made at a step below once nothing runs and nothing is in flight.
-		held := s.faults.holdsAdmissions(uint64(s.counts.Steps))
+		held := s.holdsAdmissions(uint64(s.counts.Steps))
 		if err := s.step(ctx); err != nil {
 			return err
 		}
-		s.clock.endStep()
+		s.clock.EndStep()
 		if progressed || !quiet {
 			s.quietSteps = 0
 			continue
@@ -187,14 +196,16 @@ func (s *scheduler) run(ctx context.Context) error {
 	return nil
 }
 
-func (s *scheduler) step(ctx context.Context) error {
-	if err := s.faults.beforeStep(ctx, s); err != nil {
-		return err
+func (s *Scheduler) step(ctx context.Context) error {
+	if s.Faults != nil {
+		if err := s.Faults.BeforeStep(ctx, uint64(s.counts.Steps), &s.counts, &s.local); err != nil {
+			return err
+		}
 	}
 	err := s.cache.Step(ctx)
 	s.counts.Steps++
-	if s.live != nil {
-		s.live.steps.Store(s.counts.Steps)
+	for _, o := range s.observers {
+		o.Stepped(s.counts.Steps)
 	}
 	if errors.Is(err, hicache.ErrPlacementDiverged) {
 		s.diverged = true
@@ -215,7 +226,7 @@ func (s *scheduler) step(ctx context.Context) error {
 // so instead of stepping forever.
 const maxQuietSteps = 8
 
-func (s *scheduler) stalled() error {
+func (s *Scheduler) stalled() error {
 	if len(s.queue) > 0 {
 		r := s.queue[0]
 		waiting := ""
@@ -223,14 +234,14 @@ func (s *scheduler) stalled() error {
 			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
 		}
 		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
-			r.ID, len(r.Tokens), r.OutputLen, s.cfg.pagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
 	}
 	return fmt.Errorf("runner: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
 }
 
 // schedule makes one step's decisions: one decoded token per running request (finishing
 // those whose answer is complete), then admissions. It reports whether anything moved.
-func (s *scheduler) schedule(ctx context.Context) (bool, error) {
+func (s *Scheduler) schedule(ctx context.Context) (bool, error) {
 	s.roomWantedLast, s.roomWanted = s.roomWanted, false
 	if s.overlapPrefetch() {
 		if err := s.holdPrefetched(); err != nil {
@@ -250,8 +261,8 @@ func (s *scheduler) schedule(ctx context.Context) (bool, error) {
 
 // admit prefills queued requests in order while the token budget, the L1 reservation and
 // the running limit allow. A conversation's turn waits until its previous turn finished.
-func (s *scheduler) admit(ctx context.Context) (int, error) {
-	if s.faults.holdsAdmissions(uint64(s.counts.Steps)) {
+func (s *Scheduler) admit(ctx context.Context) (int, error) {
+	if s.holdsAdmissions(uint64(s.counts.Steps)) {
 		// Nothing is admitted, and the waiting requests' holds go (they are matched again
 		// at their prefill), so that the cache goes idle for the flush.
 		return 0, s.releaseHolds()
@@ -271,7 +282,7 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 			keep = append(keep, r)
 			continue
 		}
-		if !stop && !s.clock.arrived(r) {
+		if !stop && !s.clock.Arrived(r) {
 			stop = true // the queue is in arrival order: nothing after r has arrived either
 		}
 		// A prefetch asked at an earlier step is looked at even after a stop: once the cache
@@ -292,8 +303,8 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 				continue
 			}
 		}
-		need := s.cfg.pagesOf(r)
-		if stop || !s.cfg.fits(r, need, admitted, budget, len(s.running), s.reserved) {
+		need := s.cfg.PagesOf(r)
+		if stop || !s.cfg.Fits(r, need, admitted, budget, len(s.running), s.reserved) {
 			stop = true
 			keep = append(keep, r)
 			continue
@@ -334,91 +345,128 @@ func (s *scheduler) admit(ctx context.Context) (int, error) {
 // prefill matches r's prompt, loads its L2 hit back and verifies it, computes the missing
 // pages and inserts the prompt. It returns nil (and holds nothing) when L1 cannot make room
 // now.
-func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, error) {
-	c, P := s.cache, s.cfg.PageSize
-	m, err := c.MatchKey(r.Key, r.Tokens)
+func (s *Scheduler) prefill(ctx context.Context, r workload.Request) (*active, error) {
+	m, stored, err := s.match(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Lock(m.Last); err != nil {
-		return nil, err
-	}
-	// With storage: prefetch the prompt's continuation beyond the L1 and L2 hit, then match
-	// again; the prefetched pages are host pages, loaded back and verified below like any.
-	stored := [2]int{} // page range [from, to) of the prompt that came from storage
-	if pf := s.prefetches[r.ID]; pf != nil {
-		stored = pf.pages
-	} else if s.cfg.Storage != "" && !s.overlapPrefetch() && (m.DevicePages+m.HostPages)*P < len(r.Tokens) {
-		if m, stored, err = s.prefetch(ctx, r, m); err != nil {
-			return nil, err
-		}
-	}
-	matched := m.DevicePages + m.HostPages
-	if s.misses != nil {
-		s.misses.matchedL2(r, m)
+	for _, o := range s.observers {
+		o.Matched(r, m)
 	}
 	device := m.DevicePages
 	if m.HostPages > 0 {
-		if s.corrupt != nil {
-			if info, err := c.Node(m.Last); err == nil {
-				s.corrupt(info)
-			}
+		if device, err = s.loadBack(ctx, r, m); err != nil {
+			return nil, err
 		}
-		// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
-		// default) of a longer host hit: load again while it moves the hit on, so that a
-		// hit from L2 or storage is served whole instead of computed beyond the quota.
-		after, loaded := m, -1
-		for after.HostPages > 0 && after.DevicePages > loaded {
-			loaded = after.DevicePages
-			err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
-			if err != nil && !errors.Is(err, hicache.ErrL1Full) {
-				return nil, errors.Join(err, c.Unlock(m.Last))
-			}
-			// The loads start at the next step (after the Apply that checks the state they
-			// were chosen from). Wait until the group agrees they are over: a copy that
-			// failed on any rank is then stale on every rank, and the match below is the
-			// same everywhere.
-			for c.LoadPending(m.Last) {
-				if err := s.step(ctx); err != nil {
-					return nil, errors.Join(err, c.Unlock(m.Last))
-				}
-				s.counts.LoadSteps++
-			}
-			if after, err = c.MatchKey(r.Key, r.Tokens); err != nil {
-				return nil, err
-			}
-		}
-		if err := c.WaitL1(ctx, after.Last); err != nil {
-			return nil, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
-		}
-		hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
-		for i := m.DevicePages; i < after.DevicePages; i++ {
-			if c.Owns(i) {
-				s.verify(r, i, after.L1Slots[i], hashes[i])
-			}
-		}
-		device = after.DevicePages
 	}
+	last, ok, err := s.insertPrompt(ctx, r, m)
+	if err != nil || !ok {
+		return nil, err
+	}
+	s.prefilled(r, m, device, stored)
+	return &active{req: r, last: last}, nil
+}
+
+// match matches r's prompt and locks the match. With storage and prefetches not
+// overlapping decode, it prefetches the prompt's continuation beyond the L1 and L2 hit and
+// matches again; the prefetched pages are host pages, loaded back and verified like any. It
+// returns the locked match and the page range [from, to) of the prompt that came from
+// storage.
+func (s *Scheduler) match(ctx context.Context, r workload.Request) (hicache.MatchResult, [2]int, error) {
+	c := s.cache
+	m, err := c.MatchKey(r.Key, r.Tokens)
+	if err != nil {
+		return m, [2]int{}, err
+	}
+	if err := c.Lock(m.Last); err != nil {
+		return m, [2]int{}, err
+	}
+	if pf := s.prefetches[r.ID]; pf != nil {
+		return m, pf.pages, nil
+	}
+	if s.cfg.Storage && !s.overlapPrefetch() && (m.DevicePages+m.HostPages)*s.cfg.PageSize < len(r.Tokens) {
+		return s.prefetch(ctx, r, m)
+	}
+	return m, [2]int{}, nil
+}
+
+// loadBack loads the host pages of r's locked match m back into L1 and verifies the pages
+// this rank owns; it returns the device pages of the prompt after the load.
+func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.MatchResult) (int, error) {
+	c, P := s.cache, s.cfg.PageSize
+	if s.Corrupt != nil {
+		if info, err := c.Node(m.Last); err == nil {
+			s.Corrupt(info)
+		}
+	}
+	// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
+	// default) of a longer host hit: load again while it moves the hit on, so that a
+	// hit from L2 or storage is served whole instead of computed beyond the quota.
+	after, loaded := m, -1
+	for after.HostPages > 0 && after.DevicePages > loaded {
+		loaded = after.DevicePages
+		err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
+		if err != nil && !errors.Is(err, hicache.ErrL1Full) {
+			return 0, errors.Join(err, c.Unlock(m.Last))
+		}
+		// The loads start at the next step (after the Apply that checks the state they
+		// were chosen from). Wait until the group agrees they are over: a copy that
+		// failed on any rank is then stale on every rank, and the match below is the
+		// same everywhere.
+		for c.LoadPending(m.Last) {
+			if err := s.step(ctx); err != nil {
+				return 0, errors.Join(err, c.Unlock(m.Last))
+			}
+			s.counts.LoadSteps++
+		}
+		if after, err = c.MatchKey(r.Key, r.Tokens); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.WaitL1(ctx, after.Last); err != nil {
+		return 0, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
+	}
+	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
+	for i := m.DevicePages; i < after.DevicePages; i++ {
+		if c.Owns(i) {
+			s.verify(r, i, after.L1Slots[i], hashes[i])
+		}
+	}
+	return after.DevicePages, nil
+}
+
+// insertPrompt inserts r's prompt, computes the pages this rank owns of what it missed,
+// and moves the lock from the match m to the inserted prompt, whose last node it returns.
+// It reports false (and holds nothing) when L1 cannot make room now.
+func (s *Scheduler) insertPrompt(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.Handle, bool, error) {
+	c := s.cache
 	var ins hicache.InsertResult
-	err = s.withRoom(ctx, func() (err error) { ins, err = c.InsertKey(r.Key, r.Tokens); return err })
+	err := s.withRoom(ctx, func() (err error) { ins, err = c.InsertKey(r.Key, r.Tokens); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
-		return nil, c.Unlock(m.Last)
+		return 0, false, c.Unlock(m.Last)
 	}
 	if err != nil {
-		return nil, errors.Join(err, c.Unlock(m.Last))
+		return 0, false, errors.Join(err, c.Unlock(m.Last))
 	}
 	if err := s.fill(ins.Fill); err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	s.backedUp(len(ins.Fill))
 	if err := c.Lock(ins.Last); err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	if err := c.Unlock(m.Last); err != nil {
-		return nil, err
+		return 0, false, err
 	}
-	// Served pages that were prefetched from storage for this request are storage hits
-	// (some may have reached L1 before its prefill); the others L1 or L2 hits.
+	return ins.Last, true, nil
+}
+
+// prefilled accounts r's prefill: its match m, the device pages it was served and the page
+// range stored of the prompt that came from storage. Served pages that were prefetched from
+// storage for this request are storage hits (some may have reached L1 before its prefill);
+// the others L1 or L2 hits. It counts them, charges the clock and tells the observers.
+func (s *Scheduler) prefilled(r workload.Request, m hicache.MatchResult, device int, stored [2]int) {
+	P := s.cfg.PageSize
 	overlap := func(from, to int) int { return max(0, min(to, stored[1])-max(from, stored[0])) }
 	l3 := int64(overlap(0, device) * P)
 	l1 := int64((m.DevicePages - overlap(0, m.DevicePages)) * P)
@@ -429,23 +477,16 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	s.counts.HitL2 += l2
 	s.counts.HitL3 += l3
 	s.counts.Missed += int64(len(r.Tokens)) - l1 - l2 - l3
-	s.clock.prefilled(r, l1, l2, l3)
-	if s.onPrefilled != nil {
-		s.onPrefilled(r, l1+l2+l3)
+	s.clock.Prefilled(r, l1, l2, l3)
+	s.clock.Loaded(device - m.DevicePages)
+	p := Prefill{Request: r, Matched: m.DevicePages + m.HostPages, Served: device, L1: l1, L2: l2, L3: l3,
+		CostSkipped: s.prefillCost(r, device), Diverged: s.diverged}
+	if p.Diverged && len(s.observers) > 0 { // only then can the group be in quarantine
+		p.Quarantined = s.cache.Quarantined()
 	}
-	s.clock.loadPages += device - m.DevicePages
-	cost := s.prefillCost(r, device)
-	if s.misses != nil {
-		if s.diverged { // only then can the group be in quarantine
-			s.misses.quarantined(c.Quarantined())
-		}
-		s.misses.prefilled(r, matched, device, cost)
+	for _, o := range s.observers {
+		o.Prefilled(p)
 	}
-	if s.live != nil {
-		s.live.inputTokens.Add(int64(len(r.Tokens)))
-		s.live.hitTokens.Add(l1 + l2 + l3)
-	}
-	return &active{req: r, last: ins.Last}, nil
 }
 
 // prefetch asks storage for r's continuation beyond match m (whose last node the caller
@@ -454,7 +495,7 @@ func (s *scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 // prompt that the prefetch added. The steps it makes are scheduler steps (one consensus
 // collective each): running requests decode nothing in them, as in a synchronous
 // scheduler that fetches before the prefill.
-func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
+func (s *Scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
 	res, err := c.PrefetchKey(r.Key, r.Tokens)
@@ -467,7 +508,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	if res.ID == 0 {
 		return m, [2]int{}, nil
 	}
-	asked := s.clock.nowNs
+	asked := s.clock.NowNs()
 	for c.PrefetchPending(res.ID) {
 		if err := s.step(ctx); err != nil {
 			return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
@@ -489,7 +530,7 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	}
 	from, to := m.DevicePages+m.HostPages, after.DevicePages+after.HostPages
 	// Everything waits until the storage read is over in virtual time.
-	s.clock.advanceTo(s.clock.storageReady(asked, max(to-from, 0)))
+	s.clock.AdvanceTo(s.clock.StorageReady(asked, max(to-from, 0)))
 	return after, [2]int{from, max(from, to)}, nil
 }
 
@@ -499,15 +540,15 @@ func (s *scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 // its victims) and calls it again. It returns try's last error.
 //
 // When the group agrees that a copy is over depends on how fast the host copies, not on any
-// replicated decision. The scheduler used to give up at once and retry at later steps: how
-// many (each decoding the running requests, charged a decode step) and which pages could
-// be evicted meanwhile then followed the host's speed, and hits per tier, misses by cause
-// and every virtual time differed from one run of the same job to the next. In the cost
-// model a step lasts as long as its backups (see CostProfile), so they are over by the next
+// replicated decision. Giving up at once and retrying at later steps would make how many
+// steps (each decoding the running requests, charged a decode step) and which pages could
+// be evicted meanwhile follow the host's speed, and hits per tier, misses by cause and
+// every virtual time differ from one run of the same job to the next. In the cost
+// model a step lasts as long as its backups (see vtime.CostProfile), so they are over by the next
 // step: the steps withRoom makes decode nothing and are not charged to the virtual clock,
 // like the steps a load-back waits in. Replicated: Pending is, so every rank makes the same
 // steps.
-func (s *scheduler) withRoom(ctx context.Context, try func() error) error {
+func (s *Scheduler) withRoom(ctx context.Context, try func() error) error {
 	err := try()
 	for errors.Is(err, hicache.ErrL1Full) && s.cache.Pending() > 0 {
 		for s.cache.Pending() > 0 {
@@ -522,16 +563,16 @@ func (s *scheduler) withRoom(ctx context.Context, try func() error) error {
 }
 
 // verify checks the KV of sequence page i that this rank loaded back into L1 slot.
-func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
+func (s *Scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
 	s.local.PagesVerified++
-	b, err := s.kv.read(slot)
+	b, err := s.KV.Read(slot)
 	if err == nil {
 		err = kvtest.CheckKV(b, hash, i, s.shard)
 	}
 	if err != nil {
 		s.local.BadPages++
-		if s.live != nil {
-			s.live.badPages.Add(1)
+		for _, o := range s.observers {
+			o.BadPage()
 		}
 		if s.firstBad == nil {
 			s.firstBad = fmt.Errorf("request %d: page %d loaded from L2 is wrong: %w", r.ID, i, err)
@@ -541,12 +582,12 @@ func (s *scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
 
 // fill "computes" the KV of the pages this rank owns: bytes derived from the page's prefix
 // hash, position and this rank's shard.
-func (s *scheduler) fill(pages []hicache.FillPage) error {
+func (s *Scheduler) fill(pages []hicache.FillPage) error {
 	for _, f := range pages {
 		if !s.cache.Owns(f.Index) {
 			continue
 		}
-		if err := s.kv.fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) }); err != nil {
+		if err := s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) }); err != nil {
 			return err
 		}
 		s.local.PagesFilled++
@@ -556,14 +597,14 @@ func (s *scheduler) fill(pages []hicache.FillPage) error {
 
 // decode generates one token of every running request; a request whose answer is complete
 // is inserted with its answer and released (or retried at the next step when L1 is full).
-func (s *scheduler) decode(ctx context.Context) (int, error) {
+func (s *Scheduler) decode(ctx context.Context) (int, error) {
 	moved := 0
 	keep := s.running[:0]
 	for _, a := range s.running {
 		if a.generated < a.req.OutputLen {
 			a.generated++
 			moved++
-			s.clock.decoding++
+			s.clock.Decoded()
 		}
 		if a.generated < a.req.OutputLen {
 			keep = append(keep, a)
@@ -590,7 +631,7 @@ func (s *scheduler) decode(ctx context.Context) (int, error) {
 
 // finish inserts the prompt with its answer so that the next turn hits, and releases the
 // request. It returns false when L1 is full for now.
-func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
+func (s *Scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	r := a.req
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
 	var ins hicache.InsertResult
@@ -605,8 +646,8 @@ func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
 		return false, err
 	}
 	s.backedUp(len(ins.Fill))
-	if s.misses != nil {
-		s.misses.finished(r)
+	for _, o := range s.observers {
+		o.Finished(r)
 	}
 	if err := s.cache.Unlock(a.last); err != nil {
 		return false, err
@@ -614,8 +655,5 @@ func (s *scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	s.reserved -= a.pages
 	s.roomEpoch++
 	s.counts.OutputTokens += int64(r.OutputLen)
-	if s.live != nil {
-		s.live.done.Add(1)
-	}
 	return true, nil
 }

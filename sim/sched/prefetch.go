@@ -1,4 +1,4 @@
-package runner
+package sched
 
 import (
 	"errors"
@@ -28,17 +28,17 @@ type pendingPrefetch struct {
 	// would have been taken): it is matched again before the prefill, and what it lost
 	// meanwhile is fetched again.
 	recheck bool
-	epoch   uint64 // scheduler.roomEpoch at the last retry
+	epoch   uint64 // Scheduler.roomEpoch at the last retry
 }
 
 // costSkip records that r's continuation beyond its L1 and L2 hit is computed because the
 // cache's cost rule found reading it slower (counted at r's prefill: prefillCost).
-func (s *scheduler) costSkip(r workload.Request) { s.costSkipped[r.ID] = true }
+func (s *Scheduler) costSkip(r workload.Request) { s.costSkipped[r.ID] = true }
 
 // prefillCost counts, at r's prefill, the whole prompt pages beyond the device pages it was
 // served that were computed because reading them was slower (PrefetchCostSkippedPages), and
 // reports whether there were any such.
-func (s *scheduler) prefillCost(r workload.Request, device int) bool {
+func (s *Scheduler) prefillCost(r workload.Request, device int) bool {
 	if !s.costSkipped[r.ID] {
 		return false
 	}
@@ -50,13 +50,13 @@ func (s *scheduler) prefillCost(r workload.Request, device int) bool {
 // maxPrefetchAttempts bounds how often one request's prefetch is asked again after the
 // cache refused stored pages for a transient reason (quota, L2 room, a changed tree, a
 // duplicate read) or its hold was released: past it, the refused pages are computed and
-// counted (replicaCounts.PrefetchRefusedPages), never silently.
+// counted (Counts.PrefetchRefusedPages), never silently.
 const maxPrefetchAttempts = 8
 
 // overlapPrefetch says whether prefetches overlap decoding (else the scheduler waits for
 // them in steps where nothing decodes).
-func (s *scheduler) overlapPrefetch() bool {
-	return s.cfg.Storage != "" && !s.cfg.Time.PrefetchSync
+func (s *Scheduler) overlapPrefetch() bool {
+	return s.cfg.Storage && !s.cfg.PrefetchSync
 }
 
 // prefetchBudget is how many prompt pages the requests waiting for prefetches may hold: the
@@ -64,7 +64,7 @@ func (s *scheduler) overlapPrefetch() bool {
 // run's conversations, arrived at 0): their locked prefixes filled L2, the cache refused
 // the reads for want of room or quota, and the requests computed what storage held. Within
 // it the reads fit the quota and the held pages leave L2 room to read into.
-func (s *scheduler) prefetchBudget() int {
+func (s *Scheduler) prefetchBudget() int {
 	return max(s.cache.PrefetchQuotaPages(), 1)
 }
 
@@ -73,7 +73,7 @@ func (s *scheduler) prefetchBudget() int {
 // budget while others are under way waits for them to be admitted first (it keeps its place:
 // the queue is served in order). Replicated: every branch follows from the cache's
 // replicated answers and the replicated clock.
-func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
+func (s *Scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
 	pf := s.prefetches[r.ID]
 	if pf == nil {
@@ -94,7 +94,7 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 			s.deferred[r.ID] = true
 			return true, nil
 		}
-		pf = &pendingPrefetch{askedNs: s.clock.nowNs, readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
+		pf = &pendingPrefetch{askedNs: s.clock.NowNs(), readyNs: math.NaN(), pages: [2]int{-1, -1}, weight: w}
 		started, err := s.askPrefetch(r, pf)
 		if err != nil || !started {
 			return false, err
@@ -106,12 +106,12 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	if pf.id != 0 && c.PrefetchPending(pf.id) {
 		return true, nil // the cache is reading
 	}
-	if math.IsNaN(pf.readyNs) || pf.recheck && (s.holdsAllowed() || s.clock.nowNs >= pf.readyNs) {
+	if math.IsNaN(pf.readyNs) || pf.recheck && (s.holdsAllowed() || s.clock.NowNs() >= pf.readyNs) {
 		if waiting, err := s.settle(r, pf); err != nil || waiting {
 			return waiting, err
 		}
 	}
-	return s.clock.nowNs < pf.readyNs, nil
+	return s.clock.NowNs() < pf.readyNs, nil
 }
 
 // settle takes the outcome of r's prefetch once the cache is done with it (or matches r
@@ -119,7 +119,7 @@ func (s *scheduler) prefetchWaits(r workload.Request) (bool, error) {
 // missing (retryPrefetch) or takes what the tree holds: the match is held until the prefill
 // when holds are allowed, else pf is left to recheck. It reports whether r waits for a
 // prefetch asked again or for the room to change. Replicated.
-func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error) {
+func (s *Scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c, P := s.cache, s.cfg.PageSize
 	if pf.locked != 0 {
 		if err := c.Unlock(pf.locked); err != nil {
@@ -156,7 +156,7 @@ func (s *scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 	}
 	pf.id = 0 // the outcome is taken: a later recheck counts only what the tree lost
 	pf.pages[1] = max(pf.pages[1], have)
-	pf.readyNs = s.clock.storageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
+	pf.readyNs = s.clock.StorageReady(pf.askedNs, pf.pages[1]-pf.pages[0])
 	pf.recheck = !s.holdsAllowed()
 	if pf.recheck {
 		return false, nil
@@ -187,7 +187,7 @@ const (
 // shared prefix asked together are read once; the quota clamps a long read). It returns
 // the decision and, for a retry, how many stored pages the tree lacks (0 when it asks for
 // the rest).
-func (s *scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have int) (int, int) {
+func (s *Scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have int) (int, int) {
 	out, known := s.cache.PrefetchOutcome(pf.id)
 	known = known && pf.id != 0
 	if known && out.Refused == hicache.RefusedCost {
@@ -226,7 +226,7 @@ func (s *scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have 
 // holdPrefetched settles the prefetches the last step finished, in queue order, before the
 // step's decisions (a finish's insert, an earlier request's prefill) can evict what they
 // read: their holds are taken (when allowed) and their read prefixes unlocked.
-func (s *scheduler) holdPrefetched() error {
+func (s *Scheduler) holdPrefetched() error {
 	if len(s.prefetches) == 0 {
 		return nil
 	}
@@ -241,7 +241,7 @@ func (s *scheduler) holdPrefetched() error {
 }
 
 // admitted forgets r's prefetch once r's prefill locked its own match: the hold goes.
-func (s *scheduler) admitted(r workload.Request) error {
+func (s *Scheduler) admitted(r workload.Request) error {
 	pf := s.prefetches[r.ID]
 	if pf == nil {
 		return nil
@@ -267,20 +267,20 @@ func (s *scheduler) admitted(r workload.Request) error {
 // hold in its way, and holds are taken again after a step in which nothing wanted room.
 // Nor while admissions are held for a flush when idle, which a hold would keep from
 // coming. Replicated.
-func (s *scheduler) holdsAllowed() bool {
-	return !s.roomWanted && !s.roomWantedLast && !s.faults.holdsAdmissions(uint64(s.counts.Steps))
+func (s *Scheduler) holdsAllowed() bool {
+	return !s.roomWanted && !s.roomWantedLast && !s.holdsAdmissions(uint64(s.counts.Steps))
 }
 
 // wantRoom records that an insert or a load-back found L1 full, and releases the holds of
 // the waiting requests (releaseHolds).
-func (s *scheduler) wantRoom() error {
+func (s *Scheduler) wantRoom() error {
 	s.roomWanted = true
 	return s.releaseHolds()
 }
 
 // releaseHolds unlocks the matches the waiting requests hold: each is matched again before
 // its prefill (recheck), and what it lost meanwhile is fetched again. Replicated.
-func (s *scheduler) releaseHolds() error {
+func (s *Scheduler) releaseHolds() error {
 	for _, id := range slices.Sorted(maps.Keys(s.prefetches)) {
 		pf := s.prefetches[id]
 		if math.IsNaN(pf.readyNs) || pf.locked == 0 {
@@ -298,7 +298,7 @@ func (s *scheduler) releaseHolds() error {
 // locks the matched prefix (the continuation is read for it, and an evicted prefix would
 // make the group discard what it read) and asks storage for the rest. It extends
 // pf.pages to the pages the tree holds now and reports whether a prefetch started.
-func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
+func (s *Scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
 	m, err := c.MatchKey(r.Key, r.Tokens)
@@ -329,7 +329,7 @@ func (s *scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, 
 
 // waitIdle moves the clock to the next event when nothing can happen before it: nothing
 // runs, and no queued request has arrived or has its prefetch read (in virtual time).
-func (s *scheduler) waitIdle() {
+func (s *Scheduler) waitIdle() {
 	if len(s.running) > 0 || len(s.queue) == 0 {
 		return
 	}
@@ -353,19 +353,19 @@ func (s *scheduler) waitIdle() {
 		if s.deferred[r.ID] {
 			continue // its prefetch waits for those before it (see prefetchWaits)
 		}
-		next = min(next, s.clock.arrival(r))
+		next = min(next, s.clock.Arrival(r))
 		break // the queue is in arrival order
 	}
 	if !math.IsInf(next, 1) {
-		s.clock.advanceTo(next)
+		s.clock.AdvanceTo(next)
 	}
 }
 
 // backedUp charges the L1→L2 backup of pages just inserted: write-through policies back
 // every inserted page up at once; write_back backs up at eviction, which the model does not
 // charge (it overlaps compute like any backup).
-func (s *scheduler) backedUp(pages int) {
+func (s *Scheduler) backedUp(pages int) {
 	if s.cfg.Policy != hicache.WriteBack {
-		s.clock.backupPages += pages
+		s.clock.BackedUp(pages)
 	}
 }

@@ -1,4 +1,4 @@
-package runner
+package report
 
 import (
 	"encoding/json"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/sim/vtime"
 )
 
 // htmlSweep is a sweep of three runs with every chart's data: long report lines, a timeline
@@ -21,7 +23,7 @@ func htmlSweep() (*Report, *SweepResult) {
 		r := &Report{InputTokens: 6_000_000, TokensHitL2: int64(2_000_000 * (i + 1)), HitRate: 0.3 * float64(i+1),
 			MissCauses: MissCauses{Compulsory: 590_336, CapacityL2: int64(300_000 / (i + 1))},
 			Reference:  Reference{LRUBlockHitRate: 0.3 * float64(i+1), ReuseBoundHitRate: 0.904},
-			Latency: &LatencyReport{Time: TimeVirtual, Speed: 1,
+			Latency: &LatencyReport{Time: vtime.Virtual, Speed: 1,
 				On:  LatencyFigures{TTFTP50Ms: 7.8, TTFTQuantilesMs: []float64{1, 5, 8, 12}},
 				Off: LatencyFigures{TTFTP50Ms: 21.6, TTFTQuantilesMs: []float64{2, 15, 22, 400}}},
 			ConsensusHistogram: []HistogramBin{{LoUs: 100, HiUs: 119, Count: 250_000}, {LoUs: 119, HiUs: 141, Count: 500_000}}}

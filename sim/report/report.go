@@ -1,10 +1,17 @@
-package runner
+// Package report is what a simulated serving run measured, for a person and for a program:
+// the report's figures, its text and JSON, the latency figures in virtual time with the
+// cache on and off, the hit-rate timeline, the consensus-latency histogram, the miss causes,
+// the reference hit rates of the workload, the HTML report with its charts and the table of
+// a sweep. It takes plain values: it knows nothing of ranks, layouts or flags.
+package report
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+
+	"github.com/cpcache/cpcache/sim/vtime"
 )
 
 // Report is what a run measured, summed over every rank (rank 0 prints it).
@@ -65,7 +72,7 @@ type Report struct {
 	StoragePagesRead    int64 `json:"storage_pages_read"`
 	StoragePagesWritten int64 `json:"storage_pages_written"`
 	PrefetchSteps       int64 `json:"prefetch_steps"` // scheduler steps spent waiting for prefetches (in SchedulerSteps)
-	// With prefetches overlapping decode (summed over replicas; see replicaCounts):
+	// With prefetches overlapping decode (summed over replicas):
 	// prefetches asked again after the cache refused stored pages for want of room or quota
 	// (or a changed tree, a duplicate read) or after they were lost before the prefill,
 	// stored pages still refused after the last try or lost while storage could not be
@@ -90,7 +97,7 @@ type Report struct {
 
 	WallSeconds float64 `json:"wall_seconds"`
 
-	// Virtual time, latency and misses (see vtime.go, cost.go, attrib.go).
+	// Virtual time, latency and misses (see sim/vtime and the scheduler's miss attribution).
 	Latency            *LatencyReport  `json:"latency,omitempty"`
 	MissCauses         MissCauses      `json:"miss_causes"`
 	Timeline           []TimelinePoint `json:"hit_rate_timeline,omitempty"`
@@ -124,7 +131,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  hit rate             %.1f%%\n", 100*r.HitRate)
 	fmt.Fprintf(w, "  L2 pages written     %d\n", r.PagesWrittenL2)
 	fmt.Fprintf(w, "  L2 pages loaded      %d\n", r.PagesLoadedL2)
-	fmt.Fprintf(w, "  bytes moved          %s\n", humanBytes(r.BytesMoved))
+	fmt.Fprintf(w, "  bytes moved          %s\n", vtime.HumanBytes(r.BytesMoved))
 	if r.Storage != "" {
 		fmt.Fprintf(w, "  storage              %s\n", r.Storage)
 		fmt.Fprintf(w, "  storage pages        %d prefetched, %d backed up, %d errors, %d rejected (%d forged)\n",
@@ -160,21 +167,8 @@ func (r *Report) pct(n int64) string {
 	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.InputTokens))
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-// quantile returns the q-quantile (0..1) of sorted samples by nearest rank; 0 for none.
-func quantile[T any](s []T, q float64) T {
+// Quantile returns the q-quantile (0..1) of sorted samples by nearest rank; 0 for none.
+func Quantile[T any](s []T, q float64) T {
 	if len(s) == 0 {
 		var zero T
 		return zero

@@ -1,4 +1,4 @@
-package runner
+package report
 
 import (
 	"bytes"
@@ -23,13 +23,6 @@ const (
 	ChartConsensus   = "consensus-latency"
 	ChartSweep       = "sweep-hit-rate"
 )
-
-// SweepResult is a sweep: one report per value of one parameter.
-type SweepResult struct {
-	Param   string    `json:"param"`
-	Values  []string  `json:"values"`
-	Reports []*Report `json:"reports"`
-}
 
 // WriteHTML writes a self-contained HTML report with inline SVG charts: hit rate per tier
 // over virtual time, the TTFT CDF with the cache on and off, the miss attribution, the
@@ -69,7 +62,7 @@ func WriteHTML(w io.Writer, rep *Report, sweep *SweepResult) error {
 		}
 		svg, err := renderSVG(p)
 		if err != nil {
-			return fmt.Errorf("runner: chart %s: %w", id, err)
+			return fmt.Errorf("report: chart %s: %w", id, err)
 		}
 		fmt.Fprintf(&b, "<figure id=\"%s\" data-points=\"%d\">%s<figcaption>%s</figcaption></figure>\n", id, n, svg, html.EscapeString(caption))
 	}

@@ -1,0 +1,38 @@
+package report
+
+import "github.com/cpcache/cpcache/workload"
+
+// Reference are the hit counts a run's measured hits are read against, computed from the
+// workload alone (see workload.ReuseBound and workload.LRUBlockHits), summed over the
+// replicas (each over the requests routed to it).
+type Reference struct {
+	// ReuseBound: prompt tokens an unlimited cache of the run's page size serves when the
+	// requests run one at a time.
+	ReuseBoundTokens  int64   `json:"reuse_bound_tokens"`
+	ReuseBoundHitRate float64 `json:"reuse_bound_hit_rate"`
+	// LRUBlock: prompt tokens an LRU of 512-token blocks with the capacity of one replica's
+	// cache (CapacityTokens: its L2, or its L1 when larger) serves.
+	LRUBlockTokens  int64   `json:"lru_block_tokens"`
+	LRUBlockHitRate float64 `json:"lru_block_hit_rate"`
+	CapacityTokens  int64   `json:"capacity_tokens"`
+}
+
+// ReferenceOf computes the reference hit counts of a run whose replicas serve the requests
+// of replicas (one list per replica), with pages of pageSize tokens and a cache of
+// capacityTokens per replica.
+func ReferenceOf(replicas [][]workload.Request, pageSize int, capacityTokens int64) Reference {
+	ref := Reference{CapacityTokens: capacityTokens}
+	var input int64
+	for _, reqs := range replicas {
+		for _, r := range reqs {
+			input += int64(len(r.Tokens))
+		}
+		ref.ReuseBoundTokens += workload.ReuseBound(reqs, pageSize)
+		ref.LRUBlockTokens += workload.LRUBlockHits(reqs, int(ref.CapacityTokens/workload.BlockTokens))
+	}
+	if input > 0 {
+		ref.ReuseBoundHitRate = float64(ref.ReuseBoundTokens) / float64(input)
+		ref.LRUBlockHitRate = float64(ref.LRUBlockTokens) / float64(input)
+	}
+	return ref
+}
