@@ -1,13 +1,14 @@
 """pytest suite of the Python binding: bad calls and the storage round trip in this process
 (a world of one rank), the SGLang-style example on 4 ranks under `cpcache launch`, and Ctrl-C.
 
-Needs libcpcache.so (make capi, or CPCACHE_LIBRARY) and the cpcache binary (bin/cpcache, or
-CPCACHE_BIN). Run with Debian's interpreter: /usr/bin/python3 -m pytest python/tests
+Needs libcpcache.so (make capi, or CPCACHE_LIBRARY) and the cpcache binary (CPCACHE_BIN, else
+the repository's bin/cpcache, else the cpcache on PATH that make install put there). Run with Debian's interpreter: /usr/bin/python3 -m pytest python/tests
 """
 
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,15 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import cpcache  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "python", "examples", "hicache_controller.py")
-CPCACHE_BIN = os.environ.get("CPCACHE_BIN", os.path.join(ROOT, "bin", "cpcache"))
+
+def _cpcache_bin():
+    if os.environ.get("CPCACHE_BIN"):
+        return os.environ["CPCACHE_BIN"]
+    built = os.path.join(ROOT, "bin", "cpcache")
+    return built if os.access(built, os.X_OK) else (shutil.which("cpcache") or built)
+
+
+CPCACHE_BIN = _cpcache_bin()
 
 
 def one_rank(tmp_path, **kw):

@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 // Chart ids of the HTML report (each a <figure id=...> holding one inline SVG).
@@ -193,24 +195,45 @@ func ttftChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, er
 	return ChartTTFTCDF, "TTFT in virtual time with the cache on (measured) and off (simulated from the same workload and costs).", n, p, err
 }
 
+// missCause is one bar of missChart: a cause and the prompt tokens it missed.
+type missCause struct {
+	name string
+	v    int64
+}
+
+// missChart draws the missed prompt tokens of each cause that missed any, every bar labelled
+// with its count and share of the misses, so that a cause a thousand times smaller than the
+// compulsory misses still reads (its bar is a sliver; its label says what it is).
 func missChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {
 	m := rep.MissCauses
-	causes := []struct {
-		name string
-		v    int64
-	}{{"compulsory", m.Compulsory}, {"capacity L1", m.CapacityL1}, {"capacity L2", m.CapacityL2}, {"in flight", m.InFlight},
+	causes := []missCause{{"compulsory", m.Compulsory}, {"capacity L1", m.CapacityL1}, {"capacity L2", m.CapacityL2}, {"in flight", m.InFlight},
 		{"quarantined", m.Quarantined}, {"storage", m.Storage}, {"skipped for cost", m.Cost}, {"partial page", m.PartialPage}}
+	var total int64
+	nonzero := 0
+	for _, c := range causes {
+		total += c.v
+		if c.v > 0 {
+			nonzero++
+		}
+	}
+	if total > 0 {
+		causes = slices.DeleteFunc(causes, func(c missCause) bool { return c.v == 0 })
+	}
 	p := plot.New()
 	p.Title.Text = "Missed prompt tokens by cause"
 	p.Y.Label.Text = "tokens"
 	p.Y.Tick.Marker = countTicks{}
 	vals := make(plotter.Values, len(causes))
 	names := make([]string, len(causes))
-	n := 0
+	labels := plotter.XYLabels{XYs: make(plotter.XYs, len(causes)), Labels: make([]string, len(causes))}
+	var most float64
 	for i, c := range causes {
 		vals[i], names[i] = float64(c.v), c.name
-		if c.v > 0 {
-			n++
+		most = max(most, float64(c.v))
+		labels.XYs[i] = plotter.XY{X: float64(i), Y: float64(c.v)}
+		labels.Labels[i] = strconv.FormatInt(c.v, 10)
+		if total > 0 {
+			labels.Labels[i] += fmt.Sprintf(" (%.1f%%)", 100*float64(c.v)/float64(total))
 		}
 	}
 	bars, err := plotter.NewBarChart(vals, vg.Points(30))
@@ -219,8 +242,18 @@ func missChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, er
 	}
 	bars.Color = plotutil.Color(2)
 	p.Add(bars)
+	text, err := plotter.NewLabels(labels)
+	if err != nil {
+		return ChartMisses, "", 0, nil, err
+	}
+	for i := range text.TextStyle {
+		text.TextStyle[i].XAlign, text.TextStyle[i].YAlign = draw.XCenter, draw.YBottom
+	}
+	text.Offset = vg.Point{Y: vg.Points(2)}
+	p.Add(text)
 	p.NominalX(names...)
-	return ChartMisses, fmt.Sprintf("Every missed prompt token under one cause (%d tokens missed).", rep.TokensMissed), n, p, nil
+	p.Y.Min, p.Y.Max = 0, max(1, most*1.15) // room above the tallest bar for its label
+	return ChartMisses, fmt.Sprintf("Every missed prompt token under one cause (%d tokens missed); causes that missed nothing are left out.", rep.TokensMissed), nonzero, p, nil
 }
 
 func consensusChart(rep *Report, _ *SweepResult) (string, string, int, *plot.Plot, error) {

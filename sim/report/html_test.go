@@ -108,3 +108,29 @@ document.body.setAttribute("data-check", JSON.stringify({
 		assert.Greater(t, f.Paths, 5, "%s: drawn", f.ID)
 	}
 }
+
+// TestMissChartLabelsEveryCauseThatMissed: with compulsory misses 590 times the capacity
+// misses, the small cause's bar is a sliver, so every bar carries its count and share; causes
+// that missed nothing get no bar; a run that missed nothing still draws its (empty) chart.
+func TestMissChartLabelsEveryCauseThatMissed(t *testing.T) {
+	rep := &Report{TokensMissed: 591_336, MissCauses: MissCauses{Compulsory: 590_336, CapacityL2: 1_000}}
+	_, caption, n, p, err := missChart(rep, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "two causes missed tokens")
+	svg, err := renderSVG(p)
+	require.NoError(t, err)
+	for _, want := range []string{">590336 (99.8%)<", ">1000 (0.2%)<", ">compulsory<", ">capacity L2<"} {
+		assert.Contains(t, svg, want)
+	}
+	for _, absent := range []string{">quarantined<", ">in flight<", ">capacity L1<"} {
+		assert.NotContains(t, svg, absent, "a cause that missed nothing has no bar")
+	}
+	assert.Contains(t, caption, "591336 tokens missed")
+
+	_, _, n, p, err = missChart(&Report{}, nil)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing missed: no cause has a count (its bars stay, at 0)")
+	svg, err = renderSVG(p)
+	require.NoError(t, err)
+	assert.Contains(t, svg, ">compulsory<")
+}
