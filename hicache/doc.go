@@ -39,9 +39,10 @@
 // New takes the parallel.Layout, this rank, the consensus group and the slab set. It fails with
 // ErrScope, naming both groups, if any member of the slab group is missing from the
 // consensus group, or if the consensus group is not the layout's replica group (the
-// attention-DP block). This rejects the historical bug — under CP8 DP2 with DP attention,
-// the size-1 attention-TP group given as consensus group, so that every collective silently
-// did nothing. A size-1 consensus group passes only when the layout replicates nothing.
+// attention-DP block). This rejects, for example, the size-1 attention-TP group given as
+// consensus group under CP8 DP2 with DP attention, with which every collective would
+// silently do nothing. A size-1 consensus group passes only when the layout replicates
+// nothing.
 //
 // # One scheduler step
 //
