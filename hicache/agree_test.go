@@ -319,7 +319,7 @@ func TestNewRejectsNegativeDriverConfig(t *testing.T) {
 // deadline (README: "a rank cannot build its cache (engine, storage or scope check)").
 func TestNewScopeFailureOnOneRankIsAgreed(t *testing.T) {
 	const n, bad = 4, 2
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the wait a rank left waiting for the failed one would make
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the test should a rank wait for the failed one
 	defer cancel()
 	l := mustLayout(t, parallel.LayoutConfig{World: n, AttnCP: n})
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: time.Minute})
