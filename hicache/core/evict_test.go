@@ -21,7 +21,7 @@ func (r *coreRig) evictL1(pages int) (freed, pending int) {
 	return freed, pending
 }
 
-// TestEvictL1WriteBackReportsPending is the write-back case, on 1, 2, 4 and 8
+// TestEvictL1WriteBackReportsPending is the write-back case of eviction, on 1, 2, 4 and 8
 // ranks. Under write_back an evicted page without a backup frees its slot only once its
 // backup commits. EvictL1(2) on an 8-page node must not back up all 8 pages (more than
 // asked) nor report 0 freed (so that a caller asks again and starts more): it reports 2

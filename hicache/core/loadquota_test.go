@@ -93,7 +93,7 @@ func TestLoadBackSplitsANodeLongerThanTheQuota(t *testing.T) {
 	}
 }
 
-// TestLoadBackOfALongHostHit is the first scenario, on 1, 2, 4 and 8 ranks: a
+// TestLoadBackOfALongHostHit is the long-host-hit scenario, on 1, 2, 4 and 8 ranks: a
 // 20-page host hit in one node, L1 (32 pages) empty, nothing else loading. LoadBack must
 // not load 0 pages (as it would if the default quota, 16, applied to the whole node). It
 // loads the quota's worth, 16 (the other 4 at the next call, once those are in), or all 20
@@ -135,7 +135,7 @@ func TestLoadBackOfALongHostHit(t *testing.T) {
 	}
 }
 
-// TestLoadBackLoadsTheMatchedPagesOnly is the second scenario, on 1, 2, 4 and 8
+// TestLoadBackLoadsTheMatchedPagesOnly is the partial-hit scenario, on 1, 2, 4 and 8
 // ranks: a request that shares 3 pages with an 8-page sequence held only in L2 hits 3 host
 // pages. LoadBack must not load all 8 pages of the node into L1: Match ends the hit's
 // node where the hit ends, so 3 pages load, the other 5 stay in L2 and L1 holds 3 pages.
