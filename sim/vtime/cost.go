@@ -139,7 +139,7 @@ func CostProfiles() []string { return slices.Sorted(maps.Keys(builtinProfiles)) 
 // LoadCostProfile returns the built-in profile called nameOrPath, or reads a profile from
 // the JSON file at that path (fields it leaves out are 0), then applies overrides: a
 // comma-separated list of json_field=value (e.g. "prefill_ns_per_token=3000,h2d_gbps=25").
-// Errors wrap ErrBadInput and name the bad value.
+// Errors wrap ErrBadProfile and name the bad value.
 func LoadCostProfile(nameOrPath, overrides string) (CostProfile, error) {
 	if nameOrPath == "" {
 		nameOrPath = DefaultCostProfile
@@ -299,7 +299,7 @@ type CostModel struct {
 // and attention-TP sizes, pageSize tokens per page and runKV bytes of KV per rank per token
 // (--kv-bytes-per-token). A profile with a model charges the model's KV per rank; one whose
 // kv_bytes_per_token differs from its model's under this attn-TP is rejected, naming both.
-// Errors wrap ErrBadInput.
+// Errors wrap ErrBadProfile.
 func (p *CostProfile) Resolve(cp, tp, pageSize, runKV int) (CostModel, error) {
 	cp, tp = max(cp, 1), max(tp, 1)
 	m := CostModel{PrefillNsPerToken: p.PrefillNsPerToken, AttentionNsPerTokenPair: p.AttentionNsPerTokenPair,
