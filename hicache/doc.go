@@ -13,8 +13,8 @@
 //     transfers and storage jobs in flight, the digests and the consensus vector. No
 //     goroutines, clocks, I/O, sync or cgo (a test checks its imports). Start reading there.
 //   - hicache/engine: the copy-engine interface (Engine, Ticket); hicache/hostengine copies
-//     host memory with goroutines, hicache/cudaengine copies with CUDA streams and events
-//     (through package cuda: the one package of this tree that needs cgo).
+//     host memory with goroutines, hicache/cudaengine (the one package of this tree that
+//     needs cgo, through package cuda) copies with CUDA streams and events.
 //   - package storage: the L3 interface (Storage, keys, the value format), reached through
 //     this package's storage driver; the backends are package storage/stores, which the
 //     caller opens and hands to New (Config.Storage).
@@ -22,9 +22,10 @@
 //     rank's storage jobs on its storage handle, and its consensus collective on the replica
 //     group. It talks to the core only through its boundary — Ready (work to start), Vector
 //     (the vector to reduce), Report (local completions), Apply (the agreed vector) — and
-//     never reads its fields. Nodes are named by checked handles (Handle), and their state comes
-//     as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are aliased
-//     here (Handle, MatchResult, Options, ...), so a scheduler imports this package alone.
+//     never reads its fields. Nodes are named by checked handles (Handle), and their state
+//     comes as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are
+//     aliased here (Handle, MatchResult, Options, ...), so a scheduler imports this package
+//     alone.
 //
 // This package depends on the standard library, the project, golang.org/x/sys and the
 // page MAC's hash only (TestDriverDependsOnNothingExternal): storage clients and Prometheus
