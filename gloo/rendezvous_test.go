@@ -85,7 +85,7 @@ func roleCycles() error {
 }
 
 // TestSilentRedisStore: a Redis store that accepts connections and never answers fails
-// CheckStore at its context's deadline and NewWorld at its timeout (it hung forever).
+// CheckStore at its context's deadline and NewWorld at its timeout; neither may hang forever.
 func TestSilentRedisStore(t *testing.T) {
 	url := "redis://" + redistest.Silent(t) + "/silent"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -299,7 +299,7 @@ func TestStepTimeoutBoundsNewsCollectives(t *testing.T) {
 }
 
 // A negative Config.StepTimeout or LatencySamples is refused on every rank with an error
-// naming it (it used to mean "no step timeout" and "the default" silently).
+// naming it; it must not silently mean "no step timeout" or "the default".
 func TestNewRejectsNegativeDriverConfig(t *testing.T) {
 	for _, set := range []func(*Config){
 		func(cfg *Config) { cfg.StepTimeout = -time.Second },
@@ -319,7 +319,7 @@ func TestNewRejectsNegativeDriverConfig(t *testing.T) {
 // deadline (README: "a rank cannot build its cache (engine, storage or scope check)").
 func TestNewScopeFailureOnOneRankIsAgreed(t *testing.T) {
 	const n, bad = 4, 2
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the wait the bug caused
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the test should a rank wait for the failed one
 	defer cancel()
 	l := mustLayout(t, parallel.LayoutConfig{World: n, AttnCP: n})
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: time.Minute})

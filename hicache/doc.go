@@ -13,35 +13,37 @@
 //     transfers and storage jobs in flight, the digests and the consensus vector. No
 //     goroutines, clocks, I/O, sync or cgo (a test checks its imports). Start reading there.
 //   - hicache/engine: the copy-engine interface (Engine, Ticket); hicache/hostengine copies
-//     host memory with goroutines, hicache/cudaengine (the one cgo package here) copies with
-//     CUDA streams and events.
+//     host memory with goroutines, hicache/cudaengine (the one package of this tree that
+//     needs cgo, through package cuda) copies with CUDA streams and events.
 //   - package storage: the L3 interface (Storage, keys, the value format), reached through
 //     this package's storage driver; the backends are package storage/stores, which the
 //     caller opens and hands to New (Config.Storage).
 //   - hicache (this package), the driver: Cache runs the core's transfers on an Engine, this
 //     rank's storage jobs on its storage handle, and its consensus collective on the replica
-//     group. It
-//     talks to the core only through its boundary — Ready (work to start), Vector (the
-//     vector to reduce), Report (local completions), Apply (the agreed vector) — and never
-//     reads its fields. Nodes are named by checked handles (Handle), and their state comes
-//     as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are aliased
-//     here (Handle, MatchResult, Options, ...), so a scheduler imports this package alone.
+//     group. It talks to the core only through its boundary — Ready (work to start), Vector
+//     (the vector to reduce), Report (local completions), Apply (the agreed vector) — and
+//     never reads its fields. Nodes are named by checked handles (Handle), and their state
+//     comes as copies (NodeInfo, MatchResult). Types of the core that a scheduler needs are
+//     aliased here (Handle, MatchResult, Options, ...), so a scheduler imports this package
+//     alone.
 //
 // This package depends on the standard library, the project, golang.org/x/sys and the
 // page MAC's hash only (TestDriverDependsOnNothingExternal): storage clients and Prometheus
 // (package hicache/metrics) are linked only by the programs that use them.
 //
-// package kvtest makes KV content checkable (FillKV/CheckKV) and provides an in-process L2
-// for tests.
+// Package hicache/kvtest makes KV content checkable (FillKV/CheckKV) and provides an
+// in-process L2 for tests; package hicache/kvevents publishes the KV events of
+// Cache.Subscribe in vLLM's wire format.
 //
 // # Scoping by construction
 //
 // New takes the parallel.Layout, this rank, the consensus group and the slab set. It fails with
 // ErrScope, naming both groups, if any member of the slab group is missing from the
 // consensus group, or if the consensus group is not the layout's replica group (the
-// attention-DP block). This rejects the historical bug — under CP8 DP2 with DP attention,
-// the size-1 attention-TP group given as consensus group, so that every collective silently
-// did nothing. A size-1 consensus group passes only when the layout replicates nothing.
+// attention-DP block). This rejects, for example, the size-1 attention-TP group given as
+// consensus group under CP8 DP2 with DP attention, with which every collective would
+// silently do nothing. A size-1 consensus group passes only when the layout replicates
+// nothing.
 //
 // # One scheduler step
 //

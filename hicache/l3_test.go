@@ -649,9 +649,9 @@ func TestL3PrefetchTimerSaturates(t *testing.T) {
 }
 
 // TestL3TimedOutQueryStops: a storage query that outlived its PrefetchTimeout timer is a
-// miss, and its job stops there. It used to run on, holding a storage worker (and, queued
-// behind the workers, waiting to run a call nobody awaited): with a store slower than the
-// timer, such queries piled up and backups and reads waited behind them.
+// miss, and its job stops there. It must not run on, holding a storage worker (or, queued
+// behind the workers, waiting to run a call nobody awaits): with a store slower than the
+// timer, such queries would pile up and backups and reads would wait behind them.
 func TestL3TimedOutQueryStops(t *testing.T) {
 	ns := testNamespace(t)
 	gate := make(chan struct{})

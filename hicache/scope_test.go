@@ -21,10 +21,10 @@ func mustLayout(t *testing.T, cfg parallel.LayoutConfig) *parallel.Layout {
 	return l
 }
 
-// The historical misconfiguration: CP8 DP2 EP16 with DP attention, and the attention-TP
-// group (size 1 under DP attention) handed to the cache as its consensus group. Every
-// "size > 1" collective silently did nothing and the ranks sharing a slab diverged. Here
-// construction fails and names both groups.
+// The misconfiguration this guards against: CP8 DP2 EP16 with DP attention, and the
+// attention-TP group (size 1 under DP attention) handed to the cache as its consensus
+// group. Accepted, every "size > 1" collective would silently do nothing and the ranks
+// sharing a slab would diverge. Construction fails and names both groups.
 func TestScopeRejectsAttnTPGroupAsConsensusCP8DP2(t *testing.T) {
 	l := mustLayout(t, parallel.LayoutConfig{World: 16, TP: 16, DP: 2, AttnCP: 8, EP: 16, DPAttention: true})
 	for _, rank := range []int{0, 5, 13} {

@@ -54,8 +54,8 @@ func TestAgreeStorageKey(t *testing.T) {
 }
 
 // TestAgreeStorageOpenFailure: a rank that could not open the storage makes every rank
-// fail: it with its own error, the others naming it and its cause. They used to wait in the
-// key comparison for a rank that had left, and learn only that a peer was lost.
+// fail: it with its own error, the others naming it and its cause. They must not wait in
+// the key comparison for a rank that has left, and learn only that a peer was lost.
 func TestAgreeStorageOpenFailure(t *testing.T) {
 	ns, err := storage.NewNamespace(t.Name())
 	require.NoError(t, err)

@@ -1,5 +1,5 @@
 // Package slab is the shared L2 of a context-parallel (CP) group: one memory slab per CP rank,
-// mapped by every rank (SlabSet), and the replicated page allocator that decides which pages of
+// mapped by every rank (Set), and the replicated page allocator that decides which pages of
 // those slabs hold which cache data (Allocator).
 //
 // # Replicated allocator
@@ -51,7 +51,7 @@
 // user only, until every member has mapped it. They never have a name in /dev/shm, and the
 // kernel frees each with the last process that maps it, so no crash, at any moment of setup
 // or later, can leave one behind. The ranks of a group must share a host and a network
-// namespace. The SlabSet remembers its group (Group, Ranks): that membership is the slab group
+// namespace. The Set remembers its group (Group, Ranks): that membership is the slab group
 // hicache checks against its consensus group.
 //
 // Backends: Host (shared memory; with Spec.PinHost every slab is also registered with CUDA

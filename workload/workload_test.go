@@ -116,7 +116,7 @@ func TestPublicTracesParse(t *testing.T) {
 }
 
 // TestReferencesOfBadSizes: a page size or capacity that is not positive serves nothing;
-// ReuseBound used to panic (a division by the page size).
+// ReuseBound must not panic (a division by the page size).
 func TestReferencesOfBadSizes(t *testing.T) {
 	reqs, err := Synthetic(SyntheticConfig{Clients: 2, Rounds: 2, QuestionTokens: 64, AnswerTokens: 8})
 	require.NoError(t, err)

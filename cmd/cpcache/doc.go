@@ -3,9 +3,10 @@
 // Subcommands, one file each, register themselves from init: run (the main job: serve a
 // workload through the cache on a world of ranks and report), launch (start N local ranks
 // of a command with torchrun-style variables and a rendezvous store), layout (print the
-// process groups of a parallel layout), collective-bench (time the small collectives) and
-// gpu-info (CUDA driver, NCCL, devices, topology), and cleanup (remove the temporary
-// directories of crashed jobs).
+// process groups of a parallel layout), collective-bench (time the small collectives),
+// gpu-info (CUDA driver, NCCL, devices, topology), cleanup (remove the temporary
+// directories of crashed jobs) and version. run makes its flags a runner.Config
+// (package cmd/cpcache/internal/runner) and runs this process as one rank of it.
 //
 // Contract: every subcommand returns the process's exit status: 0 success, 1 failure, 2 bad
 // usage or input (reported before any rank starts). Errors go to stderr as

@@ -44,7 +44,7 @@ With --storage URL (file:///dir, redis://host:port/prefix, or a Redis Cluster,
 redis+cluster://host:port,host:port/prefix) the cache gets an L3 tier:
 every replica backs its L2 pages up to the storage and, when a prompt continues beyond its
 L1 and L2 hit, prefetches the continuation from it while the request waits in the queue and
-the others keep running (--prefetch-sync: wait in steps where nothing decodes, as before).
+the others keep running (--prefetch-sync: wait instead, in steps where nothing decodes).
 Pages live in a namespace of the page size, KV bytes and attention-TP size,
 so runs of another shape never read them; a second run against the same storage hits what
 the first one backed up. Stored pages are authenticated with a MAC key: a file store makes

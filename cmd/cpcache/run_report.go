@@ -33,7 +33,7 @@ func (r *reportOpts) flags(fs *flag.FlagSet) {
 	fs.StringVar(&r.costProfile, "cost-profile", runner.DefaultCostProfile,
 		"cost model of virtual time: a built-in profile ("+strings.Join(runner.CostProfiles(), ", ")+") or a JSON file of its fields")
 	fs.StringVar(&r.cost, "cost", "", "override cost-profile fields: field=value,... (e.g. prefill_ns_per_token=3000,h2d_gbps=25)")
-	fs.BoolVar(&r.prefetchSync, "prefetch-sync", false, "with --storage: wait for a prefetch in steps where nothing decodes (the scheduler before prefetch overlapped decode, for comparison)")
+	fs.BoolVar(&r.prefetchSync, "prefetch-sync", false, "with --storage: wait for a prefetch in steps where nothing decodes (a prefetch that does not overlap decode, for comparison)")
 	fs.StringVar(&r.sweep, "sweep", "", "run once per value and print one table: PARAM=V1,V2,... with PARAM one of "+strings.Join(runner.SweepParams, ", "))
 	fs.StringVar(&r.html, "html", "", "also write a self-contained HTML report with charts to this file")
 }

@@ -7,7 +7,8 @@ import (
 )
 
 // TestWaitLimit: cpcache_wait_l1's timeout_ms. INT64_MAX, what a C caller passes for
-// "forever", used to wrap around to a deadline already passed, so the wait timed out at once.
+// "forever", must not wrap around to a deadline already passed (a wait that times out at
+// once).
 func TestWaitLimit(t *testing.T) {
 	for _, c := range []struct {
 		ms    int64

@@ -11,13 +11,17 @@
 //
 // # What the library does at cpcache_open
 //
-// It joins the job as one rank — rank and world from the launcher's environment
+// It opens one rank of the job through job.Open (its Config made by jobConfig from the C
+// config), which joins the job — rank and world from the launcher's environment
 // (parallel.FromEnv: cpcache launch, torchrun, mpirun, Slurm) or explicit — through the
 // rendezvous store (gloo.NewWorld), makes the layout's groups (gloo.NewLayoutGroups), the
 // consensus group (shm.Consensus: shared memory on one host, else Gloo), the slab set of this
-// rank's CP group (slab.OpenSet: host shared memory, or CUDA IPC through slab/cudaslab), the
-// copy engine over the L1 pool, the optional storage (stores.Open) and the hicache.Cache.
-// cpcache_close closes them in reverse order. One cache per process (lib.cur).
+// rank's CP group (slab.OpenSet: host shared memory, or CUDA IPC with slab/cudaslab's
+// backend in the slab.Spec), the copy engine over the L1 pool, the optional storage
+// (stores.Open) and the hicache.Cache. The library adds job.Open's start agreement: the
+// host-memory check and the comparison of every rank's configuration (agreeConfig), before
+// any pool is allocated. cpcache_close closes them in reverse order (the job.Rank's
+// Close). One cache per process (lib.cur).
 //
 // L1 pools: CPCACHE_L1_ALLOC is an anonymous mapping the library makes (not Go heap, so its
 // address may be handed to C); CPCACHE_L1_HOST is the engine's host buffer; both are copied
@@ -31,16 +35,17 @@
 // (hicache.Handle: generation << 40 | node id), equal on every rank of the replica group and
 // checked by the core at every call; the generation changes at every flush and every
 // recovery from a quarantine, which restart node ids, and at every open (above any
-// generation a rank's earlier cache used, agreed by the job: Options.Generation). Tokens are read from C
-// memory in place by Match and copied for Insert and Prefetch (the tree keeps them).
+// generation a rank's earlier cache used, agreed by the job: Options.Generation). Tokens
+// are read from C memory in place by Match and copied for Insert and Prefetch (the tree
+// keeps them).
 // Results are written into caller-provided structs and arrays whose sizes are checked
 // before anything changes, so a replicated call either happens on every rank or fails on
 // every rank. Capacities (slots_cap, fill_cap) are bounds: Go views of C buffers are only as
 // long as what is written. Every exported function recovers panics (CPCACHE_ERR_INTERNAL,
 // with a one-line message: the call, the place and the panic value; the stack goes to stderr
-// once, see panic.go) and records
-// the error text in a thread-local buffer (csrc/cpcache_capi.c), which works because an
-// exported function runs on its C caller's thread from entry to return.
+// once, see panic.go) and records the error text in a thread-local buffer
+// (csrc/cpcache_capi.c), which works because an exported function runs on its C caller's
+// thread from entry to return.
 //
 // # Signals in a foreign process
 //

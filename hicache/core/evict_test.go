@@ -21,12 +21,12 @@ func (r *coreRig) evictL1(pages int) (freed, pending int) {
 	return freed, pending
 }
 
-// TestEvictL1WriteBackReportsPending is the write-back case, on 1, 2, 4 and 8
+// TestEvictL1WriteBackReportsPending is the write-back case of eviction, on 1, 2, 4 and 8
 // ranks. Under write_back an evicted page without a backup frees its slot only once its
-// backup commits. EvictL1(2) on an 8-page node used to back up all 8 pages (more than
-// asked), and the C ABI reported 0 freed, so a caller asked again and started more. Now it
-// reports 2 pending, backs up exactly the node's last 2 pages, and asking again while they
-// are written starts nothing: the pages pending count toward the request.
+// backup commits. EvictL1(2) on an 8-page node must not back up all 8 pages (more than
+// asked) nor report 0 freed (so that a caller asks again and starts more): it reports 2
+// pending, backs up exactly the node's last 2 pages, and asking again while they are
+// written starts nothing: the pages pending count toward the request.
 func TestEvictL1WriteBackReportsPending(t *testing.T) {
 	for _, n := range cpSizes {
 		t.Run(fmt.Sprintf("cp%d", n), func(t *testing.T) {

@@ -67,9 +67,9 @@ func (r *coreRig) loadBack(tokens []int32) (MatchResult, LoadResult, error) {
 var cpSizes = []int{1, 2, 4, 8}
 
 // TestLoadBackSplitsANodeLongerThanTheQuota: a host hit whose node is longer than the load
-// quota (a long prefetch from storage is one node) was never loaded back: LoadBack stopped
-// before the node and loaded nothing, so the scheduler computed the whole hit. It loads the
-// node's head now, as much as the quota allows, and the rest at the next calls.
+// quota (a long prefetch from storage is one node) must still load back: LoadBack must not
+// stop before the node and load nothing (the scheduler would compute the whole hit). It
+// loads the node's head, as much as the quota allows, and the rest at the next calls.
 func TestLoadBackSplitsANodeLongerThanTheQuota(t *testing.T) {
 	const n, pages, quota = 2, 20, 8
 	r := newCoreRig(t, n, Options{PageSize: 4, L1Pages: 32, LoadQuotaPages: quota}, 32, 1)
@@ -93,11 +93,12 @@ func TestLoadBackSplitsANodeLongerThanTheQuota(t *testing.T) {
 	}
 }
 
-// TestLoadBackOfALongHostHit is the first scenario, on 1, 2, 4 and 8 ranks: a
-// 20-page host hit in one node, L1 (32 pages) empty, nothing else loading. LoadBack used to
-// load 0 pages (the default quota, 16, was applied to the whole node). It loads the quota's
-// worth, 16 (the other 4 at the next call, once those are in), or all 20 when the quota
-// allows 20 or more; every replica splits the node alike (rig.step compares digests).
+// TestLoadBackOfALongHostHit is the long-host-hit scenario, on 1, 2, 4 and 8 ranks: a
+// 20-page host hit in one node, L1 (32 pages) empty, nothing else loading. LoadBack must
+// not load 0 pages (as it would if the default quota, 16, applied to the whole node). It
+// loads the quota's worth, 16 (the other 4 at the next call, once those are in), or all 20
+// when the quota allows 20 or more; every replica splits the node alike (rig.step compares
+// digests).
 func TestLoadBackOfALongHostHit(t *testing.T) {
 	for _, n := range cpSizes {
 		for _, tc := range []struct{ quota, first int }{{0, 16}, {20, 20}, {32, 20}} {
@@ -134,9 +135,9 @@ func TestLoadBackOfALongHostHit(t *testing.T) {
 	}
 }
 
-// TestLoadBackLoadsTheMatchedPagesOnly is the second scenario, on 1, 2, 4 and 8
+// TestLoadBackLoadsTheMatchedPagesOnly is the partial-hit scenario, on 1, 2, 4 and 8
 // ranks: a request that shares 3 pages with an 8-page sequence held only in L2 hits 3 host
-// pages. LoadBack used to load all 8 pages of the node into L1; Match now ends the hit's
+// pages. LoadBack must not load all 8 pages of the node into L1: Match ends the hit's
 // node where the hit ends, so 3 pages load, the other 5 stay in L2 and L1 holds 3 pages.
 func TestLoadBackLoadsTheMatchedPagesOnly(t *testing.T) {
 	for _, n := range cpSizes {

@@ -339,9 +339,9 @@ func TestCollectorLatencyWindow(t *testing.T) {
 
 // TestCollectorConcurrentScrapes: scrapes that overlap while the cache steps (several
 // registries, or concurrent Gathers) neither panic nor observe a latency twice: a scrape
-// whose snapshot is older than one a concurrent scrape already observed used to slice the
-// latency ring out of range, or set the observed count back so that the next scrape observed
-// the same steps again.
+// whose snapshot is older than one a concurrent scrape already observed must neither slice
+// the latency ring out of range nor set the observed count back (so that the next scrape
+// would observe the same steps again).
 func TestCollectorConcurrentScrapes(t *testing.T) {
 	l := mustLayout(t, parallel.LayoutConfig{World: 1})
 	members := local.New(l.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 5 * time.Second})

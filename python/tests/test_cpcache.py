@@ -168,9 +168,9 @@ except cpcache.Error as e:
 
 
 def test_storage_is_agreed_by_every_rank(tmp_path):
-    """Opening the storage is agreed: a rank whose open failed used to leave the others with
-    PeerLostError and no cause, and ranks with different MAC keys opened stores whose pages
-    each rejects (and deletes) as forged. Every rank now gets the same verdict."""
+    """Opening the storage is agreed: a rank whose open fails must not leave the others with
+    PeerLostError and no cause, and ranks with different MAC keys must not open stores whose
+    pages each rejects (and deletes) as forged. Every rank gets the same verdict."""
     script = tmp_path / "rank.py"
     script.write_text(_STORAGE_RANK.format(python=os.path.join(ROOT, "python"), l3=str(tmp_path / "l3")))
     for i in range(2):
@@ -316,8 +316,8 @@ def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
 
 
 def test_a_cache_dropped_without_close_is_closed(tmp_path):
-    """A Cache the program drops without close() used to stay open for the life of the
-    process (its slabs, groups and L1 pool leaked, and every later Cache failed with
+    """A Cache the program drops without close() must not stay open for the life of the
+    process (its slabs, groups and L1 pool leaked, and every later Cache failing with
     AlreadyOpenError). Garbage collection closes it, with a ResourceWarning — but not while
     a memoryview of its L1 pool (l1_page) is alive: that view keeps the Cache, and so the
     memory it points into, open."""
@@ -355,9 +355,9 @@ except cpcache.Error as e:
 
 
 def test_cuda_start_is_agreed_by_every_rank(tmp_path):
-    """A rank whose CUDA could not be opened (its driver, its device ordinal) used to fail
-    alone, and the others failed at the slab exchange with a lost peer and no cause. Every
-    rank now names the lowest failing rank and its cause (rank 0 too, on a host without CUDA)."""
+    """A rank whose CUDA cannot be opened (its driver, its device ordinal) must not fail
+    alone, leaving the others to fail at the slab exchange with a lost peer and no cause. Every
+    rank names the lowest failing rank and its cause (rank 0 too, on a host without CUDA)."""
     script = tmp_path / "rank.py"
     script.write_text(_CUDA_RANK.format(python=os.path.join(ROOT, "python"), nolib=str(tmp_path / "no-libcuda.so")))
     out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
@@ -384,8 +384,8 @@ except cpcache.Error as e:
 
 def test_open_compares_the_configuration_of_every_rank(tmp_path):
     """cpcache.h promises that open compares every rank's configuration, storage_url and model
-    included; ranks with two storage URLs or two models used to open, each serving the other's
-    misses from another store or namespace. Every rank now fails alike with ConfigError naming
+    included; ranks with two storage URLs or two models must not open, each serving the other's
+    misses from another store or namespace. Every rank fails alike with ConfigError naming
     the field and both values, a URL's password masked."""
     import json
     script = tmp_path / "rank.py"
@@ -441,9 +441,9 @@ c2.close()
 
 
 def test_l1_views_die_with_their_cache(tmp_path):
-    """A memoryview from l1_page() stayed usable after close(): writing to it segfaulted the
-    interpreter (the pool was unmapped), and after a reopen it wrote into the new cache's L1.
-    close() now releases every view it handed out (ValueError on use); a buffer derived from
+    """A memoryview from l1_page() must not stay usable after close(): writing to it would
+    segfault the interpreter (the pool is unmapped), and after a reopen write into the new
+    cache's L1. close() releases every view it handed out (ValueError on use); a buffer derived from
     one keeps the old pool mapped, detached: it never faults and never reaches a new cache."""
     script = tmp_path / "stale.py"
     script.write_text(_STALE_VIEW.format(python=os.path.join(ROOT, "python")))
@@ -524,7 +524,7 @@ def _load(c, tokens):
 
 def test_load_back_loads_the_matched_pages(tmp_path):
     """A request sharing 3 pages with an 8-page sequence held only in L2 hits 3 host pages;
-    load_back used to load all 8 into L1. It loads the 3 (the match ended the node there),
+    load_back must not load all 8 into L1. It loads the 3 (the match ends the node there),
     with the bytes written at insert; the other 5 stay in L2."""
     c = one_rank(tmp_path, l1_pages=32, l2_pages=64)
     try:
@@ -542,8 +542,8 @@ def test_load_back_loads_the_matched_pages(tmp_path):
 
 
 def test_load_back_of_a_long_host_hit(tmp_path):
-    """A 20-page host hit in one node, L1 of 32 pages empty: load_back used to load nothing
-    (the quota, 16 by default, was applied to the whole node). It loads the quota's worth,
+    """A 20-page host hit in one node, L1 of 32 pages empty: load_back must not load nothing
+    (as it would if the quota, 16 by default, applied to the whole node). It loads the quota's worth,
     16, then the other 4; with load_quota_pages 20 all 20 at once."""
     for quota, first in ((0, 16), (20, 20)):
         c = one_rank(tmp_path, l1_pages=32, l2_pages=64, load_quota_pages=quota)

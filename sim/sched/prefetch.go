@@ -262,7 +262,7 @@ func (s *Scheduler) admitted(r workload.Request) error {
 // one's prefill, or a running request's finish, find no room. Releasing the holds is not
 // enough if the requests behind take them again in the same step: the call that wanted
 // room then meets them again at every retry, and every rank steps forever with nothing to
-// do (the store stopped while a replica's second turns all waited for it:
+// do (the store stopped while a replica's second turns all waited for it: the runner's
 // TestStoreStopsWhilePrefetchesWait). So that call is tried again at the next step with no
 // hold in its way, and holds are taken again after a step in which nothing wanted room.
 // Nor while admissions are held for a flush when idle, which a hold would keep from

@@ -139,7 +139,7 @@ func CostProfiles() []string { return slices.Sorted(maps.Keys(builtinProfiles)) 
 // LoadCostProfile returns the built-in profile called nameOrPath, or reads a profile from
 // the JSON file at that path (fields it leaves out are 0), then applies overrides: a
 // comma-separated list of json_field=value (e.g. "prefill_ns_per_token=3000,h2d_gbps=25").
-// Errors wrap ErrBadInput and name the bad value.
+// Errors wrap ErrBadProfile and name the bad value.
 func LoadCostProfile(nameOrPath, overrides string) (CostProfile, error) {
 	if nameOrPath == "" {
 		nameOrPath = DefaultCostProfile
@@ -219,7 +219,7 @@ func (p *CostProfile) figures() []struct {
 		{"storage_gbps", p.StorageGBps}, {"kv_bytes_per_token", float64(p.KVBytesPerToken)}}
 }
 
-// validate rejects figures that are not finite numbers (NaN or infinite: the report could
+// Validate rejects figures that are not finite numbers (NaN or infinite: the report could
 // not even be written), negative figures, bandwidths that are not positive, a model that
 // lacks what its costs need, an MFU over 1 and a KV size per token over the run's limit.
 func (p *CostProfile) Validate() error {
@@ -299,7 +299,7 @@ type CostModel struct {
 // and attention-TP sizes, pageSize tokens per page and runKV bytes of KV per rank per token
 // (--kv-bytes-per-token). A profile with a model charges the model's KV per rank; one whose
 // kv_bytes_per_token differs from its model's under this attn-TP is rejected, naming both.
-// Errors wrap ErrBadInput.
+// Errors wrap ErrBadProfile.
 func (p *CostProfile) Resolve(cp, tp, pageSize, runKV int) (CostModel, error) {
 	cp, tp = max(cp, 1), max(tp, 1)
 	m := CostModel{PrefillNsPerToken: p.PrefillNsPerToken, AttentionNsPerTokenPair: p.AttentionNsPerTokenPair,
@@ -330,13 +330,13 @@ func (p *CostProfile) Resolve(cp, tp, pageSize, runKV int) (CostModel, error) {
 	return m, nil
 }
 
-// prefillNs is the compute time of a prefill of n prompt tokens whose first h were hits.
+// PrefillNs is the compute time of a prefill of n prompt tokens whose first h were hits.
 func (m *CostModel) PrefillNs(n, h int) float64 {
 	c, nn, hh := float64(n-h), float64(n), float64(h)
 	return m.PrefillNsPerToken*c + m.AttentionNsPerTokenPair*(nn*nn-hh*hh)/2
 }
 
-// decodeNs is the time of a decode step of running requests.
+// DecodeNs is the time of a decode step of running requests.
 func (m *CostModel) DecodeNs(running int) float64 {
 	if running == 0 {
 		return 0
@@ -344,23 +344,23 @@ func (m *CostModel) DecodeNs(running int) float64 {
 	return m.DecodeStepNs + m.DecodeNsPerRequest*float64(running)
 }
 
-// copyNs is the time to move bytes at gbps GB/s.
+// CopyNs is the time to move bytes at gbps GB/s.
 func CopyNs(bytes int64, gbps float64) float64 { return float64(bytes) / gbps }
 
-// pageBytes is the KV of one page on the rank that owns it, as the costs charge it.
+// PageBytes is the KV of one page on the rank that owns it, as the costs charge it.
 func (m *CostModel) PageBytes() int64 { return int64(m.PageSize) * int64(m.KVBytesPerToken) }
 
-// perRankPages is the most pages one rank moves of pages consecutive pages of a sequence
+// PerRankPages is the most pages one rank moves of pages consecutive pages of a sequence
 // (page i belongs to CP rank i mod CP).
 func (m *CostModel) PerRankPages(pages int) int { return (pages + m.CP - 1) / m.CP }
 
-// storageNs is the time a prefetch of pages takes: every I/O rank reads the pages it owns
+// StorageNs is the time a prefetch of pages takes: every I/O rank reads the pages it owns
 // at its own bandwidth, all at once.
 func (m *CostModel) StorageNs(pages int) float64 {
 	return m.StorageLatencyUs*1e3 + CopyNs(int64(m.PerRankPages(pages))*m.PageBytes(), m.StorageGBps)
 }
 
-// prefetchCost is the cache's cost rule for these figures: a stored continuation is read only
+// PrefetchCost is the cache's cost rule for these figures: a stored continuation is read only
 // when every I/O rank reads its part of it faster than the replica computes it.
 func (m *CostModel) PrefetchCost() hicache.PrefetchCost {
 	return hicache.PrefetchCost{ComputeNsPerToken: m.PrefillNsPerToken, AttentionNsPerTokenPair: m.AttentionNsPerTokenPair,
@@ -390,7 +390,7 @@ type BreakEven struct {
 // fewer tokens is not prefetched, whatever the costs.
 const SGLangPrefetchThreshold = 256
 
-// breakEven solves L + s·n = a·n + c·n²/2 for the prompt length n (L: the read latency, s:
+// BreakEven solves L + s·n = a·n + c·n²/2 for the prompt length n (L: the read latency, s:
 // ns per token from storage, a: prefill ns per token, c: attention ns per token pair).
 func (m *CostModel) BreakEven() BreakEven {
 	s := float64(m.KVBytesPerToken) / (float64(m.CP) * m.StorageGBps) // ns per token: bytes / (bytes per ns)
@@ -410,7 +410,7 @@ func (m *CostModel) BreakEven() BreakEven {
 	return b
 }
 
-// warning is what the report and stderr say when storage is slower per token than the
+// Warning is what the report and stderr say when storage is slower per token than the
 // prefill ("": it is not).
 func (b *BreakEven) Warning(profile string) string {
 	if !b.StorageSlower {

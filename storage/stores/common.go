@@ -102,9 +102,9 @@ func (b *base) checkHeader(hdr []byte, key storage.Key, wantLen int) error {
 const copyBlock = 32 << 10
 
 // encodeValue writes the stored form of payload under key, header then payload, into v
-// (storedLen(len(payload)) bytes). The payload is copied block by block, each checksummed
-// right after it is copied, from cache; the MAC, which covers the checksum, is the second
-// pass, over the copy.
+// (storage.StoredLen(len(payload)) bytes). The payload is copied block by block, each
+// checksummed right after it is copied, from cache; the MAC, which covers the checksum, is
+// the second pass, over the copy.
 func (b *base) encodeValue(v []byte, key storage.Key, payload []byte) {
 	p := v[storage.HeaderSize:storage.StoredLen(len(payload))]
 	var crc uint32

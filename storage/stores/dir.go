@@ -343,8 +343,8 @@ func (s *dirStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, fo
 		// The file is read into a buffer of the read's own (see detach): an abandoned read
 		// never writes into dst[i], which the caller reuses once Get returned. The detached
 		// operation only makes the system calls; the value is verified here, its payload
-		// copied into dst[i] in the same pass as its MAC (checkPayloadCopy), on as many
-		// cores as there are workers.
+		// copied into dst[i] in the same pass as its MAC (storage.MAC.CheckPayloadCopy), on
+		// as many cores as there are workers.
 		rel, _ := s.rel(keys[i])
 		buf := getBuffer(storage.StoredLen(len(dst[i])))
 		var f pageFile
@@ -438,8 +438,8 @@ type pageFile struct {
 	n       int    // bytes read into the buffer, from the start of the file
 }
 
-// readPage reads the page file rel into buf (header and payload, storedLen bytes): one
-// pread, as a plain read of the file. It reads nothing when the file is not a regular one,
+// readPage reads the page file rel into buf (header and payload, storage.StoredLen bytes):
+// one pread, as a plain read of the file. It reads nothing when the file is not a regular one,
 // and only the header when the file is shorter than buf. It makes system calls only (it is
 // the detached part of a Get): loadPage judges what it found.
 func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {

@@ -263,7 +263,7 @@ func TestDirClearRemovesCrashedClears(t *testing.T) {
 }
 
 // TestDirClearHonoursItsContext: a Clear whose context is done fails with ErrUnavailable
-// and clears nothing, as every other call of the store; it used to clear regardless.
+// and clears nothing, as every other call of the store; it must not clear regardless.
 func TestDirClearHonoursItsContext(t *testing.T) {
 	ns := mustNamespace(t, "clear-ctx")
 	s := openURL(t, "file://"+t.TempDir(), storage.Options{Namespace: ns})
@@ -310,10 +310,10 @@ func TestDirClearLeavesAnotherClearsFreshTrash(t *testing.T) {
 }
 
 // TestDirPutRacesClear: a Put concurrent with a Clear of its namespace (another instance's
-// flush) either lands or is cleared, and the Clear succeeds. The Put used to fail with the
-// rename's ENOENT when the Clear moved the fan-out directory, temporary file included, aside
-// between the two; the Clear failed with ENOTEMPTY when a temporary file was created in a
-// directory it had just moved aside and was removing.
+// flush) either lands or is cleared, and the Clear succeeds. The Put must not fail with the
+// rename's ENOENT when the Clear moves the fan-out directory, temporary file included, aside
+// between the two; the Clear must not fail with ENOTEMPTY when a temporary file is created
+// in a directory it has just moved aside and is removing.
 func TestDirPutRacesClear(t *testing.T) {
 	dir := t.TempDir()
 	ns := mustNamespace(t, "put-clear")

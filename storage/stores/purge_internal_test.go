@@ -24,9 +24,9 @@ func (s *deleteSpy) Delete(ctx context.Context, keys []storage.Key) error {
 
 // TestPurgeKeepsTheCallsDeadline: the deletion of the values a Get rejected is part of the
 // call, bounded by its context (README: every call is bounded by Options.Timeout or by its
-// context's deadline, whichever comes first; a cancelled call returns at once). It used to
+// context's deadline, whichever comes first; a cancelled call returns at once). It must not
 // run without the context's deadline and cancellation, for up to Options.Timeout more: a
-// stalled store held a Get, and a cache's drain of its storage jobs, that long.
+// stalled store would hold a Get, and a cache's drain of its storage jobs, that long.
 func TestPurgeKeepsTheCallsDeadline(t *testing.T) {
 	ns, _ := storage.NewNamespace("purge-deadline")
 	opts := options{Options: storage.Options{Namespace: ns, Timeout: time.Hour}}.withDefaults()

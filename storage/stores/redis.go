@@ -253,8 +253,8 @@ func wrongType(err error) bool {
 
 // loadValue verifies one GET reply (redis.Nil for a missing key) and copies its payload
 // into dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt. A
-// value longer than the buffer (storedLen + 2), or a key of another type (WRONGTYPE), is an
-// error of its command, and corrupt.
+// value longer than the buffer (storage.StoredLen + 2), or a key of another type
+// (WRONGTYPE), is an error of its command, and corrupt.
 func (s *redisStore) loadValue(k storage.Key, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
 	err := c.Err()
 	if errors.Is(err, redis.Nil) {

@@ -320,7 +320,7 @@ func TestRedisFull(t *testing.T) {
 // TestRedisForeignType: a key of another type than a string (a list, say) under a page's
 // name is a foreign value: Get answers a miss for it and loads the other pages of the batch,
 // counts it corrupt and deletes it, so that the next backup (which asks Exists first)
-// writes a genuine page. It used to fail the whole Get with WRONGTYPE, every time.
+// writes a genuine page. It must not fail the whole Get with WRONGTYPE, every time.
 func TestRedisForeignType(t *testing.T) {
 	r := redistest.Start(t)
 	ns := mustNamespace(t, "wrongtype")

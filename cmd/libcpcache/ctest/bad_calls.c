@@ -110,8 +110,8 @@ int main(void) {
   cfg.l1_kind = 7;
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
   // Timeouts out of range, named as given: a negative one whose milliseconds overflow a
-  // time.Duration used to wrap around to a positive deadline of centuries, and INT64_MAX
-  // was reported as -1.
+  // time.Duration must not wrap around to a positive deadline of centuries, and INT64_MAX
+  // must not be reported as -1.
   const int64_t bad_timeouts[] = {0, -1, INT64_MIN / 1000, INT64_MIN, INT64_MAX};
   for (size_t i = 0; i < sizeof bad_timeouts / sizeof bad_timeouts[0]; i++) {
     char want[64];
@@ -268,7 +268,7 @@ int main(void) {
   expect_true(st.nodes == 0 && st.l1_used == 0);
 
   // A handle whose node left the cache (evicted from L1 and L2) names no node: the same
-  // CPCACHE_ERR_NODE as a handle from before a flush (it used to be CPCACHE_ERR_INVALID).
+  // CPCACHE_ERR_NODE as a handle from before a flush (not CPCACHE_ERR_INVALID).
   expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_OK);
   for (;;) {
     expect(cpcache_step(c), CPCACHE_OK);
@@ -369,7 +369,7 @@ int main(void) {
   expect(cpcache_step(c), CPCACHE_ERR_CLOSED);
   expect(cpcache_step(c2), CPCACHE_OK);
   // A node handle of a closed cache names no node of a later one (node ids restart at
-  // open: it used to name the new cache's node of the same id, whatever its tokens).
+  // open: it must not name the new cache's node of the same id, whatever its tokens).
   expect(cpcache_lock(c2, stale_node), CPCACHE_ERR_NODE);
   expect(cpcache_insert(c2, tokens, 16, &ins, fill, 4), CPCACHE_OK);
   stale_node = ins.node;

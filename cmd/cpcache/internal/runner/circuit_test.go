@@ -94,9 +94,10 @@ func (s *stoppingStore) Clear(ctx context.Context) error {
 // turn, fills L1 (its 13 pages × 4 conversations of a replica = the 52 L1 pages), and what a
 // waiting request's read brought stays held (locked) until its prefill. The prefill of the
 // first turn in the queue then finds L1 full of the others' holds: the holds must give way
-// for good until it is in, or no step moves any more (as in TestRunRedisStoppedMidRun, where
-// the ranks stepped forever). Every rank of every replica must end its loop at the same step
-// with every request served and no prefetch entry left; CP4, and CP2 × DP2.
+// for good until it is in, or no step moves any more (the ranks would step forever, the
+// failure TestRunRedisStoppedMidRun in cmd/cpcache guards against too). Every rank of every
+// replica must end its loop at the same step with every request served and no prefetch
+// entry left; CP4, and CP2 × DP2.
 func TestStoreStopsWhilePrefetchesWait(t *testing.T) {
 	layouts := map[string]parallel.LayoutConfig{
 		"cp4":    {World: 4, DP: 1, AttnCP: 4, DPAttention: true},

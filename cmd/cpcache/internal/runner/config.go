@@ -54,7 +54,7 @@ type Config struct {
 	PrefetchPolicy hicache.PrefetchPolicy // when a prefetch stops waiting (default best-effort)
 	// PrefetchAlways reads every stored continuation, even where the cost model computes it
 	// faster than storage reads it (by default those are skipped for cost: see
-	// CostModel.prefetchCost).
+	// vtime.CostModel.PrefetchCost).
 	PrefetchAlways bool
 	StorageClear   bool // clear the run's namespace in Storage before serving
 	// StorageTimeout bounds each storage call (0: hicache's default, 2s); a call past it

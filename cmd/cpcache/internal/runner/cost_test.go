@@ -88,7 +88,7 @@ func TestCostProfileFollowsTheLayout(t *testing.T) {
 // L1 and L2 hits is counted skipped for cost (and named so by the miss attribution), and
 // TTFT is no worse than with the cache off and better than reading them anyway
 // (--prefetch-always). (b) Where storage is faster (7 GB/s per I/O rank), storage serves
-// what it holds as before, nothing skipped, overlapped and with --prefetch-sync.
+// what it holds, nothing skipped, overlapped and with --prefetch-sync.
 func TestPrefetchSkippedForCost(t *testing.T) {
 	dir := t.TempDir()
 	plan := func(overrides string, always, sync bool) *Plan {

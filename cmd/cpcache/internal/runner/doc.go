@@ -11,9 +11,10 @@
 // rank starts. Every size is bounded (limits.go), so no product of them overflows; an
 // explicit rendezvous store is checked (gloo.CheckStore); URLs in errors and the report never
 // show a password (internal/redact). Plan.CheckHost then checks that the local ranks fit the
-// host's available memory (each rank's L1 pool, L2 slab and copy of the workload). RunRank then runs the calling process as one rank of the job described by
-// the launcher's environment (parallel.FromEnv): every rank calls it with the same Plan. Its
-// first collective compares the flags that shape the scheduler and its workload (agree.go:
+// host's available memory (each rank's L1 pool, L2 slab and copy of the workload). RunRank
+// then runs the calling process as one rank of the job described by the launcher's
+// environment (parallel.FromEnv): every rank calls it with the same Plan. Its first
+// collective compares the flags that shape the scheduler and its workload (agree.go:
 // layout, capacities, policies, workload flags and a digest of the requests, virtual time
 // and the cost model, storage behaviour, consensus, memory, faults) across the world, so
 // that ranks started with different flags stop at once with a bad input naming the flag and
@@ -22,7 +23,7 @@
 // Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every
 // turn meets its history), a hash of the first 512-token block mod attn_dp for traces
 // (requests sharing a first block meet in one cache). Every rank of a replica runs the same
-// scheduler on the same requests; each scheduler step decodes one token of every running
+// scheduler (sim/sched) on the same requests; each scheduler step decodes one token of every running
 // request (inserting a finished request with its answer and releasing it), admits queued
 // requests within a token budget and the L1 pages left (match, lock, load the L2 part back,
 // wait for this rank's copies and check every loaded page it owns against kvtest's content,
@@ -46,20 +47,23 @@
 // term, decode per step and per running request, L2→L1 loads and L1→L2 backups from page
 // bytes and bandwidth, storage latency and bandwidth). Nothing sleeps. From the clock the
 // report gives TTFT and queueing quantiles, prefill tokens computed and throughput; the same
-// figures with the cache off come from simulateNoCache, the same scheduler (sim/sched) over
-// a cache that holds nothing (sched.NullCache) under the same costs, so "TTFT saved" needs no second run.
+// figures with the cache off come from simulateNoCache: the same scheduler over a cache that
+// holds nothing (sched.CacheOff, over sched.NullCache) under the same costs, so "TTFT saved"
+// needs no second run.
 //
 // # Miss attribution and references
 //
-// A replica's leader keeps a sched.MissTracker (an observer of its scheduler) that observes which pages were
-// inserted, which are answers of running requests, and what each match found, and counts
-// every missed prompt token under one cause (MissCauses: compulsory, capacity in L1 or L2,
+// A replica's leader keeps a sched.MissTracker (an observer of its scheduler) that observes
+// which pages were inserted, which are answers of running requests, and what each match
+// found, and counts every missed prompt token under one cause (report.MissCauses:
+// compulsory, capacity in L1 or L2,
 // in flight, quarantined, storage, partial page); the causes sum to the tokens missed. The
 // report sets them beside references computed from the workload alone (workload.ReuseBound,
 // the unlimited-capacity bound, and workload.LRUBlockHits, an LRU of 512-token blocks of the
-// same capacity). A sweep (SweepResult, WriteSweepTable) is one run per value of a
-// parameter; WriteHTML draws a run (and a sweep) as a self-contained HTML page of inline
-// SVG charts made with gonum.org/v1/plot.
+// same capacity). A sweep (ParseSweep; sim/report's SweepResult and WriteSweepTable) is one
+// run per value of a parameter; report.WriteHTML draws a run (and a sweep) as a
+// self-contained HTML page of inline SVG charts made with gonum.org/v1/plot. The figures,
+// text, JSON and HTML of a report are package sim/report's.
 //
 // # Storage (L3)
 //
@@ -87,16 +91,16 @@
 // them, and none is taken again until a step in which nothing wanted room, so that the call
 // is retried with no hold in its way (what was lost meanwhile is read again). A step that
 // moves nothing with nothing in flight ends the run with a "no progress" error, on every
-// rank at the same step; while requests wait for prefetches, after maxQuietSteps such steps
-// in a row.
+// rank at the same step; while requests wait for prefetches, after maxQuietSteps (sim/sched)
+// such steps in a row.
 // Prefetches of a shared prefix asked together are read once; a request whose prefetch
 // gained pages and whose prompt goes on asks again for the rest; stored pages the cache
 // refused (no L2 room, quota, a changed tree, a duplicate read; Cache.PrefetchOutcome) are
 // asked for again once an admission or a finish changed the room, up to
-// maxPrefetchAttempts times; what is still refused, and what a read cut or lost (the
-// PrefetchTimeout timer, a revoke, a storage error), is counted in the report, never
+// maxPrefetchAttempts (sim/sched) times; what is still refused, and what a read cut or lost
+// (the PrefetchTimeout timer, a revoke, a storage error), is counted in the report, never
 // computed silently. A load-back longer than the cache's load quota is loaded in parts. With
-// TimeConfig.PrefetchSync the scheduler of before is kept for comparison: it waits in
+// TimeConfig.PrefetchSync the scheduler instead waits for a prefetch, for comparison, in
 // scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
 // makes its one consensus step). Prompt tokens served from prefetched pages are counted as
 // storage hits (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and
@@ -124,8 +128,9 @@
 //
 // # Ownership and output
 //
-// RunRank creates and closes the world, layout groups, consensus group, device memory (L1
-// pool, driver), slab set, engine and cache of its process (closed in reverse order). At
+// RunRank opens (job.Open) and closes the world, layout groups, consensus group, device
+// memory (L1 pool, driver), slab set, engine and cache of its process (closed in reverse
+// order). At
 // the end the ranks gather their results over the world group and rank 0 builds the
 // Report: per-replica counts (requests, tokens, steps) once per replica, page and check
 // counts summed over ranks. When EnvStatusDir is set (by `cpcache run` starting its own

@@ -336,7 +336,8 @@ func TestPrepareRejectsBadInput(t *testing.T) {
 }
 
 // TestPrepareRejectsArrivalsPastTheVirtualClock: a trace timestamp past what virtual
-// nanoseconds can count (int64) used to wrap around into negative TTFTs in the report.
+// nanoseconds can count (int64) is refused: it must not wrap around into negative TTFTs in
+// the report.
 func TestPrepareRejectsArrivalsPastTheVirtualClock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
 	require.NoError(t, os.WriteFile(path, []byte(`{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}`+"\n"+

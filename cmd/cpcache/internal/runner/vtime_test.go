@@ -160,12 +160,13 @@ func TestCacheOffSimulationComputesEveryToken(t *testing.T) {
 	assert.Len(t, onFig.TTFTQuantilesMs, 101)
 }
 
-// TestVirtualTimeDoesNotFollowTheHostsCopySpeed: an insert or load-back that found L1 full
-// used to give up and retry at later steps until the group agreed that the copies freeing
-// L1 were over, which took as many steps as the host's copies took wall time, each charged
-// a decode step; which pages were evicted meanwhile followed it too. A trace of requests
-// sharing no prefix (nothing can hit) then had TTFTs above the cache-off simulation of the
-// same rules and costs, and two runs of one job reported different TTFTs and hits per tier.
+// TestVirtualTimeDoesNotFollowTheHostsCopySpeed: an insert or load-back that finds L1 full
+// must not give up and retry at later steps until the group agrees that the copies freeing
+// L1 are over: that takes as many steps as the host's copies take wall time, each charged a
+// decode step, and which pages are evicted meanwhile follows it too. A trace of requests
+// sharing no prefix (nothing can hit) would then have TTFTs above the cache-off simulation
+// of the same rules and costs, and two runs of one job would report different TTFTs and
+// hits per tier.
 func TestVirtualTimeDoesNotFollowTheHostsCopySpeed(t *testing.T) {
 	var b strings.Builder
 	for i := range 40 {
