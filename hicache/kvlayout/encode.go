@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 )
 
 // The encoding: the magic "kvl", a version byte, then unsigned varints (encoding/binary's
@@ -68,7 +69,7 @@ func Decode(b []byte) (Layout, error) {
 	}
 	l := Layout{NumLayers: layers, Parts: make([]Part, 0, min(n, len(b)/3))}
 	for i := range n {
-		nameLen, err := next("name length", MaxNameLen)
+		nameLen, err := next(fmt.Sprintf("part %d: name length", i), MaxNameLen)
 		if err != nil {
 			return Layout{}, err
 		}
@@ -77,7 +78,7 @@ func Decode(b []byte) (Layout, error) {
 		}
 		name := string(b[:nameLen])
 		b = b[nameLen:]
-		bpt, err := next("bytes per token", MaxPartBytes)
+		bpt, err := next(fmt.Sprintf("part %d: bytes per token", i), MaxPartBytes)
 		if err != nil {
 			return Layout{}, err
 		}
