@@ -9,7 +9,10 @@
 // BytesPerToken counts the whole part over all ranks; PartBytesPerToken(i, attnTP) is what one
 // attention-TP rank holds (a Sharded part divided by attnTP, which must divide it; a
 // Replicated part whole). A page of T tokens holds, on each rank, NumLayers × parts chunks of
-// PartBytesPerToken × T bytes: PageBytes(T, attnTP) in all.
+// PartBytesPerToken × T bytes: PageBytes(T, attnTP) in all. A layout counts bytes, not KV
+// heads: a Sharded part splits evenly by bytes, which is what an engine holds while attnTP
+// divides the KV head count. Above that count engines replicate heads (SGLang gives each rank
+// max(kv heads / attnTP, 1) heads), and a Sharded part's even split is not what a rank holds.
 //
 // How engines' memory maps onto a layout (the addresses and strides of each (layer, part) are
 // not part of it: they describe where one engine keeps these bytes, and are given beside it):
