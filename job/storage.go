@@ -12,9 +12,9 @@ import (
 )
 
 // agreeStorage compares, across world, the outcome of opening the storage on each rank: st,
-// or openErr, or neither without a storage URL. Without it, a rank whose open failed left
-// its peers with "peer lost" and no cause, and ranks with different MAC keys each opened a
-// store whose pages the others reject as forged, and delete. Every rank returns the same
+// or openErr, or neither without a storage URL. Without it, a rank whose open failed would
+// leave its peers with "peer lost" and no cause, and ranks with different MAC keys would each
+// open a store whose pages the others reject as forged, and delete. Every rank returns the same
 // verdict: nil, a *hicache.StartError naming the lowest rank whose open failed and its cause
 // (on that rank wrapping its own error), or an error wrapping ErrMismatch and
 // storage.ErrBadArgument naming two ranks that disagree (one without a storage, or another

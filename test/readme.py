@@ -17,6 +17,7 @@ machines (`-H a:8,b:8`, a hostfile, a server named `a`), a GPU (`--device cuda`,
 /dev/nvidia0 exists), elided flags (`...`), placeholders (`./my-rank-binary`), a user's own TLS
 Redis, and `make test` itself (which runs this test).
 
+What the commands write at the repository's top that was not there before is removed at the end.
 Exit status 0 when every command ran as written; each failure prints its command, status and
 output tail.
 """
@@ -258,6 +259,7 @@ def main():
         text = f.read()
     tmp = tempfile.mkdtemp(prefix="cpcache-readme-")
     runner = Runner(tmp)
+    before = set(os.listdir(ROOT))
     try:
         for start, body in blocks(text):
             runner.run_block(start, body)
@@ -265,6 +267,15 @@ def main():
         runner.close()
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree("/tmp/cpc-store", ignore_errors=True)
+        # What the commands wrote at the repository's top (README's `-o engine`, `--json
+        # report.json`, make's bin/ and dist/) goes, so that the test leaves the tree as it was.
+        for name in sorted(set(os.listdir(ROOT)) - before):
+            path = os.path.join(ROOT, name)
+            print("readme-test: removing %s, which the commands made" % name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
     print("readme-test: %d commands ran as written, %d failed, %d skipped" % (
         len(runner.passed), len(runner.failed), len(runner.skipped)))
     return 1 if runner.failed or not runner.passed else 0

@@ -179,14 +179,11 @@ func (s *Scheduler) PrefetchesReading() int {
 	return n
 }
 
-// Clock is the scheduler's virtual clock.
-func (s *Scheduler) Clock() *vtime.Clock { return s.clock }
-
 // Timing is what the scheduler's leader reports: its clock's timings and its miss causes.
 func (s *Scheduler) Timing() *report.ReplicaTiming {
 	t := report.TimingOf(s.clock)
 	if s.Misses != nil {
-		t.Misses = s.Misses.causes
+		t.Misses = s.Misses.Causes()
 	}
 	return &t
 }

@@ -182,7 +182,7 @@ func (s *Scheduler) run(ctx context.Context) error {
 		// maxQuietSteps). Replicated (every input is), so every rank stops at the same step.
 		if s.quietSteps++; (!prefetched && !held) || s.quietSteps >= maxQuietSteps {
 			if held {
-				return fmt.Errorf("runner: no progress: a flush:when=idle holds admissions and the cache is not idle after %d steps (%d running, %d queued requests waiting for prefetches)",
+				return fmt.Errorf("sched: no progress: a flush:when=idle holds admissions and the cache is not idle after %d steps (%d running, %d queued requests waiting for prefetches)",
 					s.quietSteps, len(s.running), len(s.prefetches))
 			}
 			return s.stalled()
@@ -233,10 +233,10 @@ func (s *Scheduler) stalled() error {
 		if n := len(s.prefetches); n > 0 {
 			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
 		}
-		return fmt.Errorf("runner: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
+		return fmt.Errorf("sched: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
 			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
 	}
-	return fmt.Errorf("runner: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
+	return fmt.Errorf("sched: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
 }
 
 // schedule makes one step's decisions: one decoded token per running request (finishing
@@ -424,7 +424,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 		}
 	}
 	if err := c.WaitL1(ctx, after.Last); err != nil {
-		return 0, errors.Join(fmt.Errorf("runner: request %d: %w", r.ID, err), c.Unlock(m.Last))
+		return 0, errors.Join(fmt.Errorf("sched: request %d: %w", r.ID, err), c.Unlock(m.Last))
 	}
 	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
 	for i := m.DevicePages; i < after.DevicePages; i++ {

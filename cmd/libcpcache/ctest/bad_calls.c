@@ -84,9 +84,14 @@ int main(void) {
   cpcache_t c = 0;
   expect(cpcache_config_init(NULL), CPCACHE_ERR_INVALID);
   base_config(&cfg);
-  // The defaults are `cpcache run`'s and `cpcache layout`'s: DP attention on, the launcher's rank.
-  expect_true(cfg.dp_attention == 1);
-  expect_true(cfg.rank == 0 && cfg.timeout_ms == 60000 && cfg.page_tokens == PAGE_TOKENS);
+  // cpcache_config_init's defaults: DP attention on (as every cpcache command), the launcher's
+  // rank (-1), a minute per collective, 16-token pages, host slabs and a library-allocated L1.
+  cpcache_config defaults;
+  memset(&defaults, 0xff, sizeof defaults);
+  expect(cpcache_config_init(&defaults), CPCACHE_OK);
+  expect_true(defaults.dp_attention == 1);
+  expect_true(defaults.rank == -1 && defaults.world == 0 && defaults.timeout_ms == 60000 && defaults.page_tokens == 16);
+  expect_true(defaults.slab_backend == CPCACHE_SLAB_HOST && defaults.l1_kind == CPCACHE_L1_ALLOC && defaults.store_url == NULL);
   expect(cpcache_open(NULL, &c), CPCACHE_ERR_INVALID);
   expect(cpcache_open(&cfg, NULL), CPCACHE_ERR_INVALID);
   cfg.struct_size = sizeof cfg - 8;

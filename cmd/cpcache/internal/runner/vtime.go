@@ -19,8 +19,8 @@ type TimeConfig struct {
 	Cost  vtime.CostProfile // step costs (a zero profile: DefaultCostProfile)
 	// Model is Cost resolved against the run's layout, page size and KV size (Prepare).
 	Model vtime.CostModel
-	// PrefetchSync is the scheduler before prefetch overlapped decode: it waits for a
-	// storage prefetch in steps where running requests decode nothing (for comparison).
+	// PrefetchSync makes a storage prefetch wait in steps where running requests decode
+	// nothing, instead of overlapping decode (for comparison).
 	PrefetchSync bool
 }
 
