@@ -9,6 +9,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/job"
+	"github.com/cpcache/cpcache/sim/sched"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -112,10 +113,11 @@ func (m *memory) opened(rk *job.Rank) {
 	m.dev, m.name, m.l1 = rk.Device, rk.DeviceName, rk.L1Device
 }
 
-// kv is how the scheduler reaches this rank's L1 pages.
-func (m *memory) kv(c *hicache.Cache) kvMemory {
+// deviceKV is how the scheduler reaches a device L1's pages; nil with a host L1, whose pages
+// the scheduler reaches through the cache by default.
+func (m *memory) deviceKV() sched.KV {
 	if m.dev == nil {
-		return hostKV{c}
+		return nil
 	}
 	return &deviceKV{m: m}
 }
@@ -154,26 +156,6 @@ func (m *memory) flipByte(set *slab.Set, pg slab.Page) error {
 	one[0] ^= 0x5a
 	return m.dev.CopyHtoD(at, one)
 }
-
-// kvMemory is the scheduler's view of L1: it writes the KV it "computes" into a slot
-// (Fill) and reads a loaded slot to check it (Read): a sched.KV.
-type kvMemory interface {
-	Fill(slot int32, write func([]byte)) error
-	Read(slot int32) ([]byte, error)
-}
-
-// hostKV is L1 in host memory (the cache's HostEngine).
-type hostKV struct{ c *hicache.Cache }
-
-func (h hostKV) Fill(slot int32, write func([]byte)) error {
-	b, err := h.c.L1Page(slot)
-	if err == nil {
-		write(b)
-	}
-	return err
-}
-
-func (h hostKV) Read(slot int32) ([]byte, error) { return h.c.L1Page(slot) }
 
 // deviceKV is L1 in device memory, reached through the pinned staging page with
 // synchronous copies (from pinned memory they are complete when they return, so a backup

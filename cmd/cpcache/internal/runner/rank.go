@@ -110,7 +110,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	}
 	lv := &live{}
 	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
-	sched.KV = mem.kv(cache)
+	if kv := mem.deviceKV(); kv != nil {
+		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
+	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
 		sched.Faults = faults
