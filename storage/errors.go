@@ -94,6 +94,11 @@ type kindError struct {
 func (e *kindError) Error() string   { return kindText(e.kind) + ": " + e.err.Error() }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
+// KindCause is err as a cause of sentinel kind's kind (ErrForged, ErrNoKey) inside an
+// OpError: errors.Is finds both, and its text has kind's without the package prefix the
+// OpError already gives (backends use it for the causes they report).
+func KindCause(kind, err error) error { return &kindError{kind: kind, err: err} }
+
 func forged(format string, args ...any) error {
-	return &kindError{kind: ErrForged, err: fmt.Errorf(format, args...)}
+	return KindCause(ErrForged, fmt.Errorf(format, args...))
 }

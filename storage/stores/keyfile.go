@@ -155,8 +155,8 @@ func readKeyAuthenticator(path string) (*storage.MAC, error) {
 
 // errNoKey is the refusal to open the Redis store at addr without a MAC key.
 func errNoKey(addr string) error {
-	return &storage.OpError{Backend: "redis", Where: addr, Op: "open", Kind: storage.ErrBadArgument, Err: &kindError{kind: storage.ErrNoKey, err: errors.New(
-		"a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: " +
-			"name a key file (mode 0600, e.g. from `openssl rand -hex 32`) in $" + EnvKeyFile + " or Options.MACKeyFile, " +
-			"or accept unauthenticated pages with Options.Insecure")}}
+	return &storage.OpError{Backend: "redis", Where: addr, Op: "open", Kind: storage.ErrBadArgument, Err: storage.KindCause(storage.ErrNoKey, errors.New(
+		"a shared Redis needs a MAC key so that whoever can write to it cannot inject pages: "+
+			"name a key file (mode 0600, e.g. from `openssl rand -hex 32`) in $"+EnvKeyFile+" or Options.MACKeyFile, "+
+			"or accept unauthenticated pages with Options.Insecure"))}
 }

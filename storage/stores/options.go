@@ -2,7 +2,6 @@ package stores
 
 import (
 	"fmt"
-	"strings"
 	"sync/atomic"
 
 	"github.com/cpcache/cpcache/storage"
@@ -106,18 +105,6 @@ func (c *counters) fail(err error) error {
 func badArg(backend, where, op, format string, args ...any) error {
 	return &storage.OpError{Backend: backend, Where: where, Op: op, Kind: storage.ErrBadArgument, Err: fmt.Errorf(format, args...)}
 }
-
-// kindError is a cause of a sentinel's kind (storage.ErrNoKey) inside a storage.OpError,
-// whose text already has the package prefix.
-type kindError struct {
-	kind error
-	err  error
-}
-
-func (e *kindError) Error() string {
-	return strings.TrimPrefix(e.kind.Error(), "storage: ") + ": " + e.err.Error()
-}
-func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 func errLength(got, want int) error {
 	return fmt.Errorf("stored value has %d bytes, want %d (header + page)", got, want)
