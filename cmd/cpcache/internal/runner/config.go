@@ -38,13 +38,13 @@ type Config struct {
 	L2Pages         int                   // L2 pages of each slab (one slab per CP rank)
 	Policy          hicache.Policy        // write policy
 	KVBytesPerToken int                   // bytes of KV one rank holds per token (its shard; 0 with Model: the model's)
+	BatchTokens     int                   // prefill token budget of one scheduler step
+	MaxRunning      int                   // requests decoding at once per replica
 	// Model is the KV layout (--model): a kvlayout preset's name or its textual form ("":
 	// opaque pages of KVBytesPerToken). Prepare sets KVBytesPerToken from it (one rank's
 	// bytes at the layout's attention-TP size); a KVBytesPerToken of another value is bad
 	// input.
-	Model       string
-	BatchTokens int // prefill token budget of one scheduler step
-	MaxRunning  int // requests decoding at once per replica
+	Model string
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
@@ -130,11 +130,11 @@ func (c *Config) resolveModel(attnTP int) (*kvlayout.Layout, error) {
 	}
 	kv, err := kvlayout.Parse(c.Model)
 	if err != nil {
-		return nil, bad("--model %s: %v", c.Model, err)
+		return nil, bad("--model %s: %w", c.Model, err)
 	}
 	bpt, err := kv.BytesPerToken(attnTP)
 	if err != nil {
-		return nil, bad("--model %s at attention-TP %d: %v", c.Model, attnTP, err)
+		return nil, bad("--model %s at attention-TP %d: %w", c.Model, attnTP, err)
 	}
 	if bpt > MaxKVBytesPerToken {
 		return nil, bad("--model %s holds %d bytes per token per rank at attention-TP %d, over the limit of %d", c.Model, bpt, attnTP, MaxKVBytesPerToken)
