@@ -13,6 +13,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
@@ -29,6 +30,13 @@ type Config struct {
 	Group parallel.Group
 	// Slabs is the L2 of Rank's slab group (slab.OpenSet over the layout's slab group).
 	Slabs SlabSet
+	// KVLayout is the shape of the engine's KV memory (layers, and per layer its parts); nil
+	// leaves pages opaque. When set, one page of Options.PageSize tokens at the layout's
+	// attention-TP size must take exactly the slab page size (New checks), and every rank of
+	// the group must give an equal layout: New fails on every rank with a
+	// *LayoutMismatchError naming the lowest differing rank and the first differing part.
+	// It is part of the storage namespace (NewStorageNamespace).
+	KVLayout *kvlayout.Layout
 	// Engine moves pages; nil makes a HostEngine over Slabs (which must then implement
 	// HostSlabs) with its own host L1 pool of L1Pages pages. The Cache closes an engine it
 	// made; a given engine stays the caller's.
@@ -116,7 +124,10 @@ type driverStats struct {
 // must call it. A scope error travels through that collective too (one rank given the wrong
 // slab set fails every rank at once) when the consensus group is this rank's replica group;
 // when the group itself is wrong, New returns at once: a collective on it could meet other
-// ranks' unrelated calls.
+// ranks' unrelated calls. The same AllReduce compares the ranks' KV layouts (Config.KVLayout)
+// first: when they differ, every rank gathers them and returns the same *LayoutMismatchError,
+// whatever else failed (a rank given another model's layout often fails its own checks
+// too, and the layout is the cause).
 func New(ctx context.Context, cfg Config) (*Cache, error) {
 	var c *Cache
 	err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs)
@@ -134,9 +145,13 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		fp = int64(c.core.Fingerprint() & (1<<63 - 1))
 	}
 	g := cfg.Group
-	v := []int64{fp, -fp, failed}
+	lh := kvLayoutHash(cfg.KVLayout)
+	v := []int64{fp, -fp, failed, lh, -lh}
 	if cerr := collective(ctx, cfg.StepTimeout, func(ctx context.Context) error { return g.AllReduce(ctx, parallel.Min, v) }); cerr != nil {
 		return nil, errors.Join(fmt.Errorf("hicache: configuration check on group %s: %w", g.Name(), cerr), err, c.Close())
+	}
+	if v[3] != -v[4] {
+		return nil, errors.Join(agreeKVLayout(ctx, cfg), c.Close())
 	}
 	if v[2] != math.MaxInt64 {
 		return nil, errors.Join(agreeStartError(ctx, cfg, int(v[2]), err), c.Close())
@@ -204,6 +219,9 @@ func build(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	ccfg := cr.Config()
+	if err := checkKVLayout(cfg.KVLayout, ccfg.PageSize, cfg.Layout.AttnTP, cfg.Slabs.PageSize()); err != nil {
+		return nil, err
+	}
 	c := &Cache{
 		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
 		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,

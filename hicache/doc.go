@@ -127,7 +127,7 @@
 // serves a CP4 job, and back). Wiring it (every rank opens its own handle on the same URL,
 // with the same MAC key: a shared Redis needs one, see package storage):
 //
-//	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes)
+//	ns, err := hicache.NewStorageNamespace(model, layout, pageTokens, pageBytes, kvLayout) // kvLayout: Config.KVLayout, or nil
 //	st, err := stores.Open(ctx, "redis://host:6379/cpcache", storage.Options{Namespace: ns, MACKeyFile: "/etc/cpcache/storage.key"})
 //	defer st.Close() // after cache.Close
 //	cfg.Storage, cfg.StorageNamespace = st, ns

@@ -15,6 +15,9 @@ var (
 	// ErrScope: the consensus group does not cover the slab group (or is not the layout's
 	// replica group). Returned by New; the message names both groups.
 	ErrScope = errors.New("hicache: consensus group scope")
+	// ErrLayoutMismatch: the ranks of the group were given different KV layouts
+	// (Config.KVLayout). Returned by New on every rank as a *LayoutMismatchError.
+	ErrLayoutMismatch = errors.New("hicache: KV layout differs across ranks")
 	// The core's sentinels: see their documentation in package core.
 	ErrPlacementDiverged = core.ErrPlacementDiverged
 	ErrBusy              = core.ErrBusy
@@ -56,3 +59,20 @@ type DivergedError = core.DivergedError
 // StaleHandleError is the error of a call given a handle that names no node (see
 // core.StaleHandleError).
 type StaleHandleError = core.StaleHandleError
+
+// LayoutMismatchError is New's error on every rank of a group whose ranks were given
+// different KV layouts (Config.KVLayout): the lowest rank whose layout differs from the
+// group's first rank's, and the first difference (kvlayout.Layout.Diff, the first rank's
+// value first). Identical on every rank; it wraps ErrLayoutMismatch.
+type LayoutMismatchError struct {
+	Rank  int    // the lowest differing rank's global rank
+	First int    // the global rank of the group's first rank, whose layout it differs from
+	Group string // the consensus group's name
+	Diff  string // the first difference
+}
+
+func (e *LayoutMismatchError) Error() string {
+	return fmt.Sprintf("hicache: KV layout of rank %d differs from rank %d's in group %s: %s", e.Rank, e.First, e.Group, e.Diff)
+}
+
+func (e *LayoutMismatchError) Unwrap() error { return ErrLayoutMismatch }

@@ -510,7 +510,7 @@ func TestStorageNamespace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ns, err := NewStorageNamespace(model, l, tokens, bytes)
+		ns, err := NewStorageNamespace(model, l, tokens, bytes, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -530,7 +530,7 @@ func TestStorageNamespace(t *testing.T) {
 			t.Fatalf("variant %d has the base namespace %s", i, base)
 		}
 	}
-	if _, err := NewStorageNamespace("", nil, 16, 0); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "0 bytes") {
+	if _, err := NewStorageNamespace("", nil, 16, 0, nil); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "0 bytes") {
 		t.Fatalf("bad input: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -115,11 +116,21 @@ func (o *L3Options) fingerprint() string {
 // (dtype, KV layout); the page size in tokens and bytes and the attention-TP size (pages of
 // different TP shards differ; keys add the shard index) are added here. The attention-CP
 // size is not part of it: a page's bytes do not depend on which CP rank holds it, so jobs
-// with different CP sizes share pages.
-func NewStorageNamespace(model string, layout *parallel.Layout, pageTokens, pageBytes int) (storage.Namespace, error) {
+// with different CP sizes share pages. kv is the KV layout (Config.KVLayout): when set, its
+// Fingerprint joins the namespace, so pages of another model's layout never load, and a page
+// of pageTokens tokens at the attention-TP size must take pageBytes; nil (opaque pages) adds
+// nothing.
+func NewStorageNamespace(model string, layout *parallel.Layout, pageTokens, pageBytes int, kv *kvlayout.Layout) (storage.Namespace, error) {
 	if model == "" || layout == nil || pageTokens <= 0 || pageBytes <= 0 {
 		return storage.Namespace{}, fmt.Errorf("%w: storage namespace needs a model name, a layout and page sizes (model %q, %d tokens, %d bytes)",
 			ErrBadConfig, model, pageTokens, pageBytes)
 	}
-	return storage.NewNamespace(fmt.Sprintf("cpcache/hicache;model=%s;page_tokens=%d;page_bytes=%d;attn_tp=%d", model, pageTokens, pageBytes, layout.AttnTP))
+	id := fmt.Sprintf("cpcache/hicache;model=%s;page_tokens=%d;page_bytes=%d;attn_tp=%d", model, pageTokens, pageBytes, layout.AttnTP)
+	if kv != nil {
+		if err := checkKVLayout(kv, pageTokens, layout.AttnTP, pageBytes); err != nil {
+			return storage.Namespace{}, err
+		}
+		id += ";kv_layout=" + kv.Fingerprint()
+	}
+	return storage.NewNamespace(id)
 }

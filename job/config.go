@@ -10,6 +10,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -79,6 +80,11 @@ type Config struct {
 	L2Pages    int                   // L2 pages of each slab
 	Options    hicache.Options       // the cache's options (PageSize and L1Pages come from above)
 	Consensus  string                // consensus backend: "", auto, shm or gloo (see parallel/shm)
+	// KVLayout is the shape of the engine's KV memory (hicache.Config.KVLayout; nil: opaque
+	// pages). When set, a page of PageTokens tokens at the layout's attention-TP size takes
+	// PageBytes, every rank gives an equal one, and its fingerprint joins the storage
+	// namespace.
+	KVLayout *kvlayout.Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -98,7 +104,8 @@ type Config struct {
 	SlabLayout string // the page layout the slab group compares
 
 	// L3 storage: StorageURL "" is none. Every rank opens its own handle in the namespace of
-	// StorageModel (hicache.NewStorageNamespace) with StorageOptions (Namespace is set here).
+	// StorageModel and KVLayout (hicache.NewStorageNamespace) with StorageOptions (Namespace
+	// is set here).
 	StorageURL     string
 	StorageModel   string
 	StorageOptions storage.Options
@@ -165,6 +172,11 @@ func (c *Config) check() error {
 		return bad("a storage clear without a storage")
 	case c.Timeout < 0 || c.StepTimeout < 0 || c.StorageTimeout < 0:
 		return bad("negative timeout (%v, step %v, storage %v)", c.Timeout, c.StepTimeout, c.StorageTimeout)
+	}
+	if c.KVLayout != nil {
+		if err := c.KVLayout.Validate(); err != nil {
+			return fmt.Errorf("%w: KV layout: %w", ErrBadValue, err)
+		}
 	}
 	return nil
 }

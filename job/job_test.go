@@ -14,6 +14,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/local"
@@ -265,4 +266,38 @@ func TestLayoutMustFitTheWorld(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadValue, "rank %d", r)
 		assert.Contains(t, err.Error(), "needs 2 ranks, the job has 4")
 	}
+}
+
+// TestKVLayoutReachesTheCache: Open gives Config.KVLayout to the cache (one rank with
+// another layout fails every rank naming the part), a layout that does not validate is a bad
+// value before any collective, and equal layouts open.
+func TestKVLayoutReachesTheCache(t *testing.T) {
+	mk := func(s string) *kvlayout.Layout {
+		l, err := kvlayout.Parse(s)
+		require.NoError(t, err)
+		return &l
+	}
+	// testLayout's pages: 4 tokens of 64 bytes at attention-TP 2.
+	const fits = "layers=1;k=16:sharded;v=16:sharded"
+	ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout = mk(fits) }))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.NoError(t, ranks[r].Close())
+	}
+	_, errs = openAll(t, inProcess(t, func(r int, c *Config) {
+		c.KVLayout = mk(fits)
+		if r == 3 {
+			c.KVLayout = mk("layers=1;k=16:sharded;v=16:replicated")
+		}
+	}))
+	for r, err := range errs { // one replica group of all four ranks
+		require.ErrorIs(t, err, hicache.ErrLayoutMismatch, "rank %d", r)
+		assert.Contains(t, err.Error(), "rank 3 differs from rank 0's")
+		assert.Contains(t, err.Error(), "part 1 (v): sharding sharded vs replicated")
+	}
+	cfgs := inProcess(t, nil)
+	cfgs[0].KVLayout = &kvlayout.Layout{NumLayers: 1}
+	_, err := Open(context.Background(), cfgs[0])
+	require.ErrorIs(t, err, ErrBadValue)
+	assert.ErrorIs(t, err, kvlayout.ErrBadLayout)
 }

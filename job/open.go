@@ -108,7 +108,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	opts := cfg.Options
 	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
 	hc := hicache.Config{
-		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine,
+		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine, KVLayout: cfg.KVLayout,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
 	}
 	if r.Storage != nil {
@@ -403,7 +403,7 @@ func (r *Rank) openStorage(ctx context.Context, cfg *Config) error {
 }
 
 func (r *Rank) openStorageHandle(ctx context.Context, cfg *Config) error {
-	ns, err := hicache.NewStorageNamespace(cfg.StorageModel, r.Layout, cfg.PageTokens, cfg.PageBytes)
+	ns, err := hicache.NewStorageNamespace(cfg.StorageModel, r.Layout, cfg.PageTokens, cfg.PageBytes, cfg.KVLayout)
 	if err == nil {
 		octx, cancel := withTimeout(ctx, cfg.StorageTimeout)
 		opts := cfg.StorageOptions

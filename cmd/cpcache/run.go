@@ -16,6 +16,7 @@ import (
 
 	"github.com/cpcache/cpcache/cmd/cpcache/internal/runner"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/internal/sigpipe"
 	"github.com/cpcache/cpcache/parallel"
@@ -96,6 +97,7 @@ type runOpts struct {
 	faults                    string        // --fault, parsed into cfg.Faults
 	metricsLinger             lingerFlag    // --metrics-linger
 	turnGap                   time.Duration // --turn-gap, copied into cfg.Synthetic.TurnGapMs
+	fs                        *flag.FlagSet // the flags, to tell which were given
 }
 
 // lingerFlag is --metrics-linger: how long /metrics stays up after the run, a duration or
@@ -129,14 +131,15 @@ func (l lingerFlag) set() bool { return l.forever || l.d > 0 }
 
 func runFlags(fs *flag.FlagSet) *runOpts {
 	def := runner.DefaultConfig()
-	o := &runOpts{cfg: def}
+	o := &runOpts{cfg: def, fs: fs}
 	cfg := &o.cfg
 	o.layout = layoutFlags(fs, def.Layout)
 	fs.IntVar(&cfg.PageSize, "page-size", def.PageSize, "tokens per page")
 	fs.IntVar(&cfg.L1Pages, "l1-pages", def.L1Pages, "L1 (device KV pool) pages of each rank")
 	fs.IntVar(&cfg.L2Pages, "l2-pages", def.L2Pages, "L2 pages of each slab (one slab per CP rank)")
 	fs.StringVar(&o.policy, "policy", def.Policy.String(), "write policy: write_through, write_through_selective or write_back")
-	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", def.KVBytesPerToken, "bytes of KV one rank holds per token (its shard)")
+	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", def.KVBytesPerToken, "bytes of KV one rank holds per token (its shard); with --model: the model's, and another value is an error")
+	fs.StringVar(&cfg.Model, "model", "", "the KV layout: a preset ("+strings.Join(kvlayout.PresetNames(), ", ")+") or layers=N;name=bytes:sharded|replicated;... (bytes per token of the whole part); sets --kv-bytes-per-token to one rank's share at the attention-TP size, is compared across ranks and keys the storage namespace")
 	fs.IntVar(&cfg.BatchTokens, "batch-tokens", def.BatchTokens, "prefill token budget of one scheduler step")
 	fs.IntVar(&cfg.MaxRunning, "max-running", def.MaxRunning, "requests decoding at once in each DP replica")
 	fs.StringVar(&cfg.Workload, "workload", def.Workload, "synthetic or trace")
@@ -301,6 +304,13 @@ func (o *runOpts) finish() error {
 		return fmt.Errorf("--turn-gap %v: must be whole milliseconds from 0 to %v", o.turnGap, workload.MaxTurnGapMs*time.Millisecond)
 	}
 	cfg.Synthetic.TurnGapMs = o.turnGap.Milliseconds()
+	if cfg.Model != "" {
+		kvSet := false
+		o.fs.Visit(func(f *flag.Flag) { kvSet = kvSet || f.Name == "kv-bytes-per-token" })
+		if !kvSet {
+			cfg.KVBytesPerToken = 0 // the model's (runner.Prepare)
+		}
+	}
 	if o.faults != "" {
 		if cfg.Faults, err = runner.ParseFaults(o.faults); err != nil {
 			return err

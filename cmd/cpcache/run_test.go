@@ -139,6 +139,17 @@ func TestRunCP8DP2On16Ranks(t *testing.T) {
 	assert.Equal(t, "shm", rep.ConsensusBackend)
 }
 
+// TestRunModel: --model sets the pages' size from a KV layout (DeepSeek-V3's MLA latent:
+// 61 layers × 1152 bytes per token on every rank) and the report states it.
+func TestRunModel(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, "--world", "2", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
+		"--model", "deepseek-v3", "--l1-pages", "96", "--l2-pages", "128")
+	requireHealthy(t, status, rep, out, errOut)
+	require.NotNil(t, rep.KVLayout)
+	assert.Equal(t, report.KVLayout{Name: "deepseek-v3", Spec: "layers=61;kv=1152:replicated", BytesPerToken: 61 * 1152, PageBytes: 16 * 61 * 1152}, *rep.KVLayout)
+	assert.Contains(t, out, "  kv layout            deepseek-v3 (70272 B/token per rank, 1124352 B/page)\n")
+}
+
 func TestRunCP8On8Ranks(t *testing.T) {
 	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...)...)
 	requireHealthy(t, status, rep, out, errOut)
@@ -238,6 +249,8 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--kv-events", "tcp://host"}, `--kv-events "tcp://host": kvevents: endpoint "tcp://host" has no port`},
 		{[]string{"--prefetch-policy", "timeout"}, "--prefetch-policy timeout needs --storage"},
 		{[]string{"--isolation", "per-user"}, `--isolation "per-user" (want none, per-client or per-tenant)`},
+		{[]string{"--model", "llama-9"}, `--model llama-9: kvlayout: unknown preset "llama-9" (known: deepseek-v3, llama-3-70b, llama-3-8b, llama-3-8b-indexer)`},
+		{[]string{"--model", "llama-3-8b", "--kv-bytes-per-token", "512"}, "--model llama-3-8b holds 131072 bytes per token per rank at attention-TP 1, --kv-bytes-per-token is 512"},
 		{[]string{"--isolation", "per-tenant"}, "--isolation per-tenant needs --workload trace"},
 		{[]string{"--fault", "flush:step=5,when=later"}, "when=later: want now or idle"},
 		{[]string{"--timeout", "-1s"}, "timeout -1s is negative"},

@@ -15,6 +15,8 @@ type Report struct {
 	Layout           string `json:"layout"`
 	ConsensusBackend string `json:"consensus_backend"`
 	Workload         string `json:"workload"`
+	// KVLayout is the run's KV layout (cpcache run --model); nil when pages are opaque.
+	KVLayout *KVLayout `json:"kv_layout,omitempty"`
 
 	Requests     int64   `json:"requests"`
 	InputTokens  int64   `json:"input_tokens"`
@@ -100,6 +102,15 @@ type Report struct {
 	Reference          Reference       `json:"reference"`
 }
 
+// KVLayout is the KV layout of a run: as given (a preset's name or the textual form), in
+// full, and what it takes on one rank.
+type KVLayout struct {
+	Name          string `json:"name"`            // as --model gave it
+	Spec          string `json:"spec"`            // the textual form (kvlayout.Layout.String)
+	BytesPerToken int64  `json:"bytes_per_token"` // one rank's bytes of one token, all layers and parts
+	PageBytes     int64  `json:"page_bytes"`      // one rank's bytes of one page
+}
+
 // WriteJSON writes r as indented JSON.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
@@ -115,6 +126,9 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "cpcache run report\n")
 	}
 	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
+	if kv := r.KVLayout; kv != nil {
+		fmt.Fprintf(w, "  kv layout            %s (%d B/token per rank, %d B/page)\n", kv.Name, kv.BytesPerToken, kv.PageBytes)
+	}
 	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)
 	fmt.Fprintf(w, "  tokens hit in L1     %d (%s)\n", r.TokensHitL1, r.pct(r.TokensHitL1))

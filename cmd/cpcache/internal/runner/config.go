@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
 )
 
@@ -35,9 +37,14 @@ type Config struct {
 	L1Pages         int                   // L1 pages of each rank (its device KV pool)
 	L2Pages         int                   // L2 pages of each slab (one slab per CP rank)
 	Policy          hicache.Policy        // write policy
-	KVBytesPerToken int                   // bytes of KV one rank holds per token (its shard)
+	KVBytesPerToken int                   // bytes of KV one rank holds per token (its shard; 0 with Model: the model's)
 	BatchTokens     int                   // prefill token budget of one scheduler step
 	MaxRunning      int                   // requests decoding at once per replica
+	// Model is the KV layout (--model): a kvlayout preset's name or its textual form ("":
+	// opaque pages of KVBytesPerToken). Prepare sets KVBytesPerToken from it (one rank's
+	// bytes at the layout's attention-TP size); a KVBytesPerToken of another value is bad
+	// input.
+	Model string
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
@@ -114,6 +121,31 @@ func DefaultConfig() Config {
 // from L2. It takes about 26 s on 2 shared cores with 16 ranks.
 var DefaultSynthetic = workload.SyntheticConfig{Clients: 96, Rounds: 16, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
 
+// resolveModel parses Config.Model (nil, nil without one) and sets KVBytesPerToken to one
+// rank's bytes per token of it at attention-TP attnTP; an explicit KVBytesPerToken of
+// another value is bad input naming both.
+func (c *Config) resolveModel(attnTP int) (*kvlayout.Layout, error) {
+	if c.Model == "" {
+		return nil, nil
+	}
+	kv, err := kvlayout.Parse(c.Model)
+	if err != nil {
+		return nil, bad("--model %s: %w", c.Model, err)
+	}
+	bpt, err := kv.BytesPerToken(attnTP)
+	if err != nil {
+		return nil, bad("--model %s at attention-TP %d: %w", c.Model, attnTP, err)
+	}
+	if bpt > MaxKVBytesPerToken {
+		return nil, bad("--model %s holds %d bytes per token per rank at attention-TP %d, over the limit of %d", c.Model, bpt, attnTP, MaxKVBytesPerToken)
+	}
+	if c.KVBytesPerToken != 0 && int64(c.KVBytesPerToken) != bpt {
+		return nil, bad("--model %s holds %d bytes per token per rank at attention-TP %d, --kv-bytes-per-token is %d", c.Model, bpt, attnTP, c.KVBytesPerToken)
+	}
+	c.KVBytesPerToken = int(bpt)
+	return &kv, nil
+}
+
 // PageBytes is the size of one L1 or L2 page of one rank.
 func (c *Config) PageBytes() int { return c.PageSize * c.KVBytesPerToken }
 
@@ -123,6 +155,8 @@ type Plan struct {
 	Layout   *parallel.Layout
 	Requests []workload.Request
 	Desc     string // the workload, for the report
+	// KVLayout is Config.Model's layout (nil without one).
+	KVLayout *kvlayout.Layout
 	// Warnings are what Prepare's checks found worth saying without refusing the run (a
 	// storage directory that group or others can write); the caller prints them.
 	Warnings []string
@@ -144,6 +178,10 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("layout: %v", err)
 	}
 	cfg.Layout = lc
+	kv, err := cfg.resolveModel(layout.AttnTP)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Timeout < 0 {
 		return nil, bad("timeout %v is negative", cfg.Timeout)
 	}
@@ -196,7 +234,7 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
 	}
-	p := &Plan{Config: cfg, Layout: layout}
+	p := &Plan{Config: cfg, Layout: layout, KVLayout: kv}
 	switch cfg.Workload {
 	case WorkloadSynthetic:
 		if cfg.TracePath != "" {
@@ -374,4 +412,14 @@ func (p *Plan) ReplicaRequests(dp int) []workload.Request {
 		}
 	}
 	return out
+}
+
+// kvLayoutReport is the report's account of the plan's KV layout (nil without one).
+func (p *Plan) kvLayoutReport() *report.KVLayout {
+	if p.KVLayout == nil {
+		return nil
+	}
+	c := &p.Config
+	return &report.KVLayout{Name: c.Model, Spec: p.KVLayout.String(),
+		BytesPerToken: int64(c.KVBytesPerToken), PageBytes: int64(c.PageBytes())}
 }

@@ -221,7 +221,7 @@ func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *mem
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *report.Report {
-	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage)}
+	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage), KVLayout: p.kvLayoutReport()}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {

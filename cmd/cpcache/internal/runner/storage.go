@@ -19,6 +19,7 @@ import (
 // tokens and bytes and the attention-TP size are added by hicache.NewStorageNamespace, so
 // runs with different page sizes, KV sizes or TP shapes never read each other's pages;
 // runs that differ only in CP or DP size share them (a page's bytes do not depend on them).
+// With --model the layout's fingerprint is added too.
 const storageModel = "cpcache-run/kvtest-v1"
 
 // storageOpenTimeout bounds opening (and, with Config.StorageClear, clearing) the storage.
@@ -36,7 +37,7 @@ func ParsePrefetchPolicy(s string) (hicache.PrefetchPolicy, error) {
 
 // StorageNamespace is the namespace of the run's pages in its L3 storage.
 func (p *Plan) StorageNamespace() (storage.Namespace, error) {
-	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes())
+	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes(), p.KVLayout)
 }
 
 // openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace, as
