@@ -10,7 +10,6 @@ import (
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
-	"github.com/cpcache/cpcache/storage/stores"
 )
 
 // jobConfig is the job.Config of the run's rank rank: the plan's layout, capacities and
@@ -61,18 +60,26 @@ func (p *Plan) openRank(ctx context.Context, env parallel.Env, mem *memory) (*jo
 	jc.BeforeSlabs = func() { cfg.killPoint(env.Rank, "slabs", 0) }
 	mem.jobMemory(&jc, env.LocalRank)
 	rk, err := job.Open(ctx, jc)
+	if err != nil {
+		return nil, openError(err)
+	}
+	mem.opened(rk)
+	return rk, nil
+}
+
+// openError is job.Open's error as the run reports it: what the job's input decides (a store
+// another job uses, ranks started with different storages or keys, a bad value) wraps
+// ErrBadInput and names the flag.
+func openError(err error) error {
 	switch {
 	case errors.Is(err, gloo.ErrStoreInUse):
 		// Another job joins through the same --store with the same job id (or none): the
 		// job's input, not a failure of this run, and it fails before the run starts.
-		return nil, fmt.Errorf("%w: --store: %w", ErrBadInput, err)
+		return fmt.Errorf("%w: --store: %w", ErrBadInput, err)
 	case errors.Is(err, job.ErrMismatch):
-		return nil, bad("--storage: %w (--storage-key-file or %s)", err, stores.EnvKeyFile)
+		return bad("--storage, --storage-key-file: %w", err)
 	case errors.Is(err, job.ErrBadValue) && !errors.Is(err, ErrBadInput):
-		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
-	case err != nil:
-		return nil, err
+		return fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
-	mem.opened(rk)
-	return rk, nil
+	return err
 }
