@@ -36,4 +36,3 @@ func TestOpenErrorNamesTheJobsInput(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(openError(mismatch).Error(), "ranks disagree on the storage"), "job's words appear once")
 }
-
