@@ -40,16 +40,6 @@ func (p *Plan) StorageNamespace() (storage.Namespace, error) {
 	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes(), p.KVLayout)
 }
 
-// openStorage opens the run's L3 storage (nil without Config.Storage) in its namespace, as
-// a rank of the run does (job.Open with jobConfig's storage settings).
-func (p *Plan) openStorage(ctx context.Context) (storage.Storage, storage.Namespace, error) {
-	st, ns, err := p.openStorageRaw(ctx, p.storageWarning)
-	if err != nil {
-		return nil, ns, p.storageError(err)
-	}
-	return st, ns, nil
-}
-
 func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (storage.Storage, storage.Namespace, error) {
 	if p.Config.Storage == "" {
 		return nil, storage.Namespace{}, nil
@@ -137,10 +127,9 @@ func (c *Config) l3Options() hicache.L3Options {
 	return o
 }
 
-// clearStorage removes every page of the run's namespace.
+// clearStorage removes every page of the run's namespace (job.Open bounds it by
+// Config.StorageTimeout).
 func clearStorage(ctx context.Context, st storage.Storage, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, storageOpenTimeout)
-	defer cancel()
 	if err := st.Clear(ctx); err != nil {
 		return fmt.Errorf("runner: --storage-clear %s: %w", redact.URL(url), redact.Error(err, url))
 	}
