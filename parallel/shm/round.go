@@ -46,6 +46,10 @@ const (
 	abortFailed  = 4 // the reporter's operation failed otherwise (canceled, fallback error)
 )
 
+// testHookMissing, when set (tests), runs between checkLocked's look at the arrivals and its
+// look at the members that are gone: where a member can arrive, complete and close.
+var testHookMissing func()
+
 // opErr wraps err as the failure of operation op at position seq.
 func (g *Group) opErr(op string, seq uint64, err error) error {
 	return &parallel.OpError{Group: g.name, Rank: g.rank, Op: op, Seq: seq, Err: err}
@@ -189,16 +193,25 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 			missing = append(missing, r)
 		}
 	}
+	if testHookMissing != nil {
+		testHookMissing()
+	}
+	// A member counts as lost only if it is gone and had not arrived: its flag (or its exit)
+	// is read first and its arrival after, because a member that arrived may complete the
+	// round with the others and close (or exit) between our look at the arrivals above and
+	// this one; its arrival, made before it closed, is then visible.
 	for _, r := range missing {
 		if atomic.LoadUint32(g.closedFlag[r]) != 0 {
-			g.publishLocked(abortClosed, r)
-			return fmt.Errorf("%w: member %d (global rank %d) closed the group after %d of its rounds, while this member waits in round %d",
-				parallel.ErrPeerLost, r, g.ranks[r], atomic.LoadUint64(g.arrive[r]), seq)
+			if arrived := atomic.LoadUint64(g.arrive[r]); arrived < seq+1 {
+				g.publishLocked(abortClosed, r)
+				return fmt.Errorf("%w: member %d (global rank %d) closed the group after %d of its rounds, while this member waits in round %d",
+					parallel.ErrPeerLost, r, g.ranks[r], arrived, seq)
+			}
 		}
 	}
 	if checkProcs {
 		for _, r := range missing {
-			if g.peers[r].exited() {
+			if g.peers[r].exited() && atomic.LoadUint64(g.arrive[r]) < seq+1 {
 				g.publishLocked(abortExited, r)
 				return fmt.Errorf("%w: member %d (global rank %d, pid %d) exited", parallel.ErrPeerLost, r, g.ranks[r], g.peers[r].pid)
 			}
