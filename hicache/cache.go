@@ -164,14 +164,15 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// startCauseLen bounds the cause text a failing rank broadcasts.
-const startCauseLen = 1024
+// StartCauseLen bounds the cause text a failing rank sends in a start agreement (AgreeStart,
+// and job.Open's agreements that name every failing rank).
+const StartCauseLen = 1024
 
 // agreeStartError broadcasts the cause of member failed's error from it and returns the
 // error every rank reports (own is this rank's error, if it failed).
 func agreeStartError(ctx context.Context, cfg Config, failed int, own error) error {
 	g := cfg.Group
-	cause := make([]byte, startCauseLen)
+	cause := make([]byte, StartCauseLen)
 	if failed == g.Rank() {
 		copy(cause, own.Error())
 	}

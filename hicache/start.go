@@ -26,7 +26,7 @@ func AgreeStart(ctx context.Context, g parallel.Group, what string, local error,
 	msg := startOK + payload
 	if local != nil {
 		msg = startFailed + local.Error()
-		msg = msg[:min(len(msg), startCauseLen)]
+		msg = msg[:min(len(msg), StartCauseLen)]
 	}
 	all, err := g.AllGather(ctx, []byte(msg))
 	if err != nil {

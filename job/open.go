@@ -265,7 +265,7 @@ func agreeDevice(ctx context.Context, world parallel.Group, local error) error {
 	msg := ""
 	if local != nil {
 		msg = local.Error()
-		msg = msg[:min(len(msg), causeLen)]
+		msg = msg[:min(len(msg), hicache.StartCauseLen)]
 	}
 	all, err := world.AllGather(ctx, []byte(msg))
 	if err != nil {
@@ -290,9 +290,6 @@ func agreeDevice(ctx context.Context, world parallel.Group, local error) error {
 		Cause: fmt.Sprintf("%s: failed on %d of %d ranks: %s", what, len(failed), len(all), strings.Join(failed, "; ")),
 	}
 }
-
-// causeLen bounds the cause one rank sends in an agreement (as hicache.AgreeStart's).
-const causeLen = 1024
 
 // openSlabs opens the L2 slab set over the slab group (unless Config.Slabs is given).
 func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
@@ -433,7 +430,7 @@ func (r *Rank) clearStorage(ctx context.Context, cfg *Config) error {
 		cancel()
 		if clearErr != nil {
 			msg = clearErr.Error()
-			msg = msg[:min(len(msg), causeLen)]
+			msg = msg[:min(len(msg), hicache.StartCauseLen)]
 		}
 	}
 	all, err := r.World.AllGather(ctx, []byte(msg))
