@@ -57,22 +57,88 @@ type L1Memory interface {
 	L1Page(slot int32) ([]byte, error)
 }
 
-// Ticket is the completion of one submitted transfer.
+// Ticket is the completion of one submitted transfer. A layered ticket (NewLayeredTicket)
+// also reports the transfer's progress layer by layer: an engine that copies layer 0 of every
+// page first, then layer 1, ... calls FinishLayer as each layer lands, so that a reader of
+// layer i (WaitL1Layer) need not wait for the layers after it.
 type Ticket struct {
 	Transfer Transfer
 	once     sync.Once
 	done     chan struct{}
 	err      error // written once, before done is closed
+
+	mu        sync.Mutex      // protects nextLayer
+	layerDone []chan struct{} // closed in order: layerDone[i] once layers 0..i are copied
+	nextLayer int             // layers closed so far
 }
 
-// NewTicket returns an unfinished ticket for t (for Engine implementations).
-func NewTicket(t Transfer) *Ticket { return &Ticket{Transfer: t, done: make(chan struct{})} }
+// NewTicket returns an unfinished ticket for t (for Engine implementations). It reports one
+// layer: the whole transfer.
+func NewTicket(t Transfer) *Ticket { return NewLayeredTicket(t, 1) }
 
-// Finish completes the ticket; later calls are ignored.
+// NewLayeredTicket returns an unfinished ticket for t that completes in layers steps
+// (layers < 1 counts as 1): the engine calls FinishLayer(i) once layer i of every page of t
+// is copied, and Finish once all are (or the transfer failed).
+func NewLayeredTicket(t Transfer, layers int) *Ticket {
+	tk := &Ticket{Transfer: t, done: make(chan struct{}), layerDone: make([]chan struct{}, max(layers, 1))}
+	for i := range tk.layerDone {
+		tk.layerDone[i] = make(chan struct{})
+	}
+	return tk
+}
+
+// Layers is the number of layers the ticket reports (1 for NewTicket's).
+func (t *Ticket) Layers() int { return len(t.layerDone) }
+
+// FinishLayer records that layers 0..i of every page of the transfer are copied. Layers are
+// finished in order; a call for a layer already finished, or out of range, changes nothing
+// beyond the last layer. It does not finish the ticket: Finish does, and finishes every layer.
+func (t *Ticket) FinishLayer(i int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ; t.nextLayer <= min(i, len(t.layerDone)-1); t.nextLayer++ {
+		close(t.layerDone[t.nextLayer])
+	}
+}
+
+// LayerDone is closed once layer i of every page is copied, or the transfer finished (Err then
+// says how). A layer at or beyond Layers is the whole transfer: Done.
+func (t *Ticket) LayerDone(i int) <-chan struct{} {
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(t.layerDone) {
+		return t.done
+	}
+	return t.layerDone[i]
+}
+
+// LayerErr waits for LayerDone(i) and returns nil if layer i landed and the transfer has not
+// failed; once the transfer finished with an error it returns that error for every layer (a
+// failed load serves none of its layers: the core marks its node stale).
+func (t *Ticket) LayerErr(i int) error {
+	<-t.LayerDone(i)
+	select {
+	case <-t.done:
+		return t.err
+	default:
+		return nil
+	}
+}
+
+// Finish completes the ticket, and every layer not finished yet; later calls are ignored.
 func (t *Ticket) Finish(err error) {
 	t.once.Do(func() {
 		t.err = err
+		if err == nil {
+			t.FinishLayer(len(t.layerDone) - 1)
+		}
 		close(t.done)
+		t.mu.Lock()
+		for ; t.nextLayer < len(t.layerDone); t.nextLayer++ {
+			close(t.layerDone[t.nextLayer])
+		}
+		t.mu.Unlock()
 	})
 }
 
