@@ -466,26 +466,10 @@ func (c *Cache) LoadBack(h Handle) (LoadResult, error) {
 // again (every rank then sees the same, shorter hit). A handle that names no node returns
 // a *core.StaleHandleError.
 func (c *Cache) WaitL1(ctx context.Context, h Handle) error {
-	c.mu.Lock()
-	if err := c.usable(); err != nil {
-		c.mu.Unlock()
-		return err
-	}
-	seqs, err := c.core.Loading(h)
+	wait, err := c.loadTickets(h)
 	if err != nil {
-		c.mu.Unlock()
 		return err
 	}
-	var wait []*Ticket
-	for _, seq := range seqs {
-		i := slices.IndexFunc(c.loadTks, func(tk *Ticket) bool { return tk.Transfer.Seq == seq })
-		if i < 0 {
-			c.mu.Unlock()
-			return fmt.Errorf("%w: load %d on the prefix of node %#x starts at the next Step", ErrNotStarted, seq, uint64(h))
-		}
-		wait = append(wait, c.loadTks[i])
-	}
-	c.mu.Unlock()
 	for _, tk := range wait {
 		select {
 		case <-tk.Done():

@@ -35,6 +35,9 @@ var (
 	ErrCanceled = engine.ErrCanceled
 	// ErrClosed: the cache or the transfer engine was closed.
 	ErrClosed = engine.ErrClosed
+	// ErrUnsupported: the engine does not offer the call (WaitL1LayerOn on an engine that is
+	// not a StreamWaiter).
+	ErrUnsupported = engine.ErrUnsupported
 )
 
 // StartError is New's error on every rank of a group when some rank could not start: the

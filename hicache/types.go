@@ -34,6 +34,7 @@ type (
 	Ticket            = engine.Ticket
 	L1Memory          = engine.L1Memory
 	StepSubmitter     = engine.StepSubmitter
+	StreamWaiter      = engine.StreamWaiter
 	HostSlabs         = engine.HostSlabs
 	HostEngine        = hostengine.Engine
 	HostEngineOptions = hostengine.Options
