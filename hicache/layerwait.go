@@ -31,13 +31,18 @@ func (c *Cache) loadTickets(h Handle) ([]*Ticket, error) {
 	return tks, nil
 }
 
-// checkLayer rejects a layer that no load of tks can report: a negative one, or one at or
-// beyond the layers of a load the engine copies layer by layer (an engine that copies a
-// load whole reports one layer, the whole transfer, so every layer >= 0 waits for it).
-func checkLayer(tks []*Ticket, layer int) error {
+// checkLayerIndex rejects a negative layer, before anything else is looked at.
+func checkLayerIndex(layer int) error {
 	if layer < 0 {
 		return fmt.Errorf("%w: layer %d is negative", ErrBadArgument, layer)
 	}
+	return nil
+}
+
+// checkLayer rejects a layer at or beyond the layers of a load of tks that the engine copies
+// layer by layer (an engine that copies a load whole reports one layer, the whole transfer,
+// so every layer >= 0 waits for it).
+func checkLayer(tks []*Ticket, layer int) error {
 	for _, tk := range tks {
 		if n := tk.Layers(); n > 1 && layer >= n {
 			return fmt.Errorf("%w: layer %d, but the load of node %d is copied in %d layers (0..%d)", ErrBadArgument, layer, tk.Transfer.Node, n, n-1)
@@ -57,6 +62,9 @@ func checkLayer(tks []*Ticket, layer int) error {
 // wait. A negative layer, or one beyond a layered load's layers, is an error wrapping
 // ErrBadArgument naming it. Local.
 func (c *Cache) WaitL1Layer(ctx context.Context, h Handle, layer int) error {
+	if err := checkLayerIndex(layer); err != nil {
+		return err
+	}
 	tks, err := c.loadTickets(h)
 	if err != nil {
 		return err
@@ -90,6 +98,9 @@ func (c *Cache) WaitL1LayerOn(h Handle, layer int, stream uintptr) error {
 	sw, ok := c.engine.(StreamWaiter)
 	if !ok {
 		return fmt.Errorf("%w: engine %T cannot make a stream wait for a layer (its L1 is not device memory with per-layer events): use WaitL1Layer", ErrUnsupported, c.engine)
+	}
+	if err := checkLayerIndex(layer); err != nil {
+		return err
 	}
 	tks, err := c.loadTickets(h)
 	if err != nil {

@@ -179,6 +179,9 @@ func TestWaitL1LayerErrors(t *testing.T) {
 	eng := &layerEngine{layers: 4}
 	r, h := hostHit(t, eng)
 	c := r.caches[0]
+	if err := c.WaitL1Layer(context.Background(), h, -1); !errors.Is(err, ErrBadArgument) {
+		t.Fatalf("layer -1 before the load's Step: %v, want ErrBadArgument (the layer is checked first)", err)
+	}
 	if err := r.step(); err != nil {
 		t.Fatal(err)
 	}

@@ -276,6 +276,23 @@ int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
  * once). A failed copy is reported here on this rank only; act on cpcache_load_pending and
  * cpcache_match. [L] */
 int cpcache_wait_l1(cpcache_t c, cpcache_node_t node, int64_t timeout_ms);
+/* Layer-wise load-back: cpcache_wait_l1 for one layer. Waits until layer `layer` of this
+ * rank's copies of every load on node's prefix landed in L1, at most timeout_ms, so that the
+ * layer's attention reads the prefix while the later layers still copy (an engine that loads
+ * layer by layer copies layer 0 of every page first). With an engine that loads whole pages
+ * it waits for the whole load, whatever the layer. The other rules are cpcache_wait_l1's
+ * (CPCACHE_ERR_NOT_STARTED before the step that starts the loads, a failed copy reported on
+ * this rank only); a negative layer, or one past a layer-wise load's layers:
+ * CPCACHE_ERR_INVALID. [L] */
+int cpcache_wait_l1_layer(cpcache_t c, cpcache_node_t node, int32_t layer, int64_t timeout_ms);
+/* The same wait without blocking the calling thread, for a device L1: the CUDA stream
+ * `stream` (a CUstream / cudaStream_t; NULL is the legacy default stream) waits for layer
+ * `layer` of the loads on node's prefix (cuStreamWaitEvent on the event the engine records
+ * after copying that layer), so kernels enqueued on it afterwards read the loaded layer. It
+ * returns at once. CPCACHE_ERR_CONFIG when the cache's L1 is not device memory (use
+ * cpcache_wait_l1_layer); a load that already failed: CPCACHE_ERR_IO, nothing enqueued. The
+ * other rules are cpcache_wait_l1_layer's. [L] */
+int cpcache_wait_l1_layer_on(cpcache_t c, cpcache_node_t node, int32_t layer, void *stream);
 /* Caches the whole pages of tokens[0..n). The pages that got L1 slots go to fill, which
  * must hold n / page_tokens entries (fill_cap is a bound, as slots_cap: only the n_fill
  * entries returned are written); the rank that owns each (fill[i].owned) writes its KV

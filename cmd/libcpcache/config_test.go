@@ -83,7 +83,9 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{errAlreadyOpen, -5}, {hicache.ErrBadConfig, -6}, {hicache.ErrScope, -6}, {hicache.ErrStaleHandle, -7},
 		{hicache.ErrL1Full, -8}, {hicache.ErrBusy, -9}, {&hicache.DivergedError{}, -10},
 		{errInternal, -100}, {errors.New("copy failed"), -13},
-		{parallel.ErrClosed, -4}, // a step whose group cpcache_close closed meanwhile
+		{hicache.ErrNotStarted, -14},
+		{hicache.ErrUnsupported, -6}, // a stream wait for a layer on a host L1
+		{parallel.ErrClosed, -4},     // a step whose group cpcache_close closed meanwhile
 		// A start failure: the failing rank gets its own error's code (an I/O error here),
 		// the others a failed peer.
 		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},

@@ -65,8 +65,8 @@
 //
 // # Threads
 //
-// Calls on a session hold its mutex (session.mu; cpcache_wait_l1 releases it before waiting),
-// and the cache has its own, so any thread may call; the replicated calls must come from one
+// Calls on a session hold its mutex (session.mu; cpcache_wait_l1 and cpcache_wait_l1_layer
+// release it before waiting), and the cache has its own, so any thread may call; the replicated calls must come from one
 // scheduler thread in the replicated order. Go's threads (copy workers, Gloo's waits) are
 // the runtime's; the engine's threads are never taken over.
 //

@@ -269,17 +269,32 @@ func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32
 //export cpcache_wait_l1
 func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) (status C.int) {
 	defer guard(&status)
+	return waitCall(c, node, "cpcache_wait_l1", timeoutMs, func(ctx context.Context, cache *hicache.Cache, h hicache.Handle) error {
+		return cache.WaitL1(ctx, h)
+	})
+}
+
+//export cpcache_wait_l1_layer
+func cpcache_wait_l1_layer(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, timeoutMs C.int64_t) (status C.int) {
+	defer guard(&status)
+	return waitCall(c, node, "cpcache_wait_l1_layer", timeoutMs, func(ctx context.Context, cache *hicache.Cache, h hicache.Handle) error {
+		return cache.WaitL1Layer(ctx, h, int(layer))
+	})
+}
+
+// waitCall runs f, a local wait on node's loads bounded by timeoutMs (see waitLimit), without
+// the session's lock: the wait may be long, and the scheduler thread needs the session
+// meanwhile.
+func waitCall(c C.cpcache_t, node C.cpcache_node_t, what string, timeoutMs C.int64_t, f func(context.Context, *hicache.Cache, hicache.Handle) error) C.int {
 	s, err := use(uint64(c))
 	if err != nil {
 		return fail(err)
 	}
 	h, err := s.node(node)
 	cache := s.cache
-	// The wait is local and may be long: it must not hold the session, which the scheduler
-	// thread needs meanwhile.
 	s.mu.Unlock()
 	if err != nil {
-		return fail(fmt.Errorf("cpcache_wait_l1: %w", err))
+		return fail(fmt.Errorf("%s: %w", what, err))
 	}
 	ctx := context.Background()
 	if limit, ok := waitLimit(int64(timeoutMs)); ok {
@@ -287,7 +302,16 @@ func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) 
 		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
 	}
-	return result(cache.WaitL1(ctx, h))
+	return result(f(ctx, cache, h))
+}
+
+//export cpcache_wait_l1_layer_on
+func cpcache_wait_l1_layer_on(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, stream unsafe.Pointer) (status C.int) {
+	defer guard(&status)
+	// It does not block (the stream waits, not the caller), so it may hold the session.
+	return nodeCall(c, node, "cpcache_wait_l1_layer_on", func(s *session, n hicache.Handle) error {
+		return s.cache.WaitL1LayerOn(n, int(layer), uintptr(stream))
+	})
 }
 
 //export cpcache_insert
@@ -592,7 +616,7 @@ func statusOf(err error) C.int {
 		errors.Is(err, parallel.ErrBadLayout), errors.Is(err, parallel.ErrBadEnv),
 		errors.Is(err, parallel.ErrBadArgument), errors.Is(err, parallel.ErrMismatch),
 		errors.Is(err, slab.ErrBadArgument), errors.Is(err, slab.ErrSpecMismatch),
-		errors.Is(err, slab.ErrUnsupported), errors.Is(err, storage.ErrBadArgument),
+		errors.Is(err, slab.ErrUnsupported), errors.Is(err, hicache.ErrUnsupported), errors.Is(err, storage.ErrBadArgument),
 		errors.Is(err, gloo.ErrStoreInUse): // the job's store (and job id) are another job's too
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):

@@ -188,6 +188,8 @@ def library():
         "cpcache_load_back": ([_u64, _u64, P(_i64)], ctypes.c_int),
         "cpcache_load_pending": ([_u64, _u64, P(_i32)], ctypes.c_int),
         "cpcache_wait_l1": ([_u64, _u64, _i64], ctypes.c_int),
+        "cpcache_wait_l1_layer": ([_u64, _u64, _i32, _i64], ctypes.c_int),
+        "cpcache_wait_l1_layer_on": ([_u64, _u64, _i32, ctypes.c_void_p], ctypes.c_int),
         "cpcache_insert": ([_u64, P(_i32), ctypes.c_size_t, P(_InsertResult), P(_FillPage), ctypes.c_size_t], ctypes.c_int),
         "cpcache_insert_key": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_InsertResult),
                                 P(_FillPage), ctypes.c_size_t], ctypes.c_int),
@@ -454,6 +456,29 @@ class Cache:
     def wait_l1(self, node, timeout_ms=-1):
         """Waits for this rank's loads on node's prefix, after the step that starts them [L]."""
         _check(self._lib.cpcache_wait_l1(self._h, _arg("node", node, _u64), _arg("timeout_ms", timeout_ms, _i64)))
+
+    def wait_l1_layer(self, node, layer, timeout_ms=-1):
+        """wait_l1 for one layer: waits until layer `layer` of this rank's loads on node's
+        prefix landed in L1, so that the layer's attention runs while later layers still copy
+        (with an engine that loads whole pages: the whole load). NotStartedError before the
+        step that starts the loads; InvalidError for a negative layer or one past a
+        layer-wise load's layers [L]."""
+        _check(self._lib.cpcache_wait_l1_layer(self._h, _arg("node", node, _u64), _arg("layer", layer, _i32),
+                                               _arg("timeout_ms", timeout_ms, _i64)))
+
+    def wait_l1_layer_on(self, node, layer, stream=0):
+        """Makes the CUDA stream `stream` wait for layer `layer` of the loads on node's prefix
+        without blocking this thread (a device L1 only): kernels enqueued on it afterwards read
+        the loaded layer. stream: a CUstream handle as an int (0: the legacy default stream), or
+        an object with a cuda_stream attribute (torch.cuda.Stream). ConfigError when the
+        cache's L1 is not device memory (use wait_l1_layer) [L]."""
+        handle = getattr(stream, "cuda_stream", stream)
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise _invalid(f"stream {stream!r} is neither a CUstream handle (int) nor has a cuda_stream")
+        if not 0 <= handle < 1 << (8 * ctypes.sizeof(ctypes.c_void_p)):
+            raise _invalid(f"stream {handle!r} is out of range for a pointer")
+        _check(self._lib.cpcache_wait_l1_layer_on(self._h, _arg("node", node, _u64), _arg("layer", layer, _i32),
+                                                  handle))
 
     def insert(self, tokens, key=None):
         """Caches tokens' whole pages under isolation key key; the owner of each fill page

@@ -541,6 +541,50 @@ def test_load_back_loads_the_matched_pages(tmp_path):
         c.close()
 
 
+def test_layer_wise_waits(tmp_path):
+    """wait_l1_layer follows wait_l1's rules (not started before the step, a bad layer and a
+    stale node refused, typed); with the library's host engine, which loads whole pages, every
+    layer is ready once the load is, with the bytes inserted. wait_l1_layer_on needs a device
+    L1: on host memory it is a ConfigError, and a stream that is no handle is refused."""
+    c = one_rank(tmp_path, l1_pages=16, l2_pages=32)
+    try:
+        tokens = list(range(700, 716))
+        _host_only(c, tokens)
+        m = c.match(tokens)
+        c.lock(m.node)
+        assert c.load_back(m.node) == 4
+        with pytest.raises(cpcache.NotStartedError):
+            c.wait_l1_layer(m.node, 0, 0)
+        with pytest.raises(cpcache.InvalidError, match="layer -1"):
+            c.wait_l1_layer(m.node, -1)
+        with pytest.raises(cpcache.InvalidError, match="layer 2147483648"):
+            c.wait_l1_layer(m.node, 2**31)
+        with pytest.raises(cpcache.NodeError):
+            c.wait_l1_layer(12345, 0, 0)
+        with pytest.raises(cpcache.ConfigError, match="stream"):
+            c.wait_l1_layer_on(m.node, 0, 0)
+
+        class _Stream:  # as torch.cuda.Stream: its handle in cuda_stream
+            cuda_stream = 0
+        with pytest.raises(cpcache.ConfigError, match="stream"):
+            c.wait_l1_layer_on(m.node, 0, _Stream())
+        for bad in ("stream", -1, 2**64):
+            with pytest.raises(cpcache.InvalidError, match="stream"):
+                c.wait_l1_layer_on(m.node, 0, bad)
+        c.step()  # starts the copies
+        for layer in (0, 31):
+            c.wait_l1_layer(m.node, layer, 10000)
+        while c.load_pending(m.node):
+            c.step()
+        m = c.match(tokens)
+        assert m.device_pages == 4
+        c.wait_l1_layer(m.node, 0)
+        assert [bytes(c.l1_page(s)) for s in m.l1_slots] == [bytes([i + 1]) * 64 for i in range(4)]
+        c.unlock(m.node)
+    finally:
+        c.close()
+
+
 def test_load_back_of_a_long_host_hit(tmp_path):
     """A 20-page host hit in one node, L1 of 32 pages empty: load_back must not load nothing
     (as it would if the quota, 16 by default, applied to the whole node). It loads the quota's worth,

@@ -189,6 +189,7 @@ int main(void) {
   expect(cpcache_unlock(c, 0xdeadbeef), CPCACHE_ERR_NODE);
   expect(cpcache_load_back(c, 42, NULL), CPCACHE_ERR_NODE);
   expect(cpcache_wait_l1(c, 42, 0), CPCACHE_ERR_NODE);
+  expect(cpcache_wait_l1_layer(c, 42, 0, 0), CPCACHE_ERR_NODE);
 
   // L1 slots out of range, NULL outputs, negative counts.
   void *page;
@@ -236,6 +237,13 @@ int main(void) {
   expect(cpcache_load_back(c, m.node, &loading), CPCACHE_OK);
   expect_true(loading == 4);
   expect(cpcache_wait_l1(c, m.node, 0), CPCACHE_ERR_NOT_STARTED);
+  expect(cpcache_wait_l1_layer(c, m.node, 0, 0), CPCACHE_ERR_NOT_STARTED);
+  expect(cpcache_wait_l1_layer(c, m.node, -1, 0), CPCACHE_ERR_INVALID);
+  expect_true(strstr(cpcache_last_error(), "layer -1") != NULL);
+  // The library's host L1 has no CUDA stream to make wait: the configuration's error,
+  // named, and nothing else changes.
+  expect(cpcache_wait_l1_layer_on(c, m.node, 0, NULL), CPCACHE_ERR_CONFIG);
+  expect_true(strstr(cpcache_last_error(), "stream") != NULL);
   expect(cpcache_load_pending(c, m.node, NULL), CPCACHE_ERR_INVALID);
   int32_t load_pending = 1;
   for (int i = 0; i < 10000 && load_pending; i++) { // the copy workers may be slow to run: 10 s
@@ -245,6 +253,9 @@ int main(void) {
   }
   expect_true(load_pending == 0);
   expect(cpcache_wait_l1(c, m.node, 10000), CPCACHE_OK);
+  // The host engine loads whole pages: every layer's wait is the whole load's, over now.
+  expect(cpcache_wait_l1_layer(c, m.node, 0, 10000), CPCACHE_OK);
+  expect(cpcache_wait_l1_layer(c, m.node, 31, -1), CPCACHE_OK);
   expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_OK);
   expect_true(m.device_pages == 4 && m.node == node);
   for (int i = 0; i < 4; i++) {
@@ -363,6 +374,8 @@ int main(void) {
   expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_ERR_CLOSED);
   expect(cpcache_lock(c, 1), CPCACHE_ERR_CLOSED);
   expect(cpcache_wait_l1(c, 1, 0), CPCACHE_ERR_CLOSED);
+  expect(cpcache_wait_l1_layer(c, 1, 0, 0), CPCACHE_ERR_CLOSED);
+  expect(cpcache_wait_l1_layer_on(c, 1, 0, NULL), CPCACHE_ERR_CLOSED);
   expect(cpcache_l1_page(c, 0, &page, &len), CPCACHE_ERR_CLOSED);
   expect(cpcache_get_stats(c, &st), CPCACHE_ERR_CLOSED);
   expect(cpcache_flush(c), CPCACHE_ERR_CLOSED);
