@@ -17,7 +17,7 @@ func offConfig(t *testing.T, mode string, overrides string) Config {
 	t.Helper()
 	p, err := vtime.LoadCostProfile("unit", overrides)
 	require.NoError(t, err)
-	m, err := p.Resolve(2, 1, 16, 64)
+	m, err := p.Resolve(2, 1, 16, 64, 0)
 	require.NoError(t, err)
 	return Config{PageSize: 16, L1Pages: 256, BatchTokens: 1024, MaxRunning: 8, Policy: hicache.WriteThrough, Time: mode, Speed: 1, Cost: m}
 }

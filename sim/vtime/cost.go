@@ -20,7 +20,7 @@ import (
 // resolved against the run's layout (Resolve) into the figures of one replica's step. A step
 // lasts
 //
-//	max(prefill + decode + load, backup)
+//	max(overlap(prefill + decode, load), backup)
 //
 // where
 //
@@ -30,6 +30,10 @@ import (
 //	decode  = DecodeStepNs + DecodeNsPerRequest × running requests (when any decodes)
 //	load    = bytes loaded back L2→L1 by one rank / H2DGBps (each CP rank loads its pages)
 //	backup  = bytes backed up L1→L2 by one rank / D2HGBps (overlaps compute)
+//	overlap(compute, load) = compute + load when loads complete whole (pages are opaque: no
+//	          KV layout), and with a KV layout of L layers, loaded layer 0 first and read by
+//	          each layer's compute as soon as it landed, max(compute, load) + min(compute, load)/L:
+//	          max(compute, copy) per layer (CostModel.LoadComputeNs)
 //
 // and a prefetch from storage of p pages is ready StorageLatencyUs + the bytes of one I/O
 // rank / StorageGBps after it was asked: storage bandwidth is per I/O rank, and each CP rank
@@ -293,16 +297,24 @@ type CostModel struct {
 	CP                 int    `json:"attn_cp"` // ranks of the CP group: each its own loads, backups and storage reads
 	TP                 int    `json:"attn_tp"`
 	GPUs               int    `json:"gpus"` // GPUs of one replica (attn-CP × attn-TP) that share its prefill
+	// Layers is the layers a load-back is copied in, layer 0 of every page first, each read by
+	// its layer's compute once it landed (the run's KV layout, --model); 0: pages are opaque,
+	// a load completes whole before the step's compute reads it.
+	Layers int `json:"layers,omitempty"`
 }
 
 // Resolve derives the figures of one replica's step for a run of the layout's attention-CP
-// and attention-TP sizes, pageSize tokens per page and runKV bytes of KV per rank per token
-// (--kv-bytes-per-token). A profile with a model charges the model's KV per rank; one whose
+// and attention-TP sizes, pageSize tokens per page, runKV bytes of KV per rank per token
+// (--kv-bytes-per-token) and the layers of its KV layout (--model; 0 without one: loads
+// complete whole). A profile with a model charges the model's KV per rank; one whose
 // kv_bytes_per_token differs from its model's under this attn-TP is rejected, naming both.
 // Errors wrap ErrBadProfile.
-func (p *CostProfile) Resolve(cp, tp, pageSize, runKV int) (CostModel, error) {
+func (p *CostProfile) Resolve(cp, tp, pageSize, runKV, layers int) (CostModel, error) {
 	cp, tp = max(cp, 1), max(tp, 1)
-	m := CostModel{PrefillNsPerToken: p.PrefillNsPerToken, AttentionNsPerTokenPair: p.AttentionNsPerTokenPair,
+	if layers < 0 {
+		return CostModel{}, badf("cost model of %s: %d layers is negative", p.Name, layers)
+	}
+	m := CostModel{Layers: layers, PrefillNsPerToken: p.PrefillNsPerToken, AttentionNsPerTokenPair: p.AttentionNsPerTokenPair,
 		DecodeStepNs: p.DecodeStepNs, DecodeNsPerRequest: p.DecodeNsPerRequest, H2DGBps: p.H2DGBps, D2HGBps: p.D2HGBps,
 		StorageLatencyUs: p.StorageLatencyUs, StorageGBps: p.StorageGBps,
 		KVBytesPerToken: p.KVBytesPerToken, KVSource: "profile", RunKVBytesPerToken: runKV, PageSize: pageSize, CP: cp, TP: tp, GPUs: cp * tp}
@@ -342,6 +354,20 @@ func (m *CostModel) DecodeNs(running int) float64 {
 		return 0
 	}
 	return m.DecodeStepNs + m.DecodeNsPerRequest*float64(running)
+}
+
+// LoadComputeNs is how long a step's compute (prefill and decode) of compute ns takes with
+// load ns of load-back copies that it reads. Without layers (Layers <= 1) the load completes
+// before the compute starts: load + compute. With L layers, layer i's compute runs while
+// layer i+1 copies: a two-stage pipeline of L layers of load/L and compute/L each, which
+// ends after L × max(load, compute)/L — max(compute, copy) per layer — plus the one stage
+// that is not overlapped (the first layer's copy or the last layer's compute):
+// max(load, compute) + min(load, compute)/L.
+func (m *CostModel) LoadComputeNs(compute, load float64) float64 {
+	if m.Layers <= 1 {
+		return compute + load
+	}
+	return max(load, compute) + min(load, compute)/float64(m.Layers)
 }
 
 // CopyNs is the time to move bytes at gbps GB/s.
@@ -426,9 +452,13 @@ func (b *BreakEven) Warning(profile string) string {
 
 // String is the resolved figures, for the report.
 func (m *CostModel) String() string {
-	return fmt.Sprintf("prefill %.0f ns/token + %.3g ns/token pair, decode %.2f ms/step + %.0f µs/request, H2D %g GB/s, D2H %g GB/s, storage %g µs + %g GB/s per I/O rank × %d; KV %s per rank per token (%s)",
+	overlap := ""
+	if m.Layers > 1 {
+		overlap = fmt.Sprintf(", load-backs overlap compute layer by layer (%d layers)", m.Layers)
+	}
+	return fmt.Sprintf("prefill %.0f ns/token + %.3g ns/token pair, decode %.2f ms/step + %.0f µs/request, H2D %g GB/s, D2H %g GB/s, storage %g µs + %g GB/s per I/O rank × %d; KV %s per rank per token (%s)%s",
 		m.PrefillNsPerToken, m.AttentionNsPerTokenPair, m.DecodeStepNs/1e6, m.DecodeNsPerRequest/1e3, m.H2DGBps, m.D2HGBps,
-		m.StorageLatencyUs, m.StorageGBps, m.CP, HumanBytes(int64(m.KVBytesPerToken)), m.kvNote())
+		m.StorageLatencyUs, m.StorageGBps, m.CP, HumanBytes(int64(m.KVBytesPerToken)), m.kvNote(), overlap)
 }
 
 func (m *CostModel) kvNote() string {

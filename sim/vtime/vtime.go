@@ -123,7 +123,7 @@ func (v *Clock) StorageReady(asked float64, pages int) float64 {
 // EndStep advances the clock by the step's modelled duration and stamps the first token of
 // the requests admitted in it.
 func (v *Clock) EndStep() {
-	busy := v.prefillNs + v.cost.DecodeNs(v.decoding) + CopyNs(v.perRankBytes(v.loadPages), v.cost.H2DGBps)
+	busy := v.cost.LoadComputeNs(v.prefillNs+v.cost.DecodeNs(v.decoding), CopyNs(v.perRankBytes(v.loadPages), v.cost.H2DGBps))
 	d := max(busy, CopyNs(v.perRankBytes(v.backupPages), v.cost.D2HGBps))
 	v.nowNs += d
 	for _, t := range v.admitted {

@@ -228,7 +228,11 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := cfg.Time.normalize(cfg.Workload, cfg.Synthetic.TurnGapMs > 0); err != nil {
 		return nil, err
 	}
-	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken); err != nil {
+	layers := 0 // opaque pages load whole
+	if kv != nil {
+		layers = kv.NumLayers // loads copy layer 0 first: each layer's compute overlaps the next layer's copy
+	}
+	if cfg.Time.Model, err = cfg.Time.Cost.Resolve(layout.AttnCP, layout.AttnTP, cfg.PageSize, cfg.KVBytesPerToken, layers); err != nil {
 		return nil, bad("%w", err)
 	}
 	if err := cfg.checkDevice(); err != nil {

@@ -48,11 +48,11 @@ func TestCostProfileFollowsTheLayout(t *testing.T) {
 	prof, err := LoadCostProfile(DefaultCostProfile, "")
 	require.NoError(t, err)
 	for tp, want := range map[int]int{1: 131072, 2: 65536, 8: 16384, 16: 16384} {
-		m, err := prof.Resolve(1, tp, 16, 512)
+		m, err := prof.Resolve(1, tp, 16, 512, 0)
 		require.NoError(t, err)
 		assert.Equal(t, want, m.KVBytesPerToken, "attn-TP %d: a rank holds max(8/%d, 1) KV heads", tp, tp)
 	}
-	m2, err := prof.Resolve(2, 4, 16, 512)
+	m2, err := prof.Resolve(2, 4, 16, 512, 0)
 	require.NoError(t, err)
 	assert.Equal(t, 8, m2.GPUs)
 	assert.InDelta(t, cp8.PrefillNsPerToken, m2.PrefillNsPerToken, 1e-9, "CP2 × TP4 computes on 8 GPUs like CP8")

@@ -41,7 +41,9 @@ func TestPrepareModel(t *testing.T) {
 	lc := parallel.LayoutConfig{World: 2, DP: 1, AttnCP: 2, DPAttention: true}
 	spec := smallPlan(t, lc, func(c *Config) { c.Model, c.KVBytesPerToken = "layers=2;kv=576:replicated", 0 })
 	assert.Equal(t, 2*576, spec.Config.KVBytesPerToken)
+	assert.Equal(t, 2, spec.Config.Time.Model.Layers, "the virtual clock overlaps load-backs over the layout's layers")
 	assert.Nil(t, smallPlan(t, lc, nil).KVLayout, "no --model, no layout")
+	assert.Zero(t, smallPlan(t, lc, nil).Config.Time.Model.Layers, "no --model: opaque pages load whole")
 	assert.Nil(t, smallPlan(t, lc, nil).kvLayoutReport())
 
 	cases := map[string]func(*Config){
