@@ -55,9 +55,10 @@ func TestLocalCallsAnswerWhileStepWaits(t *testing.T) {
 	go func() { stepped <- c.Step(context.Background()) }() // rank 1 stalls: it does not step
 	time.Sleep(50 * time.Millisecond)                       // let the Step reach its collective
 	for name, call := range map[string]func() error{
-		"Stats":     func() error { c.Stats(); return nil },
-		"HintEvict": func() error { c.HintEvict(1, 0); return nil },
-		"WaitL1":    func() error { return c.WaitL1(context.Background(), res[0].Last) },
+		"Stats":       func() error { c.Stats(); return nil },
+		"HintEvict":   func() error { c.HintEvict(1, 0); return nil },
+		"WaitL1":      func() error { return c.WaitL1(context.Background(), res[0].Last) },
+		"WaitL1Layer": func() error { return c.WaitL1Layer(context.Background(), res[0].Last, 0) },
 	} {
 		start := time.Now()
 		if err := call(); err != nil {
