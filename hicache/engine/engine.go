@@ -51,21 +51,6 @@ type StepSubmitter interface {
 	SubmitStep(ts []Transfer) []*Ticket
 }
 
-// StreamWaiter is implemented by engines whose L1 is device memory (cudaengine): the engine's
-// compute stream can wait for one layer of a load without blocking the host thread, so that
-// layer i's attention is enqueued while layer i+1 is still copying.
-type StreamWaiter interface {
-	// WaitLayerOn makes the work enqueued later on stream (a raw CUstream, e.g. a torch
-	// stream's cuda_stream; 0 the legacy default stream) wait until layer layer of tk's
-	// transfer has landed in L1 (a layer at or beyond tk.Layers() waits for the whole
-	// transfer). It returns at once, never waiting for copies: nil once the wait is enqueued
-	// or the layer has already landed; the transfer's error when it has already failed; an
-	// error wrapping core.ErrBadArgument for a negative layer or a ticket of another engine.
-	// A copy that fails after the wait was enqueued is reported by the ticket (tk.LayerErr),
-	// which the caller checks before trusting what the stream computed from that layer.
-	WaitLayerOn(tk *Ticket, layer int, stream uintptr) error
-}
-
 // L1Memory is implemented by engines whose L1 pool is host memory: the scheduler (or a
 // test) writes computed KV into a slot and reads loaded KV from it.
 type L1Memory interface {
