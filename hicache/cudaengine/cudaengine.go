@@ -45,8 +45,9 @@ type Options struct {
 	PerTransfer bool
 }
 
-// Engine copies pages between a device KV pool (L1 slot s at L1 + s × pageBytes) and
-// L2 pages with the CUDA driver. Backups and loads each have Options.Streams lanes, used in
+// Engine copies pages between a device L1 (a flat KV pool, L1 slot s at L1 + s × pageBytes,
+// from New; or the inference engine's per-(layer, part) buffers, from NewKV) and L2 pages with
+// the CUDA driver. Backups and loads each have Options.Streams lanes, used in
 // turn: a lane is a stream, on which a step's transfers (SubmitStep), or one transfer
 // (Submit), are enqueued as one batch (cuMemcpyBatchAsync where the driver has it) followed
 // by an event, and a waiter goroutine that waits for the lane's events in stream order and
