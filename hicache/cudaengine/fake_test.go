@@ -23,7 +23,7 @@ func TestFakeDriverRunsGPUTests(t *testing.T) {
 	if !strings.Contains(out, "streams 4 batched true") || !strings.Contains(out, "(step true ") {
 		t.Errorf("the 4-stream engine or the per-step submission did not run:\n%s", out)
 	}
-	for _, name := range []string{"TestGPUStepBatching", "TestGPUWaitLayerOnFlatPool", "TestGPUKVChunkPlacement", "TestGPUKVLayeredLoad", "TestGPUKVRejectsBadInput"} {
+	for _, name := range []string{"TestGPUStepBatching", "TestGPUWaitLayerOnFlatPool", "TestGPUKVChunkPlacement", "TestGPUKVLayeredLoad", "TestGPUKVRejectsBadInput", "TestGPUKVCopyEfficiency"} {
 		if !strings.Contains(out, "--- PASS: "+name) {
 			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
 		}
