@@ -1,7 +1,7 @@
 // Package cudaengine is the copy engine for GPUs. Its L1 is either a flat device KV pool
 // (New: slot s at L1 + s × pageBytes, a page an opaque blob) or the inference engine's own
 // KV memory (NewKV: a device buffer per (layer, part), token-slot indexed like SGLang or
-// block-major like vLLM: the device form of a kvmem.L1). L2 pages are resolved by an L2Addr
+// block-major like vLLM: the device form of a kvmem.L1, KVOf). L2 pages are resolved by an L2Addr
 // (device slabs opened over CUDA IPC, or pinned host slabs by their device-visible address)
 // and, with a KV L1, laid out page_first or layer_first. Copies run through the CUDA driver
 // (package cuda, loaded at run time), so this package is the one place of the hicache tree
@@ -31,8 +31,8 @@
 //	e, err := cudaengine.New(dev, l1.Ptr(), l1Pages, pageBytes, cudaengine.DevicePageAddr(set), cudaengine.Options{})
 //	cache, err := hicache.New(ctx, hicache.Config{..., Engine: e})
 //
-//	// the engine's own memory, layer-wise loads:
-//	e, err := cudaengine.NewKV(dev, cudaengine.KV{Layers: 32, PageTokens: 16, Slots: slots,
-//		TokenBytes: []int{1024, 1024}, Buffers: perLayerKV, L2: cudaengine.DevicePageAddr(set)}, cudaengine.Options{})
+//	// the engine's own memory (a kvmem.L1 of device buffers), layer-wise loads:
+//	kv, err := cudaengine.KVOf(l1, kvmem.PageFirst, set.PagesPerSlab(), cudaengine.DevicePageAddr(set))
+//	e, err := cudaengine.NewKV(dev, kv, cudaengine.Options{})
 //	err = e.WaitLayerOn(ticket, layer, torchStream.cuda_stream) // before layer's attention
 package cudaengine

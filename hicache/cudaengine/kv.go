@@ -6,6 +6,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/slab"
 )
 
@@ -209,4 +210,32 @@ func planOf(kv KV) (*kvPlan, error) {
 		p.bufs = append(p.bufs, kvBuf{base: b.Device, pageStride: b.PageStride, tokenStride: b.TokenStride})
 	}
 	return p, nil
+}
+
+// KVOf describes l1, a kvmem.L1 of device buffers, with L2 pages in layout lay (pagesPerSlab
+// pages per slab, for LayerFirst) resolved by l2, for NewKV. A host L1 (that is the host
+// engine's), an L2 layout that is neither, or a missing resolver is an error wrapping
+// core.ErrBadConfig.
+func KVOf(l1 *kvmem.L1, lay kvmem.L2Layout, pagesPerSlab int, l2 L2Addr) (KV, error) {
+	switch {
+	case l1 == nil || l2 == nil:
+		return KV{}, fmt.Errorf("%w: CUDA engine needs an L1 and an L2 address resolver (L1 %v, resolver %v)", core.ErrBadConfig, l1 != nil, l2 != nil)
+	case !l1.Device():
+		return KV{}, fmt.Errorf("%w: CUDA engine: the L1 is host memory; the CUDA engine copies device buffers (use the host engine)", core.ErrBadConfig)
+	case !lay.Valid():
+		return KV{}, fmt.Errorf("%w: CUDA engine: L2 layout %s is neither %s nor %s", core.ErrBadConfig, lay, kvmem.PageFirst, kvmem.LayerFirst)
+	}
+	sh := l1.Shape()
+	kv := KV{Layers: sh.Layers(), PageTokens: sh.PageTokens(), Slots: l1.Slots(),
+		LayerFirst: lay == kvmem.LayerFirst, PagesPerSlab: pagesPerSlab, L2: l2}
+	for j := range sh.Parts() {
+		kv.TokenBytes = append(kv.TokenBytes, sh.PartBytesPerToken(j))
+	}
+	for l := range sh.Layers() {
+		for j := range sh.Parts() {
+			b := l1.Buffer(l, j)
+			kv.Buffers = append(kv.Buffers, Buffer{Device: cuda.DevicePtr(b.Device), Bytes: b.Bytes, PageStride: b.PageStride, TokenStride: b.TokenStride})
+		}
+	}
+	return kv, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/core"
 	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/internal/testenv/fakelib"
 	"github.com/cpcache/cpcache/slab"
 )
@@ -49,12 +50,15 @@ func l2Name(layerFirst bool) string {
 // tensor per layer holding K and V of a block side by side (the side buffer token-slot).
 var l1Kinds = []string{"token-slot", "token-slot-padded", "block-major"}
 
-// kvRig is one test setup: device L1 buffers of one kind, and pinned host L2 slabs reached
-// through their device pointer.
+// kvRig is one test setup: device L1 buffers of one kind described as a kvmem.L1 (which
+// validates them, overlap included), and pinned host L2 slabs reached through their device
+// pointer.
 type kvRig struct {
 	dev       *cuda.Device
 	mem       *cuda.DeviceBuffer // every L1 buffer lies in it
 	bufs      []Buffer           // by layer × parts + part
+	l1        *kvmem.L1
+	shape     *kvmem.Shape
 	l2        *cuda.HostBuffer
 	pageBytes int
 }
@@ -106,6 +110,16 @@ func newKVRig(t *testing.T, dev *cuda.Device, kind string) *kvRig {
 	for _, g := range regions {
 		r.bufs = append(r.bufs, Buffer{Device: r.mem.Ptr().Add(int(g.off)), Bytes: g.bytes, PageStride: g.pageStride, TokenStride: g.tokenStride})
 	}
+	if r.shape, err = kvmem.NewShape(kvTestLayout, kvAttnTP, kvPageTokens); err != nil {
+		t.Fatal(err)
+	}
+	var kb []kvmem.Buffer
+	for i, b := range r.bufs {
+		kb = append(kb, kvmem.Buffer{Layer: i / len(kvTokenBytes), Part: i % len(kvTokenBytes), Device: uintptr(b.Device), Bytes: b.Bytes, PageStride: b.PageStride, TokenStride: b.TokenStride})
+	}
+	if r.l1, err = kvmem.NewL1(r.shape, kvSlots, kb); err != nil {
+		t.Fatalf("%s L1: %v", kind, err)
+	}
 	if r.l2, err = dev.AllocHost(kvSlabs * kvSlabPages * r.pageBytes); err != nil {
 		t.Fatal(err)
 	}
@@ -128,9 +142,18 @@ func (r *kvRig) kv(layerFirst bool) KV {
 		LayerFirst: layerFirst, PagesPerSlab: kvSlabPages, L2: r.addr}
 }
 
+// engine is a KV engine over the rig's kvmem.L1 (through KVOf).
 func (r *kvRig) engine(t *testing.T, layerFirst bool, opts Options) *Engine {
 	t.Helper()
-	e, err := NewKV(r.dev, r.kv(layerFirst), opts)
+	lay := kvmem.PageFirst
+	if layerFirst {
+		lay = kvmem.LayerFirst
+	}
+	kv, err := KVOf(r.l1, lay, kvSlabPages, r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewKV(r.dev, kv, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +250,20 @@ func (r *kvRig) checkL2(t *testing.T, lay bool) {
 	}
 	if i, what := firstDiff(r.l2.Bytes(), want); i >= 0 {
 		t.Fatalf("L2 (%s) byte %d: %s", l2Name(lay), i, what)
+	}
+	// The test's reading of the layouts is kvmem's (the host engine's) too.
+	kl := kvmem.PageFirst
+	if lay {
+		kl = kvmem.LayerFirst
+	}
+	for l := range kvLayers {
+		for j := range kvTokenBytes {
+			p := slab.Page{Index: kvSlabPages - 1}
+			off, err := r.shape.L2ChunkOffset(kl, kvSlabPages, p.Index, l, j)
+			if err != nil || off != int64(l2Offset(lay, p, l, j, 0, 0)) {
+				t.Fatalf("kvmem places chunk (page %d, layer %d, part %d) at %d (%v), this test at %d", p.Index, l, j, off, err, l2Offset(lay, p, l, j, 0, 0))
+			}
+		}
 	}
 }
 
@@ -481,6 +518,20 @@ func TestGPUKVRejectsBadInput(t *testing.T) {
 		if err := tk.Err(); !errors.Is(err, core.ErrBadArgument) {
 			t.Errorf("bad transfer %d: %v, want ErrBadArgument", i, err)
 		}
+	}
+	hostShape, err := kvmem.NewShape(kvTestLayout, kvAttnTP, kvPageTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := kvmem.NewL1(hostShape, kvSlots, kvmem.AllocTokenSlotBuffers(hostShape, kvSlots))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := KVOf(host, kvmem.PageFirst, kvSlabPages, r.addr); !errors.Is(err, core.ErrBadConfig) {
+		t.Errorf("KVOf a host L1: %v, want ErrBadConfig", err)
+	}
+	if _, err := KVOf(r.l1, kvmem.L2Layout(9), kvSlabPages, r.addr); !errors.Is(err, core.ErrBadConfig) {
+		t.Errorf("KVOf with L2 layout 9: %v, want ErrBadConfig", err)
 	}
 	for _, tc := range []struct {
 		name string
