@@ -178,6 +178,9 @@ int cp_cuStreamDestroy(void *ctx, void *st);
 int cp_cuStreamSynchronize(void *ctx, void *st);
 int cp_cuStreamQuery(void *ctx, void *st);
 int cp_cuStreamWaitEvent(void *ctx, void *st, void *ev);
+/* cp_cuStreamWaitEventRaw is cp_cuStreamWaitEvent for a stream of another library (a CUstream
+ * given as an integer; 0 is the legacy default stream). */
+int cp_cuStreamWaitEventRaw(void *ctx, uintptr_t st, void *ev);
 int cp_cuEventCreate(void *ctx, void **ev, unsigned int flags);
 int cp_cuEventDestroy(void *ctx, void *ev);
 int cp_cuEventRecord(void *ctx, void *ev, void *st);

@@ -12,8 +12,11 @@
  *
  * Streams are lazy: async copies and memsets wait in their stream's queue until something
  * waits for them (cuStreamSynchronize, cuCtxSynchronize, an event recorded on the stream being
- * synchronized, queried or waited on, an interprocess event's record, the stream's
- * destruction), so that a caller who trusts work it has not waited for sees old bytes.
+ * synchronized, queried or waited on by another stream that runs, an interprocess event's
+ * record, the stream's destruction), so that a caller who trusts work it has not waited for
+ * sees old bytes. An event captures its stream's work up to its record only: completing it
+ * runs that much and not the work enqueued after it; cuStreamWaitEvent runs nothing on the
+ * caller's thread (it queues the wait on the waiting stream).
  * CPCACHE_FAKE_CUDA_DEFER=0 runs the work when it is enqueued instead (for the NCCL fake,
  * whose collectives cannot see these queues). CPCACHE_FAKE_CUDA_COPY_FAIL_AT=N makes the Nth async copy
  * (counted from 1 in the process) fail with CUDA_ERROR_INVALID_VALUE, the copies before it
@@ -21,8 +24,10 @@
  *
  * It checks what the binding promises: every call that needs a context fails with
  * CUDA_ERROR_INVALID_CONTEXT (201) unless the device's primary context was made current on
- * the calling thread, and the batched copy checks its 12.8 attribute layout (and fails with
- * CUDA_ERROR_NOT_SUPPORTED when CPCACHE_FAKE_CUDA_BATCH_FAIL=1, to test the fallback).
+ * the calling thread, and the batched copy checks its 12.8 attribute layout and that no copy
+ * of a batch writes where another of it reads or writes (CUDA_ERROR_INVALID_VALUE, failIdx
+ * naming it), and fails with CUDA_ERROR_NOT_SUPPORTED when CPCACHE_FAKE_CUDA_BATCH_FAIL=1, to
+ * test the fallback.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -193,43 +198,68 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int f) {
 }
 #define D(x) ((void *)(uintptr_t)(x))
 
-/* Streams and their queues of deferred work. */
+/* Streams and their queues of deferred work. Every op a stream is given gets the stream's
+ * next sequence number; an event records (stream id, last sequence number so far), so that
+ * completing an event runs its stream's work up to the record and nothing after it, as a real
+ * GPU would have done by then. A stream wait (cuStreamWaitEvent) is an op of the waiting
+ * stream: when that stream runs it, it first runs the event's stream up to the record. */
+enum { OP_COPY, OP_MEMSET, OP_WAIT };
 typedef struct op {
-  CUdeviceptr d, s; /* memset: s is the byte value */
-  size_t n;
-  int memset;
+  CUdeviceptr d, s; /* memset: s is the byte value; wait: s is the event's stream id */
+  size_t n;         /* wait: the sequence number the event captured */
+  int kind;
+  long seq;         /* this op's sequence number in its stream */
   struct op *next;
 } op;
 typedef struct fstream {
   op *head, *tail;
+  long id;                     /* unique in the process, never reused (events name streams by it) */
+  long enqueued;               /* sequence number of the last op given to the stream */
   struct fstream *next, *prev; /* the live streams, for cuCtxSynchronize */
 } fstream;
 typedef struct {
-  fstream *st;      /* the stream of its last record, or NULL */
+  long st;          /* the id of the stream of its last record, or 0 */
+  long seq;         /* that stream's last sequence number at the record */
   int interprocess; /* CU_EVENT_INTERPROCESS: recording it runs the stream's queue, since the
                        process that waits on it cannot */
 } fevent;
 static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
 static fstream streams; /* the list head of live streams; all queues are protected by q_mu */
+static long stream_ids;   /* the last stream id given; protected by q_mu */
 static long async_copies; /* async copies asked for so far, for COPY_FAIL_AT; protected by q_mu */
 
 static int eager(void) {
   const char *v = getenv("CPCACHE_FAKE_CUDA_DEFER");
   return v != NULL && v[0] == '0';
 }
-static void op_run(const op *o) {
-  if (o->memset) memset(D(o->d), (int)o->s, o->n);
-  else memmove(D(o->d), D(o->s), o->n);
+static fstream *stream_by_id_locked(long id) {
+  for (fstream *st = streams.next; st != NULL && st != &streams; st = st->next) {
+    if (st->id == id) return st;
+  }
+  return NULL; /* destroyed: its work ran at the destroy */
 }
-/* flush_locked runs st's queued work in order. q_mu must be held. */
-static void flush_locked(fstream *st) {
-  while (st != NULL && st->head != NULL) {
+static void flush_upto_locked(fstream *st, long seq);
+static void op_run_locked(const op *o) {
+  switch (o->kind) {
+    case OP_MEMSET: memset(D(o->d), (int)o->s, o->n); break;
+    case OP_COPY: memmove(D(o->d), D(o->s), o->n); break;
+    case OP_WAIT: flush_upto_locked(stream_by_id_locked((long)o->s), (long)o->n); break;
+  }
+}
+/* flush_upto_locked runs st's queued work in order, up to and including sequence number seq.
+ * An op leaves the queue before it runs, so a wait that leads back to st runs only later ops
+ * (a real GPU would deadlock on such a cycle). q_mu must be held. */
+static void flush_upto_locked(fstream *st, long seq) {
+  while (st != NULL && st->head != NULL && st->head->seq <= seq) {
     op *o = st->head;
     st->head = o->next;
     if (st->head == NULL) st->tail = NULL;
-    op_run(o);
+    op_run_locked(o);
     free(o);
   }
+}
+static void flush_locked(fstream *st) {
+  if (st != NULL) flush_upto_locked(st, st->enqueued);
 }
 static void queue_flush(fstream *st) {
   pthread_mutex_lock(&q_mu);
@@ -241,12 +271,27 @@ static void queues_flush_all(void) {
   for (fstream *st = streams.next; st != NULL && st != &streams; st = st->next) flush_locked(st);
   pthread_mutex_unlock(&q_mu);
 }
+/* enqueue_locked queues o on st, or runs it now (the NULL stream, eager mode). q_mu held. */
+static void enqueue_locked(fstream *st, op o) {
+  if (st == NULL || eager()) {
+    flush_locked(st); /* stream order: earlier queued work first */
+    op_run_locked(&o);
+    return;
+  }
+  op *q = malloc(sizeof *q);
+  *q = o;
+  q->seq = ++st->enqueued;
+  q->next = NULL;
+  if (st->tail) st->tail->next = q;
+  else st->head = q;
+  st->tail = q;
+}
 /* enqueue queues the work on st, or runs it now (eager mode); a copy counts toward
  * COPY_FAIL_AT, whose copy fails (1) without being queued. */
 static CUresult enqueue(void *stp, CUdeviceptr d, CUdeviceptr s, size_t n, int is_memset) {
   NEED_CTX();
   fstream *st = stp;
-  op o = {d, s, n, is_memset, NULL};
+  op o = {d, s, n, is_memset ? OP_MEMSET : OP_COPY, 0, NULL};
   pthread_mutex_lock(&q_mu);
   if (!is_memset) {
     const char *at = getenv("CPCACHE_FAKE_CUDA_COPY_FAIL_AT");
@@ -255,16 +300,7 @@ static CUresult enqueue(void *stp, CUdeviceptr d, CUdeviceptr s, size_t n, int i
       return 1;
     }
   }
-  if (st == NULL || eager()) {
-    flush_locked(st); /* stream order: earlier queued work first */
-    op_run(&o);
-  } else {
-    op *q = malloc(sizeof *q);
-    *q = o;
-    if (st->tail) st->tail->next = q;
-    else st->head = q;
-    st->tail = q;
-  }
+  enqueue_locked(st, o);
   pthread_mutex_unlock(&q_mu);
   return 0;
 }
@@ -282,6 +318,7 @@ CUresult cuStreamCreate(void **st, unsigned int flags) {
   if (flags > 1) return 1;
   fstream *s = calloc(1, sizeof *s);
   pthread_mutex_lock(&q_mu);
+  s->id = ++stream_ids;
   if (streams.next == NULL) streams.next = streams.prev = &streams;
   s->next = streams.next;
   s->prev = &streams;
@@ -318,20 +355,25 @@ CUresult cuStreamQuery(void *st) {
   queue_flush(st);
   return 0;
 }
-/* event_flush runs the queue of the stream ev was last recorded on, if that stream still
- * lives (an event outlives its stream, as with CUDA; the destroy ran the stream's work). */
+/* event_flush runs the work ev captured (its stream's queue up to the record), if that stream
+ * still lives (an event outlives its stream, as with CUDA; the destroy ran the stream's work). */
 static void event_flush(void *ev) {
   fevent *e = ev;
   pthread_mutex_lock(&q_mu);
-  for (fstream *st = streams.next; st != NULL && st != &streams; st = st->next) {
-    if (st == e->st) flush_locked(st);
-  }
+  flush_upto_locked(stream_by_id_locked(e->st), e->seq);
   pthread_mutex_unlock(&q_mu);
 }
+/* cuStreamWaitEvent queues a wait on st for the work ev captured now (a later record of ev
+ * does not change it, as with CUDA); nothing runs on the calling thread, except on the NULL
+ * (legacy default) stream, which the fake runs at once. */
 CUresult cuStreamWaitEvent(void *st, void *ev, unsigned int f) {
   NEED_CTX();
-  if (!st || !ev || f != 0) return 1;
-  event_flush(ev); /* stricter than needed: the work the event captured runs now */
+  if (!ev || f != 0) return 1;
+  fevent *e = ev;
+  pthread_mutex_lock(&q_mu);
+  op o = {0, (CUdeviceptr)e->st, (size_t)e->seq, OP_WAIT, 0, NULL};
+  if (e->st != 0) enqueue_locked(st, o);
+  pthread_mutex_unlock(&q_mu);
   return 0;
 }
 CUresult cuEventCreate(void **ev, unsigned int flags) {
@@ -347,9 +389,11 @@ CUresult cuEventRecord(void *ev, void *st) {
   NEED_CTX();
   if (!ev || !st) return 1;
   fevent *e = ev;
+  fstream *s = st;
   pthread_mutex_lock(&q_mu);
-  e->st = st;
-  if (e->interprocess) flush_locked(st);
+  e->st = s->id;
+  e->seq = s->enqueued;
+  if (e->interprocess) flush_locked(s);
   pthread_mutex_unlock(&q_mu);
   return 0;
 }
@@ -414,6 +458,34 @@ CUresult cuIpcOpenEventHandle(void **ev, handle64 h) {
   return 0;
 }
 
+/* span is one side of a batch copy, for the overlap check. */
+typedef struct { CUdeviceptr lo, hi; size_t idx; int dst; } span; /* [lo, hi) of copy idx */
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+/* batch_overlap returns the index of a copy whose span overlaps a destination (another copy's
+ * or its own), or count when there is none: sorted by start, a span overlaps an earlier one
+ * exactly when it starts before that one's end. */
+static size_t batch_overlap(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes, size_t count) {
+  span *sp = malloc(2 * count * sizeof *sp);
+  if (sp == NULL) return count;
+  for (size_t i = 0; i < count; i++) {
+    sp[2 * i] = (span){dsts[i], dsts[i] + sizes[i], i, 1};
+    sp[2 * i + 1] = (span){srcs[i], srcs[i] + sizes[i], i, 0};
+  }
+  qsort(sp, 2 * count, sizeof *sp, span_cmp);
+  CUdeviceptr any_end = 0, dst_end = 0; /* the largest end so far, of any span and of a destination */
+  size_t bad = count;
+  for (size_t i = 0; i < 2 * count && bad == count; i++) {
+    if ((sp[i].dst && sp[i].lo < any_end) || sp[i].lo < dst_end) bad = sp[i].idx;
+    if (sp[i].hi > any_end) any_end = sp[i].hi;
+    if (sp[i].dst && sp[i].hi > dst_end) dst_end = sp[i].hi;
+  }
+  free(sp);
+  return bad;
+}
+
 /* The CUDA 12.8 batched copy: checks the attribute layout the binding sends. */
 typedef struct { int type; int id; } loc;
 typedef struct { int srcAccessOrder; loc srcLocHint; loc dstLocHint; unsigned int flags; } attrs;
@@ -428,6 +500,9 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
   for (size_t i = 0; i < count; i++) {
     if (sizes[i] == 0) { *failIdx = i; return 1; }
   }
+  /* The copies of a batch may run in any order: none may write where another reads or writes. */
+  size_t bad = batch_overlap(dsts, srcs, sizes, count);
+  if (bad < count) { *failIdx = bad; return 1; }
   for (size_t i = 0; i < count; i++) {
     CUresult rc = enqueue(st, dsts[i], srcs[i], sizes[i], 0);
     if (rc != 0) { *failIdx = i; return rc; }

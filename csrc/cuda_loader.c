@@ -238,6 +238,11 @@ int cp_cuStreamWaitEvent(void *ctx, void *st, void *ev) {
   CP_CTX(ctx);
   return cp_cu.cuStreamWaitEvent((cp_CUstream)st, (cp_CUevent)ev, 0);
 }
+int cp_cuStreamWaitEventRaw(void *ctx, uintptr_t st, void *ev) {
+  CP_NEED(cuStreamWaitEvent);
+  CP_CTX(ctx);
+  return cp_cu.cuStreamWaitEvent((cp_CUstream)st, (cp_CUevent)ev, 0);
+}
 int cp_cuEventCreate(void *ctx, void **ev, unsigned int flags) {
   CP_NEED(cuEventCreate);
   CP_CTX(ctx);

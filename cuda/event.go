@@ -147,3 +147,15 @@ func (d *Device) OpenIPCEvent(h IPCEventHandle) (*Event, error) {
 	}
 	return &Event{dev: d, h: ev, flags: EventInterprocess | EventDisableTiming}, nil
 }
+
+// StreamWait makes the work enqueued later on stream, a raw CUstream (== cudaStream_t) of
+// any library of this process on e's device (a torch stream's cuda_stream, Stream.Handle; 0
+// the legacy default stream), wait until the work e captured at its last Record has
+// completed. It returns at once: the host thread never waits (cuStreamWaitEvent). A later
+// Record of e does not change what the stream waits for.
+func (e *Event) StreamWait(stream uintptr) error {
+	if err := e.live(); err != nil {
+		return err
+	}
+	return check(C.cp_cuStreamWaitEventRaw(e.dev.ctx, C.uintptr_t(stream), e.h), callStreamWait, fmt.Sprintf("%s, stream 0x%x", e.dev.detail(), stream))
+}

@@ -17,7 +17,7 @@ func TestFakeDriverRunsGPUTests(t *testing.T) {
 	lib := fakelib.Build(t, "cuda_fake")
 	out := fakelib.RunGPUTests(t, "Topology|Bandwidth|FakeDriver", "CPCACHE_CUDA_LIBRARY="+lib)
 	for _, name := range []string{"TestGPUDeviceInfo", "TestGPUAllocCopyRoundTrip", "TestGPUPinnedHostMemory",
-		"TestGPURegisteredHostMemory", "TestGPUBatchCopy", "TestGPUEvents", "TestGPUEventOutlivesItsStream", "TestGPUIPCAcrossProcesses"} {
+		"TestGPURegisteredHostMemory", "TestGPUBatchCopy", "TestGPUEvents", "TestGPUEventOutlivesItsStream", "TestGPUEventStreamWait", "TestGPUFakeBatchRejectsOverlap", "TestGPUIPCAcrossProcesses"} {
 		if !strings.Contains(out, "--- PASS: "+name) {
 			t.Errorf("%s did not pass on the fake driver:\n%s", name, out)
 		}

@@ -3,5 +3,5 @@
 // The go command does not notice edits to files #included from outside the package, so the
 // digest below names the csrc content this package was last built from; TestShimDigest fails
 // (printing the new line) when csrc changed, and updating the line makes Go rebuild.
-// csrc-digest: ecf55f4043553dd5
+// csrc-digest: fc711be7676c58e3
 #include "../csrc/cuda_loader.c"
