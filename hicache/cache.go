@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
@@ -37,6 +39,16 @@ type Config struct {
 	// *LayoutMismatchError naming the lowest differing rank and the first differing part.
 	// It is part of the storage namespace (NewStorageNamespace).
 	KVLayout *kvlayout.Layout
+	// L1, when set, is the engine's KV memory as per-(layer, part) buffers (kvmem.NewL1), and
+	// the default engine (Engine nil) is a layered host engine over it. Its shape must be
+	// KVLayout at the layout's attention-TP size and Options.PageSize tokens, and it must have
+	// at least the core's L1 page slots (New checks). nil: the default engine keeps its own
+	// flat pool of opaque pages.
+	L1 *kvmem.L1
+	// L2Layout is how the slabs arrange a page's chunks (kvmem.PageFirst, kvmem.LayerFirst); 0
+	// is PageFirst. LayerFirst needs KVLayout. Every rank must choose the same (New compares it
+	// in the configuration fingerprint); storage always holds page-first bytes.
+	L2Layout kvmem.L2Layout
 	// Engine moves pages; nil makes a HostEngine over Slabs (which must then implement
 	// HostSlabs) with its own host L1 pool of L1Pages pages. The Cache closes an engine it
 	// made; a given engine stays the caller's.
@@ -214,6 +226,13 @@ func build(cfg Config) (*Cache, error) {
 		cc.L3, cc.L3Config = true, l3opts.coreConfig()
 		fmt.Fprintf(h, "|l3|%s", l3opts.fingerprint())
 	}
+	if cfg.L1 != nil || cfg.L2Layout != 0 { // opaque-page configurations keep their fingerprint
+		shape := "no L1"
+		if cfg.L1 != nil {
+			shape = cfg.L1.Shape().String()
+		}
+		fmt.Fprintf(h, "|l2=%d|l1=%s", cfg.L2Layout, shape)
+	}
 	cc.Fingerprint = h.Sum64()
 	cr, err := core.New(cc)
 	if err != nil {
@@ -221,6 +240,10 @@ func build(cfg Config) (*Cache, error) {
 	}
 	ccfg := cr.Config()
 	if err := checkKVLayout(cfg.KVLayout, ccfg.PageSize, cfg.Layout.AttnTP, cfg.Slabs.PageSize()); err != nil {
+		return nil, err
+	}
+	l2Layout, err := checkKVMem(cfg, ccfg.PageSize, ccfg.L1Pages)
+	if err != nil {
 		return nil, err
 	}
 	c := &Cache{
@@ -236,7 +259,12 @@ func build(cfg Config) (*Cache, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: slab set %T has no host pages; pass an Engine", ErrBadConfig, cfg.Slabs)
 		}
-		he, err := hostengine.New(hs, ccfg.L1Pages, cfg.Slabs.PageSize(), cfg.HostEngine)
+		var he *hostengine.Engine
+		if cfg.L1 != nil {
+			he, err = hostengine.NewKV(hs, cfg.L1, l2Layout, cfg.HostEngine)
+		} else {
+			he, err = hostengine.New(hs, ccfg.L1Pages, cfg.Slabs.PageSize(), cfg.HostEngine)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -262,6 +290,17 @@ func build(cfg Config) (*Cache, error) {
 			return c, fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err)
 		}
 		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, l3opts)
+		if l2Layout == kvmem.LayerFirst {
+			m, ok := hs.(engine.HostSlabMemory)
+			if !ok {
+				return c, fmt.Errorf("%w: a layer_first L2 with storage needs slabs with SlabMemory; %T has none", ErrBadConfig, cfg.Slabs)
+			}
+			shape, err := kvmem.NewShape(*cfg.KVLayout, cfg.Layout.AttnTP, ccfg.PageSize)
+			if err != nil {
+				return c, fmt.Errorf("%w: %w", ErrBadConfig, err)
+			}
+			c.l3.layerFirst = &layerFirstL2{shape: shape, mem: m}
+		}
 	}
 	return c, c.faults.newError()
 }

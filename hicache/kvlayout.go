@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 )
 
 // checkKVLayout checks a KV layout against the page size it is used with: it validates, and
@@ -26,6 +27,42 @@ func checkKVLayout(kv *kvlayout.Layout, pageTokens, attnTP, pageBytes int) error
 			ErrBadConfig, kv, pb, pageTokens, attnTP, pageBytes)
 	}
 	return nil
+}
+
+// checkKVMem checks Config.L1 and Config.L2Layout against the KV layout and the core's page
+// size and L1 slots, and returns the L2 layout in use (PageFirst for 0).
+func checkKVMem(cfg Config, pageTokens, l1Pages int) (kvmem.L2Layout, error) {
+	lay := cfg.L2Layout
+	if lay == 0 {
+		lay = kvmem.PageFirst
+	}
+	if !lay.Valid() {
+		return 0, fmt.Errorf("%w: L2 layout %s is neither page_first nor layer_first", ErrBadConfig, lay)
+	}
+	if cfg.KVLayout == nil {
+		if cfg.L1 != nil || lay == kvmem.LayerFirst {
+			return 0, fmt.Errorf("%w: an L1 of per-layer buffers or a layer_first L2 needs Config.KVLayout", ErrBadConfig)
+		}
+		return lay, nil
+	}
+	if cfg.L1 == nil {
+		return lay, nil
+	}
+	s := cfg.L1.Shape()
+	if d := s.Layout().Diff(*cfg.KVLayout); d != "" {
+		return 0, fmt.Errorf("%w: the L1's layout differs from Config.KVLayout: %s", ErrBadConfig, d)
+	}
+	if s.AttnTP() != cfg.Layout.AttnTP || s.PageTokens() != pageTokens {
+		return 0, fmt.Errorf("%w: the L1's shape is for attention-TP %d and %d-token pages, the cache has attention-TP %d and %d-token pages",
+			ErrBadConfig, s.AttnTP(), s.PageTokens(), cfg.Layout.AttnTP, pageTokens)
+	}
+	if cfg.L1.Slots() < l1Pages {
+		return 0, fmt.Errorf("%w: the L1 has %d page slots, the cache's L1 holds %d pages", ErrBadConfig, cfg.L1.Slots(), l1Pages)
+	}
+	if cfg.L1.Device() && cfg.Engine == nil {
+		return 0, fmt.Errorf("%w: a device L1 needs an Engine (the host engine copies host memory)", ErrBadConfig)
+	}
+	return lay, nil
 }
 
 // kvLayoutEncoding is what ranks compare: the layout's canonical encoding, empty for nil.

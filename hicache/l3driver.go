@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/hicache/kvmem"
+	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -24,10 +27,14 @@ type l3Driver struct {
 	ns    storage.Namespace
 	shard uint32 // tensor-parallel index of the slab group: part of every key
 	slabs HostSlabs
-	opts  L3Options
-	sem   chan struct{}
-	wg    sync.WaitGroup
-	brk   *breaker
+	// layerFirst, when set, is the L2 in kvmem.LayerFirst layout: a page's chunks are spread
+	// over its slab, and the driver converts to and from the page-first bytes that are the L3
+	// value. nil: pages are page-first (or opaque) and go to storage as they lie.
+	layerFirst *layerFirstL2
+	opts       L3Options
+	sem        chan struct{}
+	wg         sync.WaitGroup
+	brk        *breaker
 
 	mu          sync.Mutex // protects running, finished and probeCancel
 	running     map[l3Key]*l3Run
@@ -284,6 +291,9 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 				continue
 			}
 			b, err := d.slabs.Page(p)
+			if err == nil && d.layerFirst != nil {
+				b, err = d.layerFirst.read(p)
+			}
 			if err != nil {
 				return 0, wrap(err)
 			}
@@ -310,12 +320,24 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 				if err != nil {
 					return done, wrap(err)
 				}
+				if d.layerFirst != nil { // read page-first bytes, then place them
+					b = make([]byte, len(b))
+				}
 				dst[i] = b
 			}
 			found := make([]bool, hi-lo)
 			var n int
 			began := time.Now()
 			err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Get(ctx, keys[lo:hi], dst, found); return err })
+			if d.layerFirst != nil {
+				for i, ok := range found {
+					if ok {
+						if werr := d.layerFirst.write(job.Pages[lo+i], dst[i]); werr != nil && err == nil {
+							err = werr
+						}
+					}
+				}
+			}
 			if err == nil && n > 0 {
 				d.rate.add(int64(n)*int64(len(dst[0])), time.Since(began))
 			}
@@ -343,4 +365,29 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 		return done, nil
 	}
 	return 0, nil
+}
+
+// layerFirstL2 converts between a layer-first L2's pages and their page-first bytes.
+type layerFirstL2 struct {
+	shape *kvmem.Shape
+	mem   engine.HostSlabMemory
+}
+
+// read returns page p's page-first bytes (a fresh buffer).
+func (l *layerFirstL2) read(p slab.Page) ([]byte, error) {
+	m, err := l.mem.SlabMemory(p.Slab)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, l.shape.PageBytes())
+	return b, l.shape.ReadPageFirst(b, kvmem.LayerFirst, m, l.mem.PagesPerSlab(), p.Index)
+}
+
+// write places page-first bytes b at page p.
+func (l *layerFirstL2) write(p slab.Page, b []byte) error {
+	m, err := l.mem.SlabMemory(p.Slab)
+	if err != nil {
+		return err
+	}
+	return l.shape.WritePageFirst(b, kvmem.LayerFirst, m, l.mem.PagesPerSlab(), p.Index)
 }

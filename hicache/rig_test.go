@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/grouptest"
@@ -28,6 +30,7 @@ type rig struct {
 	slabs   []*kvtest.MemSlabs // by rank
 	shards  []int              // tensor-parallel index of each rank (part of the KV content)
 	key     string             // isolation key of insert, matchLoad and prefetch ("" by default)
+	kv      []*kvmem.L1        // by rank: the engine-lent per-layer L1 (nil: flat pools)
 }
 
 type rigConfig struct {
@@ -47,6 +50,11 @@ type rigConfig struct {
 	l3     L3Options
 	l3Hook func(rank int) func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
 	events EventOptions
+	// kvLayout, when set, is every rank's KV layout; with kvL1 each rank lends its host engine
+	// a per-(layer, part) L1 of opts.L1Pages slots (token-slot buffers), pages in l2Layout.
+	kvLayout *kvlayout.Layout
+	kvL1     bool
+	l2Layout kvmem.L2Layout
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -58,6 +66,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 	replica := l.ReplicaGroup(0)
 	n := len(replica)
 	r := &rig{t: t, layout: l, caches: make([]*Cache, n), slabs: make([]*kvtest.MemSlabs, n), shards: make([]int, n)}
+	if rc.kvL1 {
+		r.kv = make([]*kvmem.L1, n)
+	}
 	members := local.New(replica, local.Options{Kind: "replica", Timeout: 20 * time.Second})
 	for _, m := range members {
 		r.counted = append(r.counted, parallel.Count(m))
@@ -97,6 +108,17 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)
+		}
+		cfg.KVLayout, cfg.L2Layout = rc.kvLayout, rc.l2Layout
+		if rc.kvL1 {
+			shape, err := kvmem.NewShape(*rc.kvLayout, l.AttnTP, rc.opts.PageSize)
+			if err != nil {
+				return err
+			}
+			if cfg.L1, err = kvmem.NewL1(shape, rc.opts.L1Pages, kvmem.AllocTokenSlotBuffers(shape, rc.opts.L1Pages)); err != nil {
+				return err
+			}
+			r.kv[i] = cfg.L1
 		}
 		if rc.engine != nil {
 			cfg.Engine = rc.engine(i)
@@ -166,7 +188,11 @@ func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
 		ir, err := c.InsertKey(r.key, tokens)
 		res[i] = ir
 		for _, f := range ir.Fill {
-			if c.Owns(f.Index) {
+			if c.Owns(f.Index) && r.kv != nil {
+				if err := kvtest.FillL1Page(r.kv[i], f.Slot, f.Hash, f.Index, r.shards[i]); err != nil {
+					return err
+				}
+			} else if c.Owns(f.Index) {
 				b, err := c.L1Page(f.Slot)
 				if err != nil {
 					return err
@@ -210,6 +236,9 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 
 // verify checks the content of rank i's own device pages of a match.
 func (r *rig) verify(i int, m MatchResult) error {
+	if r.kv != nil {
+		return verifyOwnKVPages(r.caches[i], m, r.shards[i], r.kv[i])
+	}
 	return verifyOwnPages(r.caches[i], m, r.shards[i], r.caches[i].L1Page)
 }
 

@@ -83,3 +83,20 @@ func (s *Set) ReadPage(p Page, dst []byte) (int, error) {
 	off := p.Index * s.spec.PageSize
 	return copy(dst, sl.host.mem[off:off+s.spec.PageSize]), nil
 }
+
+// SlabMemory returns the whole host memory of slab i (PagesPerSlab × PageSize bytes, its
+// capacity too): what an L2 layout that spreads a page over the slab (kvmem.LayerFirst)
+// addresses. Valid until Close, as Page's slices. Device slabs return ErrUnsupported.
+func (s *Set) SlabMemory(i int) ([]byte, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	sl, err := s.checkLocked(Page{Slab: i})
+	if err != nil {
+		return nil, err
+	}
+	if sl.host == nil {
+		return nil, fmt.Errorf("%w: slab %d is device memory (use DevicePtr)", ErrUnsupported, i)
+	}
+	n := s.spec.Bytes()
+	return sl.host.mem[:n:n], nil
+}

@@ -283,6 +283,14 @@ func TestPageAccessIsBoundsChecked(t *testing.T) {
 		if _, err := s.Slab(2); !errors.Is(err, ErrBadArgument) {
 			return fmt.Errorf("Slab(2): %v", err)
 		}
+		// SlabMemory is the whole slab, and its page p is Page's bytes.
+		whole, err := s.SlabMemory(1)
+		if err != nil || len(whole) != 16*4096 || cap(whole) != 16*4096 || &whole[15*4096] != &b[0] {
+			return fmt.Errorf("SlabMemory(1): len %d err %v, or not the memory Page hands out", len(whole), err)
+		}
+		if _, err := s.SlabMemory(2); !errors.Is(err, ErrBadArgument) {
+			return fmt.Errorf("SlabMemory(2): %v", err)
+		}
 		if err := g.Barrier(context.Background()); err != nil {
 			return err
 		}

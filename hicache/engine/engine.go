@@ -25,6 +25,15 @@ type HostSlabs interface {
 	Page(p slab.Page) ([]byte, error)
 }
 
+// HostSlabMemory is implemented by host slabs that also hand out a slab's whole memory
+// (slab.Set, kvtest.MemSlabs): an L2 in kvmem.LayerFirst layout spreads each page over its
+// slab, so engines and the storage driver address it by slab, not by page.
+type HostSlabMemory interface {
+	HostSlabs
+	SlabMemory(slab int) ([]byte, error)
+	PagesPerSlab() int
+}
+
 // Engine moves pages between this rank's L1 (device KV pool) and the L2 slabs. The driver
 // submits transfers in the order the core made them and polls their tickets at each step;
 // completion is a local event that the next consensus step turns into a commit everywhere.

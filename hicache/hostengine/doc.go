@@ -7,5 +7,8 @@
 // queues a transfer and returns its ticket at once; workers take transfers in order and
 // finish each ticket with nil, a copy error, ErrCanceled (Cancel before it started) or
 // ErrClosed. Close (nil-safe, idempotent) cancels what has not started and waits for what
-// runs. Options.Delay and Options.Fail let tests model slow or failing copies per rank.
+// runs. NewKV is the layered mode: the L1 is the engine's own per-(layer, part) buffers (a
+// *kvmem.L1, host memory) and the slabs' pages are in a kvmem.L2Layout; each transfer copies
+// layer 0 of every page, then layer 1, ..., gathering or scattering chunk by chunk, and its
+// ticket (engine.NewLayeredTicket) finishes each layer as it lands. Options.Delay and Options.Fail let tests model slow or failing copies per rank.
 package hostengine

@@ -2,7 +2,11 @@
 // of the page's chained prefix hash, its sequence position and the rank's shard, so a page
 // that was written to or read from the wrong place is caught by CheckKV. hicache's tests and
 // the multi-rank runner fill pages with FillKV where an engine would write computed KV, and
-// check every page they read back. MemSlabs is an in-process L2 (one byte slice per slab) for
+// check every page they read back. A page of a layered shape (kvmem) has content per chunk,
+// a function of (page hash, index, layer, part, TP shard) and the position in the chunk:
+// FillL1Page/CheckL1Page on an engine's per-layer L1 slot, FillPageFirst/CheckPageFirst on
+// page-first bytes; a swapped layer or part is a bad page, and the *ChunkError names the
+// layer, part and byte offset of the first bad byte (found word by word). MemSlabs is an in-process L2 (one byte slice per slab) for
 // tests that run many ranks in one process.
 //
 // Contract: FillKV and CheckKV are pure functions of (page hash, index, shard, length);

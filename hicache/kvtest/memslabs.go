@@ -44,6 +44,15 @@ func (m *MemSlabs) Page(p slab.Page) ([]byte, error) {
 	return m.mem[p.Slab][off : off+m.pageBytes : off+m.pageBytes], nil
 }
 
+// SlabMemory returns slab i's whole memory (PagesPerSlab × PageSize bytes), for L2 layouts
+// that spread a page over its slab (kvmem.LayerFirst).
+func (m *MemSlabs) SlabMemory(i int) ([]byte, error) {
+	if i < 0 || i >= len(m.mem) {
+		return nil, fmt.Errorf("kvtest: slab %d outside %d slabs", i, len(m.mem))
+	}
+	return m.mem[i][:len(m.mem[i]):len(m.mem[i])], nil
+}
+
 // Snapshot copies every slab (to compare later).
 func (m *MemSlabs) Snapshot() [][]byte {
 	out := make([][]byte, len(m.mem))
