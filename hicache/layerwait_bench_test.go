@@ -20,8 +20,10 @@ import (
 // (issue 27 wants <= 1/16). Reported: ns/layer0, ns/whole and their ratio layer0/whole.
 func BenchmarkLayerWiseLoadBack(b *testing.B) {
 	const pages, pageTokens = 256, 16
-	// 32 layers of K and V, 256 bytes per token each: 4 KiB chunks, 256 KiB pages, 64 MiB a load.
-	kv, err := kvlayout.Parse("layers=32;k=256:sharded;v=256:sharded")
+	// 32 layers of K and V, 1 KiB per token each (Llama-3-8B's with 4 KV heads): 16 KiB chunks,
+	// 1 MiB pages, 256 MiB a load, so that the fixed cost of a step and of waking the copy
+	// worker (hundreds of µs on a loaded machine) does not stand in for a layer's copy.
+	kv, err := kvlayout.Parse("layers=32;k=1024:sharded;v=1024:sharded")
 	if err != nil {
 		b.Fatal(err)
 	}
