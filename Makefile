@@ -199,8 +199,9 @@ bench-summary:
 	  for (i = 2; i < NF; i++) { if ($$(i+1) ~ /^x-/) { x = $$i; base = substr($$(i+1), 3) } else if ($$(i+1) ~ /^cpu-x-/) cpu = $$i } \
 	  printf "  %-16s %6.2fx %s (CPU time: %.2fx)\n", name, x, base, cpu }' $(BENCH_OUT)
 	@echo "layer-wise load-back, 32 layers of 256 pages (issue 27 asks layer 0 ready in <= 1/16 of the whole load):"
-	@awk '/^BenchmarkLayerWiseLoadBack/ { for (i = 2; i < NF; i++) if ($$(i+1) == "layer0/whole") \
-	  printf "  layer 0 after %.3f of the whole load (1/%.0f)\n", $$i, 1 / $$i }' $(BENCH_OUT)
+	@awk '/^BenchmarkLayerWiseLoadBack\// { name = $$1; sub(/^BenchmarkLayerWiseLoadBack\//, "", name); sub(/-[0-9]+$$/, "", name); \
+	  for (i = 2; i < NF; i++) if ($$(i+1) == "layer0/whole") \
+	  printf "  %-16s layer 0 after %.3f of the whole load (1/%.0f)\n", name, $$i, 1 / $$i }' $(BENCH_OUT)
 
 # gpu-check builds the GPU test bundle in gpu-bundle/: test binaries of the GPU packages
 # (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at run time), the

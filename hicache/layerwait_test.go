@@ -3,11 +3,14 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/engine"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -269,5 +272,64 @@ func TestWaitL1LayerOnStream(t *testing.T) {
 		t.Fatalf("an engine without stream waits: %v, want ErrUnsupported", err)
 	} else {
 		t.Log(err)
+	}
+}
+
+// TestWaitL1LayerOnTheLayeredHostEngine: two CP ranks whose host engines copy into per-layer
+// L1 buffers (Config.L1): their load tickets report the layout's 4 layers, so every layer's
+// wait returns, a fifth layer is refused, a stream wait is unsupported (host memory), and the
+// loaded pages hold every chunk where it belongs.
+func TestWaitL1LayerOnTheLayeredHostEngine(t *testing.T) {
+	kv, err := kvlayout.Parse("layers=4;k=64:sharded;v=64:sharded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, rigConfig{
+		layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, opts: Options{PageSize: 4, L1Pages: 16},
+		pagesPerSlab: 16, pageBytes: 4 * 2 * 4 * 64, kvLayout: &kv, kvL1: true, l2Layout: kvmem.LayerFirst,
+	})
+	tokens := tokensN(300, 32)
+	requireWholeInsert(t, r, tokens)
+	evictL1All(t, r)
+	ms := make([]MatchResult, 2)
+	if err := r.each("load-back", func(i int, c *Cache) error {
+		m, err := c.Match(tokens)
+		if err != nil || m.HostPages != 8 {
+			return fmt.Errorf("match: %+v, %v; want 8 host pages", m, err)
+		}
+		ms[i] = m
+		_, err = c.LoadBack(m.Last)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.step(); err != nil { // starts the loads
+		t.Fatal(err)
+	}
+	for i, c := range r.caches {
+		for layer := range 4 {
+			if err := c.WaitL1Layer(context.Background(), ms[i].Last, layer); err != nil {
+				t.Fatalf("rank %d layer %d: %v", i, layer, err)
+			}
+		}
+		// The load is not agreed over before the next step: its ticket still answers.
+		if err := c.WaitL1Layer(context.Background(), ms[i].Last, 4); !errors.Is(err, ErrBadArgument) {
+			t.Fatalf("rank %d layer 4 of a 4-layer layout: %v, want ErrBadArgument", i, err)
+		}
+		if err := c.WaitL1LayerOn(ms[i].Last, 0, 0); !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("rank %d: a stream wait on host memory: %v, want ErrUnsupported", i, err)
+		}
+	}
+	for r.caches[0].LoadPending(ms[0].Last) {
+		if err := r.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := r.matchLoad(tokens, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m[0].DevicePages != 8 {
+		t.Fatalf("after the loads: %d pages in L1, want 8", m[0].DevicePages)
 	}
 }
