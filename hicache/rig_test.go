@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cpcache/cpcache/hicache/core"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/grouptest"
@@ -47,6 +48,10 @@ type rigConfig struct {
 	l3     L3Options
 	l3Hook func(rank int) func(ctx context.Context, kind core.StorageKind, seq uint64, chunk int) error
 	events EventOptions
+	// shareSlabs: the attention-TP ranks of a CP index share one slab (Config.ShareSlabs,
+	// with kvLayout, whose parts must all be replicated); every rank's KV content is shard 0's.
+	shareSlabs bool
+	kvLayout   *kvlayout.Layout
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -65,6 +70,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 	bySlabGroup := map[int]*kvtest.MemSlabs{}
 	for i, rank := range replica {
 		sg := l.SlabGroup(rank)
+		if rc.shareSlabs {
+			sg = l.SharedSlabGroup(rank)
+		}
 		ms := bySlabGroup[sg[0]]
 		if ms == nil {
 			ms = kvtest.NewMemSlabs(sg, rc.pagesPerSlab, rc.pageBytes)
@@ -72,6 +80,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		}
 		r.slabs[i] = ms
 		r.shards[i] = l.Coord(rank).TP
+		if rc.shareSlabs {
+			r.shards[i] = 0 // replicated parts: the same bytes on every TP rank
+		}
 	}
 	errs := r.all(func(i int) error {
 		var delay func(Transfer) time.Duration
@@ -94,6 +105,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
 			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail}, Events: rc.events,
+			ShareSlabs: rc.shareSlabs, KVLayout: rc.kvLayout,
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)
