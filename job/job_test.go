@@ -309,8 +309,9 @@ func TestKVLayoutReachesTheCache(t *testing.T) {
 func TestReplicatedLayoutSharesSlabs(t *testing.T) {
 	mla, err := kvlayout.Parse("layers=1;latent=16:replicated") // 4 tokens × 16 B = testLayout's 64-byte page
 	require.NoError(t, err)
+	tag := fmt.Sprintf("jobshare%d", time.Now().UnixNano()%1e6)
 	ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) {
-		c.KVLayout, c.Slabs, c.Tag = &mla, nil, fmt.Sprintf("jobshare%d", time.Now().UnixNano()%1e6)
+		c.KVLayout, c.Slabs, c.Tag = &mla, nil, tag
 	}))
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
