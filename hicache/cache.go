@@ -68,7 +68,8 @@ type Config struct {
 	// StorageNamespace is the namespace Storage was opened with (required with Storage;
 	// NewStorageNamespace builds one). It must name everything that changes a page's bytes
 	// (model, dtype, KV layout, page size, TP size); keys add the chained page hash and the
-	// slab group's TP index.
+	// slab group's TP index (0 on every rank with ShareSlabs: a replicated page is stored
+	// once).
 	StorageNamespace storage.Namespace
 	// L3 tunes the storage protocol.
 	L3 L3Options
