@@ -147,10 +147,12 @@ func openSet(ctx context.Context, group parallel.Group, spec Spec, makers []int)
 	}
 
 	s := &Set{group: group, spec: spec, makers: makers, slabs: make([]*Slab, len(slabMakers))}
+	if ownIndex >= 0 {
+		s.slabs[ownIndex] = own
+	}
 	status := ""
 	for i, r := range slabMakers {
 		if r == rank {
-			s.slabs[i] = own
 			continue
 		}
 		peer, err := openSlab(ctx, spec, r, offers[r].Handle, be)
