@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/hicache/kvtest"
@@ -175,5 +176,50 @@ func TestSharedSlabsConfigErrors(t *testing.T) {
 		Slabs: shared, ShareSlabs: true, KVLayout: sharded})
 	if !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("shared slabs with a sharded layout: %v, want ErrBadConfig", err)
+	}
+}
+
+// TestSharedSlabsRandomWorkload: the random workload on attention-TP 4 × CP 2 with shared
+// slabs and random per-rank copy delays (a writer often finishes after its readers): every
+// rank verifies every page it loads back (shard 0 content on every TP rank), the replicas
+// agree after every step, and the readers never copy into L2.
+func TestSharedSlabsRandomWorkload(t *testing.T) {
+	// 64-byte pages of 4 tokens: one replicated latent of 16 bytes per token.
+	mla := &kvlayout.Layout{NumLayers: 1, Parts: []kvlayout.Part{{Name: "latent", BytesPerToken: 16, Sharding: kvlayout.Replicated}}}
+	for _, policy := range []Policy{WriteThrough, WriteBack} {
+		t.Run(policy.String(), func(t *testing.T) {
+			steps := 800
+			if testing.Short() {
+				steps /= 4
+			}
+			r := newRig(t, rigConfig{
+				layout:       shareLayout,
+				opts:         Options{PageSize: 4, L1Pages: 64, Policy: policy, MinLoadPages: 2, LoadQuotaPages: 64},
+				pagesPerSlab: 24, pageBytes: 64, maxDelay: 300 * time.Microsecond, seed: 27,
+				shareSlabs: true, kvLayout: mla,
+			})
+			counts := r.workload(steps, 13, 300)
+			r.drain()
+			r.checkCollectives()
+			st := r.caches[0].Stats()
+			t.Logf("%v stats=%+v", counts, st.CoreStats)
+			if st.WrittenPages == 0 || st.LoadedPages == 0 || st.EvictedL2Pages == 0 {
+				t.Fatalf("workload did not exercise every tier: %+v", st.CoreStats)
+			}
+			var written int64
+			for i, c := range r.caches {
+				s := c.Stats()
+				if !r.layout.SharedSlabWriter(i) && s.PagesWritten != 0 {
+					t.Errorf("rank %d (a reader) copied %d pages into L2", i, s.PagesWritten)
+				}
+				if s.PagesLoaded == 0 {
+					t.Errorf("rank %d loaded nothing back", i)
+				}
+				written += s.PagesWritten
+			}
+			if written != st.WrittenPages {
+				t.Errorf("%d pages copied into L2 by the writers, the group backed up %d: want one copy each", written, st.WrittenPages)
+			}
+		})
 	}
 }
