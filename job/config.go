@@ -85,6 +85,10 @@ type Config struct {
 	// PageBytes, every rank gives an equal one, and its fingerprint joins the storage
 	// namespace.
 	KVLayout *kvlayout.Layout
+	// SeparateSlabs keeps one slab per rank even for a KVLayout whose every part is
+	// replicated across attention-TP (see SharesSlabs): attention-TP copies of every page in
+	// L2, as before slabs were shared.
+	SeparateSlabs bool
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -179,4 +183,14 @@ func (c *Config) check() error {
 		}
 	}
 	return nil
+}
+
+// SharesSlabs reports whether the ranks of a job with parallel layout l and KV layout kv
+// share slabs (hicache.Config.ShareSlabs): every part of kv is replicated across
+// attention-TP (MLA), attention-TP is above 1, and separate is not set
+// (Config.SeparateSlabs). The attention-TP ranks of a CP index then share one slab, made by
+// the TP-index-0 rank (parallel.Layout.SharedSlabGroup): one L2 copy per CP group instead of
+// attention-TP copies.
+func SharesSlabs(l *parallel.Layout, kv *kvlayout.Layout, separate bool) bool {
+	return !separate && l != nil && l.AttnTP > 1 && kv != nil && kv.AllReplicated()
 }

@@ -301,3 +301,44 @@ func TestKVLayoutReachesTheCache(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadValue)
 	assert.ErrorIs(t, err, kvlayout.ErrBadLayout)
 }
+
+// TestReplicatedLayoutSharesSlabs: with a KV layout whose every part is replicated (MLA) at
+// attention-TP 2, Open opens shared slabs over the replica group (2 slabs for 4 ranks, made
+// by the TP-0 ranks) and the cache takes them; a per-TP slab set is then the wrong scope;
+// SeparateSlabs keeps today's per-TP slabs.
+func TestReplicatedLayoutSharesSlabs(t *testing.T) {
+	mla, err := kvlayout.Parse("layers=1;latent=16:replicated") // 4 tokens × 16 B = testLayout's 64-byte page
+	require.NoError(t, err)
+	tag := fmt.Sprintf("jobshare%d", time.Now().UnixNano()%1e6)
+	ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) {
+		c.KVLayout, c.Slabs, c.Tag = &mla, nil, tag
+	}))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r, rk := range ranks {
+		assert.True(t, rk.SharedSlabs, "rank %d", r)
+		require.NotNil(t, rk.Set, "rank %d", r)
+		assert.True(t, rk.Set.Shared())
+		assert.Equal(t, []int{0, 2}, rk.Set.Ranks(), "rank %d: slabs made by the TP-0 ranks", r)
+		assert.Equal(t, rk.Layout.Coord(r).CP, rk.Cache.CPRank())
+		assert.Equal(t, map[int]int{0: 0, 2: 1, 1: -1, 3: -1}[r], rk.Set.Rank(), "rank %d's own slab", r)
+	}
+	for _, rk := range ranks {
+		assert.NoError(t, rk.Close())
+	}
+	// The per-TP slab groups with a replicated layout: the cache's scope check refuses them.
+	_, errs = openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout = &mla }))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		// Every rank's error names the cause (rank 1's scope error, agreed by New).
+		assert.Contains(t, err.Error(), "slab group slab[1,3] of rank 1 is not the layout's slab group slab[0,2]", "rank %d", r)
+	}
+	// SeparateSlabs: today's per-TP slabs.
+	ranks, errs = openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout, c.SeparateSlabs = &mla, true }))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.False(t, ranks[r].SharedSlabs)
+		assert.NoError(t, ranks[r].Close())
+	}
+}

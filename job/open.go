@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -32,8 +33,12 @@ type Rank struct {
 	Counted *parallel.Counted // the consensus group, counted (the cache's group)
 	Backend string            // the consensus backend: "shm" or "gloo" (or the in-process group's)
 	Slabs   hicache.SlabSet   // the L2 of this rank's slab group
-	Set     *slab.Set         // Slabs when Open opened them (nil with Config.Slabs)
-	Engine  hicache.Engine    // the copy engine Open made (nil with L1Cache: the cache's own)
+	// SharedSlabs: the attention-TP ranks of a CP index share one slab (SharesSlabs): Slabs
+	// is the layout's SharedSlabGroup, and this rank writes its slab only if it is the
+	// slab's maker (parallel.Layout.SharedSlabWriter).
+	SharedSlabs bool
+	Set         *slab.Set      // Slabs when Open opened them (nil with Config.Slabs)
+	Engine      hicache.Engine // the copy engine Open made (nil with L1Cache: the cache's own)
 	// HostEngine is Engine with a host L1 (L1HostAlloc, L1Host).
 	HostEngine *hostengine.Engine
 	L1Host     unsafe.Pointer // the host L1 pool (L1HostAlloc, L1Host)
@@ -109,6 +114,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
 	hc := hicache.Config{
 		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine, KVLayout: cfg.KVLayout,
+		ShareSlabs:  r.SharedSlabs,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
 	}
 	if r.Storage != nil {
@@ -296,6 +302,7 @@ func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
 	if cfg.BeforeSlabs != nil {
 		cfg.BeforeSlabs()
 	}
+	r.SharedSlabs = SharesSlabs(r.Layout, cfg.KVLayout, cfg.SeparateSlabs)
 	if cfg.Slabs != nil {
 		r.Slabs = cfg.Slabs
 		return nil
@@ -313,13 +320,34 @@ func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
 	if r.cudaSlabs != nil {
 		spec = r.cudaSlabs.Spec(spec) // the device backend and host pinner of CUDA IPC and pinned slabs
 	}
-	set, err := slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
+	var set *slab.Set
+	var err error
+	if r.SharedSlabs {
+		set, err = r.openSharedSlabs(ctx, spec)
+	} else {
+		set, err = slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
+	}
 	if err != nil {
 		return err
 	}
 	r.onClose(set.Close)
 	r.Set, r.Slabs = set, set
 	return nil
+}
+
+// openSharedSlabs opens the shared slabs over the replica group (every rank that maps
+// them): the makers are the layout's SharedSlabGroup, at their replica-group positions.
+func (r *Rank) openSharedSlabs(ctx context.Context, spec slab.Spec) (*slab.Set, error) {
+	replica := r.Groups.Group(parallel.KindReplica)
+	if replica == nil {
+		return nil, fmt.Errorf("%w: shared slabs need the replica group", ErrBadValue)
+	}
+	members := replica.Ranks()
+	var makers []int
+	for _, m := range r.Layout.SharedSlabGroup(r.World.Rank()) {
+		makers = append(makers, slices.Index(members, m))
+	}
+	return slab.OpenSharedSet(ctx, replica, spec, makers)
 }
 
 // openEngine makes the copy engine over the L1 pool (none with L1Cache), agreed by every

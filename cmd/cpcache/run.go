@@ -140,6 +140,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&o.policy, "policy", def.Policy.String(), "write policy: write_through, write_through_selective or write_back")
 	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", def.KVBytesPerToken, "bytes of KV one rank holds per token (its shard); with --model: the model's, and another value is an error")
 	fs.StringVar(&cfg.Model, "model", "", "the KV layout: a preset ("+strings.Join(kvlayout.PresetNames(), ", ")+") or layers=N;name=bytes:sharded|replicated;... (bytes per token of the whole part); sets --kv-bytes-per-token to one rank's share at the attention-TP size, is compared across ranks and keys the storage namespace")
+	fs.BoolVar(&cfg.SeparateL2, "separate-l2", false, "keep one L2 slab per rank even when every part of --model is replicated across attention-TP (MLA); by default the attention-TP ranks of a CP index then share one slab, one L2 copy per CP group")
 	fs.IntVar(&cfg.BatchTokens, "batch-tokens", def.BatchTokens, "prefill token budget of one scheduler step")
 	fs.IntVar(&cfg.MaxRunning, "max-running", def.MaxRunning, "requests decoding at once in each DP replica")
 	fs.StringVar(&cfg.Workload, "workload", def.Workload, "synthetic or trace")

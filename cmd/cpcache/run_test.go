@@ -150,6 +150,20 @@ func TestRunModel(t *testing.T) {
 	assert.Contains(t, out, "  kv layout            deepseek-v3 (70272 B/token per rank, 1124352 B/page)\n")
 }
 
+// TestRunModelSharedL2: --model deepseek-v3 at attention-TP 2 × CP 2 in four processes: the
+// TP ranks of a CP index share one slab (two slabs for the job, made by the TP-0 ranks over
+// the replica group), every rank verifies what it loads, and the report says so.
+func TestRunModelSharedL2(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, "--world", "4", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
+		"--model", "deepseek-v3", "--l1-pages", "112", "--l2-pages", "128")
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Contains(t, rep.Layout, "attn_tp=2")
+	page := int64(16 * 61 * 1152)
+	assert.Equal(t, report.L2Memory{Shared: true, Copies: 1, BytesPerPage: page, Slabs: 2, Bytes: 2 * 128 * page}, rep.L2)
+	assert.Contains(t, out, "(slabs: 2, attention-TP ranks share a slab)")
+	assert.Positive(t, rep.PagesVerified)
+}
+
 func TestRunCP8On8Ranks(t *testing.T) {
 	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...)...)
 	requireHealthy(t, status, rep, out, errOut)

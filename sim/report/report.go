@@ -17,6 +17,8 @@ type Report struct {
 	Workload         string `json:"workload"`
 	// KVLayout is the run's KV layout (cpcache run --model); nil when pages are opaque.
 	KVLayout *KVLayout `json:"kv_layout,omitempty"`
+	// L2 is what the job's L2 slabs take (zero when the producer does not say).
+	L2 L2Memory `json:"l2"`
 
 	Requests     int64   `json:"requests"`
 	InputTokens  int64   `json:"input_tokens"`
@@ -111,6 +113,16 @@ type KVLayout struct {
 	PageBytes     int64  `json:"page_bytes"`      // one rank's bytes of one page
 }
 
+// L2Memory is what a job's L2 takes: with shared slabs (an MLA layout at attention-TP > 1)
+// one copy of each page per CP group, else one per attention-TP rank.
+type L2Memory struct {
+	Shared       bool  `json:"shared"`         // the attention-TP ranks of a CP index share one slab
+	Copies       int   `json:"copies"`         // L2 copies of each sequence page
+	BytesPerPage int64 `json:"bytes_per_page"` // L2 bytes holding one sequence page, every copy
+	Slabs        int   `json:"slabs"`          // slabs of the whole job
+	Bytes        int64 `json:"bytes"`          // L2 bytes of the whole job (every slab)
+}
+
 // WriteJSON writes r as indented JSON.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
@@ -128,6 +140,13 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
 	if kv := r.KVLayout; kv != nil {
 		fmt.Fprintf(w, "  kv layout            %s (%d B/token per rank, %d B/page)\n", kv.Name, kv.BytesPerToken, kv.PageBytes)
+	}
+	if m := r.L2; m.Slabs > 0 {
+		how := "one slab per rank"
+		if m.Shared {
+			how = "attention-TP ranks share a slab"
+		}
+		fmt.Fprintf(w, "  L2 memory            %d B per page (copies: %d), %d B in all (slabs: %d, %s)\n", m.BytesPerPage, m.Copies, m.Bytes, m.Slabs, how)
 	}
 	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
@@ -45,6 +46,10 @@ type Config struct {
 	// bytes at the layout's attention-TP size); a KVBytesPerToken of another value is bad
 	// input.
 	Model string
+	// SeparateL2 (--separate-l2) keeps one L2 slab per rank even when every part of Model is
+	// replicated across attention-TP (job.Config.SeparateSlabs): attention-TP copies of every
+	// page, as before the TP ranks of a CP index shared one slab.
+	SeparateL2 bool
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
@@ -416,6 +421,31 @@ func (p *Plan) ReplicaRequests(dp int) []workload.Request {
 		}
 	}
 	return out
+}
+
+// SharesL2 reports whether the plan's attention-TP ranks of a CP index share one L2 slab
+// (job.SharesSlabs: every part of the model replicated, attention-TP > 1, no --separate-l2).
+func (p *Plan) SharesL2() bool { return job.SharesSlabs(p.Layout, p.KVLayout, p.Config.SeparateL2) }
+
+// KVShard is the tensor-parallel shard of rank tp's KV content: 0 on every rank when the
+// slabs are shared (the same bytes on every TP rank), else tp.
+func (p *Plan) KVShard(tp int) int {
+	if p.SharesL2() {
+		return 0
+	}
+	return tp
+}
+
+// l2Memory is the report's account of the job's L2: copies of each page, bytes holding one
+// sequence page, and every slab's bytes.
+func (p *Plan) l2Memory() report.L2Memory {
+	l, c := p.Layout, &p.Config
+	copies, slabs := l.AttnTP, l.Config.World
+	if p.SharesL2() {
+		copies, slabs = 1, l.AttnDP*l.AttnCP
+	}
+	return report.L2Memory{Shared: p.SharesL2(), Copies: copies, Slabs: slabs,
+		BytesPerPage: int64(copies) * int64(c.PageBytes()), Bytes: int64(slabs) * int64(c.L2Pages) * int64(c.PageBytes())}
 }
 
 // kvLayoutReport is the report's account of the plan's KV layout (nil without one).

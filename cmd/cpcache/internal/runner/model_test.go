@@ -93,3 +93,41 @@ func TestAgreeModel(t *testing.T) {
 	rep.WriteText(&buf)
 	assert.Contains(t, buf.String(), "  kv layout            layers=1;k=4:sharded;v=4:sharded (8 B/token per rank, 64 B/page)\n")
 }
+
+// TestSharedL2DeepSeek: --model deepseek-v3 (one replicated MLA latent) at attention-TP 4 ×
+// CP 2: the TP ranks of a CP index share one slab, so the report's L2 bytes per page and the
+// job's L2 bytes are 0.25× those of the same run with --separate-l2, L2 pages written are a
+// quarter (only the TP-0 ranks write), and the runs serve the same hits with no bad page.
+func TestSharedL2DeepSeek(t *testing.T) {
+	lc := parallel.LayoutConfig{World: 8, AttnCP: 2}
+	run := func(separate bool) *report.Report {
+		p := smallPlan(t, lc, func(c *Config) {
+			c.Model, c.KVBytesPerToken, c.SeparateL2 = "deepseek-v3", 0, separate
+			c.PageSize, c.L1Pages, c.L2Pages = 4, 32, 64
+			c.Synthetic.Clients, c.Synthetic.Rounds, c.Synthetic.SystemTokens, c.Synthetic.QuestionTokens, c.Synthetic.AnswerTokens = 4, 3, 16, 16, 4
+		})
+		require.Equal(t, 4, p.Layout.AttnTP)
+		assert.Equal(t, !separate, p.SharesL2())
+		return inProcessReport(t, p)
+	}
+	shared, separate := run(false), run(true)
+	for _, rep := range []*report.Report{shared, separate} {
+		assert.Zero(t, rep.BadPages)
+		assert.Zero(t, rep.DigestMismatches)
+		assert.Positive(t, rep.PagesVerified)
+		assert.Positive(t, rep.TokensHitL2, "the workload loads pages back from L2")
+	}
+	page := int64(61 * 576 * 2 * 4) // DeepSeek-V3: 61 layers × 576 bf16 values per token, 4 tokens
+	assert.Equal(t, report.L2Memory{Shared: true, Copies: 1, BytesPerPage: page, Slabs: 2, Bytes: 2 * 64 * page}, shared.L2)
+	assert.Equal(t, report.L2Memory{Shared: false, Copies: 4, BytesPerPage: 4 * page, Slabs: 8, Bytes: 8 * 64 * page}, separate.L2)
+	assert.Equal(t, 0.25, float64(shared.L2.BytesPerPage)/float64(separate.L2.BytesPerPage), "L2 bytes per page")
+	assert.Equal(t, 0.25, float64(shared.L2.Bytes)/float64(separate.L2.Bytes), "the job's L2 bytes")
+	assert.Equal(t, separate.TokensHitL2, shared.TokensHitL2, "the same decisions")
+	assert.Equal(t, separate.PagesLoadedL2, shared.PagesLoadedL2, "every TP rank loads back into its own L1")
+	assert.Positive(t, shared.PagesWrittenL2)
+	assert.Equal(t, separate.PagesWrittenL2, 4*shared.PagesWrittenL2, "only the TP-0 ranks write the shared slab")
+	var text bytes.Buffer
+	shared.WriteText(&text)
+	assert.Contains(t, text.String(), "L2 memory            281088 B per page (copies: 1), 35979264 B in all (slabs: 2, attention-TP ranks share a slab)")
+	t.Logf("shared: %d B/page, %d B in all; separate: %d B/page, %d B in all", shared.L2.BytesPerPage, shared.L2.Bytes, separate.L2.BytesPerPage, separate.L2.Bytes)
+}

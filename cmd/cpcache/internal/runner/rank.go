@@ -109,7 +109,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		defer func() { err = errors.Join(err, pub.close(cache)) }()
 	}
 	lv := &live{}
-	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	sched := newScheduler(cache, cfg, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), lv)
 	if kv := mem.deviceKV(); kv != nil {
 		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
 	}
@@ -221,7 +221,7 @@ func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *mem
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *report.Report {
-	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage), KVLayout: p.kvLayoutReport()}
+	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage), KVLayout: p.kvLayoutReport(), L2: p.l2Memory()}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {

@@ -81,6 +81,15 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			slabs[r] = ms
 		}
 	}
+	if p.SharesL2() {
+		// The TP ranks of a DP block share the slabs of its TP-0 ranks.
+		for _, ranks := range l.Groups(parallel.KindReplica) {
+			ms := kvtest.NewMemSlabs(l.SharedSlabGroup(ranks[0]), p.Config.L2Pages, p.Config.PageBytes())
+			for _, r := range ranks {
+				slabs[r] = ms
+			}
+		}
+	}
 	out := make([]rankOutcome, W)
 	var wg sync.WaitGroup
 	for rank := range W {
@@ -107,7 +116,7 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			defer rk.Close()
 			cache, counted := rk.Cache, rk.Counted
 			coord := l.Coord(rank)
-			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
+			s := newScheduler(cache, &p.Config, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), &live{})
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.Misses = newMissTracker(&p.Config)
