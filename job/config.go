@@ -11,6 +11,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -85,6 +86,15 @@ type Config struct {
 	// PageBytes, every rank gives an equal one, and its fingerprint joins the storage
 	// namespace.
 	KVLayout *kvlayout.Layout
+	// KVL1, when set, is the engine's KV memory as per-(layer, part) buffers of KVLayout
+	// (kvmem.NewL1, at the layout's attention-TP size and PageTokens tokens, at least L1Pages
+	// slots) instead of a flat pool of opaque pages: host buffers with L1 L1Cache (the cache's
+	// default host engine copies between them and the slabs, hicache.Config.L1), device buffers
+	// with L1 L1Device (cudaengine.NewKV over them; Open allocates no pool). Nil: a flat pool.
+	KVL1 *kvmem.L1
+	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
+	// kvmem.PageFirst). LayerFirst needs KVL1. Agreed by every rank in hicache.New.
+	L2Layout kvmem.L2Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -178,5 +188,48 @@ func (c *Config) check() error {
 			return fmt.Errorf("%w: KV layout: %w", ErrBadValue, err)
 		}
 	}
+	return c.checkKVL1(bad)
+}
+
+// checkKVL1 rejects a per-layer L1 or an L2 layout that does not fit the rest of c, naming
+// what differs, before any collective (the attention-TP size, known once the layout is
+// built, is checked with the engine: makeEngine).
+func (c *Config) checkKVL1(bad func(format string, args ...any) error) error {
+	if c.L2Layout != 0 && !c.L2Layout.Valid() {
+		return bad("L2 layout %d (want %s or %s)", int(c.L2Layout), kvmem.PageFirst, kvmem.LayerFirst)
+	}
+	if c.KVL1 == nil {
+		if c.L2Layout == kvmem.LayerFirst {
+			return bad("a %s L2 needs an L1 of per-layer buffers (KVL1)", kvmem.LayerFirst)
+		}
+		return nil
+	}
+	s := c.KVL1.Shape()
+	switch {
+	case c.KVLayout == nil:
+		return bad("an L1 of per-layer buffers (%s) needs its KV layout (KVLayout)", s)
+	case c.L1 != L1Cache && c.L1 != L1Device:
+		return bad("an L1 of per-layer buffers needs L1 kind L1Cache (host buffers) or L1Device (device buffers), not %d", int(c.L1))
+	case c.KVL1.Device() != (c.L1 == L1Device):
+		return bad("the per-layer L1 buffers are in %s memory, the L1 kind %d needs %s memory", memoryName(c.KVL1.Device()), int(c.L1), memoryName(c.L1 == L1Device))
+	case c.L1Base != nil:
+		return bad("an L1 of per-layer buffers with an L1Base pool as well")
+	case c.KVL1.Slots() < c.L1Pages:
+		return bad("the per-layer L1 has %d page slots, L1Pages is %d", c.KVL1.Slots(), c.L1Pages)
+	case s.PageTokens() != c.PageTokens:
+		return bad("the per-layer L1 has %d-token pages, PageTokens is %d", s.PageTokens(), c.PageTokens)
+	case s.PageBytes() != int64(c.PageBytes):
+		return bad("a page of the per-layer L1 takes %d bytes, PageBytes is %d", s.PageBytes(), c.PageBytes)
+	}
+	if d := s.Layout().Diff(*c.KVLayout); d != "" {
+		return bad("the per-layer L1's layout differs from KVLayout: %s", d)
+	}
 	return nil
+}
+
+func memoryName(device bool) string {
+	if device {
+		return "device"
+	}
+	return "host"
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -39,7 +40,11 @@ type Rank struct {
 	L1Host     unsafe.Pointer // the host L1 pool (L1HostAlloc, L1Host)
 	Device     *cuda.Device   // nil without CUDA
 	DeviceName string
-	L1Device   cuda.DevicePtr // the device L1 pool (L1Device)
+	L1Device   cuda.DevicePtr // the device L1 pool (L1Device without KVL1)
+	// KVL1 is Config.KVL1 (the engine's per-layer L1 buffers), L2Layout the slabs' layout
+	// (Config.L2Layout, 0 taken as kvmem.PageFirst).
+	KVL1     *kvmem.L1
+	L2Layout kvmem.L2Layout
 	Storage    storage.Storage
 	Namespace  storage.Namespace
 
@@ -109,6 +114,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
 	hc := hicache.Config{
 		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine, KVLayout: cfg.KVLayout,
+		L1: cfg.KVL1, L2Layout: cfg.L2Layout,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
 	}
 	if r.Storage != nil {
@@ -231,7 +237,7 @@ func (r *Rank) openCUDA(cfg *Config) error {
 	if r.DeviceName, err = r.Device.Name(); err != nil {
 		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
 	}
-	if cfg.L1 == L1Device {
+	if cfg.L1 == L1Device && cfg.KVL1 == nil {
 		if cfg.L1Base != nil {
 			r.L1Device = cuda.DevicePtr(uintptr(cfg.L1Base))
 		} else {
@@ -332,15 +338,32 @@ func (r *Rank) openEngine(ctx context.Context, cfg *Config) error {
 
 func (r *Rank) makeEngine(cfg *Config) error {
 	size := cfg.L1Pages * cfg.PageBytes
+	r.KVL1, r.L2Layout = cfg.KVL1, cfg.L2Layout
+	if r.L2Layout == 0 {
+		r.L2Layout = kvmem.PageFirst
+	}
+	if cfg.KVL1 != nil && cfg.KVL1.Shape().AttnTP() != r.Layout.AttnTP {
+		return fmt.Errorf("%w: the per-layer L1 is shaped for attention-TP %d, the layout %s has attention-TP %d",
+			ErrBadValue, cfg.KVL1.Shape().AttnTP(), r.Layout, r.Layout.AttnTP)
+	}
 	var e hicache.Engine
 	switch cfg.L1 {
 	case L1Cache:
-		return nil
+		return nil // the cache's own host engine (over KVL1 when set)
 	case L1Device:
 		if r.Set == nil {
 			return fmt.Errorf("%w: a device L1 needs slabs Open opens", ErrBadValue)
 		}
-		ce, err := cudaengine.New(r.Device, r.L1Device, cfg.L1Pages, cfg.PageBytes, cudaengine.DevicePageAddr(r.Set), cudaengine.Options{})
+		var ce *cudaengine.Engine
+		var err error
+		if cfg.KVL1 != nil {
+			var kv cudaengine.KV
+			if kv, err = cudaengine.KVOf(cfg.KVL1, r.L2Layout, cfg.L2Pages, cudaengine.DevicePageAddr(r.Set)); err == nil {
+				ce, err = cudaengine.NewKV(r.Device, kv, cudaengine.Options{})
+			}
+		} else {
+			ce, err = cudaengine.New(r.Device, r.L1Device, cfg.L1Pages, cfg.PageBytes, cudaengine.DevicePageAddr(r.Set), cudaengine.Options{})
+		}
 		if err != nil {
 			return err
 		}
