@@ -43,10 +43,10 @@ type Rank struct {
 	L1Device   cuda.DevicePtr // the device L1 pool (L1Device without KVL1)
 	// KVL1 is Config.KVL1 (the engine's per-layer L1 buffers), L2Layout the slabs' layout
 	// (Config.L2Layout, 0 taken as kvmem.PageFirst).
-	KVL1     *kvmem.L1
-	L2Layout kvmem.L2Layout
-	Storage    storage.Storage
-	Namespace  storage.Namespace
+	KVL1      *kvmem.L1
+	L2Layout  kvmem.L2Layout
+	Storage   storage.Storage
+	Namespace storage.Namespace
 
 	cudaSlabs *cudaslab.Backend // CUDA IPC and pinned slabs' backends (nil without CUDA)
 	closers   []func() error
