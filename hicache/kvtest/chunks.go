@@ -134,26 +134,38 @@ func FillL1Page(l1 *kvmem.L1, slot int32, pageHash uint64, index, shard int) err
 // CheckL1Page verifies that slot of a host L1 holds FillL1Page's content; the error is a
 // *ChunkError naming the first bad byte's layer, part and offset.
 func CheckL1Page(l1 *kvmem.L1, slot int32, pageHash uint64, index, shard int) error {
+	for layer := range l1.Shape().Layers() {
+		if err := CheckL1Layer(l1, slot, layer, pageHash, index, shard); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckL1Layer is CheckL1Page for one layer's chunks: what a layer's attention reads once a
+// layer-wise load says that layer landed.
+func CheckL1Layer(l1 *kvmem.L1, slot int32, layer int, pageHash uint64, index, shard int) error {
 	s := l1.Shape()
-	for layer := range s.Layers() {
-		for part := range s.Parts() {
-			cs := chunkSeed(pageHash, index, layer, part, shard)
-			var bad *ChunkError
-			err := eachToken(l1, slot, layer, part, func(b []byte, off int64) {
-				if bad != nil {
-					return
-				}
-				if at, want := checkAt(b, cs, off); at >= 0 {
-					bad = &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
-						PartName: s.PartName(part), Offset: at, Got: b[at-off], Want: want}
-				}
-			})
-			if err != nil {
-				return err
-			}
+	if layer < 0 || layer >= s.Layers() {
+		return fmt.Errorf("kvtest: layer %d outside the %d layers of the L1", layer, s.Layers())
+	}
+	for part := range s.Parts() {
+		cs := chunkSeed(pageHash, index, layer, part, shard)
+		var bad *ChunkError
+		err := eachToken(l1, slot, layer, part, func(b []byte, off int64) {
 			if bad != nil {
-				return bad
+				return
 			}
+			if at, want := checkAt(b, cs, off); at >= 0 {
+				bad = &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
+					PartName: s.PartName(part), Offset: at, Got: b[at-off], Want: want}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if bad != nil {
+			return bad
 		}
 	}
 	return nil
