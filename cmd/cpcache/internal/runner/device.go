@@ -7,6 +7,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/sim/sched"
@@ -80,6 +81,7 @@ type memory struct {
 	l1      cuda.DevicePtr
 	staging *cuda.HostBuffer
 	timed   *timedEngine
+	kvL1    *kvmem.L1 // a host run's per-layer L1 (with --model), lent to the cache's engine
 }
 
 // jobMemory sets the memory kinds of jc from the run's: host runs leave the L1 to the cache

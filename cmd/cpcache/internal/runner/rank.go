@@ -113,6 +113,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if kv := mem.deviceKV(); kv != nil {
 		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
 	}
+	if mem.kvL1 != nil {
+		sched.Layered = layeredKV{mem.kvL1} // the engine's per-layer buffers (--model on a host run)
+	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
 		sched.Faults = faults
@@ -256,6 +259,9 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 		r.DigestChecks += x.DigestChecks
 		r.DigestMismatches += x.DigestMismatches
 		r.PagesVerified += x.Local.PagesVerified
+		if r.KVLayout != nil {
+			r.KVLayout.LayerWaits += x.Local.LayerWaits
+		}
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
 		r.StoragePagesRead += x.StorageRead

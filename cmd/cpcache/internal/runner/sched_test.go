@@ -99,6 +99,11 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if opts.wrapStorage != nil {
 				jc.WrapStorage = func(st storage.Storage) storage.Storage { return opts.wrapStorage(rank, st) }
 			}
+			kvL1, err := p.kvMemory(&jc) // as openRank: a host run with --model lends per-layer buffers
+			if err != nil {
+				o.err = err
+				return
+			}
 			rk, err := job.Open(ctx, jc)
 			if err != nil {
 				o.err = err
@@ -108,6 +113,9 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			cache, counted := rk.Cache, rk.Counted
 			coord := l.Coord(rank)
 			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
+			if kvL1 != nil {
+				s.Layered = layeredKV{kvL1}
+			}
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.Misses = newMissTracker(&p.Config)
