@@ -126,11 +126,15 @@ func (m *memory) deviceKV() sched.KV {
 
 // corrupter returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
 // slab, once, through the host mapping or the device.
-func (m *memory) corrupter(set *slab.Set, cpRank int) func(hicache.NodeInfo) {
+func (m *memory) corrupter(p *Plan, set *slab.Set, cpRank int) func(hicache.NodeInfo) {
 	done := false
 	return func(n hicache.NodeInfo) {
 		for _, pg := range n.L2 {
 			if done || pg.Slab != cpRank {
+				continue
+			}
+			if m.kvL1 != nil { // a host run's per-layer L1: the page's own bytes in either L2 layout
+				done = p.damageL2Page(set, pg) == nil
 				continue
 			}
 			done = m.flipByte(set, pg) == nil

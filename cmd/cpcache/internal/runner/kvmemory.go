@@ -3,9 +3,11 @@ package runner
 import (
 	"fmt"
 
+	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/job"
+	"github.com/cpcache/cpcache/slab"
 )
 
 // L2 layouts (--l2-layout) and L1 buffer kinds (--l1-buffers).
@@ -123,4 +125,28 @@ func (k layeredKV) FillPage(slot int32, pageHash uint64, index, shard int) error
 
 func (k layeredKV) CheckLayer(slot int32, layer int, pageHash uint64, index, shard int) error {
 	return kvtest.CheckL1Layer(k.l1, slot, layer, pageHash, index, shard)
+}
+
+// damageL2Page flips one byte of L2 page pg's own bytes in its host slab (EnvCorruptRank and
+// the tests' corrupt rank): the middle byte of its chunk (layer 0, part 0), wherever the L2
+// layout puts it (a layer_first L2 spreads a page over its slab).
+func (p *Plan) damageL2Page(hs engine.HostSlabMemory, pg slab.Page) error {
+	lay, err := p.Config.l2Layout()
+	if err != nil {
+		return err
+	}
+	shape, err := kvmem.NewShape(*p.KVLayout, p.Layout.AttnTP, p.Config.PageSize)
+	if err != nil {
+		return err
+	}
+	mem, err := hs.SlabMemory(pg.Slab)
+	if err != nil {
+		return err
+	}
+	off, err := shape.L2ChunkOffset(lay, hs.PagesPerSlab(), pg.Index, 0, 0)
+	if err != nil {
+		return err
+	}
+	mem[off+shape.ChunkBytes(0)/2] ^= 0x5a
+	return nil
 }

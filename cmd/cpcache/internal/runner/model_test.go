@@ -188,3 +188,18 @@ func TestKVMemoryFlags(t *testing.T) {
 		assert.Contains(t, err.Error(), "--l2-layout differs between the ranks of the job: page_first on rank 0, layer_first on rank 1")
 	}
 }
+
+// TestCorruptLayeredL2PageIsNamed: a byte of layer 0 of the L2 pages rank 0 owns of a node,
+// damaged before the node's load, is found by the layer-wise check, in either L2 layout,
+// naming the layer and part; rank 1 loads only its own pages and finds none.
+func TestCorruptLayeredL2PageIsNamed(t *testing.T) {
+	for _, lay := range []string{L2PageFirst, L2LayerFirst} {
+		p := modelPlan(t, "llama-3-8b", lay, "")
+		out := runInProcessWith(t, p, inProcessOptions{corruptRank: 0, corruptNode: true})
+		require.NoError(t, out[0].err, "%s: a bad page does not stop the run", lay)
+		require.Error(t, out[0].firstBad, lay)
+		assert.Regexp(t, `request \d+: page \d+ loaded from L2 is wrong: kvtest: page \d+ .*: layer 0 part 0 \("k"\)`, out[0].firstBad.Error(), lay)
+		assert.Positive(t, out[0].local.BadPages, lay)
+		assert.NoError(t, out[1].firstBad, "%s: rank 1 loads only its own pages", lay)
+	}
+}

@@ -127,7 +127,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.Corrupt = mem.corrupter(rk.Set, cache.CPRank())
+		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)

@@ -53,6 +53,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 // inProcessOptions are runInProcessWith's hooks into each rank.
 type inProcessOptions struct {
 	corruptRank int // -1: none (see runInProcess)
+	// corruptNode: with per-layer pages the corrupt rank damages every page it owns of the first
+	// node it loads, not one (one page may be left to compute when L1 has no room for it).
+	corruptNode bool
 	// wrapStorage, if set, wraps each rank's storage handle (faults of the store).
 	wrapStorage func(rank int, st storage.Storage) storage.Storage
 	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
@@ -130,12 +133,20 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if rank == corruptRank {
 				done := false
 				s.Corrupt = func(n hicache.NodeInfo) {
+					if done {
+						return
+					}
 					for _, pg := range n.L2 {
-						if !done && pg.Slab == cache.CPRank() {
+						if pg.Slab != cache.CPRank() || (done && !opts.corruptNode) {
+							continue
+						}
+						if kvL1 != nil { // per-layer pages: layer 0 of the page's own bytes in either L2 layout
+							require.NoError(t, p.damageL2Page(slabs[rank], pg))
+						} else {
 							b, _ := slabs[rank].Page(pg)
 							b[3] ^= 1
-							done = true
 						}
+						done = true
 					}
 				}
 			}
