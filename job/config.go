@@ -92,6 +92,10 @@ type Config struct {
 	// default host engine copies between them and the slabs, hicache.Config.L1), device buffers
 	// with L1 L1Device (cudaengine.NewKV over them; Open allocates no pool). Nil: a flat pool.
 	KVL1 *kvmem.L1
+	// DeviceKVL1, with L1 L1Device, KVLayout and no KVL1 or L1Base: Open allocates the L1 on
+	// the device as SGLang-style token-slot buffers, one per layer and part of L1Pages page
+	// slots (Rank.KVL1), instead of one pool of whole pages.
+	DeviceKVL1 bool
 	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
 	// kvmem.PageFirst). LayerFirst needs KVL1. Agreed by every rank in hicache.New.
 	L2Layout kvmem.L2Layout
@@ -197,6 +201,15 @@ func (c *Config) check() error {
 func (c *Config) checkKVL1(bad func(format string, args ...any) error) error {
 	if c.L2Layout != 0 && !c.L2Layout.Valid() {
 		return bad("L2 layout %d (want %s or %s)", int(c.L2Layout), kvmem.PageFirst, kvmem.LayerFirst)
+	}
+	if c.DeviceKVL1 {
+		switch {
+		case c.L1 != L1Device || c.KVLayout == nil:
+			return bad("per-layer device L1 buffers need a device L1 (L1Device) and a KV layout")
+		case c.KVL1 != nil || c.L1Base != nil:
+			return bad("per-layer device L1 buffers Open allocates, and the caller's L1 as well")
+		}
+		return nil
 	}
 	if c.KVL1 == nil {
 		if c.L2Layout == kvmem.LayerFirst {

@@ -352,15 +352,17 @@ func TestKVL1ReachesTheCache(t *testing.T) {
 	other, err := kvlayout.Parse("layers=2;k=8:sharded;x=8:sharded")
 	require.NoError(t, err)
 	cases := map[string]func(*Config){
-		"a layer_first L2 needs an L1 of per-layer buffers":     func(c *Config) { c.KVL1, c.L2Layout = nil, kvmem.LayerFirst },
-		"L2 layout 7 (want page_first or layer_first)":          func(c *Config) { c.L2Layout = 7 },
-		"needs its KV layout (KVLayout)":                        func(c *Config) { c.KVLayout = nil },
-		"the per-layer L1 has 4 page slots, L1Pages is 8":       func(c *Config) { c.KVL1 = l1Of(2, 4) },
-		"the per-layer L1 buffers are in host memory":           func(c *Config) { c.L1, c.L2 = L1Device, L2Pinned },
-		"needs L1 kind L1Cache (host buffers) or L1Device":      func(c *Config) { c.L1 = L1HostAlloc },
-		"the per-layer L1 has 4-token pages, PageTokens is 8":   func(c *Config) { c.PageTokens = 8 },
-		"a page of the per-layer L1 takes 64 bytes, PageBytes":  func(c *Config) { c.PageBytes = 128 },
-		"the per-layer L1's layout differs from KVLayout: part": func(c *Config) { c.KVLayout = &other },
+		"a layer_first L2 needs an L1 of per-layer buffers":                       func(c *Config) { c.KVL1, c.L2Layout = nil, kvmem.LayerFirst },
+		"L2 layout 7 (want page_first or layer_first)":                            func(c *Config) { c.L2Layout = 7 },
+		"needs its KV layout (KVLayout)":                                          func(c *Config) { c.KVLayout = nil },
+		"the per-layer L1 has 4 page slots, L1Pages is 8":                         func(c *Config) { c.KVL1 = l1Of(2, 4) },
+		"the per-layer L1 buffers are in host memory":                             func(c *Config) { c.L1, c.L2 = L1Device, L2Pinned },
+		"needs L1 kind L1Cache (host buffers) or L1Device":                        func(c *Config) { c.L1 = L1HostAlloc },
+		"the per-layer L1 has 4-token pages, PageTokens is 8":                     func(c *Config) { c.PageTokens = 8 },
+		"a page of the per-layer L1 takes 64 bytes, PageBytes":                    func(c *Config) { c.PageBytes = 128 },
+		"the per-layer L1's layout differs from KVLayout: part":                   func(c *Config) { c.KVLayout = &other },
+		"per-layer device L1 buffers need a device L1 (L1Device) and a KV layout": func(c *Config) { c.DeviceKVL1, c.KVL1 = true, nil },
+		"per-layer device L1 buffers Open allocates, and the caller's L1 as well": func(c *Config) { c.DeviceKVL1, c.L1, c.L2 = true, L1Device, L2Pinned },
 	}
 	for want, edit := range cases {
 		cfgs := inProcess(t, func(_ int, c *Config) { c.KVLayout, c.KVL1 = &kv, l1Of(2, 8) })

@@ -237,7 +237,11 @@ func (r *Rank) openCUDA(cfg *Config) error {
 	if r.DeviceName, err = r.Device.Name(); err != nil {
 		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
 	}
-	if cfg.L1 == L1Device && cfg.KVL1 == nil {
+	if cfg.DeviceKVL1 {
+		if err := r.allocDeviceKVL1(cfg); err != nil {
+			return err
+		}
+	} else if cfg.L1 == L1Device && cfg.KVL1 == nil {
 		if cfg.L1Base != nil {
 			r.L1Device = cuda.DevicePtr(uintptr(cfg.L1Base))
 		} else {
@@ -257,6 +261,33 @@ func (r *Rank) openCUDA(cfg *Config) error {
 		if closeFn != nil {
 			r.onClose(closeFn)
 		}
+	}
+	return nil
+}
+
+// allocDeviceKVL1 allocates Config.DeviceKVL1's buffers on the rank's device and sets
+// cfg.KVL1 to them (the engine step takes it from there).
+func (r *Rank) allocDeviceKVL1(cfg *Config) error {
+	shape, err := kvmem.NewShape(*cfg.KVLayout, r.Layout.AttnTP, cfg.PageTokens)
+	if err != nil {
+		return fmt.Errorf("%w: per-layer device L1: %w", ErrBadValue, err)
+	}
+	var bufs []kvmem.Buffer
+	for l := range shape.Layers() {
+		for j := range shape.Parts() {
+			size := int64(cfg.L1Pages) * shape.ChunkBytes(j)
+			buf, err := r.Device.Alloc(int(size))
+			if err != nil {
+				return fmt.Errorf("job: L1 buffer of layer %d part %d (%d bytes) on device %d: %w", l, j, size, r.Device.Ordinal(), err)
+			}
+			r.onClose(buf.Close)
+			bpt := int64(shape.PartBytesPerToken(j))
+			bufs = append(bufs, kvmem.Buffer{Layer: l, Part: j, Device: uintptr(buf.Ptr()), Bytes: size,
+				PageStride: int64(shape.PageTokens()) * bpt, TokenStride: bpt})
+		}
+	}
+	if cfg.KVL1, err = kvmem.NewL1(shape, cfg.L1Pages, bufs); err != nil {
+		return err
 	}
 	return nil
 }

@@ -171,6 +171,20 @@ func CheckL1Layer(l1 *kvmem.L1, slot int32, layer int, pageHash uint64, index, s
 	return nil
 }
 
+// CheckChunk verifies the packed bytes b of chunk (layer, part) of a page of shape s against
+// FillChunk (a *ChunkError names the first bad byte's offset in the chunk): a chunk read back
+// from device memory.
+func CheckChunk(b []byte, s *kvmem.Shape, pageHash uint64, index, layer, part, shard int) error {
+	if int64(len(b)) != s.ChunkBytes(part) {
+		return fmt.Errorf("kvtest: page %d layer %d part %d: %d bytes, a chunk has %d", index, layer, part, len(b), s.ChunkBytes(part))
+	}
+	if at, want := checkAt(b, chunkSeed(pageHash, index, layer, part, shard), 0); at >= 0 {
+		return &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
+			PartName: s.PartName(part), Offset: at, Got: b[at], Want: want}
+	}
+	return nil
+}
+
 // FillPageFirst writes the page-first bytes of the page (its L3 value, an L2 page-first page)
 // into dst, PageBytes of shape long.
 func FillPageFirst(dst []byte, s *kvmem.Shape, pageHash uint64, index, shard int) {

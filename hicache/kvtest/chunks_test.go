@@ -113,6 +113,23 @@ func TestL1PageFillCheckThroughGather(t *testing.T) {
 	if err := CheckL1Layer(l1, 1, s.Layers(), 0x77, 9, 0); err == nil {
 		t.Fatal("a layer beyond the shape checked")
 	}
+	// One packed chunk: FillChunk's content checks, a changed byte is named, another
+	// layer's chunk and a short chunk are errors.
+	chunk := make([]byte, s.ChunkBytes(1))
+	FillChunk(chunk, 0x77, 9, 1, 1, 0)
+	if err := CheckChunk(chunk, s, 0x77, 9, 1, 1, 0); err != nil {
+		t.Fatalf("own chunk rejected: %v", err)
+	}
+	if err := CheckChunk(chunk, s, 0x77, 9, 0, 1, 0); err == nil {
+		t.Fatal("layer 1's chunk checked as layer 0's")
+	}
+	chunk[5] ^= 1
+	if err := CheckChunk(chunk, s, 0x77, 9, 1, 1, 0); !errors.As(err, &ce) || ce.Offset != 5 || ce.Layer != 1 {
+		t.Fatalf("changed chunk byte: %v, want byte 5 of layer 1", err)
+	}
+	if err := CheckChunk(chunk[1:], s, 0x77, 9, 1, 1, 0); err == nil {
+		t.Fatal("a short chunk checked")
+	}
 }
 
 // bytewiseAt is the naive model of checkAt: every byte against its word's byte.

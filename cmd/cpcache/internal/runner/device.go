@@ -81,7 +81,7 @@ type memory struct {
 	l1      cuda.DevicePtr
 	staging *cuda.HostBuffer
 	timed   *timedEngine
-	kvL1    *kvmem.L1 // a host run's per-layer L1 (with --model), lent to the cache's engine
+	kvL1    *kvmem.L1 // the per-layer L1 (with --model): a host run's, lent to the cache's engine, or job.Open's on the device
 }
 
 // jobMemory sets the memory kinds of jc from the run's: host runs leave the L1 to the cache
@@ -113,6 +113,21 @@ func (m *memory) jobMemory(jc *job.Config, localRank int) {
 // opened takes the device and L1 pool of rk.
 func (m *memory) opened(rk *job.Rank) {
 	m.dev, m.name, m.l1 = rk.Device, rk.DeviceName, rk.L1Device
+	if m.dev != nil && rk.KVL1 != nil {
+		m.kvL1 = rk.KVL1 // job.Open's per-layer device buffers
+	}
+}
+
+// layeredKV is how the scheduler reaches a per-layer L1 (nil without one): host buffers
+// directly, device buffers through the staging page.
+func (m *memory) layeredKV() sched.LayeredKV {
+	switch {
+	case m.kvL1 == nil:
+		return nil
+	case m.kvL1.Device():
+		return deviceLayeredKV{m: m, l1: m.kvL1}
+	}
+	return layeredKV{m.kvL1}
 }
 
 // deviceKV is how the scheduler reaches a device L1's pages; nil with a host L1, whose pages
@@ -133,7 +148,7 @@ func (m *memory) corrupter(p *Plan, set *slab.Set, cpRank int) func(hicache.Node
 			if done || pg.Slab != cpRank {
 				continue
 			}
-			if m.kvL1 != nil { // a host run's per-layer L1: the page's own bytes in either L2 layout
+			if m.kvL1 != nil && m.dev == nil { // a host run's per-layer L1: the page's own bytes in either L2 layout
 				done = p.damageL2Page(set, pg) == nil
 				continue
 			}

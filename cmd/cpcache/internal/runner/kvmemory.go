@@ -3,6 +3,7 @@ package runner
 import (
 	"fmt"
 
+	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/hicache/kvtest"
@@ -38,24 +39,24 @@ func (c *Config) checkKVMemory() error {
 		return bad("--l2-layout %s needs --model (a page of opaque bytes has no layers)", c.L2Layout)
 	case c.Model == "" && c.L1Buffers != "":
 		return bad("--l1-buffers %s needs --model (a page of opaque bytes has no layers)", c.L1Buffers)
-	case c.Device == DeviceCUDA && c.L2Layout == L2LayerFirst:
-		return bad("--l2-layout %s needs --device %s (a CUDA run's L1 is one device pool of whole pages)", c.L2Layout, DeviceHost)
-	case c.Device == DeviceCUDA && c.L1Buffers != "":
-		return bad("--l1-buffers %s needs --device %s (a CUDA run's L1 is one device pool of whole pages)", c.L1Buffers, DeviceHost)
+	case c.Device == DeviceCUDA && c.L1Buffers == L1BlockMajor:
+		return bad("--l1-buffers %s needs --device %s (a CUDA run's per-layer L1 is token-slot buffers)", c.L1Buffers, DeviceHost)
 	}
-	if c.Model != "" && c.Device == DeviceHost && c.L1Buffers == "" {
+	if c.Model != "" && c.L1Buffers == "" {
 		c.L1Buffers = L1TokenSlot
 	}
 	return nil
 }
 
-// layered reports whether the run's L1 is per-layer buffers (a host run with --model): the
+// layered reports whether the run's L1 is per-layer buffers (a run with --model): the
 // scheduler fills and checks them chunk by chunk and waits for load-backs layer by layer.
 func (c *Config) layered() bool { return c.L1Buffers != "" }
 
 // l1Kind says what the run's L1 is, for the report.
 func (c *Config) l1Kind() string {
 	switch {
+	case c.L1Buffers == L1TokenSlot && c.Device == DeviceCUDA:
+		return "device, per layer and part a token-slot buffer"
 	case c.L1Buffers == L1TokenSlot:
 		return "host, per layer and part a token-slot buffer"
 	case c.L1Buffers == L1BlockMajor:
@@ -95,7 +96,8 @@ func (p *Plan) kvL1() (*kvmem.L1, error) {
 	return kvmem.NewL1(shape, c.L1Pages, bufs)
 }
 
-// kvMemory sets jc's per-layer L1 (allocated here, for a layered run) and L2 layout.
+// kvMemory sets jc's per-layer L1 and L2 layout: a layered host run's L1 is allocated here
+// (and returned), a layered CUDA run's by job.Open on its device (job.Config.DeviceKVL1).
 func (p *Plan) kvMemory(jc *job.Config) (*kvmem.L1, error) {
 	lay, err := p.Config.l2Layout()
 	if err != nil {
@@ -103,6 +105,10 @@ func (p *Plan) kvMemory(jc *job.Config) (*kvmem.L1, error) {
 	}
 	jc.L2Layout = lay
 	if !p.Config.layered() {
+		return nil, nil
+	}
+	if p.Config.Device == DeviceCUDA {
+		jc.DeviceKVL1 = true
 		return nil, nil
 	}
 	l1, err := p.kvL1()
@@ -148,5 +154,59 @@ func (p *Plan) damageL2Page(hs engine.HostSlabMemory, pg slab.Page) error {
 		return err
 	}
 	mem[off+shape.ChunkBytes(0)/2] ^= 0x5a
+	return nil
+}
+
+// deviceLayeredKV is the scheduler's view of a device per-layer L1 (token-slot buffers: each
+// chunk contiguous), reached chunk by chunk through the pinned staging page with synchronous
+// copies (see deviceKV).
+type deviceLayeredKV struct {
+	m  *memory
+	l1 *kvmem.L1
+}
+
+func (d deviceLayeredKV) Layers() int { return d.l1.Shape().Layers() }
+
+// chunk is the device address of chunk (layer, part) of slot and a staging buffer its size.
+func (d deviceLayeredKV) chunk(slot int32, layer, part int) (cuda.DevicePtr, []byte, error) {
+	addr, err := d.l1.ChunkAddr(slot, layer, part)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !d.l1.Contiguous(layer, part) {
+		return 0, nil, fmt.Errorf("runner: device L1 chunk (layer %d, part %d) is strided; the run copies whole chunks", layer, part)
+	}
+	return cuda.DevicePtr(addr), d.m.staging.Bytes()[:d.l1.Shape().ChunkBytes(part)], nil
+}
+
+func (d deviceLayeredKV) FillPage(slot int32, pageHash uint64, index, shard int) error {
+	for layer := range d.l1.Shape().Layers() {
+		for part := range d.l1.Shape().Parts() {
+			addr, b, err := d.chunk(slot, layer, part)
+			if err != nil {
+				return err
+			}
+			kvtest.FillChunk(b, pageHash, index, layer, part, shard)
+			if err := d.m.dev.CopyHtoD(addr, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d deviceLayeredKV) CheckLayer(slot int32, layer int, pageHash uint64, index, shard int) error {
+	for part := range d.l1.Shape().Parts() {
+		addr, b, err := d.chunk(slot, layer, part)
+		if err != nil {
+			return err
+		}
+		if err := d.m.dev.CopyDtoH(b, addr); err != nil {
+			return err
+		}
+		if err := kvtest.CheckChunk(b, d.l1.Shape(), pageHash, index, layer, part, shard); err != nil {
+			return err
+		}
+	}
 	return nil
 }

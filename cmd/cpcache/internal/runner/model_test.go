@@ -153,7 +153,7 @@ func TestRunModelLayered(t *testing.T) {
 }
 
 // TestKVMemoryFlags: --l2-layout and --l1-buffers take their values or are bad input naming
-// the value; layer_first and --l1-buffers need --model and a host run; the defaults are
+// the value; layer_first and --l1-buffers need --model, block_major a host run; the defaults are
 // page_first, and with --model token-slot buffers; a run without --model keeps the flat pool
 // of opaque pages (no per-layer L1, no layer waits).
 func TestKVMemoryFlags(t *testing.T) {
@@ -168,8 +168,8 @@ func TestKVMemoryFlags(t *testing.T) {
 		`--l1-buffers "paged" (want token_slot or block_major)`:      func(c *Config) { c.L1Buffers = "paged" },
 		"--l2-layout layer_first needs --model":                      func(c *Config) { c.L2Layout = L2LayerFirst },
 		"--l1-buffers block_major needs --model":                     func(c *Config) { c.L1Buffers = L1BlockMajor },
-		"--l2-layout layer_first needs --device host": func(c *Config) {
-			c.Model, c.KVBytesPerToken, c.L2Layout, c.Device = "llama-3-8b", 0, L2LayerFirst, DeviceCUDA
+		"--l1-buffers block_major needs --device host (a CUDA run's per-layer L1 is token-slot buffers)": func(c *Config) {
+			c.Model, c.KVBytesPerToken, c.L1Buffers, c.Device = "llama-3-8b", 0, L1BlockMajor, DeviceCUDA
 		},
 	}
 	for want, mutate := range cases {

@@ -113,8 +113,8 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if kv := mem.deviceKV(); kv != nil {
 		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
 	}
-	if mem.kvL1 != nil {
-		sched.Layered = layeredKV{mem.kvL1} // the engine's per-layer buffers (--model on a host run)
+	if kv := mem.layeredKV(); kv != nil {
+		sched.Layered = kv // the engine's per-layer buffers (--model)
 	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
