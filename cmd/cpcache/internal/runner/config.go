@@ -47,11 +47,12 @@ type Config struct {
 	Model string
 	// L2Layout is how the L2 slabs arrange a page's chunks (--l2-layout): L2PageFirst ("" too:
 	// a page holds every layer, the storage value) or L2LayerFirst (a slab holds each layer of
-	// all its pages together); layer_first needs --model and a host run.
+	// all its pages together); layer_first needs --model.
 	L2Layout string
-	// L1Buffers is how a host run with --model lays out its L1 (--l1-buffers): per layer and
-	// part one buffer indexed by token slot (L1TokenSlot, "" too: SGLang's pool) or per layer
-	// one block-major tensor holding every part (L1BlockMajor: vLLM's).
+	// L1Buffers is how a run with --model lays out its L1 (--l1-buffers): per layer and part
+	// one buffer indexed by token slot (L1TokenSlot, the default with --model: SGLang's pool;
+	// device memory with --device cuda) or, on a host run, per layer one block-major tensor
+	// holding every part (L1BlockMajor: vLLM's).
 	L1Buffers string
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace

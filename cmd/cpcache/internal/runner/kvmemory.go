@@ -20,7 +20,7 @@ const (
 )
 
 // checkKVMemory validates --l2-layout and --l1-buffers (Prepare calls it after checkDevice)
-// and fills in their defaults: page_first, and with --model on a host run token_slot.
+// and fills in their defaults: page_first, and with --model token_slot.
 func (c *Config) checkKVMemory() error {
 	switch c.L2Layout {
 	case "":
