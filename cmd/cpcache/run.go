@@ -160,6 +160,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&cfg.KVEvents, "kv-events", "", "publish each DP replica's KV events (pages stored and removed per tier) in vLLM's format on this ZMQ PUB endpoint, e.g. tcp://*:5557 (bound; a host name: connected); replica d uses the port plus d")
 	fs.StringVar(&cfg.KVEventsReplay, "kv-events-replay", "", "with --kv-events: the ZMQ ROUTER endpoint that replays missed batches (bound; replica d: the port plus d)")
 	fs.StringVar(&cfg.Device, "device", runner.DeviceHost, "where L1 lives and who copies: host (host memory, goroutines) or cuda (device memory, the CUDA engine; needs libcuda)")
+	fs.StringVar(&cfg.L2Layout, "l2-layout", runner.L2PageFirst, "how the L2 slabs arrange a page: page_first (a page holds every layer, the storage value) or layer_first (a slab holds each layer of all its pages together; needs --model); compared across ranks")
+	fs.StringVar(&cfg.L1Buffers, "l1-buffers", "", "with --model, the L1's buffers: token_slot (per layer and part one buffer indexed by token slot, as SGLang; the default; on the device with --device cuda) or block_major (per layer one tensor of every part, as vLLM; host runs)")
 	fs.StringVar(&cfg.L2, "l2", "", "with --device cuda: L2 slabs in device memory shared over CUDA IPC (device, the default) or in pinned host memory (host)")
 	fs.IntVar(&cfg.CUDADevice, "cuda-device", def.CUDADevice, "with --device cuda: the device ordinal of every rank (-1: LOCAL_RANK mod the device count)")
 	fs.StringVar(&cfg.Store, "store", "", "rendezvous store URL (file:///dir or redis://host:port); default: CPCACHE_STORE, else a temporary directory")

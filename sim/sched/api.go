@@ -18,6 +18,7 @@ type Cache interface {
 	LoadBack(h hicache.Handle) (hicache.LoadResult, error)
 	LoadPending(h hicache.Handle) bool
 	WaitL1(ctx context.Context, h hicache.Handle) error
+	WaitL1Layer(ctx context.Context, h hicache.Handle, layer int) error
 	Node(h hicache.Handle) (hicache.NodeInfo, error)
 	Owns(i int) bool
 	L1Page(slot int32) ([]byte, error)
@@ -73,6 +74,16 @@ func (c *Config) Fits(r workload.Request, need, admitted, budget, running, reser
 type KV interface {
 	Fill(slot int32, write func([]byte)) error
 	Read(slot int32) ([]byte, error)
+}
+
+// LayeredKV is this rank's L1 as per-layer chunks (the engine's KV memory, kvmem.L1): the
+// scheduler writes the KV it "computes" chunk by chunk (FillPage: every layer and part of the
+// page) and, after a load-back, checks layer i (CheckLayer) once WaitL1Layer says it landed,
+// as a forward pass starts layer i's attention while later layers still copy.
+type LayeredKV interface {
+	Layers() int
+	FillPage(slot int32, pageHash uint64, index, shard int) error
+	CheckLayer(slot int32, layer int, pageHash uint64, index, shard int) error
 }
 
 // cacheKV is L1 as the cache's own pages (Cache.L1Page: host memory).

@@ -50,6 +50,15 @@ type Config struct {
 	// replicated across attention-TP (job.Config.SeparateSlabs): attention-TP copies of every
 	// page, as before the TP ranks of a CP index shared one slab.
 	SeparateL2 bool
+	// L2Layout is how the L2 slabs arrange a page's chunks (--l2-layout): L2PageFirst ("" too:
+	// a page holds every layer, the storage value) or L2LayerFirst (a slab holds each layer of
+	// all its pages together); layer_first needs --model.
+	L2Layout string
+	// L1Buffers is how a run with --model lays out its L1 (--l1-buffers): per layer and part
+	// one buffer indexed by token slot (L1TokenSlot, the default with --model: SGLang's pool;
+	// device memory with --device cuda) or, on a host run, per layer one block-major tensor
+	// holding every part (L1BlockMajor: vLLM's).
+	L1Buffers string
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
@@ -241,6 +250,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("%w", err)
 	}
 	if err := cfg.checkDevice(); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkKVMemory(); err != nil {
 		return nil, err
 	}
 	p := &Plan{Config: cfg, Layout: layout, KVLayout: kv}
@@ -455,5 +467,6 @@ func (p *Plan) kvLayoutReport() *report.KVLayout {
 	}
 	c := &p.Config
 	return &report.KVLayout{Name: c.Model, Spec: p.KVLayout.String(),
-		BytesPerToken: int64(c.KVBytesPerToken), PageBytes: int64(c.PageBytes())}
+		BytesPerToken: int64(c.KVBytesPerToken), PageBytes: int64(c.PageBytes()),
+		Layers: p.KVLayout.NumLayers, Parts: len(p.KVLayout.Parts), L2Layout: c.L2Layout, L1: c.l1Kind()}
 }

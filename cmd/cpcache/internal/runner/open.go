@@ -54,11 +54,15 @@ func (p *Plan) jobConfig(rank int) job.Config {
 func (p *Plan) openRank(ctx context.Context, env parallel.Env, mem *memory) (*job.Rank, error) {
 	cfg := &p.Config
 	jc := p.jobConfig(env.Rank)
+	var err error
 	jc.Start = func(ctx context.Context, world parallel.Group, _ *hicache.Options) error {
 		return agreeStartFlags(ctx, world, p.startFlags())
 	}
 	jc.BeforeSlabs = func() { cfg.killPoint(env.Rank, "slabs", 0) }
 	mem.jobMemory(&jc, env.LocalRank)
+	if mem.kvL1, err = p.kvMemory(&jc); err != nil {
+		return nil, err
+	}
 	rk, err := job.Open(ctx, jc)
 	if err != nil {
 		return nil, openError(err)

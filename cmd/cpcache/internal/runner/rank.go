@@ -113,6 +113,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if kv := mem.deviceKV(); kv != nil {
 		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
 	}
+	if kv := mem.layeredKV(); kv != nil {
+		sched.Layered = kv // the engine's per-layer buffers (--model)
+	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
 		sched.Faults = faults
@@ -124,7 +127,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.Corrupt = mem.corrupter(rk.Set, cache.CPRank())
+		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
@@ -256,6 +259,9 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 		r.DigestChecks += x.DigestChecks
 		r.DigestMismatches += x.DigestMismatches
 		r.PagesVerified += x.Local.PagesVerified
+		if r.KVLayout != nil {
+			r.KVLayout.LayerWaits += x.Local.LayerWaits
+		}
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
 		r.StoragePagesRead += x.StorageRead

@@ -53,6 +53,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 // inProcessOptions are runInProcessWith's hooks into each rank.
 type inProcessOptions struct {
 	corruptRank int // -1: none (see runInProcess)
+	// corruptNode: with per-layer pages the corrupt rank damages every page it owns of the first
+	// node it loads, not one (one page may be left to compute when L1 has no room for it).
+	corruptNode bool
 	// wrapStorage, if set, wraps each rank's storage handle (faults of the store).
 	wrapStorage func(rank int, st storage.Storage) storage.Storage
 	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
@@ -108,6 +111,11 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if opts.wrapStorage != nil {
 				jc.WrapStorage = func(st storage.Storage) storage.Storage { return opts.wrapStorage(rank, st) }
 			}
+			kvL1, err := p.kvMemory(&jc) // as openRank: a host run with --model lends per-layer buffers
+			if err != nil {
+				o.err = err
+				return
+			}
 			rk, err := job.Open(ctx, jc)
 			if err != nil {
 				o.err = err
@@ -117,6 +125,9 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			cache, counted := rk.Cache, rk.Counted
 			coord := l.Coord(rank)
 			s := newScheduler(cache, &p.Config, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), &live{})
+			if kvL1 != nil {
+				s.Layered = layeredKV{kvL1}
+			}
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.Misses = newMissTracker(&p.Config)
@@ -131,12 +142,20 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if rank == corruptRank {
 				done := false
 				s.Corrupt = func(n hicache.NodeInfo) {
+					if done {
+						return
+					}
 					for _, pg := range n.L2 {
-						if !done && pg.Slab == cache.CPRank() {
+						if pg.Slab != cache.CPRank() || (done && !opts.corruptNode) {
+							continue
+						}
+						if kvL1 != nil { // per-layer pages: layer 0 of the page's own bytes in either L2 layout
+							require.NoError(t, p.damageL2Page(slabs[rank], pg))
+						} else {
 							b, _ := slabs[rank].Page(pg)
 							b[3] ^= 1
-							done = true
 						}
+						done = true
 					}
 				}
 			}
