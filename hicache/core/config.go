@@ -49,7 +49,7 @@ type Options struct {
 	Policy         Policy // write policy (default WriteThrough)
 	WriteThreshold int    // WriteThroughSelective: insertions before a backup (default 2)
 	MinLoadPages   int    // load back only host hits of at least this many pages (default 1)
-	LoadQuotaPages int    // at most this many pages loading at once (default L1Pages/2)
+	LoadQuotaPages int    // at most this many pages loading at once (default: half of the CP group's L1, C×L1Pages/2)
 	// Generation is the handle generation before the first tree: the first tree's handles
 	// have Generation+1, and every reset moves it on by one (see Handle). A process that
 	// opens caches one after another starts each above the last one's Core.Generation, so
@@ -104,6 +104,10 @@ type Config struct {
 }
 
 func (c *Config) normalize() error {
+	if c.LoadQuotaPages == 0 && c.Slabs > 0 && c.L1Pages > 0 {
+		// Every rank's pool holds the pages it owns: the group's L1 is C pools.
+		c.LoadQuotaPages = max(1, c.Slabs*c.L1Pages/2)
+	}
 	if err := c.Options.normalize(); err != nil {
 		return err
 	}

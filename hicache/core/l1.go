@@ -1,11 +1,84 @@
 package core
 
+// l1Pools is the replicated accounting of the group's device KV pools: one pool per CP rank,
+// each of L1Pages page slots. Sequence page i is held by CP rank i mod C (its owner), so
+// page i of the tree takes a slot of pool i mod C, and a node of n pages takes about n/C
+// slots of each rank's pool. Every rank keeps every pool (the same state on every rank);
+// a slot of pool r only names memory on rank r, which stores there the page it owns.
+type l1Pools struct {
+	pools []*l1Pool // pools[r]: CP rank r's pool
+}
+
+func newL1Pools(ranks, size int) l1Pools {
+	p := l1Pools{pools: make([]*l1Pool, ranks)}
+	for r := range p.pools {
+		p.pools[r] = newL1Pool(size)
+	}
+	return p
+}
+
+func (p l1Pools) reset() {
+	for _, q := range p.pools {
+		q.reset()
+	}
+}
+
+// ranks is C, the number of pools.
+func (p l1Pools) ranks() int { return len(p.pools) }
+
+// alloc returns one slot for each of the n pages of a node at depth depth: page j (sequence
+// page depth+j) from pool (depth+j) mod C. The caller checked every pool has room
+// (pageCounts.fits).
+func (p l1Pools) alloc(depth, n int) []int32 {
+	out := make([]int32, n)
+	C := len(p.pools)
+	for j := range out {
+		out[j] = p.pools[(depth+j)%C].pop()
+	}
+	return out
+}
+
+// release gives back the slots of a node at depth depth.
+func (p l1Pools) release(depth int, slots []int32) {
+	C := len(p.pools)
+	for j, s := range slots {
+		p.pools[(depth+j)%C].push(s)
+	}
+}
+
+// pageCounts counts pages per owner pool (index: CP rank).
+type pageCounts []int
+
+// add counts the n pages of a node at depth depth: n/C for every pool, one more for the
+// n mod C pools starting at depth's.
+func (pc pageCounts) add(depth, n int, sign int) {
+	C := len(pc)
+	full, rem := n/C, n%C
+	for r := range pc {
+		pc[r] += sign * full
+	}
+	for j := range rem {
+		pc[(depth+j)%C] += sign
+	}
+}
+
+// deficit returns, per pool, how many more free slots pc needs than p has (0 when it
+// fits), and whether any pool is short.
+func (p l1Pools) deficit(pc pageCounts) (pageCounts, bool) {
+	def := make(pageCounts, len(pc))
+	short := false
+	for r, n := range pc {
+		if d := n - p.pools[r].available(); d > 0 {
+			def[r], short = d, true
+		}
+	}
+	return def, short
+}
+
 // l1Pool is the replicated accounting of one rank's device KV pool: which of the L1Pages
 // page slots hold cache data. Slot choice is a pure function of the set of free slots
 // (lowest free slot first), so two replicas with equal used sets choose the same slots
-// whatever their history. Every rank allocates the same slots for the same node; rank r
-// stores in a slot only the pages it owns under the CP layout (sequence page i with
-// i mod C == r).
+// whatever their history.
 type l1Pool struct {
 	size int
 	free []int32 // min-heap of free slots
@@ -27,22 +100,6 @@ func (p *l1Pool) reset() {
 
 func (p *l1Pool) available() int { return len(p.free) }
 func (p *l1Pool) used() int      { return p.size - len(p.free) }
-
-// alloc returns the n lowest free slots in increasing order; the caller checked
-// available() >= n.
-func (p *l1Pool) alloc(n int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = p.pop()
-	}
-	return out
-}
-
-func (p *l1Pool) release(slots []int32) {
-	for _, s := range slots {
-		p.push(s)
-	}
-}
 
 func (p *l1Pool) push(s int32) {
 	p.free = append(p.free, s)
