@@ -24,6 +24,7 @@ type Core struct {
 	fp    uint64
 	alloc *alloc.Allocator
 	l1    l1Pools // one pool per CP rank
+	adopt []int32 // EngineOwned: during an InsertSlots/LoadBackSlots, the caller's slot of sequence page i not yet adopted, else -1
 
 	root  *treeNode
 	index map[uint64]*treeNode // chained hash of a node's first page -> node
@@ -104,7 +105,7 @@ func New(cfg Config) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pools(cfg.Slabs, cfg.L1Pages), gen: cfg.Generation, dropped: map[Handle]int{}}
+	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pools(cfg.Slabs, cfg.L1Pages, cfg.L1Mode, cfg.CPRank), gen: cfg.Generation, dropped: map[Handle]int{}}
 	c.resetTree()
 	return c, nil
 }

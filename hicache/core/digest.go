@@ -56,8 +56,10 @@ func (c *Core) StateDigest() uint64 {
 			h = mix.Mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
 			h = mix.Mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)
-			for _, s := range n.l1 {
-				h = mix.Mix64(h ^ uint64(s))
+			if c.l1.engine == nil { // EngineOwned: the slots are the engine's, local to each rank
+				for _, s := range n.l1 {
+					h = mix.Mix64(h ^ uint64(s))
+				}
 			}
 			for _, p := range n.l2 {
 				h = mix.Mix64(h ^ uint64(p.Slab)<<32 ^ uint64(p.Index))
@@ -149,6 +151,15 @@ func (c *Core) CheckInvariants() error {
 			for j, s := range n.l1 {
 				r := (n.depth + j) % c.cfg.Slabs
 				l1Pages[r]++
+				if e := c.l1.engine; e != nil && r != e.rank {
+					if s != -1 {
+						fail("node %d page %d (sequence page %d): slot %d of CP rank %d's engine-owned pool on rank %d, want -1", n.id, j, n.depth+j, s, r, e.rank)
+					}
+					continue
+				}
+				if e := c.l1.engine; e != nil && !e.held[s] {
+					fail("node %d page %d: engine slot %d not recorded as held", n.id, j, s)
+				}
 				if s < 0 || int(s) >= c.cfg.L1Pages || l1Held[r][s] {
 					fail("node %d page %d (sequence page %d): slot %d of CP rank %d's pool out of range or held twice", n.id, j, n.depth+j, s, r)
 				} else {
@@ -193,6 +204,9 @@ func (c *Core) CheckInvariants() error {
 	}
 	if nodes != c.nodes {
 		fail("nodes %d, counted %d", c.nodes, nodes)
+	}
+	if e := c.l1.engine; e != nil && len(e.held) != l1Pages[e.rank] {
+		fail("%d engine slots recorded as held, nodes hold %d", len(e.held), l1Pages[e.rank])
 	}
 	for r, p := range c.l1.pools {
 		if p.used() != l1Pages[r] {

@@ -102,6 +102,9 @@ func (c *Core) backup(n *treeNode) bool {
 type LoadResult struct {
 	Pages, Tokens int // pages (tokens) now loading into L1
 	Nodes         int // nodes loading
+	// Freed (EngineOwned mode, LoadBackSlots): this rank's slots the load let go: the
+	// caller's slots for pages that did not load, and slots its evictions freed.
+	Freed []int32
 }
 
 // LoadBack brings the L2-only pages of the path to node h (n) into L1: it allocates L1 slots
@@ -119,6 +122,15 @@ type LoadResult struct {
 // (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
 // L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
 func (c *Core) LoadBack(h Handle) (LoadResult, error) {
+	if c.l1.engine != nil {
+		return LoadResult{}, fmt.Errorf("%w: LoadBack in L1 mode %s: the engine passes its destination slots (LoadBackSlots)", ErrBadArgument, c.cfg.L1Mode)
+	}
+	return c.loadBack(h)
+}
+
+// loadBack is LoadBack; in EngineOwned mode the destination slots of this rank's pages come
+// from c.adopt (see LoadBackSlots).
+func (c *Core) loadBack(h Handle) (LoadResult, error) {
 	if c.quarantined {
 		return LoadResult{}, nil
 	}
@@ -165,7 +177,7 @@ func (c *Core) LoadBack(h Handle) (LoadResult, error) {
 		left -= len(x.hashes)
 	}
 	for _, x := range todo {
-		slots := c.l1.alloc(x.depth, len(x.hashes))
+		slots := c.allocL1(x.depth, len(x.hashes))
 		c.setL1(x, slots)
 		op := &loadOp{seq: c.loadSeq, nodes: []*treeNode{x}}
 		c.loadSeq++

@@ -94,6 +94,10 @@ type InsertResult struct {
 	Fill []FillPage
 	// Backups is the number of backups this insert started.
 	Backups int
+	// Freed (EngineOwned mode, InsertSlots) are this rank's slots the insert let go: the
+	// caller's slots the cache did not adopt, stale slots it replaced, and slots its
+	// evictions freed. The engine's allocator takes them back.
+	Freed []int32
 }
 
 // Insert caches the whole pages of tokens: existing nodes are reused (split at page
@@ -110,6 +114,15 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey
 // keys) are seeded with the key (KeyRoot), and they match only under the same key; equal
 // tokens under another key are other pages in every tier. Replicated.
 func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
+	if c.l1.engine != nil {
+		return InsertResult{}, fmt.Errorf("%w: Insert in L1 mode %s: the engine passes its slots (InsertSlots)", ErrBadArgument, c.cfg.L1Mode)
+	}
+	return c.insertKey(key, tokens)
+}
+
+// insertKey is InsertKey; in EngineOwned mode the slots of this rank's new pages come from
+// c.adopt (see InsertSlotsKey).
+func (c *Core) insertKey(key string, tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	if c.quarantined {
 		return InsertResult{Last: c.root.handle()}, nil // cache nothing until the recovery
@@ -151,9 +164,10 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	for _, n := range nodes {
 		switch {
 		case n.l1 == nil:
-			c.setL1(n, c.l1.alloc(n.depth, len(n.hashes)))
+			c.setL1(n, c.allocL1(n.depth, len(n.hashes)))
 			res.Fill = c.appendFill(res.Fill, n)
 		case n.stale && n.load == nil:
+			c.readoptL1(n)
 			n.stale = false
 			c.mark(n)
 			res.Fill = c.appendFill(res.Fill, n)
@@ -171,7 +185,7 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 		}
 		toks := append([]int32(nil), tokens[pages*P:np*P]...)
 		if n := c.newNode(parent, key, toks, hashes); n != nil {
-			c.setL1(n, c.l1.alloc(n.depth, len(hashes)))
+			c.setL1(n, c.allocL1(n.depth, len(hashes)))
 			res.Fill = c.appendFill(res.Fill, n)
 			nodes = append(nodes, n)
 			pages = np
