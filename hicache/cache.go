@@ -509,6 +509,71 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 	return freed, pending, nil
 }
 
+// InsertSlots is Insert in L1 mode EngineOwned (Options.L1Mode): own are this rank's slots
+// (from the engine's allocator, or Match's for device pages) for every whole page of tokens
+// it owns, in order; see Core.InsertSlotsKey. res.Freed are the slots the insert let go,
+// for the engine's allocator. Replicated (each rank passes its own slots).
+func (c *Cache) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
+	return c.InsertSlotsKey("", tokens, own)
+}
+
+// InsertSlotsKey is InsertSlots under isolation key key. Replicated.
+func (c *Cache) InsertSlotsKey(key string, tokens []int32, own []int32) (InsertResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return InsertResult{}, err
+	}
+	return c.core.InsertSlotsKey(key, tokens, own)
+}
+
+// LoadBackPlan lists the sequence pages this rank owns that a LoadBackSlots of node h would
+// load at most, in order: LoadBackSlots wants one slot for each. Read-only.
+func (c *Cache) LoadBackPlan(h Handle) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return nil, err
+	}
+	return c.core.LoadBackPlan(h)
+}
+
+// LoadBackSlots is LoadBack in L1 mode EngineOwned: own are this rank's destination slots
+// for the pages LoadBackPlan(h) lists; res.Freed are those not used (and slots the load's
+// evictions freed), for the engine's allocator. Replicated.
+func (c *Cache) LoadBackSlots(h Handle, own []int32) (LoadResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return LoadResult{}, err
+	}
+	return c.core.LoadBackSlots(h, own)
+}
+
+// EvictL1Slots is EvictL1 in L1 mode EngineOwned: it also returns this rank's slots freed
+// now. Replicated.
+func (c *Cache) EvictL1Slots(pages int) (freed, pending int, slots []int32, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return 0, 0, nil, err
+	}
+	return c.core.EvictL1Slots(pages)
+}
+
+// FreedL1 returns (and forgets) this rank's slots the cache let go outside a call that
+// returns them (write-back evictions committing at a Step, quarantine, recovery, Flush):
+// an EngineOwned engine drains it after every Step and hands them to its allocator. Nil in
+// CacheOwned mode. Local.
+func (c *Cache) FreedL1() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.core == nil {
+		return nil
+	}
+	return c.core.TakeFreedL1()
+}
+
 // EvictL2 frees L2 pages of L2-only nodes. Replicated.
 func (c *Cache) EvictL2(pages int) (int, error) {
 	c.mu.Lock()

@@ -38,7 +38,7 @@ func TestRunDeviceCUDAOnFakeDriver(t *testing.T) {
 	} {
 		t.Run("l2="+c.l2, func(t *testing.T) {
 			status, rep, out, errOut := runBinary(t, []string{lib},
-				append([]string{"--device", "cuda", "--l2", c.l2, "--world", strconv.Itoa(c.world), "--dp", "1", "--attn-cp", strconv.Itoa(c.world)}, smallSynthetic...)...)
+				append(append([]string{"--device", "cuda", "--l2", c.l2, "--world", strconv.Itoa(c.world), "--dp", "1", "--attn-cp", strconv.Itoa(c.world)}, smallSynthetic...), l1For(c.world)...)...)
 			requireHealthy(t, status, rep, out, errOut)
 			assert.Positive(t, rep.TokensHitL2, "histories evicted from L1 must come back from L2")
 			assert.Positive(t, rep.PagesVerified)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -130,8 +131,12 @@ func requireHealthy(t *testing.T, status int, rep *report.Report, stdout, stderr
 // (up to 128 pages each) through 128 L1 pages.
 var smallSynthetic = []string{"--clients", "8", "--rounds", "4", "--l1-pages", "160", "--l2-pages", "512", "--kv-bytes-per-token", "64"}
 
+// l1For is --l1-pages for an L1 of 160 pages of the tree (smallSynthetic's) at CP size cp:
+// each rank's pool holds only the pages it owns. A later flag overrides smallSynthetic's.
+func l1For(cp int) []string { return []string{"--l1-pages", strconv.Itoa(160 / cp)} }
+
 func TestRunCP8DP2On16Ranks(t *testing.T) {
-	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "16", "--dp", "2", "--attn-cp", "8"}, smallSynthetic...)...)
+	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--world", "16", "--dp", "2", "--attn-cp", "8"}, smallSynthetic...), l1For(8)...)...)
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Contains(t, rep.Layout, "attn_dp=2 attn_tp=1")
 	assert.Equal(t, int64(32), rep.Requests)
@@ -184,7 +189,7 @@ func TestRunModelSharedL2(t *testing.T) {
 }
 
 func TestRunCP8On8Ranks(t *testing.T) {
-	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...)...)
+	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...), l1For(8)...)...)
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Positive(t, rep.TokensHitL2)
 }

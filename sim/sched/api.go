@@ -34,8 +34,12 @@ type Cache interface {
 
 // Config is what the scheduler's rules depend on.
 type Config struct {
-	PageSize    int // tokens per page
-	L1Pages     int // L1 of the replica's ranks, in pages
+	PageSize int // tokens per page
+	L1Pages  int // L1 of each of the replica's ranks, in page slots (its pool)
+	// CPRanks is the CP group's size C (0: 1): a rank's L1 holds only the pages it owns
+	// (page i on CP rank i mod C), so a request of n pages takes ⌈n/C⌉ slots of rank 0,
+	// the rank holding the most of it (see RankPagesOf).
+	CPRanks     int
 	BatchTokens int // prompt tokens admitted per step (the first admission may exceed it)
 	MaxRunning  int // requests running at once
 	// Storage: the cache has an L3 tier; a prompt continuing beyond its L1 and L2 hit is
@@ -59,9 +63,16 @@ func (c *Config) PagesOf(r workload.Request) int {
 	return (len(r.Tokens) + r.OutputLen + c.PageSize - 1) / c.PageSize
 }
 
-// Fits is the scheduler's admission rule: r, needing need L1 pages, enters this step after
+// RankPagesOf is the number of L1 slots a request occupies at most on one rank: PagesOf
+// spread over the CP group's ranks, rounded up (rank 0 owns page 0, so it holds the most).
+func (c *Config) RankPagesOf(r workload.Request) int {
+	C := max(c.CPRanks, 1)
+	return (c.PagesOf(r) + C - 1) / C
+}
+
+// Fits is the scheduler's admission rule: r, needing need L1 slots of one rank (RankPagesOf), enters this step after
 // admitted requests (budget prompt tokens left) beside running requests that reserve
-// reserved pages. The first admission of a step may exceed the budget, and a replica with
+// reserved slots of one rank. The first admission of a step may exceed the budget, and a replica with
 // nothing running or admitted takes any request (the caller made sure L1 holds the
 // largest).
 func (c *Config) Fits(r workload.Request, need, admitted, budget, running, reserved int) bool {

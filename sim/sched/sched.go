@@ -75,7 +75,7 @@ type active struct {
 	req       workload.Request
 	last      hicache.Handle // deepest node of the cached prompt, locked while running
 	generated int
-	pages     int // L1 pages reserved for it (prompt and answer)
+	pages     int // L1 slots of one rank reserved for it (prompt and answer: RankPagesOf)
 }
 
 // Scheduler runs one replica's requests through its rank's cache. Every rank of the
@@ -117,7 +117,7 @@ type Scheduler struct {
 
 	queue    []workload.Request
 	running  []*active
-	reserved int          // L1 pages reserved by running requests
+	reserved int          // L1 slots of one rank reserved by running requests
 	blocked  map[int]bool // admit's scratch: clients with a turn running, reused every step
 
 	counts   Counts
@@ -240,10 +240,10 @@ func (s *Scheduler) stalled() error {
 		if n := len(s.prefetches); n > 0 {
 			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
 		}
-		return fmt.Errorf("sched: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
-			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
+		return fmt.Errorf("sched: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages per rank (%d of them on rank 0) with %d running%s",
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, s.cfg.RankPagesOf(r), len(s.running), waiting)
 	}
-	return fmt.Errorf("sched: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
+	return fmt.Errorf("sched: no progress: %d running requests cannot insert their answers into L1 of %d pages per rank", len(s.running), s.cfg.L1Pages)
 }
 
 // schedule makes one step's decisions: one decoded token per running request (finishing
@@ -310,7 +310,7 @@ func (s *Scheduler) admit(ctx context.Context) (int, error) {
 				continue
 			}
 		}
-		need := s.cfg.PagesOf(r)
+		need := s.cfg.RankPagesOf(r)
 		if stop || !s.cfg.Fits(r, need, admitted, budget, len(s.running), s.reserved) {
 			stop = true
 			keep = append(keep, r)
@@ -406,7 +406,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 			s.Corrupt(info)
 		}
 	}
-	// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
+	// A load-back loads at most the cache's load quota (LoadQuotaPages, half of the group's L1 by
 	// default) of a longer host hit: load again while it moves the hit on, so that a
 	// hit from L2 or storage is served whole instead of computed beyond the quota.
 	after, loaded := m, -1

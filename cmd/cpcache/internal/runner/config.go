@@ -381,7 +381,7 @@ func (c *Config) pagesOf(r workload.Request) int {
 }
 
 // checkCapacity rejects capacities too small to hold the largest request: L1 must hold all
-// of its pages, and the slabs of one CP group its pages in L2 (page i lives in the slab of
+// of its pages (each rank's pool the pages it owns, rank 0 the most), and the slabs of one CP group its pages in L2 (page i lives in the slab of
 // CP rank i mod attn_cp).
 func (p *Plan) checkCapacity() error {
 	c := &p.Config
@@ -393,11 +393,11 @@ func (p *Plan) checkCapacity() error {
 	}
 	r := p.Requests[biggest]
 	need := c.pagesOf(r)
-	if need > c.L1Pages {
-		return bad("L1 pages %d cannot hold request %d: %d prompt + %d output tokens need %d pages of %d tokens",
-			c.L1Pages, r.ID, len(r.Tokens), r.OutputLen, need, c.PageSize)
-	}
 	cp := p.Layout.AttnCP
+	if perRank := (need + cp - 1) / cp; perRank > c.L1Pages {
+		return bad("L1 pages %d cannot hold request %d: %d prompt + %d output tokens need %d pages of %d tokens, %d of them on CP rank 0",
+			c.L1Pages, r.ID, len(r.Tokens), r.OutputLen, need, c.PageSize, perRank)
+	}
 	if perSlab := (need + cp - 1) / cp; perSlab > c.L2Pages {
 		return bad("L2 pages %d per slab cannot hold request %d: its %d pages need %d in each of the %d slabs of a CP group",
 			c.L2Pages, r.ID, need, perSlab, cp)

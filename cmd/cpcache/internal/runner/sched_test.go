@@ -191,7 +191,9 @@ func smallPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config)) *Pl
 	cfg := DefaultConfig()
 	cfg.Layout = lc
 	cfg.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 3}
-	cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96, 256, 8
+	// L1Pages is per rank and each rank holds only the pages it owns: 96/CP per rank is an
+	// L1 of 96 pages of the tree.
+	cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96/max(lc.AttnCP, 1), 256, 8
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -395,7 +397,7 @@ func TestTurnsWaitForTheirPreviousTurnWhileItPrefetches(t *testing.T) {
 	p := smallPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, func(c *Config) {
 		c.Storage = url
 		c.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
-		c.PageSize, c.L1Pages, c.L2Pages = 16, 200, 150
+		c.PageSize, c.L1Pages, c.L2Pages = 16, 100, 150 // L1: 200 pages over the 2 ranks
 	})
 	turn := map[int32][2]int{} // prompt length: client, round
 	for i, r := range p.Requests {
