@@ -66,7 +66,7 @@ func TestRunDeviceCUDAModelOnFakeDriver(t *testing.T) {
 	for _, c := range []struct{ l2, layout string }{{"device", "page_first"}, {"host", "layer_first"}} {
 		t.Run(c.l2+"/"+c.layout, func(t *testing.T) {
 			status, rep, out, errOut := runBinary(t, []string{lib}, "--device", "cuda", "--l2", c.l2, "--world", "2", "--dp", "1", "--attn-cp", "2",
-				"--clients", "3", "--rounds", "2", "--model", "deepseek-v3", "--l2-layout", c.layout, "--l1-pages", "96", "--l2-pages", "160")
+				"--clients", "3", "--rounds", "2", "--model", "deepseek-v3", "--l2-layout", c.layout, "--l1-pages", "48", "--l2-pages", "160")
 			requireHealthy(t, status, rep, out, errOut)
 			require.NotNil(t, rep.KVLayout)
 			assert.Equal(t, "device, per layer and part a token-slot buffer", rep.KVLayout.L1)

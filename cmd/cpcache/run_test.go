@@ -150,7 +150,7 @@ func TestRunCP8DP2On16Ranks(t *testing.T) {
 // states the layout, the L1 and the L2 layout.
 func TestRunModel(t *testing.T) {
 	status, rep, out, errOut := runBinary(t, nil, "--world", "2", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
-		"--model", "deepseek-v3", "--l1-pages", "96", "--l2-pages", "128")
+		"--model", "deepseek-v3", "--l1-pages", "48", "--l2-pages", "128")
 	requireHealthy(t, status, rep, out, errOut)
 	require.NotNil(t, rep.KVLayout)
 	assert.Positive(t, rep.KVLayout.LayerWaits)
@@ -163,7 +163,7 @@ func TestRunModel(t *testing.T) {
 	// Llama-3-8B at CP 2 (2 MiB pages): a small run in each L2 layout.
 	for _, lay := range []string{"page_first", "layer_first"} {
 		status, rep, out, errOut := runBinary(t, nil, "--world", "2", "--attn-cp", "2", "--dp", "1", "--clients", "3", "--rounds", "2",
-			"--model", "llama-3-8b", "--l2-layout", lay, "--l1-pages", "96", "--l2-pages", "160")
+			"--model", "llama-3-8b", "--l2-layout", lay, "--l1-pages", "48", "--l2-pages", "160")
 		requireHealthy(t, status, rep, out, errOut)
 		require.NotNil(t, rep.KVLayout, lay)
 		assert.Equal(t, lay, rep.KVLayout.L2Layout)
@@ -179,7 +179,7 @@ func TestRunModel(t *testing.T) {
 // the replica group), every rank verifies what it loads, and the report says so.
 func TestRunModelSharedL2(t *testing.T) {
 	status, rep, out, errOut := runBinary(t, nil, "--world", "4", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
-		"--model", "deepseek-v3", "--l1-pages", "112", "--l2-pages", "128")
+		"--model", "deepseek-v3", "--l1-pages", "56", "--l2-pages", "128")
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Contains(t, rep.Layout, "attn_tp=2")
 	page := int64(16 * 61 * 1152)

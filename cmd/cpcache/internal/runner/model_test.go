@@ -106,7 +106,7 @@ func TestSharedL2DeepSeek(t *testing.T) {
 	run := func(separate bool) *report.Report {
 		p := smallPlan(t, lc, func(c *Config) {
 			c.Model, c.KVBytesPerToken, c.SeparateL2 = "deepseek-v3", 0, separate
-			c.PageSize, c.L1Pages, c.L2Pages = 4, 32, 64
+			c.PageSize, c.L1Pages, c.L2Pages = 4, 16, 64
 			c.Synthetic.Clients, c.Synthetic.Rounds, c.Synthetic.SystemTokens, c.Synthetic.QuestionTokens, c.Synthetic.AnswerTokens = 4, 3, 16, 16, 4
 		})
 		require.Equal(t, 4, p.Layout.AttnTP)
@@ -136,13 +136,13 @@ func TestSharedL2DeepSeek(t *testing.T) {
 }
 
 // modelPlan is a small run of --model model on CP 2 (attention-TP 1): three conversations of
-// three turns whose histories (about 16 pages of 8 tokens each) overflow 24 L1 pages, so
+// three turns whose histories (about 16 pages of 8 tokens each) overflow 12 L1 pages per rank, so
 // turns come back from L2.
 func modelPlan(t *testing.T, model, l2Layout, l1Buffers string) *Plan {
 	return smallPlan(t, parallel.LayoutConfig{World: 2, DP: 1, AttnCP: 2, DPAttention: true}, func(c *Config) {
 		c.Model, c.KVBytesPerToken, c.L2Layout, c.L1Buffers = model, 0, l2Layout, l1Buffers
 		c.Synthetic = workload.SyntheticConfig{Clients: 3, Rounds: 3, SystemTokens: 16, QuestionTokens: 32, AnswerTokens: 4, Seed: 5}
-		c.L1Pages, c.L2Pages = 24, 64
+		c.L1Pages, c.L2Pages = 12, 64
 	})
 }
 
