@@ -11,6 +11,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/storage"
 )
@@ -85,6 +86,14 @@ type Config struct {
 	// PageBytes, every rank gives an equal one, and its fingerprint joins the storage
 	// namespace.
 	KVLayout *kvlayout.Layout
+	// L1Buffers, when set, is the engine's L1 as per-(layer, part) host buffers lent by the
+	// caller (kvmem.Buffer; L1 must be L1Cache, KVLayout set): Open builds the kvmem.L1 of
+	// L1Pages slots over them once the layout's attention-TP size is known (a bad buffer
+	// stops every rank, naming its layer and part) and gives it to hicache.Config.L1, whose
+	// default engine is then the layered host engine.
+	L1Buffers []kvmem.Buffer
+	// L2Layout is hicache.Config.L2Layout (0: page_first).
+	L2Layout kvmem.L2Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -172,6 +181,19 @@ func (c *Config) check() error {
 		return bad("a storage clear without a storage")
 	case c.Timeout < 0 || c.StepTimeout < 0 || c.StorageTimeout < 0:
 		return bad("negative timeout (%v, step %v, storage %v)", c.Timeout, c.StepTimeout, c.StorageTimeout)
+	}
+	switch {
+	case len(c.L1Buffers) > 0 && c.KVLayout == nil:
+		return bad("L1 buffers without a KV layout")
+	case len(c.L1Buffers) > 0 && c.L1 != L1Cache:
+		return bad("L1 buffers with L1 kind %d (they replace the pool: want L1Cache)", int(c.L1))
+	case c.L2Layout != 0 && !c.L2Layout.Valid():
+		return bad("L2 layout %d", int(c.L2Layout))
+	}
+	for _, b := range c.L1Buffers {
+		if b.Device != 0 {
+			return bad("L1 buffer of layer %d part %d is device memory: device L1 buffers are not supported here yet (host buffers only)", b.Layer, b.Part)
+		}
 	}
 	if c.KVLayout != nil {
 		if err := c.KVLayout.Validate(); err != nil {

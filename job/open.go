@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -40,6 +41,7 @@ type Rank struct {
 	Device     *cuda.Device   // nil without CUDA
 	DeviceName string
 	L1Device   cuda.DevicePtr // the device L1 pool (L1Device)
+	KV         *kvmem.L1      // the engine's per-(layer, part) L1 (Config.L1Buffers), or nil
 	Storage    storage.Storage
 	Namespace  storage.Namespace
 
@@ -109,6 +111,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
 	hc := hicache.Config{
 		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine, KVLayout: cfg.KVLayout,
+		L1: r.KV, L2Layout: cfg.L2Layout,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
 	}
 	if r.Storage != nil {
@@ -335,6 +338,16 @@ func (r *Rank) makeEngine(cfg *Config) error {
 	var e hicache.Engine
 	switch cfg.L1 {
 	case L1Cache:
+		if len(cfg.L1Buffers) == 0 {
+			return nil
+		}
+		shape, err := kvmem.NewShape(*cfg.KVLayout, r.Layout.AttnTP, cfg.PageTokens)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadValue, err)
+		}
+		if r.KV, err = kvmem.NewL1(shape, cfg.L1Pages, cfg.L1Buffers); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadValue, err)
+		}
 		return nil
 	case L1Device:
 		if r.Set == nil {
