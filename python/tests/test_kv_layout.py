@@ -122,3 +122,26 @@ def test_torch_token_slot_buffers(tmp_path):
     tensors = {(l, j): torch.zeros((L1_PAGES * PAGE_TOKENS, 2, 8), dtype=torch.uint8) for l in range(2) for j in range(2)}
     arrays = {k: t.numpy() for k, t in tensors.items()}  # views of the same memory, for the checks
     _run_buffers(tmp_path, [(l, j, t) for (l, j), t in tensors.items()], arrays, np, "page_first")
+
+
+@pytest.mark.parametrize("l2_layout", ["page_first", "layer_first"])
+def test_example_with_per_layer_numpy_buffers_under_launch(l2_layout):
+    """The Python example lends per-layer K/V numpy arrays on 4 CP ranks: every page read
+    back from L2 holds its bytes in every layer and part."""
+    import re
+    import shutil
+    import subprocess
+    pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    binary = os.environ.get("CPCACHE_BIN") or os.path.join(ROOT, "bin", "cpcache")
+    if not os.access(binary, os.X_OK):
+        binary = shutil.which("cpcache") or binary
+    example = os.path.join(ROOT, "python", "examples", "hicache_controller.py")
+    out = subprocess.run([binary, "launch", "-n", "4", "--", sys.executable, example, "--attn-cp", "4",
+                          "--kv-buffers", "--l2-layout", l2_layout], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [line for line in out.stdout.splitlines() if "requests=" in line]
+    assert len(reports) == 4, out.stdout
+    for line in reports:
+        kv = dict(re.findall(r"(\w+)=([\d.]+)", line))
+        assert kv["bad_pages"] == "0" and kv["digest_mismatches"] == "0", line
+        assert int(kv["pages_verified"]) > 0 and int(kv["tokens_hit_l2"]) > 0, line
