@@ -502,6 +502,19 @@ int main(void) {
     expect(cpcache_get_info(c2, &info), CPCACHE_OK);
     expect_true(info.page_bytes == 256);
     expect(cpcache_close(c2), CPCACHE_OK);
+
+    // vLLM's block-major layer tensors [blocks, 2, page_tokens, row]: K and V interleave in
+    // one tensor without overlapping (stride-aware); a V buffer shifted onto K's rows does.
+    static unsigned char layer_kv[2][L1_PAGES * 2 * PAGE_TOKENS * ROW];
+    for (int l = 0; l < 2; l++)
+      for (int j = 0; j < 2; j++)
+        bufs[l * 2 + j] = cpcache_l1_block_major_buffer(l, j, CPCACHE_MEM_HOST, layer_kv[l], L1_PAGES, PAGE_TOKENS, ROW, j);
+    expect_true(bufs[1].page_stride == 2 * PAGE_TOKENS * ROW && (char *)bufs[1].base - (char *)bufs[0].base == PAGE_TOKENS * ROW);
+    expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+    expect(cpcache_close(c2), CPCACHE_OK);
+    bufs[1].base = (char *)bufs[1].base - ROW;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "overlap") != NULL);
   }
 
   char cmd[300];
