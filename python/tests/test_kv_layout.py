@@ -145,3 +145,35 @@ def test_example_with_per_layer_numpy_buffers_under_launch(l2_layout):
         kv = dict(re.findall(r"(\w+)=([\d.]+)", line))
         assert kv["bad_pages"] == "0" and kv["digest_mismatches"] == "0", line
         assert int(kv["pages_verified"]) > 0 and int(kv["tokens_hit_l2"]) > 0, line
+
+
+def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
+    """A caller built against the ABI-1 header: the old struct (every field before kv_layout),
+    struct_size its size, abi_version 1. It opens; the old size with abi_version 2 does not."""
+    import ctypes
+    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout"]
+
+    class OldConfig(ctypes.Structure):
+        _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in new_fields]
+
+    lib = cpcache.library()
+    full = cpcache._Config()
+    assert lib.cpcache_config_init(ctypes.byref(full)) == 0
+    old = OldConfig()
+    ctypes.memmove(ctypes.byref(old), ctypes.byref(full), ctypes.sizeof(OldConfig))
+    old.world, old.rank, old.store_url = 1, 0, f"file://{tmp_path}".encode()
+    old.page_tokens, old.page_bytes, old.l1_pages, old.l2_pages = 4, 64, 8, 16
+    old.struct_size, old.abi_version = ctypes.sizeof(OldConfig), 2
+    h = ctypes.c_uint64()
+    open_ = lib.cpcache_open
+    assert open_(ctypes.cast(ctypes.byref(old), ctypes.POINTER(cpcache._Config)), ctypes.byref(h)) == -2  # CPCACHE_ERR_SIZE
+    assert b"ABI-1" in lib.cpcache_last_error()
+    old.abi_version = 1
+    assert open_(ctypes.cast(ctypes.byref(old), ctypes.POINTER(cpcache._Config)), ctypes.byref(h)) == 0, lib.cpcache_last_error()
+    try:
+        out = ctypes.c_int64()
+        assert lib.cpcache_kv_page_bytes(h.value, ctypes.byref(out)) == -1  # opaque pages: no layout
+        info = cpcache._Info(struct_size=ctypes.sizeof(cpcache._Info))
+        assert lib.cpcache_get_info(h.value, ctypes.byref(info)) == 0 and info.page_bytes == 64
+    finally:
+        assert lib.cpcache_close(h.value) == 0
