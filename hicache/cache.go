@@ -30,8 +30,19 @@ type Config struct {
 	// Group is the consensus group: the layout's replica group of Rank. Every rank that
 	// shares a slab with this one must be in it (New checks).
 	Group parallel.Group
-	// Slabs is the L2 of Rank's slab group (slab.OpenSet over the layout's slab group).
+	// Slabs is the L2 of Rank's slab group (slab.OpenSet over the layout's slab group; with
+	// ShareSlabs, slab.OpenSharedSet over the replica group, made by the layout's
+	// SharedSlabGroup).
 	Slabs SlabSet
+	// ShareSlabs: the attention-TP ranks of a CP index share one slab (one L2 copy per DP
+	// block's CP group instead of attention-TP copies), which needs a KVLayout whose every
+	// part is replicated across attention-TP (MLA: every TP rank holds the same bytes). Slabs
+	// is then the layout's SharedSlabGroup: slab c made by the CP-index-c rank of TP index 0,
+	// its writer (parallel.Layout.SharedSlabWriter). Only writers copy backups into L2 and
+	// run storage I/O (each page is stored once); the other TP ranks report their share of
+	// those done without copying, and the group's commit still waits for the writer. Every
+	// rank loads pages back into its own L1. Every rank of the group must set it alike.
+	ShareSlabs bool
 	// KVLayout is the shape of the engine's KV memory (layers, and per layer its parts); nil
 	// leaves pages opaque. When set, one page of Options.PageSize tokens at the layout's
 	// attention-TP size must take exactly the slab page size (New checks), and every rank of
@@ -68,7 +79,8 @@ type Config struct {
 	// StorageNamespace is the namespace Storage was opened with (required with Storage;
 	// NewStorageNamespace builds one). It must name everything that changes a page's bytes
 	// (model, dtype, KV layout, page size, TP size); keys add the chained page hash and the
-	// slab group's TP index.
+	// slab group's TP index (0 on every rank with ShareSlabs: a replicated page is stored
+	// once).
 	StorageNamespace storage.Namespace
 	// L3 tunes the storage protocol.
 	L3 L3Options
@@ -97,11 +109,15 @@ type Cache struct {
 	// clearOnFlush: L3Options.ClearOnFlush is set and this rank is CP rank 0 of its slab group
 	// (one Clear per slab group: it removes the whole namespace).
 	clearOnFlush bool
-	l1mem        L1Memory // nil when the engine's L1 is not host memory
-	timeout      time.Duration
-	maxSamples   int
-	l3           *l3Driver // nil without storage; runs this rank's share of the storage jobs
-	events       *eventHub // nil unless this rank publishes KV events
+	// readsSharedSlab: the slab is shared (Config.ShareSlabs) and this rank is not its writer:
+	// its backups into L2 and its storage jobs are done at once without a copy (the writer
+	// makes them; the group's commit waits for it through the vector's MIN).
+	readsSharedSlab bool
+	l1mem           L1Memory // nil when the engine's L1 is not host memory
+	timeout         time.Duration
+	maxSamples      int
+	l3              *l3Driver // nil without storage; runs this rank's share of the storage jobs
+	events          *eventHub // nil unless this rank publishes KV events
 
 	mu       sync.Mutex // protects everything below
 	core     *core.Core
@@ -142,7 +158,7 @@ type driverStats struct {
 // too, and the layout is the cause).
 func New(ctx context.Context, cfg Config) (*Cache, error) {
 	var c *Cache
-	err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs)
+	err := checkScope(cfg.Layout, cfg.Rank, cfg.Group, cfg.Slabs, cfg.ShareSlabs)
 	if err != nil && !isReplicaGroup(cfg.Layout, cfg.Rank, cfg.Group) {
 		return nil, err
 	}
@@ -215,6 +231,14 @@ func build(cfg Config) (*Cache, error) {
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%s", cfg.Group.Ranks(), cfg.Slabs.PageSize(), cfg.Layout)
+	if cfg.ShareSlabs {
+		if cfg.KVLayout == nil || !cfg.KVLayout.AllReplicated() {
+			return nil, fmt.Errorf("%w: shared slabs need a KV layout whose every part is replicated across attention-TP (layout %v)", ErrBadConfig, cfg.KVLayout)
+		}
+		// The TP ranks of a CP index share its slab: their CP rank is the CP index.
+		cc.CPRank = cfg.Layout.Coord(cfg.Rank).CP
+		fmt.Fprint(h, "|shared-slabs")
+	}
 	l3opts := cfg.L3
 	if cfg.Storage != nil {
 		if cfg.StorageNamespace.IsZero() {
@@ -250,7 +274,9 @@ func build(cfg Config) (*Cache, error) {
 		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
 		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,
 		clearOnFlush: ccfg.L3 && l3opts.ClearOnFlush && ccfg.CPRank == 0, faults: faultState{f: cfg.Faults},
+		readsSharedSlab: cfg.ShareSlabs && !cfg.Layout.SharedSlabWriter(cfg.Rank),
 	}
+	c.clearOnFlush = c.clearOnFlush && !c.readsSharedSlab
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
 	}
@@ -289,7 +315,12 @@ func build(cfg Config) (*Cache, error) {
 		if _, err := hs.Page(slab.Page{}); err != nil {
 			return c, fmt.Errorf("%w: storage needs host slab pages: %w", ErrBadConfig, err)
 		}
-		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, cfg.Layout.Coord(cfg.Rank).TP, hs, l3opts)
+		shard := cfg.Layout.Coord(cfg.Rank).TP
+		if cfg.ShareSlabs {
+			shard = 0 // one copy of a replicated page for the whole TP group
+		}
+		c.l3 = newL3Driver(cfg.Storage, cfg.StorageNamespace, shard, hs, l3opts)
+		c.l3.skip = c.readsSharedSlab
 		if l2Layout == kvmem.LayerFirst {
 			m, ok := hs.(engine.HostSlabMemory)
 			if !ok {
@@ -354,6 +385,10 @@ func (c *Cache) replicable() error {
 // (see Step).
 func (c *Cache) startLocked(before, byApply core.Ready) {
 	transfers := slices.Concat(before.Transfers, byApply.Transfers)
+	var skipped []*Ticket
+	if c.readsSharedSlab {
+		transfers, skipped = skipSharedWrites(transfers)
+	}
 	var tks []*Ticket
 	if ss, ok := c.engine.(StepSubmitter); ok && len(transfers) > 0 {
 		tks = ss.SubmitStep(transfers)
@@ -362,6 +397,7 @@ func (c *Cache) startLocked(before, byApply core.Ready) {
 			tks = append(tks, c.engine.Submit(t))
 		}
 	}
+	c.inflight = append(c.inflight, skipped...)
 	for _, tk := range tks {
 		c.inflight = append(c.inflight, tk)
 		if tk.Transfer.Kind == Load {
@@ -394,7 +430,7 @@ func (c *Cache) reportLocked() {
 		}
 		if err != nil {
 			c.stats.transferErrs++
-		} else {
+		} else if !c.readsSharedSlab || t.Kind != Write {
 			c.stats.pagesCopied[t.Kind] += int64(len(t.Copies))
 		}
 		d.Transfers = append(d.Transfers, core.TransferDone{Kind: t.Kind, Seq: t.Seq, Err: err})
@@ -471,6 +507,71 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 	}
 	freed, pending = c.core.EvictL1(pages)
 	return freed, pending, nil
+}
+
+// InsertSlots is Insert in L1 mode EngineOwned (Options.L1Mode): own are this rank's slots
+// (from the engine's allocator, or Match's for device pages) for every whole page of tokens
+// it owns, in order; see Core.InsertSlotsKey. res.Freed are the slots the insert let go,
+// for the engine's allocator. Replicated (each rank passes its own slots).
+func (c *Cache) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
+	return c.InsertSlotsKey("", tokens, own)
+}
+
+// InsertSlotsKey is InsertSlots under isolation key key. Replicated.
+func (c *Cache) InsertSlotsKey(key string, tokens []int32, own []int32) (InsertResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return InsertResult{}, err
+	}
+	return c.core.InsertSlotsKey(key, tokens, own)
+}
+
+// LoadBackPlan lists the sequence pages this rank owns that a LoadBackSlots of node h would
+// load at most, in order: LoadBackSlots wants one slot for each. Read-only.
+func (c *Cache) LoadBackPlan(h Handle) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return nil, err
+	}
+	return c.core.LoadBackPlan(h)
+}
+
+// LoadBackSlots is LoadBack in L1 mode EngineOwned: own are this rank's destination slots
+// for the pages LoadBackPlan(h) lists; res.Freed are those not used (and slots the load's
+// evictions freed), for the engine's allocator. Replicated.
+func (c *Cache) LoadBackSlots(h Handle, own []int32) (LoadResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return LoadResult{}, err
+	}
+	return c.core.LoadBackSlots(h, own)
+}
+
+// EvictL1Slots is EvictL1 in L1 mode EngineOwned: it also returns this rank's slots freed
+// now. Replicated.
+func (c *Cache) EvictL1Slots(pages int) (freed, pending int, slots []int32, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.replicable(); err != nil {
+		return 0, 0, nil, err
+	}
+	return c.core.EvictL1Slots(pages)
+}
+
+// FreedL1 returns (and forgets) this rank's slots the cache let go outside a call that
+// returns them (write-back evictions committing at a Step, quarantine, recovery, Flush):
+// an EngineOwned engine drains it after every Step and hands them to its allocator. Nil in
+// CacheOwned mode. Local.
+func (c *Cache) FreedL1() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.core == nil {
+		return nil
+	}
+	return c.core.TakeFreedL1()
 }
 
 // EvictL2 frees L2 pages of L2-only nodes. Replicated.
@@ -845,4 +946,20 @@ func (c *Cache) PrefetchWaitKey(ctx context.Context, key string, tokens []int32)
 		}
 	}
 	return res, nil
+}
+
+// skipSharedWrites splits a reader's transfers (a rank that shares its slab and is not its
+// writer): the loads it runs, and its backups as tickets finished at once without a copy —
+// the writer copies the same pages into the one shared slab.
+func skipSharedWrites(transfers []Transfer) (run []Transfer, done []*Ticket) {
+	for _, t := range transfers {
+		if t.Kind != Write {
+			run = append(run, t)
+			continue
+		}
+		tk := engine.NewTicket(t)
+		tk.Finish(nil)
+		done = append(done, tk)
+	}
+	return run, done
 }

@@ -60,9 +60,9 @@
 //     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
 //     (R) does both for a scheduler that fetches before the prefill.
 //  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots for the
-//     leading m.HostPages, at most the load quota left (Options.LoadQuotaPages, half of L1
+//     leading m.HostPages, at most the load quota left (Options.LoadQuotaPages, half of the CP group's L1
 //     by default, minus the pages loading) and what L1 can free (a node the bound cuts is
-//     split, its head loads: a 20-page hit with L1 of 32 loads 16, then 4 at the next
+//     split, its head loads: at CP1 a 20-page hit with L1 of 32 loads 16, then 4 at the next
 //     call); res.Pages says how many. This
 //     rank's reads of its own pages start at the next Step. The scheduler then waits until
 //     cache.LoadPending(m.Last) (R) is false — the group agreed the loads are over; a copy
@@ -71,7 +71,10 @@
 //     calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
 //  3. After prefill: res, err := cache.Insert(tokens) (R) caches the sequence's whole pages; the
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
-//     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step.
+//     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step. Each rank's L1 holds
+//     only the pages it owns (page i on CP rank i mod C): a slot is one of the owner's pool,
+//     so a node of n pages takes about n/C slots of each rank, and Match's L1Slots are -1
+//     for the pages this rank does not own.
 //     cache.Unlock(node) (R) when a request finishes; cache.EvictL1/EvictL2 (R) when the
 //     scheduler needs room: EvictL1(n) never takes more than n pages, and returns those
 //     freed now and (write-back) those pending, freed at the step that commits their

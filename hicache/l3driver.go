@@ -32,9 +32,12 @@ type l3Driver struct {
 	// value. nil: pages are page-first (or opaque) and go to storage as they lie.
 	layerFirst *layerFirstL2
 	opts       L3Options
-	sem        chan struct{}
-	wg         sync.WaitGroup
-	brk        *breaker
+	// skip: this rank reads a shared slab it does not write (Config.ShareSlabs): every job is
+	// its writer's, so it finishes at once with all its pages, without a storage call.
+	skip bool
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	brk  *breaker
 
 	mu          sync.Mutex // protects running, finished and probeCancel
 	running     map[l3Key]*l3Run
@@ -92,6 +95,14 @@ func (d *l3Driver) start(job core.StorageJob) {
 	r := &l3Run{job: job, ctx: ctx, cancel: cancel}
 	if job.Kind != core.StoragePut {
 		r.deadline = time.Now().Add(prefetchTimer(d.opts.PrefetchTimeoutBase, d.opts.PrefetchTimeoutPerPage, len(job.Hashes)))
+	}
+	if d.skip {
+		r.n = len(job.Hashes)
+		cancel()
+		d.mu.Lock()
+		d.finished = append(d.finished, r)
+		d.mu.Unlock()
+		return
 	}
 	d.mu.Lock()
 	d.running[l3Key{job.Kind, job.Seq}] = r

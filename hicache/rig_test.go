@@ -55,6 +55,9 @@ type rigConfig struct {
 	kvLayout *kvlayout.Layout
 	kvL1     bool
 	l2Layout kvmem.L2Layout
+	// shareSlabs: the attention-TP ranks of a CP index share one slab (Config.ShareSlabs,
+	// with kvLayout, whose parts must all be replicated); every rank's KV content is shard 0's.
+	shareSlabs bool
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -76,6 +79,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 	bySlabGroup := map[int]*kvtest.MemSlabs{}
 	for i, rank := range replica {
 		sg := l.SlabGroup(rank)
+		if rc.shareSlabs {
+			sg = l.SharedSlabGroup(rank)
+		}
 		ms := bySlabGroup[sg[0]]
 		if ms == nil {
 			ms = kvtest.NewMemSlabs(sg, rc.pagesPerSlab, rc.pageBytes)
@@ -83,6 +89,9 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		}
 		r.slabs[i] = ms
 		r.shards[i] = l.Coord(rank).TP
+		if rc.shareSlabs {
+			r.shards[i] = 0 // replicated parts: the same bytes on every TP rank
+		}
 	}
 	errs := r.all(func(i int) error {
 		var delay func(Transfer) time.Duration
@@ -105,6 +114,7 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
 			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail}, Events: rc.events,
+			ShareSlabs: rc.shareSlabs, KVLayout: rc.kvLayout,
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)

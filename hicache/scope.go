@@ -29,8 +29,11 @@ func slabGroupName(s SlabSet) string {
 // checkScope enforces that consensus runs where it must: every member of the slab group is
 // in the consensus group, the consensus group is the layout's replica group of rank, and the
 // slab set is the layout's slab group of rank. A size-1 consensus group therefore passes
-// only when the layout replicates nothing (its replica group is the rank alone).
-func checkScope(l *parallel.Layout, rank int, g parallel.Group, s SlabSet) error {
+// only when the layout replicates nothing (its replica group is the rank alone). With shared
+// slabs (Config.ShareSlabs) the slab set is the layout's SharedSlabGroup of rank, and every
+// rank that maps it (SlabSharers: its makers and their attention-TP peers) must be in the
+// consensus group too: they all read pages only the makers write.
+func checkScope(l *parallel.Layout, rank int, g parallel.Group, s SlabSet, shared bool) error {
 	if l == nil || g == nil || s == nil {
 		return fmt.Errorf("%w: layout, consensus group and slab set are required (layout %v, group %v, slabs %v)", ErrBadConfig, l != nil, g != nil, s != nil)
 	}
@@ -47,7 +50,17 @@ func checkScope(l *parallel.Layout, rank int, g parallel.Group, s SlabSet) error
 				ErrScope, r, slabGroupName(s), g.Name(), parallel.GroupName("replica", l.ReplicaGroup(rank)))
 		}
 	}
-	if want := l.SlabGroup(rank); !slices.Equal(slabRanks, want) {
+	want := l.SlabGroup(rank)
+	if shared {
+		want = l.SharedSlabGroup(rank)
+		for _, r := range l.SlabSharers(rank) {
+			if !slices.Contains(cons, r) {
+				return fmt.Errorf("%w: rank %d, which shares slab group %s, is missing from consensus group %s (consensus must run on the replica group %s, which contains every rank that shares the slabs)",
+					ErrScope, r, slabGroupName(s), g.Name(), parallel.GroupName("replica", l.ReplicaGroup(rank)))
+			}
+		}
+	}
+	if !slices.Equal(slabRanks, want) {
 		return fmt.Errorf("%w: slab group %s of rank %d is not the layout's slab group %s (%s)", ErrScope, slabGroupName(s), rank, parallel.GroupName("slab", want), l)
 	}
 	if want := l.ReplicaGroup(rank); !slices.Equal(cons, want) {

@@ -14,7 +14,8 @@ type Stats struct {
 	PagesWritten     int64           // pages this rank copied into its slab
 	PagesLoaded      int64           // pages this rank copied back into L1
 	TransferErrors   int64           // transfers that failed on this rank
-	L1Used           int             // L1 slots in use
+	L1Used           int             // this rank's L1 slots in use (the pages it owns that L1 holds)
+	L1UsedAll        int             // L1 slots in use on all CP ranks together (the tree's pages in L1)
 	L2FreePages      int             // free L2 pages (all slabs)
 	Nodes            int             // tree nodes
 	Quarantined      bool            // the group is in quarantine: no hits, inserts or slab I/O
@@ -45,7 +46,7 @@ type Stats struct {
 // rank of a replica group.
 type Geometry struct {
 	PageSize int // tokens per page
-	L1Pages  int // device pages (L1 slots)
+	L1Pages  int // device pages (L1 slots) of each rank's pool: it holds the pages that rank owns
 	L2Pages  int // host pages of the slab group (every slab)
 }
 
@@ -68,6 +69,7 @@ func (c *Cache) Stats() Stats {
 		PagesLoaded:      c.stats.pagesCopied[Load],
 		TransferErrors:   c.stats.transferErrs,
 		L1Used:           c.core.L1Used(),
+		L1UsedAll:        c.core.L1UsedAll(),
 		L2FreePages:      c.core.Allocator().TotalFree(),
 		Nodes:            c.core.Nodes(),
 		Quarantined:      c.core.Quarantined(),

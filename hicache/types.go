@@ -23,6 +23,7 @@ type (
 	PrefetchRefusal = core.PrefetchRefusal
 	PrefetchCost    = core.PrefetchCost
 	Options         = core.Options
+	L1Mode          = core.L1Mode
 	Policy          = core.Policy
 	PrefetchPolicy  = core.PrefetchPolicy
 	CoreStats       = core.Stats
@@ -42,6 +43,8 @@ type (
 
 // Write policies (see core.Policy).
 const (
+	CacheOwned            = core.CacheOwned  // the cache picks L1 slots (default)
+	EngineOwned           = core.EngineOwned // the engine's allocator picks them: InsertSlots, LoadBackSlots
 	WriteThrough          = core.WriteThrough
 	WriteThroughSelective = core.WriteThroughSelective
 	WriteBack             = core.WriteBack

@@ -326,7 +326,8 @@ int cpcache_kv_page_bytes(cpcache_t c, int64_t *out);
 /* --- the scheduler's calls --- */
 
 /* The longest cached prefix of tokens[0..n) (whole pages), marked recently used. The L1
- * slots of the device pages go to l1_slots, which must hold n / page_tokens entries (or be
+ * slots of the device pages go to l1_slots (this rank's slots: -1 for the pages it does not
+ * own, page i being CP rank i mod cp_size's; each rank's L1 holds only its own pages), which must hold n / page_tokens entries (or be
  * NULL with slots_cap 0 when they are not wanted); slots_cap is a bound (any larger value,
  * SIZE_MAX included, is fine): only the device_pages entries returned are written. n is at
  * most 2^40. [R] */

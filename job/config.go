@@ -86,14 +86,30 @@ type Config struct {
 	// PageBytes, every rank gives an equal one, and its fingerprint joins the storage
 	// namespace.
 	KVLayout *kvlayout.Layout
+	// SeparateSlabs keeps one slab per rank even for a KVLayout whose every part is
+	// replicated across attention-TP (see SharesSlabs): attention-TP copies of every page in
+	// L2, as before slabs were shared.
+	SeparateSlabs bool
+	// KVL1, when set, is the engine's KV memory as per-(layer, part) buffers of KVLayout
+	// (kvmem.NewL1, at the layout's attention-TP size and PageTokens tokens, at least L1Pages
+	// slots) instead of a flat pool of opaque pages: host buffers with L1 L1Cache (the cache's
+	// default host engine copies between them and the slabs, hicache.Config.L1), device buffers
+	// with L1 L1Device (cudaengine.NewKV over them; Open allocates no pool). Nil: a flat pool.
+	KVL1 *kvmem.L1
+	// DeviceKVL1, with L1 L1Device, KVLayout and no KVL1 or L1Base: Open allocates the L1 on
+	// the device as SGLang-style token-slot buffers, one per layer and part of L1Pages page
+	// slots (Rank.KVL1), instead of one pool of whole pages.
+	DeviceKVL1 bool
+	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
+	// kvmem.PageFirst). LayerFirst needs KVL1. Agreed by every rank in hicache.New.
 	// L1Buffers, when set, is the engine's L1 as per-(layer, part) host buffers lent by the
-	// caller (kvmem.Buffer; L1 must be L1Cache, KVLayout set): Open builds the kvmem.L1 of
-	// L1Pages slots over them once the layout's attention-TP size is known (a bad buffer
-	// stops every rank, naming its layer and part) and gives it to hicache.Config.L1, whose
-	// default engine is then the layered host engine.
+	// caller (kvmem.Buffer; L1 must be L1Cache, KVLayout set): Open builds KVL1 (kvmem.NewL1 of
+	// L1Pages slots) over them once the layout's attention-TP size is known, in the agreed
+	// engine step (a bad buffer stops every rank, naming its layer and part): for callers
+	// (libcpcache) that cannot know the attention-TP size before the world is joined. Not
+	// with KVL1.
 	L1Buffers []kvmem.Buffer
-	// L2Layout is hicache.Config.L2Layout (0: page_first).
-	L2Layout kvmem.L2Layout
+	L2Layout  kvmem.L2Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -185,10 +201,10 @@ func (c *Config) check() error {
 	switch {
 	case len(c.L1Buffers) > 0 && c.KVLayout == nil:
 		return bad("L1 buffers without a KV layout")
+	case len(c.L1Buffers) > 0 && c.KVL1 != nil:
+		return bad("both L1 buffers and a KVL1: give one")
 	case len(c.L1Buffers) > 0 && c.L1 != L1Cache:
 		return bad("L1 buffers with L1 kind %d (they replace the pool: want L1Cache)", int(c.L1))
-	case c.L2Layout != 0 && !c.L2Layout.Valid():
-		return bad("L2 layout %d", int(c.L2Layout))
 	}
 	for _, b := range c.L1Buffers {
 		if b.Device != 0 {
@@ -200,5 +216,67 @@ func (c *Config) check() error {
 			return fmt.Errorf("%w: KV layout: %w", ErrBadValue, err)
 		}
 	}
+	return c.checkKVL1(bad)
+}
+
+// checkKVL1 rejects a per-layer L1 or an L2 layout that does not fit the rest of c, naming
+// what differs, before any collective (the attention-TP size, known once the layout is
+// built, is checked with the engine: makeEngine).
+func (c *Config) checkKVL1(bad func(format string, args ...any) error) error {
+	if c.L2Layout != 0 && !c.L2Layout.Valid() {
+		return bad("L2 layout %d (want %s or %s)", int(c.L2Layout), kvmem.PageFirst, kvmem.LayerFirst)
+	}
+	if c.DeviceKVL1 {
+		switch {
+		case c.L1 != L1Device || c.KVLayout == nil:
+			return bad("per-layer device L1 buffers need a device L1 (L1Device) and a KV layout")
+		case c.KVL1 != nil || c.L1Base != nil:
+			return bad("per-layer device L1 buffers Open allocates, and the caller's L1 as well")
+		}
+		return nil
+	}
+	if c.KVL1 == nil {
+		if c.L2Layout == kvmem.LayerFirst && len(c.L1Buffers) == 0 {
+			return bad("a %s L2 needs an L1 of per-layer buffers (KVL1 or L1Buffers)", kvmem.LayerFirst)
+		}
+		return nil
+	}
+	s := c.KVL1.Shape()
+	switch {
+	case c.KVLayout == nil:
+		return bad("an L1 of per-layer buffers (%s) needs its KV layout (KVLayout)", s)
+	case c.L1 != L1Cache && c.L1 != L1Device:
+		return bad("an L1 of per-layer buffers needs L1 kind L1Cache (host buffers) or L1Device (device buffers), not %d", int(c.L1))
+	case c.KVL1.Device() != (c.L1 == L1Device):
+		return bad("the per-layer L1 buffers are in %s memory, the L1 kind %d needs %s memory", memoryName(c.KVL1.Device()), int(c.L1), memoryName(c.L1 == L1Device))
+	case c.L1Base != nil:
+		return bad("an L1 of per-layer buffers with an L1Base pool as well")
+	case c.KVL1.Slots() < c.L1Pages:
+		return bad("the per-layer L1 has %d page slots, L1Pages is %d", c.KVL1.Slots(), c.L1Pages)
+	case s.PageTokens() != c.PageTokens:
+		return bad("the per-layer L1 has %d-token pages, PageTokens is %d", s.PageTokens(), c.PageTokens)
+	case s.PageBytes() != int64(c.PageBytes):
+		return bad("a page of the per-layer L1 takes %d bytes, PageBytes is %d", s.PageBytes(), c.PageBytes)
+	}
+	if d := s.Layout().Diff(*c.KVLayout); d != "" {
+		return bad("the per-layer L1's layout differs from KVLayout: %s", d)
+	}
 	return nil
+}
+
+// SharesSlabs reports whether the ranks of a job with parallel layout l and KV layout kv
+// share slabs (hicache.Config.ShareSlabs): every part of kv is replicated across
+// attention-TP (MLA), attention-TP is above 1, and separate is not set
+// (Config.SeparateSlabs). The attention-TP ranks of a CP index then share one slab, made by
+// the TP-index-0 rank (parallel.Layout.SharedSlabGroup): one L2 copy per CP group instead of
+// attention-TP copies.
+func SharesSlabs(l *parallel.Layout, kv *kvlayout.Layout, separate bool) bool {
+	return !separate && l != nil && l.AttnTP > 1 && kv != nil && kv.AllReplicated()
+}
+
+func memoryName(device bool) string {
+	if device {
+		return "device"
+	}
+	return "host"
 }

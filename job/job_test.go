@@ -321,9 +321,9 @@ func TestL1BuffersReachTheCache(t *testing.T) {
 	}))
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
-		require.NotNil(t, ranks[r].KV)
-		assert.Equal(t, 8, ranks[r].KV.Slots())
-		assert.Equal(t, 2, ranks[r].KV.Shape().AttnTP())
+		require.NotNil(t, ranks[r].KVL1)
+		assert.Equal(t, 8, ranks[r].KVL1.Slots())
+		assert.Equal(t, 2, ranks[r].KVL1.Shape().AttnTP())
 		assert.Nil(t, ranks[r].HostEngine, "the cache's layered engine, not a pool's")
 		assert.NoError(t, ranks[r].Close())
 	}
@@ -348,4 +348,117 @@ func TestL1BuffersReachTheCache(t *testing.T) {
 	_, err = Open(context.Background(), cfgs[0])
 	require.ErrorIs(t, err, ErrBadValue)
 	assert.Contains(t, err.Error(), "want L1Cache")
+}
+
+// TestReplicatedLayoutSharesSlabs: with a KV layout whose every part is replicated (MLA) at
+// attention-TP 2, Open opens shared slabs over the replica group (2 slabs for 4 ranks, made
+// by the TP-0 ranks) and the cache takes them; a per-TP slab set is then the wrong scope;
+// SeparateSlabs keeps today's per-TP slabs.
+func TestReplicatedLayoutSharesSlabs(t *testing.T) {
+	mla, err := kvlayout.Parse("layers=1;latent=16:replicated") // 4 tokens × 16 B = testLayout's 64-byte page
+	require.NoError(t, err)
+	tag := fmt.Sprintf("jobshare%d", time.Now().UnixNano()%1e6)
+	ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) {
+		c.KVLayout, c.Slabs, c.Tag = &mla, nil, tag
+	}))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r, rk := range ranks {
+		assert.True(t, rk.SharedSlabs, "rank %d", r)
+		require.NotNil(t, rk.Set, "rank %d", r)
+		assert.True(t, rk.Set.Shared())
+		assert.Equal(t, []int{0, 2}, rk.Set.Ranks(), "rank %d: slabs made by the TP-0 ranks", r)
+		assert.Equal(t, rk.Layout.Coord(r).CP, rk.Cache.CPRank())
+		assert.Equal(t, map[int]int{0: 0, 2: 1, 1: -1, 3: -1}[r], rk.Set.Rank(), "rank %d's own slab", r)
+	}
+	for _, rk := range ranks {
+		assert.NoError(t, rk.Close())
+	}
+	// The per-TP slab groups with a replicated layout: the cache's scope check refuses them.
+	_, errs = openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout = &mla }))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		// Every rank's error names the cause (rank 1's scope error, agreed by New).
+		assert.Contains(t, err.Error(), "slab group slab[1,3] of rank 1 is not the layout's slab group slab[0,2]", "rank %d", r)
+	}
+	// SeparateSlabs: today's per-TP slabs.
+	ranks, errs = openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout, c.SeparateSlabs = &mla, true }))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.False(t, ranks[r].SharedSlabs)
+		assert.NoError(t, ranks[r].Close())
+	}
+}
+
+// TestKVL1ReachesTheCache: per-layer host L1 buffers and either L2 layout open (the cache
+// builds its host engine over them), ranks choosing different L2 layouts fail every rank, and a per-layer
+// L1 that does not fit the rest of the configuration is a bad value naming what differs:
+// before any collective, or, for the attention-TP size only the layout knows, agreed by
+// every rank.
+func TestKVL1ReachesTheCache(t *testing.T) {
+	const fits = "layers=2;k=8:sharded;v=8:sharded" // testLayout: 4 tokens of 64 bytes at attention-TP 2
+	kv, err := kvlayout.Parse(fits)
+	require.NoError(t, err)
+	l1Over := func(kv kvlayout.Layout, attnTP, slots int) *kvmem.L1 {
+		s, err := kvmem.NewShape(kv, attnTP, 4)
+		require.NoError(t, err)
+		l1, err := kvmem.NewL1(s, slots, kvmem.AllocTokenSlotBuffers(s, slots))
+		require.NoError(t, err)
+		return l1
+	}
+	l1Of := func(attnTP, slots int) *kvmem.L1 { return l1Over(kv, attnTP, slots) }
+	for _, lay := range []kvmem.L2Layout{kvmem.PageFirst, kvmem.LayerFirst} {
+		ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout, c.KVL1, c.L2Layout = &kv, l1Of(2, 8), lay }))
+		for r, err := range errs {
+			require.NoError(t, err, "%s: rank %d", lay, r)
+			assert.Equal(t, lay, ranks[r].L2Layout)
+			assert.NotNil(t, ranks[r].KVL1)
+			assert.NoError(t, ranks[r].Close())
+		}
+	}
+	_, errs := openAll(t, inProcess(t, func(r int, c *Config) {
+		c.KVLayout, c.KVL1, c.L2Layout = &kv, l1Of(2, 8), kvmem.PageFirst
+		if r == 2 {
+			c.L2Layout = kvmem.LayerFirst
+		}
+	}))
+	for r, err := range errs {
+		assert.Error(t, err, "rank %d: another rank's L2 layout differs", r)
+	}
+	// A replicated layout's page takes 64 bytes at any attention-TP size: only the shape's
+	// attention-TP differs from the layout's.
+	repl, err := kvlayout.Parse("layers=1;k=8:replicated;v=8:replicated")
+	require.NoError(t, err)
+	_, errs = openAll(t, inProcess(t, func(_ int, c *Config) { c.KVLayout, c.KVL1 = &repl, l1Over(repl, 1, 8) }))
+	for r, err := range errs { // agreed: rank 0's own error, its peers' naming it
+		require.Error(t, err, "rank %d", r)
+		assert.True(t, errors.Is(err, hicache.ErrPeerFailed), "rank %d: %v", r, err)
+		assert.Equal(t, r == 0, errors.Is(err, ErrBadValue), "rank %d: %v", r, err)
+		assert.Contains(t, err.Error(), "rank 0 of group world[0..3] could not start: making the copy engine: job: bad configuration value: the per-layer L1 is shaped for attention-TP 1, the layout")
+	}
+	other, err := kvlayout.Parse("layers=2;k=8:sharded;x=8:sharded")
+	require.NoError(t, err)
+	cases := map[string]func(*Config){
+		"a layer_first L2 needs an L1 of per-layer buffers":                       func(c *Config) { c.KVL1, c.L2Layout = nil, kvmem.LayerFirst },
+		"L2 layout 7 (want page_first or layer_first)":                            func(c *Config) { c.L2Layout = 7 },
+		"needs its KV layout (KVLayout)":                                          func(c *Config) { c.KVLayout = nil },
+		"the per-layer L1 has 4 page slots, L1Pages is 8":                         func(c *Config) { c.KVL1 = l1Of(2, 4) },
+		"the per-layer L1 buffers are in host memory":                             func(c *Config) { c.L1, c.L2 = L1Device, L2Pinned },
+		"needs L1 kind L1Cache (host buffers) or L1Device":                        func(c *Config) { c.L1 = L1HostAlloc },
+		"the per-layer L1 has 4-token pages, PageTokens is 8":                     func(c *Config) { c.PageTokens = 8 },
+		"a page of the per-layer L1 takes 64 bytes, PageBytes":                    func(c *Config) { c.PageBytes = 128 },
+		"the per-layer L1's layout differs from KVLayout: part":                   func(c *Config) { c.KVLayout = &other },
+		"per-layer device L1 buffers need a device L1 (L1Device) and a KV layout": func(c *Config) { c.DeviceKVL1, c.KVL1 = true, nil },
+		"per-layer device L1 buffers Open allocates, and the caller's L1 as well": func(c *Config) { c.DeviceKVL1, c.L1, c.L2 = true, L1Device, L2Pinned },
+	}
+	for want, edit := range cases {
+		cfgs := inProcess(t, func(_ int, c *Config) { c.KVLayout, c.KVL1 = &kv, l1Of(2, 8) })
+		edit(&cfgs[0])
+		start := time.Now()
+		_, err := Open(context.Background(), cfgs[0])
+		require.ErrorIs(t, err, ErrBadValue, want)
+		assert.Contains(t, err.Error(), want)
+		assert.Less(t, time.Since(start), 5*time.Second, "%s: no rank waited for", want)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -33,17 +34,24 @@ type Rank struct {
 	Counted *parallel.Counted // the consensus group, counted (the cache's group)
 	Backend string            // the consensus backend: "shm" or "gloo" (or the in-process group's)
 	Slabs   hicache.SlabSet   // the L2 of this rank's slab group
-	Set     *slab.Set         // Slabs when Open opened them (nil with Config.Slabs)
-	Engine  hicache.Engine    // the copy engine Open made (nil with L1Cache: the cache's own)
+	// SharedSlabs: the attention-TP ranks of a CP index share one slab (SharesSlabs): Slabs
+	// is the layout's SharedSlabGroup, and this rank writes its slab only if it is the
+	// slab's maker (parallel.Layout.SharedSlabWriter).
+	SharedSlabs bool
+	Set         *slab.Set      // Slabs when Open opened them (nil with Config.Slabs)
+	Engine      hicache.Engine // the copy engine Open made (nil with L1Cache: the cache's own)
 	// HostEngine is Engine with a host L1 (L1HostAlloc, L1Host).
 	HostEngine *hostengine.Engine
 	L1Host     unsafe.Pointer // the host L1 pool (L1HostAlloc, L1Host)
 	Device     *cuda.Device   // nil without CUDA
 	DeviceName string
-	L1Device   cuda.DevicePtr // the device L1 pool (L1Device)
-	KV         *kvmem.L1      // the engine's per-(layer, part) L1 (Config.L1Buffers), or nil
-	Storage    storage.Storage
-	Namespace  storage.Namespace
+	L1Device   cuda.DevicePtr // the device L1 pool (L1Device without KVL1)
+	// KVL1 is Config.KVL1 (the engine's per-layer L1 buffers), L2Layout the slabs' layout
+	// (Config.L2Layout, 0 taken as kvmem.PageFirst).
+	KVL1      *kvmem.L1
+	L2Layout  kvmem.L2Layout
+	Storage   storage.Storage
+	Namespace storage.Namespace
 
 	cudaSlabs *cudaslab.Backend // CUDA IPC and pinned slabs' backends (nil without CUDA)
 	closers   []func() error
@@ -111,7 +119,8 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	opts.PageSize, opts.L1Pages = cfg.PageTokens, cfg.L1Pages
 	hc := hicache.Config{
 		Options: opts, Layout: r.Layout, Rank: r.World.Rank(), Group: r.Counted, Slabs: r.Slabs, Engine: r.Engine, KVLayout: cfg.KVLayout,
-		L1: r.KV, L2Layout: cfg.L2Layout,
+		ShareSlabs: r.SharedSlabs,
+		L1:         cfg.KVL1, L2Layout: cfg.L2Layout,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
 	}
 	if r.Storage != nil {
@@ -234,7 +243,11 @@ func (r *Rank) openCUDA(cfg *Config) error {
 	if r.DeviceName, err = r.Device.Name(); err != nil {
 		return fmt.Errorf("job: CUDA device %d: %w", ordinal, err)
 	}
-	if cfg.L1 == L1Device {
+	if cfg.DeviceKVL1 {
+		if err := r.allocDeviceKVL1(cfg); err != nil {
+			return err
+		}
+	} else if cfg.L1 == L1Device && cfg.KVL1 == nil {
 		if cfg.L1Base != nil {
 			r.L1Device = cuda.DevicePtr(uintptr(cfg.L1Base))
 		} else {
@@ -254,6 +267,33 @@ func (r *Rank) openCUDA(cfg *Config) error {
 		if closeFn != nil {
 			r.onClose(closeFn)
 		}
+	}
+	return nil
+}
+
+// allocDeviceKVL1 allocates Config.DeviceKVL1's buffers on the rank's device and sets
+// cfg.KVL1 to them (the engine step takes it from there).
+func (r *Rank) allocDeviceKVL1(cfg *Config) error {
+	shape, err := kvmem.NewShape(*cfg.KVLayout, r.Layout.AttnTP, cfg.PageTokens)
+	if err != nil {
+		return fmt.Errorf("%w: per-layer device L1: %w", ErrBadValue, err)
+	}
+	var bufs []kvmem.Buffer
+	for l := range shape.Layers() {
+		for j := range shape.Parts() {
+			size := int64(cfg.L1Pages) * shape.ChunkBytes(j)
+			buf, err := r.Device.Alloc(int(size))
+			if err != nil {
+				return fmt.Errorf("job: L1 buffer of layer %d part %d (%d bytes) on device %d: %w", l, j, size, r.Device.Ordinal(), err)
+			}
+			r.onClose(buf.Close)
+			bpt := int64(shape.PartBytesPerToken(j))
+			bufs = append(bufs, kvmem.Buffer{Layer: l, Part: j, Device: uintptr(buf.Ptr()), Bytes: size,
+				PageStride: int64(shape.PageTokens()) * bpt, TokenStride: bpt})
+		}
+	}
+	if cfg.KVL1, err = kvmem.NewL1(shape, cfg.L1Pages, bufs); err != nil {
+		return err
 	}
 	return nil
 }
@@ -299,6 +339,7 @@ func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
 	if cfg.BeforeSlabs != nil {
 		cfg.BeforeSlabs()
 	}
+	r.SharedSlabs = SharesSlabs(r.Layout, cfg.KVLayout, cfg.SeparateSlabs)
 	if cfg.Slabs != nil {
 		r.Slabs = cfg.Slabs
 		return nil
@@ -316,13 +357,34 @@ func (r *Rank) openSlabs(ctx context.Context, cfg *Config) error {
 	if r.cudaSlabs != nil {
 		spec = r.cudaSlabs.Spec(spec) // the device backend and host pinner of CUDA IPC and pinned slabs
 	}
-	set, err := slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
+	var set *slab.Set
+	var err error
+	if r.SharedSlabs {
+		set, err = r.openSharedSlabs(ctx, spec)
+	} else {
+		set, err = slab.OpenSet(ctx, r.Groups.Group(parallel.KindSlab), spec)
+	}
 	if err != nil {
 		return err
 	}
 	r.onClose(set.Close)
 	r.Set, r.Slabs = set, set
 	return nil
+}
+
+// openSharedSlabs opens the shared slabs over the replica group (every rank that maps
+// them): the makers are the layout's SharedSlabGroup, at their replica-group positions.
+func (r *Rank) openSharedSlabs(ctx context.Context, spec slab.Spec) (*slab.Set, error) {
+	replica := r.Groups.Group(parallel.KindReplica)
+	if replica == nil {
+		return nil, fmt.Errorf("%w: shared slabs need the replica group", ErrBadValue)
+	}
+	members := replica.Ranks()
+	var makers []int
+	for _, m := range r.Layout.SharedSlabGroup(r.World.Rank()) {
+		makers = append(makers, slices.Index(members, m))
+	}
+	return slab.OpenSharedSet(ctx, replica, spec, makers)
 }
 
 // openEngine makes the copy engine over the L1 pool (none with L1Cache), agreed by every
@@ -335,25 +397,43 @@ func (r *Rank) openEngine(ctx context.Context, cfg *Config) error {
 
 func (r *Rank) makeEngine(cfg *Config) error {
 	size := cfg.L1Pages * cfg.PageBytes
-	var e hicache.Engine
-	switch cfg.L1 {
-	case L1Cache:
-		if len(cfg.L1Buffers) == 0 {
-			return nil
-		}
+	if len(cfg.L1Buffers) > 0 {
+		// Only now is the layout's attention-TP size known (Config.L1Buffers); cfg.KVL1 is
+		// what hicache.Config.L1 gets.
 		shape, err := kvmem.NewShape(*cfg.KVLayout, r.Layout.AttnTP, cfg.PageTokens)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrBadValue, err)
 		}
-		if r.KV, err = kvmem.NewL1(shape, cfg.L1Pages, cfg.L1Buffers); err != nil {
+		if cfg.KVL1, err = kvmem.NewL1(shape, cfg.L1Pages, cfg.L1Buffers); err != nil {
 			return fmt.Errorf("%w: %w", ErrBadValue, err)
 		}
-		return nil
+	}
+	r.KVL1, r.L2Layout = cfg.KVL1, cfg.L2Layout
+	if r.L2Layout == 0 {
+		r.L2Layout = kvmem.PageFirst
+	}
+	if cfg.KVL1 != nil && cfg.KVL1.Shape().AttnTP() != r.Layout.AttnTP {
+		return fmt.Errorf("%w: the per-layer L1 is shaped for attention-TP %d, the layout %s has attention-TP %d",
+			ErrBadValue, cfg.KVL1.Shape().AttnTP(), r.Layout, r.Layout.AttnTP)
+	}
+	var e hicache.Engine
+	switch cfg.L1 {
+	case L1Cache:
+		return nil // the cache's own host engine (over KVL1 when set)
 	case L1Device:
 		if r.Set == nil {
 			return fmt.Errorf("%w: a device L1 needs slabs Open opens", ErrBadValue)
 		}
-		ce, err := cudaengine.New(r.Device, r.L1Device, cfg.L1Pages, cfg.PageBytes, cudaengine.DevicePageAddr(r.Set), cudaengine.Options{})
+		var ce *cudaengine.Engine
+		var err error
+		if cfg.KVL1 != nil {
+			var kv cudaengine.KV
+			if kv, err = cudaengine.KVOf(cfg.KVL1, r.L2Layout, cfg.L2Pages, cudaengine.DevicePageAddr(r.Set)); err == nil {
+				ce, err = cudaengine.NewKV(r.Device, kv, cudaengine.Options{})
+			}
+		} else {
+			ce, err = cudaengine.New(r.Device, r.L1Device, cfg.L1Pages, cfg.PageBytes, cudaengine.DevicePageAddr(r.Set), cudaengine.Options{})
+		}
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,10 @@
 //   - the replica group (KindReplica, the attention-DP block): every rank that runs the same
 //     scheduler and holds a replica of the cache metadata. Consensus runs here.
 //   - the slab group (KindSlab, the attention-CP group): the ranks that share L2 slabs. It is
-//     always inside the replica group.
+//     always inside the replica group. When the KV is replicated across attention-TP (MLA),
+//     the attention-TP ranks of a CP index share one slab too: SharedSlabGroup is then the
+//     slab group (the TP-0 rank of each CP index makes and writes its slab,
+//     SharedSlabWriter), mapped by every rank of the DP block (SlabSharers, the replica group).
 //
 // # Groups
 //

@@ -205,3 +205,27 @@ func (l *Layout) String() string {
 	return fmt.Sprintf("world=%d tp=%d dp=%d attn_cp=%d ep=%d dp_attention=%t (attn_dp=%d attn_tp=%d)",
 		c.World, c.TP, c.DP, c.AttnCP, c.EP, c.DPAttention, l.AttnDP, l.AttnTP)
 }
+
+// SharedSlabGroup is the slab group of rank when the attention-TP ranks of a CP index share
+// one slab (a KV layout whose every part is replicated across attention-TP, as MLA's latent):
+// the TP-index-0 rank of each CP index of rank's DP block, in CP order. Slab c is made by the
+// c-th of them and mapped by every rank of the block, so the block keeps AttnCP slabs in all
+// instead of AttnCP × AttnTP. With AttnTP 1 it is SlabGroup(rank). Nil if rank is out of range.
+func (l *Layout) SharedSlabGroup(rank int) []int {
+	if rank < 0 || rank >= l.Config.World {
+		return nil
+	}
+	d := l.Coord(rank).DP
+	return seq(d*l.AttnCP*l.AttnTP, l.AttnCP, l.AttnTP)
+}
+
+// SlabSharers are the ranks that map the slabs of SharedSlabGroup(rank): every attention-TP
+// and attention-CP rank of rank's DP block (its replica group).
+func (l *Layout) SlabSharers(rank int) []int { return l.ReplicaGroup(rank) }
+
+// SharedSlabWriter reports whether rank writes the pages of its slab when slabs are shared
+// (SharedSlabGroup): the TP-index-0 rank of each CP index makes the slab, writes every page
+// into it and runs its storage I/O; the other TP ranks of the CP index only read it.
+func (l *Layout) SharedSlabWriter(rank int) bool {
+	return rank >= 0 && rank < l.Config.World && l.Coord(rank).TP == 0
+}

@@ -189,3 +189,24 @@ func TestGroupName(t *testing.T) {
 	assert.Equal(t, "attn_cp[1,3]", parallel.GroupName("attn_cp", []int{1, 3}))
 	assert.Equal(t, "x[4]", parallel.GroupName("x", []int{4}))
 }
+
+// TestSharedSlabGroup: at DP 2 × attn-CP 2 × attn-TP 4 the shared slab group of a rank is the
+// TP-0 rank of each CP index of its DP block; only those write; every rank of the block maps.
+func TestSharedSlabGroup(t *testing.T) {
+	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 16, TP: 16, DP: 2, AttnCP: 2, DPAttention: true})
+	require.NoError(t, err)
+	require.Equal(t, 4, l.AttnTP)
+	for r := range 16 {
+		block := r / 8 * 8
+		assert.Equal(t, []int{block, block + 4}, l.SharedSlabGroup(r), "rank %d", r)
+		assert.Equal(t, rng(block, block+7), l.SlabSharers(r), "rank %d", r)
+		assert.Equal(t, r%4 == 0, l.SharedSlabWriter(r), "rank %d", r)
+	}
+	assert.Nil(t, l.SharedSlabGroup(16))
+	assert.False(t, l.SharedSlabWriter(-1))
+	one, err := parallel.NewLayout(parallel.LayoutConfig{World: 4, AttnCP: 4})
+	require.NoError(t, err)
+	for r := range 4 {
+		assert.Equal(t, one.SlabGroup(r), one.SharedSlabGroup(r), "attn-TP 1: the shared group is the slab group")
+	}
+}

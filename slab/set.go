@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/cpcache/cpcache/parallel"
@@ -54,9 +55,13 @@ type Set struct {
 	group parallel.Group // the group the set was opened over (the slab group)
 	spec  Spec           // this rank's spec; its shared fields are equal on every rank
 
+	// makers are the group ranks that made the slabs, in slab order: nil for OpenSet (slab r
+	// was made by group rank r), the makers of OpenSharedSet.
+	makers []int
+
 	mu     sync.RWMutex // protects closed and the slabs' mappings (Close vs ReadPage/WritePage)
 	closed bool
-	slabs  []*Slab // slabs[r] was created by group rank r
+	slabs  []*Slab // slabs[i] was created by group rank makers[i] (or i)
 }
 
 // testHookAfterExchange, when set, runs after the handle exchange; a non-nil error makes
@@ -77,11 +82,46 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 	if group == nil {
 		return nil, fmt.Errorf("%w: nil group", ErrBadArgument)
 	}
+	return openSet(ctx, group, spec, nil)
+}
+
+// OpenSharedSet is OpenSet where only some members make a slab and every member maps all of
+// them: makers are the group ranks that make one (strictly increasing, at least one), slab i
+// is made by group rank makers[i], and the others map without creating (the attention-TP
+// ranks of a CP index sharing one slab, parallel.Layout.SharedSlabGroup). Every member must
+// call it with the same makers and its own spec (every member's spec is compared). Ranks are
+// then the makers' global ranks, and Rank is this member's own slab, or -1 when it made none.
+func OpenSharedSet(ctx context.Context, group parallel.Group, spec Spec, makers []int) (*Set, error) {
+	if group == nil {
+		return nil, fmt.Errorf("%w: nil group", ErrBadArgument)
+	}
+	if len(makers) == 0 {
+		return nil, fmt.Errorf("%w: shared slab set on group %s without makers", ErrBadArgument, group.Name())
+	}
+	for i, m := range makers {
+		if m < 0 || m >= group.Size() || (i > 0 && m <= makers[i-1]) {
+			return nil, fmt.Errorf("%w: shared slab set on group %s: maker %d at position %d (makers %v must be increasing group ranks below %d)",
+				ErrBadArgument, group.Name(), m, i, makers, group.Size())
+		}
+	}
+	return openSet(ctx, group, spec, slices.Clone(makers))
+}
+
+// openSet is OpenSet (makers nil: every member makes one) and OpenSharedSet.
+func openSet(ctx context.Context, group parallel.Group, spec Spec, makers []int) (*Set, error) {
 	rank, size := group.Rank(), group.Size()
 	be, pin := spec.DeviceBackend, spec.Pinner
+	slabMakers := makers
+	if slabMakers == nil {
+		slabMakers = make([]int, size)
+		for r := range slabMakers {
+			slabMakers[r] = r
+		}
+	}
+	ownIndex := slices.Index(slabMakers, rank)
 
 	own, handle, localErr := (*Slab)(nil), []byte(nil), spec.validate()
-	if localErr == nil {
+	if localErr == nil && ownIndex >= 0 {
 		own, handle, localErr = createSlab(spec, rank, be)
 	}
 	o := offer{Version: wireVersion, Spec: spec.shared(), Handle: handle}
@@ -106,10 +146,12 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 		}
 	}
 
-	s := &Set{group: group, spec: spec, slabs: make([]*Slab, size)}
-	s.slabs[rank] = own
+	s := &Set{group: group, spec: spec, makers: makers, slabs: make([]*Slab, len(slabMakers))}
+	if ownIndex >= 0 {
+		s.slabs[ownIndex] = own
+	}
 	status := ""
-	for r := range size {
+	for i, r := range slabMakers {
 		if r == rank {
 			continue
 		}
@@ -118,10 +160,13 @@ func OpenSet(ctx context.Context, group parallel.Group, spec Spec) (*Set, error)
 			status = fmt.Sprintf("slab of rank %d: %v", r, err)
 			break
 		}
-		s.slabs[r] = peer
+		s.slabs[i] = peer
 	}
 	if status == "" && spec.Backend == Host && spec.PinHost {
 		for _, sl := range s.slabs {
+			if sl == nil {
+				continue
+			}
 			if sl.pinned, err = pin.Pin(sl.host.mem); err != nil {
 				status = fmt.Sprintf("pin slab of rank %d: %v", sl.owner, err)
 				break
@@ -229,12 +274,32 @@ func (s *Set) Close() error {
 // Group is the group the set was opened over: the slab group.
 func (s *Set) Group() parallel.Group { return s.group }
 
-// Ranks are the global ranks of the slab group, in group-rank order (slab r was created by
-// Ranks()[r]).
-func (s *Set) Ranks() []int { return s.group.Ranks() }
+// Ranks are the global ranks of the slabs' makers, in slab order (slab r was created by
+// Ranks()[r]): the slab group's ranks in group-rank order, or OpenSharedSet's makers.
+func (s *Set) Ranks() []int {
+	if s.makers == nil {
+		return s.group.Ranks()
+	}
+	all := s.group.Ranks()
+	out := make([]int, len(s.makers))
+	for i, m := range s.makers {
+		out[i] = all[m]
+	}
+	return out
+}
 
-// Rank is this process's group rank: the index of its own slab.
-func (s *Set) Rank() int { return s.group.Rank() }
+// Rank is the index of this process's own slab: its group rank, or with OpenSharedSet its
+// position among the makers (-1 when it made none).
+func (s *Set) Rank() int {
+	if s.makers == nil {
+		return s.group.Rank()
+	}
+	return slices.Index(s.makers, s.group.Rank())
+}
+
+// Shared reports whether the set was opened by OpenSharedSet (members that map slabs they
+// did not make).
+func (s *Set) Shared() bool { return s.makers != nil }
 
 // Size is the number of slabs (the group size).
 func (s *Set) Size() int { return len(s.slabs) }

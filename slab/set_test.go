@@ -314,3 +314,62 @@ func TestPageAccessIsBoundsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenSharedSet: in a group of 8 where group ranks 0 and 4 make the slabs, every member
+// maps both; a page the maker of slab 1 writes is read by every member, and nothing is left.
+func TestOpenSharedSet(t *testing.T) {
+	tag := uniqueTag(t)
+	errs := runMembers(8, func(g parallel.Group) error {
+		ctx := context.Background()
+		s, err := OpenSharedSet(ctx, g, hostSpec(tag), []int{0, 4})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		me := g.Rank()
+		wantOwn := map[int]int{0: 0, 4: 1}[me]
+		if _, maker := map[int]int{0: 0, 4: 1}[me]; !maker {
+			wantOwn = -1
+		}
+		if s.Size() != 2 || s.Rank() != wantOwn || !s.Shared() || fmt.Sprint(s.Ranks()) != "[0 4]" {
+			return fmt.Errorf("rank %d: size %d, own slab %d (want %d), shared %t, ranks %v", me, s.Size(), s.Rank(), wantOwn, s.Shared(), s.Ranks())
+		}
+		if me == 4 {
+			if err := s.WritePage(Page{Slab: 1, Index: 3}, []byte("shared page")); err != nil {
+				return err
+			}
+		}
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+		b, err := s.Page(Page{Slab: 1, Index: 3})
+		if err != nil {
+			return err
+		}
+		if !bytes.HasPrefix(b, []byte("shared page")) {
+			return fmt.Errorf("rank %d reads %q from slab 1 page 3", me, b[:11])
+		}
+		return g.Barrier(ctx)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if l := leftovers(tag); len(l) > 0 {
+		t.Errorf("left over: %v", l)
+	}
+}
+
+// TestOpenSharedSetBadMakers: makers out of order or out of the group are ErrBadArgument
+// naming the maker, before any collective.
+func TestOpenSharedSetBadMakers(t *testing.T) {
+	g := local.World(1, local.Options{Timeout: time.Second})[0]
+	defer g.Close()
+	for _, makers := range [][]int{nil, {1}, {0, 0}} {
+		_, err := OpenSharedSet(context.Background(), g, hostSpec(uniqueTag(t)), makers)
+		if !errors.Is(err, ErrBadArgument) {
+			t.Errorf("makers %v: %v, want ErrBadArgument", makers, err)
+		}
+	}
+}

@@ -122,6 +122,7 @@ func runRanks(t *testing.T, l matrixLayout, args []string) *matrixRun {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "report.json")
 	argv := append(append([]string{"run", "--world", "8", "--timeout", faultDeadline.String(), "--json", jsonPath}, l.args...), smallSynthetic...)
+	argv = append(argv, l1For(8/l.dp)...) // every matrix layout has CP 8/dp
 	argv = append(argv, args...)
 	base := append([]string{"CPCACHE_STORE=file://" + filepath.Join(dir, "store")}, withoutLauncherEnv(nil)...)
 	bin := cpcacheBinary(t)

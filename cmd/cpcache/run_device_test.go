@@ -38,7 +38,7 @@ func TestRunDeviceCUDAOnFakeDriver(t *testing.T) {
 	} {
 		t.Run("l2="+c.l2, func(t *testing.T) {
 			status, rep, out, errOut := runBinary(t, []string{lib},
-				append([]string{"--device", "cuda", "--l2", c.l2, "--world", strconv.Itoa(c.world), "--dp", "1", "--attn-cp", strconv.Itoa(c.world)}, smallSynthetic...)...)
+				append(append([]string{"--device", "cuda", "--l2", c.l2, "--world", strconv.Itoa(c.world), "--dp", "1", "--attn-cp", strconv.Itoa(c.world)}, smallSynthetic...), l1For(c.world)...)...)
 			requireHealthy(t, status, rep, out, errOut)
 			assert.Positive(t, rep.TokensHitL2, "histories evicted from L1 must come back from L2")
 			assert.Positive(t, rep.PagesVerified)
@@ -53,6 +53,28 @@ func TestRunDeviceCUDAOnFakeDriver(t *testing.T) {
 			assert.Empty(t, rep.Device.BaselineError)
 			assert.Contains(t, out, "page copies          backup")
 			assert.Contains(t, out, "L1 memory            device memory")
+		})
+	}
+}
+
+// TestRunDeviceCUDAModelOnFakeDriver: --device cuda --model: job.Open allocates per-layer
+// token-slot L1 buffers on the device, the CUDA engine copies chunk by chunk between them and
+// the L2 slabs in either layout, the scheduler waits for load-backs layer by layer and checks
+// each layer's chunks copied back from the device; 0 bad pages, one collective per step.
+func TestRunDeviceCUDAModelOnFakeDriver(t *testing.T) {
+	lib := fakeCUDA(t)
+	for _, c := range []struct{ l2, layout string }{{"device", "page_first"}, {"host", "layer_first"}} {
+		t.Run(c.l2+"/"+c.layout, func(t *testing.T) {
+			status, rep, out, errOut := runBinary(t, []string{lib}, "--device", "cuda", "--l2", c.l2, "--world", "2", "--dp", "1", "--attn-cp", "2",
+				"--clients", "3", "--rounds", "2", "--model", "deepseek-v3", "--l2-layout", c.layout, "--l1-pages", "96", "--l2-pages", "160")
+			requireHealthy(t, status, rep, out, errOut)
+			require.NotNil(t, rep.KVLayout)
+			assert.Equal(t, "device, per layer and part a token-slot buffer", rep.KVLayout.L1)
+			assert.Equal(t, c.layout, rep.KVLayout.L2Layout)
+			assert.Positive(t, rep.PagesLoadedL2, "pages came back from L2")
+			assert.Positive(t, rep.KVLayout.LayerWaits)
+			assert.Zero(t, rep.KVLayout.LayerWaits%61, "every load-back waits for each of the 61 layers")
+			assert.Contains(t, out, "  kv memory            L1 device, per layer and part a token-slot buffer; L2 "+c.layout+"; 61 layers × 1 parts = 61 chunks of a page\n")
 		})
 	}
 }

@@ -70,7 +70,7 @@ func TestRunSweepOverThreeCapacitiesWithHTML(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, htmlPath := filepath.Join(dir, "sweep.json"), filepath.Join(dir, "report.html")
 	cmd := exec.Command(cpcacheBinary(t), "run", "--world", "2", "--dp", "1", "--attn-cp", "2", "--workload", "trace",
-		"--trace", conversationTrace(t), "--page-size", "16", "--l1-pages", "1000", "--kv-bytes-per-token", "8",
+		"--trace", conversationTrace(t), "--page-size", "16", "--l1-pages", "500", "--kv-bytes-per-token", "8", // L1: 1000 pages over the 2 ranks
 		"--cost-profile", "unit", "--sweep", "l2-pages=160,400,2048", "--json", jsonPath, "--html", htmlPath)
 	cmd.Env = withoutLauncherEnv(nil)
 	var stdout, stderr strings.Builder

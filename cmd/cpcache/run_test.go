@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -130,8 +131,12 @@ func requireHealthy(t *testing.T, status int, rep *report.Report, stdout, stderr
 // (up to 128 pages each) through 128 L1 pages.
 var smallSynthetic = []string{"--clients", "8", "--rounds", "4", "--l1-pages", "160", "--l2-pages", "512", "--kv-bytes-per-token", "64"}
 
+// l1For is --l1-pages for an L1 of 160 pages of the tree (smallSynthetic's) at CP size cp:
+// each rank's pool holds only the pages it owns. A later flag overrides smallSynthetic's.
+func l1For(cp int) []string { return []string{"--l1-pages", strconv.Itoa(160 / cp)} }
+
 func TestRunCP8DP2On16Ranks(t *testing.T) {
-	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "16", "--dp", "2", "--attn-cp", "8"}, smallSynthetic...)...)
+	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--world", "16", "--dp", "2", "--attn-cp", "8"}, smallSynthetic...), l1For(8)...)...)
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Contains(t, rep.Layout, "attn_dp=2 attn_tp=1")
 	assert.Equal(t, int64(32), rep.Requests)
@@ -140,18 +145,51 @@ func TestRunCP8DP2On16Ranks(t *testing.T) {
 }
 
 // TestRunModel: --model sets the pages' size from a KV layout (DeepSeek-V3's MLA latent:
-// 61 layers × 1152 bytes per token on every rank) and the report states it.
+// 61 layers × 1152 bytes per token on every rank; Llama-3-8B's K and V), the ranks lend
+// per-layer L1 buffers in either L2 layout, wait for load-backs layer by layer, and the report
+// states the layout, the L1 and the L2 layout.
 func TestRunModel(t *testing.T) {
 	status, rep, out, errOut := runBinary(t, nil, "--world", "2", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
 		"--model", "deepseek-v3", "--l1-pages", "96", "--l2-pages", "128")
 	requireHealthy(t, status, rep, out, errOut)
 	require.NotNil(t, rep.KVLayout)
-	assert.Equal(t, report.KVLayout{Name: "deepseek-v3", Spec: "layers=61;kv=1152:replicated", BytesPerToken: 61 * 1152, PageBytes: 16 * 61 * 1152}, *rep.KVLayout)
+	assert.Positive(t, rep.KVLayout.LayerWaits)
+	assert.Zero(t, rep.KVLayout.LayerWaits%61, "every load-back waits for each of the 61 layers")
+	assert.Equal(t, report.KVLayout{Name: "deepseek-v3", Spec: "layers=61;kv=1152:replicated", BytesPerToken: 61 * 1152, PageBytes: 16 * 61 * 1152,
+		Layers: 61, Parts: 1, L2Layout: "page_first", L1: "host, per layer and part a token-slot buffer", LayerWaits: rep.KVLayout.LayerWaits}, *rep.KVLayout)
 	assert.Contains(t, out, "  kv layout            deepseek-v3 (70272 B/token per rank, 1124352 B/page)\n")
+	assert.Contains(t, out, "  kv memory            L1 host, per layer and part a token-slot buffer; L2 page_first; 61 layers × 1 parts = 61 chunks of a page\n")
+
+	// Llama-3-8B at CP 2 (2 MiB pages): a small run in each L2 layout.
+	for _, lay := range []string{"page_first", "layer_first"} {
+		status, rep, out, errOut := runBinary(t, nil, "--world", "2", "--attn-cp", "2", "--dp", "1", "--clients", "3", "--rounds", "2",
+			"--model", "llama-3-8b", "--l2-layout", lay, "--l1-pages", "96", "--l2-pages", "160")
+		requireHealthy(t, status, rep, out, errOut)
+		require.NotNil(t, rep.KVLayout, lay)
+		assert.Equal(t, lay, rep.KVLayout.L2Layout)
+		assert.Positive(t, rep.PagesLoadedL2, "%s: pages came back from L2", lay)
+		assert.Positive(t, rep.KVLayout.LayerWaits, lay)
+		assert.Contains(t, out, "  kv layout            llama-3-8b (131072 B/token per rank, 2097152 B/page)\n", lay)
+		assert.Contains(t, out, "; L2 "+lay+"; 32 layers × 2 parts = 64 chunks of a page\n", lay)
+	}
+}
+
+// TestRunModelSharedL2: --model deepseek-v3 at attention-TP 2 × CP 2 in four processes: the
+// TP ranks of a CP index share one slab (two slabs for the job, made by the TP-0 ranks over
+// the replica group), every rank verifies what it loads, and the report says so.
+func TestRunModelSharedL2(t *testing.T) {
+	status, rep, out, errOut := runBinary(t, nil, "--world", "4", "--attn-cp", "2", "--dp", "1", "--clients", "4", "--rounds", "2",
+		"--model", "deepseek-v3", "--l1-pages", "112", "--l2-pages", "128")
+	requireHealthy(t, status, rep, out, errOut)
+	assert.Contains(t, rep.Layout, "attn_tp=2")
+	page := int64(16 * 61 * 1152)
+	assert.Equal(t, report.L2Memory{Shared: true, Copies: 1, BytesPerPage: page, Slabs: 2, Bytes: 2 * 128 * page}, rep.L2)
+	assert.Contains(t, out, "(slabs: 2, attention-TP ranks share a slab)")
+	assert.Positive(t, rep.PagesVerified)
 }
 
 func TestRunCP8On8Ranks(t *testing.T) {
-	status, rep, out, errOut := runBinary(t, nil, append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...)...)
+	status, rep, out, errOut := runBinary(t, nil, append(append([]string{"--world", "8", "--dp", "1", "--attn-cp", "8"}, smallSynthetic...), l1For(8)...)...)
 	requireHealthy(t, status, rep, out, errOut)
 	assert.Positive(t, rep.TokensHitL2)
 }
@@ -251,6 +289,8 @@ func TestRunBadInputExitsTwoBeforeLaunching(t *testing.T) {
 		{[]string{"--isolation", "per-user"}, `--isolation "per-user" (want none, per-client or per-tenant)`},
 		{[]string{"--model", "llama-9"}, `--model llama-9: kvlayout: unknown preset "llama-9" (known: deepseek-v3, llama-3-70b, llama-3-8b, llama-3-8b-indexer)`},
 		{[]string{"--model", "llama-3-8b", "--kv-bytes-per-token", "512"}, "--model llama-3-8b holds 131072 bytes per token per rank at attention-TP 1, --kv-bytes-per-token is 512"},
+		{[]string{"--model", "llama-3-8b", "--l2-layout", "layers_first"}, `--l2-layout "layers_first" (want page_first or layer_first)`},
+		{[]string{"--l2-layout", "layer_first"}, "--l2-layout layer_first needs --model"},
 		{[]string{"--isolation", "per-tenant"}, "--isolation per-tenant needs --workload trace"},
 		{[]string{"--fault", "flush:step=5,when=later"}, "when=later: want now or idle"},
 		{[]string{"--timeout", "-1s"}, "timeout -1s is negative"},

@@ -41,6 +41,32 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("%w: unknown write policy %q (want write_through, write_through_selective or write_back)", ErrBadConfig, s)
 }
 
+// L1Mode says who picks the L1 slots of the pages the cache holds.
+type L1Mode uint8
+
+const (
+	// CacheOwned: the cache picks the slots (Insert, LoadBack return them; lowest free first).
+	CacheOwned L1Mode = iota
+	// EngineOwned: the engine's allocator picks them. The engine computes a sequence's KV into
+	// its own slots and inserts the sequence with them (InsertSlots); a load-back takes its
+	// destination slots from the engine (LoadBackSlots); every slot the cache lets go comes
+	// back to the engine exactly once: in the result of the call that freed it (InsertSlots,
+	// LoadBackSlots, EvictL1Slots) or, for releases outside such a call (a write-back eviction
+	// committing, quarantine, recovery, Reset), through TakeFreedL1. The per-rank counts of
+	// slots in use are replicated (in the digests); the slot values are local to each rank.
+	EngineOwned
+)
+
+func (m L1Mode) String() string {
+	switch m {
+	case CacheOwned:
+		return "cache_owned"
+	case EngineOwned:
+		return "engine_owned"
+	}
+	return fmt.Sprintf("L1Mode(%d)", uint8(m))
+}
+
 // Options are the cache's tunables. They must be identical on every rank of the group (the
 // consensus step checks a fingerprint of them).
 type Options struct {
@@ -49,7 +75,8 @@ type Options struct {
 	Policy         Policy // write policy (default WriteThrough)
 	WriteThreshold int    // WriteThroughSelective: insertions before a backup (default 2)
 	MinLoadPages   int    // load back only host hits of at least this many pages (default 1)
-	LoadQuotaPages int    // at most this many pages loading at once (default L1Pages/2)
+	LoadQuotaPages int    // at most this many pages loading at once (default: half of the CP group's L1, C×L1Pages/2)
+	L1Mode         L1Mode // who picks L1 slots (default CacheOwned)
 	// Generation is the handle generation before the first tree: the first tree's handles
 	// have Generation+1, and every reset moves it on by one (see Handle). A process that
 	// opens caches one after another starts each above the last one's Core.Generation, so
@@ -82,6 +109,9 @@ func (o *Options) normalize() error {
 	if o.L1Pages > 1<<31-1 {
 		return fmt.Errorf("%w: L1 pages %d must be below 2^31", ErrBadConfig, o.L1Pages)
 	}
+	if o.L1Mode != CacheOwned && o.L1Mode != EngineOwned {
+		return fmt.Errorf("%w: L1 mode %d", ErrBadConfig, int(o.L1Mode))
+	}
 	if o.Policy < WriteThrough || o.Policy > WriteBack {
 		return fmt.Errorf("%w: write policy %d", ErrBadConfig, int(o.Policy))
 	}
@@ -104,6 +134,10 @@ type Config struct {
 }
 
 func (c *Config) normalize() error {
+	if c.LoadQuotaPages == 0 && c.Slabs > 0 && c.L1Pages > 0 {
+		// Every rank's pool holds the pages it owns: the group's L1 is C pools.
+		c.LoadQuotaPages = max(1, c.Slabs*c.L1Pages/2)
+	}
 	if err := c.Options.normalize(); err != nil {
 		return err
 	}
@@ -127,6 +161,9 @@ func (c *Config) fingerprint() uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d|%d|%d|%d|%d|%d|%d|%d|%x", c.PageSize, c.L1Pages, c.Policy, c.WriteThreshold,
 		c.MinLoadPages, c.LoadQuotaPages, c.Slabs, c.PagesPerSlab, c.Fingerprint)
+	if c.L1Mode != CacheOwned {
+		fmt.Fprintf(h, "|l1mode|%d", c.L1Mode)
+	}
 	if c.L3 {
 		fmt.Fprintf(h, "|l3|%s", c.L3Config.fingerprint())
 	}

@@ -23,7 +23,8 @@ type Core struct {
 	cfg   Config
 	fp    uint64
 	alloc *alloc.Allocator
-	l1    *l1Pool
+	l1    l1Pools // one pool per CP rank
+	adopt []int32 // EngineOwned: during an InsertSlots/LoadBackSlots, the caller's slot of sequence page i not yet adopted, else -1
 
 	root  *treeNode
 	index map[uint64]*treeNode // chained hash of a node's first page -> node
@@ -104,7 +105,7 @@ func New(cfg Config) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pool(cfg.L1Pages), gen: cfg.Generation, dropped: map[Handle]int{}}
+	c := &Core{cfg: cfg, fp: cfg.fingerprint(), alloc: alloc, l1: newL1Pools(cfg.Slabs, cfg.L1Pages, cfg.L1Mode, cfg.CPRank), gen: cfg.Generation, dropped: map[Handle]int{}}
 	c.resetTree()
 	return c, nil
 }
@@ -217,8 +218,22 @@ func (c *Core) perturbTreeNow() {
 // Owns reports whether this rank owns sequence page i (holds it in L1, writes its backup).
 func (c *Core) Owns(i int) bool { return i%c.cfg.Slabs == c.cfg.CPRank }
 
-// L1Used is the number of L1 slots in use.
-func (c *Core) L1Used() int { return c.l1.used() }
+// L1Used is the number of this rank's L1 slots in use: the pages it owns that L1 holds.
+func (c *Core) L1Used() int { return c.l1.pools[c.cfg.CPRank].used() }
+
+// L1UsedBy is the number of CP rank r's L1 slots in use (every rank knows every rank's
+// pool: the accounting is replicated). r must be in 0..C-1.
+func (c *Core) L1UsedBy(r int) int { return c.l1.pools[r].used() }
+
+// L1UsedAll is the number of L1 slots in use on all CP ranks together: the pages of the
+// tree held in L1.
+func (c *Core) L1UsedAll() int {
+	n := 0
+	for _, p := range c.l1.pools {
+		n += p.used()
+	}
+	return n
+}
 
 // Nodes is the number of tree nodes (without the root).
 func (c *Core) Nodes() int { return c.nodes }

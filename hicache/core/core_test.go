@@ -146,7 +146,7 @@ func (r *coreRig) match(tokens []int32) []MatchResult {
 		all = append(all, res)
 		if i == 0 {
 			res0 = res
-		} else if res.DevicePages != res0.DevicePages || res.HostPages != res0.HostPages || !slices.Equal(res.L1Slots, res0.L1Slots) {
+		} else if res.DevicePages != res0.DevicePages || res.HostPages != res0.HostPages || !ownSlotsOnly(c, res) {
 			r.t.Fatalf("rank %d match %d+%d, rank 0 %d+%d", i, res.DevicePages, res.HostPages, res0.DevicePages, res0.HostPages)
 		}
 		r.verify(i, c.at(res.Last), res.DevicePages)
@@ -305,4 +305,18 @@ func isRootHandle(h Handle) bool { return h != 0 && uint64(h)&(1<<HandleIDBits-1
 func (c *Core) gone(h Handle) bool {
 	_, err := c.node(h)
 	return err != nil
+}
+
+// ownSlotsOnly reports whether m's L1 slots are this rank's: a slot in its pool for every
+// device page c owns, -1 for every other page.
+func ownSlotsOnly(c *Core, m MatchResult) bool {
+	if len(m.L1Slots) != m.DevicePages {
+		return false
+	}
+	for i, s := range m.L1Slots {
+		if c.Owns(i) != (s >= 0) || int(s) >= c.Config().L1Pages {
+			return false
+		}
+	}
+	return true
 }

@@ -14,7 +14,10 @@ import (
 // the allocator digest (while L2 is enabled). Equal on every rank of a healthy group after every step. O(nodes);
 // meant for tests and debugging (the consensus step uses O(1) digests).
 func (c *Core) StateDigest() uint64 {
-	h := mix.Mix64(uint64(c.l1.used()) << 1)
+	h := mix.Mix64(uint64(c.l1.ranks()) << 1)
+	for _, p := range c.l1.pools {
+		h = mix.Mix64(h ^ uint64(p.used()))
+	}
 	if !c.quarantined { // after a divergence the allocator is abandoned (and may differ)
 		h = mix.Mix64(h ^ c.alloc.Digest())
 	}
@@ -53,8 +56,10 @@ func (c *Core) StateDigest() uint64 {
 			h = mix.Mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
 			h = mix.Mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)
-			for _, s := range n.l1 {
-				h = mix.Mix64(h ^ uint64(s))
+			if c.l1.engine == nil { // EngineOwned: the slots are the engine's, local to each rank
+				for _, s := range n.l1 {
+					h = mix.Mix64(h ^ uint64(s))
+				}
 			}
 			for _, p := range n.l2 {
 				h = mix.Mix64(h ^ uint64(p.Slab)<<32 ^ uint64(p.Index))
@@ -80,7 +85,7 @@ func (c *Core) StateDigest() uint64 {
 
 // CheckInvariants verifies the structural invariants (tests, diagnostics): L1 is closed under parents,
 // l1Kids counts are right, lists hold exactly the nodes their tiers say, I/O implies L1,
-// L2 pages live in their owners' slabs, and the allocator agrees with the tree.
+// every L1 slot is held once in its owner's pool, L2 pages live in their owners' slabs, and the allocator agrees with the tree.
 func (c *Core) CheckInvariants() error {
 	var err error
 	fail := func(format string, args ...any) {
@@ -88,7 +93,12 @@ func (c *Core) CheckInvariants() error {
 			err = fmt.Errorf("core: "+format, args...)
 		}
 	}
-	l1Pages, nodes, ownLocks := 0, 0, 0
+	nodes, ownLocks := 0, 0
+	l1Pages := make([]int, c.cfg.Slabs)           // per CP rank's pool: slots the nodes hold
+	l1Held := make([]map[int32]bool, c.cfg.Slabs) // per pool: the slots the nodes hold
+	for r := range l1Held {
+		l1Held[r] = map[int32]bool{}
+	}
 	var stateSum uint64 // what the incremental tree digest should hold once up to date
 	var visit func(n *treeNode)
 	visit = func(n *treeNode) {
@@ -138,7 +148,24 @@ func (c *Core) CheckInvariants() error {
 			fail("node %d: I/O in flight without L1 pages", n.id)
 		}
 		if n.l1 != nil {
-			l1Pages += len(n.l1)
+			for j, s := range n.l1 {
+				r := (n.depth + j) % c.cfg.Slabs
+				l1Pages[r]++
+				if e := c.l1.engine; e != nil && r != e.rank {
+					if s != -1 {
+						fail("node %d page %d (sequence page %d): slot %d of CP rank %d's engine-owned pool on rank %d, want -1", n.id, j, n.depth+j, s, r, e.rank)
+					}
+					continue
+				}
+				if e := c.l1.engine; e != nil && !e.held[s] {
+					fail("node %d page %d: engine slot %d not recorded as held", n.id, j, s)
+				}
+				if s < 0 || int(s) >= c.cfg.L1Pages || l1Held[r][s] {
+					fail("node %d page %d (sequence page %d): slot %d of CP rank %d's pool out of range or held twice", n.id, j, n.depth+j, s, r)
+				} else {
+					l1Held[r][s] = true
+				}
+			}
 			if n.list != inL1List {
 				fail("node %d: in L1 but list %d", n.id, n.list)
 			}
@@ -178,8 +205,13 @@ func (c *Core) CheckInvariants() error {
 	if nodes != c.nodes {
 		fail("nodes %d, counted %d", c.nodes, nodes)
 	}
-	if l1Pages != c.l1.used() {
-		fail("L1 pool uses %d slots, nodes hold %d", c.l1.used(), l1Pages)
+	if e := c.l1.engine; e != nil && len(e.held) != l1Pages[e.rank] {
+		fail("%d engine slots recorded as held, nodes hold %d", len(e.held), l1Pages[e.rank])
+	}
+	for r, p := range c.l1.pools {
+		if p.used() != l1Pages[r] {
+			fail("CP rank %d's L1 pool uses %d slots, nodes hold %d of its pages", r, p.used(), l1Pages[r])
+		}
 	}
 	if c.lruL1.n+c.lruL2.n != nodes {
 		fail("lists hold %d+%d nodes, tree %d", c.lruL1.n, c.lruL2.n, nodes)

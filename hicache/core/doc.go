@@ -1,7 +1,8 @@
 // Package core is the deterministic state machine of cpcache's hierarchical KV cache — the
 // place to start reading. One Core is one rank's replica of its group's cache metadata: the
 // radix tree over whole pages (chained page hashes, usable as storage keys), the L1
-// accounting (lowest free slot first), the replicated L2 allocator (slab/alloc: page i of a
+// accounting (one pool per CP rank, page i of a sequence in CP rank i mod C's pool, lowest
+// free slot first), the replicated L2 allocator (slab/alloc: page i of a
 // sequence lives in slab i mod C, owned by CP rank i mod C), the write policies, load-back
 // quota, LRU eviction with deterministic ties, the queues of backups, loads and storage jobs
 // in flight, the digests and the consensus vector.

@@ -21,10 +21,8 @@ func l2Evictable(n *treeNode) bool {
 
 // evictL1 frees L1 pages, least recently used leaves first, until want pages were freed or
 // are pending, or no candidate is left; it never takes more than want: a leaf longer than
-// what is still wanted is split and only its tail (the deepest pages) is evicted. A
-// backed-up node becomes L2-only; under write-back a node without a backup starts one and
-// frees its pages once the group agreed it committed (counted in pending, not freed); any
-// other node is dropped with its L2-only descendants. Never in quarantine: every caller
+// what is still wanted is split and only its tail (the deepest pages) is evicted. See
+// evictLeaf for what happens to an evicted leaf. Never in quarantine: every caller
 // returns before it then.
 func (c *Core) evictL1(want int) (freed, pending int) {
 	for n := c.lruL1.front(); n != nil && freed+pending < want; {
@@ -34,23 +32,89 @@ func (c *Core) evictL1(want int) (freed, pending int) {
 				c.split(n, keep) // the head (first keep pages) stays; n is the tail
 			}
 			k := len(n.hashes)
-			switch {
-			case n.l2 != nil:
-				c.clearL1(n)
+			if c.evictLeaf(n) {
 				freed += k
-			case c.cfg.Policy == WriteBack && !n.stale && c.backup(n):
-				n.evictAfterWrite = true
-				c.mark(n)
+			} else {
 				pending += k
-			default:
-				c.removeSubtree(n)
-				freed += k
 			}
 		}
 		n = next
 	}
 	c.stats.EvictedL1Pages += int64(freed)
 	return freed, pending
+}
+
+// evictLeaf evicts the L1 pages of an evictable node and reports whether they are free now.
+// A backed-up node becomes L2-only; under write-back a node without a backup starts one and
+// frees its pages once the group agreed it committed (false: pending); any other node is
+// dropped with its L2-only descendants.
+func (c *Core) evictLeaf(n *treeNode) bool {
+	switch {
+	case n.l2 != nil:
+		c.clearL1(n)
+	case c.cfg.Policy == WriteBack && !n.stale && c.backup(n):
+		n.evictAfterWrite = true
+		c.mark(n)
+		return false
+	default:
+		c.removeSubtree(n)
+	}
+	return true
+}
+
+// evictL1Pools frees L1 pages until every CP rank's pool r has def[r] more free slots (freed
+// now or pending a write-back), or no candidate is left. It lowers def by what it frees and
+// leaves it holding what is still short. Least recently used leaves go first: in a first
+// pass only those holding pages of a short pool, each giving the shortest tail that covers
+// what is still short (or all its pages); a second pass, when pools are still short, also
+// takes leaves of no short pool, whose eviction may make a parent that holds some evictable.
+func (c *Core) evictL1Pools(def pageCounts) {
+	C := len(def)
+	left := 0
+	for _, d := range def {
+		left += d
+	}
+	trial := make(pageCounts, C)
+	for pass := 0; pass < 2 && left > 0; pass++ {
+		for n := c.lruL1.front(); n != nil && left > 0; {
+			next := c.lruL1.after(n)
+			if !l1Evictable(n) {
+				n = next
+				continue
+			}
+			// The shortest tail covering what is short, or all k pages.
+			k := len(n.hashes)
+			copy(trial, def)
+			tail, helps, still := k, false, left
+			for j := k - 1; j >= 0 && still > 0; j-- {
+				if r := (n.depth + j) % C; trial[r] > 0 {
+					trial[r]--
+					helps = true
+					if still--; still == 0 {
+						tail = k - j
+					}
+				}
+			}
+			if !helps && pass == 0 {
+				n = next
+				continue
+			}
+			if tail < k {
+				c.split(n, k-tail) // the head (first pages) stays; n is the tail
+			}
+			depth, pages := n.depth, len(n.hashes)
+			if c.evictLeaf(n) {
+				c.stats.EvictedL1Pages += int64(pages)
+			}
+			for j := range pages {
+				if r := (depth + j) % C; def[r] > 0 {
+					def[r]--
+					left--
+				}
+			}
+			n = next
+		}
+	}
 }
 
 // evictingL1 is the number of L1 pages whose write-back eviction is scheduled and not yet

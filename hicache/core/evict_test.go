@@ -55,8 +55,8 @@ func TestEvictL1WriteBackReportsPending(t *testing.T) {
 			}
 			r.settle()
 			for i, c := range r.cores {
-				if st := c.Stats(); c.L1Used() != 9 || st.EvictedL1Pages != 3 || st.WrittenPages != 3 {
-					t.Fatalf("rank %d: %d L1 pages used, %d evicted, %d written back; want 9, 3, 3", i, c.L1Used(), st.EvictedL1Pages, st.WrittenPages)
+				if st := c.Stats(); c.L1UsedAll() != 9 || st.EvictedL1Pages != 3 || st.WrittenPages != 3 {
+					t.Fatalf("rank %d: %d L1 pages used, %d evicted, %d written back; want 9, 3, 3", i, c.L1UsedAll(), st.EvictedL1Pages, st.WrittenPages)
 				}
 			}
 			if m := r.match(tokens)[0]; m.DevicePages != 6 || m.HostPages != 2 {
@@ -98,8 +98,8 @@ func TestEvictL1NeverTakesMoreThanAsked(t *testing.T) {
 					t.Fatalf("%d device and %d host pages, want 5 and %d", m.DevicePages, m.HostPages, wantHost)
 				}
 				for i, c := range r.cores {
-					if c.L1Used() != 5 || c.Stats().EvictedL1Pages != 3 {
-						t.Fatalf("rank %d: %d L1 pages used, %d evicted; want 5 and 3", i, c.L1Used(), c.Stats().EvictedL1Pages)
+					if c.L1UsedAll() != 5 || c.Stats().EvictedL1Pages != 3 {
+						t.Fatalf("rank %d: %d L1 pages used, %d evicted; want 5 and 3", i, c.L1UsedAll(), c.Stats().EvictedL1Pages)
 					}
 				}
 			})

@@ -102,6 +102,9 @@ func (c *Core) backup(n *treeNode) bool {
 type LoadResult struct {
 	Pages, Tokens int // pages (tokens) now loading into L1
 	Nodes         int // nodes loading
+	// Freed (EngineOwned mode, LoadBackSlots): this rank's slots the load let go: the
+	// caller's slots for pages that did not load, and slots its evictions freed.
+	Freed []int32
 }
 
 // LoadBack brings the L2-only pages of the path to node h (n) into L1: it allocates L1 slots
@@ -119,6 +122,15 @@ type LoadResult struct {
 // (quarantine); ErrL1Full, changing nothing but evictions, when the quota allows them but
 // L1 cannot make room for MinLoadPages. Replicated: call it identically on every rank.
 func (c *Core) LoadBack(h Handle) (LoadResult, error) {
+	if c.l1.engine != nil {
+		return LoadResult{}, fmt.Errorf("%w: LoadBack in L1 mode %s: the engine passes its destination slots (LoadBackSlots)", ErrBadArgument, c.cfg.L1Mode)
+	}
+	return c.loadBack(h)
+}
+
+// loadBack is LoadBack; in EngineOwned mode the destination slots of this rank's pages come
+// from c.adopt (see LoadBackSlots).
+func (c *Core) loadBack(h Handle) (LoadResult, error) {
 	if c.quarantined {
 		return LoadResult{}, nil
 	}
@@ -138,15 +150,18 @@ func (c *Core) LoadBack(h Handle) (LoadResult, error) {
 	if pages == 0 || pages < c.cfg.MinLoadPages {
 		return LoadResult{}, nil
 	}
-	if pages > c.l1.available() {
+	if fit := c.l1Prefix(todo, pages); fit < pages {
+		need := make(pageCounts, c.cfg.Slabs)
+		c.countPrefix(need, todo, pages)
+		def, _ := c.l1.deficit(need)
 		c.lockPath(n, 1)
-		c.evictL1(pages - c.l1.available())
+		c.evictL1Pools(def)
 		c.lockPath(n, -1)
-		if avail := c.l1.available(); pages > avail {
-			if avail == 0 || avail < c.cfg.MinLoadPages {
-				return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, %d L1 pages could be freed (min load pages %d)", ErrL1Full, pages, avail, c.cfg.MinLoadPages)
+		if fit = c.l1Prefix(todo, pages); fit < pages {
+			if fit == 0 || fit < c.cfg.MinLoadPages {
+				return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, L1 pools could be freed for the first %d (min load pages %d)", ErrL1Full, pages, fit, c.cfg.MinLoadPages)
 			}
-			pages = avail
+			pages = fit
 		}
 	}
 	// The first pages host pages: whole nodes, then the head of the node where they end.
@@ -162,7 +177,7 @@ func (c *Core) LoadBack(h Handle) (LoadResult, error) {
 		left -= len(x.hashes)
 	}
 	for _, x := range todo {
-		slots := c.l1.alloc(len(x.hashes))
+		slots := c.allocL1(x.depth, len(x.hashes))
 		c.setL1(x, slots)
 		op := &loadOp{seq: c.loadSeq, nodes: []*treeNode{x}}
 		c.loadSeq++
@@ -180,6 +195,39 @@ func (c *Core) LoadBack(h Handle) (LoadResult, error) {
 	}
 	c.touch(n)
 	return LoadResult{Pages: pages, Tokens: pages * c.cfg.PageSize, Nodes: len(todo)}, nil
+}
+
+// countPrefix adds to pc the owner pools of the first pages pages of the nodes todo.
+func (c *Core) countPrefix(pc pageCounts, todo []*treeNode, pages int) {
+	for _, x := range todo {
+		k := min(len(x.hashes), pages)
+		pc.add(x.depth, k, 1)
+		if pages -= k; pages == 0 {
+			return
+		}
+	}
+}
+
+// l1Prefix is how many of the first pages pages of the nodes todo (in order) get a slot
+// of their owner's pool: it stops at the first page whose pool is full.
+func (c *Core) l1Prefix(todo []*treeNode, pages int) int {
+	C := c.cfg.Slabs
+	took := make([]int, C)
+	fit := 0
+	for _, x := range todo {
+		for j := range x.hashes {
+			if fit == pages {
+				return fit
+			}
+			r := (x.depth + j) % C
+			if took[r] == c.l1.pools[r].available() {
+				return fit
+			}
+			took[r]++
+			fit++
+		}
+	}
+	return fit
 }
 
 // Writing returns the seqs of the backups in flight on the path to node h (pieces of a

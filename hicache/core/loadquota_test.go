@@ -56,7 +56,7 @@ func (r *coreRig) loadBack(tokens []int32) (MatchResult, LoadResult, error) {
 		res, err := c.LoadBack(ms[i].Last)
 		if i == 0 {
 			res0 = res
-		} else if res != res0 {
+		} else if res.Pages != res0.Pages || res.Tokens != res0.Tokens || res.Nodes != res0.Nodes {
 			r.t.Fatalf("rank %d load-back %+v, rank 0 %+v", i, res, res0)
 		}
 		return err
@@ -94,15 +94,18 @@ func TestLoadBackSplitsANodeLongerThanTheQuota(t *testing.T) {
 }
 
 // TestLoadBackOfALongHostHit is the long-host-hit scenario, on 1, 2, 4 and 8 ranks: a
-// 20-page host hit in one node, L1 (32 pages) empty, nothing else loading. LoadBack must
-// not load 0 pages (as it would if the default quota, 16, applied to the whole node). It
-// loads the quota's worth, 16 (the other 4 at the next call, once those are in), or all 20
-// when the quota allows 20 or more; every replica splits the node alike (rig.step compares
+// 20-page host hit in one node, L1 (32 pages per rank) empty, nothing else loading. LoadBack
+// must not load 0 pages (as it would if the quota, 16, applied to the whole node). It loads
+// the quota's worth, 16 (the other 4 at the next call, once those are in), or all 20 when
+// the quota allows 20 or more (the default, half of the group's L1, is 16 × C); every replica splits the node alike (rig.step compares
 // digests).
 func TestLoadBackOfALongHostHit(t *testing.T) {
 	for _, n := range cpSizes {
 		for _, tc := range []struct{ quota, first int }{{0, 16}, {20, 20}, {32, 20}} {
 			t.Run(fmt.Sprintf("cp%d/quota%d", n, tc.quota), func(t *testing.T) {
+				if tc.quota == 0 {
+					tc.first = min(20, 16*n)
+				}
 				r := newCoreRig(t, n, Options{PageSize: 4, L1Pages: 32, LoadQuotaPages: tc.quota}, 32, uint64(n))
 				tokens := seqTokens(20, 20, 0)
 				r.hostOnly(tokens)
@@ -126,8 +129,8 @@ func TestLoadBackOfALongHostHit(t *testing.T) {
 					t.Fatalf("after both loads: %d device and %d host pages, want 20 and 0", m.DevicePages, m.HostPages)
 				}
 				for i, c := range r.cores {
-					if st := c.Stats(); st.LoadedPages != 20 || c.L1Used() != 20 {
-						t.Fatalf("rank %d: %d pages loaded, %d L1 pages used; want 20 and 20", i, st.LoadedPages, c.L1Used())
+					if st := c.Stats(); st.LoadedPages != 20 || c.L1UsedAll() != 20 {
+						t.Fatalf("rank %d: %d pages loaded, %d L1 pages used; want 20 and 20", i, st.LoadedPages, c.L1UsedAll())
 					}
 				}
 			})
@@ -158,8 +161,8 @@ func TestLoadBackLoadsTheMatchedPagesOnly(t *testing.T) {
 				t.Fatalf("the long sequence: %d device and %d host pages, want 3 and 5", m.DevicePages, m.HostPages)
 			}
 			for i, c := range r.cores {
-				if st := c.Stats(); st.LoadedPages != 3 || c.L1Used() != 3 || c.Nodes() != 2 {
-					t.Fatalf("rank %d: %d pages loaded, %d L1 pages used, %d nodes; want 3, 3, 2", i, st.LoadedPages, c.L1Used(), c.Nodes())
+				if st := c.Stats(); st.LoadedPages != 3 || c.L1UsedAll() != 3 || c.Nodes() != 2 {
+					t.Fatalf("rank %d: %d pages loaded, %d L1 pages used, %d nodes; want 3, 3, 2", i, st.LoadedPages, c.L1UsedAll(), c.Nodes())
 				}
 			}
 		})
@@ -168,14 +171,22 @@ func TestLoadBackLoadsTheMatchedPagesOnly(t *testing.T) {
 
 // TestLoadBackFitsL1: a host hit that the quota allows but L1 cannot fully hold (most of it
 // locked) loads as much as L1 can make room for, not ErrL1Full; below MinLoadPages it is
-// ErrL1Full and changes nothing but evictions.
+// ErrL1Full and changes nothing but evictions. L1 is per CP rank: with f free slots in each
+// rank's pool, the first f×C pages of the hit fit (page i takes a slot of rank i mod C).
 func TestLoadBackFitsL1(t *testing.T) {
 	for _, n := range cpSizes {
 		t.Run(fmt.Sprintf("cp%d", n), func(t *testing.T) {
-			r := newCoreRig(t, n, Options{PageSize: 4, L1Pages: 32, LoadQuotaPages: 16}, 64, uint64(n))
+			const l1 = 16
+			free := max(1, 9/n) // free slots per pool: f×C below the hit's 10 pages
+			if n == 1 {
+				free = 5
+			}
+			fit := free * n
+			r := newCoreRig(t, n, Options{PageSize: 4, L1Pages: l1, LoadQuotaPages: 16}, 64, uint64(n))
 			host := seqTokens(10, 10, 0)
 			r.hostOnly(host)
-			locked := seqTokens(27, 0, 5000) // 27 of the 32 L1 pages, locked
+			lockedPages := n * (l1 - free) // l1-free slots of every pool, locked
+			locked := seqTokens(lockedPages, 0, 5000)
 			res, err := r.insert(locked)
 			if err != nil {
 				t.Fatal(err)
@@ -183,19 +194,19 @@ func TestLoadBackFitsL1(t *testing.T) {
 			last := make([]Handle, n)
 			r.each(func(i int, c *Core) error { last[i] = c.Peek(locked).Handle; return c.Lock(last[i]) })
 			r.settle()
-			if res.Pages != 27 {
-				t.Fatalf("inserted %d pages, want 27", res.Pages)
+			if res.Pages != lockedPages {
+				t.Fatalf("inserted %d pages, want %d", res.Pages, lockedPages)
 			}
 			m, lr, err := r.loadBack(host)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.HostPages != 10 || lr.Pages != 5 {
-				t.Fatalf("host hit %d pages with 5 L1 pages free: load-back %+v, want 5 pages", m.HostPages, lr)
+			if m.HostPages != 10 || lr.Pages != fit {
+				t.Fatalf("host hit %d pages with %d L1 slots free per rank: load-back %+v, want %d pages", m.HostPages, free, lr, fit)
 			}
 			r.settle()
-			if m := r.match(host)[0]; m.DevicePages != 5 || m.HostPages != 5 {
-				t.Fatalf("after the load: %d device and %d host pages, want 5 and 5", m.DevicePages, m.HostPages)
+			if m := r.match(host)[0]; m.DevicePages != fit || m.HostPages != 10-fit {
+				t.Fatalf("after the load: %d device and %d host pages, want %d and %d", m.DevicePages, m.HostPages, fit, 10-fit)
 			}
 			// Nothing is free now and every L1 page is locked or on the path.
 			if _, lr, err := r.loadBack(host); !errors.Is(err, ErrL1Full) || lr.Pages != 0 {

@@ -15,7 +15,9 @@ type MatchResult struct {
 	// that ends inside a host node ends at Last's end (Match split the node there); one that
 	// ends inside a device node may end inside Last. Lock it while a request uses the prefix.
 	Last Handle
-	// L1Slots are the L1 slots of the device pages, in sequence order.
+	// L1Slots are the L1 slots of the device pages, in sequence order, on this rank: a
+	// page's slot is one of its owner's L1 pool (page i is owned by CP rank i mod C), so
+	// only the owner's memory holds it; for the pages this rank does not own the slot is -1.
 	L1Slots []int32
 }
 
@@ -42,7 +44,12 @@ func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
 		n := m.n
 		if device && n.l1 != nil && !n.stale {
 			res.DevicePages += m.pages
-			res.L1Slots = append(res.L1Slots, n.l1[:m.pages]...)
+			for j, s := range n.l1[:m.pages] {
+				if !c.Owns(n.depth + j) {
+					s = -1 // a slot of another rank's pool: no memory of this rank
+				}
+				res.L1Slots = append(res.L1Slots, s)
+			}
 		} else if n.l1 == nil && n.l2 != nil {
 			device = false
 			if m.pages < len(n.hashes) {
@@ -67,7 +74,8 @@ func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
 }
 
 // FillPage is an L1 page an Insert allocated: the caller writes the page's KV into Slot on
-// the rank that owns it (Owner == this rank's CP rank; Core.Owns(Index)).
+// the rank that owns it (Owner == this rank's CP rank; Core.Owns(Index)). Slot is a slot
+// of the owner's L1 pool: on any other rank it names no memory of that rank.
 type FillPage struct {
 	Slot  int32  // L1 slot
 	Index int    // sequence page index
@@ -86,6 +94,10 @@ type InsertResult struct {
 	Fill []FillPage
 	// Backups is the number of backups this insert started.
 	Backups int
+	// Freed (EngineOwned mode, InsertSlots) are this rank's slots the insert let go: the
+	// caller's slots the cache did not adopt, stale slots it replaced, and slots its
+	// evictions freed. The engine's allocator takes them back.
+	Freed []int32
 }
 
 // Insert caches the whole pages of tokens: existing nodes are reused (split at page
@@ -102,6 +114,15 @@ func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey
 // keys) are seeded with the key (KeyRoot), and they match only under the same key; equal
 // tokens under another key are other pages in every tier. Replicated.
 func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
+	if c.l1.engine != nil {
+		return InsertResult{}, fmt.Errorf("%w: Insert in L1 mode %s: the engine passes its slots (InsertSlots)", ErrBadArgument, c.cfg.L1Mode)
+	}
+	return c.insertKey(key, tokens)
+}
+
+// insertKey is InsertKey; in EngineOwned mode the slots of this rank's new pages come from
+// c.adopt (see InsertSlotsKey).
+func (c *Core) insertKey(key string, tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	if c.quarantined {
 		return InsertResult{Last: c.root.handle()}, nil // cache nothing until the recovery
@@ -128,29 +149,25 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	if len(nodes) > 0 {
 		parent = nodes[len(nodes)-1]
 	}
-	// L1 room: pages of path nodes not (validly) in L1, plus the new pages.
-	need := np - pages
+	// L1 room, per owner's pool: pages of path nodes not (validly) in L1, plus the new pages.
+	need := make(pageCounts, c.cfg.Slabs)
+	need.add(pages, np-pages, 1)
 	for _, n := range nodes {
 		if n.l1 == nil {
-			need += len(n.hashes)
+			need.add(n.depth, len(n.hashes), 1)
 		}
 	}
-	if need > c.l1.available() {
-		c.lockPath(parent, 1)
-		c.evictL1(need - c.l1.available())
-		c.lockPath(parent, -1)
-		if need > c.l1.available() {
-			return InsertResult{}, fmt.Errorf("%w: insert of %d pages needs %d free L1 pages, %d could be freed (the rest are locked or have I/O in flight)",
-				ErrL1Full, np, need, c.l1.available())
-		}
+	if err := c.makeL1Room(parent, need, fmt.Sprintf("insert of %d pages", np)); err != nil {
+		return InsertResult{}, err
 	}
 	res := InsertResult{}
 	for _, n := range nodes {
 		switch {
 		case n.l1 == nil:
-			c.setL1(n, c.l1.alloc(len(n.hashes)))
+			c.setL1(n, c.allocL1(n.depth, len(n.hashes)))
 			res.Fill = c.appendFill(res.Fill, n)
 		case n.stale && n.load == nil:
+			c.readoptL1(n)
 			n.stale = false
 			c.mark(n)
 			res.Fill = c.appendFill(res.Fill, n)
@@ -168,7 +185,7 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 		}
 		toks := append([]int32(nil), tokens[pages*P:np*P]...)
 		if n := c.newNode(parent, key, toks, hashes); n != nil {
-			c.setL1(n, c.l1.alloc(len(hashes)))
+			c.setL1(n, c.allocL1(n.depth, len(hashes)))
 			res.Fill = c.appendFill(res.Fill, n)
 			nodes = append(nodes, n)
 			pages = np
@@ -200,6 +217,26 @@ func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	c.touch(last)
 	c.stats.InsertedPages += int64(len(res.Fill))
 	return res, nil
+}
+
+// makeL1Room evicts (the path to keep locked meanwhile) until every CP rank's pool has the
+// free slots need asks of it, or fails with ErrL1Full naming the first pool short, having
+// changed nothing but evictions. what names the operation for the error.
+func (c *Core) makeL1Room(keep *treeNode, need pageCounts, what string) error {
+	def, short := c.l1.deficit(need)
+	if !short {
+		return nil
+	}
+	c.lockPath(keep, 1)
+	c.evictL1Pools(def)
+	c.lockPath(keep, -1)
+	for r, n := range need {
+		if avail := c.l1.pools[r].available(); n > avail {
+			return fmt.Errorf("%w: %s needs %d free slots of CP rank %d's L1 pool, %d could be freed (the rest are locked or have I/O in flight)",
+				ErrL1Full, what, n, r, avail)
+		}
+	}
+	return nil
 }
 
 func (c *Core) appendFill(fill []FillPage, n *treeNode) []FillPage {

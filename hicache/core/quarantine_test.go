@@ -142,7 +142,7 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 	b, _ = build()
 	a.clearL1(a.peek("", seqs[0]))
 	b.clearL1(b.peek("", seqs[1]))
-	if a.l1.used() != b.l1.used() || digest(a) == digest(b) {
+	if a.L1UsedAll() != b.L1UsedAll() || digest(a) == digest(b) {
 		t.Fatal("the tree digest is blind to which nodes hold L1 pages")
 	}
 	// Locks: one lock each, on different nodes.

@@ -172,7 +172,7 @@ func (c *Core) clearL1(n *treeNode) {
 	if n.l1 == nil {
 		return
 	}
-	c.l1.release(n.l1)
+	c.l1.release(n.depth, n.l1)
 	n.l1 = nil
 	n.stale = false
 	n.parent.l1Kids--

@@ -28,7 +28,8 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 		t.Fatalf("insert a: %+v, nodes %d", ra, c.Nodes())
 	}
 	for i, f := range ra.Fill {
-		if f.Slot != int32(i) || f.Index != i || f.Owner != i%2 || f.Hash != PrefixHashes(a, 2)[i] {
+		// page i takes the next slot of its owner's pool (pool i mod 2): slots 0, 0, 1
+		if f.Slot != int32(i/2) || f.Index != i || f.Owner != i%2 || f.Hash != PrefixHashes(a, 2)[i] {
 			t.Fatalf("fill %d: %+v", i, f)
 		}
 	}
@@ -36,8 +37,9 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// a's node is split after 2 pages; b adds one page under the head.
-	if rb.Pages != 3 || len(rb.Fill) != 1 || c.Nodes() != 3 || rb.Fill[0].Index != 2 || rb.Fill[0].Slot != 3 {
+	// a's node is split after 2 pages; b adds one page under the head (page 2: slot 2 of
+	// pool 0, whose slots 0 and 1 hold a's pages 0 and 2).
+	if rb.Pages != 3 || len(rb.Fill) != 1 || c.Nodes() != 3 || rb.Fill[0].Index != 2 || rb.Fill[0].Slot != 2 {
 		t.Fatalf("insert b: %+v, nodes %d", rb, c.Nodes())
 	}
 	na, nb := c.at(ra.Last), c.at(rb.Last)
@@ -96,9 +98,11 @@ func TestLRUEvictsLeavesFirstAndSkipsLocked(t *testing.T) {
 	if err := c.Unlock(z.Last); err == nil {
 		t.Fatal("unlock without lock accepted")
 	}
-	// Freed slots are reused lowest first.
+	// Freed slots are reused lowest first, in each owner's pool: Z holds slot 2 of pool 0
+	// (X took slot 0 of pools 0 and 1, Y slot 1 of pool 0), so pages 0 and 1 get slot 0 of
+	// pools 0 and 1.
 	r, _ := c.Insert([]int32{7, 7})
-	if r.Fill[0].Slot != 0 || r.Fill[1].Slot != 1 {
+	if r.Fill[0].Slot != 0 || r.Fill[1].Slot != 0 || r.Fill[0].Owner != 0 || r.Fill[1].Owner != 1 {
 		t.Fatalf("slots after eviction: %+v", r.Fill)
 	}
 	if err := c.CheckInvariants(); err != nil {

@@ -46,7 +46,9 @@ func (c *Core) treeDigest() int64 {
 	c.flushDirty()
 	x := mix.Mix64(c.treeSum ^ uint64(c.nodes)<<1)
 	x = mix.Mix64(x ^ c.stateSum ^ c.lruClock<<24 ^ c.treeSalt<<56)
-	x = mix.Mix64(x ^ uint64(c.l1.used()))
+	for _, p := range c.l1.pools {
+		x = mix.Mix64(x ^ uint64(p.used()))
+	}
 	x = mix.Mix64(x ^ c.writeSeq<<20 ^ c.loadSeq)
 	x = mix.Mix64(x ^ uint64(len(c.writes))<<32 ^ uint64(len(c.loads)) ^ uint64(c.loadingPgs)<<16)
 	x = mix.Mix64(x ^ c.step ^ uint64(c.locks)<<40)

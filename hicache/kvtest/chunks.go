@@ -134,27 +134,53 @@ func FillL1Page(l1 *kvmem.L1, slot int32, pageHash uint64, index, shard int) err
 // CheckL1Page verifies that slot of a host L1 holds FillL1Page's content; the error is a
 // *ChunkError naming the first bad byte's layer, part and offset.
 func CheckL1Page(l1 *kvmem.L1, slot int32, pageHash uint64, index, shard int) error {
-	s := l1.Shape()
-	for layer := range s.Layers() {
-		for part := range s.Parts() {
-			cs := chunkSeed(pageHash, index, layer, part, shard)
-			var bad *ChunkError
-			err := eachToken(l1, slot, layer, part, func(b []byte, off int64) {
-				if bad != nil {
-					return
-				}
-				if at, want := checkAt(b, cs, off); at >= 0 {
-					bad = &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
-						PartName: s.PartName(part), Offset: at, Got: b[at-off], Want: want}
-				}
-			})
-			if err != nil {
-				return err
-			}
-			if bad != nil {
-				return bad
-			}
+	for layer := range l1.Shape().Layers() {
+		if err := CheckL1Layer(l1, slot, layer, pageHash, index, shard); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// CheckL1Layer is CheckL1Page for one layer's chunks: what a layer's attention reads once a
+// layer-wise load says that layer landed.
+func CheckL1Layer(l1 *kvmem.L1, slot int32, layer int, pageHash uint64, index, shard int) error {
+	s := l1.Shape()
+	if layer < 0 || layer >= s.Layers() {
+		return fmt.Errorf("kvtest: layer %d outside the %d layers of the L1", layer, s.Layers())
+	}
+	for part := range s.Parts() {
+		cs := chunkSeed(pageHash, index, layer, part, shard)
+		var bad *ChunkError
+		err := eachToken(l1, slot, layer, part, func(b []byte, off int64) {
+			if bad != nil {
+				return
+			}
+			if at, want := checkAt(b, cs, off); at >= 0 {
+				bad = &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
+					PartName: s.PartName(part), Offset: at, Got: b[at-off], Want: want}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if bad != nil {
+			return bad
+		}
+	}
+	return nil
+}
+
+// CheckChunk verifies the packed bytes b of chunk (layer, part) of a page of shape s against
+// FillChunk (a *ChunkError names the first bad byte's offset in the chunk): a chunk read back
+// from device memory.
+func CheckChunk(b []byte, s *kvmem.Shape, pageHash uint64, index, layer, part, shard int) error {
+	if int64(len(b)) != s.ChunkBytes(part) {
+		return fmt.Errorf("kvtest: page %d layer %d part %d: %d bytes, a chunk has %d", index, layer, part, len(b), s.ChunkBytes(part))
+	}
+	if at, want := checkAt(b, chunkSeed(pageHash, index, layer, part, shard), 0); at >= 0 {
+		return &ChunkError{Index: index, Shard: shard, PageHash: pageHash, Layer: layer, Part: part,
+			PartName: s.PartName(part), Offset: at, Got: b[at], Want: want}
 	}
 	return nil
 }

@@ -98,6 +98,38 @@ func TestL1PageFillCheckThroughGather(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Layer != 2 || ce.Part != 2 || ce.PartName != "ix" || ce.Offset != 10 || ce.Got^ce.Want != 0x40 {
 		t.Fatalf("changed byte: %v, want layer 2 part 2 byte 10", err)
 	}
+	// Layer by layer: the other layers still check, layer 2 names the byte, a layer outside
+	// the shape is an error.
+	for l := range s.Layers() {
+		err := CheckL1Layer(l1, 1, l, 0x77, 9, 0)
+		if l == 2 {
+			if !errors.As(err, &ce) || ce.Layer != 2 || ce.Offset != 10 {
+				t.Fatalf("layer 2: %v, want the changed byte", err)
+			}
+		} else if err != nil {
+			t.Fatalf("layer %d: %v", l, err)
+		}
+	}
+	if err := CheckL1Layer(l1, 1, s.Layers(), 0x77, 9, 0); err == nil {
+		t.Fatal("a layer beyond the shape checked")
+	}
+	// One packed chunk: FillChunk's content checks, a changed byte is named, another
+	// layer's chunk and a short chunk are errors.
+	chunk := make([]byte, s.ChunkBytes(1))
+	FillChunk(chunk, 0x77, 9, 1, 1, 0)
+	if err := CheckChunk(chunk, s, 0x77, 9, 1, 1, 0); err != nil {
+		t.Fatalf("own chunk rejected: %v", err)
+	}
+	if err := CheckChunk(chunk, s, 0x77, 9, 0, 1, 0); err == nil {
+		t.Fatal("layer 1's chunk checked as layer 0's")
+	}
+	chunk[5] ^= 1
+	if err := CheckChunk(chunk, s, 0x77, 9, 1, 1, 0); !errors.As(err, &ce) || ce.Offset != 5 || ce.Layer != 1 {
+		t.Fatalf("changed chunk byte: %v, want byte 5 of layer 1", err)
+	}
+	if err := CheckChunk(chunk[1:], s, 0x77, 9, 1, 1, 0); err == nil {
+		t.Fatal("a short chunk checked")
+	}
 }
 
 // bytewiseAt is the naive model of checkAt: every byte against its word's byte.

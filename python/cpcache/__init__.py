@@ -531,7 +531,9 @@ class Cache:
 
     def match(self, tokens, key=None):
         """The longest prefix cached under isolation key key (bytes or str, None or empty:
-        the empty key; see insert) [R]."""
+        the empty key; see insert) [R]. l1_slots are this rank's slots of the device pages: -1
+        for a page it does not own (page i is CP rank i mod cp_size's; each rank's L1 holds
+        only its own pages)."""
         arr, n = _tokens(tokens)
         k = _key(key)
         cap = n // self.info.page_tokens

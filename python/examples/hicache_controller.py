@@ -224,7 +224,8 @@ def main():
     ap.add_argument("--dp-attention", action="store_true")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--l1-pages", type=int, default=64)
+    ap.add_argument("--l1-pages", type=int, default=16,
+                    help="this rank's L1 page slots (each CP rank holds only the pages it owns)")
     ap.add_argument("--forever", action="store_true", help="serve new conversations until Ctrl-C")
     ap.add_argument("--kv-buffers", action="store_true",
                     help="lend the cache per-layer K/V numpy arrays (needs numpy) instead of its page pool")

@@ -17,6 +17,8 @@ type Report struct {
 	Workload         string `json:"workload"`
 	// KVLayout is the run's KV layout (cpcache run --model); nil when pages are opaque.
 	KVLayout *KVLayout `json:"kv_layout,omitempty"`
+	// L2 is what the job's L2 slabs take (zero when the producer does not say).
+	L2 L2Memory `json:"l2"`
 
 	Requests     int64   `json:"requests"`
 	InputTokens  int64   `json:"input_tokens"`
@@ -105,10 +107,27 @@ type Report struct {
 // KVLayout is the KV layout of a run: as given (a preset's name or the textual form), in
 // full, and what it takes on one rank.
 type KVLayout struct {
-	Name          string `json:"name"`            // as --model gave it
-	Spec          string `json:"spec"`            // the textual form (kvlayout.Layout.String)
-	BytesPerToken int64  `json:"bytes_per_token"` // one rank's bytes of one token, all layers and parts
-	PageBytes     int64  `json:"page_bytes"`      // one rank's bytes of one page
+	Name          string `json:"name"`                // as --model gave it
+	Spec          string `json:"spec"`                // the textual form (kvlayout.Layout.String)
+	BytesPerToken int64  `json:"bytes_per_token"`     // one rank's bytes of one token, all layers and parts
+	PageBytes     int64  `json:"page_bytes"`          // one rank's bytes of one page
+	Layers        int    `json:"layers,omitempty"`    // model layers
+	Parts         int    `json:"parts,omitempty"`     // parts of each layer (K and V, a latent, side buffers)
+	L2Layout      string `json:"l2_layout,omitempty"` // page_first or layer_first
+	L1            string `json:"l1,omitempty"`        // what the L1 is: host or device, per-layer buffers or one pool
+	// LayerWaits are the layer-wise waits of load-backs over every rank (WaitL1Layer: each
+	// layer's chunks checked once that layer landed); 0 when load-backs are waited for whole.
+	LayerWaits int64 `json:"layer_waits,omitempty"`
+}
+
+// L2Memory is what a job's L2 takes: with shared slabs (an MLA layout at attention-TP > 1)
+// one copy of each page per CP group, else one per attention-TP rank.
+type L2Memory struct {
+	Shared       bool  `json:"shared"`         // the attention-TP ranks of a CP index share one slab
+	Copies       int   `json:"copies"`         // L2 copies of each sequence page
+	BytesPerPage int64 `json:"bytes_per_page"` // L2 bytes holding one sequence page, every copy
+	Slabs        int   `json:"slabs"`          // slabs of the whole job
+	Bytes        int64 `json:"bytes"`          // L2 bytes of the whole job (every slab)
 }
 
 // WriteJSON writes r as indented JSON.
@@ -128,6 +147,18 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  layout               %s (consensus: %s)\n", r.Layout, r.ConsensusBackend)
 	if kv := r.KVLayout; kv != nil {
 		fmt.Fprintf(w, "  kv layout            %s (%d B/token per rank, %d B/page)\n", kv.Name, kv.BytesPerToken, kv.PageBytes)
+		if kv.L1 != "" {
+			fmt.Fprintf(w, "  kv memory            L1 %s; L2 %s; %d layers × %d parts = %d chunks of a page\n",
+				kv.L1, kv.L2Layout, kv.Layers, kv.Parts, kv.Layers*kv.Parts)
+			fmt.Fprintf(w, "  layer-wise waits     %d (load-backs waited for layer by layer, each layer checked as it landed)\n", kv.LayerWaits)
+		}
+	}
+	if m := r.L2; m.Slabs > 0 {
+		how := "one slab per rank"
+		if m.Shared {
+			how = "attention-TP ranks share a slab"
+		}
+		fmt.Fprintf(w, "  L2 memory            %d B per page (copies: %d), %d B in all (slabs: %d, %s)\n", m.BytesPerPage, m.Copies, m.Bytes, m.Slabs, how)
 	}
 	fmt.Fprintf(w, "  workload             %s\n", r.Workload)
 	fmt.Fprintf(w, "  requests             %d (%d input tokens, %d output tokens)\n", r.Requests, r.InputTokens, r.OutputTokens)

@@ -18,6 +18,7 @@ type Cache interface {
 	LoadBack(h hicache.Handle) (hicache.LoadResult, error)
 	LoadPending(h hicache.Handle) bool
 	WaitL1(ctx context.Context, h hicache.Handle) error
+	WaitL1Layer(ctx context.Context, h hicache.Handle, layer int) error
 	Node(h hicache.Handle) (hicache.NodeInfo, error)
 	Owns(i int) bool
 	L1Page(slot int32) ([]byte, error)
@@ -33,8 +34,12 @@ type Cache interface {
 
 // Config is what the scheduler's rules depend on.
 type Config struct {
-	PageSize    int // tokens per page
-	L1Pages     int // L1 of the replica's ranks, in pages
+	PageSize int // tokens per page
+	L1Pages  int // L1 of each of the replica's ranks, in page slots (its pool)
+	// CPRanks is the CP group's size C (0: 1): a rank's L1 holds only the pages it owns
+	// (page i on CP rank i mod C), so a request of n pages takes ⌈n/C⌉ slots of rank 0,
+	// the rank holding the most of it (see RankPagesOf).
+	CPRanks     int
 	BatchTokens int // prompt tokens admitted per step (the first admission may exceed it)
 	MaxRunning  int // requests running at once
 	// Storage: the cache has an L3 tier; a prompt continuing beyond its L1 and L2 hit is
@@ -58,9 +63,16 @@ func (c *Config) PagesOf(r workload.Request) int {
 	return (len(r.Tokens) + r.OutputLen + c.PageSize - 1) / c.PageSize
 }
 
-// Fits is the scheduler's admission rule: r, needing need L1 pages, enters this step after
+// RankPagesOf is the number of L1 slots a request occupies at most on one rank: PagesOf
+// spread over the CP group's ranks, rounded up (rank 0 owns page 0, so it holds the most).
+func (c *Config) RankPagesOf(r workload.Request) int {
+	C := max(c.CPRanks, 1)
+	return (c.PagesOf(r) + C - 1) / C
+}
+
+// Fits is the scheduler's admission rule: r, needing need L1 slots of one rank (RankPagesOf), enters this step after
 // admitted requests (budget prompt tokens left) beside running requests that reserve
-// reserved pages. The first admission of a step may exceed the budget, and a replica with
+// reserved slots of one rank. The first admission of a step may exceed the budget, and a replica with
 // nothing running or admitted takes any request (the caller made sure L1 holds the
 // largest).
 func (c *Config) Fits(r workload.Request, need, admitted, budget, running, reserved int) bool {
@@ -73,6 +85,16 @@ func (c *Config) Fits(r workload.Request, need, admitted, budget, running, reser
 type KV interface {
 	Fill(slot int32, write func([]byte)) error
 	Read(slot int32) ([]byte, error)
+}
+
+// LayeredKV is this rank's L1 as per-layer chunks (the engine's KV memory, kvmem.L1): the
+// scheduler writes the KV it "computes" chunk by chunk (FillPage: every layer and part of the
+// page) and, after a load-back, checks layer i (CheckLayer) once WaitL1Layer says it landed,
+// as a forward pass starts layer i's attention while later layers still copy.
+type LayeredKV interface {
+	Layers() int
+	FillPage(slot int32, pageHash uint64, index, shard int) error
+	CheckLayer(slot int32, layer int, pageHash uint64, index, shard int) error
 }
 
 // cacheKV is L1 as the cache's own pages (Cache.L1Page: host memory).

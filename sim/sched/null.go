@@ -29,8 +29,9 @@ func (NullCache) Unlock(hicache.Handle) error { return nil }
 func (NullCache) LoadBack(hicache.Handle) (hicache.LoadResult, error) {
 	return hicache.LoadResult{}, nil
 }
-func (NullCache) LoadPending(hicache.Handle) bool              { return false }
-func (NullCache) WaitL1(context.Context, hicache.Handle) error { return nil }
+func (NullCache) LoadPending(hicache.Handle) bool                        { return false }
+func (NullCache) WaitL1(context.Context, hicache.Handle) error           { return nil }
+func (NullCache) WaitL1Layer(context.Context, hicache.Handle, int) error { return nil }
 func (NullCache) Node(hicache.Handle) (hicache.NodeInfo, error) {
 	return hicache.NodeInfo{}, errNoPages
 }

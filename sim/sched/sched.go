@@ -62,6 +62,9 @@ type Local struct {
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
 	PagesFilled   int64 `json:"pages_filled"`
+	// LayerWaits are the layer-wise waits of load-backs (WaitL1Layer, one per layer of each
+	// load-back) with a Layered L1.
+	LayerWaits int64 `json:"layer_waits,omitempty"`
 	// FlushCollectives are the collectives of --fault flush's Flush calls (a barrier, or the
 	// agreement on idleness in quarantine, even when it refuses): not the steps' consensus.
 	FlushCollectives int64 `json:"flush_collectives"`
@@ -72,7 +75,7 @@ type active struct {
 	req       workload.Request
 	last      hicache.Handle // deepest node of the cached prompt, locked while running
 	generated int
-	pages     int // L1 pages reserved for it (prompt and answer)
+	pages     int // L1 slots of one rank reserved for it (prompt and answer: RankPagesOf)
 }
 
 // Scheduler runs one replica's requests through its rank's cache. Every rank of the
@@ -95,6 +98,10 @@ type Scheduler struct {
 
 	// KV is this rank's L1 pages (New: the cache's own, through Cache.L1Page).
 	KV KV
+	// Layered, if set, is this rank's L1 as per-layer chunks, used instead of KV: pages are
+	// filled and checked chunk by chunk, and a load-back is waited for layer by layer
+	// (WaitL1Layer, each layer checked as it lands) instead of as a whole (WaitL1).
+	Layered LayeredKV
 	// Faults runs the run's faults before each step (nil: none).
 	Faults Faults
 	// Misses attributes the misses (replica leaders; nil elsewhere): an observer whose
@@ -110,7 +117,7 @@ type Scheduler struct {
 
 	queue    []workload.Request
 	running  []*active
-	reserved int          // L1 pages reserved by running requests
+	reserved int          // L1 slots of one rank reserved by running requests
 	blocked  map[int]bool // admit's scratch: clients with a turn running, reused every step
 
 	counts   Counts
@@ -233,10 +240,10 @@ func (s *Scheduler) stalled() error {
 		if n := len(s.prefetches); n > 0 {
 			waiting = fmt.Sprintf(" and %d queued requests waiting for prefetches", n)
 		}
-		return fmt.Errorf("sched: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages with %d running%s",
-			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, len(s.running), waiting)
+		return fmt.Errorf("sched: no progress: request %d (%d prompt + %d output tokens, %d pages) does not fit in L1 of %d pages per rank (%d of them on rank 0) with %d running%s",
+			r.ID, len(r.Tokens), r.OutputLen, s.cfg.PagesOf(r), s.cfg.L1Pages, s.cfg.RankPagesOf(r), len(s.running), waiting)
 	}
-	return fmt.Errorf("sched: no progress: %d running requests cannot insert their answers into L1 of %d pages", len(s.running), s.cfg.L1Pages)
+	return fmt.Errorf("sched: no progress: %d running requests cannot insert their answers into L1 of %d pages per rank", len(s.running), s.cfg.L1Pages)
 }
 
 // schedule makes one step's decisions: one decoded token per running request (finishing
@@ -303,7 +310,7 @@ func (s *Scheduler) admit(ctx context.Context) (int, error) {
 				continue
 			}
 		}
-		need := s.cfg.PagesOf(r)
+		need := s.cfg.RankPagesOf(r)
 		if stop || !s.cfg.Fits(r, need, admitted, budget, len(s.running), s.reserved) {
 			stop = true
 			keep = append(keep, r)
@@ -399,7 +406,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 			s.Corrupt(info)
 		}
 	}
-	// A load-back loads at most the cache's load quota (LoadQuotaPages, half of L1 by
+	// A load-back loads at most the cache's load quota (LoadQuotaPages, half of the group's L1 by
 	// default) of a longer host hit: load again while it moves the hit on, so that a
 	// hit from L2 or storage is served whole instead of computed beyond the quota.
 	after, loaded := m, -1
@@ -423,16 +430,55 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 			return 0, err
 		}
 	}
+	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
+	if s.Layered != nil {
+		if err := s.verifyLayers(ctx, r, m, after, hashes); err != nil {
+			return 0, errors.Join(err, c.Unlock(m.Last))
+		}
+		return after.DevicePages, nil
+	}
 	if err := c.WaitL1(ctx, after.Last); err != nil {
 		return 0, errors.Join(fmt.Errorf("sched: request %d: %w", r.ID, err), c.Unlock(m.Last))
 	}
-	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
 	for i := m.DevicePages; i < after.DevicePages; i++ {
 		if c.Owns(i) {
 			s.verify(r, i, after.L1Slots[i], hashes[i])
 		}
 	}
 	return after.DevicePages, nil
+}
+
+// verifyLayers is the layer-wise form of loadBack's wait and check: for each layer it waits
+// until that layer of the loads on the prefix landed (WaitL1Layer), then "computes" it: it
+// checks that layer's chunks of every page this rank owns among those the load-back brought
+// (match m's device pages to after's). A page with a bad chunk in any layer is one bad page.
+func (s *Scheduler) verifyLayers(ctx context.Context, r workload.Request, m, after hicache.MatchResult, hashes []uint64) error {
+	c := s.cache
+	var owned []int
+	for i := m.DevicePages; i < after.DevicePages; i++ {
+		if c.Owns(i) {
+			owned = append(owned, i)
+		}
+	}
+	if after.DevicePages == m.DevicePages {
+		return nil // nothing loaded (the L1 had no room): nothing to wait for
+	}
+	bad := make([]error, len(owned))
+	for layer := range s.Layered.Layers() {
+		if err := c.WaitL1Layer(ctx, after.Last, layer); err != nil {
+			return fmt.Errorf("sched: request %d: layer %d: %w", r.ID, layer, err)
+		}
+		s.local.LayerWaits++
+		for k, i := range owned {
+			if bad[k] == nil {
+				bad[k] = s.Layered.CheckLayer(after.L1Slots[i], layer, hashes[i], i, s.shard)
+			}
+		}
+	}
+	for k, i := range owned {
+		s.checked(r, i, bad[k])
+	}
+	return nil
 }
 
 // insertPrompt inserts r's prompt, computes the pages this rank owns of what it missed,
@@ -564,11 +610,16 @@ func (s *Scheduler) withRoom(ctx context.Context, try func() error) error {
 
 // verify checks the KV of sequence page i that this rank loaded back into L1 slot.
 func (s *Scheduler) verify(r workload.Request, i int, slot int32, hash uint64) {
-	s.local.PagesVerified++
 	b, err := s.KV.Read(slot)
 	if err == nil {
 		err = kvtest.CheckKV(b, hash, i, s.shard)
 	}
+	s.checked(r, i, err)
+}
+
+// checked counts the check of sequence page i of r (err: what was wrong with it, or nil).
+func (s *Scheduler) checked(r workload.Request, i int, err error) {
+	s.local.PagesVerified++
 	if err != nil {
 		s.local.BadPages++
 		for _, o := range s.observers {
@@ -587,7 +638,13 @@ func (s *Scheduler) fill(pages []hicache.FillPage) error {
 		if !s.cache.Owns(f.Index) {
 			continue
 		}
-		if err := s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) }); err != nil {
+		var err error
+		if s.Layered != nil {
+			err = s.Layered.FillPage(f.Slot, f.Hash, f.Index, s.shard)
+		} else {
+			err = s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) })
+		}
+		if err != nil {
 			return err
 		}
 		s.local.PagesFilled++

@@ -35,7 +35,7 @@ func TestStartFlagsNameEveryDifference(t *testing.T) {
 		{"--rounds", "4 on rank 0, 3 on rank 2", func(c *Config) { c.Synthetic.Rounds = 3 }},
 		{"--requests", "0 on rank 0, 7 on rank 2", func(c *Config) { c.Requests = 7 }},
 		{"--policy", "write_through on rank 0, write_back on rank 2", func(c *Config) { c.Policy = hicache.WriteBack }},
-		{"--l1-pages", "96 on rank 0, 128 on rank 2", func(c *Config) { c.L1Pages = 128 }},
+		{"--l1-pages", "24 on rank 0, 128 on rank 2", func(c *Config) { c.L1Pages = 128 }},
 		{"--time", "none on rank 0, virtual on rank 2", virtual},
 		{"--strict", "false on rank 0, true on rank 2", func(c *Config) { c.Strict = true }},
 		{"--consensus", `"" on rank 0, gloo on rank 2`, func(c *Config) { c.Consensus = "gloo" }},

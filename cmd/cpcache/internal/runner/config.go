@@ -7,6 +7,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/workload"
@@ -45,6 +46,19 @@ type Config struct {
 	// bytes at the layout's attention-TP size); a KVBytesPerToken of another value is bad
 	// input.
 	Model string
+	// SeparateL2 (--separate-l2) keeps one L2 slab per rank even when every part of Model is
+	// replicated across attention-TP (job.Config.SeparateSlabs): attention-TP copies of every
+	// page, as before the TP ranks of a CP index shared one slab.
+	SeparateL2 bool
+	// L2Layout is how the L2 slabs arrange a page's chunks (--l2-layout): L2PageFirst ("" too:
+	// a page holds every layer, the storage value) or L2LayerFirst (a slab holds each layer of
+	// all its pages together); layer_first needs --model.
+	L2Layout string
+	// L1Buffers is how a run with --model lays out its L1 (--l1-buffers): per layer and part
+	// one buffer indexed by token slot (L1TokenSlot, the default with --model: SGLang's pool;
+	// device memory with --device cuda) or, on a host run, per layer one block-major tensor
+	// holding every part (L1BlockMajor: vLLM's).
+	L1Buffers string
 
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
@@ -238,6 +252,9 @@ func Prepare(cfg Config) (*Plan, error) {
 	if err := cfg.checkDevice(); err != nil {
 		return nil, err
 	}
+	if err := cfg.checkKVMemory(); err != nil {
+		return nil, err
+	}
 	p := &Plan{Config: cfg, Layout: layout, KVLayout: kv}
 	switch cfg.Workload {
 	case WorkloadSynthetic:
@@ -364,7 +381,7 @@ func (c *Config) pagesOf(r workload.Request) int {
 }
 
 // checkCapacity rejects capacities too small to hold the largest request: L1 must hold all
-// of its pages, and the slabs of one CP group its pages in L2 (page i lives in the slab of
+// of its pages (each rank's pool the pages it owns, rank 0 the most), and the slabs of one CP group its pages in L2 (page i lives in the slab of
 // CP rank i mod attn_cp).
 func (p *Plan) checkCapacity() error {
 	c := &p.Config
@@ -376,11 +393,11 @@ func (p *Plan) checkCapacity() error {
 	}
 	r := p.Requests[biggest]
 	need := c.pagesOf(r)
-	if need > c.L1Pages {
-		return bad("L1 pages %d cannot hold request %d: %d prompt + %d output tokens need %d pages of %d tokens",
-			c.L1Pages, r.ID, len(r.Tokens), r.OutputLen, need, c.PageSize)
-	}
 	cp := p.Layout.AttnCP
+	if perRank := (need + cp - 1) / cp; perRank > c.L1Pages {
+		return bad("L1 pages %d cannot hold request %d: %d prompt + %d output tokens need %d pages of %d tokens, %d of them on CP rank 0",
+			c.L1Pages, r.ID, len(r.Tokens), r.OutputLen, need, c.PageSize, perRank)
+	}
 	if perSlab := (need + cp - 1) / cp; perSlab > c.L2Pages {
 		return bad("L2 pages %d per slab cannot hold request %d: its %d pages need %d in each of the %d slabs of a CP group",
 			c.L2Pages, r.ID, need, perSlab, cp)
@@ -418,6 +435,31 @@ func (p *Plan) ReplicaRequests(dp int) []workload.Request {
 	return out
 }
 
+// SharesL2 reports whether the plan's attention-TP ranks of a CP index share one L2 slab
+// (job.SharesSlabs: every part of the model replicated, attention-TP > 1, no --separate-l2).
+func (p *Plan) SharesL2() bool { return job.SharesSlabs(p.Layout, p.KVLayout, p.Config.SeparateL2) }
+
+// KVShard is the tensor-parallel shard of rank tp's KV content: 0 on every rank when the
+// slabs are shared (the same bytes on every TP rank), else tp.
+func (p *Plan) KVShard(tp int) int {
+	if p.SharesL2() {
+		return 0
+	}
+	return tp
+}
+
+// l2Memory is the report's account of the job's L2: copies of each page, bytes holding one
+// sequence page, and every slab's bytes.
+func (p *Plan) l2Memory() report.L2Memory {
+	l, c := p.Layout, &p.Config
+	copies, slabs := l.AttnTP, l.Config.World
+	if p.SharesL2() {
+		copies, slabs = 1, l.AttnDP*l.AttnCP
+	}
+	return report.L2Memory{Shared: p.SharesL2(), Copies: copies, Slabs: slabs,
+		BytesPerPage: int64(copies) * int64(c.PageBytes()), Bytes: int64(slabs) * int64(c.L2Pages) * int64(c.PageBytes())}
+}
+
 // kvLayoutReport is the report's account of the plan's KV layout (nil without one).
 func (p *Plan) kvLayoutReport() *report.KVLayout {
 	if p.KVLayout == nil {
@@ -425,5 +467,6 @@ func (p *Plan) kvLayoutReport() *report.KVLayout {
 	}
 	c := &p.Config
 	return &report.KVLayout{Name: c.Model, Spec: p.KVLayout.String(),
-		BytesPerToken: int64(c.KVBytesPerToken), PageBytes: int64(c.PageBytes())}
+		BytesPerToken: int64(c.KVBytesPerToken), PageBytes: int64(c.PageBytes()),
+		Layers: p.KVLayout.NumLayers, Parts: len(p.KVLayout.Parts), L2Layout: c.L2Layout, L1: c.l1Kind()}
 }

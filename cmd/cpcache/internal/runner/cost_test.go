@@ -95,7 +95,7 @@ func TestPrefetchSkippedForCost(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.Layout = parallel.LayoutConfig{World: 4, DP: 1, AttnCP: 4, DPAttention: true}
 		cfg.Synthetic = workload.SyntheticConfig{Clients: 24, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 5}
-		cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96, 64, 8
+		cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 24, 64, 8 // L1: 96 pages over the 4 ranks
 		cfg.Storage, cfg.PrefetchAlways, cfg.Time.PrefetchSync = "file://"+dir, always, sync
 		var err error
 		cfg.Time.Cost, err = LoadCostProfile(DefaultCostProfile, overrides)

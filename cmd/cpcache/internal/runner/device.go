@@ -7,6 +7,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/cudaengine"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/sim/sched"
@@ -80,6 +81,7 @@ type memory struct {
 	l1      cuda.DevicePtr
 	staging *cuda.HostBuffer
 	timed   *timedEngine
+	kvL1    *kvmem.L1 // the per-layer L1 (with --model): a host run's, lent to the cache's engine, or job.Open's on the device
 }
 
 // jobMemory sets the memory kinds of jc from the run's: host runs leave the L1 to the cache
@@ -111,6 +113,21 @@ func (m *memory) jobMemory(jc *job.Config, localRank int) {
 // opened takes the device and L1 pool of rk.
 func (m *memory) opened(rk *job.Rank) {
 	m.dev, m.name, m.l1 = rk.Device, rk.DeviceName, rk.L1Device
+	if m.dev != nil && rk.KVL1 != nil {
+		m.kvL1 = rk.KVL1 // job.Open's per-layer device buffers
+	}
+}
+
+// layeredKV is how the scheduler reaches a per-layer L1 (nil without one): host buffers
+// directly, device buffers through the staging page.
+func (m *memory) layeredKV() sched.LayeredKV {
+	switch {
+	case m.kvL1 == nil:
+		return nil
+	case m.kvL1.Device():
+		return deviceLayeredKV{m: m, l1: m.kvL1}
+	}
+	return layeredKV{m.kvL1}
 }
 
 // deviceKV is how the scheduler reaches a device L1's pages; nil with a host L1, whose pages
@@ -124,11 +141,15 @@ func (m *memory) deviceKV() sched.KV {
 
 // corrupter returns the EnvCorruptRank hook: it flips a byte of one page of this rank's
 // slab, once, through the host mapping or the device.
-func (m *memory) corrupter(set *slab.Set, cpRank int) func(hicache.NodeInfo) {
+func (m *memory) corrupter(p *Plan, set *slab.Set, cpRank int) func(hicache.NodeInfo) {
 	done := false
 	return func(n hicache.NodeInfo) {
 		for _, pg := range n.L2 {
 			if done || pg.Slab != cpRank {
+				continue
+			}
+			if m.kvL1 != nil && m.dev == nil { // a host run's per-layer L1: the page's own bytes in either L2 layout
+				done = p.damageL2Page(set, pg) == nil
 				continue
 			}
 			done = m.flipByte(set, pg) == nil

@@ -26,7 +26,7 @@ func (p *Plan) jobConfig(rank int) job.Config {
 		StepTimeout: min(cfg.Timeout, parallel.DefaultTimeout),
 		Layout:      p.Layout.Config, PageTokens: cfg.PageSize, PageBytes: cfg.PageBytes(),
 		L1Pages: cfg.L1Pages, L2Pages: cfg.L2Pages, Options: hicache.Options{Policy: cfg.Policy},
-		Consensus: cfg.Consensus, Tag: "cpcache-run", KVLayout: p.KVLayout,
+		Consensus: cfg.Consensus, Tag: "cpcache-run", KVLayout: p.KVLayout, SeparateSlabs: cfg.SeparateL2,
 		SlabLayout:     fmt.Sprintf("kv %d B/token, %d tokens/page", cfg.KVBytesPerToken, cfg.PageSize),
 		LatencySamples: 1 << 16, // the latest 64 K steps of each rank (Stats copies them)
 		Faults:         cfg.cacheFaults(rank),
@@ -54,11 +54,15 @@ func (p *Plan) jobConfig(rank int) job.Config {
 func (p *Plan) openRank(ctx context.Context, env parallel.Env, mem *memory) (*job.Rank, error) {
 	cfg := &p.Config
 	jc := p.jobConfig(env.Rank)
+	var err error
 	jc.Start = func(ctx context.Context, world parallel.Group, _ *hicache.Options) error {
 		return agreeStartFlags(ctx, world, p.startFlags())
 	}
 	jc.BeforeSlabs = func() { cfg.killPoint(env.Rank, "slabs", 0) }
 	mem.jobMemory(&jc, env.LocalRank)
+	if mem.kvL1, err = p.kvMemory(&jc); err != nil {
+		return nil, err
+	}
 	rk, err := job.Open(ctx, jc)
 	if err != nil {
 		return nil, openError(err)

@@ -91,13 +91,13 @@ func TestSecondRunServesWhatStorageHolds(t *testing.T) {
 		// the 256 L2 pages of the group many times.
 		"synthetic": func(_ *testing.T, c *Config) {
 			c.Synthetic = workload.SyntheticConfig{Clients: 24, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 5}
-			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 8, 96, 64, 8
+			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 8, 24, 64, 8 // L1: 96 pages over the 4 ranks
 		},
 		// The first 100 requests of the Mooncake conversation trace with prompts up to 8 K
 		// tokens (shared 512-token blocks), on the virtual clock of its timestamps.
 		"trace": func(t *testing.T, c *Config) {
 			c.Workload, c.TracePath = WorkloadTrace, shortTrace(t, 100, 8192)
-			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 64, 192, 128, 4
+			c.PageSize, c.L1Pages, c.L2Pages, c.KVBytesPerToken = 64, 48, 128, 4 // L1: 192 pages over the 4 ranks
 		},
 	}
 	stores := map[string]func(*testing.T, *Config){

@@ -109,9 +109,12 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		defer func() { err = errors.Join(err, pub.close(cache)) }()
 	}
 	lv := &live{}
-	sched := newScheduler(cache, cfg, coord.TP, p.ReplicaRequests(coord.DP), lv)
+	sched := newScheduler(cache, cfg, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), lv)
 	if kv := mem.deviceKV(); kv != nil {
 		sched.KV = kv // a host L1 is the cache's own pages, the scheduler's default
+	}
+	if kv := mem.layeredKV(); kv != nil {
+		sched.Layered = kv // the engine's per-layer buffers (--model)
 	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
@@ -124,7 +127,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Misses = newMissTracker(cfg)
 	}
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
-		sched.Corrupt = mem.corrupter(rk.Set, cache.CPRank())
+		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
@@ -221,7 +224,7 @@ func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *mem
 // buildReport sums the ranks' results: replica counts once per replica (from its leader),
 // page and check counts over every rank.
 func buildReport(p *Plan, results []rankResult) *report.Report {
-	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage), KVLayout: p.kvLayoutReport()}
+	r := &report.Report{Version: version.Version(), Layout: p.Layout.String(), Workload: p.Desc, ConsensusBackend: results[0].Backend, Storage: redact.URL(p.Config.Storage), KVLayout: p.kvLayoutReport(), L2: p.l2Memory()}
 	var lat []time.Duration
 	var collectives, steps int64
 	for _, x := range results {
@@ -256,6 +259,9 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 		r.DigestChecks += x.DigestChecks
 		r.DigestMismatches += x.DigestMismatches
 		r.PagesVerified += x.Local.PagesVerified
+		if r.KVLayout != nil {
+			r.KVLayout.LayerWaits += x.Local.LayerWaits
+		}
 		r.BadPages += x.Local.BadPages
 		r.StorageErrors += x.StorageErrors
 		r.StoragePagesRead += x.StorageRead

@@ -6,10 +6,11 @@ import (
 )
 
 // CapacityTokens is the cache capacity of one replica in tokens: its CP group's L2 (the
-// sum of its slabs), or its L1 when that is larger.
+// sum of its slabs), or its L1 when that is larger (the sum of its ranks' pools: each holds
+// the pages its rank owns).
 func (p *Plan) CapacityTokens() int64 {
 	c := &p.Config
-	return int64(max(c.L1Pages, c.L2Pages*p.Layout.AttnCP)) * int64(c.PageSize)
+	return int64(max(c.L1Pages, c.L2Pages)*p.Layout.AttnCP) * int64(c.PageSize)
 }
 
 // referenceOf is the reference hit counts of p's workload (see report.Reference).

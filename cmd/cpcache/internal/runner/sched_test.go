@@ -53,6 +53,9 @@ func runInProcess(t *testing.T, p *Plan, corruptRank int) []rankOutcome {
 // inProcessOptions are runInProcessWith's hooks into each rank.
 type inProcessOptions struct {
 	corruptRank int // -1: none (see runInProcess)
+	// corruptNode: with per-layer pages the corrupt rank damages every page it owns of the first
+	// node it loads, not one (one page may be left to compute when L1 has no room for it).
+	corruptNode bool
 	// wrapStorage, if set, wraps each rank's storage handle (faults of the store).
 	wrapStorage func(rank int, st storage.Storage) storage.Storage
 	// afterSchedule, if set, gives each rank's scheduler its afterSchedule hook.
@@ -81,6 +84,15 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			slabs[r] = ms
 		}
 	}
+	if p.SharesL2() {
+		// The TP ranks of a DP block share the slabs of its TP-0 ranks.
+		for _, ranks := range l.Groups(parallel.KindReplica) {
+			ms := kvtest.NewMemSlabs(l.SharedSlabGroup(ranks[0]), p.Config.L2Pages, p.Config.PageBytes())
+			for _, r := range ranks {
+				slabs[r] = ms
+			}
+		}
+	}
 	out := make([]rankOutcome, W)
 	var wg sync.WaitGroup
 	for rank := range W {
@@ -99,6 +111,11 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if opts.wrapStorage != nil {
 				jc.WrapStorage = func(st storage.Storage) storage.Storage { return opts.wrapStorage(rank, st) }
 			}
+			kvL1, err := p.kvMemory(&jc) // as openRank: a host run with --model lends per-layer buffers
+			if err != nil {
+				o.err = err
+				return
+			}
 			rk, err := job.Open(ctx, jc)
 			if err != nil {
 				o.err = err
@@ -107,7 +124,10 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			defer rk.Close()
 			cache, counted := rk.Cache, rk.Counted
 			coord := l.Coord(rank)
-			s := newScheduler(cache, &p.Config, coord.TP, p.ReplicaRequests(coord.DP), &live{})
+			s := newScheduler(cache, &p.Config, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), &live{})
+			if kvL1 != nil {
+				s.Layered = layeredKV{kvL1}
+			}
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.Misses = newMissTracker(&p.Config)
@@ -122,12 +142,20 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if rank == corruptRank {
 				done := false
 				s.Corrupt = func(n hicache.NodeInfo) {
+					if done {
+						return
+					}
 					for _, pg := range n.L2 {
-						if !done && pg.Slab == cache.CPRank() {
+						if pg.Slab != cache.CPRank() || (done && !opts.corruptNode) {
+							continue
+						}
+						if kvL1 != nil { // per-layer pages: layer 0 of the page's own bytes in either L2 layout
+							require.NoError(t, p.damageL2Page(slabs[rank], pg))
+						} else {
 							b, _ := slabs[rank].Page(pg)
 							b[3] ^= 1
-							done = true
 						}
+						done = true
 					}
 				}
 			}
@@ -163,7 +191,9 @@ func smallPlan(t *testing.T, lc parallel.LayoutConfig, mutate func(*Config)) *Pl
 	cfg := DefaultConfig()
 	cfg.Layout = lc
 	cfg.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 8, Seed: 3}
-	cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96, 256, 8
+	// L1Pages is per rank and each rank holds only the pages it owns: 96/CP per rank is an
+	// L1 of 96 pages of the tree.
+	cfg.PageSize, cfg.L1Pages, cfg.L2Pages, cfg.KVBytesPerToken = 8, 96/max(lc.AttnCP, 1), 256, 8
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -367,7 +397,7 @@ func TestTurnsWaitForTheirPreviousTurnWhileItPrefetches(t *testing.T) {
 	p := smallPlan(t, parallel.LayoutConfig{World: 2, AttnCP: 2}, func(c *Config) {
 		c.Storage = url
 		c.Synthetic = workload.SyntheticConfig{Clients: 6, Rounds: 4, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
-		c.PageSize, c.L1Pages, c.L2Pages = 16, 200, 150
+		c.PageSize, c.L1Pages, c.L2Pages = 16, 100, 150 // L1: 200 pages over the 2 ranks
 	})
 	turn := map[int32][2]int{} // prompt length: client, round
 	for i, r := range p.Requests {

@@ -12,7 +12,7 @@ import (
 
 // sched is the scheduler's configuration of the run.
 func (c *Config) sched() sched.Config {
-	return sched.Config{PageSize: c.PageSize, L1Pages: c.L1Pages, BatchTokens: c.BatchTokens, MaxRunning: c.MaxRunning,
+	return sched.Config{PageSize: c.PageSize, L1Pages: c.L1Pages, CPRanks: max(c.Layout.AttnCP, 1), BatchTokens: c.BatchTokens, MaxRunning: c.MaxRunning,
 		Storage: c.Storage != "", PrefetchSync: c.Time.PrefetchSync, Policy: c.Policy, Strict: c.Strict,
 		Time: c.Time.Mode, Speed: c.Time.Speed, Cost: c.Time.Model}
 }
