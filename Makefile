@@ -109,6 +109,8 @@ capi-test: build/engine build/bad_calls build/reopen
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 $(MPIRUN) -np 4 -x CPCACHE_STORE=file://$$store build/engine --attn-cp 4
 	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2
+	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --layer-first
+	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --opaque
 	@echo "capi-test: rank 2 of 4 dies at step 20: the others must report a lost peer (status 3)"
 	out=$$(CPCACHE_CONSENSUS_BACKEND=gloo timeout 120 bin/cpcache launch -n 4 -- \
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \

@@ -56,7 +56,13 @@ extern "C" {
 #endif
 
 /* ABI version of this header; cpcache_abi_version() returns the library's. */
-#define CPCACHE_ABI_VERSION 1
+#define CPCACHE_ABI_VERSION 2
+/* Compatibility: cpcache_open takes a config of this header (struct_size
+ * sizeof(cpcache_config), abi_version 2) or one built against an ABI-1 header (struct_size
+ * CPCACHE_CONFIG_SIZE_V1, abi_version 1): its fields are read as they were, the ABI-2 fields
+ * (KV layout, L1 buffers, L2 layout) take their defaults (opaque pages, the pool of l1_kind,
+ * page_first). Any other pair is CPCACHE_ERR_SIZE. */
+#define CPCACHE_CONFIG_SIZE_V1 offsetof(cpcache_config, kv_layout)
 
 /* Status codes. */
 #define CPCACHE_OK 0
@@ -89,6 +95,60 @@ typedef uint64_t cpcache_node_t; /* a node of the tree; equal on every rank of t
 #define CPCACHE_L1_ALLOC 0  /* the library allocates host memory (see cpcache_l1_page) */
 #define CPCACHE_L1_HOST 1   /* l1_base is host memory the engine owns */
 #define CPCACHE_L1_DEVICE 2 /* l1_base is a CUDA device pointer on `device` the engine owns */
+
+/* How attention-TP ranks hold a KV part (cpcache_kv_part.sharding). */
+#define CPCACHE_KV_SHARDED 1    /* each attention-TP rank holds 1/attn_tp of its bytes (K, V of MHA/GQA) */
+#define CPCACHE_KV_REPLICATED 2 /* every attention-TP rank holds all of it (an MLA latent) */
+
+/* One part of every layer's KV (K, V, an MLA latent, a side buffer). */
+typedef struct cpcache_kv_part {
+  const char *name;        /* unique: letters, digits, '_', '-', '.', starting with a letter */
+  int64_t bytes_per_token; /* one token of one layer, all heads (all attention-TP ranks) */
+  int32_t sharding;        /* CPCACHE_KV_* */
+  int32_t reserved;        /* 0 */
+} cpcache_kv_part;
+
+/* L2 layouts (cpcache_config.l2_layout). */
+#define CPCACHE_L2_PAGE_FIRST 1  /* a page holds every layer (the default; storage's value) */
+#define CPCACHE_L2_LAYER_FIRST 2 /* a slab holds, per layer, that layer of all its pages */
+
+/* Where an L1 buffer lives (cpcache_l1_buffer.kind). */
+#define CPCACHE_MEM_HOST 1
+#define CPCACHE_MEM_DEVICE 2 /* a CUDA device pointer on `device` */
+
+/* One (layer, part) buffer of the engine's L1, lent by the engine: token k of page slot s
+ * is at base + s × page_stride + k × token_stride, for the part's bytes per token on this
+ * rank. Every (layer, part) exactly once, all of one kind, no two overlapping, each holding
+ * l1_pages slots: cpcache_open checks, naming the layer and part, before any rank talks to
+ * another. */
+typedef struct cpcache_l1_buffer {
+  int32_t layer, part; /* part: index in the layout's parts */
+  int32_t kind;        /* CPCACHE_MEM_* */
+  int32_t reserved;    /* 0 */
+  void *base;
+  int64_t bytes;        /* size of the buffer */
+  int64_t page_stride;  /* bytes from slot s to s + 1 */
+  int64_t token_stride; /* bytes from token k to k + 1 of a slot (>= bytes per token) */
+} cpcache_l1_buffer;
+
+/* SGLang's token-slot buffer ([slots × page_tokens, heads, head_dim] of one layer and part,
+ * row_bytes = heads × head_dim × element size on this rank): strides of a dense tensor. */
+static inline cpcache_l1_buffer cpcache_l1_token_slot_buffer(int32_t layer, int32_t part, int32_t kind, void *base,
+                                                             int64_t slots, int32_t page_tokens, int64_t row_bytes) {
+  cpcache_l1_buffer b = {layer, part, kind, 0, base, slots * page_tokens * row_bytes, page_tokens * row_bytes, row_bytes};
+  return b;
+}
+
+/* vLLM's block-major layer tensor [blocks, 2, page_tokens, heads, head_dim]: K (kv 0) or V
+ * (kv 1) of one layer, row_bytes = heads × head_dim × element size on this rank; the two
+ * interleave in one tensor of blocks × 2 × page_tokens × row_bytes bytes at base. */
+static inline cpcache_l1_buffer cpcache_l1_block_major_buffer(int32_t layer, int32_t part, int32_t kind, void *base,
+                                                              int64_t blocks, int32_t page_tokens, int64_t row_bytes,
+                                                              int kv) {
+  int64_t half = (int64_t)page_tokens * row_bytes;
+  cpcache_l1_buffer b = {layer, part, kind, 0, (char *)base + kv * half, blocks * 2 * half - kv * half, 2 * half, row_bytes};
+  return b;
+}
 
 /* Write policies. */
 #define CPCACHE_POLICY_WRITE_THROUGH 0
@@ -141,6 +201,23 @@ typedef struct cpcache_config {
    * open of every rank, with its cause. */
   const char *storage_url;
   const char *model;
+
+  /* --- ABI 2 --- */
+  /* KV layout (NULL and kv_num_parts 0: pages are opaque blobs of page_bytes). kv_layout is a
+   * preset name (`cpcache layout --models`: llama-3-8b, deepseek-v3, ...) or a spec such as
+   * "layers=32;k=2048:sharded;v=2048:sharded"; or kv_parts[kv_num_parts] with kv_num_layers.
+   * Checked at open (the error names the bad part) and compared across the job (the error
+   * names the first differing rank and part); with a layout, page_bytes 0 takes this rank's
+   * bytes of a page, and any other value must equal it. */
+  const char *kv_layout;
+  const cpcache_kv_part *kv_parts;
+  int32_t kv_num_parts;
+  int32_t kv_num_layers;
+  /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_kind must be
+   * CPCACHE_L1_ALLOC and l1_base NULL: these replace the pool). NULL: the pool of l1_kind. */
+  const cpcache_l1_buffer *l1_buffers;
+  int32_t l1_num_buffers;
+  int32_t l2_layout; /* CPCACHE_L2_*; 0: page_first. Every rank must choose the same. */
 } cpcache_config;
 
 /* Static facts about an open cache (cpcache_get_info). */
@@ -241,6 +318,10 @@ int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
 int cpcache_close(cpcache_t c);
 /* Static facts about the cache. info->struct_size must be sizeof(cpcache_info). [L] */
 int cpcache_get_info(cpcache_t c, cpcache_info *info);
+/* This rank's KV bytes per token (all layers and parts, sharded parts divided by attn_tp)
+ * and per page (× page_tokens); without a layout, CPCACHE_ERR_INVALID. [L] */
+int cpcache_kv_bytes_per_token(cpcache_t c, int64_t *out);
+int cpcache_kv_page_bytes(cpcache_t c, int64_t *out);
 
 /* --- the scheduler's calls --- */
 

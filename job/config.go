@@ -102,7 +102,14 @@ type Config struct {
 	DeviceKVL1 bool
 	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
 	// kvmem.PageFirst). LayerFirst needs KVL1. Agreed by every rank in hicache.New.
-	L2Layout kvmem.L2Layout
+	// L1Buffers, when set, is the engine's L1 as per-(layer, part) host buffers lent by the
+	// caller (kvmem.Buffer; L1 must be L1Cache, KVLayout set): Open builds KVL1 (kvmem.NewL1 of
+	// L1Pages slots) over them once the layout's attention-TP size is known, in the agreed
+	// engine step (a bad buffer stops every rank, naming its layer and part): for callers
+	// (libcpcache) that cannot know the attention-TP size before the world is joined. Not
+	// with KVL1.
+	L1Buffers []kvmem.Buffer
+	L2Layout  kvmem.L2Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -191,6 +198,19 @@ func (c *Config) check() error {
 	case c.Timeout < 0 || c.StepTimeout < 0 || c.StorageTimeout < 0:
 		return bad("negative timeout (%v, step %v, storage %v)", c.Timeout, c.StepTimeout, c.StorageTimeout)
 	}
+	switch {
+	case len(c.L1Buffers) > 0 && c.KVLayout == nil:
+		return bad("L1 buffers without a KV layout")
+	case len(c.L1Buffers) > 0 && c.KVL1 != nil:
+		return bad("both L1 buffers and a KVL1: give one")
+	case len(c.L1Buffers) > 0 && c.L1 != L1Cache:
+		return bad("L1 buffers with L1 kind %d (they replace the pool: want L1Cache)", int(c.L1))
+	}
+	for _, b := range c.L1Buffers {
+		if b.Device != 0 {
+			return bad("L1 buffer of layer %d part %d is device memory: device L1 buffers are not supported here yet (host buffers only)", b.Layer, b.Part)
+		}
+	}
 	if c.KVLayout != nil {
 		if err := c.KVLayout.Validate(); err != nil {
 			return fmt.Errorf("%w: KV layout: %w", ErrBadValue, err)
@@ -216,8 +236,8 @@ func (c *Config) checkKVL1(bad func(format string, args ...any) error) error {
 		return nil
 	}
 	if c.KVL1 == nil {
-		if c.L2Layout == kvmem.LayerFirst {
-			return bad("a %s L2 needs an L1 of per-layer buffers (KVL1)", kvmem.LayerFirst)
+		if c.L2Layout == kvmem.LayerFirst && len(c.L1Buffers) == 0 {
+			return bad("a %s L2 needs an L1 of per-layer buffers (KVL1 or L1Buffers)", kvmem.LayerFirst)
 		}
 		return nil
 	}

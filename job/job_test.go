@@ -303,6 +303,53 @@ func TestKVLayoutReachesTheCache(t *testing.T) {
 	assert.ErrorIs(t, err, kvlayout.ErrBadLayout)
 }
 
+// TestL1BuffersReachTheCache: Config.L1Buffers become the cache's kvmem.L1 (at the layout's
+// attention-TP size) with the L2 layout; one rank's bad buffer stops every rank, naming its
+// layer and part; buffers need a layout and the cache's L1 kind.
+func TestL1BuffersReachTheCache(t *testing.T) {
+	l, err := kvlayout.Parse("layers=1;k=16:sharded;v=16:sharded") // 8 B a token a part at attention-TP 2
+	require.NoError(t, err)
+	bufs := func() []kvmem.Buffer {
+		var out []kvmem.Buffer
+		for j := range 2 {
+			out = append(out, kvmem.Buffer{Layer: 0, Part: j, Host: make([]byte, 8*4*8), PageStride: 4 * 8, TokenStride: 8})
+		}
+		return out
+	}
+	ranks, errs := openAll(t, inProcess(t, func(_ int, c *Config) {
+		c.KVLayout, c.L1Buffers, c.L2Layout = &l, bufs(), kvmem.LayerFirst
+	}))
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		require.NotNil(t, ranks[r].KVL1)
+		assert.Equal(t, 8, ranks[r].KVL1.Slots())
+		assert.Equal(t, 2, ranks[r].KVL1.Shape().AttnTP())
+		assert.Nil(t, ranks[r].HostEngine, "the cache's layered engine, not a pool's")
+		assert.NoError(t, ranks[r].Close())
+	}
+	_, errs = openAll(t, inProcess(t, func(r int, c *Config) {
+		c.KVLayout, c.L1Buffers = &l, bufs()
+		if r == 2 {
+			c.L1Buffers[1].Host = c.L1Buffers[1].Host[:8*4*7] // one slot short
+		}
+	}))
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.Contains(t, err.Error(), "rank 2", "rank %d", r)
+		assert.Contains(t, err.Error(), `layer 0 part 1 ("v"): 224 bytes, 8 slots need 256`, "rank %d", r)
+	}
+	cfgs := inProcess(t, nil)
+	cfgs[0].L1Buffers = bufs()
+	_, err = Open(context.Background(), cfgs[0])
+	require.ErrorIs(t, err, ErrBadValue)
+	assert.Contains(t, err.Error(), "L1 buffers without a KV layout")
+	cfgs = inProcess(t, nil)
+	cfgs[0].KVLayout, cfgs[0].L1Buffers, cfgs[0].L1 = &l, bufs(), L1HostAlloc
+	_, err = Open(context.Background(), cfgs[0])
+	require.ErrorIs(t, err, ErrBadValue)
+	assert.Contains(t, err.Error(), "want L1Cache")
+}
+
 // TestReplicatedLayoutSharesSlabs: with a KV layout whose every part is replicated (MLA) at
 // attention-TP 2, Open opens shared slabs over the replica group (2 slabs for 4 ranks, made
 // by the TP-0 ranks) and the cache takes them; a per-TP slab set is then the wrong scope;

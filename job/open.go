@@ -397,6 +397,17 @@ func (r *Rank) openEngine(ctx context.Context, cfg *Config) error {
 
 func (r *Rank) makeEngine(cfg *Config) error {
 	size := cfg.L1Pages * cfg.PageBytes
+	if len(cfg.L1Buffers) > 0 {
+		// Only now is the layout's attention-TP size known (Config.L1Buffers); cfg.KVL1 is
+		// what hicache.Config.L1 gets.
+		shape, err := kvmem.NewShape(*cfg.KVLayout, r.Layout.AttnTP, cfg.PageTokens)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadValue, err)
+		}
+		if cfg.KVL1, err = kvmem.NewL1(shape, cfg.L1Pages, cfg.L1Buffers); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadValue, err)
+		}
+	}
 	r.KVL1, r.L2Layout = cfg.KVL1, cfg.L2Layout
 	if r.L2Layout == 0 {
 		r.L2Layout = kvmem.PageFirst

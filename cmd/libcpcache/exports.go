@@ -65,9 +65,9 @@ func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 	if cfg == nil || out == nil {
 		return fail(fmt.Errorf("%w: cpcache_open: cfg (%p) and out (%p) must not be NULL", errInvalid, cfg, out))
 	}
-	if cfg.struct_size != C.sizeof_cpcache_config || cfg.abi_version != C.CPCACHE_ABI_VERSION {
-		return fail(fmt.Errorf("%w: cpcache_open: config struct_size %d, abi_version %d; this library has %d, %d (call cpcache_config_init; rebuild against this cpcache.h)",
-			errSize, cfg.struct_size, cfg.abi_version, C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION))
+	cfg, err := currentConfig(cfg)
+	if err != nil {
+		return fail(err)
 	}
 	h, err := openHandle(goConfig(cfg))
 	if err != nil {
@@ -75,6 +75,28 @@ func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 	}
 	*out = C.cpcache_t(h)
 	return C.CPCACHE_OK
+}
+
+// configSizeV1 is sizeof(cpcache_config) in an ABI-1 header: the fields before kv_layout.
+const configSizeV1 = C.uint32_t(unsafe.Offsetof(C.cpcache_config{}.kv_layout))
+
+// currentConfig is cfg as this header's cpcache_config: itself when it is one (struct_size
+// and abi_version of this header), or a copy of an ABI-1 caller's config (struct_size
+// configSizeV1, abi_version 1) whose ABI-2 fields take their defaults (zero: opaque pages,
+// the pool of l1_kind, page_first). Any other pair is errSize naming both.
+func currentConfig(cfg *C.cpcache_config) (*C.cpcache_config, error) {
+	switch {
+	case cfg.struct_size == C.sizeof_cpcache_config && cfg.abi_version == C.CPCACHE_ABI_VERSION:
+		return cfg, nil
+	case cfg.struct_size == configSizeV1 && cfg.abi_version == 1:
+		// Only the ABI-1 bytes are the caller's: copy them into a zeroed current config.
+		up := new(C.cpcache_config)
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(up)), configSizeV1), unsafe.Slice((*byte)(unsafe.Pointer(cfg)), configSizeV1))
+		up.struct_size, up.abi_version = C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION
+		return up, nil
+	}
+	return nil, fmt.Errorf("%w: cpcache_open: config struct_size %d, abi_version %d; this library takes %d with abi_version %d, or an ABI-1 config (%d, 1) (call cpcache_config_init; rebuild against this cpcache.h)",
+		errSize, cfg.struct_size, cfg.abi_version, C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION, configSizeV1)
 }
 
 // goConfig copies a C configuration into Go values (checkConfig judges them).
@@ -102,7 +124,59 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 			MinLoadPages: int(cfg.min_load_pages), LoadQuotaPages: int(cfg.load_quota_pages),
 		},
 		storageURL: str(cfg.storage_url), model: str(cfg.model),
+		kv: goKVConfig(cfg, str),
 	}
+}
+
+// goKVConfig copies the ABI-2 fields of cfg (resolveKV judges them). A negative count or
+// one with a NULL array is kept as a marker resolveKV rejects.
+func goKVConfig(cfg *C.cpcache_config, str func(*C.char) string) kvConfig {
+	k := kvConfig{kvSpec: str(cfg.kv_layout), kvLayers: int(cfg.kv_num_layers), l2LayoutIn: int(cfg.l2_layout)}
+	if cfg.kv_parts != nil && cfg.kv_num_parts > 0 {
+		for _, p := range unsafe.Slice(cfg.kv_parts, int(cfg.kv_num_parts)) {
+			k.kvParts = append(k.kvParts, kvPartDesc{name: str(p.name), bytesPerToken: int64(p.bytes_per_token), sharding: int32(p.sharding), reserved: int32(p.reserved)})
+		}
+	}
+	if cfg.l1_buffers != nil && cfg.l1_num_buffers > 0 {
+		for _, b := range unsafe.Slice(cfg.l1_buffers, int(cfg.l1_num_buffers)) {
+			k.l1Buffers = append(k.l1Buffers, l1BufferDesc{layer: int32(b.layer), part: int32(b.part), kind: int32(b.kind), reserved: int32(b.reserved),
+				base: b.base, bytes: int64(b.bytes), pageStride: int64(b.page_stride), tokenStride: int64(b.token_stride)})
+		}
+	}
+	k.badCounts = cfg.kv_num_parts < 0 || cfg.l1_num_buffers < 0 ||
+		(cfg.kv_num_parts > 0 && cfg.kv_parts == nil) || (cfg.l1_num_buffers > 0 && cfg.l1_buffers == nil)
+	return k
+}
+
+//export cpcache_kv_bytes_per_token
+func cpcache_kv_bytes_per_token(c C.cpcache_t, out *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return kvSize(c, out, "cpcache_kv_bytes_per_token", func(i *sessionInfo) int64 { return i.kvBytesPerToken })
+}
+
+//export cpcache_kv_page_bytes
+func cpcache_kv_page_bytes(c C.cpcache_t, out *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return kvSize(c, out, "cpcache_kv_page_bytes", func(i *sessionInfo) int64 { return i.kvPageBytes })
+}
+
+// kvSize writes one of the session's KV sizes (field) to out: CPCACHE_ERR_INVALID without a
+// KV layout or with a NULL out.
+func kvSize(c C.cpcache_t, out *C.int64_t, fn string, field func(*sessionInfo) int64) C.int {
+	if out == nil {
+		return fail(fmt.Errorf("%w: %s: out is NULL", errInvalid, fn))
+	}
+	s, err := use(uint64(c))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.mu.Unlock()
+	v := field(&s.info)
+	if v == 0 {
+		return fail(fmt.Errorf("%w: %s: the cache has no KV layout (cpcache_config.kv_layout, kv_parts)", errInvalid, fn))
+	}
+	*out = C.int64_t(v)
+	return C.CPCACHE_OK
 }
 
 //export cpcache_close

@@ -47,6 +47,7 @@ type openConfig struct {
 	options    hicache.Options
 	storageURL string
 	model      string
+	kv         kvConfig // ABI 2: KV layout, the engine's L1 buffers, L2 layout
 }
 
 // maxTimeoutMs is the largest timeout_ms a time.Duration holds (about 292 years).
@@ -56,6 +57,11 @@ const maxTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
 func checkConfig(c *openConfig) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
+	}
+	if c.pageTokens > 0 {
+		if err := resolveKV(c); err != nil {
+			return err
+		}
 	}
 	switch {
 	case c.layout.World < 0:
@@ -118,6 +124,7 @@ type session struct {
 type sessionInfo struct {
 	rank, world, cpRank, cpSize, tpRank, dpRank, replicaSize int
 	pageTokens, pageBytes, l1Pages, l2Pages                  int
+	kvBytesPerToken, kvPageBytes                             int64 // 0: no KV layout
 	consensus                                                string
 }
 
@@ -169,6 +176,9 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 		replicaSize: len(layout.ReplicaGroup(rank)), pageTokens: c.pageTokens, pageBytes: c.pageBytes,
 		l1Pages: c.l1Pages, l2Pages: c.l2Pages, consensus: rk.Backend,
 	}
+	if perToken, perPage, ok := kvSizes(c, layout.AttnTP); ok {
+		s.info.kvBytesPerToken, s.info.kvPageBytes = perToken, perPage
+	}
 	return s, nil
 }
 
@@ -180,14 +190,17 @@ func jobConfig(c *openConfig) job.Config {
 		Options: c.options, Consensus: c.consensus, L1Base: c.l1Base, Device: c.device,
 		Tag: "libcpcache", SlabLayout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens),
 		StorageURL: c.storageURL, StorageModel: c.model,
+		KVLayout: c.kv.kvLayout, L1Buffers: c.kv.kvBufs, L2Layout: c.kv.l2Layout,
 	}
 	if c.rank >= 0 {
 		jc.Rank, jc.Size = c.rank, c.layout.World
 	}
-	switch c.l1Kind {
-	case l1Host:
+	switch {
+	case len(c.kv.kvBufs) > 0:
+		jc.L1 = job.L1Cache // the engine's buffers: hicache's layered host engine over them
+	case c.l1Kind == l1Host:
 		jc.L1 = job.L1Host
-	case l1Device:
+	case c.l1Kind == l1Device:
 		jc.L1 = job.L1Device
 	default:
 		jc.L1 = job.L1HostAlloc

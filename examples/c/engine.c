@@ -11,6 +11,7 @@
 //
 // Usage: engine [--attn-cp N] [--dp N] [--dp-attention=false] [--clients N] [--rounds N]
 //               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
+//               [--opaque | --layer-first]
 // DP attention is on by default (cpcache_config_init, as the cpcache commands); --dp-attention is
 // accepted and changes nothing, --dp-attention=false turns it off.
 // --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
@@ -91,6 +92,32 @@ typedef struct counters {
 
 static cpcache_t cache;
 static cpcache_info info;
+
+// The engine's KV memory (default): a small preset-like layout of KV_LAYERS layers, each with
+// a K and a V part of KV_ROW bytes a token (all heads), SGLang-style: one buffer per (layer,
+// part) indexed by token slot ([l1_pages × PAGE_TOKENS, KV_ROW]), lent to the cache with
+// cpcache_config.l1_buffers; 4 × 2 × 32 B × 16 tokens = PAGE_BYTES a page. A page's content
+// is laid out page-first (layer 0's K, V, then layer 1's ...) and scattered into the
+// buffers, so a chunk that lands in the wrong layer or part fails the check. --opaque uses
+// the library's contiguous pool of opaque pages instead (ABI 1's model).
+#define KV_LAYERS 4
+#define KV_ROW 32
+static const char *kv_spec = "layers=4;k=32:sharded;v=32:sharded";
+static int opaque;
+static uint8_t *kv_mem[KV_LAYERS][2];
+
+// page_scatter writes a page-first page into slot's tokens of every (layer, part) buffer;
+// page_gather reads them back.
+static void page_scatter(int32_t slot, const uint8_t *page) {
+  for (int l = 0; l < KV_LAYERS; l++)
+    for (int j = 0; j < 2; j++)
+      memcpy(kv_mem[l][j] + (size_t)slot * PAGE_TOKENS * KV_ROW, page + (size_t)(l * 2 + j) * PAGE_TOKENS * KV_ROW, PAGE_TOKENS * KV_ROW);
+}
+static void page_gather(int32_t slot, uint8_t *page) {
+  for (int l = 0; l < KV_LAYERS; l++)
+    for (int j = 0; j < 2; j++)
+      memcpy(page + (size_t)(l * 2 + j) * PAGE_TOKENS * KV_ROW, kv_mem[l][j] + (size_t)slot * PAGE_TOKENS * KV_ROW, PAGE_TOKENS * KV_ROW);
+}
 static counters cnt;
 
 // conversation_tokens returns client's tokens up to and including round's question
@@ -113,7 +140,13 @@ static void verify(const int32_t *tokens, int pages, const int32_t *slots) {
     if (p % info.cp_size != info.cp_rank) continue;
     void *mem;
     size_t len;
-    check(cpcache_l1_page(cache, slots[p], &mem, &len));
+    uint8_t page[PAGE_BYTES];
+    if (opaque) {
+      check(cpcache_l1_page(cache, slots[p], &mem, &len));
+    } else {
+      page_gather(slots[p], page);
+      mem = page;
+    }
     cnt.verified++;
     if (!kv_check(mem, hashes[p], p, info.tp_rank)) {
       if (cnt.bad++ == 0) fprintf(stderr, "engine: rank %d: page %d (slot %d) holds the wrong bytes\n", info.rank, p, slots[p]);
@@ -133,10 +166,16 @@ static cpcache_node_t insert(const int32_t *tokens, int n) {
   prefix_hashes(tokens, n / PAGE_TOKENS, hashes);
   for (int64_t i = 0; i < res.n_fill; i++) {
     if (!fill[i].owned) continue;
-    void *mem;
-    size_t len;
-    check(cpcache_l1_page(cache, fill[i].slot, &mem, &len));
-    kv_fill(mem, hashes[fill[i].index], (int)fill[i].index, info.tp_rank);
+    if (opaque) {
+      void *mem;
+      size_t len;
+      check(cpcache_l1_page(cache, fill[i].slot, &mem, &len));
+      kv_fill(mem, hashes[fill[i].index], (int)fill[i].index, info.tp_rank);
+    } else {
+      uint8_t page[PAGE_BYTES];
+      kv_fill(page, hashes[fill[i].index], (int)fill[i].index, info.tp_rank);
+      page_scatter(fill[i].slot, page);
+    }
   }
   return res.node;
 }
@@ -245,9 +284,35 @@ int main(int argc, char **argv) {
   cfg.l1_pages = arg(argc, argv, "--l1-pages", 96, 1, INT32_MAX);
   cfg.l2_pages = arg(argc, argv, "--l2-pages", 512, 1, INT32_MAX);
   int clients = (int)arg(argc, argv, "--clients", 16, 1, 1 << 16), rounds = (int)arg(argc, argv, "--rounds", 4, 1, 1 << 10);
+  opaque = flag(argc, argv, "--opaque");
+  cpcache_l1_buffer bufs[KV_LAYERS * 2];
+  if (!opaque) {
+    cfg.kv_layout = kv_spec;
+    // page_bytes stays PAGE_BYTES: with the launcher's world the library cannot derive it before
+    // open; it checks it against the layout (attention-TP 1 here) at open.
+    cfg.l2_layout = flag(argc, argv, "--layer-first") ? CPCACHE_L2_LAYER_FIRST : CPCACHE_L2_PAGE_FIRST;
+    for (int l = 0; l < KV_LAYERS; l++)
+      for (int j = 0; j < 2; j++) {
+        kv_mem[l][j] = calloc((size_t)cfg.l1_pages * PAGE_TOKENS, KV_ROW);
+        if (!kv_mem[l][j]) {
+          fprintf(stderr, "engine: out of memory for the L1 buffers\n");
+          return 2;
+        }
+        bufs[l * 2 + j] = cpcache_l1_token_slot_buffer(l, j, CPCACHE_MEM_HOST, kv_mem[l][j], cfg.l1_pages, PAGE_TOKENS, KV_ROW);
+      }
+    cfg.l1_buffers = bufs, cfg.l1_num_buffers = KV_LAYERS * 2;
+  }
   check(cpcache_open(&cfg, &cache)); // rank and world from the launcher's environment
   info.struct_size = sizeof info;
   check(cpcache_get_info(cache, &info));
+  if (!opaque) {
+    int64_t page_bytes = 0;
+    check(cpcache_kv_page_bytes(cache, &page_bytes));
+    if (page_bytes != PAGE_BYTES) {
+      fprintf(stderr, "engine: the KV layout takes %" PRId64 " bytes a page, want %d (attention-TP 1)\n", page_bytes, PAGE_BYTES);
+      return 2;
+    }
+  }
 
   // This replica's requests: clients with client mod dp == dp_rank, round by round.
   int dp = info.world / info.replica_size, nreq = 0, next = 0, nrun = 0, reserved = 0;

@@ -44,9 +44,10 @@ __all__ = [
     "Evicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
+    "KV_SHARDED", "KV_REPLICATED", "MEM_HOST", "MEM_DEVICE", "L1Buffer", "token_slot_buffer", "block_major_buffers",
 ]
 
-ABI_VERSION = 1  # CPCACHE_ABI_VERSION of the header this module mirrors
+ABI_VERSION = 2  # CPCACHE_ABI_VERSION of the header this module mirrors
 
 SLAB_HOST, SLAB_CUDA_IPC = 0, 1
 L1_ALLOC, L1_HOST, L1_DEVICE = 0, 1, 2
@@ -88,6 +89,20 @@ _ERRORS = {-1: InvalidError, -2: SizeError, -3: RangeError, -4: ClosedError, -5:
 _i32, _i64, _u32, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 
 
+KV_SHARDED, KV_REPLICATED = 1, 2  # CPCACHE_KV_*: how attention-TP ranks hold a part
+MEM_HOST, MEM_DEVICE = 1, 2  # CPCACHE_MEM_*: where an L1 buffer lives
+_L2_LAYOUTS = {None: 0, "page_first": 1, "layer_first": 2}
+
+
+class _KVPart(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("bytes_per_token", _i64), ("sharding", _i32), ("reserved", _i32)]
+
+
+class _L1Buffer(ctypes.Structure):
+    _fields_ = [("layer", _i32), ("part", _i32), ("kind", _i32), ("reserved", _i32), ("base", ctypes.c_void_p),
+                ("bytes", _i64), ("page_stride", _i64), ("token_stride", _i64)]
+
+
 class _Config(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("abi_version", _u32),
                 ("world", _i32), ("tp", _i32), ("dp", _i32), ("attn_cp", _i32), ("ep", _i32),
@@ -98,7 +113,59 @@ class _Config(ctypes.Structure):
                 ("l1_kind", _i32), ("l1_base", ctypes.c_void_p), ("l1_pages", _i64),
                 ("policy", _i32), ("write_threshold", _i32), ("min_load_pages", _i32),
                 ("load_quota_pages", _i32),
-                ("storage_url", ctypes.c_char_p), ("model", ctypes.c_char_p)]
+                ("storage_url", ctypes.c_char_p), ("model", ctypes.c_char_p),
+                # ABI 2
+                ("kv_layout", ctypes.c_char_p), ("kv_parts", ctypes.POINTER(_KVPart)), ("kv_num_parts", _i32),
+                ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
+                ("l2_layout", _i32)]
+
+
+L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner")
+L1Buffer.__doc__ = """One (layer, part) buffer of the engine's L1 (cpcache_l1_buffer): token k of
+page slot s at base + s*page_stride + k*token_stride. owner is the array or tensor whose
+memory it is (kept alive by the Cache)."""
+
+
+def _array_memory(a):
+    """(base address, kind, byte strides, shape, nbytes) of a numpy array or a torch tensor."""
+    if hasattr(a, "data_ptr") and hasattr(a, "element_size"):  # torch.Tensor
+        es = a.element_size()
+        kind = MEM_DEVICE if getattr(a, "is_cuda", False) else MEM_HOST
+        return a.data_ptr(), kind, [st * es for st in a.stride()], list(a.shape), a.numel() * es
+    ai = getattr(a, "__array_interface__", None)
+    if ai is None:
+        raise TypeError(f"cpcache: an L1 buffer must be a numpy array or a torch tensor, not {type(a).__name__}")
+    if ai["data"][1]:
+        raise ValueError("cpcache: an L1 buffer must be writable (the cache loads pages into it)")
+    return ai["data"][0], MEM_HOST, list(a.strides), list(a.shape), a.nbytes
+
+
+def _extent(strides, shape, itemsize_bytes):
+    """Bytes from the first to one past the last element of a strided array."""
+    return sum((n - 1) * st for n, st in zip(shape, strides) if n > 0) + itemsize_bytes
+
+
+def token_slot_buffer(layer, part, array, page_tokens):
+    """SGLang's layout: array [slots * page_tokens, ...] of one layer and part, indexed by token
+    slot (its other dimensions, heads and head_dim, dense: one token's bytes contiguous)."""
+    base, kind, strides, shape, nbytes = _array_memory(array)
+    if len(shape) < 1 or shape[0] % page_tokens:
+        raise ValueError(f"cpcache: layer {layer} part {part}: first dimension {shape[:1]} is not a multiple of "
+                         f"page_tokens {page_tokens}")
+    row = nbytes // shape[0] if shape[0] else 0
+    return L1Buffer(layer, part, kind, base, _extent(strides, shape, (strides[-1] if len(shape) > 1 else row) or row),
+                    page_tokens * strides[0], strides[0], array)
+
+
+def block_major_buffers(layer, array, k_part=0, v_part=1):
+    """vLLM's layout: array [blocks, 2, page_tokens, ...] of one layer; its K (index 0 of the
+    second dimension, part k_part) and V (index 1, part v_part) buffers."""
+    base, kind, strides, shape, _ = _array_memory(array)
+    if len(shape) < 3 or shape[1] != 2:
+        raise ValueError(f"cpcache: layer {layer}: a block-major tensor is [blocks, 2, page_tokens, ...], got shape {shape}")
+    whole = _extent(strides, shape, strides[-1] if len(shape) > 3 else strides[2])
+    return [L1Buffer(layer, part, kind, base + kv * strides[1], whole - kv * strides[1], strides[0], strides[2], array)
+            for kv, part in ((0, k_part), (1, v_part))]
 
 
 class _Info(ctypes.Structure):
@@ -180,6 +247,8 @@ def library():
         "cpcache_open": ([P(_Config), P(_u64)], ctypes.c_int),
         "cpcache_close": ([_u64], ctypes.c_int),
         "cpcache_get_info": ([_u64, P(_Info)], ctypes.c_int),
+        "cpcache_kv_bytes_per_token": ([_u64, P(_i64)], ctypes.c_int),
+        "cpcache_kv_page_bytes": ([_u64, P(_i64)], ctypes.c_int),
         "cpcache_match": ([_u64, P(_i32), ctypes.c_size_t, P(_MatchResult), P(_i32), ctypes.c_size_t], ctypes.c_int),
         "cpcache_match_key": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_MatchResult),
                                P(_i32), ctypes.c_size_t], ctypes.c_int),
@@ -315,11 +384,18 @@ class Cache:
     _closed = False
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
 
-    def __init__(self, *, page_bytes, l1_pages, l2_pages, page_tokens=16, world=0, tp=0, dp=0,
+    def __init__(self, *, l1_pages, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
-                 min_load_pages=0, load_quota_pages=0, storage_url=None, model=None):
+                 min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
+                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None):
+        """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
+        v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
+        with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
+        (layer, part): L1Buffer values (token_slot_buffer, block_major_buffers) or
+        (layer, part, array) token-slot tuples; they replace the pool. l2_layout:
+        "page_first" (default) or "layer_first"."""
         lib = library()
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
@@ -339,7 +415,7 @@ class Cache:
         self._views = {}  # id → weakref of each memoryview l1_page returned, until close
         self._views_lock = threading.Lock()
         pool = addr = None
-        if l1_kind == L1_ALLOC:
+        if l1_kind == L1_ALLOC and not l1_buffers:
             # Python owns the pool (see "Memory views"): the library maps it as the caller's.
             pool, addr = _alloc_pool(l1_pages, page_bytes)
             if pool is not None:
@@ -348,6 +424,26 @@ class Cache:
         cfg.policy, cfg.write_threshold = policy, write_threshold
         cfg.min_load_pages, cfg.load_quota_pages = min_load_pages, load_quota_pages
         cfg.storage_url, cfg.model = _bytes(storage_url), _bytes(model)
+        self._kv_keep = []  # ctypes arrays and the engine's buffers the library points into
+        if isinstance(kv_layout, str):
+            cfg.kv_layout = _bytes(kv_layout)
+        elif kv_layout is not None:
+            parts = (_KVPart * len(kv_layout))(*[_KVPart(_bytes(n), b, sh, 0) for n, b, sh in kv_layout])
+            cfg.kv_parts, cfg.kv_num_parts, cfg.kv_num_layers = parts, len(kv_layout), kv_layers
+            self._kv_keep.append(parts)
+        if l2_layout not in _L2_LAYOUTS:
+            raise InvalidError(-1, f"cpcache: l2_layout {l2_layout!r} (want 'page_first' or 'layer_first')")
+        cfg.l2_layout = _L2_LAYOUTS[l2_layout]
+        if l1_buffers:
+            bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
+            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, 0, b.base, b.bytes, b.page_stride,
+                                                      b.token_stride) for b in bufs])
+            cfg.l1_buffers, cfg.l1_num_buffers = arr, len(bufs)
+            self._kv_keep += [arr] + [b.owner for b in bufs]
+            if pool is not None:  # the engine's buffers replace the pool
+                pool.close()
+                pool = addr = None
+            cfg.l1_kind, cfg.l1_base = L1_ALLOC, None
         self._lib = lib
         h = _u64()
         status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
@@ -363,6 +459,18 @@ class Cache:
             self._closed = True
             lib.cpcache_close(self._h)  # else the process's one cache stays open, unreachable
             raise
+
+    def kv_bytes_per_token(self):
+        """This rank's KV bytes per token (all layers and parts) [L]; InvalidError without a layout."""
+        out = _i64()
+        _check(self._lib.cpcache_kv_bytes_per_token(self._h, ctypes.byref(out)))
+        return out.value
+
+    def kv_page_bytes(self):
+        """This rank's KV bytes per page [L]; InvalidError without a layout."""
+        out = _i64()
+        _check(self._lib.cpcache_kv_page_bytes(self._h, ctypes.byref(out)))
+        return out.value
 
     def __enter__(self):
         return self

@@ -25,6 +25,34 @@ except ImportError:  # run from a checkout: the package beside this example
     import cpcache  # noqa: E402
 
 PAGE_TOKENS, PAGE_BYTES = 16, 256
+# --kv-buffers: the engine's KV as per-(layer, part) numpy arrays, SGLang's token-slot layout
+# ([l1_pages × PAGE_TOKENS, KV_ROW] per layer for K and for V) lent to the cache; a page's
+# PAGE_BYTES are laid out page-first (layer 0's K, V, layer 1's ...) across them.
+KV_SPEC, KV_LAYERS, KV_ROW = "layers=2;k=4:sharded;v=4:sharded", 2, 4
+
+
+class KVBuffers:
+    """The engine's per-layer K and V arrays, and a page's bytes read from / written to them."""
+
+    def __init__(self, np, l1_pages):
+        self.np = np
+        self.arrays = {(l, j): np.zeros((l1_pages * PAGE_TOKENS, KV_ROW), dtype=np.uint8)
+                       for l in range(KV_LAYERS) for j in range(2)}
+
+    def buffers(self):
+        return [cpcache.token_slot_buffer(l, j, a, PAGE_TOKENS) for (l, j), a in self.arrays.items()]
+
+    def _rows(self, slot):
+        return slice(slot * PAGE_TOKENS, (slot + 1) * PAGE_TOKENS)
+
+    def write(self, slot, page):
+        chunk = PAGE_TOKENS * KV_ROW
+        for (l, j), a in self.arrays.items():
+            off = (l * 2 + j) * chunk
+            a[self._rows(slot)] = self.np.frombuffer(page[off:off + chunk], dtype=self.np.uint8).reshape(PAGE_TOKENS, KV_ROW)
+
+    def read(self, slot):
+        return b"".join(self.arrays[(l, j)][self._rows(slot)].tobytes() for l in range(KV_LAYERS) for j in range(2))
 
 
 class HiCacheController:
@@ -104,8 +132,8 @@ def conversation(client, rnd, with_answer):
 class Scheduler:
     """Admit, compute, finish — one step at a time, the same on every rank of the replica."""
 
-    def __init__(self, ctl, info):
-        self.ctl, self.info = ctl, info
+    def __init__(self, ctl, info, kv=None):
+        self.ctl, self.info, self.kv = ctl, info, kv
         self.counts = dict(requests=0, input_tokens=0, tokens_hit_l1=0, tokens_hit_l2=0, tokens_missed=0,
                            scheduler_steps=0, pages_verified=0, bad_pages=0)
 
@@ -115,7 +143,11 @@ class Scheduler:
     def write_pages(self, tokens, fill):
         for p in fill:
             if p.owned:  # each CP rank computes the KV of the pages it owns
-                self.ctl.cache.l1_page(p.slot)[:] = page_content(tokens, p.index, self.info.tp_rank)
+                content = page_content(tokens, p.index, self.info.tp_rank)
+                if self.kv:
+                    self.kv.write(p.slot, content)
+                else:
+                    self.ctl.cache.l1_page(p.slot)[:] = content
 
     def with_room(self, call, *args):
         """call(*args), making room in L1 once if it is full: pages with backups in flight
@@ -141,7 +173,8 @@ class Scheduler:
         for i, slot in enumerate(slots):
             if self.own(i):
                 self.counts["pages_verified"] += 1
-                if bytes(self.ctl.cache.l1_page(slot)) != page_content(tokens, i, self.info.tp_rank):
+                got = self.kv.read(slot) if self.kv else bytes(self.ctl.cache.l1_page(slot))
+                if got != page_content(tokens, i, self.info.tp_rank):
                     self.counts["bad_pages"] += 1
         res = self.with_room(self.ctl.insert, tokens)
         self.write_pages(tokens, res.fill)
@@ -191,15 +224,24 @@ def main():
     ap.add_argument("--dp-attention", action="store_true")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--l1-pages", type=int, default=64)
+    ap.add_argument("--l1-pages", type=int, default=16,
+                    help="this rank's L1 page slots (each CP rank holds only the pages it owns)")
     ap.add_argument("--forever", action="store_true", help="serve new conversations until Ctrl-C")
+    ap.add_argument("--kv-buffers", action="store_true",
+                    help="lend the cache per-layer K/V numpy arrays (needs numpy) instead of its page pool")
+    ap.add_argument("--l2-layout", choices=["page_first", "layer_first"], default="page_first")
     a = ap.parse_args()
+    kv, extra = None, {}
+    if a.kv_buffers:
+        import numpy as np
+        kv = KVBuffers(np, a.l1_pages)
+        extra = dict(kv_layout=KV_SPEC, l1_buffers=kv.buffers(), l2_layout=a.l2_layout)
     cache = cpcache.Cache(attn_cp=a.attn_cp, dp=a.dp, dp_attention=a.dp_attention, page_tokens=PAGE_TOKENS,
-                          page_bytes=PAGE_BYTES, l1_pages=a.l1_pages, l2_pages=512)
+                          page_bytes=PAGE_BYTES, l1_pages=a.l1_pages, l2_pages=512, **extra)
     sched = None
     try:
         info = cache.info
-        sched = Scheduler(HiCacheController(cache), info)
+        sched = Scheduler(HiCacheController(cache), info, kv)
         dp = info.world // info.replica_size
         mine = [c for c in range(a.clients) if c % dp == info.dp_rank]
         if a.forever:

@@ -435,6 +435,88 @@ int main(void) {
   expect_true(m.device_pages == 6 && m.host_pages == 2);
   expect(cpcache_close(c2), CPCACHE_OK);
 
+  // ABI 1: a caller built against the ABI-1 header passes a config of the old size (the
+  // fields before kv_layout) with abi_version 1; it opens with the ABI-2 fields defaulted.
+  {
+    unsigned char old[CPCACHE_CONFIG_SIZE_V1 + 64];
+    memset(old, 0xAB, sizeof old); // bytes past the old struct are not the caller's: never read
+    base_config(&cfg);
+    memcpy(old, &cfg, CPCACHE_CONFIG_SIZE_V1);
+    cpcache_config *v1 = (cpcache_config *)old;
+    v1->struct_size = CPCACHE_CONFIG_SIZE_V1;
+    v1->abi_version = 2; // the old size with the new version is neither
+    expect(cpcache_open(v1, &c2), CPCACHE_ERR_SIZE);
+    expect_true(strstr(cpcache_last_error(), "ABI-1") != NULL);
+    v1->abi_version = 1;
+    expect(cpcache_open(v1, &c2), CPCACHE_OK);
+    expect(cpcache_get_info(c2, &info), CPCACHE_OK);
+    expect_true(info.page_bytes == PAGE_BYTES && info.l1_pages == L1_PAGES);
+    int64_t kvb = 0;
+    expect(cpcache_kv_page_bytes(c2, &kvb), CPCACHE_ERR_INVALID); // opaque pages
+    expect_true(strstr(cpcache_last_error(), "no KV layout") != NULL);
+    expect(cpcache_close(c2), CPCACHE_OK);
+  }
+
+  // KV layouts: a bad one is CPCACHE_ERR_INVALID naming the bad value or part.
+  {
+    base_config(&cfg);
+    cfg.kv_layout = "no-such-model";
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "no-such-model") != NULL);
+    cfg.kv_layout = "layers=2;k=16:sharded;v=16:sharded"; // 2 × 32 B a token × 4 tokens = 256 B a page
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID); // page_bytes 64 is not the layout's
+    expect_true(strstr(cpcache_last_error(), "256") != NULL);
+    cpcache_kv_part parts[2] = {{"k", 16, CPCACHE_KV_SHARDED, 0}, {"v", 16, 7, 0}};
+    base_config(&cfg);
+    cfg.page_bytes = 0;
+    cfg.kv_parts = parts, cfg.kv_num_parts = 2, cfg.kv_num_layers = 2;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "kv_parts[1] (\"v\"): sharding 7") != NULL);
+    parts[1].sharding = CPCACHE_KV_SHARDED;
+    cfg.l2_layout = 9;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "l2_layout 9") != NULL);
+
+    // Per-layer buffers: SGLang-like token-slot K and V for each of the 2 layers.
+    enum { ROW = 16 };
+    static unsigned char kv[2][2][L1_PAGES * PAGE_TOKENS * ROW];
+    cpcache_l1_buffer bufs[4];
+    for (int l = 0; l < 2; l++)
+      for (int j = 0; j < 2; j++)
+        bufs[l * 2 + j] = cpcache_l1_token_slot_buffer(l, j, CPCACHE_MEM_HOST, kv[l][j], L1_PAGES, PAGE_TOKENS, ROW);
+    cfg.l2_layout = CPCACHE_L2_LAYER_FIRST;
+    cfg.l1_buffers = bufs, cfg.l1_num_buffers = 4;
+    bufs[3].bytes -= 1; // too small for its slots: named by layer and part
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "layer 1") != NULL && strstr(cpcache_last_error(), "part 1") != NULL);
+    bufs[3].bytes += 1;
+    bufs[3].base = kv[1][0]; // overlaps layer 1's K
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "overlap") != NULL);
+    bufs[3].base = kv[1][1];
+    expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+    int64_t bpt = 0, pb = 0;
+    expect(cpcache_kv_bytes_per_token(c2, &bpt), CPCACHE_OK);
+    expect(cpcache_kv_page_bytes(c2, &pb), CPCACHE_OK);
+    expect_true(bpt == 64 && pb == 256);
+    expect(cpcache_get_info(c2, &info), CPCACHE_OK);
+    expect_true(info.page_bytes == 256);
+    expect(cpcache_close(c2), CPCACHE_OK);
+
+    // vLLM's block-major layer tensors [blocks, 2, page_tokens, row]: K and V interleave in
+    // one tensor without overlapping (stride-aware); a V buffer shifted onto K's rows does.
+    static unsigned char layer_kv[2][L1_PAGES * 2 * PAGE_TOKENS * ROW];
+    for (int l = 0; l < 2; l++)
+      for (int j = 0; j < 2; j++)
+        bufs[l * 2 + j] = cpcache_l1_block_major_buffer(l, j, CPCACHE_MEM_HOST, layer_kv[l], L1_PAGES, PAGE_TOKENS, ROW, j);
+    expect_true(bufs[1].page_stride == 2 * PAGE_TOKENS * ROW && (char *)bufs[1].base - (char *)bufs[0].base == PAGE_TOKENS * ROW);
+    expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+    expect(cpcache_close(c2), CPCACHE_OK);
+    bufs[1].base = (char *)bufs[1].base - ROW;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "overlap") != NULL);
+  }
+
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "bad_calls: could not remove %s\n", dir);

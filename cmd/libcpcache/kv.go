@@ -1,0 +1,185 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache/kvlayout"
+	"github.com/cpcache/cpcache/hicache/kvmem"
+	"github.com/cpcache/cpcache/parallel"
+)
+
+// Memory kinds of an L1 buffer (CPCACHE_MEM_* in include/cpcache.h).
+const (
+	memHost   = 1
+	memDevice = 2
+)
+
+// kvPartDesc is one cpcache_kv_part as the caller gave it.
+type kvPartDesc struct {
+	name          string
+	bytesPerToken int64
+	sharding      int32
+	reserved      int32
+}
+
+// l1BufferDesc is one cpcache_l1_buffer as the caller gave it.
+type l1BufferDesc struct {
+	layer, part, kind, reserved int32
+	base                        unsafe.Pointer // memory outside the Go heap, the caller's
+	bytes, pageStride           int64
+	tokenStride                 int64
+}
+
+// kvConfig is the ABI-2 part of cpcache_config (the KV layout, the engine's L1 buffers, the
+// L2 layout) as given, and what resolveKV makes of it.
+type kvConfig struct {
+	kvSpec     string // kv_layout: a preset name or kvlayout.Parse's text
+	kvParts    []kvPartDesc
+	kvLayers   int
+	l1Buffers  []l1BufferDesc
+	l2LayoutIn int  // l2_layout as given
+	badCounts  bool // a negative kv_num_parts or l1_num_buffers, or a count with a NULL array
+
+	// Set by resolveKV.
+	kvLayout *kvlayout.Layout // nil: opaque pages
+	kvBufs   []kvmem.Buffer
+	l2Layout kvmem.L2Layout
+	attnTP   int // 0: not known before the job's world is (world 0)
+}
+
+// attnTPOf is the attention-TP size of layout lc, or 0 when its world is the launcher's (not
+// known before open) or the layout is invalid (parallel.NewLayout judges it later, alike on
+// every rank).
+func attnTPOf(lc parallel.LayoutConfig) int {
+	if lc.World <= 0 {
+		return 0
+	}
+	l, err := parallel.NewLayout(lc)
+	if err != nil {
+		return 0
+	}
+	return l.AttnTP
+}
+
+// resolveKV checks the KV layout, the L1 buffers and the L2 layout of c and fills in what
+// they determine (kvLayout, kvBufs, l2Layout; page_bytes 0 becomes this rank's bytes of a
+// page), before any rank talks to another. Errors wrap errInvalid and name the bad field,
+// part, or buffer's layer and part. c.pageTokens must be positive.
+func resolveKV(c *openConfig) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
+	}
+	k := &c.kv
+	k.kvLayout, k.kvBufs, k.l2Layout = nil, nil, 0
+	switch {
+	case k.badCounts:
+		return bad("kv_num_parts and l1_num_buffers must be 0 or the length of a non-NULL kv_parts, l1_buffers")
+	case k.kvSpec != "" && len(k.kvParts) > 0:
+		return bad("kv_layout %q and kv_parts (%d parts) are both set: give one", k.kvSpec, len(k.kvParts))
+	case k.l2LayoutIn != 0 && !kvmem.L2Layout(k.l2LayoutIn).Valid() || k.l2LayoutIn < 0 || k.l2LayoutIn > math.MaxUint8:
+		return bad("l2_layout %d (want 0, CPCACHE_L2_PAGE_FIRST or CPCACHE_L2_LAYER_FIRST)", k.l2LayoutIn)
+	}
+	k.l2Layout = kvmem.L2Layout(k.l2LayoutIn)
+	switch {
+	case k.kvSpec != "":
+		l, err := kvlayout.Parse(k.kvSpec)
+		if err != nil {
+			return bad("kv_layout %q: %w", k.kvSpec, err)
+		}
+		k.kvLayout = &l
+	case len(k.kvParts) > 0:
+		l := kvlayout.Layout{NumLayers: k.kvLayers}
+		for i, p := range k.kvParts {
+			switch {
+			case p.reserved != 0:
+				return bad("kv_parts[%d] (%q): reserved is %d, want 0", i, p.name, p.reserved)
+			case p.bytesPerToken <= 0 || p.bytesPerToken > math.MaxInt32:
+				return bad("kv_parts[%d] (%q): bytes_per_token %d must be in 1..2^31-1", i, p.name, p.bytesPerToken)
+			case p.sharding != int32(kvlayout.Sharded) && p.sharding != int32(kvlayout.Replicated):
+				return bad("kv_parts[%d] (%q): sharding %d (want CPCACHE_KV_SHARDED or CPCACHE_KV_REPLICATED)", i, p.name, p.sharding)
+			}
+			l.Parts = append(l.Parts, kvlayout.Part{Name: p.name, BytesPerToken: int(p.bytesPerToken), Sharding: kvlayout.Sharding(p.sharding)})
+		}
+		if err := l.Validate(); err != nil {
+			return bad("kv_parts: %w", err)
+		}
+		k.kvLayout = &l
+	case k.kvLayers != 0:
+		return bad("kv_num_layers %d without kv_parts", k.kvLayers)
+	}
+	if k.kvLayout == nil {
+		switch {
+		case len(k.l1Buffers) > 0:
+			return bad("l1_buffers (%d) need a KV layout (kv_layout or kv_parts)", len(k.l1Buffers))
+		case k.l2Layout == kvmem.LayerFirst:
+			return bad("l2_layout layer_first needs a KV layout (kv_layout or kv_parts)")
+		}
+		return nil
+	}
+	k.attnTP = attnTPOf(c.layout)
+	if k.attnTP > 0 {
+		pb, err := k.kvLayout.PageBytes(c.pageTokens, k.attnTP)
+		if err != nil {
+			return bad("KV layout at attention-TP %d, %d tokens a page: %w", k.attnTP, c.pageTokens, err)
+		}
+		switch {
+		case c.pageBytes == 0 && pb <= math.MaxInt32:
+			c.pageBytes = int(pb)
+		case int64(c.pageBytes) != pb:
+			return bad("page_bytes %d, but the KV layout %s takes %d bytes a page on each of %d attention-TP ranks at %d tokens a page (set page_bytes 0 to take it)",
+				c.pageBytes, k.kvLayout, pb, k.attnTP, c.pageTokens)
+		}
+	} else if c.pageBytes == 0 {
+		return bad("page_bytes 0 with a KV layout needs an explicit world (the attention-TP size divides the sharded parts)")
+	}
+	if len(k.l1Buffers) == 0 {
+		return nil
+	}
+	if c.l1Kind != l1Alloc || c.l1Base != nil {
+		return bad("l1_buffers replace the L1 pool: l1_kind must be CPCACHE_L1_ALLOC and l1_base NULL (got l1_kind %d)", c.l1Kind)
+	}
+	for i, b := range k.l1Buffers {
+		where := fmt.Sprintf("l1_buffers[%d] (layer %d, part %d)", i, b.layer, b.part)
+		switch {
+		case b.reserved != 0:
+			return bad("%s: reserved is %d, want 0", where, b.reserved)
+		case b.kind == memDevice:
+			return bad("%s: device buffers (CPCACHE_MEM_DEVICE) are not supported by this library yet; give host buffers", where)
+		case b.kind != memHost:
+			return bad("%s: kind %d (want CPCACHE_MEM_HOST or CPCACHE_MEM_DEVICE)", where, b.kind)
+		case b.base == nil:
+			return bad("%s: base is NULL", where)
+		case b.bytes <= 0:
+			return bad("%s: bytes %d must be positive", where, b.bytes)
+		}
+		k.kvBufs = append(k.kvBufs, kvmem.Buffer{Layer: int(b.layer), Part: int(b.part),
+			Host: unsafe.Slice((*byte)(b.base), b.bytes), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride})
+	}
+	if k.attnTP > 0 {
+		// The whole description (every (layer, part) once, sizes, strides, overlaps), here,
+		// before open; with the launcher's world the job checks it once the layout is known.
+		shape, err := kvmem.NewShape(*k.kvLayout, k.attnTP, c.pageTokens)
+		if err != nil {
+			return bad("KV layout: %w", err)
+		}
+		if _, err := kvmem.NewL1(shape, c.l1Pages, k.kvBufs); err != nil {
+			return bad("l1_buffers: %w", err)
+		}
+	}
+	return nil
+}
+
+// kvSizes is this rank's KV bytes per token and per page under c's layout at attention-TP
+// attnTP (ok false without a layout).
+func kvSizes(c *openConfig, attnTP int) (perToken, perPage int64, ok bool) {
+	if c.kv.kvLayout == nil {
+		return 0, 0, false
+	}
+	bpt, err := c.kv.kvLayout.BytesPerToken(attnTP)
+	if err != nil {
+		return 0, 0, false
+	}
+	return bpt, bpt * int64(c.pageTokens), true
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache/kvmem"
+)
+
+// kvTestConfig is one rank of a world of 1 with a 2-layer K/V layout of 16 bytes a token per
+// part (256 bytes a page of 4 tokens) and page_bytes 0 (the layout's).
+func kvTestConfig() openConfig {
+	c := goodConfig()
+	c.layout.World, c.rank, c.pageTokens, c.pageBytes = 1, 0, 4, 0
+	c.kv.kvSpec = "layers=2;k=16:sharded;v=16:sharded"
+	return c
+}
+
+// tokenSlotBuffers are host token-slot buffers of slots slots for every (layer, part) of
+// kvTestConfig's layout, in memory the test keeps.
+func tokenSlotBuffers(slots int) []l1BufferDesc {
+	var bufs []l1BufferDesc
+	for l := range 2 {
+		for j := range 2 {
+			mem := make([]byte, slots*4*16)
+			bufs = append(bufs, l1BufferDesc{layer: int32(l), part: int32(j), kind: memHost, base: unsafe.Pointer(unsafe.SliceData(mem)),
+				bytes: int64(len(mem)), pageStride: 4 * 16, tokenStride: 16})
+		}
+	}
+	return bufs
+}
+
+func TestResolveKVTakesThePageBytesAndBuildsTheL1(t *testing.T) {
+	c := kvTestConfig()
+	c.kv.l1Buffers = tokenSlotBuffers(c.l1Pages)
+	c.kv.l2LayoutIn = int(kvmem.LayerFirst)
+	if err := checkConfig(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.pageBytes != 256 || c.kv.kvLayout == nil || len(c.kv.kvBufs) != 4 || c.kv.l2Layout != kvmem.LayerFirst {
+		t.Fatalf("page bytes %d, layout %v, %d buffers, L2 %v; want 256, a layout, 4, layer_first", c.pageBytes, c.kv.kvLayout, len(c.kv.kvBufs), c.kv.l2Layout)
+	}
+	if perToken, perPage, ok := kvSizes(&c, 1); !ok || perToken != 64 || perPage != 256 {
+		t.Fatalf("kvSizes = %d, %d, %v; want 64, 256, true", perToken, perPage, ok)
+	}
+	jc := jobConfig(&c)
+	if jc.KVLayout == nil || len(jc.L1Buffers) != 4 || jc.L2Layout != kvmem.LayerFirst || jc.L1 != 0 {
+		t.Fatalf("job config: layout %v, %d buffers, L2 %v, L1 kind %d", jc.KVLayout, len(jc.L1Buffers), jc.L2Layout, jc.L1)
+	}
+	// A preset by name, and the same layout as parts.
+	c = kvTestConfig()
+	c.kv.kvSpec, c.kv.kvLayers = "", 2
+	c.kv.kvParts = []kvPartDesc{{name: "k", bytesPerToken: 16, sharding: 1}, {name: "v", bytesPerToken: 16, sharding: 1}}
+	if err := checkConfig(&c); err != nil || c.pageBytes != 256 {
+		t.Fatalf("parts: %v, page bytes %d", err, c.pageBytes)
+	}
+	c = kvTestConfig()
+	c.kv.kvSpec = "llama-3-8b"
+	if err := checkConfig(&c); err != nil || c.pageBytes != 4*128*1024 {
+		t.Fatalf("preset: %v, page bytes %d (want 512 KiB: 128 KiB a token × 4)", err, c.pageBytes)
+	}
+}
+
+func TestResolveKVRejectsBadDescriptionsNamingThem(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(*openConfig)
+		want string
+	}{
+		{"unknown preset", func(c *openConfig) { c.kv.kvSpec = "no-such-model" }, `kv_layout "no-such-model"`},
+		{"page bytes differ", func(c *openConfig) { c.pageBytes = 64 }, "page_bytes 64, but the KV layout"},
+		{"spec and parts", func(c *openConfig) { c.kv.kvParts = []kvPartDesc{{name: "k", bytesPerToken: 1, sharding: 1}} }, "both set"},
+		{"bad sharding", func(c *openConfig) {
+			c.kv.kvSpec, c.kv.kvLayers = "", 2
+			c.kv.kvParts = []kvPartDesc{{name: "k", bytesPerToken: 16, sharding: 1}, {name: "v", bytesPerToken: 16, sharding: 3}}
+		}, `kv_parts[1] ("v"): sharding 3`},
+		{"duplicate part", func(c *openConfig) {
+			c.kv.kvSpec, c.kv.kvLayers = "", 2
+			c.kv.kvParts = []kvPartDesc{{name: "k", bytesPerToken: 16, sharding: 1}, {name: "k", bytesPerToken: 16, sharding: 1}}
+		}, `"k"`},
+		{"layers without parts", func(c *openConfig) { c.kv.kvSpec, c.kv.kvLayers = "", 3 }, "kv_num_layers 3 without kv_parts"},
+		{"bad counts", func(c *openConfig) { c.kv.badCounts = true }, "kv_num_parts and l1_num_buffers"},
+		{"l2 layout", func(c *openConfig) { c.kv.l2LayoutIn = 7 }, "l2_layout 7"},
+		{"layer first without layout", func(c *openConfig) { c.kv.kvSpec, c.kv.l2LayoutIn, c.pageBytes = "", 2, 64 }, "layer_first needs a KV layout"},
+		{"buffers without layout", func(c *openConfig) { c.kv.kvSpec, c.pageBytes, c.kv.l1Buffers = "", 64, tokenSlotBuffers(8) }, "need a KV layout"},
+		{"buffers with a pool", func(c *openConfig) { c.kv.l1Buffers, c.l1Kind = tokenSlotBuffers(8), l1Host }, "l1_kind must be CPCACHE_L1_ALLOC"},
+		{"device buffer", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[2].kind = memDevice }, "l1_buffers[2] (layer 1, part 0): device buffers"},
+		{"null base", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[3].base = nil }, "l1_buffers[3] (layer 1, part 1): base is NULL"},
+		{"too small", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[3].bytes -= 16 }, "layer 1"},
+		{"missing part", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8)[:3] }, "layer 1"},
+		{"overlap", func(c *openConfig) {
+			c.kv.l1Buffers = tokenSlotBuffers(8)
+			c.kv.l1Buffers[1].base = c.kv.l1Buffers[0].base
+		}, "overlap"},
+		{"launcher's world, no page bytes", func(c *openConfig) { c.layout.World, c.rank = 0, -1 }, "needs an explicit world"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := kvTestConfig()
+			tc.edit(&c)
+			err := checkConfig(&c)
+			if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("checkConfig = %v; want errInvalid naming %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,179 @@
+"""ABI 2 through the Python binding: KV layouts and the engine's per-layer L1 buffers (numpy
+arrays, and torch tensors where torch imports)."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import cpcache  # noqa: E402
+
+# 2 layers, K and V of 16 bytes a token each: 64 bytes a token, 256 a page of 4 tokens.
+SPEC = "layers=2;k=16:sharded;v=16:sharded"
+PAGE_TOKENS, L1_PAGES = 4, 8
+
+
+def one_rank(tmp_path, **kw):
+    args = dict(world=1, rank=0, store=f"file://{tmp_path}", page_tokens=PAGE_TOKENS, l1_pages=L1_PAGES, l2_pages=16)
+    args.update(kw)
+    return cpcache.Cache(**args)
+
+
+def test_abi_version_is_two():
+    assert cpcache.ABI_VERSION == 2 and cpcache.library().cpcache_abi_version() == 2
+
+
+def test_layout_sizes_and_derived_page_bytes(tmp_path):
+    with one_rank(tmp_path, kv_layout=SPEC) as c:
+        assert c.kv_bytes_per_token() == 64 and c.kv_page_bytes() == 256
+        assert c.info.page_bytes == 256  # page_bytes 0 took the layout's
+    parts = [("k", 16, cpcache.KV_SHARDED), ("v", 16, cpcache.KV_SHARDED)]
+    with one_rank(tmp_path, kv_layout=parts, kv_layers=2) as c:
+        assert c.kv_page_bytes() == 256
+
+
+def test_bad_layouts_name_the_bad_value(tmp_path):
+    with pytest.raises(cpcache.InvalidError, match="no-such-model"):
+        one_rank(tmp_path, kv_layout="no-such-model")
+    with pytest.raises(cpcache.InvalidError, match=r'kv_parts\[1\] \("v"\): sharding 5'):
+        one_rank(tmp_path, kv_layout=[("k", 16, cpcache.KV_SHARDED), ("v", 16, 5)], kv_layers=2)
+    with pytest.raises(cpcache.InvalidError, match="page_bytes 64"):
+        one_rank(tmp_path, kv_layout=SPEC, page_bytes=64)
+    with pytest.raises(cpcache.InvalidError, match="l2_layout"):
+        one_rank(tmp_path, kv_layout=SPEC, l2_layout="sideways")
+    with one_rank(tmp_path, page_bytes=64) as c:
+        with pytest.raises(cpcache.InvalidError, match="no KV layout"):
+            c.kv_page_bytes()
+
+
+def _token_slot_arrays(np):
+    return {(l, j): np.zeros((L1_PAGES * PAGE_TOKENS, 2, 8), dtype=np.uint8) for l in range(2) for j in range(2)}
+
+
+def _run_buffers(tmp_path, bufs, arrays, np, l2_layout):
+    """Insert a sequence, write each fill page's KV into the engine's arrays, evict it to L2,
+    load it back into other slots and check every byte landed in its layer and part."""
+    with one_rank(tmp_path, kv_layout=SPEC, l1_buffers=bufs, l2_layout=l2_layout, write_threshold=1) as c:
+        tokens = list(range(100, 100 + 2 * PAGE_TOKENS))
+        res = c.insert(tokens)
+        want = {}
+        for p in res.fill:
+            for (l, j), a in arrays.items():
+                v = np.full(a[0].shape, 1 + p.index * 16 + l * 4 + j, dtype=np.uint8)
+                for t in range(PAGE_TOKENS):
+                    a[p.slot * PAGE_TOKENS + t] = v
+                want[(p.index, l, j)] = v
+        while c.pending():
+            c.step()
+        for a in arrays.values():
+            a[:] = 0
+        c.evict_l1(2)
+        m = c.match(tokens)
+        assert m.device_pages == 0 and m.host_pages == 2, m
+        c.lock(m.node)
+        assert c.load_back(m.node) == 2
+        while c.load_pending(m.node):
+            c.step()
+        m = c.match(tokens)
+        c.wait_l1(m.node)
+        for i, slot in enumerate(m.l1_slots):
+            for (l, j), a in arrays.items():
+                for t in range(PAGE_TOKENS):
+                    assert (a[slot * PAGE_TOKENS + t] == want[(i, l, j)]).all(), (i, l, j, t)
+        c.unlock(m.node)
+
+
+@pytest.mark.parametrize("l2_layout", ["page_first", "layer_first"])
+def test_numpy_token_slot_buffers_carry_every_layer_and_part(tmp_path, l2_layout):
+    np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    arrays = _token_slot_arrays(np)
+    bufs = [(l, j, a) for (l, j), a in arrays.items()]
+    _run_buffers(tmp_path, bufs, arrays, np, l2_layout)
+
+
+def test_numpy_block_major_buffers_are_k_and_v_of_one_tensor(tmp_path):
+    np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    layers = [np.zeros((L1_PAGES, 2, PAGE_TOKENS, 2, 8), dtype=np.uint8) for _ in range(2)]
+    bufs = [b for l, t in enumerate(layers) for b in cpcache.block_major_buffers(l, t)]
+    assert bufs[0].page_stride == 2 * PAGE_TOKENS * 16 and bufs[1].base - bufs[0].base == PAGE_TOKENS * 16
+    with one_rank(tmp_path, kv_layout=SPEC, l1_buffers=bufs) as c:
+        assert c.kv_page_bytes() == 256
+
+
+def test_bad_buffers_name_the_layer_and_part(tmp_path):
+    np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    arrays = _token_slot_arrays(np)
+    arrays[(1, 1)] = np.zeros(((L1_PAGES - 1) * PAGE_TOKENS, 2, 8), dtype=np.uint8)  # a slot short
+    with pytest.raises(cpcache.InvalidError, match=r"layer 1.*part 1|part 1.*layer 1"):
+        one_rank(tmp_path, kv_layout=SPEC, l1_buffers=[(l, j, a) for (l, j), a in arrays.items()])
+    arrays = _token_slot_arrays(np)
+    bufs = [(l, j, a) for (l, j), a in arrays.items() if (l, j) != (0, 1)]
+    with pytest.raises(cpcache.InvalidError, match="layer 0.*part 1|part 1.*layer 0"):
+        one_rank(tmp_path, kv_layout=SPEC, l1_buffers=bufs)
+
+
+def test_torch_token_slot_buffers(tmp_path):
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 — any import failure means no torch here
+        pytest.skip(f"torch does not import (Debian python3-torch): {e}")
+    np = pytest.importorskip("numpy", reason="numpy is not installed")
+    tensors = {(l, j): torch.zeros((L1_PAGES * PAGE_TOKENS, 2, 8), dtype=torch.uint8) for l in range(2) for j in range(2)}
+    arrays = {k: t.numpy() for k, t in tensors.items()}  # views of the same memory, for the checks
+    _run_buffers(tmp_path, [(l, j, t) for (l, j), t in tensors.items()], arrays, np, "page_first")
+
+
+@pytest.mark.parametrize("l2_layout", ["page_first", "layer_first"])
+def test_example_with_per_layer_numpy_buffers_under_launch(l2_layout):
+    """The Python example lends per-layer K/V numpy arrays on 4 CP ranks: every page read
+    back from L2 holds its bytes in every layer and part."""
+    import re
+    import shutil
+    import subprocess
+    pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    binary = os.environ.get("CPCACHE_BIN") or os.path.join(ROOT, "bin", "cpcache")
+    if not os.access(binary, os.X_OK):
+        binary = shutil.which("cpcache") or binary
+    example = os.path.join(ROOT, "python", "examples", "hicache_controller.py")
+    out = subprocess.run([binary, "launch", "-n", "4", "--", sys.executable, example, "--attn-cp", "4",
+                          "--kv-buffers", "--l2-layout", l2_layout], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [line for line in out.stdout.splitlines() if "requests=" in line]
+    assert len(reports) == 4, out.stdout
+    for line in reports:
+        kv = dict(re.findall(r"(\w+)=([\d.]+)", line))
+        assert kv["bad_pages"] == "0" and kv["digest_mismatches"] == "0", line
+        assert int(kv["pages_verified"]) > 0 and int(kv["tokens_hit_l2"]) > 0, line
+
+
+def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
+    """A caller built against the ABI-1 header: the old struct (every field before kv_layout),
+    struct_size its size, abi_version 1. It opens; the old size with abi_version 2 does not."""
+    import ctypes
+    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout"]
+
+    class OldConfig(ctypes.Structure):
+        _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in new_fields]
+
+    lib = cpcache.library()
+    full = cpcache._Config()
+    assert lib.cpcache_config_init(ctypes.byref(full)) == 0
+    old = OldConfig()
+    ctypes.memmove(ctypes.byref(old), ctypes.byref(full), ctypes.sizeof(OldConfig))
+    old.world, old.rank, old.store_url = 1, 0, f"file://{tmp_path}".encode()
+    old.page_tokens, old.page_bytes, old.l1_pages, old.l2_pages = 4, 64, 8, 16
+    old.struct_size, old.abi_version = ctypes.sizeof(OldConfig), 2
+    h = ctypes.c_uint64()
+    open_ = lib.cpcache_open
+    assert open_(ctypes.cast(ctypes.byref(old), ctypes.POINTER(cpcache._Config)), ctypes.byref(h)) == -2  # CPCACHE_ERR_SIZE
+    assert b"ABI-1" in lib.cpcache_last_error()
+    old.abi_version = 1
+    assert open_(ctypes.cast(ctypes.byref(old), ctypes.POINTER(cpcache._Config)), ctypes.byref(h)) == 0, lib.cpcache_last_error()
+    try:
+        out = ctypes.c_int64()
+        assert lib.cpcache_kv_page_bytes(h.value, ctypes.byref(out)) == -1  # opaque pages: no layout
+        info = cpcache._Info(struct_size=ctypes.sizeof(cpcache._Info))
+        assert lib.cpcache_get_info(h.value, ctypes.byref(info)) == 0 and info.page_bytes == 64
+    finally:
+        assert lib.cpcache_close(h.value) == 0
