@@ -19,12 +19,16 @@ func chunk(t *testing.T, l1 *kvmem.L1, slot int32, layer, part int) []byte {
 // Breakages of the data path, applied on each rank to its pages of a load-back once it
 // landed: the oracle must report differing outputs for each.
 var breakages = []struct {
-	name    string
-	variant refmodel.Variant
-	damage  breakage
+	name     string
+	variant  refmodel.Variant
+	damage   breakage
+	skipWait bool
 }{
+	// The prefill reads the loaded prefix without waiting for its layers (here: before the
+	// copies even start, so it reads slots the load has not written).
+	{name: "layer wait skipped", variant: refmodel.GQA, skipWait: true},
 	// A load that put layer 0's bytes in layer 1 and layer 1's in layer 0.
-	{"layers 0 and 1 swapped", refmodel.GQA, func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "layers 0 and 1 swapped", variant: refmodel.GQA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
 		for _, s := range loaded {
 			for part := range l1.Shape().Parts() {
 				a, b := chunk(t, l1, s, 0, part), chunk(t, l1, s, 1, part)
@@ -35,7 +39,7 @@ var breakages = []struct {
 		}
 	}},
 	// The same on the MLA latent.
-	{"MLA layers 0 and 1 swapped", refmodel.MLA, func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "MLA layers 0 and 1 swapped", variant: refmodel.MLA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
 		for _, s := range loaded {
 			a, b := chunk(t, l1, s, 0, 0), chunk(t, l1, s, 1, 0)
 			for i := range a {
@@ -45,7 +49,7 @@ var breakages = []struct {
 	}},
 	// A page loaded into its neighbour's slot: the first loaded page's bytes in the second's
 	// slot too (the second page's own bytes lost).
-	{"page in the neighbour's slot", refmodel.GQA, func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "page in the neighbour's slot", variant: refmodel.GQA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
 		if len(loaded) < 2 {
 			return
 		}
@@ -56,7 +60,7 @@ var breakages = []struct {
 		}
 	}},
 	// A backup that dropped the side buffer: the loaded pages' "idx" part reads back zero.
-	{"side buffer dropped", refmodel.Side, func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "side buffer dropped", variant: refmodel.Side, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
 		idx := l1.Shape().Parts() - 1
 		if l1.Shape().PartName(idx) != "idx" {
 			t.Errorf("last part is %q, not the side buffer", l1.Shape().PartName(idx))
@@ -83,7 +87,7 @@ func TestOracleCatchesBrokenPaths(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, st := cacheOn(t, m, seed, oracleConfig{variant: b.variant, cp: 2, evict: true, l2Layout: kvmem.PageFirst, damage: b.damage})
+			got, st := cacheOn(t, m, seed, oracleConfig{variant: b.variant, cp: 2, evict: true, l2Layout: kvmem.PageFirst, damage: b.damage, skipWait: b.skipWait})
 			d := differing(ref, got)
 			if d == 0 {
 				t.Errorf("outputs checked %d, differing 0 with %q (%+v): the oracle missed it", len(ref), b.name, st)

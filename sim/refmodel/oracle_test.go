@@ -109,6 +109,10 @@ type oracleConfig struct {
 	evict    bool // evict every L1 page after each request: the next hits come back from L2
 	l2Layout kvmem.L2Layout
 	damage   breakage
+	l1Pages  int // page slots of each rank's L1 (0: 64)
+	// skipWait breaks the layer-wise wait: the prefill reads the loading pages before the
+	// Step that starts their copies, from slots cleared as memory the load has not written yet.
+	skipWait bool
 }
 
 // stats says what the cache served.
@@ -128,7 +132,10 @@ func cacheOn(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]
 	if err != nil {
 		t.Fatal(err)
 	}
-	l1Pages := 64
+	l1Pages := cfg.l1Pages
+	if l1Pages == 0 {
+		l1Pages = 64
+	}
 	replica := local.New(layout.ReplicaGroup(0), local.Options{Kind: "replica", Timeout: 30 * time.Second})
 	cpGroups := local.New(layout.ReplicaGroup(0), local.Options{Kind: "attn_cp", Timeout: 30 * time.Second})
 	slabs := kvtest.NewMemSlabs(layout.SlabGroup(0), 128, int(shape.PageBytes()))
@@ -192,15 +199,21 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 			if err != nil {
 				return result{}, err
 			}
+			if mr, err = cache.Match(prompt); err != nil {
+				return result{}, err
+			}
 			if lr.Pages > 0 {
 				loading = true
 				st.loadedPages += lr.Pages
-				if err := cache.Step(ctx); err != nil { // starts the loads
+				if cfg.skipWait {
+					for i, s := range mr.L1Slots {
+						if cache.Owns(i) {
+							clearSlot(l1, s)
+						}
+					}
+				} else if err := cache.Step(ctx); err != nil { // starts the loads
 					return result{}, err
 				}
-			}
-			if mr, err = cache.Match(prompt); err != nil {
-				return result{}, err
 			}
 		}
 		if err := cache.Lock(mr.Last); err != nil {
@@ -212,7 +225,7 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		rkv := &l1KV{l1: l1, slots: mr.L1Slots[:usable], scratch: refmodel.NewMemKV(m)}
 		last := mr.Last
 		before := func(layer int) error {
-			if !loading {
+			if !loading || cfg.skipWait {
 				return nil
 			}
 			if err := cache.WaitL1Layer(ctx, last, layer); err != nil {
@@ -235,6 +248,14 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		toks, logits, err := m.Generate(ctx, refmodel.Pass{KV: rkv, PageTokens: pageTokens, Group: cpg, BeforeLayer: before}, prompt, usable*pageTokens, genTokens)
 		if err != nil {
 			return result{}, err
+		}
+		if loading && cfg.skipWait { // the loads start only now; let them land before the insert
+			if err := cache.Step(ctx); err != nil {
+				return result{}, err
+			}
+			if err := cache.WaitL1(ctx, last); err != nil {
+				return result{}, err
+			}
 		}
 		// The sequence whose KV exists: the prompt and all but the last generated token.
 		seq := append(slices.Clone(prompt), toks[:len(toks)-1]...)
@@ -282,6 +303,16 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 	return res, st, err
 }
 
+// clearSlot zeroes every chunk of an L1 slot.
+func clearSlot(l1 *kvmem.L1, slot int32) {
+	for layer := range l1.Shape().Layers() {
+		for part := range l1.Shape().Parts() {
+			b, _ := l1.HostChunk(slot, layer, part)
+			clear(b)
+		}
+	}
+}
+
 // differing counts the requests whose outputs differ.
 func differing(a, b []result) int {
 	n := 0
@@ -293,7 +324,7 @@ func differing(a, b []result) int {
 	return n + max(0, len(b)-len(a))
 }
 
-// CP 2 and CP 4, GQA, MLA and side-buffer models, L1 hits and L2 hits (every page evicted from
+// CP 1, 2 and 4, GQA, MLA and side-buffer models, L1 hits and L2 hits (every page evicted from
 // L1 after each request, so hits load back from L2 layer by layer), both L2 layouts: 0 outputs
 // differ from the cache-off run.
 func TestOracleCacheOnEqualsCacheOff(t *testing.T) {
@@ -307,7 +338,7 @@ func TestOracleCacheOnEqualsCacheOff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, cp := range []int{2, 4} {
+		for _, cp := range []int{1, 2, 4} {
 			for _, evict := range []bool{false, true} {
 				for _, l2 := range []kvmem.L2Layout{kvmem.PageFirst, kvmem.LayerFirst} {
 					if !evict && l2 == kvmem.LayerFirst {
@@ -329,5 +360,31 @@ func TestOracleCacheOnEqualsCacheOff(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A small L1 (16 page slots per rank, less than the workload's pages): the cache evicts on its
+// own to make room, later turns load their prefix back from L2, and 0 outputs differ.
+func TestOracleSmallL1(t *testing.T) {
+	const seed = 9
+	for _, v := range []refmodel.Variant{refmodel.GQA, refmodel.MLA, refmodel.Side} {
+		t.Run(v.String(), func(t *testing.T) {
+			m, err := refmodel.New(refmodel.DefaultConfig(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := cacheOff(m, seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, st := cacheOn(t, m, seed, oracleConfig{variant: v, cp: 4, l2Layout: kvmem.LayerFirst, l1Pages: 16})
+			if d := differing(ref, got); d != 0 {
+				t.Errorf("outputs checked %d, differing %d", len(ref), d)
+			}
+			if st.loadedPages == 0 {
+				t.Errorf("no page came back from L2 (%+v)", st)
+			}
+			t.Logf("outputs checked %d, differing 0; %+v", len(ref), st)
+		})
 	}
 }
