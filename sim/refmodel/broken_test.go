@@ -8,7 +8,7 @@ import (
 )
 
 // chunk returns slot's bytes of (layer, part), failing the test on a bad address.
-func chunk(t *testing.T, l1 *kvmem.L1, slot int32, layer, part int) []byte {
+func chunk(t testing.TB, l1 *kvmem.L1, slot int32, layer, part int) []byte {
 	b, err := l1.HostChunk(slot, layer, part)
 	if err != nil {
 		t.Error(err)
@@ -28,7 +28,7 @@ var breakages = []struct {
 	// copies even start, so it reads slots the load has not written).
 	{name: "layer wait skipped", variant: refmodel.GQA, skipWait: true},
 	// A load that put layer 0's bytes in layer 1 and layer 1's in layer 0.
-	{name: "layers 0 and 1 swapped", variant: refmodel.GQA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "layers 0 and 1 swapped", variant: refmodel.GQA, damage: func(t testing.TB, l1 *kvmem.L1, loaded []int32) {
 		for _, s := range loaded {
 			for part := range l1.Shape().Parts() {
 				a, b := chunk(t, l1, s, 0, part), chunk(t, l1, s, 1, part)
@@ -39,7 +39,7 @@ var breakages = []struct {
 		}
 	}},
 	// The same on the MLA latent.
-	{name: "MLA layers 0 and 1 swapped", variant: refmodel.MLA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "MLA layers 0 and 1 swapped", variant: refmodel.MLA, damage: func(t testing.TB, l1 *kvmem.L1, loaded []int32) {
 		for _, s := range loaded {
 			a, b := chunk(t, l1, s, 0, 0), chunk(t, l1, s, 1, 0)
 			for i := range a {
@@ -49,7 +49,7 @@ var breakages = []struct {
 	}},
 	// A page loaded into its neighbour's slot: the first loaded page's bytes in the second's
 	// slot too (the second page's own bytes lost).
-	{name: "page in the neighbour's slot", variant: refmodel.GQA, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "page in the neighbour's slot", variant: refmodel.GQA, damage: func(t testing.TB, l1 *kvmem.L1, loaded []int32) {
 		if len(loaded) < 2 {
 			return
 		}
@@ -60,7 +60,7 @@ var breakages = []struct {
 		}
 	}},
 	// A backup that dropped the side buffer: the loaded pages' "idx" part reads back zero.
-	{name: "side buffer dropped", variant: refmodel.Side, damage: func(t *testing.T, l1 *kvmem.L1, loaded []int32) {
+	{name: "side buffer dropped", variant: refmodel.Side, damage: func(t testing.TB, l1 *kvmem.L1, loaded []int32) {
 		idx := l1.Shape().Parts() - 1
 		if l1.Shape().PartName(idx) != "idx" {
 			t.Errorf("last part is %q, not the side buffer", l1.Shape().PartName(idx))

@@ -100,7 +100,7 @@ func (k *l1KV) TokenKV(layer, part, pos int) ([]byte, error) {
 // breakage damages the data path on one rank after a load-back landed (all layers waited),
 // before the model reads it: the oracle must see it. loaded are the L1 slots of the pages
 // loaded on this rank's own pages.
-type breakage func(t *testing.T, l1 *kvmem.L1, loaded []int32)
+type breakage func(t testing.TB, l1 *kvmem.L1, loaded []int32)
 
 // oracleConfig is one oracle run.
 type oracleConfig struct {
@@ -116,11 +116,15 @@ type oracleConfig struct {
 }
 
 // stats says what the cache served.
-type stats struct{ l1HitPages, loadedPages int }
+type stats struct {
+	l1HitPages, loadedPages int
+	computed                int           // tokens the model computed (prefill misses and decodes)
+	total, model            time.Duration // wall time serving, and of it in the model (layer waits included)
+}
 
 // cacheOn serves the workload on cfg.cp ranks over the cache; it returns rank 0's results
 // (every rank's must be equal) and what rank 0 served from the cache.
-func cacheOn(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]result, stats) {
+func cacheOn(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]result, stats) {
 	t.Helper()
 	C := cfg.cp
 	layout, err := parallel.NewLayout(parallel.LayoutConfig{World: C, AttnCP: C})
@@ -162,7 +166,7 @@ func cacheOn(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]
 	return results[0], st[0]
 }
 
-func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
+func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
 	shape *kvmem.Shape, l1Pages int, g, cpg parallel.Group, slabs *kvtest.MemSlabs) ([]result, stats, error) {
 	ctx := context.Background()
 	l1, err := kvmem.NewL1(shape, l1Pages, kvmem.AllocTokenSlotBuffers(shape, l1Pages))
@@ -189,6 +193,8 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		return cache.Step(ctx)
 	}
 	res, err := conversations(seed, m.Config().Vocab, func(prompt []int32) (result, error) {
+		t0 := time.Now()
+		defer func() { st.total += time.Since(t0) }()
 		mr, err := cache.Match(prompt)
 		if err != nil {
 			return result{}, err
@@ -245,10 +251,13 @@ func serveRank(t *testing.T, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 			}
 			return nil
 		}
+		tm := time.Now()
 		toks, logits, err := m.Generate(ctx, refmodel.Pass{KV: rkv, PageTokens: pageTokens, Group: cpg, BeforeLayer: before}, prompt, usable*pageTokens, genTokens)
 		if err != nil {
 			return result{}, err
 		}
+		st.model += time.Since(tm)
+		st.computed += len(prompt) - usable*pageTokens + genTokens - 1
 		if loading && cfg.skipWait { // the loads start only now; let them land before the insert
 			if err := cache.Step(ctx); err != nil {
 				return result{}, err
