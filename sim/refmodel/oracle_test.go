@@ -2,6 +2,7 @@ package refmodel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -109,7 +110,8 @@ type oracleConfig struct {
 	evict    bool // evict every L1 page after each request: the next hits come back from L2
 	l2Layout kvmem.L2Layout
 	damage   breakage
-	l1Pages  int // page slots of each rank's L1 (0: 64)
+	l1Pages  int            // page slots of each rank's L1 (0: 64)
+	policy   hicache.Policy // write policy (0: write-through)
 	// skipWait breaks the layer-wise wait: the prefill reads the loading pages before the
 	// Step that starts their copies, from slots cleared as memory the load has not written yet.
 	skipWait bool
@@ -175,7 +177,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 	}
 	kv := m.Layout()
 	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages},
+		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy},
 		Layout:  layout, Rank: rank, Group: g, Slabs: slabs,
 		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
 	})
@@ -192,6 +194,14 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		}
 		return cache.Step(ctx)
 	}
+	// makeRoom evicts all it can from L1 (write-back: starting the backups first) and lets the
+	// backups finish.
+	makeRoom := func() error {
+		if _, _, err := cache.EvictL1(l1Pages); err != nil {
+			return err
+		}
+		return drain()
+	}
 	res, err := conversations(seed, m.Config().Vocab, func(prompt []int32) (result, error) {
 		t0 := time.Now()
 		defer func() { st.total += time.Since(t0) }()
@@ -202,6 +212,15 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		loading := false
 		if mr.HostPages > 0 {
 			lr, err := cache.LoadBack(mr.Last)
+			if errors.Is(err, hicache.ErrL1Full) { // write-back: make room as for an insert
+				if err := makeRoom(); err != nil {
+					return result{}, err
+				}
+				if mr, err = cache.Match(prompt); err != nil {
+					return result{}, err
+				}
+				lr, err = cache.LoadBack(mr.Last)
+			}
 			if err != nil {
 				return result{}, err
 			}
@@ -269,6 +288,14 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		// The sequence whose KV exists: the prompt and all but the last generated token.
 		seq := append(slices.Clone(prompt), toks[:len(toks)-1]...)
 		ins, err := cache.Insert(seq)
+		if errors.Is(err, hicache.ErrL1Full) {
+			// Write-back: what L1 could evict is still being backed up. Evict (start the
+			// backups), let them finish, and try once more, as an engine's scheduler would.
+			if err := makeRoom(); err != nil {
+				return result{}, err
+			}
+			ins, err = cache.Insert(seq)
+		}
 		if err != nil {
 			return result{}, err
 		}
@@ -372,12 +399,20 @@ func TestOracleCacheOnEqualsCacheOff(t *testing.T) {
 	}
 }
 
-// A small L1 (16 page slots per rank, less than the workload's pages): the cache evicts on its
-// own to make room, later turns load their prefix back from L2, and 0 outputs differ.
+// A small L1 (16 page slots per rank, less than the workload's pages) at CP 4 under every
+// write policy: the cache evicts on its own to make room (write-back: backing up what it
+// evicts), later turns load their prefix back from L2, and 0 outputs differ.
 func TestOracleSmallL1(t *testing.T) {
 	const seed = 9
-	for _, v := range []refmodel.Variant{refmodel.GQA, refmodel.MLA, refmodel.Side} {
-		t.Run(v.String(), func(t *testing.T) {
+	for _, c := range []struct {
+		v      refmodel.Variant
+		policy hicache.Policy
+	}{
+		{refmodel.GQA, hicache.WriteThrough}, {refmodel.MLA, hicache.WriteThrough}, {refmodel.Side, hicache.WriteThrough},
+		{refmodel.GQA, hicache.WriteThroughSelective}, {refmodel.Side, hicache.WriteBack}, {refmodel.MLA, hicache.WriteBack},
+	} {
+		v := c.v
+		t.Run(fmt.Sprintf("%s/%s", v, c.policy), func(t *testing.T) {
 			m, err := refmodel.New(refmodel.DefaultConfig(v))
 			if err != nil {
 				t.Fatal(err)
@@ -386,7 +421,7 @@ func TestOracleSmallL1(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, st := cacheOn(t, m, seed, oracleConfig{variant: v, cp: 4, l2Layout: kvmem.LayerFirst, l1Pages: 16})
+			got, st := cacheOn(t, m, seed, oracleConfig{variant: v, cp: 4, l2Layout: kvmem.LayerFirst, l1Pages: 16, policy: c.policy})
 			if d := differing(ref, got); d != 0 {
 				t.Errorf("outputs checked %d, differing %d", len(ref), d)
 			}
