@@ -76,28 +76,6 @@ func cacheOff(m *refmodel.Model, seed uint64) ([]result, error) {
 	})
 }
 
-// l1KV is a request's KV on one rank: the cached prefix's pages in the cache's L1 (slots of
-// the match), every later position in a scratch MemKV until the request is inserted.
-type l1KV struct {
-	l1      *kvmem.L1
-	slots   []int32 // L1 slot of each cached page
-	scratch *refmodel.MemKV
-}
-
-func (k *l1KV) TokenKV(layer, part, pos int) ([]byte, error) {
-	if pg := pos / pageTokens; pg < len(k.slots) {
-		chunk, err := k.l1.HostChunk(k.slots[pg], layer, part)
-		if err != nil {
-			return nil, err
-		}
-		bpt := k.l1.Shape().PartBytesPerToken(part)
-		stride := int(k.l1.Buffer(layer, part).TokenStride)
-		off := (pos % pageTokens) * stride
-		return chunk[off : off+bpt : off+bpt], nil
-	}
-	return k.scratch.TokenKV(layer, part, pos)
-}
-
 // breakage damages the data path on one rank after a load-back landed (all layers waited),
 // before the model reads it: the oracle must see it. loaded are the L1 slots of the pages
 // loaded on this rank's own pages.
@@ -247,7 +225,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		// At least the last prompt token is computed: it gives the first logits.
 		usable := min(mr.DevicePages, (len(prompt)-1)/pageTokens)
 		st.l1HitPages += usable
-		rkv := &l1KV{l1: l1, slots: mr.L1Slots[:usable], scratch: refmodel.NewMemKV(m)}
+		rkv := &refmodel.L1KV{L1: l1, Slots: mr.L1Slots[:usable], Scratch: refmodel.NewMemKV(m)}
 		last := mr.Last
 		before := func(layer int) error {
 			if !loading || cfg.skipWait {
@@ -261,7 +239,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 					return err
 				}
 				var loaded []int32
-				for i, s := range rkv.slots {
+				for i, s := range rkv.Slots {
 					if cache.Owns(i) {
 						loaded = append(loaded, s)
 					}
@@ -303,21 +281,8 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 			if !cache.Owns(f.Index) {
 				continue
 			}
-			for layer := range shape.Layers() {
-				for part := range shape.Parts() {
-					dst, err := l1.HostChunk(f.Slot, layer, part)
-					if err != nil {
-						return result{}, err
-					}
-					bpt := shape.PartBytesPerToken(part)
-					for k := range pageTokens {
-						src, err := rkv.TokenKV(layer, part, f.Index*pageTokens+k)
-						if err != nil {
-							return result{}, err
-						}
-						copy(dst[k*bpt:], src)
-					}
-				}
+			if err := rkv.StorePage(f.Slot, f.Index); err != nil {
+				return result{}, err
 			}
 		}
 		if err := cache.Unlock(mr.Last); err != nil {
