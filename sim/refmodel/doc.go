@@ -22,3 +22,24 @@
 // order on every rank, so the result is bit-identical for every C and wherever a page came
 // from. Everything but the attention over cached pages is computed redundantly on every rank.
 package refmodel
+
+// # The oracle
+//
+// The package's tests (oracle_test.go) run the model as an engine over hicache: C in-process
+// CP ranks (C = 1, 2, 4), each lending the model's per-layer host buffers to its Cache
+// (hicache.Config.L1 and KVLayout), serve multi-turn conversations whose prompts hold the
+// previous turn's generated answer, and compare every request's generated tokens and the
+// hash of its final logits with a cache-off run: they must be equal for L1 hits, for L2 hits
+// (every page evicted after each request, or a small L1 evicting on its own), both L2
+// layouts, every write policy and all three variants. Since the model is deterministic, any
+// difference is a data-path fault; broken_test.go shows the check catches a load that swapped
+// two layers, a page in its neighbour's slot, a side buffer dropped and a skipped layer wait.
+//
+// How an engine maps onto the same calls, per request, identically on every rank:
+//   - Match the prompt; if it has host pages, LoadBack its Last and Step (the loads start),
+//     then Match again for the L1 slots of the whole prefix (L1KV.Slots).
+//   - Lock the prefix, run the prefill over the tokens after it with Pass.BeforeLayer
+//     calling WaitL1Layer for each layer before it reads the prefix, then decode.
+//   - Insert the sequence whose KV exists; write the KV of the Fill pages this rank owns into
+//     their slots (L1KV.StorePage); Unlock; Step while Pending. On ErrL1Full (write-back:
+//     what could be evicted is still being backed up) EvictL1, Step until idle, retry.
