@@ -13,7 +13,9 @@
 // the same loops in the same order whatever the batch or the chunking of a prefill (no
 // reduction whose order depends on how many tokens are computed together). So a prefix loaded
 // from the cache is bit-identical to one recomputed, and an output difference means a data
-// path fault.
+// path fault. Every product that is summed is converted to float32 explicitly, which the Go
+// spec says forbids fusing it into a multiply-add, so the arithmetic is the same on every
+// architecture's compiler and in every inlined copy of a loop.
 //
 // Context parallelism: page i (PageTokens tokens) lives on CP rank i mod C. A rank writes the
 // KV only of the pages it owns and computes, for each query and head, one attention partial

@@ -133,9 +133,9 @@ func (m *Model) Forward(ctx context.Context, p Pass) ([]float32, error) {
 					}
 					mx := max(acc[0], part[0])
 					a, b := exp32(acc[0]-mx), exp32(part[0]-mx)
-					acc[0], acc[1] = mx, acc[1]*a+part[1]*b
+					acc[0], acc[1] = mx, float32(acc[1]*a)+float32(part[1]*b)
 					for j := range hd {
-						acc[2+j] = acc[2+j]*a + part[2+j]*b
+						acc[2+j] = float32(acc[2+j]*a) + float32(part[2+j]*b)
 					}
 				}
 			}
@@ -351,7 +351,7 @@ func (m *Model) pagePartial(dst []float32, q *query, keys []key, hh int) []float
 		e := exp32(s - mx)
 		sum += e
 		for j, v := range keys[t].v[hh] {
-			o[j] += e * v
+			o[j] += float32(e * v)
 		}
 	}
 	dst[base+1] = sum

@@ -193,7 +193,7 @@ func matVec(out, w, x []float32) {
 		row := w[o*in : (o+1)*in]
 		var s float32
 		for i, v := range x {
-			s += row[i] * v
+			s += float32(row[i] * v) // the conversion forbids a fused multiply-add (see doc)
 		}
 		out[o] = s
 	}
@@ -202,7 +202,7 @@ func matVec(out, w, x []float32) {
 func dot(a, b []float32) float32 {
 	var s float32
 	for i, v := range a {
-		s += v * b[i]
+		s += float32(v * b[i])
 	}
 	return s
 }
@@ -211,7 +211,7 @@ func dot(a, b []float32) float32 {
 func rmsNorm(out, x, g []float32) {
 	var ss float32
 	for _, v := range x {
-		ss += v * v
+		ss += float32(v * v)
 	}
 	r := float32(1 / math.Sqrt(float64(ss/float32(len(x)))+1e-6))
 	for i, v := range x {
@@ -226,7 +226,7 @@ func rope(x []float32, pos int) {
 		theta := float64(pos) * math.Pow(10000, -float64(i)/float64(n))
 		c, s := float32(math.Cos(theta)), float32(math.Sin(theta))
 		a, b := x[i], x[i+1]
-		x[i], x[i+1] = a*c-b*s, a*s+b*c
+		x[i], x[i+1] = float32(a*c)-float32(b*s), float32(a*s)+float32(b*c)
 	}
 }
 

@@ -129,7 +129,7 @@ func cpRun(t *testing.T, m *Model, C int, prompt []int32, n int) ([]int32, uint6
 	return toks[0], hashes[0]
 }
 
-// CP 1, 2 and 4 give bit-identical logits and the same greedy tokens: the partials are per
+// CP 1, 2, 4 and 8 give bit-identical logits and the same greedy tokens: the partials are per
 // page and merged in page order whatever rank holds a page.
 func TestContextParallelBitIdentical(t *testing.T) {
 	for _, v := range variants {
@@ -137,7 +137,7 @@ func TestContextParallelBitIdentical(t *testing.T) {
 			m := newModel(t, v)
 			prompt := randomTokens(10+uint64(v), 29, m.cfg.Vocab)
 			ref, refHash := cpRun(t, m, 1, prompt, 6)
-			for _, C := range []int{2, 4} {
+			for _, C := range []int{2, 4, 8} {
 				got, h := cpRun(t, m, C, prompt, 6)
 				if fmt.Sprint(got) != fmt.Sprint(ref) || h != refHash {
 					t.Errorf("CP %d: %v (%#x), CP 1: %v (%#x)", C, got, h, ref, refHash)
