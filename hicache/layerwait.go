@@ -51,6 +51,22 @@ func checkLayer(tks []*Ticket, layer int) error {
 	return nil
 }
 
+// layerTickets returns the load tickets a wait for layer `layer` of node h's prefix waits on:
+// checkLayerIndex, loadTickets and checkLayer, in that order.
+func (c *Cache) layerTickets(h Handle, layer int) ([]*Ticket, error) {
+	if err := checkLayerIndex(layer); err != nil {
+		return nil, err
+	}
+	tks, err := c.loadTickets(h)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLayer(tks, layer); err != nil {
+		return nil, err
+	}
+	return tks, nil
+}
+
 // WaitL1Layer is WaitL1 for one layer: it blocks until layer `layer` of this rank's copies of
 // every load in flight on node h's prefix landed in L1, so that the layer's attention can read
 // the prefix while the later layers are still copying (the engine copies layer 0 of every page
@@ -62,14 +78,8 @@ func checkLayer(tks []*Ticket, layer int) error {
 // wait. A negative layer, or one beyond a layered load's layers, is an error wrapping
 // ErrBadArgument naming it. Local.
 func (c *Cache) WaitL1Layer(ctx context.Context, h Handle, layer int) error {
-	if err := checkLayerIndex(layer); err != nil {
-		return err
-	}
-	tks, err := c.loadTickets(h)
+	tks, err := c.layerTickets(h, layer)
 	if err != nil {
-		return err
-	}
-	if err := checkLayer(tks, layer); err != nil {
 		return err
 	}
 	for _, tk := range tks {
@@ -99,14 +109,8 @@ func (c *Cache) WaitL1LayerOn(h Handle, layer int, stream uintptr) error {
 	if !ok {
 		return fmt.Errorf("%w: engine %T cannot make a stream wait for a layer (its L1 is not device memory with per-layer events): use WaitL1Layer", ErrUnsupported, c.engine)
 	}
-	if err := checkLayerIndex(layer); err != nil {
-		return err
-	}
-	tks, err := c.loadTickets(h)
+	tks, err := c.layerTickets(h, layer)
 	if err != nil {
-		return err
-	}
-	if err := checkLayer(tks, layer); err != nil {
 		return err
 	}
 	for _, tk := range tks {
