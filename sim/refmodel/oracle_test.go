@@ -386,7 +386,7 @@ func TestOracleSmallL1(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, st := cacheOn(t, m, seed, oracleConfig{variant: v, cp: 4, l2Layout: kvmem.LayerFirst, l1Pages: 16, policy: c.policy})
+			got, st := cacheOn(t, m, seed, oracleConfig{variant: v, cp: 4, l2Layout: kvmem.LayerFirst, l1Pages: 4, policy: c.policy})
 			if d := differing(ref, got); d != 0 {
 				t.Errorf("outputs checked %d, differing %d", len(ref), d)
 			}
