@@ -459,6 +459,13 @@ int cpcache_load_back_slots(cpcache_t c, cpcache_node_t node, const int32_t *slo
  * evictions free theirs at the step that commits them: cpcache_take_freed_l1). [R] */
 int cpcache_evict_l1_slots(cpcache_t c, int64_t pages, int64_t *freed_pages, int64_t *pending,
                            int32_t *freed, size_t freed_cap, size_t *n_freed);
+/* *used = the L1 slots in use on CP rank cp_rank (0..cp_size-1): the pages of it the cache
+ * holds. Equal on every rank (the accounting is replicated), so an engine decides from it,
+ * identically everywhere, whether every rank's allocator has room for its pages of a
+ * sequence (l1_pages - used, when it holds no slots of its own outside the cache) and calls
+ * cpcache_evict_l1_slots first when not. A cp_rank outside the group: CPCACHE_ERR_INVALID.
+ * [L; replicated value] */
+int cpcache_l1_used_by(cpcache_t c, int32_t cp_rank, int64_t *used);
 /* Drains this rank's slots the cache let go outside a call that returns them (write-back
  * evictions committed at a step, quarantine, recovery, cpcache_flush) and those an earlier
  * call queued: call after every cpcache_step and cpcache_flush and give them to the

@@ -176,3 +176,18 @@ func cpcache_take_freed_l1(c C.cpcache_t, freed *C.int32_t, freedCap C.size_t, n
 		return nil
 	})
 }
+
+//export cpcache_l1_used_by
+func cpcache_l1_used_by(c C.cpcache_t, cpRank C.int32_t, used *C.int64_t) (status C.int) {
+	defer guard(&status)
+	return sessionCall(c, "cpcache_l1_used_by", func(s *session) error {
+		if used == nil {
+			return fmt.Errorf("%w: used is NULL", errInvalid)
+		}
+		n, err := s.cache.L1UsedBy(int(cpRank))
+		if err == nil {
+			*used = C.int64_t(n)
+		}
+		return err
+	})
+}

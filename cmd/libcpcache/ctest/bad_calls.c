@@ -562,6 +562,12 @@ int main(void) {
     expect_true(ins.pages == 2 && nf == 0);
     expect(cpcache_get_stats(c2, &st), CPCACHE_OK);
     expect_true(st.l1_used == 2);
+    int64_t used_by = -1;
+    expect(cpcache_l1_used_by(c2, 0, &used_by), CPCACHE_OK);
+    expect_true(used_by == 2);
+    expect(cpcache_l1_used_by(c2, 1, &used_by), CPCACHE_ERR_INVALID); // a world of one CP rank
+    expect_true(strstr(cpcache_last_error(), "CP rank 1") != NULL);
+    expect(cpcache_l1_used_by(c2, 0, NULL), CPCACHE_ERR_INVALID);
     expect(cpcache_match(c2, es, 2 * PAGE_TOKENS, &m, out_slots, 4), CPCACHE_OK);
     expect_true(m.device_pages == 2 && out_slots[0] == 5 && out_slots[1] == 6); // the engine's slots
     // Slot 5 holds page 0: another sequence's page may not take it.
