@@ -295,6 +295,7 @@ def library():
         "cpcache_evict_l1_slots": ([_u64, _i64, P(_i64), P(_i64), P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)],
                                    ctypes.c_int),
         "cpcache_take_freed_l1": ([_u64, P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_l1_used_by": ([_u64, _i32, P(_i64)], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -697,6 +698,14 @@ class Cache:
         _check(self._lib.cpcache_evict_l1_slots(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
                                                 ctypes.byref(pending), buf, cap, ctypes.byref(nf)))
         return SlotsEvicted(freed.value, pending.value, self._freed_list(buf, cap, nf))
+
+    def l1_used_by(self, cp_rank):
+        """The L1 slots in use on CP rank cp_rank: equal on every rank (replicated), so an
+        engine decides from it alike everywhere whether every allocator has room for its pages
+        (l1_pages - used) and calls evict_l1_slots first when not [L]."""
+        used = _i64()
+        _check(self._lib.cpcache_l1_used_by(self._h, _arg("cp_rank", cp_rank, _i32), ctypes.byref(used)))
+        return used.value
 
     def take_freed_l1(self):
         """This rank's slots the cache let go outside a call that returns them (write-back

@@ -76,6 +76,9 @@ def test_engine_owned_flow_returns_every_slot(tmp_path):
                 want[(i, l, j)] = v
         res = c.insert_slots(tokens, np.array(own, dtype=np.int32))
         assert res.pages == 3 and res.freed == []
+        assert c.l1_used_by(0) == 3
+        with pytest.raises(cpcache.InvalidError, match="CP rank 1"):
+            c.l1_used_by(1)
         assert c.match(tokens).l1_slots == own
         again = alloc.take(3)  # the same pages again: already in L1, all three come back
         res = c.insert_slots(tokens, again)
