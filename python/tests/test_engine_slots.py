@@ -114,3 +114,27 @@ def test_engine_owned_flow_returns_every_slot(tmp_path):
         c.flush()
         alloc.give_back(c.take_freed_l1())
         assert not alloc.out, f"slots never handed back: {sorted(alloc.out)}"
+
+
+@pytest.mark.parametrize("kv_buffers", [False, True])
+def test_example_engine_slots_under_launch(kv_buffers):
+    """The Python example's engine-owned flow on 4 CP ranks: pages evicted and loaded back
+    into the engine's slots hold their bytes, and after the final flush every slot is back."""
+    import re
+    import shutil
+    import subprocess
+    if kv_buffers:
+        pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    binary = os.environ.get("CPCACHE_BIN") or os.path.join(ROOT, "bin", "cpcache")
+    if not os.access(binary, os.X_OK):
+        binary = shutil.which("cpcache") or binary
+    example = os.path.join(ROOT, "python", "examples", "hicache_controller.py")
+    cmd = [binary, "launch", "-n", "4", "--", sys.executable, example, "--attn-cp", "4", "--engine-slots"]
+    out = subprocess.run(cmd + (["--kv-buffers"] if kv_buffers else []), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [line for line in out.stdout.splitlines() if "requests=" in line]
+    assert len(reports) == 4, out.stdout
+    for line in reports:
+        kv = dict(re.findall(r"(\w+)=([\d.]+)", line))
+        assert kv["bad_pages"] == "0" and kv["slots_out"] == "0" and kv["bad_slots"] == "0", line
+        assert int(kv["pages_verified"]) > 0 and int(kv["tokens_hit_l2"]) > 0, line
