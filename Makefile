@@ -90,7 +90,7 @@ build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
 
 # capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
-# cpcache launch (CP4·DP2 on 8 ranks), a lost peer, 200 opens of a cache in a row on one
+# cpcache launch (CP4·DP2 on 8 ranks; CP4 with engine-owned slots), a lost peer, 200 opens of a cache in a row on one
 # file store (then a second job on it, which must find it empty afterwards), and the
 # Python suite.
 capi-test: build/engine build/bad_calls build/reopen
@@ -111,6 +111,11 @@ capi-test: build/engine build/bad_calls build/reopen
 	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2
 	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --layer-first
 	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --opaque
+	@echo "capi-test: the engine-owned flow at CP4 (its own slot allocator; a small L1, so pages are evicted and loaded back into its slots)"
+	out=$$(timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --engine-slots --l1-pages 16 2>&1); rc=$$?; \
+	  if [ $$rc != 0 ] || [ $$(grep -c 'bad_pages=0 slots_out=0 bad_slots=0' <<<"$$out") != 4 ] || \
+	     [ $$(grep -c 'tokens_hit_l2=[1-9]' <<<"$$out") != 4 ]; then \
+	    echo "$$out"; echo "capi-test: --engine-slots: want status 0, and on 4 ranks L2 hits, bad_pages=0 and every slot back (slots_out=0)"; exit 1; fi
 	@echo "capi-test: rank 2 of 4 dies at step 20: the others must report a lost peer (status 3)"
 	out=$$(CPCACHE_CONSENSUS_BACKEND=gloo timeout 120 bin/cpcache launch -n 4 -- \
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \

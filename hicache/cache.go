@@ -574,6 +574,23 @@ func (c *Cache) FreedL1() []int32 {
 	return c.core.TakeFreedL1()
 }
 
+// L1UsedBy is the number of CP rank r's L1 slots in use. The accounting is replicated
+// (every rank knows every rank's pool, and it is in the digest), so an EngineOwned engine
+// decides from it, identically on every rank, whether every rank's allocator has room for
+// its pages before it allocates them (and evicts first when not). r outside 0..C-1 is an
+// error wrapping ErrBadArgument. Read-only.
+func (c *Cache) L1UsedBy(r int) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
+		return 0, err
+	}
+	if n := c.core.Config().Slabs; r < 0 || r >= n {
+		return 0, fmt.Errorf("%w: L1UsedBy: CP rank %d outside 0..%d", ErrBadArgument, r, n-1)
+	}
+	return c.core.L1UsedBy(r), nil
+}
+
 // EvictL2 frees L2 pages of L2-only nodes. Replicated.
 func (c *Cache) EvictL2(pages int) (int, error) {
 	c.mu.Lock()

@@ -60,8 +60,8 @@ extern "C" {
 /* Compatibility: cpcache_open takes a config of this header (struct_size
  * sizeof(cpcache_config), abi_version 2) or one built against an ABI-1 header (struct_size
  * CPCACHE_CONFIG_SIZE_V1, abi_version 1): its fields are read as they were, the ABI-2 fields
- * (KV layout, L1 buffers, L2 layout) take their defaults (opaque pages, the pool of l1_kind,
- * page_first). Any other pair is CPCACHE_ERR_SIZE. */
+ * (KV layout, L1 buffers, L2 layout, L1 mode) take their defaults (opaque pages, the pool
+ * of l1_kind, page_first, cache-owned slots). Any other pair is CPCACHE_ERR_SIZE. */
 #define CPCACHE_CONFIG_SIZE_V1 offsetof(cpcache_config, kv_layout)
 
 /* Status codes. */
@@ -150,6 +150,10 @@ static inline cpcache_l1_buffer cpcache_l1_block_major_buffer(int32_t layer, int
   return b;
 }
 
+/* L1 slot modes (cpcache_config.l1_mode). */
+#define CPCACHE_L1_CACHE_OWNED 0
+#define CPCACHE_L1_ENGINE_OWNED 1
+
 /* Write policies. */
 #define CPCACHE_POLICY_WRITE_THROUGH 0
 #define CPCACHE_POLICY_WRITE_THROUGH_SELECTIVE 1
@@ -218,6 +222,12 @@ typedef struct cpcache_config {
   const cpcache_l1_buffer *l1_buffers;
   int32_t l1_num_buffers;
   int32_t l2_layout; /* CPCACHE_L2_*; 0: page_first. Every rank must choose the same. */
+  /* Who picks L1 slots: CPCACHE_L1_CACHE_OWNED (0, the default: cpcache_insert and
+   * cpcache_load_back choose them) or CPCACHE_L1_ENGINE_OWNED (the engine's allocator
+   * chooses them: cpcache_insert_slots, cpcache_load_back_slots, cpcache_evict_l1_slots,
+   * cpcache_take_freed_l1). Every rank of a replica group must choose the same. ABI-1
+   * configs get the default. */
+  int32_t l1_mode;
 } cpcache_config;
 
 /* Static facts about an open cache (cpcache_get_info). */
@@ -409,6 +419,61 @@ int cpcache_evict_l1(cpcache_t c, int64_t pages, int64_t *freed);
  * pending 2 and starts the backup of its last 2 pages; evict_l1_ex(2) again gives 0, 2 and
  * starts nothing; after the step that commits it, L1 has 2 more free pages. [R] */
 int cpcache_evict_l1_ex(cpcache_t c, int64_t pages, int64_t *freed, int64_t *pending);
+
+/* --- engine-owned L1 slots (l1_mode CPCACHE_L1_ENGINE_OWNED) --- */
+/* The engine's allocator gives each rank slots only for the pages it owns (page i of a
+ * sequence is CP rank i mod cp_size's), before the forward pass writes their KV; the cache
+ * adopts them and hands back, as lists, every slot it lets go. In this mode cpcache_insert
+ * and cpcache_load_back are CPCACHE_ERR_INVALID. A slot list that is wrong (a count other
+ * than this rank's pages, a slot outside [0, l1_pages), a slot twice, a slot the cache holds
+ * for another page) is CPCACHE_ERR_INVALID naming the slot and its entry, before any change.
+ * Freed-slot buffers: *n_freed is the number of slots freed; the first min(*n_freed,
+ * freed_cap) go to freed, and the rest (when *n_freed > freed_cap) stay queued for
+ * cpcache_take_freed_l1: nothing is lost, and the call still succeeds (it took effect on
+ * every rank). freed may be NULL with freed_cap 0 (everything queued). */
+
+/* cpcache_insert (under the isolation key key[0..key_len), as cpcache_insert_key) with this
+ * rank's slots: slots[0..n_slots) are, in order, one for every whole page of tokens this rank
+ * owns, holding the KV the engine computed (for pages cpcache_match served from L1, the slot
+ * it reported). The cache keeps the slots of the pages it caches; the others (a page already
+ * in L1 elsewhere, a hash collision, a quarantined cache) and slots the insert's evictions
+ * freed are the freed slots. *out as cpcache_insert's (n_fill 0). On CPCACHE_ERR_L1_FULL the
+ * caller keeps its slots (evictions' slots wait in cpcache_take_freed_l1). [R] */
+int cpcache_insert_slots(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
+                         size_t n, const int32_t *slots, size_t n_slots, cpcache_insert_result *out,
+                         int32_t *freed, size_t freed_cap, size_t *n_freed);
+/* The pages a cpcache_load_back_slots of node would load at most, as sequence page indices
+ * this rank owns, in order: *n_pages is their count, the number of slots to pass; they go to
+ * pages (which may be NULL with pages_cap 0 to ask only the count). pages_cap below the count
+ * is CPCACHE_ERR_SIZE with *n_pages set. Read-only. [L, but call it identically on every rank
+ * before cpcache_load_back_slots: the plan is the same everywhere] */
+int cpcache_load_back_plan(cpcache_t c, cpcache_node_t node, int64_t *pages, size_t pages_cap,
+                           size_t *n_pages);
+/* cpcache_load_back into the engine's slots: slots[0..n_slots) for the pages
+ * cpcache_load_back_plan listed, in order. The pages that load take them (*pages, may be
+ * NULL, counts the group's pages loading); the slots of pages that do not (L1 room,
+ * min_load_pages) and those the load's evictions freed are the freed slots. [R] */
+int cpcache_load_back_slots(cpcache_t c, cpcache_node_t node, const int32_t *slots, size_t n_slots,
+                            int64_t *pages, int32_t *freed, size_t freed_cap, size_t *n_freed);
+/* cpcache_evict_l1_ex that also hands back this rank's slots freed now (write-back
+ * evictions free theirs at the step that commits them: cpcache_take_freed_l1). [R] */
+int cpcache_evict_l1_slots(cpcache_t c, int64_t pages, int64_t *freed_pages, int64_t *pending,
+                           int32_t *freed, size_t freed_cap, size_t *n_freed);
+/* *used = the L1 slots in use on CP rank cp_rank (0..cp_size-1): the pages of it the cache
+ * holds. Equal on every rank (the accounting is replicated), so an engine decides from it,
+ * identically everywhere, whether every rank's allocator has room for its pages of a
+ * sequence (l1_pages - used, when it holds no slots of its own outside the cache) and calls
+ * cpcache_evict_l1_slots first when not. A cp_rank outside the group: CPCACHE_ERR_INVALID.
+ * [L; replicated value] */
+int cpcache_l1_used_by(cpcache_t c, int32_t cp_rank, int64_t *used);
+/* Drains this rank's slots the cache let go outside a call that returns them (write-back
+ * evictions committed at a step, quarantine, recovery, cpcache_flush) and those an earlier
+ * call queued: call after every cpcache_step and cpcache_flush and give them to the
+ * allocator. *n_freed is the number queued; the first min(*n_freed, freed_cap) go to freed
+ * and leave the queue, the rest stay for the next call. In CPCACHE_L1_CACHE_OWNED mode
+ * *n_freed is 0. [L] */
+int cpcache_take_freed_l1(cpcache_t c, int32_t *freed, size_t freed_cap, size_t *n_freed);
+
 /* Frees up to pages L2 pages of nodes held only in L2; *freed may be NULL. [R] */
 int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
 /* The consensus step: exactly once per scheduler step, on every rank, even when nothing is

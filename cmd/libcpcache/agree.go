@@ -94,6 +94,7 @@ func comparedFields(c *openConfig, worldSize int) []configField {
 		num("l1_pages", int64(c.l1Pages), scopeReplica), num("l2_pages", int64(c.l2Pages), scopeReplica),
 		num("policy", int64(c.options.Policy), scopeReplica), num("write_threshold", int64(c.options.WriteThreshold), scopeReplica),
 		num("min_load_pages", int64(c.options.MinLoadPages), scopeReplica), num("load_quota_pages", int64(c.options.LoadQuotaPages), scopeReplica),
+		num("l1_mode", int64(c.l1ModeIn), scopeReplica),
 	}
 }
 

@@ -55,6 +55,7 @@ func TestAgreeConfigNamesTheField(t *testing.T) {
 		{"l1 pages", func(c *openConfig) { c.l1Pages = 9 }, "l1_pages: rank 0 has 8, rank 1 has 9"},
 		{"page tokens", func(c *openConfig) { c.pageTokens = 32 }, "page_tokens: rank 0 has 16, rank 1 has 32"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.WriteBack }, "policy: rank 0 has 0, rank 1 has 2"},
+		{"l1 mode", func(c *openConfig) { c.l1ModeIn, c.options.L1Mode = 1, hicache.EngineOwned }, "l1_mode: rank 0 has 0, rank 1 has 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := agreeOf(two(tc.edit))

@@ -50,6 +50,9 @@ func TestCheckConfigRejectsBadValues(t *testing.T) {
 			c.l1Kind, c.l1Base, c.pinHost, c.device = l1Device, unsafe.Pointer(&buf), true, -2
 		}, "device -2"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.Policy(7) }, "policy 7"},
+		{"l1 mode", func(c *openConfig) { c.l1ModeIn, c.options.L1Mode = 7, 7 }, "l1_mode 7"},
+		// options.L1Mode is l1_mode's low byte: 257 must not pass as EngineOwned.
+		{"l1 mode past a byte", func(c *openConfig) { c.l1ModeIn, c.options.L1Mode = 257, hicache.EngineOwned }, "l1_mode 257"},
 		{"timeout", func(c *openConfig) { c.timeout = 0 }, "timeout_ms 0"},
 		{"timeout past a Duration", func(c *openConfig) { c.timeout, c.timeoutMs = 0, math.MaxInt64 }, "timeout_ms 9223372036854775807 must be in 1.."},
 	}

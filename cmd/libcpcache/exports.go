@@ -29,6 +29,8 @@ const (
 	_ = uint(C.CPCACHE_SLAB_HOST-slabHost) + uint(slabHost-C.CPCACHE_SLAB_HOST)
 	_ = uint(C.CPCACHE_SLAB_CUDA_IPC-slabCUDAIPC) + uint(slabCUDAIPC-C.CPCACHE_SLAB_CUDA_IPC)
 	_ = uint(C.CPCACHE_POLICY_WRITE_BACK-int(hicache.WriteBack)) + uint(int(hicache.WriteBack)-C.CPCACHE_POLICY_WRITE_BACK)
+	_ = uint(C.CPCACHE_L1_CACHE_OWNED-int(hicache.CacheOwned)) + uint(int(hicache.CacheOwned)-C.CPCACHE_L1_CACHE_OWNED)
+	_ = uint(C.CPCACHE_L1_ENGINE_OWNED-int(hicache.EngineOwned)) + uint(int(hicache.EngineOwned)-C.CPCACHE_L1_ENGINE_OWNED)
 )
 
 // The exported functions: each checks its pointers and sizes, recovers panics (guard),
@@ -83,7 +85,7 @@ const configSizeV1 = C.uint32_t(unsafe.Offsetof(C.cpcache_config{}.kv_layout))
 // currentConfig is cfg as this header's cpcache_config: itself when it is one (struct_size
 // and abi_version of this header), or a copy of an ABI-1 caller's config (struct_size
 // configSizeV1, abi_version 1) whose ABI-2 fields take their defaults (zero: opaque pages,
-// the pool of l1_kind, page_first). Any other pair is errSize naming both.
+// the pool of l1_kind, page_first, cache-owned L1 slots). Any other pair is errSize naming both.
 func currentConfig(cfg *C.cpcache_config) (*C.cpcache_config, error) {
 	switch {
 	case cfg.struct_size == C.sizeof_cpcache_config && cfg.abi_version == C.CPCACHE_ABI_VERSION:
@@ -122,7 +124,9 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		options: hicache.Options{
 			Policy: hicache.Policy(cfg.policy), WriteThreshold: int(cfg.write_threshold),
 			MinLoadPages: int(cfg.min_load_pages), LoadQuotaPages: int(cfg.load_quota_pages),
+			L1Mode: hicache.L1Mode(uint8(cfg.l1_mode)),
 		},
+		l1ModeIn:   int(cfg.l1_mode),
 		storageURL: str(cfg.storage_url), model: str(cfg.model),
 		kv: goKVConfig(cfg, str),
 	}

@@ -45,6 +45,7 @@ type openConfig struct {
 	l1Base     unsafe.Pointer
 	l1Pages    int
 	options    hicache.Options
+	l1ModeIn   int // l1_mode as given (options.L1Mode is its low byte)
 	storageURL string
 	model      string
 	kv         kvConfig // ABI 2: KV layout, the engine's L1 buffers, L2 layout
@@ -98,6 +99,8 @@ func checkConfig(c *openConfig) error {
 		return bad("storage needs host slabs")
 	case c.options.Policy < hicache.WriteThrough || c.options.Policy > hicache.WriteBack:
 		return bad("policy %d", int(c.options.Policy))
+	case c.l1ModeIn != int(hicache.CacheOwned) && c.l1ModeIn != int(hicache.EngineOwned):
+		return bad("l1_mode %d (want CPCACHE_L1_CACHE_OWNED or CPCACHE_L1_ENGINE_OWNED)", c.l1ModeIn)
 	case c.timeout <= 0:
 		ms := c.timeoutMs
 		if ms == 0 {
@@ -118,6 +121,9 @@ type session struct {
 	l1Base  unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
 	info    sessionInfo
 	closers []func() error
+	// freed are engine-owned L1 slots a call freed that did not fit the caller's buffer:
+	// cpcache_take_freed_l1 hands them out before the cache's own drain.
+	freed []int32
 }
 
 // sessionInfo is what cpcache_get_info reports.

@@ -11,9 +11,14 @@
 //
 // Usage: engine [--attn-cp N] [--dp N] [--dp-attention=false] [--clients N] [--rounds N]
 //               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
-//               [--opaque | --layer-first]
+//               [--opaque | --layer-first] [--engine-slots]
 // DP attention is on by default (cpcache_config_init, as the cpcache commands); --dp-attention is
 // accepted and changes nothing, --dp-attention=false turns it off.
+// --engine-slots runs the engine-owned flow (l1_mode CPCACHE_L1_ENGINE_OWNED): the engine's own
+// per-rank slot allocator gives the slots of the pages this rank owns before "compute", the KV
+// is written there, the sequence is inserted with them, and every slot the cache lets go goes
+// back to the allocator; load-backs land in slots it allocates. After the final flush every
+// slot must be back (slots_out=0), else the exit status is 1.
 // --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
 // Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
 // peer was lost.
@@ -120,6 +125,157 @@ static void page_gather(int32_t slot, uint8_t *page) {
 }
 static counters cnt;
 
+// --- the engine's own slot allocator (--engine-slots) ---
+// A stack of this rank's free L1 slots and which are out; a slot handed back that is not out
+// (freed twice, never given) is a bug of the cache or the engine, counted in bad_slots.
+static int engine_slots;
+static int32_t *slot_free;
+static uint8_t *slot_is_out;
+static int64_t slot_nfree, slot_bad;
+
+static void slots_init(int64_t n) {
+  slot_free = malloc(sizeof(int32_t) * (size_t)n);
+  slot_is_out = calloc((size_t)n, 1);
+  if (!slot_free || !slot_is_out) {
+    fprintf(stderr, "engine: out of memory for the slot allocator\n");
+    exit(2);
+  }
+  for (int64_t s = n - 1; s >= 0; s--) slot_free[slot_nfree++] = (int32_t)s;
+}
+
+// slots_take gives n slots; the caller made room first (ensure_room), so running short is
+// a bug.
+static void slots_take(int n, int32_t *out) {
+  if (n > slot_nfree) {
+    fprintf(stderr, "engine: rank %d: %d slots wanted, %" PRId64 " free (room was checked)\n", info.rank, n, slot_nfree);
+    exit(2);
+  }
+  for (int i = 0; i < n; i++) {
+    out[i] = slot_free[--slot_nfree];
+    slot_is_out[out[i]] = 1;
+  }
+}
+
+static void slots_give_back(const int32_t *slots, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    int32_t s = slots[i];
+    if (s < 0 || s >= info.l1_pages || !slot_is_out[s]) {
+      if (slot_bad++ == 0) fprintf(stderr, "engine: rank %d: slot %d handed back but not out\n", info.rank, s);
+      continue;
+    }
+    slot_is_out[s] = 0;
+    slot_free[slot_nfree++] = s;
+  }
+}
+
+// drain_freed gives the allocator the slots the cache let go outside a call (after every step
+// and flush).
+static void drain_freed(void) {
+  int32_t freed[MAX_PAGES];
+  size_t n = 0;
+  do {
+    check(cpcache_take_freed_l1(cache, freed, MAX_PAGES, &n));
+    slots_give_back(freed, n < MAX_PAGES ? n : MAX_PAGES);
+  } while (n > MAX_PAGES);
+}
+
+// ensure_room evicts until every CP rank's pool has room for its pages among sequence pages
+// [lo, hi) (page i is CP rank i mod cp_size's). It decides from cpcache_l1_used_by, which
+// is equal on every rank, so every rank evicts the same (a replicated call). 0 when nothing
+// more can be evicted (the caller retries at a later step).
+static int ensure_room(int64_t lo, int64_t hi) {
+  for (;;) {
+    int64_t deficit = 0;
+    for (int r = 0; r < info.cp_size; r++) {
+      int64_t need = 0, used = 0;
+      for (int64_t i = lo; i < hi; i++) need += i % info.cp_size == r;
+      check(cpcache_l1_used_by(cache, r, &used));
+      if (used + need > info.l1_pages) deficit += used + need - info.l1_pages;
+    }
+    if (deficit == 0) return 1;
+    int32_t freed[MAX_PAGES];
+    size_t n = 0;
+    int64_t pages = 0, pending = 0;
+    check(cpcache_evict_l1_slots(cache, deficit, &pages, &pending, freed, MAX_PAGES, &n));
+    slots_give_back(freed, n < MAX_PAGES ? n : MAX_PAGES);
+    if (n > MAX_PAGES) drain_freed();
+    if (pages == 0) return 0;
+  }
+}
+
+// compute_into writes page `index`'s KV into L1 slot `slot` (the forward pass).
+static void compute_into(int32_t slot, uint64_t hash, int index) {
+  if (opaque) {
+    void *mem;
+    size_t len;
+    check(cpcache_l1_page(cache, slot, &mem, &len));
+    kv_fill(mem, hash, index, info.tp_rank);
+  } else {
+    uint8_t page[PAGE_BYTES];
+    kv_fill(page, hash, index, info.tp_rank);
+    page_scatter(slot, page);
+  }
+}
+
+// insert_engine_slots is insert for --engine-slots: the pages from the leading L1 hit on
+// need KV; this rank allocates slots for those it owns, computes into them and inserts with
+// them (the hit's own pages keep the slots the match gave). 0 when L1 cannot make room.
+static cpcache_node_t insert_engine_slots(const int32_t *tokens, int n) {
+  int pages = n / PAGE_TOKENS;
+  int32_t hit_slots[MAX_PAGES], own[MAX_PAGES], freed[MAX_PAGES];
+  cpcache_match_result m;
+  check(cpcache_match(cache, tokens, (size_t)n, &m, hit_slots, MAX_PAGES));
+  check(cpcache_lock(cache, m.node)); // the hit's slots stay the cache's while we evict
+  int ok = ensure_room(m.device_pages, pages);
+  check(cpcache_unlock(cache, m.node));
+  if (!ok) return 0;
+  uint64_t hashes[MAX_PAGES];
+  prefix_hashes(tokens, pages, hashes);
+  int nown = 0;
+  for (int p = info.cp_rank; p < pages; p += info.cp_size) {
+    if (p < m.device_pages) {
+      own[nown++] = hit_slots[p];
+    } else {
+      slots_take(1, &own[nown]);
+      compute_into(own[nown++], hashes[p], p);
+    }
+  }
+  cpcache_insert_result res;
+  size_t nf = 0;
+  int rc = cpcache_insert_slots(cache, NULL, 0, tokens, (size_t)n, own, (size_t)nown, &res, freed, MAX_PAGES, &nf);
+  if (rc == CPCACHE_ERR_L1_FULL) { // the caller keeps its slots: the new ones go back
+    for (int k = 0, p = info.cp_rank; p < pages; p += info.cp_size, k++)
+      if (p >= m.device_pages) slots_give_back(&own[k], 1);
+    drain_freed();
+    return 0;
+  }
+  check(rc);
+  slots_give_back(freed, nf < MAX_PAGES ? nf : MAX_PAGES);
+  if (nf > MAX_PAGES) drain_freed();
+  return res.node;
+}
+
+// load_back_engine_slots is cpcache_load_back for --engine-slots: room for the hit's host
+// pages on every rank, then this rank's destination slots for the pages the plan lists.
+static int load_back_engine_slots(const cpcache_match_result *m, int64_t *loading) {
+  if (!ensure_room(m->device_pages, m->device_pages + m->host_pages)) return CPCACHE_ERR_L1_FULL;
+  int64_t plan[MAX_PAGES];
+  size_t np = 0;
+  check(cpcache_load_back_plan(cache, m->node, plan, MAX_PAGES, &np));
+  int32_t dst[MAX_PAGES], freed[MAX_PAGES];
+  slots_take((int)np, dst);
+  size_t nf = 0;
+  int rc = cpcache_load_back_slots(cache, m->node, dst, np, loading, freed, MAX_PAGES, &nf);
+  if (rc != CPCACHE_OK) {
+    slots_give_back(dst, np); // on an error the caller keeps its slots
+    drain_freed();
+    return rc;
+  }
+  slots_give_back(freed, nf < MAX_PAGES ? nf : MAX_PAGES);
+  if (nf > MAX_PAGES) drain_freed();
+  return CPCACHE_OK;
+}
+
 // conversation_tokens returns client's tokens up to and including round's question
 // (answer = 0) or answer (answer = 1); deterministic, so every rank builds the same.
 static int conversation_tokens(int client, int round, int answer, int32_t *out) {
@@ -157,6 +313,7 @@ static void verify(const int32_t *tokens, int pages, const int32_t *slots) {
 // insert caches tokens' whole pages and writes the KV of the new pages this rank owns; it
 // returns the node to lock, or 0 when L1 is full (nothing cached).
 static cpcache_node_t insert(const int32_t *tokens, int n) {
+  if (engine_slots) return insert_engine_slots(tokens, n);
   cpcache_fill_page fill[MAX_PAGES];
   cpcache_insert_result res;
   int rc = cpcache_insert(cache, tokens, (size_t)n, &res, fill, MAX_PAGES);
@@ -190,6 +347,7 @@ static void step(void) {
   }
   check(rc);
   cnt.steps++;
+  if (engine_slots) drain_freed();
 }
 
 // prefill admits r: match, lock, load back, check, compute the rest, insert.
@@ -201,7 +359,7 @@ static int prefill(request *r) {
   after = m;
   if (m.host_pages > 0) {
     int64_t loading = 0;
-    int rc = cpcache_load_back(cache, m.node, &loading);
+    int rc = engine_slots ? load_back_engine_slots(&m, &loading) : cpcache_load_back(cache, m.node, &loading);
     if (rc == CPCACHE_ERR_L1_FULL) { // L1 full for now: retry at a later step
       check(cpcache_unlock(cache, m.node));
       return 0;
@@ -285,6 +443,8 @@ int main(int argc, char **argv) {
   cfg.l2_pages = arg(argc, argv, "--l2-pages", 512, 1, INT32_MAX);
   int clients = (int)arg(argc, argv, "--clients", 16, 1, 1 << 16), rounds = (int)arg(argc, argv, "--rounds", 4, 1, 1 << 10);
   opaque = flag(argc, argv, "--opaque");
+  engine_slots = flag(argc, argv, "--engine-slots");
+  if (engine_slots) cfg.l1_mode = CPCACHE_L1_ENGINE_OWNED;
   cpcache_l1_buffer bufs[KV_LAYERS * 2];
   if (!opaque) {
     cfg.kv_layout = kv_spec;
@@ -305,6 +465,7 @@ int main(int argc, char **argv) {
   check(cpcache_open(&cfg, &cache)); // rank and world from the launcher's environment
   info.struct_size = sizeof info;
   check(cpcache_get_info(cache, &info));
+  if (engine_slots) slots_init(info.l1_pages);
   if (!opaque) {
     int64_t page_bytes = 0;
     check(cpcache_kv_page_bytes(cache, &page_bytes));
@@ -359,6 +520,12 @@ int main(int argc, char **argv) {
     check(cpcache_pending(cache, &pending));
     step();
   }
+  int64_t slots_out = 0;
+  if (engine_slots) { // the final flush lets every slot go: all must be back
+    check(cpcache_flush(cache));
+    drain_freed();
+    slots_out = info.l1_pages - slot_nfree;
+  }
 
   cpcache_stats st;
   st.struct_size = sizeof st;
@@ -368,15 +535,16 @@ int main(int argc, char **argv) {
          " tokens_hit_l1=%" PRId64 " tokens_hit_l2=%" PRId64 " tokens_missed=%" PRId64 " hit_rate=%.3f"
          " pages_written_l2=%" PRId64 " pages_loaded_l2=%" PRId64 " scheduler_steps=%" PRId64
          " consensus_steps=%" PRId64 " collectives_per_step=%.3f digest_checks=%" PRId64
-         " digest_mismatches=%" PRId64 " pages_verified=%" PRId64 " bad_pages=%" PRId64 "\n",
+         " digest_mismatches=%" PRId64 " pages_verified=%" PRId64 " bad_pages=%" PRId64 "%s",
          info.rank, info.world, info.cp_rank, info.cp_size, info.dp_rank, info.consensus, cnt.requests,
          cnt.input_tokens, cnt.hit_l1, cnt.hit_l2, cnt.missed, hit, st.pages_written_l2, st.pages_loaded_l2,
          cnt.steps, st.steps, cnt.steps ? (double)st.steps / (double)cnt.steps : 0, st.digest_checks,
-         st.digest_mismatches, cnt.verified, cnt.bad);
+         st.digest_mismatches, cnt.verified, cnt.bad, engine_slots ? "" : "\n");
+  if (engine_slots) printf(" slots_out=%" PRId64 " bad_slots=%" PRId64 "\n", slots_out, slot_bad);
   check(cpcache_close(cache));
   for (int i = 0; i < nreq; i++) free(reqs[i].tokens);
   free(reqs);
   free(done_round);
-  if (cnt.bad > 0 || st.digest_mismatches > 0 || st.steps != cnt.steps) return 1;
+  if (cnt.bad > 0 || st.digest_mismatches > 0 || st.steps != cnt.steps || slots_out != 0 || slot_bad != 0) return 1;
   return 0;
 }

@@ -41,7 +41,7 @@ __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
     "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
-    "Evicted",
+    "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
     "KV_SHARDED", "KV_REPLICATED", "MEM_HOST", "MEM_DEVICE", "L1Buffer", "token_slot_buffer", "block_major_buffers",
@@ -92,6 +92,8 @@ _i32, _i64, _u32, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes
 KV_SHARDED, KV_REPLICATED = 1, 2  # CPCACHE_KV_*: how attention-TP ranks hold a part
 MEM_HOST, MEM_DEVICE = 1, 2  # CPCACHE_MEM_*: where an L1 buffer lives
 _L2_LAYOUTS = {None: 0, "page_first": 1, "layer_first": 2}
+# CPCACHE_L1_*_OWNED: who picks L1 slots (cpcache_config.l1_mode).
+_L1_MODES = {None: 0, "cache_owned": 0, "engine_owned": 1}
 
 
 class _KVPart(ctypes.Structure):
@@ -117,7 +119,7 @@ class _Config(ctypes.Structure):
                 # ABI 2
                 ("kv_layout", ctypes.c_char_p), ("kv_parts", ctypes.POINTER(_KVPart)), ("kv_num_parts", _i32),
                 ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
-                ("l2_layout", _i32)]
+                ("l2_layout", _i32), ("l1_mode", _i32)]
 
 
 L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner")
@@ -205,6 +207,16 @@ MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots")
 InsertResult = namedtuple("InsertResult", "node pages fill backups")
 FillPage = namedtuple("FillPage", "slot owner index hash owned")
 Evicted = namedtuple("Evicted", "freed pending")
+SlotsInserted = namedtuple("SlotsInserted", "node pages backups freed")
+SlotsInserted.__doc__ = """What insert_slots did: the node and pages as InsertResult's, and freed: this
+rank's slots the cache let go (the caller's slots it did not adopt, and those the insert's
+evictions freed), for the engine's allocator."""
+SlotsLoaded = namedtuple("SlotsLoaded", "pages freed")
+SlotsLoaded.__doc__ = """What load_back_slots started: pages loading (the group's), and freed: the
+caller's slots of pages that did not load and those the load's evictions freed."""
+SlotsEvicted = namedtuple("SlotsEvicted", "freed pending slots")
+SlotsEvicted.__doc__ = """evict_l1_slots: Evicted's freed and pending pages, and slots: this rank's
+slots freed now (write-back evictions free theirs at a later step: take_freed_l1)."""
 Info = namedtuple("Info", [f for f, _ in _Info._fields_ if f != "struct_size"])
 
 
@@ -274,6 +286,16 @@ def library():
         "cpcache_prefetch_revoke": ([_u64, _u64], ctypes.c_int),
         "cpcache_l1_page": ([_u64, _i32, P(ctypes.c_void_p), P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_get_stats": ([_u64, P(_Stats)], ctypes.c_int),
+        "cpcache_insert_slots": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_i32),
+                                  ctypes.c_size_t, P(_InsertResult), P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)],
+                                 ctypes.c_int),
+        "cpcache_load_back_plan": ([_u64, _u64, P(_i64), ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_load_back_slots": ([_u64, _u64, P(_i32), ctypes.c_size_t, P(_i64), P(_i32), ctypes.c_size_t,
+                                     P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_evict_l1_slots": ([_u64, _i64, P(_i64), P(_i64), P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)],
+                                   ctypes.c_int),
+        "cpcache_take_freed_l1": ([_u64, P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_l1_used_by": ([_u64, _i32, P(_i64)], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -319,10 +341,11 @@ def _key(key):
     raise TypeError(f"cpcache: key must be bytes or str, not {type(key).__name__}")
 
 
-def _tokens(tokens):
+def _tokens(tokens, what="token"):
     """A ctypes int32 array over tokens: a view of a writable buffer of native int32 items
-    (array('i'), numpy int32), else a copy of the values, each checked to be an int32. A
-    buffer of other items (int64, float) is never reinterpreted as int32."""
+    (array('i'), numpy int32), else a copy of the values, each checked to be an int32 (an
+    error names the bad entry as `what` i). A buffer of other items (int64, float) is never
+    reinterpreted as int32."""
     try:
         view = memoryview(tokens)
     except TypeError:
@@ -344,7 +367,7 @@ def _tokens(tokens):
             try:
                 array.array("i", (t,))
             except (TypeError, OverflowError):
-                raise _invalid(f"token {i} ({t!r}) is not an int32") from None
+                raise _invalid(f"{what} {i} ({t!r}) is not an int32") from None
         raise
     return (_i32 * len(arr)).from_buffer(arr), len(arr)
 
@@ -389,13 +412,15 @@ class Cache:
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
-                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None):
+                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None):
         """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
         (layer, part): L1Buffer values (token_slot_buffer, block_major_buffers) or
         (layer, part, array) token-slot tuples; they replace the pool. l2_layout:
-        "page_first" (default) or "layer_first"."""
+        "page_first" (default) or "layer_first". l1_mode: "cache_owned" (default: insert and
+        load_back pick the slots) or "engine_owned" (the engine's allocator picks them:
+        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1)."""
         lib = library()
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
@@ -434,6 +459,9 @@ class Cache:
         if l2_layout not in _L2_LAYOUTS:
             raise InvalidError(-1, f"cpcache: l2_layout {l2_layout!r} (want 'page_first' or 'layer_first')")
         cfg.l2_layout = _L2_LAYOUTS[l2_layout]
+        if l1_mode not in _L1_MODES:
+            raise _invalid(f"l1_mode {l1_mode!r} (want 'cache_owned' or 'engine_owned')")
+        cfg.l1_mode = _L1_MODES[l1_mode]
         if l1_buffers:
             bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
             arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, 0, b.base, b.bytes, b.page_stride,
@@ -614,6 +642,82 @@ class Cache:
         _check(self._lib.cpcache_evict_l1_ex(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
                                              ctypes.byref(pending)))
         return Evicted(freed.value, pending.value)
+
+    # --- engine-owned L1 slots (l1_mode="engine_owned"; see cpcache.h) ---
+    # Slot lists are lists of ints or int32 buffers (numpy int32 arrays); freed slots come
+    # back as lists of ints, all of them (the buffer holds a whole L1 pool's worth).
+
+    def _freed_buf(self):
+        cap = max(int(self.info.l1_pages), 1)
+        return (_i32 * cap)(), cap, ctypes.c_size_t()
+
+    def _freed_list(self, buf, cap, n):
+        out = list(buf[:min(n.value, cap)])
+        if n.value > cap:  # cannot happen (a rank frees at most its pool), but lose nothing
+            out += self.take_freed_l1()
+        return out
+
+    def insert_slots(self, tokens, slots, key=None):
+        """insert (under isolation key key) with this rank's slots: one for every whole page of
+        tokens this rank owns (page i is CP rank i mod cp_size's), in order, holding the KV the
+        engine computed. Returns SlotsInserted; a bad slot list is InvalidError naming the
+        slot, before any change [R]."""
+        arr, n = _tokens(tokens)
+        own, n_own = _tokens(slots, "slot")
+        k = _key(key)
+        res = _InsertResult()
+        buf, cap, nf = self._freed_buf()
+        _check(self._lib.cpcache_insert_slots(self._h, k, len(k), arr, n, own, n_own, ctypes.byref(res), buf, cap,
+                                              ctypes.byref(nf)))
+        return SlotsInserted(res.node, res.pages, res.backups, self._freed_list(buf, cap, nf))
+
+    def load_back_plan(self, node):
+        """The sequence pages this rank owns that load_back_slots(node, ...) would load at
+        most, in order: it wants one slot for each [L; the same plan on every rank]."""
+        h = _arg("node", node, _u64)
+        n = ctypes.c_size_t()
+        _check(self._lib.cpcache_load_back_plan(self._h, h, None, 0, ctypes.byref(n)))
+        pages = (_i64 * max(n.value, 1))()
+        _check(self._lib.cpcache_load_back_plan(self._h, h, pages, n.value, ctypes.byref(n)))
+        return list(pages[:n.value])
+
+    def load_back_slots(self, node, slots):
+        """load_back into the engine's slots, one for each page load_back_plan(node) lists.
+        Returns SlotsLoaded [R]."""
+        own, n_own = _tokens(slots, "slot")
+        pages = _i64()
+        buf, cap, nf = self._freed_buf()
+        _check(self._lib.cpcache_load_back_slots(self._h, _arg("node", node, _u64), own, n_own, ctypes.byref(pages),
+                                                 buf, cap, ctypes.byref(nf)))
+        return SlotsLoaded(pages.value, self._freed_list(buf, cap, nf))
+
+    def evict_l1_slots(self, pages):
+        """evict_l1 that also returns this rank's slots freed now: SlotsEvicted [R]."""
+        freed, pending = _i64(), _i64()
+        buf, cap, nf = self._freed_buf()
+        _check(self._lib.cpcache_evict_l1_slots(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
+                                                ctypes.byref(pending), buf, cap, ctypes.byref(nf)))
+        return SlotsEvicted(freed.value, pending.value, self._freed_list(buf, cap, nf))
+
+    def l1_used_by(self, cp_rank):
+        """The L1 slots in use on CP rank cp_rank: equal on every rank (replicated), so an
+        engine decides from it alike everywhere whether every allocator has room for its pages
+        (l1_pages - used) and calls evict_l1_slots first when not [L]."""
+        used = _i64()
+        _check(self._lib.cpcache_l1_used_by(self._h, _arg("cp_rank", cp_rank, _i32), ctypes.byref(used)))
+        return used.value
+
+    def take_freed_l1(self):
+        """This rank's slots the cache let go outside a call that returns them (write-back
+        evictions committed at a step, quarantine, recovery, flush): drain after every step
+        and flush, for the engine's allocator. [] in cache-owned mode [L]."""
+        out = []
+        buf, cap, nf = self._freed_buf()
+        while True:
+            _check(self._lib.cpcache_take_freed_l1(self._h, buf, cap, ctypes.byref(nf)))
+            out += buf[:min(nf.value, cap)]
+            if nf.value <= cap:
+                return out
 
     def evict_l2(self, pages):
         """Frees up to pages L2 pages of L2-only nodes; returns how many [R]."""

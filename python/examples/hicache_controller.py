@@ -9,6 +9,10 @@ reads back from L2.
 
 Run every rank of a job, e.g.:
     cpcache launch -n 4 -- /usr/bin/python3 python/examples/hicache_controller.py --attn-cp 4
+--engine-slots runs the engine-owned flow (l1_mode="engine_owned"): the engine's own slot
+allocator gives the slots of this rank's pages before "compute", the KV is written there, the
+sequence is inserted with them, every slot the cache lets go returns to the allocator, and
+load-backs land in slots it allocates; after the final flush every slot must be back.
 --forever keeps serving new conversations until Ctrl-C: the rank then closes its cache and
 exits with status 130 (peers see it as lost and stop too).
 """
@@ -53,6 +57,29 @@ class KVBuffers:
 
     def read(self, slot):
         return b"".join(self.arrays[(l, j)][self._rows(slot)].tobytes() for l in range(KV_LAYERS) for j in range(2))
+
+
+class SlotAllocator:
+    """The engine's own L1 slot allocator (SGLang's token_to_kv_pool_allocator, by page): a
+    slot handed back that is not out (freed twice, never given) is counted in bad_slots."""
+
+    def __init__(self, size):
+        self.free, self.out, self.bad_slots = list(range(size - 1, -1, -1)), set(), 0
+
+    def take(self, n):
+        if n > len(self.free):
+            raise RuntimeError(f"{n} slots wanted, {len(self.free)} free (room was checked)")
+        got = [self.free.pop() for _ in range(n)]
+        self.out.update(got)
+        return got
+
+    def give_back(self, slots):
+        for s in slots:
+            if s not in self.out:
+                self.bad_slots += 1
+                continue
+            self.out.remove(s)
+            self.free.append(s)
 
 
 class HiCacheController:
@@ -132,8 +159,8 @@ def conversation(client, rnd, with_answer):
 class Scheduler:
     """Admit, compute, finish — one step at a time, the same on every rank of the replica."""
 
-    def __init__(self, ctl, info, kv=None):
-        self.ctl, self.info, self.kv = ctl, info, kv
+    def __init__(self, ctl, info, kv=None, alloc=None):
+        self.ctl, self.info, self.kv, self.alloc = ctl, info, kv, alloc
         self.counts = dict(requests=0, input_tokens=0, tokens_hit_l1=0, tokens_hit_l2=0, tokens_missed=0,
                            scheduler_steps=0, pages_verified=0, bad_pages=0)
 
@@ -148,6 +175,71 @@ class Scheduler:
                     self.kv.write(p.slot, content)
                 else:
                     self.ctl.cache.l1_page(p.slot)[:] = content
+
+    def compute_into(self, slot, tokens, index):
+        content = page_content(tokens, index, self.info.tp_rank)
+        if self.kv:
+            self.kv.write(slot, content)
+        else:
+            self.ctl.cache.l1_page(slot)[:] = content
+
+    def ensure_room(self, lo, hi):
+        """--engine-slots: evicts until every CP rank's allocator has room for its pages among
+        sequence pages [lo, hi). Decided from l1_used_by, equal on every rank, so every rank
+        evicts alike. False when nothing more can be evicted."""
+        cache, cp = self.ctl.cache, self.info.cp_size
+        while True:
+            deficit = sum(max(0, cache.l1_used_by(r) + len(range(lo + (r - lo) % cp, hi, cp)) - self.info.l1_pages)
+                          for r in range(cp))
+            if deficit == 0:
+                return True
+            ev = cache.evict_l1_slots(deficit)
+            self.alloc.give_back(ev.slots)
+            if ev.freed == 0:
+                return False
+
+    def insert_engine_slots(self, tokens):
+        """insert with the engine's slots: room first, then slots for this rank's new pages,
+        their KV computed into them; the hit's own pages keep the slots the match gave. None
+        when L1 cannot make room."""
+        cache, pages = self.ctl.cache, len(tokens) // PAGE_TOKENS
+        m = cache.match(tokens)
+        cache.lock(m.node)  # the hit stays while room is made
+        ok = self.ensure_room(m.device_pages, pages)
+        cache.unlock(m.node)
+        if not ok:
+            return None
+        own = []
+        for i in range(self.info.cp_rank, pages, self.info.cp_size):
+            if i < m.device_pages:
+                own.append(m.l1_slots[i])
+            else:
+                slot = self.alloc.take(1)[0]
+                self.compute_into(slot, tokens, i)
+                own.append(slot)
+        res = cache.insert_slots(tokens, own)
+        self.alloc.give_back(res.freed)
+        return res
+
+    def load_back_engine_slots(self, node, device, host_pages):
+        """load_back into the engine's slots: the plan says how many this rank allocates."""
+        cache = self.ctl.cache
+        if host_pages == 0 or not self.ensure_room(device, device + host_pages):
+            return 0
+        dst = self.alloc.take(len(cache.load_back_plan(node)))
+        try:
+            res = cache.load_back_slots(node, dst)
+        except cpcache.Error:
+            self.alloc.give_back(dst)  # on an error the caller keeps its slots
+            raise
+        self.alloc.give_back(res.freed)
+        return res.pages
+
+    def evict(self, pages):
+        if self.alloc:
+            self.alloc.give_back(self.ctl.cache.evict_l1_slots(pages).slots)
+        else:
+            self.ctl.evict(pages * PAGE_TOKENS)
 
     def with_room(self, call, *args):
         """call(*args), making room in L1 once if it is full: pages with backups in flight
@@ -165,7 +257,11 @@ class Scheduler:
         slots, node, host_tokens = self.ctl.match_prefix(tokens)
         self.ctl.inc_lock_ref(node)
         device = len(slots)
-        if self.with_room(self.ctl.init_load_back, node, host_tokens):
+        if self.alloc:
+            loading = self.load_back_engine_slots(node, device, host_tokens // PAGE_TOKENS)
+        else:
+            loading = self.with_room(self.ctl.init_load_back, node, host_tokens)
+        if loading:
             while self.ctl.loading_check(node):  # the copies run from the next step on
                 self.step()
             slots, after, _ = self.ctl.match_prefix(tokens)  # the same hit on every rank
@@ -176,8 +272,13 @@ class Scheduler:
                 got = self.kv.read(slot) if self.kv else bytes(self.ctl.cache.l1_page(slot))
                 if got != page_content(tokens, i, self.info.tp_rank):
                     self.counts["bad_pages"] += 1
-        res = self.with_room(self.ctl.insert, tokens)
-        self.write_pages(tokens, res.fill)
+        if self.alloc:
+            res = self.insert_engine_slots(tokens)
+            if res is None:
+                raise RuntimeError("L1 cannot make room for a prompt (every page locked)")
+        else:
+            res = self.with_room(self.ctl.insert, tokens)
+            self.write_pages(tokens, res.fill)
         self.ctl.inc_lock_ref(res.node)
         self.ctl.dec_lock_ref(node)
         c = self.counts
@@ -191,6 +292,10 @@ class Scheduler:
 
     def finish(self, client, rnd, node):
         tokens = conversation(client, rnd, True)
+        if self.alloc:
+            self.insert_engine_slots(tokens)  # best effort: None leaves the answer uncached
+            self.ctl.dec_lock_ref(node)
+            return
         try:
             res = self.ctl.insert(tokens)
             self.write_pages(tokens, res.fill)
@@ -201,6 +306,12 @@ class Scheduler:
     def step(self):
         self.ctl.check_hicache_events()
         self.counts["scheduler_steps"] += 1
+        if self.alloc:
+            self.alloc.give_back(self.ctl.cache.take_freed_l1())
+
+    def l1_used(self):
+        """The fullest CP rank's L1 pages: equal on every rank (l1_used_by is replicated)."""
+        return max(self.ctl.cache.l1_used_by(r) for r in range(self.info.cp_size))
 
     def serve(self, clients, rounds):
         """Serves rounds turns of clients (this replica's share), one request per step with a
@@ -211,8 +322,8 @@ class Scheduler:
                 for _ in range(3):  # decode steps
                     self.step()
                 self.finish(client, rnd, node)
-                if self.ctl.cache.stats()["l1_used"] > self.info.l1_pages // 2:
-                    self.ctl.evict(self.info.l1_pages // 4 * PAGE_TOKENS)
+                if self.l1_used() > self.info.l1_pages // 2:
+                    self.evict(self.info.l1_pages // 4)
         while self.ctl.cache.pending() > 0:
             self.step()
 
@@ -230,6 +341,8 @@ def main():
     ap.add_argument("--kv-buffers", action="store_true",
                     help="lend the cache per-layer K/V numpy arrays (needs numpy) instead of its page pool")
     ap.add_argument("--l2-layout", choices=["page_first", "layer_first"], default="page_first")
+    ap.add_argument("--engine-slots", action="store_true",
+                    help="the engine's own slot allocator picks every L1 slot (l1_mode engine_owned)")
     a = ap.parse_args()
     kv, extra = None, {}
     if a.kv_buffers:
@@ -237,11 +350,13 @@ def main():
         kv = KVBuffers(np, a.l1_pages)
         extra = dict(kv_layout=KV_SPEC, l1_buffers=kv.buffers(), l2_layout=a.l2_layout)
     cache = cpcache.Cache(attn_cp=a.attn_cp, dp=a.dp, dp_attention=a.dp_attention, page_tokens=PAGE_TOKENS,
-                          page_bytes=PAGE_BYTES, l1_pages=a.l1_pages, l2_pages=512, **extra)
+                          page_bytes=PAGE_BYTES, l1_pages=a.l1_pages, l2_pages=512,
+                          l1_mode="engine_owned" if a.engine_slots else None, **extra)
     sched = None
     try:
         info = cache.info
-        sched = Scheduler(HiCacheController(cache), info, kv)
+        alloc = SlotAllocator(info.l1_pages) if a.engine_slots else None
+        sched = Scheduler(HiCacheController(cache), info, kv, alloc)
         dp = info.world // info.replica_size
         mine = [c for c in range(a.clients) if c % dp == info.dp_rank]
         if a.forever:
@@ -251,14 +366,20 @@ def main():
                 sched.serve([base + c for c in mine], a.rounds)
                 base += a.clients
         sched.serve(mine, a.rounds)
+        slots = ""
+        if alloc:  # the final flush lets every slot go: all must be back
+            cache.flush()
+            alloc.give_back(cache.take_freed_l1())
+            slots = f" slots_out={len(alloc.out)} bad_slots={alloc.bad_slots}"
         st = cache.stats()
         c = sched.counts
         hit = (c["tokens_hit_l1"] + c["tokens_hit_l2"]) / max(1, c["input_tokens"])
         print(f"rank {info.rank}/{info.world} (cp {info.cp_rank}/{info.cp_size}, dp {info.dp_rank}): "
               + " ".join(f"{k}={v}" for k, v in c.items())
               + f" hit_rate={hit:.3f} pages_written_l2={st['pages_written_l2']} pages_loaded_l2={st['pages_loaded_l2']}"
-              f" consensus_steps={st['steps']} digest_mismatches={st['digest_mismatches']}", flush=True)
-        return 1 if c["bad_pages"] or st["digest_mismatches"] or st["steps"] != c["scheduler_steps"] else 0
+              f" consensus_steps={st['steps']} digest_mismatches={st['digest_mismatches']}{slots}", flush=True)
+        slots_bad = alloc is not None and (alloc.out or alloc.bad_slots)
+        return 1 if c["bad_pages"] or st["digest_mismatches"] or st["steps"] != c["scheduler_steps"] or slots_bad else 0
     except KeyboardInterrupt:
         steps = sched.counts["scheduler_steps"] if sched else 0
         print(f"rank {cache.info.rank}: interrupted after {steps} steps; closing the cache", flush=True)

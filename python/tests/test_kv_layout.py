@@ -151,7 +151,7 @@ def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
     """A caller built against the ABI-1 header: the old struct (every field before kv_layout),
     struct_size its size, abi_version 1. It opens; the old size with abi_version 2 does not."""
     import ctypes
-    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout"]
+    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout", "l1_mode"]
 
     class OldConfig(ctypes.Structure):
         _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in new_fields]

@@ -454,6 +454,15 @@ int main(void) {
     int64_t kvb = 0;
     expect(cpcache_kv_page_bytes(c2, &kvb), CPCACHE_ERR_INVALID); // opaque pages
     expect_true(strstr(cpcache_last_error(), "no KV layout") != NULL);
+    // The L1 mode is the default (the 0xAB bytes where l1_mode lies are not read): the cache
+    // picks slots, the engine-owned calls are refused.
+    int32_t v1_tokens[PAGE_TOKENS] = {1, 2, 3, 4}, v1_slot = 0;
+    size_t v1_n = 9;
+    expect(cpcache_insert(c2, v1_tokens, PAGE_TOKENS, &ins, fill, 4), CPCACHE_OK);
+    expect(cpcache_insert_slots(c2, NULL, 0, v1_tokens, PAGE_TOKENS, &v1_slot, 1, &ins, NULL, 0, &v1_n), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "L1 mode") != NULL);
+    expect(cpcache_take_freed_l1(c2, NULL, 0, &v1_n), CPCACHE_OK);
+    expect_true(v1_n == 0);
     expect(cpcache_close(c2), CPCACHE_OK);
   }
 
@@ -515,6 +524,113 @@ int main(void) {
     bufs[1].base = (char *)bufs[1].base - ROW;
     expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
     expect_true(strstr(cpcache_last_error(), "overlap") != NULL);
+  }
+
+  // Engine-owned L1 slots: the engine's slots in, freed slots out as lists; a bad slot list
+  // is CPCACHE_ERR_INVALID naming the slot, and a small freed buffer loses nothing.
+  {
+    base_config(&cfg);
+    expect_true(cfg.l1_mode == CPCACHE_L1_CACHE_OWNED);
+    cfg.l1_mode = 7;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "l1_mode 7") != NULL);
+    cfg.l1_mode = CPCACHE_L1_ENGINE_OWNED;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+    int32_t es[2 * PAGE_TOKENS], own[3], out_slots[4];
+    for (int i = 0; i < 2 * PAGE_TOKENS; i++) es[i] = 5000 + i;
+    size_t nf = 99;
+    expect(cpcache_insert(c2, es, 2 * PAGE_TOKENS, &ins, fill, 4), CPCACHE_ERR_INVALID); // the engine passes its slots
+    expect_true(strstr(cpcache_last_error(), "InsertSlots") != NULL);
+    own[0] = 0, own[1] = 99;
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "slot 99") != NULL && strstr(cpcache_last_error(), "outside the L1 pool") != NULL);
+    own[0] = 3, own[1] = 3;
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "slot 3 (entry 1") != NULL);
+    own[1] = -1;
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "slot -1") != NULL);
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 1, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "1 slots for the 2 pages") != NULL);
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, NULL, 2, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    own[0] = 5, own[1] = 6;
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 4, NULL), CPCACHE_ERR_INVALID);
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, NULL, 4, &nf), CPCACHE_ERR_INVALID);
+    expect(cpcache_get_stats(c2, &st), CPCACHE_OK);
+    expect_true(st.l1_used == 0 && st.inserts == 0); // the bad calls changed nothing
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(ins.pages == 2 && nf == 0);
+    expect(cpcache_get_stats(c2, &st), CPCACHE_OK);
+    expect_true(st.l1_used == 2);
+    int64_t used_by = -1;
+    expect(cpcache_l1_used_by(c2, 0, &used_by), CPCACHE_OK);
+    expect_true(used_by == 2);
+    expect(cpcache_l1_used_by(c2, 1, &used_by), CPCACHE_ERR_INVALID); // a world of one CP rank
+    expect_true(strstr(cpcache_last_error(), "CP rank 1") != NULL);
+    expect(cpcache_l1_used_by(c2, 0, NULL), CPCACHE_ERR_INVALID);
+    expect(cpcache_match(c2, es, 2 * PAGE_TOKENS, &m, out_slots, 4), CPCACHE_OK);
+    expect_true(m.device_pages == 2 && out_slots[0] == 5 && out_slots[1] == 6); // the engine's slots
+    // Slot 5 holds page 0: another sequence's page may not take it.
+    int32_t other_seq[PAGE_TOKENS] = {1, 1, 1, 1};
+    expect(cpcache_insert_slots(c2, NULL, 0, other_seq, PAGE_TOKENS, own, 1, &ins, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "slot 5") != NULL && strstr(cpcache_last_error(), "held by the cache") != NULL);
+    // The same pages again with fresh slots: already in L1, so both slots come back; a
+    // one-entry buffer gets the first, the drain the second.
+    own[0] = 7, own[1] = 8;
+    expect(cpcache_insert_slots(c2, NULL, 0, es, 2 * PAGE_TOKENS, own, 2, &ins, out_slots, 1, &nf), CPCACHE_OK);
+    expect_true(nf == 2 && out_slots[0] == 7);
+    expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(nf == 1 && out_slots[0] == 8);
+    expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(nf == 0);
+    expect(cpcache_take_freed_l1(c2, NULL, 4, &nf), CPCACHE_ERR_INVALID);
+    for (;;) { // the backups to L2 (write_through)
+      expect(cpcache_step(c2), CPCACHE_OK);
+      expect(cpcache_pending(c2, &pending), CPCACHE_OK);
+      if (pending <= 0) break;
+      usleep(1000);
+    }
+    int64_t ev = 0, ev_pending = -1;
+    expect(cpcache_evict_l1_slots(c2, -1, &ev, &ev_pending, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect(cpcache_evict_l1_slots(c2, 2, &ev, &ev_pending, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(ev == 2 && ev_pending == 0 && nf == 2);
+    expect_true((out_slots[0] == 5 && out_slots[1] == 6) || (out_slots[0] == 6 && out_slots[1] == 5));
+    // Load back into the engine's slots: the plan says how many it wants.
+    expect(cpcache_match(c2, es, 2 * PAGE_TOKENS, &m, NULL, 0), CPCACHE_OK);
+    expect_true(m.device_pages == 0 && m.host_pages == 2);
+    int64_t plan[2] = {-1, -1};
+    size_t np = 0;
+    expect(cpcache_load_back_plan(c2, m.node, plan, 1, &np), CPCACHE_ERR_SIZE);
+    expect_true(np == 2);
+    expect(cpcache_load_back_plan(c2, m.node, NULL, 0, &np), CPCACHE_OK);
+    expect_true(np == 2);
+    expect(cpcache_load_back_plan(c2, m.node, plan, 2, NULL), CPCACHE_ERR_INVALID);
+    expect(cpcache_load_back_plan(c2, 42, plan, 2, &np), CPCACHE_ERR_NODE);
+    expect(cpcache_load_back_plan(c2, m.node, plan, 2, &np), CPCACHE_OK);
+    expect_true(np == 2 && plan[0] == 0 && plan[1] == 1);
+    expect(cpcache_load_back(c2, m.node, &loading), CPCACHE_ERR_INVALID); // the engine passes its slots
+    own[0] = 10, own[1] = L1_PAGES;
+    expect(cpcache_load_back_slots(c2, m.node, own, 2, &loading, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "slot 16") != NULL);
+    expect(cpcache_load_back_slots(c2, m.node, own, 1, &loading, out_slots, 4, &nf), CPCACHE_ERR_INVALID);
+    own[1] = 11;
+    expect(cpcache_load_back_slots(c2, m.node, own, 2, &loading, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(loading == 2 && nf == 0);
+    int32_t lp = 1;
+    for (int i = 0; i < 10000 && lp; i++) {
+      expect(cpcache_step(c2), CPCACHE_OK);
+      expect(cpcache_load_pending(c2, m.node, &lp), CPCACHE_OK);
+      if (lp) usleep(1000);
+    }
+    expect(cpcache_wait_l1(c2, m.node, 10000), CPCACHE_OK);
+    expect(cpcache_match(c2, es, 2 * PAGE_TOKENS, &m, out_slots, 4), CPCACHE_OK);
+    expect_true(m.device_pages == 2 && out_slots[0] == 10 && out_slots[1] == 11);
+    // A flush lets every slot go: the drain hands them back.
+    expect(cpcache_flush(c2), CPCACHE_OK);
+    expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_OK);
+    expect_true(nf == 2 && ((out_slots[0] == 10 && out_slots[1] == 11) || (out_slots[0] == 11 && out_slots[1] == 10)));
+    expect(cpcache_close(c2), CPCACHE_OK);
+    expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_ERR_CLOSED);
   }
 
   char cmd[300];
