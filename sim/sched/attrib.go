@@ -23,7 +23,7 @@ type MissTracker struct {
 	// answer is a request's answer (nil: workload.Answer). With an Engine it is what the
 	// engine generated: at the prefill only the first token, at the finish the whole answer.
 	answer func(workload.Request) []int32
-	causes     report.MissCauses
+	causes report.MissCauses
 }
 
 // NewMissTracker returns the miss attribution of a scheduler of cfg.

@@ -22,8 +22,9 @@ type Engine interface {
 	// than once; r's previous turn, if any, has finished.
 	Prompt(r workload.Request) (workload.Request, error)
 	// Prefill computes r's prompt after its first len(prefix) pages, which are cached in L1
-	// at slots prefix (each rank reads the pages it owns), calling wait(layer) before a
-	// layer reads the prefix; with OutputLen > 0 it produces the first token.
+	// at slots prefix (each rank reads the pages it owns). When pages of the prefix were
+	// loaded back from L2, wait is not nil and the prefill calls wait(layer) before a layer
+	// reads the prefix (the layer-wise wait). With OutputLen > 0 it produces the first token.
 	Prefill(ctx context.Context, r workload.Request, prefix []int32, wait func(layer int) error) error
 	// Decode computes r's next token.
 	Decode(ctx context.Context, r workload.Request) error
@@ -69,16 +70,15 @@ func (s *Scheduler) outputChecked(diff error) {
 func (s *Scheduler) computePrompt(ctx context.Context, r workload.Request, m, after hicache.MatchResult) error {
 	P := s.cfg.PageSize
 	usable := min(after.DevicePages, max(len(r.Tokens)-1, 0)/P)
-	loaded := after.DevicePages > m.DevicePages
-	wait := func(layer int) error {
-		if !loaded {
+	var wait func(layer int) error
+	if after.DevicePages > m.DevicePages { // pages were loaded
+		wait = func(layer int) error {
+			if err := s.cache.WaitL1Layer(ctx, after.Last, layer); err != nil {
+				return fmt.Errorf("sched: request %d: layer %d: %w", r.ID, layer, err)
+			}
+			s.local.LayerWaits++
 			return nil
 		}
-		if err := s.cache.WaitL1Layer(ctx, after.Last, layer); err != nil {
-			return fmt.Errorf("sched: request %d: layer %d: %w", r.ID, layer, err)
-		}
-		s.local.LayerWaits++
-		return nil
 	}
 	if err := s.Engine.Prefill(ctx, r, after.L1Slots[:usable], wait); err != nil {
 		return fmt.Errorf("sched: request %d: prefill: %w", r.ID, err)
