@@ -152,7 +152,11 @@ func (r *Report) WriteText(w io.Writer) {
 		if kv.L1 != "" {
 			fmt.Fprintf(w, "  kv memory            L1 %s; L2 %s; %d layers × %d parts = %d chunks of a page\n",
 				kv.L1, kv.L2Layout, kv.Layers, kv.Parts, kv.Layers*kv.Parts)
-			fmt.Fprintf(w, "  layer-wise waits     %d (load-backs waited for layer by layer, each layer checked as it landed)\n", kv.LayerWaits)
+			then := "each layer checked as it landed"
+			if r.Model != nil {
+				then = "the model reading each layer once it landed"
+			}
+			fmt.Fprintf(w, "  layer-wise waits     %d (load-backs waited for layer by layer, %s)\n", kv.LayerWaits, then)
 		}
 	}
 	if m := r.L2; m.Slabs > 0 {
