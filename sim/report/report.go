@@ -51,6 +51,8 @@ type Report struct {
 
 	PagesVerified int64 `json:"pages_verified"`
 	BadPages      int64 `json:"bad_pages"`
+	// Model is set by a run whose compute the reference model does (--engine model).
+	Model *ModelCheck `json:"model,omitempty"`
 
 	// L3 storage (with --storage): its URL, prompt tokens served from pages prefetched from
 	// it (TokensHitL3), pages the replicas inserted from it and backed up to it (agreed
@@ -150,7 +152,11 @@ func (r *Report) WriteText(w io.Writer) {
 		if kv.L1 != "" {
 			fmt.Fprintf(w, "  kv memory            L1 %s; L2 %s; %d layers × %d parts = %d chunks of a page\n",
 				kv.L1, kv.L2Layout, kv.Layers, kv.Parts, kv.Layers*kv.Parts)
-			fmt.Fprintf(w, "  layer-wise waits     %d (load-backs waited for layer by layer, each layer checked as it landed)\n", kv.LayerWaits)
+			then := "each layer checked as it landed"
+			if r.Model != nil {
+				then = "the model reading each layer once it landed"
+			}
+			fmt.Fprintf(w, "  layer-wise waits     %d (load-backs waited for layer by layer, %s)\n", kv.LayerWaits, then)
 		}
 	}
 	if m := r.L2; m.Slabs > 0 {
@@ -194,6 +200,7 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  flushes              %d, refused while busy %d\n", r.Flushes, r.FlushesRefused)
 	}
 	fmt.Fprintf(w, "  pages verified       %d, bad pages %d\n", r.PagesVerified, r.BadPages)
+	r.Model.writeText(w)
 	r.writeTimeText(w)
 	r.Device.writeText(w)
 	fmt.Fprintf(w, "  wall time            %.1f s\n", r.WallSeconds)
@@ -215,4 +222,35 @@ func Quantile[T any](s []T, q float64) T {
 	}
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// ModelCheck is what the reference model (sim/refmodel) computed in a run and how its
+// outputs compared with the cache-off run: every request's generated tokens and the hash of
+// its final logits, computed with the cache (the cached prefix read from L1) and without it
+// (the same request from its first token). Requests are counted once per replica; tokens and
+// seconds are summed over ranks (every rank computes every token: its own pages' attention,
+// the rest redundantly).
+type ModelCheck struct {
+	Variant          string  `json:"variant"`
+	OutputsChecked   int64   `json:"outputs_checked"`
+	OutputsDiffering int64   `json:"outputs_differing"`
+	Tokens           int64   `json:"tokens_computed"`           // with the cache, summed over ranks
+	Seconds          float64 `json:"seconds"`                   // their wall time, layer waits included
+	RefTokens        int64   `json:"reference_tokens_computed"` // by the cache-off reference
+	RefSeconds       float64 `json:"reference_seconds"`
+}
+
+func (m *ModelCheck) writeText(w io.Writer) {
+	if m == nil {
+		return
+	}
+	fmt.Fprintf(w, "  reference model      %s: outputs checked %d, differing %d\n", m.Variant, m.OutputsChecked, m.OutputsDiffering)
+	rate := func(tok int64, s float64) float64 {
+		if s <= 0 {
+			return 0
+		}
+		return float64(tok) / s
+	}
+	fmt.Fprintf(w, "  model compute        %d tokens with the cache (%.0f tokens/s per rank), %d without (%.0f tokens/s per rank)\n",
+		m.Tokens, rate(m.Tokens, m.Seconds), m.RefTokens, rate(m.RefTokens, m.RefSeconds))
 }

@@ -165,6 +165,9 @@ func (s *Scheduler) Observe(o Observer) { s.observers = append(s.observers, o) }
 // Run serves every request, then steps until no backup or load is in flight.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if s.Misses != nil {
+		if s.Engine != nil {
+			s.Misses.answer = s.Engine.Answer
+		}
 		s.observers = append([]Observer{s.Misses}, s.observers...)
 	}
 	return s.run(ctx)

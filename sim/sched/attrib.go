@@ -19,13 +19,17 @@ type MissTracker struct {
 	quarantine bool                // the group was in quarantine at the last prefill
 	inL2       map[uint64]struct{} // pages seen in L2 (write_through_selective only; see hadL2)
 	inflight   map[uint64]int      // answer pages of running requests (count of requests)
-	causes     report.MissCauses
+	running    map[int][]uint64    // the answer pages counted in inflight, by request ID
+	// answer is a request's answer (nil: workload.Answer). With an Engine it is what the
+	// engine generated: at the prefill only the first token, at the finish the whole answer.
+	answer func(workload.Request) []int32
+	causes report.MissCauses
 }
 
 // NewMissTracker returns the miss attribution of a scheduler of cfg.
 func NewMissTracker(cfg Config) *MissTracker {
 	return &MissTracker{pageSize: cfg.PageSize, policy: cfg.Policy, storage: cfg.Storage,
-		seen: map[uint64]struct{}{}, flushed: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}}
+		seen: map[uint64]struct{}{}, flushed: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}, running: map[int][]uint64{}}
 }
 
 // hadL2 says whether a page that was inserted had an L2 copy when it was dropped. Under
@@ -86,9 +90,11 @@ func (t *MissTracker) prefilled(r workload.Request, matched, served int, cost bo
 	for _, h := range hashes {
 		t.seen[h] = struct{}{}
 	}
-	for _, h := range t.answerPages(r) {
+	pages := t.answerPages(r)
+	for _, h := range pages {
 		t.inflight[h]++
 	}
+	t.running[r.ID] = pages
 }
 
 // matchedL2 records the pages a match found in L2 only.
@@ -105,16 +111,23 @@ func (t *MissTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
 // answerPages are the pages of r's prompt and answer that its prompt alone does not hold.
 func (t *MissTracker) answerPages(r workload.Request) []uint64 {
 	P := t.pageSize
-	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
+	answer := workload.Answer
+	if t.answer != nil {
+		answer = t.answer
+	}
+	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], answer(r)...)
 	return hicache.KeyPrefixHashes(r.Key, full[:len(full)/P*P], P)[len(r.Tokens)/P:]
 }
 
 // finished records that r's prompt and answer were inserted.
 func (t *MissTracker) finished(r workload.Request) {
-	for _, h := range t.answerPages(r) {
+	for _, h := range t.running[r.ID] {
 		if t.inflight[h]--; t.inflight[h] <= 0 {
 			delete(t.inflight, h)
 		}
+	}
+	delete(t.running, r.ID)
+	for _, h := range t.answerPages(r) {
 		t.seen[h] = struct{}{}
 	}
 }

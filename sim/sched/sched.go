@@ -55,6 +55,11 @@ type Counts struct {
 	// refused because it was busy.
 	Flushes        int64 `json:"flushes"`
 	FlushesRefused int64 `json:"flushes_refused"`
+	// OutputsChecked and OutputsDiffering count, with an Engine, the requests whose output
+	// (generated tokens and final logits) was compared with the same request computed
+	// without the cache, and those that differed.
+	OutputsChecked   int64 `json:"outputs_checked,omitempty"`
+	OutputsDiffering int64 `json:"outputs_differing,omitempty"`
 }
 
 // Local are this rank's own checks.
@@ -89,8 +94,8 @@ type active struct {
 // missing pages, insert; the prefill produces the first token) within a token budget and
 // the L1 pages left, then runs the cache's consensus step — exactly one per scheduler step.
 //
-// The fields a caller sets before Run are hooks: KV, Faults, Misses, Corrupt and
-// AfterSchedule; Observe adds observers.
+// The fields a caller sets before Run are hooks: KV, Layered, Engine, Faults, Misses,
+// Corrupt and AfterSchedule; Observe adds observers.
 type Scheduler struct {
 	cache Cache
 	cfg   Config
@@ -102,6 +107,10 @@ type Scheduler struct {
 	// filled and checked chunk by chunk, and a load-back is waited for layer by layer
 	// (WaitL1Layer, each layer checked as it lands) instead of as a whole (WaitL1).
 	Layered LayeredKV
+	// Engine, if set, does the compute (see Engine): the pages are its KV, not kvtest's
+	// content, so loaded pages are not checked against kvtest but every request's output is
+	// compared with the engine's cache-off output.
+	Engine Engine
 	// Faults runs the run's faults before each step (nil: none).
 	Faults Faults
 	// Misses attributes the misses (replica leaders; nil elsewhere): an observer whose
@@ -122,7 +131,7 @@ type Scheduler struct {
 
 	counts   Counts
 	local    Local
-	firstBad error // the first bad page this rank found
+	firstBad error // the first bad page (or, with an Engine, differing output) this rank found
 
 	clock      *vtime.Clock             // virtual time (replicated: it gates admissions)
 	prefetches map[int]*pendingPrefetch // requests waiting in the queue for their prefetch, by ID
@@ -289,6 +298,12 @@ func (s *Scheduler) admit(ctx context.Context) (int, error) {
 			keep = append(keep, r)
 			continue
 		}
+		if s.Engine != nil {
+			var err error
+			if r, err = s.Engine.Prompt(r); err != nil {
+				return admitted, err
+			}
+		}
 		if !stop && !s.clock.Arrived(r) {
 			stop = true // the queue is in arrival order: nothing after r has arrived either
 		}
@@ -360,10 +375,16 @@ func (s *Scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 	for _, o := range s.observers {
 		o.Matched(r, m)
 	}
-	device := m.DevicePages
+	after := m
 	if m.HostPages > 0 {
-		if device, err = s.loadBack(ctx, r, m); err != nil {
+		if after, err = s.loadBack(ctx, r, m); err != nil {
 			return nil, err
+		}
+	}
+	device := after.DevicePages
+	if s.Engine != nil {
+		if err := s.computePrompt(ctx, r, m, after); err != nil {
+			return nil, errors.Join(err, s.cache.Unlock(m.Last))
 		}
 	}
 	last, ok, err := s.insertPrompt(ctx, r, m)
@@ -398,8 +419,9 @@ func (s *Scheduler) match(ctx context.Context, r workload.Request) (hicache.Matc
 }
 
 // loadBack loads the host pages of r's locked match m back into L1 and verifies the pages
-// this rank owns; it returns the device pages of the prompt after the load.
-func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.MatchResult) (int, error) {
+// this rank owns (with an Engine, the engine's prefill waits for them layer by layer
+// instead); it returns the match of the prompt after the load.
+func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, error) {
 	c, P := s.cache, s.cfg.PageSize
 	if s.Corrupt != nil {
 		if info, err := c.Node(m.Last); err == nil {
@@ -414,7 +436,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 		loaded = after.DevicePages
 		err := s.withRoom(ctx, func() error { _, err := c.LoadBack(m.Last); return err })
 		if err != nil && !errors.Is(err, hicache.ErrL1Full) {
-			return 0, errors.Join(err, c.Unlock(m.Last))
+			return m, errors.Join(err, c.Unlock(m.Last))
 		}
 		// The loads start at the next step (after the Apply that checks the state they
 		// were chosen from). Wait until the group agrees they are over: a copy that
@@ -422,30 +444,33 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 		// same everywhere.
 		for c.LoadPending(m.Last) {
 			if err := s.step(ctx); err != nil {
-				return 0, errors.Join(err, c.Unlock(m.Last))
+				return m, errors.Join(err, c.Unlock(m.Last))
 			}
 			s.counts.LoadSteps++
 		}
 		if after, err = c.MatchKey(r.Key, r.Tokens); err != nil {
-			return 0, err
+			return m, err
 		}
+	}
+	if s.Engine != nil {
+		return after, nil
 	}
 	hashes := hicache.KeyPrefixHashes(r.Key, r.Tokens[:after.DevicePages*P], P)
 	if s.Layered != nil {
 		if err := s.verifyLayers(ctx, r, m, after, hashes); err != nil {
-			return 0, errors.Join(err, c.Unlock(m.Last))
+			return m, errors.Join(err, c.Unlock(m.Last))
 		}
-		return after.DevicePages, nil
+		return after, nil
 	}
 	if err := c.WaitL1(ctx, after.Last); err != nil {
-		return 0, errors.Join(fmt.Errorf("sched: request %d: %w", r.ID, err), c.Unlock(m.Last))
+		return m, errors.Join(fmt.Errorf("sched: request %d: %w", r.ID, err), c.Unlock(m.Last))
 	}
 	for i := m.DevicePages; i < after.DevicePages; i++ {
 		if c.Owns(i) {
 			s.verify(r, i, after.L1Slots[i], hashes[i])
 		}
 	}
-	return after.DevicePages, nil
+	return after, nil
 }
 
 // verifyLayers is the layer-wise form of loadBack's wait and check: for each layer it waits
@@ -494,7 +519,7 @@ func (s *Scheduler) insertPrompt(ctx context.Context, r workload.Request, m hica
 	if err != nil {
 		return 0, false, errors.Join(err, c.Unlock(m.Last))
 	}
-	if err := s.fill(ins.Fill); err != nil {
+	if err := s.fill(r, ins.Fill); err != nil {
 		return 0, false, err
 	}
 	s.backedUp(len(ins.Fill))
@@ -633,15 +658,18 @@ func (s *Scheduler) checked(r workload.Request, i int, err error) {
 
 // fill "computes" the KV of the pages this rank owns: bytes derived from the page's prefix
 // hash, position and this rank's shard.
-func (s *Scheduler) fill(pages []hicache.FillPage) error {
+func (s *Scheduler) fill(r workload.Request, pages []hicache.FillPage) error {
 	for _, f := range pages {
 		if !s.cache.Owns(f.Index) {
 			continue
 		}
 		var err error
-		if s.Layered != nil {
+		switch {
+		case s.Engine != nil:
+			err = s.Engine.FillPage(r, f.Slot, f.Index)
+		case s.Layered != nil:
 			err = s.Layered.FillPage(f.Slot, f.Hash, f.Index, s.shard)
-		} else {
+		default:
 			err = s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) })
 		}
 		if err != nil {
@@ -659,6 +687,11 @@ func (s *Scheduler) decode(ctx context.Context) (int, error) {
 	keep := s.running[:0]
 	for _, a := range s.running {
 		if a.generated < a.req.OutputLen {
+			if s.Engine != nil {
+				if err := s.Engine.Decode(ctx, a.req); err != nil {
+					return moved, err
+				}
+			}
 			a.generated++
 			moved++
 			s.clock.Decoded()
@@ -690,7 +723,7 @@ func (s *Scheduler) decode(ctx context.Context) (int, error) {
 // request. It returns false when L1 is full for now.
 func (s *Scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	r := a.req
-	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], workload.Answer(r)...)
+	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], s.answer(r)...)
 	var ins hicache.InsertResult
 	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.InsertKey(r.Key, full); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
@@ -699,12 +732,19 @@ func (s *Scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := s.fill(ins.Fill); err != nil {
+	if err := s.fill(r, ins.Fill); err != nil {
 		return false, err
 	}
 	s.backedUp(len(ins.Fill))
 	for _, o := range s.observers {
 		o.Finished(r)
+	}
+	if s.Engine != nil { // after the observers: Finish forgets r's answer
+		diff, err := s.Engine.Finish(ctx, r)
+		if err != nil {
+			return false, err
+		}
+		s.outputChecked(diff)
 	}
 	if err := s.cache.Unlock(a.last); err != nil {
 		return false, err

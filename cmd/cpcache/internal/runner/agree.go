@@ -39,7 +39,7 @@ func (p *Plan) startFlags() []startFlag {
 		{"--ep", itoa(l.EP)}, {"--dp-attention", btoa(l.DPAttention)},
 		{"--page-size", itoa(c.PageSize)}, {"--l1-pages", itoa(c.L1Pages)}, {"--l2-pages", itoa(c.L2Pages)},
 		{"--policy", c.Policy.String()}, {"--kv-bytes-per-token", itoa(c.KVBytesPerToken)},
-		{"--model", c.Model}, {"--separate-l2", btoa(c.SeparateL2)}, {"--l2-layout", c.L2Layout}, {"--l1-buffers", c.L1Buffers},
+		{"--model", c.Model}, {"--engine", c.Engine}, {"--model-variant", c.ModelVariant}, {"--separate-l2", btoa(c.SeparateL2)}, {"--l2-layout", c.L2Layout}, {"--l1-buffers", c.L1Buffers},
 		{"--batch-tokens", itoa(c.BatchTokens)}, {"--max-running", itoa(c.MaxRunning)},
 		{"--workload", c.Workload}, {"--requests", itoa(c.Requests)},
 		{"--clients", itoa(c.Synthetic.Clients)}, {"--rounds", itoa(c.Synthetic.Rounds)},

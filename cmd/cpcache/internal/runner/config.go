@@ -46,6 +46,17 @@ type Config struct {
 	// bytes at the layout's attention-TP size); a KVBytesPerToken of another value is bad
 	// input.
 	Model string
+	// Engine is what does the compute (--engine): EngineKVTest ("" too: every page's bytes
+	// are kvtest's function of its identity, and every page loaded back is checked against
+	// it) or EngineModel (the reference transformer, sim/refmodel, computes on every rank
+	// over the cache's per-layer L1, and every request's output is compared with the same
+	// request computed without the cache). EngineModel sets Model to the reference model's
+	// KV layout (ModelVariant) and needs attention-TP 1 and a host run.
+	Engine string
+	// ModelVariant is the reference model's variant with EngineModel (--model-variant):
+	// "gqa" ("" too: per layer a sharded K and V part), "mla" (one replicated latent part)
+	// or "side" (GQA with a replicated indexer-key side buffer).
+	ModelVariant string
 	// SeparateL2 (--separate-l2) keeps one L2 slab per rank even when every part of Model is
 	// replicated across attention-TP (job.Config.SeparateSlabs): attention-TP copies of every
 	// page, as before the TP ranks of a CP index shared one slab.
@@ -192,6 +203,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		return nil, bad("layout: %v", err)
 	}
 	cfg.Layout = lc
+	if err := cfg.checkEngine(layout); err != nil {
+		return nil, err
+	}
 	kv, err := cfg.resolveModel(layout.AttnTP)
 	if err != nil {
 		return nil, err

@@ -112,6 +112,24 @@
 // quarantines the group (no hits) until its agreed recovery, or fails the run with
 // Config.Strict. A lost peer or a failed collective fails the rank at once.
 //
+// # The reference model (--engine model)
+//
+// With Config.Engine EngineModel the reference transformer of sim/refmodel does the compute
+// (modelEngine, the scheduler's sched.Engine) instead of kvtest's bytes: Config.Model is its
+// KV layout (Config.ModelVariant: gqa, mla, side), each rank's per-layer L1 holds the KV of
+// the pages it owns, and the model merges its attention partials over the rank's
+// attention-CP group (job.Rank.Groups), not the counted consensus group, so a step still
+// makes exactly one consensus collective. A synthetic turn's prompt holds the answer the
+// model generated for the previous turn (the workload's placeholder answer of the same
+// length replaced before admission); token t of the workload is the model's t mod its
+// vocabulary. A prefill reads the cached prefix from L1 (after WaitL1Layer for each layer
+// when pages were loaded) and computes only the tokens after it; each decode step computes a
+// token; the pages an insert asks for are stored from the model's KV. When a request
+// finishes, the same request is computed without the cache (from its first token, over
+// plain memory, on the same CP group) and its generated tokens and final-logits hash are
+// compared: sched.Counts' OutputsChecked and OutputsDiffering, the report's Model. A
+// differing output is counted and named like a bad page (ErrIntegrity after the report).
+//
 // # Device memory (--device cuda)
 //
 // With Config.Device DeviceCUDA every rank loads the CUDA driver, picks its device

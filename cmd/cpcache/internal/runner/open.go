@@ -32,7 +32,7 @@ func (p *Plan) jobConfig(rank int) job.Config {
 		Faults:         cfg.cacheFaults(rank),
 	}
 	if cfg.Storage != "" {
-		jc.StorageURL, jc.StorageModel = cfg.Storage, storageModel
+		jc.StorageURL, jc.StorageModel = cfg.Storage, cfg.storageModelName()
 		jc.StorageOptions = p.storageOptions(p.storageWarning)
 		jc.StorageTimeout = storageOpenTimeout
 		jc.StorageError = func(err error) error { return p.storageError(storageHint(err)) }

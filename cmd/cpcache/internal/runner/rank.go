@@ -69,6 +69,23 @@ type rankResult struct {
 	Err              string                `json:"err,omitempty"` // an integrity failure on this rank
 	Device           *deviceResult         `json:"device,omitempty"`
 	Timing           *report.ReplicaTiming `json:"timing,omitempty"` // leaders: virtual time and miss causes
+	Model            *modelResult          `json:"model,omitempty"`  // --engine model: this rank's compute
+}
+
+// modelResult is what a rank's reference model computed (--engine model).
+type modelResult struct {
+	Tokens     int64   `json:"tokens"`
+	Seconds    float64 `json:"seconds"`
+	RefTokens  int64   `json:"ref_tokens"`
+	RefSeconds float64 `json:"ref_seconds"`
+}
+
+// result is what e computed (nil without an engine).
+func (e *modelEngine) result() *modelResult {
+	if e == nil {
+		return nil
+	}
+	return &modelResult{Tokens: e.computed, Seconds: e.took.Seconds(), RefTokens: e.refComputed, RefSeconds: e.refTook.Seconds()}
 }
 
 // ErrIntegrity is wrapped by the error of a run that finished but found a bad page or a
@@ -116,6 +133,13 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if kv := mem.layeredKV(); kv != nil {
 		sched.Layered = kv // the engine's per-layer buffers (--model)
 	}
+	var eng *modelEngine
+	if cfg.Engine == EngineModel {
+		if eng, err = p.newModelEngine(mem.kvL1, rk.Groups.Group(parallel.KindAttnCP), cache.CPRank()); err != nil {
+			return nil, err
+		}
+		sched.Engine = eng
+	}
 	faults := newFaultRunner(cfg, rank, cache)
 	if faults != nil {
 		sched.Faults = faults
@@ -141,6 +165,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, coord.DP, runErr)
 	}
 	res := newRankResult(rk, sched, int64(counted.Counts().Total()-before), mem)
+	res.Model = eng.result()
 	res.WallSeconds = time.Since(start).Seconds()
 	var integrity error
 	if sched.FirstBad() != nil {
@@ -288,6 +313,7 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 	r.ConsensusMedianUs = float64(report.Quantile(lat, 0.5)) / 1e3
 	r.ConsensusP99Us = float64(report.Quantile(lat, 0.99)) / 1e3
 	addTiming(r, p, results, lat)
+	r.Model = buildModelCheck(p, results)
 	return r
 }
 
@@ -320,4 +346,26 @@ func ReadReport(dir string) (*report.Report, error) {
 		return nil, fmt.Errorf("runner: report: %w", err)
 	}
 	return &r, nil
+}
+
+// buildModelCheck sums the reference model's checks (once per replica) and compute (over
+// ranks); nil without --engine model.
+func buildModelCheck(p *Plan, results []rankResult) *report.ModelCheck {
+	if p.Config.Engine != EngineModel {
+		return nil
+	}
+	m := &report.ModelCheck{Variant: p.Config.ModelVariant}
+	for _, x := range results {
+		if x.Leader {
+			m.OutputsChecked += x.Replica.OutputsChecked
+			m.OutputsDiffering += x.Replica.OutputsDiffering
+		}
+		if x.Model != nil {
+			m.Tokens += x.Model.Tokens
+			m.Seconds += x.Model.Seconds
+			m.RefTokens += x.Model.RefTokens
+			m.RefSeconds += x.Model.RefSeconds
+		}
+	}
+	return m
 }

@@ -29,7 +29,7 @@ func inProcessReport(t *testing.T, p *Plan) *report.Report {
 			Replica: o.counts, Local: o.local, PagesWritten: o.stats.PagesWritten, PagesLoaded: o.stats.PagesLoaded,
 			Collectives: int64(o.collectives), DigestChecks: o.stats.DigestChecks, DigestMismatches: o.stats.DigestMismatches,
 			L3Prefetched: o.stats.L3PrefetchedPages, L3BackedUp: o.stats.L3BackedUpPages, StorageErrors: o.stats.StorageErrors,
-			Timing: o.timing}
+			Timing: o.timing, Model: o.model}
 		for _, d := range o.stats.ConsensusLatency {
 			r.LatencyNs = append(r.LatencyNs, int64(d))
 		}

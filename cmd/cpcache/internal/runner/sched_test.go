@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/hicache/kvtest"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
@@ -37,6 +38,7 @@ type rankOutcome struct {
 	// prefetchesLeft and prefetchHeld are the scheduler's prefetch entries and their weight
 	// when its loop ended (both 0 once every request was served).
 	prefetchesLeft, prefetchHeld int
+	model                        *modelResult // --engine model: what the rank's reference model computed
 }
 
 // inProcessTimeout bounds a runInProcess run.
@@ -62,6 +64,9 @@ type inProcessOptions struct {
 	afterSchedule func(rank int, s *sched.Scheduler) func(context.Context) error
 	// onPrefilled, if set, is told each request a rank prefilled and its hit tokens.
 	onPrefilled func(rank int, r workload.Request, hitTokens int64)
+	// damageL1, if set with --engine model, is each rank's reference model's damage hook
+	// (modelEngine.damage; nil for a rank: none).
+	damageL1 func(rank int) func(l1 *kvmem.L1, slots []int32)
 }
 
 // runInProcessWith is runInProcess with the hooks of o.
@@ -74,6 +79,11 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 	for _, ranks := range l.Groups(parallel.KindReplica) {
 		for i, m := range local.New(ranks, local.Options{Kind: "replica"}) {
 			groups[ranks[i]] = inProcessGroups{replica: m}
+		}
+	}
+	for _, ranks := range l.Groups(parallel.KindAttnCP) {
+		for i, m := range local.New(ranks, local.Options{Kind: "attn_cp"}) {
+			groups[ranks[i]].attnCP = m
 		}
 	}
 	worlds := local.World(W, local.Options{Kind: "world"})
@@ -128,6 +138,18 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 			if kvL1 != nil {
 				s.Layered = layeredKV{kvL1}
 			}
+			if p.Config.Engine == EngineModel {
+				eng, err := p.newModelEngine(kvL1, rk.Groups.Group(parallel.KindAttnCP), cache.CPRank())
+				if err != nil {
+					o.err = err
+					return
+				}
+				if opts.damageL1 != nil {
+					eng.damage = opts.damageL1(rank)
+				}
+				s.Engine = eng
+				defer func() { o.model = eng.result() }()
+			}
 			leader := l.ReplicaGroup(rank)[0] == rank
 			if leader {
 				s.Misses = newMissTracker(&p.Config)
@@ -177,11 +199,14 @@ func runInProcessWith(t *testing.T, p *Plan, opts inProcessOptions) []rankOutcom
 
 // inProcessGroups are an in-process rank's groups: its replica group (the consensus group;
 // the slabs are in-process too).
-type inProcessGroups struct{ replica parallel.Group }
+type inProcessGroups struct{ replica, attnCP parallel.Group }
 
 func (g inProcessGroups) Group(kind parallel.GroupKind) parallel.Group {
-	if kind == parallel.KindReplica {
+	switch kind {
+	case parallel.KindReplica:
 		return g.replica
+	case parallel.KindAttnCP:
+		return g.attnCP
 	}
 	return nil
 }

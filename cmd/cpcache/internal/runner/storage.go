@@ -22,6 +22,16 @@ import (
 // With --model the layout's fingerprint is added too.
 const storageModel = "cpcache-run/kvtest-v1"
 
+// storageModelName is the run's storageModel: with --engine model the pages are the
+// reference model's KV (of its variant and seed), never read by a kvtest run of the same
+// layout nor by a model of other weights.
+func (c *Config) storageModelName() string {
+	if c.Engine == EngineModel {
+		return "cpcache-run/refmodel-v1/" + c.ModelVariant
+	}
+	return storageModel
+}
+
 // storageOpenTimeout bounds opening (and, with Config.StorageClear, clearing) the storage.
 const storageOpenTimeout = 30 * time.Second
 
@@ -37,7 +47,7 @@ func ParsePrefetchPolicy(s string) (hicache.PrefetchPolicy, error) {
 
 // StorageNamespace is the namespace of the run's pages in its L3 storage.
 func (p *Plan) StorageNamespace() (storage.Namespace, error) {
-	return hicache.NewStorageNamespace(storageModel, p.Layout, p.Config.PageSize, p.Config.PageBytes(), p.KVLayout)
+	return hicache.NewStorageNamespace(p.Config.storageModelName(), p.Layout, p.Config.PageSize, p.Config.PageBytes(), p.KVLayout)
 }
 
 func (p *Plan) openStorageRaw(ctx context.Context, onWarning func(error)) (storage.Storage, storage.Namespace, error) {
