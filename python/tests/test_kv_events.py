@@ -117,7 +117,7 @@ def test_router_rebuilds_each_replica_from_events(tmp_path):
     dump.mkdir()
     env = dict(os.environ, CPCACHE_KV_EVENTS_DUMP=str(dump))
     args = [CPCACHE_BIN, "run", "--world", "8", "--dp", "2", "--attn-cp", "4", "--page-size", "16",
-            "--clients", "12", "--rounds", "4", "--l1-pages", "256", "--l2-pages", "96", "--kv-bytes-per-token", "64",
+            "--clients", "12", "--rounds", "4", "--l1-pages", "64", "--l2-pages", "96", "--kv-bytes-per-token", "64",
             "--storage", f"file://{tmp_path / 'l3'}",
             # One flush per replica (when=idle: admissions held from step 40 until nothing runs
             # and nothing is in flight, so it is made, not refused as busy) and one recovery.
