@@ -140,7 +140,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.StringVar(&o.policy, "policy", def.Policy.String(), "write policy: write_through, write_through_selective or write_back")
 	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", def.KVBytesPerToken, "bytes of KV one rank holds per token (its shard); with --model: the model's, and another value is an error")
 	fs.StringVar(&cfg.Model, "model", "", "the KV layout: a preset ("+strings.Join(kvlayout.PresetNames(), ", ")+") or layers=N;name=bytes:sharded|replicated;... (bytes per token of the whole part); sets --kv-bytes-per-token to one rank's share at the attention-TP size, is compared across ranks and keys the storage namespace")
-	fs.StringVar(&cfg.Engine, "engine", runner.EngineKVTest, "what computes the KV: kvtest (every page's bytes a function of its identity, every page loaded back checked) or model (the reference transformer of sim/refmodel computes on every rank, reading cached prefixes from the per-layer L1, and every request's generated tokens and final logits are compared with the same request computed without the cache; sets --model to the reference model's KV layout; needs attention-TP 1 and --device host)")
+	fs.StringVar(&cfg.Engine, "engine", runner.EngineKVTest, "what computes the KV: kvtest (every page's bytes a function of its identity, every page loaded back checked) or model (the reference transformer of sim/refmodel computes on every rank, reading cached prefixes from the per-layer L1, and every request's generated tokens and final logits are compared with the same request computed without the cache; sets --model to the reference model's KV layout; needs attention-TP 1 and --device host; unless --clients, --rounds or --l1-pages are given, it serves 16 conversations of 4 turns of up to 512 tokens over 16 L1 pages per rank, since the model computes every token)")
 	fs.StringVar(&cfg.ModelVariant, "model-variant", "", "the reference model with --engine model: gqa (the default; per layer a sharded K and V part), mla (one replicated latent part per layer) or side (GQA with a replicated indexer-key side buffer)")
 	fs.BoolVar(&cfg.SeparateL2, "separate-l2", false, "keep one L2 slab per rank even when every part of --model is replicated across attention-TP (MLA); by default the attention-TP ranks of a CP index then share one slab, one L2 copy per CP group")
 	fs.IntVar(&cfg.BatchTokens, "batch-tokens", def.BatchTokens, "prefill token budget of one scheduler step")
@@ -309,11 +309,23 @@ func (o *runOpts) finish() error {
 		return fmt.Errorf("--turn-gap %v: must be whole milliseconds from 0 to %v", o.turnGap, workload.MaxTurnGapMs*time.Millisecond)
 	}
 	cfg.Synthetic.TurnGapMs = o.turnGap.Milliseconds()
-	if cfg.Model != "" || cfg.Engine == runner.EngineModel {
-		kvSet := false
-		o.fs.Visit(func(f *flag.Flag) { kvSet = kvSet || f.Name == "kv-bytes-per-token" })
-		if !kvSet {
-			cfg.KVBytesPerToken = 0 // the model's (runner.Prepare)
+	set := map[string]bool{}
+	o.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if (cfg.Model != "" || cfg.Engine == runner.EngineModel) && !set["kv-bytes-per-token"] {
+		cfg.KVBytesPerToken = 0 // the model's (runner.Prepare)
+	}
+	if cfg.Engine == runner.EngineModel {
+		model := runner.ModelSynthetic
+		model.TurnGapMs = cfg.Synthetic.TurnGapMs
+		if set["clients"] {
+			model.Clients = cfg.Synthetic.Clients
+		}
+		if set["rounds"] {
+			model.Rounds = cfg.Synthetic.Rounds
+		}
+		cfg.Synthetic = model
+		if !set["l1-pages"] {
+			cfg.L1Pages = runner.ModelL1Pages
 		}
 	}
 	if o.faults != "" {

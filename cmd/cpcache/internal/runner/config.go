@@ -146,6 +146,17 @@ func DefaultConfig() Config {
 // from L2. It takes about 26 s on 2 shared cores with 16 ranks.
 var DefaultSynthetic = workload.SyntheticConfig{Clients: 96, Rounds: 16, SystemTokens: 256, QuestionTokens: 384, AnswerTokens: 64, Seed: 1}
 
+// ModelSynthetic and ModelL1Pages are the workload and L1 of `cpcache run --engine model`
+// where --clients, --rounds and --l1-pages are not given: the reference model computes every
+// token on every rank and merges each layer's attention over the CP group, so the default
+// run (1536 requests) would take hours. 16 conversations of 4 turns (64 requests of up to
+// 512 tokens, each turn's prompt holding the previous turn's generated answer) over 16 L1
+// pages per rank serve prefixes from L1 and from L2 in about a minute on 2 cores.
+var (
+	ModelSynthetic = workload.SyntheticConfig{Clients: 16, Rounds: 4, SystemTokens: 64, QuestionTokens: 96, AnswerTokens: 16, Seed: 1}
+	ModelL1Pages   = 16
+)
+
 // resolveModel parses Config.Model (nil, nil without one) and sets KVBytesPerToken to one
 // rank's bytes per token of it at attention-TP attnTP; an explicit KVBytesPerToken of
 // another value is bad input naming both.
