@@ -174,6 +174,7 @@ class Engine:
         _, (self.ks, self.vs) = arrays if arrays is not None else kv_arrays(l1_pages)
         self.alloc = SlotAllocator(l1_pages)
         self.loaded_requests = 0
+        self.computed_tokens = 0  # prompt tokens the prefills computed (not served by the cache)
 
     def _take(self, n):
         """n slots, evicting cached pages (their slots come back) when the allocator is short."""
@@ -212,7 +213,8 @@ class Engine:
                     m = c.match(prompt)
                     c.lock(m.node)
                     locked.append(m.node)
-                    loaded = [s for s in m.l1_slots if s in set(dst)]
+                    taken = set(dst)
+                    loaded = [s for s in m.l1_slots if s in taken]
                     self.loaded_requests += 1
             cached_slots = list(m.l1_slots)
             node = m.node
@@ -238,6 +240,7 @@ class Engine:
         tokens = list(prompt)
         grow(len(tokens))
         logits = self.model.forward(tokens, reuse * P, kv, before_layer)
+        self.computed_tokens += len(prompt) - reuse * P
         answer = []
         for i in range(n_new):
             answer.append(int(np.argmax(logits)))
@@ -292,10 +295,12 @@ def open_cache(store_dir, l1_pages, lent, l2_layout=None):
 
 def run(l1_pages=16, use_torch=False, damage=None, l2_layout=None, convs=None):
     """Serves the conversations with the cache off, then on: (off, on, the cache's stats,
-    whether every slot came back, requests that loaded from L2)."""
+    whether every slot came back, requests that loaded from L2, prompt tokens computed off
+    and on)."""
     model = Model()
     convs = convs or conversations()
-    off = serve(Engine(model, 1024), convs)
+    off_engine = Engine(model, 1024)
+    off = serve(off_engine, convs)
     lent, views = kv_arrays(l1_pages, use_torch)
     with tempfile.TemporaryDirectory() as store:
         with open_cache(store, l1_pages, lent, l2_layout) as c:
@@ -305,7 +310,7 @@ def run(l1_pages=16, use_torch=False, damage=None, l2_layout=None, convs=None):
             c.flush()
             eng.alloc.give_back(c.take_freed_l1())
             all_back = not eng.alloc.out
-    return off, on, stats, all_back, eng.loaded_requests
+    return off, on, stats, all_back, eng.loaded_requests, (off_engine.computed_tokens, eng.computed_tokens)
 
 
 def main():
@@ -313,11 +318,11 @@ def main():
     ap.add_argument("--torch", action="store_true", help="lend torch CPU tensors instead of numpy arrays")
     ap.add_argument("--l1-pages", type=int, default=16)
     a = ap.parse_args()
-    off, on, st, all_back, loaded = run(a.l1_pages, a.torch)
+    off, on, st, all_back, loaded, (computed_off, computed_on) = run(a.l1_pages, a.torch)
     differing = sum(x != y for x, y in zip(off, on))
     print(f"refmodel: requests={len(on)} differing={differing} l1_hit_pages={st['l1_hit_pages']} "
           f"l2_hit_pages={st['l2_hit_pages']} loaded_pages={st['loaded_pages']} loaded_requests={loaded} "
-          f"slots_back={all_back}")
+          f"slots_back={all_back} prompt_tokens_computed={computed_on}/{computed_off}")
     return 0 if differing == 0 and all_back else 1
 
 

@@ -15,12 +15,13 @@ sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
 import refmodel  # noqa: E402
 
 
-def _check_equal_with_hits(off, on, stats, all_back, loaded_requests):
+def _check_equal_with_hits(off, on, stats, all_back, loaded_requests, computed):
     assert len(on) == 9 and all(len(a) == 6 for a, _ in on)
     assert on == off, [i for i, (x, y) in enumerate(zip(off, on)) if x != y]
     assert stats["l1_hit_pages"] > 0, stats
     assert stats["l2_hit_pages"] > 0 and stats["loaded_pages"] > 0, stats
     assert loaded_requests > 0
+    assert computed[1] < computed[0], f"prompt tokens computed with the cache {computed[1]}, without {computed[0]}"
     assert all_back, "slots the cache never handed back to the engine's allocator"
 
 
@@ -46,7 +47,7 @@ def test_a_damaged_loaded_layer_changes_the_outputs():
             ks[2][loaded_slots[0] * refmodel.PAGE_TOKENS] += np.float32(1.0)
             damaged.append(loaded_slots[0])
 
-    off, on, stats, _, _ = refmodel.run(l1_pages=16, damage=damage)
+    off, on, stats, _, _, _ = refmodel.run(l1_pages=16, damage=damage)
     assert damaged and stats["loaded_pages"] > 0
     assert on != off
     assert sum(x[1] != y[1] for x, y in zip(off, on)) > 0
