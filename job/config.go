@@ -100,16 +100,17 @@ type Config struct {
 	// the device as SGLang-style token-slot buffers, one per layer and part of L1Pages page
 	// slots (Rank.KVL1), instead of one pool of whole pages.
 	DeviceKVL1 bool
-	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
-	// kvmem.PageFirst). LayerFirst needs KVL1. Agreed by every rank in hicache.New.
-	// L1Buffers, when set, is the engine's L1 as per-(layer, part) host buffers lent by the
-	// caller (kvmem.Buffer; L1 must be L1Cache, KVLayout set): Open builds KVL1 (kvmem.NewL1 of
-	// L1Pages slots) over them once the layout's attention-TP size is known, in the agreed
-	// engine step (a bad buffer stops every rank, naming its layer and part): for callers
-	// (libcpcache) that cannot know the attention-TP size before the world is joined. Not
-	// with KVL1.
+	// L1Buffers, when set, is the engine's L1 as per-(layer, part) buffers lent by the
+	// caller (kvmem.Buffer, KVLayout set), all host memory (L1 L1Cache: the cache's host
+	// engine) or all device memory (L1 L1Device, no L1Base: cudaengine.NewKV over them, as
+	// with a device KVL1): Open builds KVL1 (kvmem.NewL1 of L1Pages slots) over them once the
+	// layout's attention-TP size is known, in the agreed engine step (a bad buffer stops
+	// every rank, naming its layer and part): for callers (libcpcache) that cannot know the
+	// attention-TP size before the world is joined. Not with KVL1.
 	L1Buffers []kvmem.Buffer
-	L2Layout  kvmem.L2Layout
+	// L2Layout is how the slabs arrange a page's chunks (hicache.Config.L2Layout; 0 is
+	// kvmem.PageFirst). LayerFirst needs KVL1 or L1Buffers. Agreed by every rank in hicache.New.
+	L2Layout kvmem.L2Layout
 
 	L1     L1Kind
 	L1Base unsafe.Pointer // L1Host, L1Device: the caller's pool of L1Pages × PageBytes
@@ -203,13 +204,9 @@ func (c *Config) check() error {
 		return bad("L1 buffers without a KV layout")
 	case len(c.L1Buffers) > 0 && c.KVL1 != nil:
 		return bad("both L1 buffers and a KVL1: give one")
-	case len(c.L1Buffers) > 0 && c.L1 != L1Cache:
-		return bad("L1 buffers with L1 kind %d (they replace the pool: want L1Cache)", int(c.L1))
 	}
-	for _, b := range c.L1Buffers {
-		if b.Device != 0 {
-			return bad("L1 buffer of layer %d part %d is device memory: device L1 buffers are not supported here yet (host buffers only)", b.Layer, b.Part)
-		}
+	if err := c.checkL1Buffers(bad); err != nil {
+		return err
 	}
 	if c.KVLayout != nil {
 		if err := c.KVLayout.Validate(); err != nil {
@@ -217,6 +214,32 @@ func (c *Config) check() error {
 		}
 	}
 	return c.checkKVL1(bad)
+}
+
+// checkL1Buffers rejects L1Buffers of both memory kinds, or of a kind the L1 kind does not
+// take (host buffers: L1Cache; device buffers: L1Device, without an L1Base pool), naming the
+// first buffer that differs by its layer and part.
+func (c *Config) checkL1Buffers(bad func(format string, args ...any) error) error {
+	if len(c.L1Buffers) == 0 {
+		return nil
+	}
+	first := c.L1Buffers[0]
+	device := first.Device != 0
+	for _, b := range c.L1Buffers[1:] {
+		if (b.Device != 0) != device {
+			return bad("L1 buffer of layer %d part %d is %s memory, that of layer %d part %d %s memory: give buffers of one kind",
+				b.Layer, b.Part, memoryName(b.Device != 0), first.Layer, first.Part, memoryName(device))
+		}
+	}
+	switch {
+	case !device && c.L1 != L1Cache:
+		return bad("L1 buffers in host memory (layer %d part %d) with L1 kind %d (they replace the pool: want L1Cache)", first.Layer, first.Part, int(c.L1))
+	case device && c.L1 != L1Device:
+		return bad("L1 buffers in device memory (layer %d part %d) with L1 kind %d (want L1Device: the CUDA engine copies between them and the slabs)", first.Layer, first.Part, int(c.L1))
+	case device && (c.L1Base != nil || c.DeviceKVL1):
+		return bad("L1 buffers in device memory (layer %d part %d) and an L1 pool as well (L1Base or DeviceKVL1): give one", first.Layer, first.Part)
+	}
+	return nil
 }
 
 // checkKVL1 rejects a per-layer L1 or an L2 layout that does not fit the rest of c, naming

@@ -45,7 +45,7 @@ type Rank struct {
 	L1Host     unsafe.Pointer // the host L1 pool (L1HostAlloc, L1Host)
 	Device     *cuda.Device   // nil without CUDA
 	DeviceName string
-	L1Device   cuda.DevicePtr // the device L1 pool (L1Device without KVL1)
+	L1Device   cuda.DevicePtr // the device L1 pool (L1Device without KVL1 or L1Buffers)
 	// KVL1 is Config.KVL1 (the engine's per-layer L1 buffers), L2Layout the slabs' layout
 	// (Config.L2Layout, 0 taken as kvmem.PageFirst).
 	KVL1      *kvmem.L1
@@ -233,6 +233,10 @@ func (r *Rank) openCUDA(cfg *Config) error {
 	}
 	be, err := cudaslab.Open(ordinal)
 	if err != nil {
+		if len(cfg.L1Buffers) > 0 && cfg.L1 == L1Device {
+			b := cfg.L1Buffers[0]
+			return fmt.Errorf("job: CUDA for the %d device L1 buffers (the first: layer %d part %d) on device %d: %w", len(cfg.L1Buffers), b.Layer, b.Part, ordinal, err)
+		}
 		return fmt.Errorf("job: CUDA (device L1, CUDA IPC or pinned slabs): %w", err)
 	}
 	r.onClose(be.Close)
@@ -247,7 +251,7 @@ func (r *Rank) openCUDA(cfg *Config) error {
 		if err := r.allocDeviceKVL1(cfg); err != nil {
 			return err
 		}
-	} else if cfg.L1 == L1Device && cfg.KVL1 == nil {
+	} else if cfg.L1 == L1Device && cfg.KVL1 == nil && len(cfg.L1Buffers) == 0 {
 		if cfg.L1Base != nil {
 			r.L1Device = cuda.DevicePtr(uintptr(cfg.L1Base))
 		} else {

@@ -45,6 +45,7 @@ type kvConfig struct {
 	// Set by resolveKV.
 	kvLayout *kvlayout.Layout // nil: opaque pages
 	kvBufs   []kvmem.Buffer
+	device   bool // kvBufs are device memory (CPCACHE_MEM_DEVICE, with l1_kind CPCACHE_L1_DEVICE)
 	l2Layout kvmem.L2Layout
 	attnTP   int // 0: not known before the job's world is (world 0)
 }
@@ -72,7 +73,7 @@ func resolveKV(c *openConfig) error {
 		return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
 	}
 	k := &c.kv
-	k.kvLayout, k.kvBufs, k.l2Layout = nil, nil, 0
+	k.kvLayout, k.kvBufs, k.l2Layout, k.device = nil, nil, 0, false
 	switch {
 	case k.badCounts:
 		return bad("kv_num_parts and l1_num_buffers must be 0 or the length of a non-NULL kv_parts, l1_buffers")
@@ -137,25 +138,37 @@ func resolveKV(c *openConfig) error {
 	if len(k.l1Buffers) == 0 {
 		return nil
 	}
-	if c.l1Kind != l1Alloc || c.l1Base != nil {
-		return bad("l1_buffers replace the L1 pool: l1_kind must be CPCACHE_L1_ALLOC and l1_base NULL (got l1_kind %d)", c.l1Kind)
-	}
+	first := k.l1Buffers[0]
 	for i, b := range k.l1Buffers {
 		where := fmt.Sprintf("l1_buffers[%d] (layer %d, part %d)", i, b.layer, b.part)
 		switch {
 		case b.reserved != 0:
 			return bad("%s: reserved is %d, want 0", where, b.reserved)
-		case b.kind == memDevice:
-			return bad("%s: device buffers (CPCACHE_MEM_DEVICE) are not supported by this library yet; give host buffers", where)
-		case b.kind != memHost:
+		case b.kind != memHost && b.kind != memDevice:
 			return bad("%s: kind %d (want CPCACHE_MEM_HOST or CPCACHE_MEM_DEVICE)", where, b.kind)
+		case b.kind != first.kind:
+			return bad("%s: %s, but l1_buffers[0] (layer %d, part %d) is %s: give buffers of one kind",
+				where, memKindName(b.kind), first.layer, first.part, memKindName(first.kind))
 		case b.base == nil:
 			return bad("%s: base is NULL", where)
 		case b.bytes <= 0:
 			return bad("%s: bytes %d must be positive", where, b.bytes)
 		}
-		k.kvBufs = append(k.kvBufs, kvmem.Buffer{Layer: int(b.layer), Part: int(b.part),
-			Host: unsafe.Slice((*byte)(b.base), b.bytes), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride})
+		buf := kvmem.Buffer{Layer: int(b.layer), Part: int(b.part), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride}
+		if b.kind == memDevice {
+			buf.Device = uintptr(b.base) // the engine's device memory: only the CUDA engine addresses it
+		} else {
+			buf.Host = unsafe.Slice((*byte)(b.base), b.bytes)
+		}
+		k.kvBufs = append(k.kvBufs, buf)
+	}
+	k.device = first.kind == memDevice
+	where := fmt.Sprintf("l1_buffers[0] (layer %d, part %d)", first.layer, first.part)
+	switch {
+	case !k.device && (c.l1Kind != l1Alloc || c.l1Base != nil):
+		return bad("l1_buffers replace the L1 pool: with host buffers (%s is CPCACHE_MEM_HOST) l1_kind must be CPCACHE_L1_ALLOC and l1_base NULL (got l1_kind %d)", where, c.l1Kind)
+	case k.device && (c.l1Kind != l1Device || c.l1Base != nil):
+		return bad("%s: device buffers (CPCACHE_MEM_DEVICE) need l1_kind CPCACHE_L1_DEVICE and l1_base NULL (got l1_kind %d): they replace the device L1 pool", where, c.l1Kind)
 	}
 	if k.attnTP > 0 {
 		// The whole description (every (layer, part) once, sizes, strides, overlaps), here,
@@ -169,6 +182,14 @@ func resolveKV(c *openConfig) error {
 		}
 	}
 	return nil
+}
+
+// memKindName is a cpcache_l1_buffer kind's macro name.
+func memKindName(kind int32) string {
+	if kind == memDevice {
+		return "CPCACHE_MEM_DEVICE"
+	}
+	return "CPCACHE_MEM_HOST"
 }
 
 // kvSizes is this rank's KV bytes per token and per page under c's layout at attention-TP

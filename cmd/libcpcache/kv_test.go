@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/cpcache/cpcache/hicache/kvmem"
+	"github.com/cpcache/cpcache/job"
 )
 
 // kvTestConfig is one rank of a world of 1 with a 2-layer K/V layout of 16 bytes a token per
@@ -30,6 +31,41 @@ func tokenSlotBuffers(slots int) []l1BufferDesc {
 		}
 	}
 	return bufs
+}
+
+// deviceKinds marks bufs as device memory (CPCACHE_MEM_DEVICE): resolveKV only reads their
+// addresses, so host memory stands in for the device's here.
+func deviceKinds(bufs []l1BufferDesc) []l1BufferDesc {
+	for i := range bufs {
+		bufs[i].kind = memDevice
+	}
+	return bufs
+}
+
+// TestResolveKVTakesDeviceBuffers: CPCACHE_MEM_DEVICE buffers with l1_kind CPCACHE_L1_DEVICE,
+// l1_base NULL and pinned host slabs (or CUDA IPC slabs) become kvmem device buffers at their
+// addresses, and the job's L1 is the device one (the CUDA engine's per-layer copies).
+func TestResolveKVTakesDeviceBuffers(t *testing.T) {
+	for _, slabs := range []int{slabHost, slabCUDAIPC} {
+		c := kvTestConfig()
+		c.kv.l1Buffers, c.l1Kind, c.slabKind, c.pinHost = deviceKinds(tokenSlotBuffers(c.l1Pages)), l1Device, slabs, slabs == slabHost
+		if err := checkConfig(&c); err != nil {
+			t.Fatalf("slab backend %d: %v", slabs, err)
+		}
+		if !c.kv.device || len(c.kv.kvBufs) != 4 || c.pageBytes != 256 {
+			t.Fatalf("slab backend %d: device %v, %d buffers, page bytes %d; want true, 4, 256", slabs, c.kv.device, len(c.kv.kvBufs), c.pageBytes)
+		}
+		for i, b := range c.kv.kvBufs {
+			if b.Host != nil || b.Device != uintptr(c.kv.l1Buffers[i].base) || b.Bytes != c.kv.l1Buffers[i].bytes {
+				t.Fatalf("buffer %d: host %v, device %#x, %d bytes; want the caller's device address %p and %d bytes",
+					i, b.Host != nil, b.Device, b.Bytes, c.kv.l1Buffers[i].base, c.kv.l1Buffers[i].bytes)
+			}
+		}
+		jc := jobConfig(&c)
+		if jc.L1 != job.L1Device || len(jc.L1Buffers) != 4 || jc.L1Base != nil {
+			t.Fatalf("slab backend %d: job L1 kind %d, %d buffers, base %p; want L1Device, 4, nil", slabs, jc.L1, len(jc.L1Buffers), jc.L1Base)
+		}
+	}
 }
 
 func TestResolveKVTakesThePageBytesAndBuildsTheL1(t *testing.T) {
@@ -86,7 +122,32 @@ func TestResolveKVRejectsBadDescriptionsNamingThem(t *testing.T) {
 		{"layer first without layout", func(c *openConfig) { c.kv.kvSpec, c.kv.l2LayoutIn, c.pageBytes = "", 2, 64 }, "layer_first needs a KV layout"},
 		{"buffers without layout", func(c *openConfig) { c.kv.kvSpec, c.pageBytes, c.kv.l1Buffers = "", 64, tokenSlotBuffers(8) }, "need a KV layout"},
 		{"buffers with a pool", func(c *openConfig) { c.kv.l1Buffers, c.l1Kind = tokenSlotBuffers(8), l1Host }, "l1_kind must be CPCACHE_L1_ALLOC"},
-		{"device buffer", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[2].kind = memDevice }, "l1_buffers[2] (layer 1, part 0): device buffers"},
+		{"mixed host and device buffers", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[2].kind = memDevice },
+			"l1_buffers[2] (layer 1, part 0): CPCACHE_MEM_DEVICE, but l1_buffers[0] (layer 0, part 0) is CPCACHE_MEM_HOST"},
+		{"mixed device and host buffers", func(c *openConfig) {
+			c.kv.l1Buffers, c.l1Kind, c.pinHost = deviceKinds(tokenSlotBuffers(8)), l1Device, true
+			c.kv.l1Buffers[3].kind = memHost
+		}, "l1_buffers[3] (layer 1, part 1): CPCACHE_MEM_HOST, but l1_buffers[0] (layer 0, part 0) is CPCACHE_MEM_DEVICE"},
+		{"bad buffer kind", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[1].kind = 3 }, "l1_buffers[1] (layer 0, part 1): kind 3"},
+		{"device buffers with the alloc L1 kind", func(c *openConfig) { c.kv.l1Buffers = deviceKinds(tokenSlotBuffers(8)) },
+			"l1_buffers[0] (layer 0, part 0): device buffers (CPCACHE_MEM_DEVICE) need l1_kind CPCACHE_L1_DEVICE and l1_base NULL (got l1_kind 0)"},
+		{"device buffers with a host L1 kind", func(c *openConfig) {
+			c.kv.l1Buffers, c.l1Kind, c.l1Base = deviceKinds(tokenSlotBuffers(8)), l1Host, unsafe.Pointer(c)
+		}, "l1_buffers[0] (layer 0, part 0): device buffers (CPCACHE_MEM_DEVICE) need l1_kind CPCACHE_L1_DEVICE and l1_base NULL (got l1_kind 1)"},
+		{"device buffers and a device pool", func(c *openConfig) {
+			c.kv.l1Buffers, c.l1Kind, c.l1Base, c.pinHost = deviceKinds(tokenSlotBuffers(8)), l1Device, unsafe.Pointer(c), true
+		}, "need l1_kind CPCACHE_L1_DEVICE and l1_base NULL (got l1_kind 2)"},
+		{"host buffers with a device L1 kind", func(c *openConfig) { c.kv.l1Buffers, c.l1Kind, c.pinHost = tokenSlotBuffers(8), l1Device, true },
+			"with host buffers (l1_buffers[0] (layer 0, part 0) is CPCACHE_MEM_HOST) l1_kind must be CPCACHE_L1_ALLOC"},
+		{"device buffers with unpinned host slabs", func(c *openConfig) { c.kv.l1Buffers, c.l1Kind = deviceKinds(tokenSlotBuffers(8)), l1Device },
+			"a device L1 with host slabs needs pin_host = 1"},
+		{"device buffers on a negative device", func(c *openConfig) {
+			c.kv.l1Buffers, c.l1Kind, c.pinHost, c.device = deviceKinds(tokenSlotBuffers(8)), l1Device, true, -1
+		}, "device -1 is negative"},
+		{"device buffer too small", func(c *openConfig) {
+			c.kv.l1Buffers, c.l1Kind, c.pinHost = deviceKinds(tokenSlotBuffers(8)), l1Device, true
+			c.kv.l1Buffers[2].bytes -= 16
+		}, "layer 1 part 0"},
 		{"null base", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[3].base = nil }, "l1_buffers[3] (layer 1, part 1): base is NULL"},
 		{"too small", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[3].bytes -= 16 }, "layer 1"},
 		{"missing part", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8)[:3] }, "layer 1"},

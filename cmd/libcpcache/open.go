@@ -87,7 +87,8 @@ func checkConfig(c *openConfig) error {
 		return bad("slab_backend %d (want CPCACHE_SLAB_HOST or CPCACHE_SLAB_CUDA_IPC)", c.slabKind)
 	case c.l1Kind != l1Alloc && c.l1Kind != l1Host && c.l1Kind != l1Device:
 		return bad("l1_kind %d (want CPCACHE_L1_ALLOC, _HOST or _DEVICE)", c.l1Kind)
-	case c.l1Kind != l1Alloc && c.l1Base == nil:
+	case c.l1Kind != l1Alloc && c.l1Base == nil && !c.kv.device:
+		// (Device l1_buffers replace the device L1 pool: resolveKV wants l1_base NULL then.)
 		return bad("l1_base is NULL with l1_kind %d", c.l1Kind)
 	case c.l1Kind != l1Device && c.slabKind == slabCUDAIPC:
 		return bad("CUDA IPC slabs need a device L1 (l1_kind CPCACHE_L1_DEVICE)")
@@ -202,8 +203,10 @@ func jobConfig(c *openConfig) job.Config {
 		jc.Rank, jc.Size = c.rank, c.layout.World
 	}
 	switch {
+	case c.kv.device:
+		jc.L1 = job.L1Device // the engine's device buffers: the CUDA engine's per-layer copies (cudaengine.NewKV)
 	case len(c.kv.kvBufs) > 0:
-		jc.L1 = job.L1Cache // the engine's buffers: hicache's layered host engine over them
+		jc.L1 = job.L1Cache // the engine's host buffers: hicache's layered host engine over them
 	case c.l1Kind == l1Host:
 		jc.L1 = job.L1Host
 	case c.l1Kind == l1Device:
