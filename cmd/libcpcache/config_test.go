@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/parallel"
@@ -94,6 +95,9 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},
 		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
 		{&hicache.StartError{Rank: 1}, -11},
+		// A rank without a loadable CUDA driver for a configuration that needs one.
+		{&hicache.StartError{Rank: 1, Err: &cuda.LoadError{Pkg: "cuda", Reason: cuda.ErrLibraryNotFound}}, -6},
+		{&hicache.StartError{Rank: 1, Err: &cuda.LoadError{Pkg: "cuda", Reason: cuda.ErrMissingSymbol}}, -6},
 		{gloo.CheckStore(context.Background(), "ftp://h/x"), -6},       // a bad CPCACHE_STORE
 		{fmt.Errorf("gloo: store in use: %w", gloo.ErrStoreInUse), -6}, // another job's rendezvous
 	} {

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/version"
@@ -695,7 +696,10 @@ func statusOf(err error) C.int {
 		errors.Is(err, parallel.ErrBadArgument), errors.Is(err, parallel.ErrMismatch),
 		errors.Is(err, slab.ErrBadArgument), errors.Is(err, slab.ErrSpecMismatch),
 		errors.Is(err, slab.ErrUnsupported), errors.Is(err, hicache.ErrUnsupported), errors.Is(err, storage.ErrBadArgument),
-		errors.Is(err, gloo.ErrStoreInUse): // the job's store (and job id) are another job's too
+		errors.Is(err, gloo.ErrStoreInUse), // the job's store (and job id) are another job's too
+		// No CUDA driver (or one too old) for a configuration that needs it (a device L1 or
+		// l1_buffers, CUDA IPC or pinned slabs): this machine cannot serve the configuration.
+		errors.Is(err, cuda.ErrLibraryNotFound), errors.Is(err, cuda.ErrMissingSymbol):
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):
 		return C.CPCACHE_ERR_PEER_LOST
