@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -348,6 +349,31 @@ func TestL1BuffersReachTheCache(t *testing.T) {
 	_, err = Open(context.Background(), cfgs[0])
 	require.ErrorIs(t, err, ErrBadValue)
 	assert.Contains(t, err.Error(), "want L1Cache")
+	// Device buffers (the engine's device memory: not touched before the CUDA step) take a
+	// device L1 and no pool of its own; one kind of buffer per L1.
+	devBufs := func() []kvmem.Buffer {
+		out := bufs()
+		for j := range out {
+			out[j].Device, out[j].Host, out[j].Bytes = uintptr(0x1000*(j+1)), nil, 8*4*8
+		}
+		return out
+	}
+	for want, edit := range map[string]func(*Config){
+		"L1 buffer of layer 0 part 1 is device memory, that of layer 0 part 0 host memory": func(c *Config) {
+			c.L1Buffers = bufs()
+			c.L1Buffers[1] = devBufs()[1]
+		},
+		"L1 buffers in device memory (layer 0 part 0) with L1 kind 0 (want L1Device":            func(c *Config) { c.L1Buffers = devBufs() },
+		"L1 buffers in host memory (layer 0 part 0) with L1 kind 3 (they replace the pool":      func(c *Config) { c.L1Buffers, c.L1, c.L2 = bufs(), L1Device, L2Pinned },
+		"L1 buffers in device memory (layer 0 part 0) and an L1 pool as well (L1Base or Device": func(c *Config) { c.L1Buffers, c.L1, c.L2, c.L1Base = devBufs(), L1Device, L2Pinned, unsafe.Pointer(c) },
+	} {
+		cfgs = inProcess(t, nil)
+		cfgs[0].KVLayout = &l
+		edit(&cfgs[0])
+		_, err = Open(context.Background(), cfgs[0])
+		require.ErrorIs(t, err, ErrBadValue, want)
+		assert.Contains(t, err.Error(), want)
+	}
 }
 
 // TestReplicatedLayoutSharesSlabs: with a KV layout whose every part is replicated (MLA) at
