@@ -128,18 +128,41 @@ page slot s at base + s*page_stride + k*token_stride. owner is the array or tens
 memory it is (kept alive by the Cache)."""
 
 
+def _interface_memory(ai, kind):
+    """_array_memory of an __array_interface__ or __cuda_array_interface__ dict (strides None:
+    C-contiguous)."""
+    if ai["data"][1]:
+        raise ValueError("cpcache: an L1 buffer must be writable (the cache loads pages into it)")
+    shape = [int(n) for n in ai["shape"]]
+    itemsize = int(ai["typestr"][2:])
+    strides = ai.get("strides")
+    if strides is None:
+        strides, step = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    n = 1
+    for d in shape:
+        n *= d
+    return int(ai["data"][0]), kind, [int(st) for st in strides], shape, n * itemsize
+
+
 def _array_memory(a):
-    """(base address, kind, byte strides, shape, nbytes) of a numpy array or a torch tensor."""
+    """(base address, kind, byte strides, shape, nbytes) of a numpy array or a torch tensor
+    (a CUDA tensor, .is_cuda, is device memory: MEM_DEVICE), or of an object with
+    __cuda_array_interface__ (CuPy, Numba: device memory) or __array_interface__ (host)."""
     if hasattr(a, "data_ptr") and hasattr(a, "element_size"):  # torch.Tensor
         es = a.element_size()
         kind = MEM_DEVICE if getattr(a, "is_cuda", False) else MEM_HOST
         return a.data_ptr(), kind, [st * es for st in a.stride()], list(a.shape), a.numel() * es
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _interface_memory(cai, MEM_DEVICE)
     ai = getattr(a, "__array_interface__", None)
     if ai is None:
-        raise TypeError(f"cpcache: an L1 buffer must be a numpy array or a torch tensor, not {type(a).__name__}")
-    if ai["data"][1]:
-        raise ValueError("cpcache: an L1 buffer must be writable (the cache loads pages into it)")
-    return ai["data"][0], MEM_HOST, list(a.strides), list(a.shape), a.nbytes
+        raise TypeError(f"cpcache: an L1 buffer must be a numpy array, a torch tensor or an object with "
+                        f"__cuda_array_interface__, not {type(a).__name__}")
+    return _interface_memory(ai, MEM_HOST)
 
 
 def _extent(strides, shape, itemsize_bytes):
@@ -417,7 +440,11 @@ class Cache:
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
         (layer, part): L1Buffer values (token_slot_buffer, block_major_buffers) or
-        (layer, part, array) token-slot tuples; they replace the pool. l2_layout:
+        (layer, part, array) token-slot tuples; they replace the pool. A torch CUDA tensor
+        (.is_cuda) or an object with __cuda_array_interface__ is device memory (on `device`):
+        with every buffer on the device, l1_kind L1_ALLOC becomes L1_DEVICE and the CUDA
+        engine copies layer by layer (host slabs need pin_host=True; wait_l1_layer_on makes a
+        stream wait for a layer); numpy arrays are host memory; the two do not mix. l2_layout:
         "page_first" (default) or "layer_first". l1_mode: "cache_owned" (default: insert and
         load_back pick the slots) or "engine_owned" (the engine's allocator picks them:
         insert_slots, load_back_slots, evict_l1_slots, take_freed_l1)."""
@@ -471,7 +498,17 @@ class Cache:
             if pool is not None:  # the engine's buffers replace the pool
                 pool.close()
                 pool = addr = None
-            cfg.l1_kind, cfg.l1_base = L1_ALLOC, None
+            for b in bufs:  # a CUDA tensor on another device than `device` cannot be copied there
+                dev = getattr(b.owner, "device", None)
+                index = getattr(dev, "index", None)
+                if b.kind == MEM_DEVICE and getattr(dev, "type", None) == "cuda" and index is not None and index != device:
+                    raise _invalid(f"l1_buffers: layer {b.layer} part {b.part} is a tensor on cuda:{index}, but device is {device}")
+            # Host buffers replace the library's host pool (L1_ALLOC), device buffers the device
+            # L1 pool (L1_DEVICE: the default here when every buffer is device memory). Any
+            # other l1_kind or an l1_base goes to cpcache_open, which names what does not fit.
+            if l1_kind == L1_ALLOC and all(b.kind == MEM_DEVICE for b in bufs):
+                l1_kind = L1_DEVICE
+            cfg.l1_kind, cfg.l1_base = l1_kind, l1_base
         self._lib = lib
         h = _u64()
         status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))

@@ -177,3 +177,202 @@ def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
         assert lib.cpcache_get_info(h.value, ctypes.byref(info)) == 0 and info.page_bytes == 64
     finally:
         assert lib.cpcache_close(h.value) == 0
+
+
+# --- device buffers (CPCACHE_MEM_DEVICE) ---
+
+
+class _CudaArray:
+    """An object with only __cuda_array_interface__ (as CuPy's and Numba's arrays have): the
+    binding takes it for device memory at `address`, which it never reads itself."""
+
+    def __init__(self, address, shape, strides=None):
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": tuple(shape), "typestr": "|u1",
+                                         "strides": strides, "version": 3}
+
+
+def _device_stand_ins(np):
+    """Device stand-ins for every (layer, part) of SPEC: host arrays (kept alive by the dict)
+    seen through __cuda_array_interface__, so their addresses are distinct and sized."""
+    arrays = _token_slot_arrays(np)
+    return arrays, [(l, j, _CudaArray(a.ctypes.data, a.shape)) for (l, j), a in arrays.items()]
+
+
+def test_cuda_array_interface_is_a_device_buffer():
+    """__cuda_array_interface__ (CuPy, Numba; a torch CUDA tensor through .is_cuda) makes a
+    device buffer at its address, with its strides (None: C-contiguous); numpy stays host."""
+    b = cpcache.token_slot_buffer(1, 0, _CudaArray(0x7F0000000000, (L1_PAGES * PAGE_TOKENS, 2, 8)), PAGE_TOKENS)
+    assert (b.kind, b.base, b.bytes, b.page_stride, b.token_stride) == (cpcache.MEM_DEVICE, 0x7F0000000000, 512, 64, 16)
+    padded = _CudaArray(0x7F0000010000, (L1_PAGES * PAGE_TOKENS, 2, 8), strides=(48, 8, 1))  # 48-byte rows
+    b = cpcache.token_slot_buffer(0, 1, padded, PAGE_TOKENS)
+    assert (b.kind, b.bytes, b.page_stride, b.token_stride) == (cpcache.MEM_DEVICE, 31 * 48 + 16, 4 * 48, 48)
+    np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    assert cpcache.token_slot_buffer(0, 0, np.zeros((32, 2, 8), dtype=np.uint8), PAGE_TOKENS).kind == cpcache.MEM_HOST
+
+
+def test_device_buffers_that_do_not_fit_name_the_buffer(tmp_path):
+    """Mixed host and device buffers, device buffers with a host L1 kind, and device buffers
+    over unpinned host slabs fail at open with InvalidError naming the buffer or the field,
+    before any CUDA call; with every buffer device memory the binding asks for L1_DEVICE."""
+    np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    arrays, dev = _device_stand_ins(np)
+    mixed = [(l, j, a) for (l, j), a in arrays.items() if (l, j) != (1, 1)] + [dev[3]]
+    with pytest.raises(cpcache.InvalidError, match=r"l1_buffers\[3\] \(layer 1, part 1\): CPCACHE_MEM_DEVICE, but "
+                                                   r"l1_buffers\[0\] \(layer 0, part 0\) is CPCACHE_MEM_HOST"):
+        one_rank(tmp_path, kv_layout=SPEC, l1_buffers=mixed, pin_host=True)
+    host_pool = arrays[(0, 0)].ctypes.data
+    with pytest.raises(cpcache.InvalidError, match=r"l1_buffers\[0\] \(layer 0, part 0\): device buffers "
+                                                   r"\(CPCACHE_MEM_DEVICE\) need l1_kind CPCACHE_L1_DEVICE"):
+        one_rank(tmp_path, kv_layout=SPEC, l1_buffers=dev, l1_kind=cpcache.L1_HOST, l1_base=host_pool)
+    with pytest.raises(cpcache.InvalidError, match="a device L1 with host slabs needs pin_host = 1"):
+        one_rank(tmp_path, kv_layout=SPEC, l1_buffers=dev)  # L1_DEVICE taken: the next rule speaks
+
+
+_DEVICE_RANK = """
+import ctypes, os, sys
+sys.path.insert(0, {python!r})
+sys.path.insert(0, {tests!r})
+import numpy as np
+import cpcache
+from test_kv_layout import SPEC, PAGE_TOKENS, L1_PAGES, _CudaArray
+
+fake = os.environ.get("CPCACHE_TEST_FAKE_CUDA")
+bufs, mem = [], {{}}
+if fake:  # device memory from the fake driver's cuMemAlloc (host-addressable memfd mappings)
+    cu = ctypes.CDLL(fake)
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+for l in range(2):
+    for j in range(2):
+        n = L1_PAGES * PAGE_TOKENS * 16
+        if fake:
+            p = ctypes.c_ulonglong()
+            assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
+            addr = p.value
+        else:  # no CUDA: host memory stands in, never copied
+            mem[(l, j)] = a = np.zeros(n, dtype=np.uint8)
+            addr = a.ctypes.data
+        mem[(l, j, "addr")] = addr
+        bufs.append((l, j, _CudaArray(addr, (L1_PAGES * PAGE_TOKENS, 2, 8))))
+try:
+    c = cpcache.Cache(world=1, rank=0, store="file://" + sys.argv[1], page_tokens=PAGE_TOKENS, l1_pages=L1_PAGES,
+                      l2_pages=16, kv_layout=SPEC, l1_buffers=bufs, pin_host=True, l2_layout=sys.argv[2])
+except cpcache.Error as e:
+    print(type(e).__name__ + ": " + str(e), flush=True)
+    sys.exit(0)
+row = PAGE_TOKENS * 16  # a page slot's bytes in each buffer
+def chunk(index, l, j):
+    return bytes([(1 + index * 16 + l * 4 + j + k) % 251 for k in range(row)])
+with c:
+    tokens = list(range(100, 100 + 3 * PAGE_TOKENS))
+    res = c.insert(tokens)
+    for p in res.fill:
+        for l in range(2):
+            for j in range(2):
+                ctypes.memmove(mem[(l, j, "addr")] + p.slot * row, chunk(p.index, l, j), row)
+    while c.pending():
+        c.step()
+    for l in range(2):
+        for j in range(2):
+            ctypes.memset(mem[(l, j, "addr")], 0, L1_PAGES * row)
+    assert c.evict_l1(3).freed == 3
+    m = c.match(tokens)
+    assert (m.device_pages, m.host_pages) == (0, 3), m
+    assert c.load_back(m.node) == 3
+    c.step()
+    m = c.match(tokens)
+    for l in range(2):
+        if l == 0:
+            c.wait_l1_layer_on(m.node, l, 0)  # the legacy default stream: the fake runs the wait at once
+        else:
+            c.wait_l1_layer(m.node, l)
+        for i, slot in enumerate(m.l1_slots):
+            for j in range(2):
+                got = ctypes.string_at(mem[(l, j, "addr")] + slot * row, row)
+                assert got == chunk(i, l, j), (i, l, j, slot)
+    while c.pending():
+        c.step()
+print("checked", len(m.l1_slots), "pages layer by layer", flush=True)
+"""
+
+
+def _device_rank(tmp_path, env, l2_layout="page_first"):
+    import subprocess
+    script = tmp_path / "device_rank.py"
+    script.write_text(_DEVICE_RANK.format(python=os.path.join(ROOT, "python"), tests=os.path.dirname(__file__)))
+    store = tmp_path / "store"
+    store.mkdir()
+    out = subprocess.run([sys.executable, str(script), str(store), l2_layout], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_device_buffers_without_cuda_fail_naming_them(tmp_path):
+    """Device buffers on a machine whose CUDA driver does not load: ConfigError at open naming
+    the buffers (the first one's layer and part) and the library."""
+    pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    out = _device_rank(tmp_path, {"CPCACHE_CUDA_LIBRARY": str(tmp_path / "no-libcuda.so.1")})
+    assert out.startswith("ConfigError: ") and "the 4 device L1 buffers (the first: layer 0 part 0)" in out, out
+    assert "no-libcuda.so.1" in out, out
+
+
+@pytest.mark.parametrize("l2_layout", ["page_first", "layer_first"])
+def test_device_buffers_on_the_fake_driver(tmp_path, l2_layout):
+    """__cuda_array_interface__ buffers in the fake libcuda's device memory (csrc/cuda_fake.c,
+    built with gcc): the CUDA engine backs the pages up, and after an eviction (the buffers
+    cleared) loads them back; each layer holds its bytes once wait_l1_layer_on (layer 0) or
+    wait_l1_layer (layer 1) returns."""
+    import shutil
+    import subprocess
+    pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    src = os.path.join(ROOT, "csrc", "cuda_fake.c")
+    if not os.path.exists(src) or shutil.which("gcc") is None:
+        pytest.skip("the fake libcuda needs csrc/cuda_fake.c and gcc (an installed package has neither)")
+    lib = tmp_path / "libcuda_fake.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), src], check=True)
+    out = _device_rank(tmp_path, {"CPCACHE_CUDA_LIBRARY": str(lib), "CPCACHE_TEST_FAKE_CUDA": str(lib)}, l2_layout)
+    assert "checked 3 pages layer by layer" in out, out
+
+
+def test_torch_cuda_buffers_load_back_layer_by_layer(tmp_path):
+    """A real GPU: torch CUDA tensors as the engine's per-layer L1 (device buffers); the pages
+    come back from L2 layer by layer, each layer checked once the current stream waited for it."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 — any import failure means no torch here
+        pytest.skip(f"torch does not import: {e}")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    tensors = {(l, j): torch.zeros((L1_PAGES * PAGE_TOKENS, 2, 8), dtype=torch.uint8, device="cuda")
+               for l in range(2) for j in range(2)}
+    bufs = [(l, j, t) for (l, j), t in tensors.items()]
+    with one_rank(tmp_path, kv_layout=SPEC, l1_buffers=bufs, pin_host=True, device=torch.cuda.current_device()) as c:
+        tokens = list(range(100, 100 + 2 * PAGE_TOKENS))
+        res = c.insert(tokens)
+        want = {}
+        for p in res.fill:
+            for (l, j), t in tensors.items():
+                want[(p.index, l, j)] = 1 + p.index * 16 + l * 4 + j
+                t[p.slot * PAGE_TOKENS:(p.slot + 1) * PAGE_TOKENS] = want[(p.index, l, j)]
+        torch.cuda.synchronize()
+        while c.pending():
+            c.step()
+        for t in tensors.values():
+            t.zero_()
+        torch.cuda.synchronize()
+        c.evict_l1(2)
+        m = c.match(tokens)
+        assert c.load_back(m.node) == 2
+        c.step()
+        m = c.match(tokens)
+        stream = torch.cuda.current_stream()
+        for layer in range(2):
+            c.wait_l1_layer_on(m.node, layer, stream)
+            for i, slot in enumerate(m.l1_slots):
+                for j in range(2):
+                    got = tensors[(layer, j)][slot * PAGE_TOKENS:(slot + 1) * PAGE_TOKENS]
+                    assert bool((got == want[(i, layer, j)]).all()), (i, layer, j)
+        while c.pending():
+            c.step()
