@@ -120,7 +120,11 @@ typedef struct cpcache_kv_part {
  * is at base + s × page_stride + k × token_stride, for the part's bytes per token on this
  * rank. Every (layer, part) exactly once, all of one kind, no two overlapping, each holding
  * l1_pages slots: cpcache_open checks, naming the layer and part, before any rank talks to
- * another. */
+ * another. Host buffers take l1_kind CPCACHE_L1_ALLOC; device buffers (CPCACHE_MEM_DEVICE,
+ * the engine's device memory on `device`) take l1_kind CPCACHE_L1_DEVICE with pinned host
+ * slabs (pin_host 1) or CUDA IPC slabs: the CUDA engine copies chunk by chunk and loads
+ * layer by layer (cpcache_wait_l1_layer_on). Without a loadable CUDA driver open fails on
+ * every rank with CPCACHE_ERR_CONFIG naming the device buffers. */
 typedef struct cpcache_l1_buffer {
   int32_t layer, part; /* part: index in the layout's parts */
   int32_t kind;        /* CPCACHE_MEM_* */
@@ -217,8 +221,9 @@ typedef struct cpcache_config {
   const cpcache_kv_part *kv_parts;
   int32_t kv_num_parts;
   int32_t kv_num_layers;
-  /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_kind must be
-   * CPCACHE_L1_ALLOC and l1_base NULL: these replace the pool). NULL: the pool of l1_kind. */
+  /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_base NULL and l1_kind
+   * CPCACHE_L1_ALLOC for host buffers, CPCACHE_L1_DEVICE for device buffers: these replace
+   * the pool). NULL: the pool of l1_kind. */
   const cpcache_l1_buffer *l1_buffers;
   int32_t l1_num_buffers;
   int32_t l2_layout; /* CPCACHE_L2_*; 0: page_first. Every rank must choose the same. */

@@ -27,6 +27,13 @@
 // address may be handed to C); CPCACHE_L1_HOST is the engine's host buffer; both are copied
 // by a hostengine.Engine over that memory (Options.Pool). CPCACHE_L1_DEVICE is the engine's
 // device pointer, copied by a cudaengine.Engine (pinned host slabs or CUDA IPC slabs).
+// l1_buffers replace the pool with the engine's per-(layer, part) buffers (resolveKV): host
+// buffers (CPCACHE_MEM_HOST, l1_kind CPCACHE_L1_ALLOC) go to the cache's layered host engine
+// (job.L1Cache), device buffers (CPCACHE_MEM_DEVICE, l1_kind CPCACHE_L1_DEVICE, l1_base NULL)
+// to the CUDA KV engine that job.Open's engine step builds over them (job.L1Device:
+// cudaengine.KVOf and NewKV, as for `cpcache run --device cuda --model`), with per-layer
+// events for cpcache_wait_l1_layer_on. One kind per L1; a mix, or a kind l1_kind does not
+// take, is CPCACHE_ERR_INVALID naming the buffer, before any rank talks to another.
 //
 // # The boundary
 //
