@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -341,12 +342,24 @@ func TestFakeDriverRunsDeviceKVBuffers(t *testing.T) {
 	}
 }
 
-// TestDeviceKVBuffersWithoutCUDA: device buffers on ranks whose CUDA driver cannot load fail
-// the open of both ranks, in the agreed CUDA step, with CPCACHE_ERR_CONFIG and an error naming
-// the buffers (the first one's layer and part) and the driver's cause, not a lost peer.
+// TestDeviceKVBuffersWithoutCUDA runs TestChildDeviceKVBuffersWithoutCUDA in a child process
+// whose CUDA driver cannot load (CPCACHE_CUDA_LIBRARY names a missing file; a process that
+// loaded a driver keeps it).
 func TestDeviceKVBuffersWithoutCUDA(t *testing.T) {
 	fakelib.SkipInChild(t)
-	t.Setenv("CPCACHE_CUDA_LIBRARY", filepath.Join(t.TempDir(), "no-libcuda.so.1"))
+	out := fakelib.RunTests(t, "^TestChildDeviceKVBuffersWithoutCUDA$", "", "CPCACHE_CUDA_LIBRARY="+filepath.Join(t.TempDir(), "no-libcuda.so.1"))
+	if !strings.Contains(out, "--- PASS: TestChildDeviceKVBuffersWithoutCUDA") {
+		t.Errorf("the no-CUDA test did not pass in the child:\n%s", out)
+	}
+}
+
+// TestChildDeviceKVBuffersWithoutCUDA: device buffers on ranks whose CUDA driver cannot load
+// fail the open of both ranks, in the agreed CUDA step, with CPCACHE_ERR_CONFIG and an error
+// naming the buffers (the first one's layer and part) and the driver's cause, not a lost peer.
+func TestChildDeviceKVBuffersWithoutCUDA(t *testing.T) {
+	if os.Getenv(fakelib.Env) == "" {
+		t.Skip("run by TestDeviceKVBuffersWithoutCUDA in a child process whose CUDA driver cannot load")
+	}
 	dir := t.TempDir()
 	var errs [2]error
 	_ = onRanks(func(rank int) error {
