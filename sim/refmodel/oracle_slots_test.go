@@ -40,8 +40,9 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 	}
 	kv := m.Layout()
 	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, L1Mode: hicache.EngineOwned},
-		Layout:  layout, Rank: rank, Group: g, Slabs: slabs,
+		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages,
+			L1Mode: hicache.EngineOwned},
+		Layout: layout, Rank: rank, Group: g, Slabs: slabs,
 		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
 	})
 	if err != nil {
@@ -133,7 +134,11 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 		seqLen := len(prompt) + genTokens - 1 // the sequence whose KV will exist
 		np := seqLen / pageTokens
 		dev := mr.DevicePages
-		if err := makeRoom(func(r int) int { return owned(r, dev, np) }); err != nil {
+		copies := 1
+		if cfg.reinsert {
+			copies = 2
+		}
+		if err := makeRoom(func(r int) int { return copies * owned(r, dev, np) }); err != nil {
 			return result{}, err
 		}
 		loading := false
@@ -158,7 +163,9 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 				return result{}, err
 			}
 			for k, i := range plan {
-				if !slices.Contains(lr.Freed, own[k]) {
+				if slices.Contains(lr.Freed, own[k]) {
+					st.loadSlotsBack++
+				} else {
 					loadedAt[i] = own[k]
 				}
 			}
@@ -309,6 +316,11 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 		if err := alloc.giveBack("InsertSlots", ins.Freed); err != nil {
 			return result{}, err
 		}
+		if cfg.reinsert {
+			if err := insertCopy(cache, l1, alloc, seq, own, fresh, &st); err != nil {
+				return result{}, fmt.Errorf("request %d: %w", req, err)
+			}
+		}
 		if err := cache.Unlock(mr.Last); err != nil {
 			return result{}, err
 		}
@@ -347,11 +359,54 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 	return res, st, nil
 }
 
+// insertCopy inserts seq again with copies of the pages in slots fresh (this rank's new
+// pages, in order in own) in other slots: the pages are in L1 already, so the cache must give
+// every copy's slot back in InsertResult.Freed and adopt none.
+func insertCopy(cache *hicache.Cache, l1 *kvmem.L1, alloc *slotAllocator, seq, own, fresh []int32, st *stats) error {
+	copies, err := alloc.take(len(fresh))
+	if err != nil {
+		return err
+	}
+	own2 := slices.Clone(own)
+	for k, s := range fresh {
+		for layer := range l1.Shape().Layers() {
+			for part := range l1.Shape().Parts() {
+				src, err := l1.HostChunk(s, layer, part)
+				if err != nil {
+					return err
+				}
+				dst, err := l1.HostChunk(copies[k], layer, part)
+				if err != nil {
+					return err
+				}
+				copy(dst, src)
+			}
+		}
+		own2[slices.Index(own2, s)] = copies[k]
+	}
+	if err := alloc.lend("InsertSlots of a second copy", copies); err != nil {
+		return err
+	}
+	ins, err := cache.InsertSlots(seq, own2)
+	if err != nil {
+		return fmt.Errorf("InsertSlots of a second copy with slots %v: %w", own2, err)
+	}
+	for _, s := range copies {
+		if !slices.Contains(ins.Freed, s) {
+			return fmt.Errorf("InsertSlots of a second copy kept slot %d (freed %v): the page is in L1 already", s, ins.Freed)
+		}
+	}
+	st.insertSlotsBack += len(copies)
+	return alloc.giveBack("InsertSlots of a second copy", ins.Freed)
+}
+
 // CP 1, 2 and 4, every variant, write-through and write-back, in EngineOwned mode over an
 // L1 smaller than the workload (the cache evicts to make room, later turns load their
 // prefix back from L2 into slots the allocator gives), and with every page evicted after
-// each request (each hit loaded back, page-first L2): 0 outputs differ from the cache-off
-// run, pages were loaded back, and every slot came back to its allocator exactly once.
+// each request (each hit loaded back, page-first L2), the latter also with every sequence
+// inserted twice and host hits under 3 pages not loaded (both give slots straight back in
+// Freed): 0 outputs differ from the cache-off run, pages were loaded back, and every slot
+// came back to its allocator exactly once.
 func TestOracleEngineOwnedSlots(t *testing.T) {
 	const seed = 9
 	// Per CP size, an L1 that holds a request's longest sequence (11 pages) spread over the
@@ -372,18 +427,22 @@ func TestOracleEngineOwnedSlots(t *testing.T) {
 	for _, cp := range []int{1, 2, 4} {
 		for _, v := range []refmodel.Variant{refmodel.GQA, refmodel.MLA, refmodel.Side} {
 			for _, c := range []struct {
-				name   string
-				policy hicache.Policy
-				evict  bool
+				name             string
+				policy           hicache.Policy
+				evict, slotsBack bool
 			}{
-				{"small-L1/" + hicache.WriteThrough.String(), hicache.WriteThrough, false},
-				{"small-L1/" + hicache.WriteBack.String(), hicache.WriteBack, false},
-				{"evict-all/" + hicache.WriteBack.String(), hicache.WriteBack, true},
+				{"small-L1/" + hicache.WriteThrough.String(), hicache.WriteThrough, false, false},
+				{"small-L1/" + hicache.WriteBack.String(), hicache.WriteBack, false, false},
+				{"evict-all/" + hicache.WriteBack.String(), hicache.WriteBack, true, false},
+				{"evict-all/slots-back/" + hicache.WriteThrough.String(), hicache.WriteThrough, true, true},
 			} {
 				t.Run(fmt.Sprintf("cp%d/%s/%s", cp, v, c.name), func(t *testing.T) {
 					cfg := oracleConfig{variant: v, cp: cp, l2Layout: kvmem.LayerFirst, l1Pages: small[cp], policy: c.policy, l1Mode: hicache.EngineOwned}
 					if c.evict {
 						cfg.l2Layout, cfg.l1Pages, cfg.evict = kvmem.PageFirst, 0, true
+					}
+					if c.slotsBack {
+						cfg.reinsert, cfg.minLoadPages = true, 3
 					}
 					got, st := cacheOn(t, models[v], seed, cfg)
 					if d := differing(refs[v], got); d != 0 {
@@ -391,6 +450,9 @@ func TestOracleEngineOwnedSlots(t *testing.T) {
 					}
 					if st.loadedPages == 0 {
 						t.Errorf("no page came back from L2 (%+v)", st)
+					}
+					if c.slotsBack && (st.loadSlotsBack == 0 || st.insertSlotsBack == 0) {
+						t.Errorf("slots given back unused: %d by LoadBackSlots, %d by InsertSlots; want some of each (%+v)", st.loadSlotsBack, st.insertSlotsBack, st)
 					}
 					t.Logf("outputs checked %d, differing %d; %+v", len(refs[v]), differing(refs[v], got), st)
 				})

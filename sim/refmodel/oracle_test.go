@@ -98,6 +98,14 @@ type oracleConfig struct {
 	l1Mode hicache.L1Mode
 	// slotFault breaks the engine's slot bookkeeping (EngineOwned only).
 	slotFault slotFault
+	// reinsert (EngineOwned only): each request's sequence is inserted a second time with
+	// copies of its new pages in other slots, as a batch of two equal prompts computed
+	// before either is inserted would: the cache keeps the first copies and gives every
+	// second one back in InsertResult.Freed.
+	reinsert bool
+	// minLoadPages is the cache's MinLoadPages (0: 1). EngineOwned: a host hit shorter than
+	// it is not loaded and the destination slots come back in LoadResult.Freed.
+	minLoadPages int
 }
 
 // slotFault is a bug of an engine-owned rank's slot bookkeeping (0: none).
@@ -115,8 +123,11 @@ const (
 // stats says what the cache served.
 type stats struct {
 	l1HitPages, loadedPages int
-	computed                int           // tokens the model computed (prefill misses and decodes)
-	total, model            time.Duration // wall time serving, and of it in the model (layer waits included)
+	// EngineOwned: slots passed to LoadBackSlots and InsertSlots that came straight back
+	// in their Freed (not loaded, or a second copy of a page in L1).
+	loadSlotsBack, insertSlotsBack int
+	computed                       int           // tokens the model computed (prefill misses and decodes)
+	total, model                   time.Duration // wall time serving, and of it in the model (layer waits included)
 }
 
 // cacheOn serves the workload on cfg.cp ranks over the cache; it returns rank 0's results
@@ -191,7 +202,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 	}
 	kv := m.Layout()
 	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy},
+		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages},
 		Layout:  layout, Rank: rank, Group: g, Slabs: slabs,
 		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
 	})
