@@ -253,6 +253,9 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 					slots[i] = s // the engine reads a loaded page where it told the load to go
 				}
 			case i >= freshFrom:
+				if k == len(fresh) {
+					return result{}, fmt.Errorf("request %d: the cache says CP rank %d owns page %d; page i mod %d says it owns %d new pages", req, rank, i, C, len(fresh))
+				}
 				slots[i] = fresh[k]
 				k++
 			}
