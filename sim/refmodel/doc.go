@@ -45,3 +45,16 @@ package refmodel
 //   - Insert the sequence whose KV exists; write the KV of the Fill pages this rank owns into
 //     their slots (L1KV.StorePage); Unlock; Step while Pending. On ErrL1Full (write-back:
 //     what could be evicted is still being backed up) EvictL1, Step until idle, retry.
+//
+// In hicache's EngineOwned L1 mode (oracle_slots_test.go) the engine's allocator picks the
+// slots instead: each rank has a free list over its L1 buffers' slots.
+//   - Match, Lock the Last; make room first, from the replicated L1UsedBy of every rank, so
+//     that every rank's allocator has a slot for each page from the L1 prefix on that it
+//     owns (EvictL1Slots and Step until it does).
+//   - Host pages: LoadBackPlan, a slot from the allocator for each, LoadBackSlots, Match
+//     again, Step; the prefill waits layer by layer as above.
+//   - Take a slot for each new page the rank owns before the forward pass, which writes
+//     their KV there (L1KV.Slots covers them); InsertSlots with them and Match's slots.
+//   - Every slot the cache lets go goes back to the allocator exactly once: InsertResult.Freed,
+//     LoadResult.Freed, EvictL1Slots' slots, FreedL1 after every Step (write-back evictions
+//     committing) and after Flush. The allocator checks each slot's place on every move.

@@ -93,18 +93,59 @@ type oracleConfig struct {
 	// skipWait breaks the layer-wise wait: the prefill reads the loading pages before the
 	// Step that starts their copies, from slots cleared as memory the load has not written yet.
 	skipWait bool
+	// l1Mode is who picks the L1 slots (0: the cache). EngineOwned: each rank's slot
+	// allocator does (serveRankEngineOwned).
+	l1Mode hicache.L1Mode
+	// slotFault breaks the engine's slot bookkeeping (EngineOwned only).
+	slotFault slotFault
+	// reinsert (EngineOwned only): each request's sequence is inserted a second time with
+	// copies of its new pages in other slots, as a batch of two equal prompts computed
+	// before either is inserted would: the cache keeps the first copies and gives every
+	// second one back in InsertResult.Freed.
+	reinsert bool
+	// minLoadPages is the cache's MinLoadPages (0: 1). EngineOwned: a host hit shorter than
+	// it is not loaded and the destination slots come back in LoadResult.Freed.
+	minLoadPages int
 }
+
+// slotFault is a bug of an engine-owned rank's slot bookkeeping (0: none).
+type slotFault uint8
+
+const (
+	// heldSlotHandedOut: once, the allocator gives a request's last new page a slot the
+	// cache still holds for another page (the forward writes its KV over that page's).
+	heldSlotHandedOut slotFault = iota + 1
+	// loadsSwapped: the engine's record of where it told a load-back to put its pages swaps
+	// the first two, so the prefill reads each from its neighbour's destination slot.
+	loadsSwapped
+)
 
 // stats says what the cache served.
 type stats struct {
 	l1HitPages, loadedPages int
-	computed                int           // tokens the model computed (prefill misses and decodes)
-	total, model            time.Duration // wall time serving, and of it in the model (layer waits included)
+	// EngineOwned: slots passed to LoadBackSlots and InsertSlots that came straight back
+	// in their Freed (not loaded, or a second copy of a page in L1).
+	loadSlotsBack, insertSlotsBack int
+	computed                       int           // tokens the model computed (prefill misses and decodes)
+	total, model                   time.Duration // wall time serving, and of it in the model (layer waits included)
 }
 
 // cacheOn serves the workload on cfg.cp ranks over the cache; it returns rank 0's results
 // (every rank's must be equal) and what rank 0 served from the cache.
 func cacheOn(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]result, stats) {
+	t.Helper()
+	res, st, errs := cacheOnErrs(t, m, seed, cfg)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("CP rank %d: %v", r, err)
+		}
+	}
+	return res, st
+}
+
+// cacheOnErrs is cacheOn returning each rank's error; the outputs are checked equal across
+// ranks only when no rank failed.
+func cacheOnErrs(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]result, stats, []error) {
 	t.Helper()
 	C := cfg.cp
 	layout, err := parallel.NewLayout(parallel.LayoutConfig{World: C, AttnCP: C})
@@ -131,19 +172,25 @@ func cacheOn(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig) ([]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[rank], st[rank], errs[rank] = serveRank(t, m, seed, cfg, layout, rank, shape, l1Pages, replica[rank], cpGroups[rank], slabs)
+			serve := serveRank
+			if cfg.l1Mode == hicache.EngineOwned {
+				serve = serveRankEngineOwned
+			}
+			results[rank], st[rank], errs[rank] = serve(t, m, seed, cfg, layout, rank, shape, l1Pages, replica[rank], cpGroups[rank], slabs)
 		}()
 	}
 	wg.Wait()
 	for r := range C {
 		if errs[r] != nil {
-			t.Fatalf("CP rank %d: %v", r, errs[r])
+			return nil, stats{}, errs
 		}
+	}
+	for r := range C {
 		if fmt.Sprint(results[r]) != fmt.Sprint(results[0]) {
 			t.Fatalf("CP rank %d's outputs differ from rank 0's", r)
 		}
 	}
-	return results[0], st[0]
+	return results[0], st[0], errs
 }
 
 func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
@@ -155,7 +202,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 	}
 	kv := m.Layout()
 	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy},
+		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages},
 		Layout:  layout, Rank: rank, Group: g, Slabs: slabs,
 		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
 	})
