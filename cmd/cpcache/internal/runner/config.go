@@ -74,7 +74,12 @@ type Config struct {
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
 	TracePath string                   // WorkloadTrace: Mooncake JSONL
-	Requests  int                      // serve only the first N requests (0: all)
+	// TraceScale divides the trace's lengths (--trace-scale; 0 or 1: as written): every
+	// input and output length and the 512 tokens of a hash id (workload.TraceOptions.Scale),
+	// so that a run whose engine computes every token (--engine model) serves a slice of a
+	// real trace, its sharing kept, in seconds.
+	TraceScale int
+	Requests   int // serve only the first N requests (0: all)
 	// Isolation assigns each request an isolation key (see assignIsolation): IsolationNone
 	// ("" too), IsolationPerClient or IsolationPerTenant.
 	Isolation string
@@ -286,6 +291,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		if cfg.TracePath != "" {
 			return nil, bad("--trace %s needs --workload trace", cfg.TracePath)
 		}
+		if cfg.TraceScale != 0 && cfg.TraceScale != 1 {
+			return nil, bad("--trace-scale %d needs --workload trace", cfg.TraceScale)
+		}
 		p.Requests, err = workload.Synthetic(cfg.Synthetic)
 		if err != nil {
 			return nil, bad("%v", err)
@@ -303,11 +311,17 @@ func Prepare(cfg Config) (*Plan, error) {
 		if cfg.TracePath == "" {
 			return nil, bad("--workload trace needs --trace FILE")
 		}
-		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests})
+		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests, Scale: cfg.TraceScale})
+		if errors.Is(err, workload.ErrBadScale) {
+			return nil, bad("--trace-scale: %v", err)
+		}
 		if err != nil {
 			return nil, bad("--trace: %v", err)
 		}
 		p.Desc = fmt.Sprintf("trace %s, %d requests", cfg.TracePath, len(p.Requests))
+		if cfg.TraceScale > 1 {
+			p.Desc += fmt.Sprintf(", lengths scaled 1/%d", cfg.TraceScale)
+		}
 	default:
 		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
 	}

@@ -353,16 +353,17 @@ func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
 
 func TestPrepareRejectsBadInput(t *testing.T) {
 	cases := map[string]func(*Config){
-		"layout: parallel: bad layout":    func(c *Config) { c.Layout.World = 12 },
-		"L1 pages 4 cannot hold request":  func(c *Config) { c.L1Pages = 4 },
-		"L2 pages 1 per slab":             func(c *Config) { c.L2Pages = 1 },
-		"batch tokens 0":                  func(c *Config) { c.BatchTokens = 0 },
-		"requests -1 is negative":         func(c *Config) { c.Requests = -1 },
-		"needs --workload trace":          func(c *Config) { c.TracePath = "x.jsonl" },
-		"workload: clients 0":             func(c *Config) { c.Synthetic.Clients = 0 },
-		`unknown scheme "ftp"`:            func(c *Config) { c.Storage = "ftp://host/x" },
-		"--storage-clear needs --storage": func(c *Config) { c.StorageClear = true },
-		"timeout -1s is negative":         func(c *Config) { c.Timeout = -time.Second },
+		"layout: parallel: bad layout":           func(c *Config) { c.Layout.World = 12 },
+		"L1 pages 4 cannot hold request":         func(c *Config) { c.L1Pages = 4 },
+		"L2 pages 1 per slab":                    func(c *Config) { c.L2Pages = 1 },
+		"batch tokens 0":                         func(c *Config) { c.BatchTokens = 0 },
+		"requests -1 is negative":                func(c *Config) { c.Requests = -1 },
+		"needs --workload trace":                 func(c *Config) { c.TracePath = "x.jsonl" },
+		"--trace-scale 8 needs --workload trace": func(c *Config) { c.TraceScale = 8 },
+		"workload: clients 0":                    func(c *Config) { c.Synthetic.Clients = 0 },
+		`unknown scheme "ftp"`:                   func(c *Config) { c.Storage = "ftp://host/x" },
+		"--storage-clear needs --storage":        func(c *Config) { c.StorageClear = true },
+		"timeout -1s is negative":                func(c *Config) { c.Timeout = -time.Second },
 		// A storage's settings without a storage are refused, not ignored.
 		"--storage-key-file k.key needs --storage":        func(c *Config) { c.StorageKeyFile = "k.key" },
 		"--storage-insecure needs --storage":              func(c *Config) { c.StorageInsecure = true },
