@@ -16,7 +16,7 @@ import (
 // requests of up to 2 K prompt tokens, each sharing its first 512-token block with the
 // others, answers cut to 64 tokens) read at 1/8 of its lengths (--trace-scale 8: blocks of 64
 // tokens, prompts of up to 256, answers of up to 8 tokens — the model computes every token)
-// on its virtual clock at CP 4: every output equals the cache-off reference's, the shared
+// on its virtual clock at CP 2: every output equals the cache-off reference's, the shared
 // block served from the cache.
 func TestEngineModelOracleTrace(t *testing.T) {
 	path := modelTraceSlice(t, 32, 2048, 64)
