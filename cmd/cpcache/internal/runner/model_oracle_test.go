@@ -80,26 +80,27 @@ func oraclePlan(t *testing.T, variant string, lc parallel.LayoutConfig, mutate f
 }
 
 // TestEngineModelOracleLayoutsAndPolicies: at CP 1, 2, 4 and 8 and at DP 2 (two replicas,
-// each its own CP-2 group, serving their own conversations) and under each write policy,
-// every output equals the cache-off reference's, with prefixes served from L1 and loaded
-// back from L2 (so the outputs judge the L2 path too).
+// each its own CP-2 group, serving their own conversations), under each write policy and
+// for each model variant (GQA, MLA at CP 8, the side buffer at CP 2), every output equals
+// the cache-off reference's, with prefixes served from L1 and loaded back from L2 (so the
+// outputs judge the L2 path too).
 func TestEngineModelOracleLayoutsAndPolicies(t *testing.T) {
 	cases := []struct {
-		name   string
-		layout parallel.LayoutConfig
-		policy hicache.Policy
+		name, variant string
+		layout        parallel.LayoutConfig
+		policy        hicache.Policy
 	}{
-		{"cp1", cpLayout(1), hicache.WriteThrough},
-		{"cp4/write_through", cpLayout(4), hicache.WriteThrough},
-		{"cp2", cpLayout(2), hicache.WriteThrough},
-		{"cp8", cpLayout(8), hicache.WriteThrough},
-		{"cp2·dp2", parallel.LayoutConfig{World: 4, DP: 2, AttnCP: 2, DPAttention: true}, hicache.WriteThrough},
-		{"cp4/write_through_selective", cpLayout(4), hicache.WriteThroughSelective},
-		{"cp4/write_back", cpLayout(4), hicache.WriteBack},
+		{"cp1", "gqa", cpLayout(1), hicache.WriteThrough},
+		{"cp2/side", "side", cpLayout(2), hicache.WriteThrough},
+		{"cp4", "gqa", cpLayout(4), hicache.WriteThrough},
+		{"cp8/mla", "mla", cpLayout(8), hicache.WriteThrough},
+		{"cp2·dp2", "gqa", parallel.LayoutConfig{World: 4, DP: 2, AttnCP: 2, DPAttention: true}, hicache.WriteThrough},
+		{"cp4/write_through_selective", "gqa", cpLayout(4), hicache.WriteThroughSelective},
+		{"cp4/write_back", "gqa", cpLayout(4), hicache.WriteBack},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := oraclePlan(t, "gqa", c.layout, func(cfg *Config) {
+			p := oraclePlan(t, c.variant, c.layout, func(cfg *Config) {
 				cfg.Policy = c.policy
 				cfg.Synthetic.Clients = 2 * c.layout.DP // at DP 2 each replica's conversations overflow its L1
 			})
@@ -120,8 +121,8 @@ func TestEngineModelOracleLayoutsAndPolicies(t *testing.T) {
 // and stall stop a process, new-fail stops the start: no outputs to judge) happens — its
 // counter is positive — and every output still equals the cache-off reference's: a copy
 // that fails aborts its backup or makes its load stale, a divergence quarantines and
-// recovers, a flush empties the cache (or is refused while it is busy), a failing or hanging
-// storage costs hits only.
+// recovers, a flush empties the cache (or is refused while it is busy), a failing, hanging
+// or frozen storage costs hits only.
 func TestEngineModelOracleUnderFaults(t *testing.T) {
 	cases := []struct {
 		name, spec string
@@ -141,6 +142,13 @@ func TestEngineModelOracleUnderFaults(t *testing.T) {
 		}},
 		{name: "storage-error", spec: "storage-error:after=0s", storage: true, happened: storageFailed},
 		{name: "storage-hang", spec: "storage-hang:after=0s,for=1s", storage: true, happened: storageFailed},
+		{name: "storage-freeze", spec: "storage-freeze:op=put,for=1s", storage: true, happened: func(t *testing.T, _ *Plan, out []rankOutcome) {
+			var abandoned int64
+			for _, o := range out {
+				abandoned += o.stats.StorageAbandoned
+			}
+			assert.Positive(t, abandoned, "storage operations abandoned in the frozen file system")
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
