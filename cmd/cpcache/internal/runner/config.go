@@ -446,16 +446,17 @@ func (p *Plan) checkCapacity() error {
 
 // Route is the DP replica (attention-DP index) that serves req: a synthetic request goes
 // to replica client mod attn_dp, so every turn of a conversation meets its history; a trace
-// request to a hash of its first block (up to 512 tokens) mod attn_dp, so requests that share
-// a first block — a common prefix — meet in one replica's cache.
-func Route(l *parallel.Layout, req workload.Request) int {
+// request to a hash of its first block (up to block tokens: workload.BlockTokens, or fewer
+// at a --trace-scale) mod attn_dp, so requests that share a first block — a common prefix —
+// meet in one replica's cache.
+func Route(l *parallel.Layout, req workload.Request, block int) int {
 	if l.AttnDP <= 1 {
 		return 0
 	}
 	if req.Client >= 0 {
 		return req.Client % l.AttnDP
 	}
-	n := min(len(req.Tokens), workload.BlockTokens)
+	n := min(len(req.Tokens), block)
 	h := uint64(14695981039346656037)
 	for _, t := range req.Tokens[:n] {
 		h = (h ^ uint64(uint32(t))) * 1099511628211
@@ -463,11 +464,15 @@ func Route(l *parallel.Layout, req workload.Request) int {
 	return int(h % uint64(l.AttnDP))
 }
 
+// traceBlockTokens is the tokens behind one hash id of the plan's trace (at its
+// --trace-scale).
+func (p *Plan) traceBlockTokens() int { return workload.BlockTokens / max(p.Config.TraceScale, 1) }
+
 // ReplicaRequests are the requests replica dp serves, in workload order.
 func (p *Plan) ReplicaRequests(dp int) []workload.Request {
 	var out []workload.Request
 	for _, r := range p.Requests {
-		if Route(p.Layout, r) == dp {
+		if Route(p.Layout, r, p.traceBlockTokens()) == dp {
 			out = append(out, r)
 		}
 	}
