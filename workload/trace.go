@@ -34,6 +34,29 @@ const (
 type TraceOptions struct {
 	MaxRequests int // stop after this many requests (0: all)
 	MaxTokens   int // refuse a trace of more prompt tokens than this (0: MaxWorkloadTokens)
+	// Scale divides the trace's lengths (0 or 1: as written): each request's input and
+	// output length, rounded up, and the BlockTokens tokens behind a hash id, so that every
+	// request keeps its blocks, and so its prefix sharing, at 1/Scale of the size (a run
+	// whose engine computes every token, as the reference model does, serves a slice of a
+	// real trace in seconds). A power of two up to BlockTokens; a line's limits are checked
+	// on its lengths as written.
+	Scale int
+}
+
+// ErrBadScale is wrapped by the error of a TraceOptions.Scale that is not a power of two
+// from 1 to BlockTokens.
+var ErrBadScale = errors.New("workload: bad trace scale")
+
+// blockTokens is the tokens behind one hash id at the options' scale.
+func (o TraceOptions) blockTokens() (int, error) {
+	s := o.Scale
+	if s == 0 {
+		s = 1
+	}
+	if s < 1 || s > BlockTokens || s&(s-1) != 0 {
+		return 0, fmt.Errorf("%w: %d is not a power of two from 1 to %d (the tokens of a hash id)", ErrBadScale, o.Scale, BlockTokens)
+	}
+	return BlockTokens / s, nil
 }
 
 type traceLine struct {
@@ -137,6 +160,10 @@ func ReadTrace(r io.Reader, opts TraceOptions) ([]Request, error) { return readT
 
 // readTrace is ReadTrace with where (the source's name and ": ", or "") in its errors.
 func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) {
+	block, err := opts.blockTokens()
+	if err != nil {
+		return nil, err
+	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), MaxTraceLineBytes)
 	var reqs []Request
@@ -153,7 +180,7 @@ func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) 
 		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}
-		req, err := parseTraceLine(text, len(reqs))
+		req, err := parseTraceLine(text, len(reqs), block)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %sline %d: %v", ErrBadTrace, where, line, err)
 		}
@@ -174,7 +201,9 @@ func readTrace(r io.Reader, opts TraceOptions, where string) ([]Request, error) 
 	return reqs, nil
 }
 
-func parseTraceLine(text []byte, id int) (Request, error) {
+// parseTraceLine parses one line as request id, each hash id behind block tokens (BlockTokens
+// as written; fewer scale every length down by BlockTokens/block).
+func parseTraceLine(text []byte, id, block int) (Request, error) {
 	tl, err := decodeTraceLine(text)
 	if err != nil {
 		return Request{}, err
@@ -203,11 +232,12 @@ func parseTraceLine(text []byte, id int) (Request, error) {
 	case *tl.InputLength > len(tl.HashIDs)*BlockTokens:
 		return Request{}, fmt.Errorf("input_length %d exceeds %d hash_ids × %d tokens", *tl.InputLength, len(tl.HashIDs), BlockTokens)
 	}
-	tokens := make([]int32, *tl.InputLength)
+	scale := BlockTokens / block
+	tokens := make([]int32, (*tl.InputLength+scale-1)/scale)
 	for i := range tokens {
-		tokens[i] = BlockToken(tl.HashIDs[i/BlockTokens], i%BlockTokens)
+		tokens[i] = BlockToken(tl.HashIDs[i/block], i%block)
 	}
-	req := Request{ID: id, ArrivalMs: *tl.Timestamp, Tokens: tokens, OutputLen: *tl.OutputLength, Client: -1}
+	req := Request{ID: id, ArrivalMs: *tl.Timestamp, Tokens: tokens, OutputLen: (*tl.OutputLength + scale - 1) / scale, Client: -1}
 	if tl.Tenant != nil {
 		req.Tenant = *tl.Tenant
 	}

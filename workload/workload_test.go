@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,6 +82,35 @@ func TestTraceEqualBlockIDsGiveEqualPrefixes(t *testing.T) {
 	cut, err := ReadTrace(strings.NewReader(in), TraceOptions{MaxRequests: 2})
 	require.NoError(t, err)
 	assert.Len(t, cut, 2)
+}
+
+// TestTraceScale: a trace read at scale 8 holds every request at 1/8 of its lengths (rounded
+// up), each hash id behind 64 tokens: requests share the scaled blocks their hash ids share
+// and no more, as they do at scale 1. A scale that is not a power of two up to 512 is refused
+// naming it.
+func TestTraceScale(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 1100, "output_length": 6, "hash_ids": [0, 1, 2]}
+{"timestamp": 5, "input_length": 700, "output_length": 0, "hash_ids": [0, 7]}
+{"timestamp": 9, "input_length": 1, "output_length": 17, "hash_ids": [3]}
+`
+	reqs, err := ReadTrace(strings.NewReader(in), TraceOptions{Scale: 8})
+	require.NoError(t, err)
+	require.Len(t, reqs, 3)
+	assert.Len(t, reqs[0].Tokens, 138) // 1100/8 rounded up
+	assert.Len(t, reqs[1].Tokens, 88)
+	assert.Len(t, reqs[2].Tokens, 1)
+	assert.Equal(t, []int{1, 0, 3}, []int{reqs[0].OutputLen, reqs[1].OutputLen, reqs[2].OutputLen})
+	assert.Equal(t, reqs[0].Tokens[:64], reqs[1].Tokens[:64], "hash id 0 is the same 64 tokens")
+	assert.NotEqual(t, reqs[0].Tokens[64], reqs[1].Tokens[64], "hash ids 1 and 7 differ from their first token")
+	full, err := ReadTrace(strings.NewReader(in), TraceOptions{Scale: 1})
+	require.NoError(t, err)
+	assert.Equal(t, full[0].Tokens[:64], reqs[0].Tokens[:64], "a scaled block is the first tokens of its block as written")
+	assert.Len(t, full[0].Tokens, 1100)
+	for _, bad := range []int{3, 1024, -2} {
+		_, err := ReadTrace(strings.NewReader(in), TraceOptions{Scale: bad})
+		require.ErrorIs(t, err, ErrBadScale, "scale %d", bad)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%d is not a power of two from 1 to 512", bad))
+	}
 }
 
 func TestTraceCorruptLineIsNamed(t *testing.T) {

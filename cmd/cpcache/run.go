@@ -147,6 +147,7 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	fs.IntVar(&cfg.MaxRunning, "max-running", def.MaxRunning, "requests decoding at once in each DP replica")
 	fs.StringVar(&cfg.Workload, "workload", def.Workload, "synthetic or trace")
 	fs.StringVar(&cfg.TracePath, "trace", "", "Mooncake JSONL trace (--workload trace)")
+	fs.IntVar(&cfg.TraceScale, "trace-scale", 1, "--workload trace: divide every input and output length and the 512 tokens of a hash id by N, a power of two up to 512 (requests keep their blocks and their sharing at 1/N of the size: --engine model serves a slice of a real trace in seconds)")
 	fs.IntVar(&cfg.Requests, "requests", 0, "serve only the first N requests (0: all)")
 	fs.StringVar(&cfg.Isolation, "isolation", "none", "isolation key of each request: none (equal prefixes share pages), per-client (each synthetic conversation its own key: no cross-client hits) or per-tenant (a trace's \"tenant\" field, which every line must have)")
 	fs.IntVar(&cfg.Synthetic.Clients, "clients", def.Synthetic.Clients, "synthetic: conversations")

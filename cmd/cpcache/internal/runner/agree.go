@@ -41,7 +41,7 @@ func (p *Plan) startFlags() []startFlag {
 		{"--policy", c.Policy.String()}, {"--kv-bytes-per-token", itoa(c.KVBytesPerToken)},
 		{"--model", c.Model}, {"--engine", c.Engine}, {"--model-variant", c.ModelVariant}, {"--separate-l2", btoa(c.SeparateL2)}, {"--l2-layout", c.L2Layout}, {"--l1-buffers", c.L1Buffers},
 		{"--batch-tokens", itoa(c.BatchTokens)}, {"--max-running", itoa(c.MaxRunning)},
-		{"--workload", c.Workload}, {"--requests", itoa(c.Requests)},
+		{"--workload", c.Workload}, {"--requests", itoa(c.Requests)}, {"--trace-scale", itoa(c.TraceScale)},
 		{"--clients", itoa(c.Synthetic.Clients)}, {"--rounds", itoa(c.Synthetic.Rounds)},
 		{"the workload's requests (" + c.Workload + ")", p.requestsDigest()},
 		{"--time", t.Mode}, {"--speed", strconv.FormatFloat(t.Speed, 'g', -1, 64)},

@@ -74,7 +74,12 @@ type Config struct {
 	Workload  string                   // WorkloadSynthetic or WorkloadTrace
 	Synthetic workload.SyntheticConfig // WorkloadSynthetic
 	TracePath string                   // WorkloadTrace: Mooncake JSONL
-	Requests  int                      // serve only the first N requests (0: all)
+	// TraceScale divides the trace's lengths (--trace-scale; 0 or 1: as written): every
+	// input and output length and the 512 tokens of a hash id (workload.TraceOptions.Scale),
+	// so that a run whose engine computes every token (--engine model) serves a slice of a
+	// real trace, its sharing kept, in seconds.
+	TraceScale int
+	Requests   int // serve only the first N requests (0: all)
 	// Isolation assigns each request an isolation key (see assignIsolation): IsolationNone
 	// ("" too), IsolationPerClient or IsolationPerTenant.
 	Isolation string
@@ -286,6 +291,9 @@ func Prepare(cfg Config) (*Plan, error) {
 		if cfg.TracePath != "" {
 			return nil, bad("--trace %s needs --workload trace", cfg.TracePath)
 		}
+		if cfg.TraceScale != 0 && cfg.TraceScale != 1 {
+			return nil, bad("--trace-scale %d needs --workload trace", cfg.TraceScale)
+		}
 		p.Requests, err = workload.Synthetic(cfg.Synthetic)
 		if err != nil {
 			return nil, bad("%v", err)
@@ -303,11 +311,17 @@ func Prepare(cfg Config) (*Plan, error) {
 		if cfg.TracePath == "" {
 			return nil, bad("--workload trace needs --trace FILE")
 		}
-		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests})
+		p.Requests, err = workload.ReadTraceFile(cfg.TracePath, workload.TraceOptions{MaxRequests: cfg.Requests, Scale: cfg.TraceScale})
+		if errors.Is(err, workload.ErrBadScale) {
+			return nil, bad("--trace-scale: %v", err)
+		}
 		if err != nil {
 			return nil, bad("--trace: %v", err)
 		}
 		p.Desc = fmt.Sprintf("trace %s, %d requests", cfg.TracePath, len(p.Requests))
+		if cfg.TraceScale > 1 {
+			p.Desc += fmt.Sprintf(", lengths scaled 1/%d", cfg.TraceScale)
+		}
 	default:
 		return nil, bad("workload %q (want %s or %s)", cfg.Workload, WorkloadSynthetic, WorkloadTrace)
 	}
@@ -432,16 +446,17 @@ func (p *Plan) checkCapacity() error {
 
 // Route is the DP replica (attention-DP index) that serves req: a synthetic request goes
 // to replica client mod attn_dp, so every turn of a conversation meets its history; a trace
-// request to a hash of its first block (up to 512 tokens) mod attn_dp, so requests that share
-// a first block — a common prefix — meet in one replica's cache.
-func Route(l *parallel.Layout, req workload.Request) int {
+// request to a hash of its first block (up to block tokens: workload.BlockTokens, or fewer
+// at a --trace-scale) mod attn_dp, so requests that share a first block — a common prefix —
+// meet in one replica's cache.
+func Route(l *parallel.Layout, req workload.Request, block int) int {
 	if l.AttnDP <= 1 {
 		return 0
 	}
 	if req.Client >= 0 {
 		return req.Client % l.AttnDP
 	}
-	n := min(len(req.Tokens), workload.BlockTokens)
+	n := min(len(req.Tokens), block)
 	h := uint64(14695981039346656037)
 	for _, t := range req.Tokens[:n] {
 		h = (h ^ uint64(uint32(t))) * 1099511628211
@@ -449,11 +464,15 @@ func Route(l *parallel.Layout, req workload.Request) int {
 	return int(h % uint64(l.AttnDP))
 }
 
+// traceBlockTokens is the tokens behind one hash id of the plan's trace (at its
+// --trace-scale).
+func (p *Plan) traceBlockTokens() int { return workload.BlockTokens / max(p.Config.TraceScale, 1) }
+
 // ReplicaRequests are the requests replica dp serves, in workload order.
 func (p *Plan) ReplicaRequests(dp int) []workload.Request {
 	var out []workload.Request
 	for _, r := range p.Requests {
-		if Route(p.Layout, r) == dp {
+		if Route(p.Layout, r, p.traceBlockTokens()) == dp {
 			out = append(out, r)
 		}
 	}

@@ -334,7 +334,7 @@ func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
 	l, err := parallel.NewLayout(parallel.LayoutConfig{World: 4, DP: 4, DPAttention: true})
 	require.NoError(t, err)
 	for c := range 9 {
-		assert.Equal(t, c%4, Route(l, workload.Request{Client: c, Tokens: []int32{1}}))
+		assert.Equal(t, c%4, Route(l, workload.Request{Client: c, Tokens: []int32{1}}, workload.BlockTokens))
 	}
 	a := workload.Request{Client: -1, Tokens: make([]int32, 700)}
 	b := workload.Request{Client: -1, Tokens: make([]int32, 600)}
@@ -342,27 +342,38 @@ func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
 		a.Tokens[i] = workload.BlockToken(7, i%workload.BlockTokens)
 	}
 	copy(b.Tokens, a.Tokens[:workload.BlockTokens])
-	assert.Equal(t, Route(l, a), Route(l, b), "same first block, same replica")
+	assert.Equal(t, Route(l, a, workload.BlockTokens), Route(l, b, workload.BlockTokens), "same first block, same replica")
 	seen := map[int]bool{}
 	for id := range uint64(64) {
 		r := workload.Request{Client: -1, Tokens: []int32{workload.BlockToken(id, 0), workload.BlockToken(id, 1)}}
-		seen[Route(l, r)] = true
+		seen[Route(l, r, workload.BlockTokens)] = true
 	}
 	assert.Len(t, seen, 4, "trace requests spread over every replica")
+	// At --trace-scale 8 a first block is 64 tokens: requests sharing it meet whatever follows.
+	seen = map[int]bool{}
+	for id := range uint64(16) {
+		r := workload.Request{Client: -1, Tokens: slices.Clone(a.Tokens[:64])}
+		for j := range 64 {
+			r.Tokens = append(r.Tokens, workload.BlockToken(100+id, j))
+		}
+		seen[Route(l, r, 64)] = true
+	}
+	assert.Len(t, seen, 1, "scaled trace requests with the same first block, one replica")
 }
 
 func TestPrepareRejectsBadInput(t *testing.T) {
 	cases := map[string]func(*Config){
-		"layout: parallel: bad layout":    func(c *Config) { c.Layout.World = 12 },
-		"L1 pages 4 cannot hold request":  func(c *Config) { c.L1Pages = 4 },
-		"L2 pages 1 per slab":             func(c *Config) { c.L2Pages = 1 },
-		"batch tokens 0":                  func(c *Config) { c.BatchTokens = 0 },
-		"requests -1 is negative":         func(c *Config) { c.Requests = -1 },
-		"needs --workload trace":          func(c *Config) { c.TracePath = "x.jsonl" },
-		"workload: clients 0":             func(c *Config) { c.Synthetic.Clients = 0 },
-		`unknown scheme "ftp"`:            func(c *Config) { c.Storage = "ftp://host/x" },
-		"--storage-clear needs --storage": func(c *Config) { c.StorageClear = true },
-		"timeout -1s is negative":         func(c *Config) { c.Timeout = -time.Second },
+		"layout: parallel: bad layout":           func(c *Config) { c.Layout.World = 12 },
+		"L1 pages 4 cannot hold request":         func(c *Config) { c.L1Pages = 4 },
+		"L2 pages 1 per slab":                    func(c *Config) { c.L2Pages = 1 },
+		"batch tokens 0":                         func(c *Config) { c.BatchTokens = 0 },
+		"requests -1 is negative":                func(c *Config) { c.Requests = -1 },
+		"needs --workload trace":                 func(c *Config) { c.TracePath = "x.jsonl" },
+		"--trace-scale 8 needs --workload trace": func(c *Config) { c.TraceScale = 8 },
+		"workload: clients 0":                    func(c *Config) { c.Synthetic.Clients = 0 },
+		`unknown scheme "ftp"`:                   func(c *Config) { c.Storage = "ftp://host/x" },
+		"--storage-clear needs --storage":        func(c *Config) { c.StorageClear = true },
+		"timeout -1s is negative":                func(c *Config) { c.Timeout = -time.Second },
 		// A storage's settings without a storage are refused, not ignored.
 		"--storage-key-file k.key needs --storage":        func(c *Config) { c.StorageKeyFile = "k.key" },
 		"--storage-insecure needs --storage":              func(c *Config) { c.StorageInsecure = true },
