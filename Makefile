@@ -210,18 +210,19 @@ bench-summary:
 	  for (i = 2; i < NF; i++) if ($$(i+1) == "layer0/whole") \
 	  printf "  %-16s layer 0 after %.3f of the whole load (1/%.0f)\n", name, $$i, 1 / $$i }' $(BENCH_OUT)
 
-# gpu-check builds the GPU test bundle in gpu-bundle/: test binaries of the GPU packages
-# (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at run time), the
-# cpcache binary, the few non-base shared libraries the others link (Gloo and its deps, in
-# gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs the tests on
-# a GPU machine with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most 120 s a step,
-# nccl last), runs `cpcache run --device cuda` on 8 ranks, and prints the device report,
-# bandwidth lines and a summary line. built-on.txt records this machine's glibc and
-# libstdc++ and the newest glibc symbol version the binaries need, for run.sh's preflight.
+# gpu-check builds the GPU test bundle in gpu-bundle/: test binaries of the GPU packages and
+# of the C ABI (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at
+# run time), the cpcache binary, the few non-base shared libraries the others link (Gloo and
+# its deps, in gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs
+# the tests on a GPU machine with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most
+# 120 s a step, nccl last), runs `cpcache run --device cuda` on 8 ranks (opaque pages and two
+# --model presets), and prints the device report, bandwidth lines and a summary line.
+# built-on.txt records this machine's glibc and libstdc++ and the newest glibc symbol version
+# the binaries need, for run.sh's preflight.
 # Run there: gpu-bundle/run.sh
 gpu-check:
 	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
-	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine; do \
+	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine cmd/libcpcache; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
 	    echo "gpu-check: gpu-bundle/$$p.test"; \
 	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \

@@ -83,9 +83,9 @@ func runScript(t *testing.T, dir string, env []string, during func(*exec.Cmd)) (
 // environment: the stubs get CPCACHE_REQUIRE_GPU=1 and a per-package timeout within 120 s,
 // the missing cudaslab.test is a failure, nccl runs last, the 8-rank `cpcache run --device
 // cuda` runs (device and pinned host L2) on the fake driver and prints its report, and the
-// summary line says it all.
+// summary line says it all. The two --model runs lend per-layer device L1 buffers.
 func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "cudaengine.test": 0, "libcpcache.test": 0, "nccl.test": 0})
 	out, status := runScript(t, dir, env, nil)
 	assert.Equal(t, 1, status, out)
 	assert.Regexp(t, `(?m)^preflight: glibc: \S+`, out)
@@ -95,23 +95,25 @@ func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	assert.Contains(t, out, "cudaslab: FAILED: "+filepath.Join(dir, "cudaslab.test")+" is missing")
 	assert.Contains(t, out, "--- SKIP: TestGPUTwo", "skips are listed")
 	assert.Contains(t, out, "NVML unavailable", "with their reason")
-	for _, l2 := range []string{"device", "host"} {
-		assert.Contains(t, out, "== cpcache run --device cuda --l2 "+l2+" (8 ranks)")
+	for _, run := range []string{"--l2 device", "--l2 host", "--l2 device --model llama-3-8b --l2-layout page_first", "--l2 host --model deepseek-v3 --l2-layout layer_first"} {
+		assert.Contains(t, out, "== cpcache run --device cuda "+run+" (8 ranks)")
 	}
-	assert.Equal(t, 2, strings.Count(out, "pages verified"), "both device runs print their report")
-	assert.Equal(t, 2, strings.Count(out, "bad pages 0\n"))
+	assert.Equal(t, 4, strings.Count(out, "pages verified"), "every device run prints its report")
+	assert.Equal(t, 4, strings.Count(out, "bad pages 0\n"))
+	assert.Equal(t, 4, strings.Count(out, "(1.00 consensus collectives per step)"))
+	assert.Contains(t, out, "L1 device, per layer and part a token-slot buffer; L2 layer_first; 61 layers × 1 parts")
 	assert.Contains(t, out, "device               0 cpcache fake GPU (up to 8 ranks per device)")
 	assert.Less(t, strings.Index(out, "pinned host shared memory"), strings.Index(out, "== nccl.test"), "nccl runs last")
 	m := summaryRE.FindStringSubmatch(out)
 	require.NotNil(t, m, "no summary line:\n%s", out)
-	assert.Equal(t, []string{"FAILED", "6", "0", "4", "360"}, m[1:6], "4 stubs pass and skip one each, 2 device runs pass")
+	assert.Equal(t, []string{"FAILED", "9", "0", "5", "360"}, m[1:6], "5 stubs pass and skip one each, 4 device runs pass")
 	assert.Contains(t, m[6], "cudaslab.test missing")
 }
 
 // TestGPUBundleSummaryAtDeadlineAndSignal: with no time left every step is reported as not
 // run, and a SIGTERM in the middle of a step still ends with the summary line.
 func TestGPUBundleSummaryAtDeadlineAndSignal(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 60, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 60, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "libcpcache.test": 0, "nccl.test": 0})
 	out, status := runScript(t, dir, append(env, "CPCACHE_GPU_DEADLINE_S=5"), nil)
 	assert.Equal(t, 1, status, out)
 	assert.Contains(t, out, "cuda: NOT RUN: the 5s deadline was reached")
@@ -144,7 +146,7 @@ func TestGPUBundleSummaryAtDeadlineAndSignal(t *testing.T) {
 // TestGPUBundlePreflightRefusesAnImageTooOld: when the dynamic linker reports a missing
 // symbol version, the preflight says plainly that the bundle cannot run here and stops.
 func TestGPUBundlePreflightRefusesAnImageTooOld(t *testing.T) {
-	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "nccl.test": 0})
+	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "cudaslab.test": 0, "hicache.test": 0, "cudaengine.test": 0, "libcpcache.test": 0, "nccl.test": 0})
 	fakeBin := t.TempDir()
 	ldd := "#!/bin/sh\ncase \"$1\" in *cuda.test) echo \"$1: /lib/libc.so.6: version \\`GLIBC_2.99' not found (required by $1)\";; esac\n"
 	require.NoError(t, os.WriteFile(filepath.Join(fakeBin, "ldd"), []byte(ldd), 0o755))

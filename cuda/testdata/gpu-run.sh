@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run.sh — cpcache's GPU checks (built by `make gpu-check`; no Go toolchain needed here).
 #
-# Runs the test binaries beside this script (cuda, cudaslab, the TestGPU* tests of hicache
-# and hicache/cudaengine, nccl last) with CPCACHE_REQUIRE_GPU=1, so a missing GPU,
-# driver or NCCL fails instead of skipping, then `cpcache run --device cuda` on 8 ranks, and
+# Runs the test binaries beside this script (cuda, cudaslab, the TestGPU* tests of hicache,
+# hicache/cudaengine and cmd/libcpcache, nccl last) with CPCACHE_REQUIRE_GPU=1, so a missing
+# GPU, driver or NCCL fails instead of skipping, then `cpcache run --device cuda` on 8 ranks
+# (device and pinned host L2; opaque pages, and the per-layer KV of two --model presets), and
 # prints the device report, the bandwidth lines and one summary line. Full logs go to $OUT
 # when it is set, else beside this script.
 #
@@ -185,18 +186,25 @@ test_pkg() {
   echo "  $pkg: $pass passed, $fail failed, $skip skipped; exit $rc; $(($(date +%s) - start))s"
 }
 
-# device_run L2: `cpcache run --device cuda --l2 L2` on 8 ranks sharing this machine's
-# devices, a small workload of 64 KiB pages; it passes with exit 0 and 0 bad pages.
+# device_run L2 [MODEL LAYOUT]: `cpcache run --device cuda --l2 L2` on 8 ranks sharing this
+# machine's devices; without MODEL a small workload of opaque 64 KiB pages, with MODEL (a
+# --model preset) per-layer device L1 buffers, the L2 in LAYOUT and layer-wise waits. It
+# passes with exit 0, 0 bad pages and 1.00 collectives per step.
 device_run() {
-  local l2="$1" name="cpcache-run-$1" rc
-  echo "== cpcache run --device cuda --l2 $l2 (8 ranks)"
+  local l2="$1" model="${2:-}" layout="${3:-page_first}" name="cpcache-run-$1" rc shape
+  shape=(--clients 8 --rounds 4 --l1-pages 160 --l2-pages 512 --kv-bytes-per-token 4096)
+  if [ -n "$model" ]; then
+    name="$name-$model"
+    shape=(--clients 8 --rounds 4 --l1-pages 48 --l2-pages 160 --model "$model" --l2-layout "$layout")
+  fi
+  echo "== cpcache run --device cuda --l2 $l2${model:+ --model $model --l2-layout $layout} (8 ranks)"
   budget "$name" || return
   run "$secs" "$here/cpcache" run --device cuda --l2 "$l2" --world 8 --dp 1 --attn-cp 8 \
-    --clients 8 --rounds 4 --l1-pages 160 --l2-pages 512 --kv-bytes-per-token 4096 \
-    --timeout "$((secs - 5))s" >"$logs/$name.log" 2>&1
+    "${shape[@]}" --timeout "$((secs - 5))s" >"$logs/$name.log" 2>&1
   rc=$?
   sed -n '/^cpcache run report/,$p' "$logs/$name.log"
-  if [ "$rc" -eq 0 ] && grep -qE 'bad pages 0$' "$logs/$name.log"; then
+  if [ "$rc" -eq 0 ] && grep -qE 'bad pages 0$' "$logs/$name.log" &&
+    grep -qE '\(1\.00 consensus collectives per step\)' "$logs/$name.log"; then
     total_pass=$((total_pass + 1))
   else
     total_fail=$((total_fail + 1))
@@ -209,8 +217,11 @@ device_run() {
 test_pkg cuda .
 test_pkg cudaslab .
 test_pkg hicache '^TestGPU'
-test_pkg cudaengine '^TestGPU' # the page-copy efficiency ratios
+test_pkg cudaengine '^TestGPU' # the page-copy and per-layer copy efficiency ratios
+test_pkg libcpcache '^TestGPU' # the C ABI over per-layer device L1 buffers
 device_run device
 device_run host
+device_run device llama-3-8b page_first
+device_run host deepseek-v3 layer_first
 test_pkg nccl . # last: an NCCL hang must not eat the others' time
 [ "$total_fail" -eq 0 ] && [ "${#problems[@]}" -eq 0 ]
