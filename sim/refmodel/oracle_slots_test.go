@@ -269,28 +269,7 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 			}
 		}
 		rkv := &refmodel.L1KV{L1: l1, Slots: slots, Scratch: refmodel.NewMemKV(m)}
-		last := mr.Last
-		before := func(layer int) error {
-			if !loading || cfg.skipWait {
-				return nil
-			}
-			if err := cache.WaitL1Layer(ctx, last, layer); err != nil {
-				return err
-			}
-			if layer == 0 && cfg.damage != nil {
-				if err := cache.WaitL1(ctx, last); err != nil {
-					return err
-				}
-				var loaded []int32
-				for i := range usable {
-					if cache.Owns(i) {
-						loaded = append(loaded, slots[i])
-					}
-				}
-				cfg.damage(t, l1, loaded)
-			}
-			return nil
-		}
+		before := beforeLayer(ctx, t, cache, cfg, l1, mr.Last, loading, slots[:usable])
 		toks, logits, err := m.Generate(ctx, refmodel.Pass{KV: rkv, PageTokens: pageTokens, Group: cpg, BeforeLayer: before}, prompt, usable*pageTokens, genTokens)
 		if err != nil {
 			return result{}, err
@@ -300,7 +279,7 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 			if err := step(); err != nil {
 				return result{}, err
 			}
-			if err := cache.WaitL1(ctx, last); err != nil {
+			if err := cache.WaitL1(ctx, mr.Last); err != nil {
 				return result{}, err
 			}
 		}

@@ -81,6 +81,35 @@ func cacheOff(m *refmodel.Model, seed uint64) ([]result, error) {
 // loaded on this rank's own pages.
 type breakage func(t testing.TB, l1 *kvmem.L1, loaded []int32)
 
+// beforeLayer is a request's Pass.BeforeLayer when its prefix pages sit in L1 at prefix (a
+// slot per page, -1 where another CP rank owns it): with a load-back of h in flight it waits
+// for layer l's copies (unless cfg skips the wait) and, before layer 0, once the whole load
+// has landed, lets cfg.damage break the pages this rank loaded.
+func beforeLayer(ctx context.Context, t testing.TB, cache *hicache.Cache, cfg oracleConfig, l1 *kvmem.L1,
+	h hicache.Handle, loading bool, prefix []int32) func(layer int) error {
+	return func(layer int) error {
+		if !loading || cfg.skipWait {
+			return nil
+		}
+		if err := cache.WaitL1Layer(ctx, h, layer); err != nil {
+			return err
+		}
+		if layer == 0 && cfg.damage != nil {
+			if err := cache.WaitL1(ctx, h); err != nil {
+				return err
+			}
+			var loaded []int32
+			for i, s := range prefix {
+				if cache.Owns(i) {
+					loaded = append(loaded, s)
+				}
+			}
+			cfg.damage(t, l1, loaded)
+		}
+		return nil
+	}
+}
+
 // oracleConfig is one oracle run.
 type oracleConfig struct {
 	variant  refmodel.Variant
@@ -273,28 +302,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		usable := min(mr.DevicePages, (len(prompt)-1)/pageTokens)
 		st.l1HitPages += usable
 		rkv := &refmodel.L1KV{L1: l1, Slots: mr.L1Slots[:usable], Scratch: refmodel.NewMemKV(m)}
-		last := mr.Last
-		before := func(layer int) error {
-			if !loading || cfg.skipWait {
-				return nil
-			}
-			if err := cache.WaitL1Layer(ctx, last, layer); err != nil {
-				return err
-			}
-			if layer == 0 && cfg.damage != nil {
-				if err := cache.WaitL1(ctx, last); err != nil {
-					return err
-				}
-				var loaded []int32
-				for i, s := range rkv.Slots {
-					if cache.Owns(i) {
-						loaded = append(loaded, s)
-					}
-				}
-				cfg.damage(t, l1, loaded)
-			}
-			return nil
-		}
+		before := beforeLayer(ctx, t, cache, cfg, l1, mr.Last, loading, rkv.Slots)
 		tm := time.Now()
 		toks, logits, err := m.Generate(ctx, refmodel.Pass{KV: rkv, PageTokens: pageTokens, Group: cpg, BeforeLayer: before}, prompt, usable*pageTokens, genTokens)
 		if err != nil {
@@ -306,7 +314,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 			if err := cache.Step(ctx); err != nil {
 				return result{}, err
 			}
-			if err := cache.WaitL1(ctx, last); err != nil {
+			if err := cache.WaitL1(ctx, mr.Last); err != nil {
 				return result{}, err
 			}
 		}
