@@ -81,7 +81,13 @@ capi:
 	rm -f build/libcpcache.h
 
 build/engine: examples/c/engine.c include/cpcache.h capi
-	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -ldl -Wl,-rpath,'$$ORIGIN'
+
+# The host-memory stand-in for libcuda.so.1 (csrc/cuda_fake.c, built as the Go tests'
+# internal/testenv/fakelib builds it), for the example's device mode on a machine without a GPU.
+build/libcuda_fake.so: csrc/cuda_fake.c
+	@mkdir -p build
+	$(CC) -shared -fPIC -O1 -o $@ $<
 
 build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) '-DCPCACHE_EXPECTED_VERSION="cpcache $(VERSION)"' -o $@ $< -Lbuild -lcpcache -lpthread -Wl,-rpath,'$$ORIGIN'
@@ -90,10 +96,12 @@ build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
 
 # capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
-# cpcache launch (CP4·DP2 on 8 ranks; CP4 with engine-owned slots), a lost peer, 200 opens of a cache in a row on one
-# file store (then a second job on it, which must find it empty afterwards), and the
-# Python suite.
-capi-test: build/engine build/bad_calls build/reopen
+# cpcache launch (CP4·DP2 on 8 ranks; CP4 with engine-owned slots; CP4 with device buffers on
+# the fake libcuda, over pinned host slabs, over CUDA IPC slabs, and with engine-owned slots;
+# a device the fake does not have), a lost peer, 200 opens of
+# a cache in a row on one file store (then a second job on it, which must find it empty
+# afterwards), and the Python suite.
+capi-test: build/engine build/bad_calls build/reopen build/libcuda_fake.so
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
@@ -101,7 +109,7 @@ capi-test: build/engine build/bad_calls build/reopen
 	  timeout 120 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 5 && \
 	  left=$$(find $$store -type f | wc -l) && \
 	  if [ $$left != 0 ]; then find $$store -type f; echo "capi-test: $$left files left in the store"; exit 1; fi
-	@for bad in "--clients -1" "--attn-cp abc" "--l1-pages 99999999999999999999"; do \
+	@for bad in "--clients -1" "--attn-cp abc" "--l1-pages 99999999999999999999" "--device -1"; do \
 	  out=$$(build/engine $$bad 2>&1); rc=$$?; \
 	  if [ $$rc != 2 ] || ! grep -qF -- "$${bad%% *} \"$${bad#* }\"" <<<"$$out"; then \
 	    echo "capi-test: engine $$bad: want status 2 naming the flag and value, got $$rc: $$out"; exit 1; fi; \
@@ -116,6 +124,20 @@ capi-test: build/engine build/bad_calls build/reopen
 	  if [ $$rc != 0 ] || [ $$(grep -c 'bad_pages=0 slots_out=0 bad_slots=0' <<<"$$out") != 4 ] || \
 	     [ $$(grep -c 'tokens_hit_l2=[1-9]' <<<"$$out") != 4 ]; then \
 	    echo "$$out"; echo "capi-test: --engine-slots: want status 0, and on 4 ranks L2 hits, bad_pages=0 and every slot back (slots_out=0)"; exit 1; fi
+	@echo "capi-test: device buffers at CP4 on the fake libcuda (cuMemAlloc'd K/V per layer; a small L1, so pages are loaded back and checked layer by layer), over pinned host slabs, CUDA IPC slabs, and pinned host slabs with engine-owned slots"
+	@for slabs in "" "--cuda-ipc" "--engine-slots"; do \
+	  out=$$(CPCACHE_CUDA_LIBRARY=$(CURDIR)/build/libcuda_fake.so timeout 300 bin/cpcache launch -n 4 -- \
+	    build/engine --attn-cp 4 --device 0 $$slabs --l1-pages 16 2>&1); rc=$$?; \
+	  if [ $$rc != 0 ] || [ $$(grep -cE 'bad_pages=0( slots_out=0 bad_slots=0)? l1=device0' <<<"$$out") != 4 ] || \
+	     [ $$(grep -c 'tokens_hit_l2=[1-9]' <<<"$$out") != 4 ] || \
+	     [ $$(grep -c 'layer_waits=[1-9][0-9]* layer_waits_on=[1-9]' <<<"$$out") != 4 ]; then \
+	    echo "$$out"; echo "capi-test: --device 0 $$slabs: want status 0, and on 4 ranks L2 hits, bad_pages=0 (with engine slots, every slot back) and layers read after both kinds of layer wait"; exit 1; fi; \
+	  grep -h 'rank 0/' <<<"$$out"; \
+	done
+	@out=$$(CPCACHE_CUDA_LIBRARY=$(CURDIR)/build/libcuda_fake.so build/engine --device 1 2>&1); rc=$$?; \
+	  if [ $$rc != 2 ] || ! grep -qF -- '--device 1: cuDeviceGet: CUDA error 101 (CUDA_ERROR_INVALID_DEVICE)' <<<"$$out"; then \
+	    echo "capi-test: engine --device 1 on the one-device fake: want status 2 naming cuDeviceGet's error, got $$rc: $$out"; exit 1; fi; \
+	  echo "capi-test: the example engine refuses a device the driver does not have"
 	@echo "capi-test: rank 2 of 4 dies at step 20: the others must report a lost peer (status 3)"
 	out=$$(CPCACHE_CONSENSUS_BACKEND=gloo timeout 120 bin/cpcache launch -n 4 -- \
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \

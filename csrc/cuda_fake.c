@@ -57,6 +57,7 @@ CUresult cuGetErrorName(CUresult e, const char **s) {
   switch (e) {
     case 0: *s = "CUDA_SUCCESS"; return 0;
     case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
+    case 101: *s = "CUDA_ERROR_INVALID_DEVICE"; return 0;
     case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
     case 600: *s = "CUDA_ERROR_NOT_READY"; return 0;
     case 801: *s = "CUDA_ERROR_NOT_SUPPORTED"; return 0;
@@ -66,6 +67,7 @@ CUresult cuGetErrorName(CUresult e, const char **s) {
 CUresult cuGetErrorString(CUresult e, const char **s) {
   switch (e) {
     case 1: *s = "invalid argument"; return 0;
+    case 101: *s = "invalid device ordinal"; return 0;
     case 201: *s = "invalid device context"; return 0;
     case 801: *s = "operation not supported"; return 0;
   }

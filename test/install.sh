@@ -31,7 +31,7 @@ echo "install-test: $got from $p/bin"
 cp "$root/examples/c/engine.c" .
 # The .pc names the final prefix; --define-prefix finds the staged one from the file's place.
 flags=$(PKG_CONFIG_PATH=$p/lib/pkgconfig pkg-config --define-prefix --cflags --libs cpcache)
-cc -O2 engine.c $flags -o engine
+cc -O2 engine.c $flags -ldl -o engine
 mkdir elsewhere && cd elsewhere
 timeout 300 cpcache launch -n 2 -- ../engine --attn-cp 2 >"$tmp/engine.log" 2>&1 || { cat "$tmp/engine.log"; fail "the pkg-config engine failed"; }
 grep -q "requests=" "$tmp/engine.log" || { cat "$tmp/engine.log"; fail "the pkg-config engine printed no report"; }

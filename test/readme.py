@@ -14,7 +14,8 @@ serves redis://127.0.0.1:6379 for the commands that name it.
 
 What cannot run on one machine without a GPU is skipped, and each skip prints its reason: two
 machines (`-H a:8,b:8`, a hostfile, a server named `a`), a GPU (`--device cuda`, unless
-/dev/nvidia0 exists), elided flags (`...`), placeholders (`./my-rank-binary`), a user's own TLS
+/dev/nvidia0 exists; the example engine's `--device N`, unless the command names the fake driver
+with CPCACHE_CUDA_LIBRARY), elided flags (`...`), placeholders (`./my-rank-binary`), a user's own TLS
 Redis, and `make test` itself (which runs this test).
 
 What the commands write at the repository's top that was not there before is removed at the end.
@@ -35,6 +36,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = int(os.environ.get("CPCACHE_README_TIMEOUT", "600"))
 
+# The example engine's device mode (`engine --device N`): the CUDA driver's, unless the command
+# gives it CPCACHE_CUDA_LIBRARY (the fake).
+ENGINE_DEVICE = re.compile(r"--device \d")
 # A command for two machines; a block holding one line "# on host ..." is a two-machine setup.
 TWO_MACHINES = re.compile(r"-H a:|--hostfile|redis://a:|@a:|/opt/cpcache/bin")
 SKIPS = [
@@ -164,6 +168,8 @@ class Runner:
     def skip_reason(self, cmd):
         if "--device cuda" in cmd and not os.path.exists("/dev/nvidia0"):
             return "needs a GPU"
+        if ENGINE_DEVICE.search(cmd) and "CPCACHE_CUDA_LIBRARY=" not in cmd and not os.path.exists("/dev/nvidia0"):
+            return "needs a GPU (the example engine's device mode on the real driver)"
         if TWO_MACHINES.search(cmd):
             return "needs two machines (README's two-machine guide)"
         for pattern, reason in SKIPS:

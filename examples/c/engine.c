@@ -11,7 +11,7 @@
 //
 // Usage: engine [--attn-cp N] [--dp N] [--dp-attention=false] [--clients N] [--rounds N]
 //               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
-//               [--opaque | --layer-first] [--engine-slots]
+//               [--opaque | --layer-first] [--engine-slots] [--device N [--cuda-ipc]]
 // DP attention is on by default (cpcache_config_init, as the cpcache commands); --dp-attention is
 // accepted and changes nothing, --dp-attention=false turns it off.
 // --engine-slots runs the engine-owned flow (l1_mode CPCACHE_L1_ENGINE_OWNED): the engine's own
@@ -19,9 +19,19 @@
 // is written there, the sequence is inserted with them, and every slot the cache lets go goes
 // back to the allocator; load-backs land in slots it allocates. After the final flush every
 // slot must be back (slots_out=0), else the exit status is 1.
+// --device N lends the per-layer K/V buffers in device memory of CUDA device N instead of host
+// memory: the example loads the CUDA driver itself (CPCACHE_CUDA_LIBRARY, else libcuda.so.1,
+// as the library does), makes device N's primary context current (the context the library's
+// CUDA engine uses, so the pointers it lends are valid there), cuMemAlloc's the buffers and
+// lends them as CPCACHE_MEM_DEVICE entries (l1_kind CPCACHE_L1_DEVICE, l1_base NULL) over
+// pinned host slabs (pin_host), or CUDA IPC slabs with --cuda-ipc. It writes KV with
+// cuMemcpyHtoD, and checks each loaded prefix layer by layer as its layer lands: even layers
+// after a stream of its own waited for them (cpcache_wait_l1_layer_on, then a cuMemcpyDtoHAsync
+// on that stream), odd layers after cpcache_wait_l1_layer (then cuMemcpyDtoH).
 // --exit-rank/--exit-step make rank R exit at step S without closing (a crash, for tests).
-// Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache error, 3 when a
-// peer was lost.
+// Exit status: 0, 1 when a loaded page held the wrong bytes, 2 on a cpcache or CUDA error (or
+// a bad flag), 3 when a peer was lost.
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -83,6 +93,104 @@ static int kv_check(const uint8_t *page, uint64_t hash, int index, int shard) {
   return memcmp(page, want, PAGE_BYTES) == 0;
 }
 
+// --- the CUDA driver (--device), loaded at run time as the library loads it ---
+// The few driver calls the device mode makes, by their ABI (cuda.h's types: CUresult is an
+// int, CUdeviceptr a 64-bit integer, contexts and streams opaque pointers).
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+static struct {
+  CUresult (*cuInit)(unsigned int flags);
+  CUresult (*cuDeviceGet)(int *dev, int ordinal);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, int dev);
+  CUresult (*cuDevicePrimaryCtxRelease)(int dev);
+  CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+  CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuMemAlloc)(CUdeviceptr *p, size_t n);
+  CUresult (*cuMemFree)(CUdeviceptr p);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
+  CUresult (*cuMemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);
+  CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t n, CUstream st);
+  CUresult (*cuStreamCreate)(CUstream *st, unsigned int flags);
+  CUresult (*cuStreamSynchronize)(CUstream st);
+  CUresult (*cuStreamDestroy)(CUstream st);
+  CUresult (*cuGetErrorName)(CUresult rc, const char **name);
+} cu;
+// Every symbol the device mode uses (the versioned names are the ones cuda.h maps the calls to),
+// resolved at open: a driver that lacks one is refused then, naming it.
+static const struct {
+  const char *name;
+  void **fn;
+} cu_symbols[] = {
+    {"cuInit", (void **)&cu.cuInit},
+    {"cuDeviceGet", (void **)&cu.cuDeviceGet},
+    {"cuDevicePrimaryCtxRetain", (void **)&cu.cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxRelease_v2", (void **)&cu.cuDevicePrimaryCtxRelease},
+    {"cuCtxSetCurrent", (void **)&cu.cuCtxSetCurrent},
+    {"cuCtxSynchronize", (void **)&cu.cuCtxSynchronize},
+    {"cuMemAlloc_v2", (void **)&cu.cuMemAlloc},
+    {"cuMemFree_v2", (void **)&cu.cuMemFree},
+    {"cuMemcpyHtoD_v2", (void **)&cu.cuMemcpyHtoD},
+    {"cuMemcpyDtoH_v2", (void **)&cu.cuMemcpyDtoH},
+    {"cuMemcpyDtoHAsync_v2", (void **)&cu.cuMemcpyDtoHAsync},
+    {"cuStreamCreate", (void **)&cu.cuStreamCreate},
+    {"cuStreamSynchronize", (void **)&cu.cuStreamSynchronize},
+    {"cuStreamDestroy_v2", (void **)&cu.cuStreamDestroy},
+    {"cuGetErrorName", (void **)&cu.cuGetErrorName},
+};
+
+static const char *cu_error_name(CUresult rc) {
+  const char *name = NULL;
+  if (cu.cuGetErrorName(rc, &name) != 0 || name == NULL) name = "an error the driver does not name";
+  return name;
+}
+
+// cucheck exits with status 2 when a CUDA driver call failed, naming the call and the error.
+#define cucheck(call)                                                                        \
+  do {                                                                                       \
+    CUresult rc_ = (call);                                                                   \
+    if (rc_ != 0) {                                                                          \
+      fprintf(stderr, "engine: %s: CUDA error %d (%s)\n", #call, rc_, cu_error_name(rc_));   \
+      exit(2);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+static int device = -1;   // --device: the CUDA device of the L1 buffers; -1: host buffers
+static int cu_dev;        // its CUdevice
+static CUstream cu_stream; // the stream the even layers' reads wait on (cpcache_wait_l1_layer_on)
+static int device_dirty;  // KV written to device memory since the last step
+
+// cuda_open loads the driver, resolves every symbol the device mode uses and makes device
+// ordinal's primary context current on this (the only) thread: the library's CUDA engine
+// retains the same primary context, so the buffers allocated here are valid in its copies.
+static void cuda_open(int ordinal) {
+  const char *path = getenv("CPCACHE_CUDA_LIBRARY");
+  if (path == NULL || *path == 0) path = "libcuda.so.1";
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "engine: --device %d: cannot load the CUDA driver %s: %s\n", ordinal, path, dlerror());
+    exit(2);
+  }
+  for (size_t i = 0; i < sizeof cu_symbols / sizeof cu_symbols[0]; i++) {
+    *cu_symbols[i].fn = dlsym(h, cu_symbols[i].name);
+    if (*cu_symbols[i].fn == NULL) {
+      fprintf(stderr, "engine: --device %d: the CUDA driver %s has no %s\n", ordinal, path, cu_symbols[i].name);
+      exit(2);
+    }
+  }
+  CUcontext ctx;
+  cucheck(cu.cuInit(0));
+  CUresult rc = cu.cuDeviceGet(&cu_dev, ordinal);
+  if (rc != 0) {
+    fprintf(stderr, "engine: --device %d: cuDeviceGet: CUDA error %d (%s)\n", ordinal, rc, cu_error_name(rc));
+    exit(2);
+  }
+  cucheck(cu.cuDevicePrimaryCtxRetain(&ctx, cu_dev));
+  cucheck(cu.cuCtxSetCurrent(ctx));
+  cucheck(cu.cuStreamCreate(&cu_stream, 0));
+}
+
 typedef struct request {
   int client, round;
   int32_t *tokens; // prompt, then room for the answer
@@ -93,6 +201,7 @@ typedef struct request {
 
 typedef struct counters {
   int64_t requests, input_tokens, hit_l1, hit_l2, missed, steps, verified, bad;
+  int64_t layer_waits, layer_waits_on; // --device: layers read after each kind of layer wait
 } counters;
 
 static cpcache_t cache;
@@ -108,20 +217,32 @@ static cpcache_info info;
 #define KV_LAYERS 4
 #define KV_ROW 32
 static const char *kv_spec = "layers=4;k=32:sharded;v=32:sharded";
+#define CHUNK_BYTES (PAGE_TOKENS * KV_ROW) // one (layer, part) of a page
 static int opaque;
-static uint8_t *kv_mem[KV_LAYERS][2];
+static uint8_t *kv_mem[KV_LAYERS][2];  // host buffers
+static CUdeviceptr kv_dev[KV_LAYERS][2]; // device buffers (--device)
+
+// chunk_offset is where (layer, part) j sits in a page-first page.
+static size_t chunk_offset(int layer, int j) { return (size_t)(layer * 2 + j) * CHUNK_BYTES; }
 
 // page_scatter writes a page-first page into slot's tokens of every (layer, part) buffer;
-// page_gather reads them back.
+// page_gather reads them back (host buffers; the device mode reads layer by layer, see
+// verify_layers).
 static void page_scatter(int32_t slot, const uint8_t *page) {
   for (int l = 0; l < KV_LAYERS; l++)
-    for (int j = 0; j < 2; j++)
-      memcpy(kv_mem[l][j] + (size_t)slot * PAGE_TOKENS * KV_ROW, page + (size_t)(l * 2 + j) * PAGE_TOKENS * KV_ROW, PAGE_TOKENS * KV_ROW);
+    for (int j = 0; j < 2; j++) {
+      size_t at = (size_t)slot * CHUNK_BYTES;
+      if (device >= 0) {
+        cucheck(cu.cuMemcpyHtoD(kv_dev[l][j] + at, page + chunk_offset(l, j), CHUNK_BYTES));
+        device_dirty = 1;
+      } else {
+        memcpy(kv_mem[l][j] + at, page + chunk_offset(l, j), CHUNK_BYTES);
+      }
+    }
 }
 static void page_gather(int32_t slot, uint8_t *page) {
   for (int l = 0; l < KV_LAYERS; l++)
-    for (int j = 0; j < 2; j++)
-      memcpy(page + (size_t)(l * 2 + j) * PAGE_TOKENS * KV_ROW, kv_mem[l][j] + (size_t)slot * PAGE_TOKENS * KV_ROW, PAGE_TOKENS * KV_ROW);
+    for (int j = 0; j < 2; j++) memcpy(page + chunk_offset(l, j), kv_mem[l][j] + (size_t)slot * CHUNK_BYTES, CHUNK_BYTES);
 }
 static counters cnt;
 
@@ -310,6 +431,47 @@ static void verify(const int32_t *tokens, int pages, const int32_t *slots) {
   }
 }
 
+// verify_layers is verify for device buffers, layer by layer. When the prefix was loaded back
+// (loaded), a layer is read only once its wait returned: even layers through cu_stream, after
+// cpcache_wait_l1_layer_on made that stream wait for the layer (the reads are enqueued behind
+// the wait, as the layer's attention kernel would be), odd layers after cpcache_wait_l1_layer.
+// Each layer's K and V chunks of every page this rank owns are checked against the page's
+// content; a page counts as bad once, whichever layer or part is wrong.
+static void verify_layers(const int32_t *tokens, cpcache_node_t node, int pages, const int32_t *slots, int loaded) {
+  static uint8_t got[MAX_PAGES][2][CHUNK_BYTES];
+  uint64_t hashes[MAX_PAGES];
+  uint8_t bad[MAX_PAGES] = {0};
+  prefix_hashes(tokens, pages, hashes);
+  for (int l = 0; l < KV_LAYERS; l++) {
+    int on_stream = l % 2 == 0;
+    if (loaded && on_stream) {
+      check(cpcache_wait_l1_layer_on(cache, node, l, cu_stream));
+      cnt.layer_waits_on++;
+    } else if (loaded) {
+      check(cpcache_wait_l1_layer(cache, node, l, -1));
+      cnt.layer_waits++;
+    }
+    for (int p = info.cp_rank; p < pages; p += info.cp_size)
+      for (int j = 0; j < 2; j++) {
+        CUdeviceptr src = kv_dev[l][j] + (size_t)slots[p] * CHUNK_BYTES;
+        if (on_stream) cucheck(cu.cuMemcpyDtoHAsync(got[p][j], src, CHUNK_BYTES, cu_stream));
+        else cucheck(cu.cuMemcpyDtoH(got[p][j], src, CHUNK_BYTES));
+      }
+    if (on_stream) cucheck(cu.cuStreamSynchronize(cu_stream));
+    for (int p = info.cp_rank; p < pages; p += info.cp_size) {
+      uint8_t want[PAGE_BYTES];
+      kv_fill(want, hashes[p], p, info.tp_rank);
+      for (int j = 0; j < 2; j++) {
+        if (bad[p] || memcmp(got[p][j], want + chunk_offset(l, j), CHUNK_BYTES) == 0) continue;
+        bad[p] = 1;
+        if (cnt.bad++ == 0)
+          fprintf(stderr, "engine: rank %d: page %d (slot %d) layer %d part %d holds the wrong bytes\n", info.rank, p, slots[p], l, j);
+      }
+    }
+  }
+  for (int p = info.cp_rank; p < pages; p += info.cp_size) cnt.verified++;
+}
+
 // insert caches tokens' whole pages and writes the KV of the new pages this rank owns; it
 // returns the node to lock, or 0 when L1 is full (nothing cached).
 static cpcache_node_t insert(const int32_t *tokens, int n) {
@@ -339,6 +501,13 @@ static cpcache_node_t insert(const int32_t *tokens, int n) {
 
 // step makes the one consensus step of a scheduler step; a lost peer ends this rank.
 static void step(void) {
+  // The KV written to device memory must be there before the step that starts its backups:
+  // cuMemcpyHtoD from pageable memory may return before its DMA lands, and the library's
+  // copies run on streams of its own that do not wait for the legacy stream.
+  if (device_dirty) {
+    cucheck(cu.cuCtxSynchronize());
+    device_dirty = 0;
+  }
   int rc = cpcache_step(cache); // exactly once per scheduler step, on every rank
   if (rc == CPCACHE_ERR_PEER_LOST) {
     fprintf(stderr, "engine: rank %d: peer lost at step %" PRId64 ": %s\n", info.rank, cnt.steps, cpcache_last_error());
@@ -357,6 +526,7 @@ static int prefill(request *r) {
   check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &m, slots, MAX_PAGES));
   check(cpcache_lock(cache, m.node));
   after = m;
+  int read_while_loading = 0; // device: the prefix was checked layer by layer as it loaded
   if (m.host_pages > 0) {
     int64_t loading = 0;
     int rc = engine_slots ? load_back_engine_slots(&m, &loading) : cpcache_load_back(cache, m.node, &loading);
@@ -365,6 +535,17 @@ static int prefill(request *r) {
       return 0;
     }
     check(rc);
+    if (device >= 0 && loading > 0) {
+      // A device engine overlaps the load with its prefill: after the step that starts the
+      // copies, each layer is read as soon as it has landed (verify_layers waits for it) while
+      // the later layers still copy; the group's agreement below then confirms the hit.
+      // (loading is the group's count, equal on every rank: every rank takes this step.)
+      step();
+      cpcache_match_result during;
+      check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &during, slots, MAX_PAGES));
+      verify_layers(r->tokens, during.node, (int)during.device_pages, slots, 1);
+      read_while_loading = 1;
+    }
     // The copies start at the next step; wait until the group agrees they are over (a copy
     // that failed on any rank then leaves the same shorter hit everywhere), match again,
     // and wait for this rank's own copies before reading the pages.
@@ -374,9 +555,10 @@ static int prefill(request *r) {
       step();
     }
     check(cpcache_match(cache, r->tokens, (size_t)r->prompt_len, &after, slots, MAX_PAGES));
-    check(cpcache_wait_l1(cache, after.node, -1));
+    if (device < 0) check(cpcache_wait_l1(cache, after.node, -1)); // device: layer by layer
   }
-  verify(r->tokens, (int)after.device_pages, slots);
+  if (device < 0) verify(r->tokens, (int)after.device_pages, slots);
+  else if (!read_while_loading) verify_layers(r->tokens, after.node, (int)after.device_pages, slots, m.host_pages > 0);
   cpcache_node_t node = insert(r->tokens, r->prompt_len);
   if (node == 0) { // L1 full for now: retry at a later step
     check(cpcache_unlock(cache, m.node));
@@ -444,6 +626,22 @@ int main(int argc, char **argv) {
   int clients = (int)arg(argc, argv, "--clients", 16, 1, 1 << 16), rounds = (int)arg(argc, argv, "--rounds", 4, 1, 1 << 10);
   opaque = flag(argc, argv, "--opaque");
   engine_slots = flag(argc, argv, "--engine-slots");
+  device = (int)arg(argc, argv, "--device", -1, 0, INT32_MAX);
+  int cuda_ipc = flag(argc, argv, "--cuda-ipc");
+  if (cuda_ipc && device < 0) {
+    fprintf(stderr, "engine: --cuda-ipc needs --device N (CUDA IPC slabs serve a device L1)\n");
+    return 2;
+  }
+  if (opaque && device >= 0) {
+    fprintf(stderr, "engine: --opaque with --device %d: the device mode lends per-layer K/V buffers, not the pool\n", device);
+    return 2;
+  }
+  if (device >= 0) {
+    cuda_open(device);
+    cfg.l1_kind = CPCACHE_L1_DEVICE, cfg.l1_base = NULL, cfg.device = device;
+    if (cuda_ipc) cfg.slab_backend = CPCACHE_SLAB_CUDA_IPC;
+    else cfg.pin_host = 1; // a device L1 with host slabs copies through their pinned mappings
+  }
   if (engine_slots) cfg.l1_mode = CPCACHE_L1_ENGINE_OWNED;
   cpcache_l1_buffer bufs[KV_LAYERS * 2];
   if (!opaque) {
@@ -453,6 +651,11 @@ int main(int argc, char **argv) {
     cfg.l2_layout = flag(argc, argv, "--layer-first") ? CPCACHE_L2_LAYER_FIRST : CPCACHE_L2_PAGE_FIRST;
     for (int l = 0; l < KV_LAYERS; l++)
       for (int j = 0; j < 2; j++) {
+        if (device >= 0) { // the device pointer travels as a void * the library never dereferences
+          cucheck(cu.cuMemAlloc(&kv_dev[l][j], (size_t)cfg.l1_pages * CHUNK_BYTES));
+          bufs[l * 2 + j] = cpcache_l1_token_slot_buffer(l, j, CPCACHE_MEM_DEVICE, (void *)(uintptr_t)kv_dev[l][j], cfg.l1_pages, PAGE_TOKENS, KV_ROW);
+          continue;
+        }
         kv_mem[l][j] = calloc((size_t)cfg.l1_pages * PAGE_TOKENS, KV_ROW);
         if (!kv_mem[l][j]) {
           fprintf(stderr, "engine: out of memory for the L1 buffers\n");
@@ -535,13 +738,23 @@ int main(int argc, char **argv) {
          " tokens_hit_l1=%" PRId64 " tokens_hit_l2=%" PRId64 " tokens_missed=%" PRId64 " hit_rate=%.3f"
          " pages_written_l2=%" PRId64 " pages_loaded_l2=%" PRId64 " scheduler_steps=%" PRId64
          " consensus_steps=%" PRId64 " collectives_per_step=%.3f digest_checks=%" PRId64
-         " digest_mismatches=%" PRId64 " pages_verified=%" PRId64 " bad_pages=%" PRId64 "%s",
+         " digest_mismatches=%" PRId64 " pages_verified=%" PRId64 " bad_pages=%" PRId64,
          info.rank, info.world, info.cp_rank, info.cp_size, info.dp_rank, info.consensus, cnt.requests,
          cnt.input_tokens, cnt.hit_l1, cnt.hit_l2, cnt.missed, hit, st.pages_written_l2, st.pages_loaded_l2,
          cnt.steps, st.steps, cnt.steps ? (double)st.steps / (double)cnt.steps : 0, st.digest_checks,
-         st.digest_mismatches, cnt.verified, cnt.bad, engine_slots ? "" : "\n");
-  if (engine_slots) printf(" slots_out=%" PRId64 " bad_slots=%" PRId64 "\n", slots_out, slot_bad);
+         st.digest_mismatches, cnt.verified, cnt.bad);
+  if (engine_slots) printf(" slots_out=%" PRId64 " bad_slots=%" PRId64, slots_out, slot_bad);
+  if (device >= 0)
+    printf(" l1=device%d slabs=%s layer_waits=%" PRId64 " layer_waits_on=%" PRId64, device, cuda_ipc ? "cuda-ipc" : "pinned-host",
+           cnt.layer_waits, cnt.layer_waits_on);
+  printf("\n");
   check(cpcache_close(cache));
+  if (device >= 0) { // after the close: the cache's copies are over
+    for (int l = 0; l < KV_LAYERS; l++)
+      for (int j = 0; j < 2; j++) cucheck(cu.cuMemFree(kv_dev[l][j]));
+    cucheck(cu.cuStreamDestroy(cu_stream));
+    cucheck(cu.cuDevicePrimaryCtxRelease(cu_dev));
+  }
   for (int i = 0; i < nreq; i++) free(reqs[i].tokens);
   free(reqs);
   free(done_round);
