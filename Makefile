@@ -238,12 +238,14 @@ bench-summary:
 # its deps, in gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs
 # the tests on a GPU machine with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most
 # 120 s a step, nccl last), runs `cpcache run --device cuda` on 8 ranks (opaque pages and two
-# --model presets), and prints the device report, bandwidth lines and a summary line.
+# --model presets) and the C example (build/engine, beside its libcpcache.so) over device
+# buffers, and prints the device report, bandwidth lines and a summary line.
 # built-on.txt records this machine's glibc and libstdc++ and the newest glibc symbol version
 # the binaries need, for run.sh's preflight.
 # Run there: gpu-bundle/run.sh
-gpu-check:
+gpu-check: build/engine
 	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
+	cp build/engine build/libcpcache.so gpu-bundle/
 	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine cmd/libcpcache; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
 	    echo "gpu-check: gpu-bundle/$$p.test"; \
@@ -251,12 +253,12 @@ gpu-check:
 	  fi; \
 	done
 	CGO_ENABLED=1 $(GO) build -ldflags='-s -w $(VERSION_LDFLAGS)' -o gpu-bundle/cpcache ./cmd/cpcache
-	@for b in gpu-bundle/*.test gpu-bundle/cpcache; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
+	@for b in gpu-bundle/*.test gpu-bundle/cpcache gpu-bundle/libcpcache.so; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
 	  grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' | \
 	  while read -r lib; do cp -L "$$lib" gpu-bundle/lib/ && echo "gpu-check: bundled $$lib"; done
 	install -m 0755 cuda/testdata/gpu-run.sh gpu-bundle/run.sh
 	@{ echo "built with glibc $$(getconf GNU_LIBC_VERSION | awk '{print $$2}'), libstdc++ $$(readlink -f $$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $$NF; exit}') | sed 's/.*\.so\.//')"; \
-	  echo "needs glibc symbols up to $$(cat gpu-bundle/*.test gpu-bundle/cpcache | grep -ao 'GLIBC_2\.[0-9.]*[0-9]' | sort -uV | tail -n 1)"; } > gpu-bundle/built-on.txt
+	  echo "needs glibc symbols up to $$(cat gpu-bundle/*.test gpu-bundle/cpcache gpu-bundle/engine gpu-bundle/libcpcache.so | grep -ao 'GLIBC_2\.[0-9.]*[0-9]' | sort -uV | tail -n 1)"; } > gpu-bundle/built-on.txt
 	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
 
 clean:

@@ -41,9 +41,20 @@ func stubTest(t *testing.T, dir, name string, sleepSeconds int) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755))
 }
 
+// stubEngine writes a stand-in for the C example (build/engine): each rank prints its
+// report line, with the slab kind --cuda-ipc asks for; it fails unless given --device 0.
+func stubEngine(t *testing.T, dir string) {
+	t.Helper()
+	script := "#!/bin/sh\n" +
+		`case " $* " in *" --device 0 "*) ;; *) echo "engine: no --device 0 in $*" >&2; exit 2 ;; esac` + "\n" +
+		`slabs=pinned-host; case " $* " in *" --cuda-ipc "*) slabs=cuda-ipc ;; esac` + "\n" +
+		`echo "rank $RANK/$WORLD_SIZE (cp $RANK/4, dp 0, consensus shm): requests=64 tokens_hit_l2=6016 pages_verified=96 bad_pages=0 l1=device0 slabs=$slabs layer_waits=92 layer_waits_on=92"` + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "engine"), []byte(script), 0o755))
+}
+
 // gpuBundle lays out a bundle in a temporary directory: run.sh, the cpcache binary and the
 // stub test binaries named in stubs (name → seconds to sleep); it returns the directory and
-// the environment that loads the fake libraries.
+// the environment that loads the fake libraries, with a stand-in for the C example.
 func gpuBundle(t *testing.T, stubs map[string]int) (string, []string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -51,6 +62,7 @@ func gpuBundle(t *testing.T, stubs map[string]int) (string, []string) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.sh"), script, 0o755))
 	require.NoError(t, os.Symlink(cpcacheBinary(t), filepath.Join(dir, "cpcache")))
+	stubEngine(t, dir)
 	for name, sleep := range stubs {
 		stubTest(t, dir, name, sleep)
 	}
@@ -82,7 +94,8 @@ func runScript(t *testing.T, dir string, env []string, during func(*exec.Cmd)) (
 // TestGPUBundleRunOnFakeLibraries runs run.sh with CPCACHE_REQUIRE_GPU unset in the
 // environment: the stubs get CPCACHE_REQUIRE_GPU=1 and a per-package timeout within 120 s,
 // the missing cudaslab.test is a failure, nccl runs last, the 8-rank `cpcache run --device
-// cuda` runs (device and pinned host L2) on the fake driver and prints its report, and the
+// cuda` runs (device and pinned host L2) on the fake driver and prints its report, the C
+// example (a stand-in here: capi-test runs the real one on the fake driver) runs twice, and the
 // summary line says it all. The two --model runs lend per-layer device L1 buffers.
 func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "cudaengine.test": 0, "libcpcache.test": 0, "nccl.test": 0})
@@ -102,11 +115,15 @@ func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	assert.Equal(t, 4, strings.Count(out, "bad pages 0\n"))
 	assert.Equal(t, 4, strings.Count(out, "(1.00 consensus collectives per step)"))
 	assert.Contains(t, out, "L1 device, per layer and part a token-slot buffer; L2 layer_first; 61 layers × 1 parts")
+	for _, slabs := range []string{"pinned-host", "cuda-ipc"} {
+		assert.Equal(t, 4, strings.Count(out, "bad_pages=0 l1=device0 slabs="+slabs+" "), "the C example's 4 ranks over %s slabs print their lines", slabs)
+	}
+	assert.Contains(t, out, "== engine --attn-cp 4 --device 0 --cuda-ipc (4 ranks, the C ABI)")
 	assert.Contains(t, out, "device               0 cpcache fake GPU (up to 8 ranks per device)")
 	assert.Less(t, strings.Index(out, "pinned host shared memory"), strings.Index(out, "== nccl.test"), "nccl runs last")
 	m := summaryRE.FindStringSubmatch(out)
 	require.NotNil(t, m, "no summary line:\n%s", out)
-	assert.Equal(t, []string{"FAILED", "9", "0", "5", "360"}, m[1:6], "5 stubs pass and skip one each, 4 device runs pass")
+	assert.Equal(t, []string{"FAILED", "11", "0", "5", "360"}, m[1:6], "5 stubs pass and skip one each, 4 device runs and 2 C-example runs pass")
 	assert.Contains(t, m[6], "cudaslab.test missing")
 }
 

@@ -4,8 +4,8 @@
 # Runs the test binaries beside this script (cuda, cudaslab, the TestGPU* tests of hicache,
 # hicache/cudaengine and cmd/libcpcache, nccl last) with CPCACHE_REQUIRE_GPU=1, so a missing
 # GPU, driver or NCCL fails instead of skipping, then `cpcache run --device cuda` on 8 ranks
-# (device and pinned host L2; opaque pages, and the per-layer KV of two --model presets), and
-# prints the device report, the bandwidth lines and one summary line. Full logs go to $OUT
+# (device and pinned host L2; opaque pages, and the per-layer KV of two --model presets) and
+# the C example over device buffers (pinned host and CUDA IPC slabs) on 4, and prints the device report, the bandwidth lines and one summary line. Full logs go to $OUT
 # when it is set, else beside this script.
 #
 # Budget: the whole run ends within CPCACHE_GPU_DEADLINE_S seconds (default and maximum 360),
@@ -111,7 +111,7 @@ else
 fi
 [ -r "$here/built-on.txt" ] && sed 's/^/preflight: bundle /' "$here/built-on.txt"
 unrunnable=""
-for bin in "$here"/*.test "$here/cpcache"; do
+for bin in "$here"/*.test "$here/cpcache" "$here/engine"; do
   [ -x "$bin" ] || continue
   bad=$(LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$bin" 2>&1 | grep -E "version .* not found|=> not found" | sed 's/^[[:space:]]*//')
   if [ -n "$bad" ]; then
@@ -214,6 +214,28 @@ device_run() {
   fi
 }
 
+# c_example [SLABS]: the C example (examples/c/engine.c, linked to the bundled libcpcache.so)
+# on 4 ranks under `cpcache launch`, lending per-layer K/V buffers in device 0's memory through
+# the C ABI over pinned host slabs (or SLABS, --cuda-ipc): it passes with exit 0 and, on every
+# rank, L2 hits, bad_pages=0 and layers read after both kinds of layer wait.
+c_example() {
+  local slabs="${1:-}" name="c-example${1:+-cuda-ipc}" rc
+  echo "== engine --attn-cp 4 --device 0 ${slabs:+$slabs }(4 ranks, the C ABI)"
+  budget "$name" || return
+  run "$secs" "$here/cpcache" launch -n 4 -- "$here/engine" --attn-cp 4 --device 0 $slabs --l1-pages 16 \
+    >"$logs/$name.log" 2>&1
+  rc=$?
+  grep -E '^\[[0-9]+\] rank [0-9]+/' "$logs/$name.log"
+  if [ "$rc" -eq 0 ] && [ "$(grep -cE 'tokens_hit_l2=[1-9].* bad_pages=0 l1=device0 .*layer_waits=[1-9][0-9]* layer_waits_on=[1-9]' "$logs/$name.log")" -eq 4 ]; then
+    total_pass=$((total_pass + 1))
+  else
+    total_fail=$((total_fail + 1))
+    problems+=("$name exit $rc")
+    echo "  $name: FAILED (exit $rc); log tail:"
+    tail -n 30 "$logs/$name.log" | sed 's/^/    /'
+  fi
+}
+
 test_pkg cuda .
 test_pkg cudaslab .
 test_pkg hicache '^TestGPU'
@@ -223,5 +245,7 @@ device_run device
 device_run host
 device_run device llama-3-8b page_first
 device_run host deepseek-v3 layer_first
+c_example
+c_example --cuda-ipc
 test_pkg nccl . # last: an NCCL hang must not eat the others' time
 [ "$total_fail" -eq 0 ] && [ "${#problems[@]}" -eq 0 ]
