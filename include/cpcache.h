@@ -72,7 +72,8 @@ extern "C" {
 #define CPCACHE_ERR_CLOSED (-4)       /* a cache handle that was closed or never opened */
 #define CPCACHE_ERR_ALREADY_OPEN (-5) /* a second open while this process has a cache */
 #define CPCACHE_ERR_CONFIG (-6)       /* configuration rejected (layout, sizes, ranks disagree,
-                                       * a rendezvous store another job is joining through) */
+                                       * a rendezvous store another job is joining through, no
+                                       * loadable CUDA driver for a device L1 or CUDA slabs) */
 #define CPCACHE_ERR_NODE (-7)         /* a node handle that is not in the tree (evicted, flushed) */
 #define CPCACHE_ERR_L1_FULL (-8)      /* L1 cannot make room (insert, load-back) */
 #define CPCACHE_ERR_BUSY (-9)         /* flush while busy; a replicated call while a step waits */
@@ -94,7 +95,8 @@ typedef uint64_t cpcache_node_t; /* a node of the tree; equal on every rank of t
 /* The L1 pool: this rank's KV pages, page slot s at base + s × page_bytes. */
 #define CPCACHE_L1_ALLOC 0  /* the library allocates host memory (see cpcache_l1_page) */
 #define CPCACHE_L1_HOST 1   /* l1_base is host memory the engine owns */
-#define CPCACHE_L1_DEVICE 2 /* l1_base is a CUDA device pointer on `device` the engine owns */
+#define CPCACHE_L1_DEVICE 2 /* l1_base is a CUDA device pointer on `device` the engine owns
+                             * (NULL with device l1_buffers) */
 
 /* How attention-TP ranks hold a KV part (cpcache_kv_part.sharding). */
 #define CPCACHE_KV_SHARDED 1    /* each attention-TP rank holds 1/attn_tp of its bytes (K, V of MHA/GQA) */
@@ -124,7 +126,8 @@ typedef struct cpcache_kv_part {
  * the engine's device memory on `device`) take l1_kind CPCACHE_L1_DEVICE with pinned host
  * slabs (pin_host 1) or CUDA IPC slabs: the CUDA engine copies chunk by chunk and loads
  * layer by layer (cpcache_wait_l1_layer_on). Without a loadable CUDA driver open fails on
- * every rank with CPCACHE_ERR_CONFIG naming the device buffers. */
+ * every rank: CPCACHE_ERR_CONFIG naming the device buffers where the driver did not load,
+ * CPCACHE_ERR_PEER_LOST (a failed peer) on a rank whose driver did. */
 typedef struct cpcache_l1_buffer {
   int32_t layer, part; /* part: index in the layout's parts */
   int32_t kind;        /* CPCACHE_MEM_* */

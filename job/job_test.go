@@ -366,6 +366,9 @@ func TestL1BuffersReachTheCache(t *testing.T) {
 		"L1 buffers in device memory (layer 0 part 0) with L1 kind 0 (want L1Device":            func(c *Config) { c.L1Buffers = devBufs() },
 		"L1 buffers in host memory (layer 0 part 0) with L1 kind 3 (they replace the pool":      func(c *Config) { c.L1Buffers, c.L1, c.L2 = bufs(), L1Device, L2Pinned },
 		"L1 buffers in device memory (layer 0 part 0) and an L1 pool as well (L1Base or Device": func(c *Config) { c.L1Buffers, c.L1, c.L2, c.L1Base = devBufs(), L1Device, L2Pinned, unsafe.Pointer(c) },
+		"L1 buffers in device memory (layer 0 part 0) and an L1 pool as well (L1Base or DeviceKVL1)": func(c *Config) {
+			c.L1Buffers, c.L1, c.L2, c.DeviceKVL1 = devBufs(), L1Device, L2Pinned, true
+		},
 	} {
 		cfgs = inProcess(t, nil)
 		cfgs[0].KVLayout = &l

@@ -96,7 +96,8 @@ func runScript(t *testing.T, dir string, env []string, during func(*exec.Cmd)) (
 // the missing cudaslab.test is a failure, nccl runs last, the 8-rank `cpcache run --device
 // cuda` runs (device and pinned host L2) on the fake driver and prints its report, the C
 // example (a stand-in here: capi-test runs the real one on the fake driver) runs twice, and the
-// summary line says it all. The two --model runs lend per-layer device L1 buffers.
+// summary line says it all. The two --model runs use per-layer device L1 buffers
+// (job.Open allocates them).
 func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	dir, env := gpuBundle(t, map[string]int{"cuda.test": 0, "hicache.test": 0, "cudaengine.test": 0, "libcpcache.test": 0, "nccl.test": 0})
 	out, status := runScript(t, dir, env, nil)

@@ -92,7 +92,7 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		{parallel.ErrClosed, -4},     // a step whose group cpcache_close closed meanwhile
 		// A start failure: the failing rank gets its own error's code (an I/O error here),
 		// the others a failed peer.
-		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cannot load libcuda.so.1")}, -13},
+		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cuMemcpyHtoD: CUDA error 700")}, -13},
 		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
 		{&hicache.StartError{Rank: 1}, -11},
 		// A rank without a loadable CUDA driver for a configuration that needs one.

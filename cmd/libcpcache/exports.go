@@ -609,6 +609,8 @@ func cpcache_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *
 		switch {
 		case page == nil || size == nil:
 			return fmt.Errorf("%w: page (%p) and len (%p) must not be NULL", errInvalid, page, size)
+		case s.l1Buffers:
+			return fmt.Errorf("%w: no L1 pool: the L1 is the engine's per-layer l1_buffers (a page is a chunk in each)", errInvalid)
 		case s.l1Base == nil:
 			return fmt.Errorf("%w: the L1 pool is device memory (no host address)", errInvalid)
 		case slot < 0 || int(slot) >= s.info.l1Pages:

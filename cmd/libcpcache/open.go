@@ -114,14 +114,16 @@ func checkConfig(c *openConfig) error {
 
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
-	handle  uint64     // set once before the session is published
-	mu      sync.Mutex // protects closed; held through every call on the session
-	closed  bool
-	cache   *hicache.Cache
-	engine  *hostengine.Engine // nil with a device L1
-	l1Base  unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
-	info    sessionInfo
-	closers []func() error
+	handle uint64     // set once before the session is published
+	mu     sync.Mutex // protects closed; held through every call on the session
+	closed bool
+	cache  *hicache.Cache
+	engine *hostengine.Engine // nil with a device L1
+	l1Base unsafe.Pointer     // host L1 pool (nil with a device L1): memory outside the Go heap
+	// l1Buffers: the L1 is the engine's per-layer buffers (cpcache_config.l1_buffers), no pool.
+	l1Buffers bool
+	info      sessionInfo
+	closers   []func() error
 	// freed are engine-owned L1 slots a call freed that did not fit the caller's buffer:
 	// cpcache_take_freed_l1 hands them out before the cache's own drain.
 	freed []int32
@@ -176,6 +178,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	}
 	s.closers = append(s.closers, rk.Close)
 	s.cache, s.engine, s.l1Base = rk.Cache, rk.HostEngine, rk.L1Host
+	s.l1Buffers = len(c.kv.kvBufs) > 0
 	rank, layout := rk.Rank(), rk.Layout
 	coord := layout.Coord(rank)
 	s.info = sessionInfo{

@@ -55,6 +55,8 @@ def _run_buffers(tmp_path, bufs, arrays, np, l2_layout):
     """Insert a sequence, write each fill page's KV into the engine's arrays, evict it to L2,
     load it back into other slots and check every byte landed in its layer and part."""
     with one_rank(tmp_path, kv_layout=SPEC, l1_buffers=bufs, l2_layout=l2_layout, write_threshold=1) as c:
+        with pytest.raises(cpcache.InvalidError, match="no L1 pool: the L1 is the engine's per-layer l1_buffers"):
+            c.l1_page(0)
         tokens = list(range(100, 100 + 2 * PAGE_TOKENS))
         res = c.insert(tokens)
         want = {}
@@ -68,7 +70,7 @@ def _run_buffers(tmp_path, bufs, arrays, np, l2_layout):
             c.step()
         for a in arrays.values():
             a[:] = 0
-        c.evict_l1(2)
+        assert c.evict_l1(2).freed == 2
         m = c.match(tokens)
         assert m.device_pages == 0 and m.host_pages == 2, m
         c.lock(m.node)
@@ -362,7 +364,7 @@ def test_torch_cuda_buffers_load_back_layer_by_layer(tmp_path):
         for t in tensors.values():
             t.zero_()
         torch.cuda.synchronize()
-        c.evict_l1(2)
+        assert c.evict_l1(2).freed == 2
         m = c.match(tokens)
         assert c.load_back(m.node) == 2
         c.step()

@@ -73,6 +73,18 @@ var breakages = []struct {
 	}},
 }
 
+// breakageNamed is the damage of the breakages entry called name.
+func breakageNamed(t testing.TB, name string) breakage {
+	t.Helper()
+	for _, b := range breakages {
+		if b.name == name {
+			return b.damage
+		}
+	}
+	t.Fatalf("no breakage %q", name)
+	return nil
+}
+
 // Each breakage of the data path makes the oracle see differing outputs (the oracle can
 // fail), at CP 2 with every hit loaded back from L2.
 func TestOracleCatchesBrokenPaths(t *testing.T) {

@@ -473,7 +473,7 @@ func TestOracleEngineOwnedCatchesBrokenSlots(t *testing.T) {
 		skipWait bool
 	}{
 		{name: "loads read from each other's slots", fault: loadsSwapped},
-		{name: "page in the neighbour's slot", damage: breakages[3].damage},
+		{name: "page in the neighbour's slot", damage: breakageNamed(t, "page in the neighbour's slot")},
 		{name: "layer wait skipped", skipWait: true},
 	} {
 		t.Run(b.name, func(t *testing.T) {
