@@ -27,8 +27,19 @@ func TestEngineModelOracleTrace(t *testing.T) {
 	require.Len(t, p.Requests, 32)
 	out := runInProcess(t, p, -1)
 	requireOracle(t, p, out)
+	// Every request of the slice shares its first block (64 tokens here) and nothing more
+	// with those before it: the unlimited bound, one request at a time, is that block for
+	// every request but the first, and the cache serves exactly it.
+	block := p.traceBlockTokens()
+	require.Equal(t, 64, block)
+	shared := workload.ReuseBound(p.Requests, p.Config.PageSize)
+	require.Equal(t, int64((len(p.Requests)-1)*block), shared, "the slice shares only its first block")
 	c := out[0].counts
-	assert.GreaterOrEqual(t, c.HitL1+c.HitL2, int64(31*64), "every request but the first hits the shared block")
+	assert.Equal(t, shared, c.HitL1+c.HitL2, "every request but the first hits the shared block, nothing more")
+	// The report's LRU reference counts the trace's 64-token blocks: it too serves the shared one.
+	ref := referenceOf(p)
+	assert.Equal(t, block, ref.BlockSize())
+	assert.Equal(t, shared, ref.LRUBlockTokens, "an LRU of 64-token blocks serves the shared block")
 	t.Logf("%d requests, %d prompt tokens: L1 %d, L2 %d, missed %d", len(p.Requests), c.InputTokens, c.HitL1, c.HitL2, c.Missed)
 }
 
