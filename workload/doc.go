@@ -7,8 +7,9 @@
 // that share a prefix in the source share it token for token.
 //
 // ReuseBound and LRUBlockHits compute reference hit counts from a workload alone: the
-// tokens an unlimited cache serves with requests one at a time, and what an LRU of
-// 512-token blocks of a given capacity serves.
+// tokens an unlimited cache serves with requests one at a time, and what an LRU of blocks
+// of a trace's hash-id size (512 tokens, 512/N at TraceOptions.Scale N) and of a given
+// capacity serves.
 //
 // Contract: Synthetic and ReadTrace/ReadTraceFile return requests in issue order or an
 // error naming the bad field or trace line (trace errors wrap ErrBadTrace); nothing is

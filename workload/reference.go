@@ -46,26 +46,27 @@ func ReuseBound(reqs []Request, pageSize int) int64 {
 }
 
 // LRUBlockHits is the number of prompt tokens served, in order, by an LRU cache of
-// capacityBlocks blocks of BlockTokens tokens (the granularity of a Mooncake trace's
-// hash ids): a prompt hits its leading cached blocks, then every block of the prompt and its
-// answer becomes the most recently used, the least recently used blocks leaving when the
-// capacity is exceeded. It is the textbook baseline a paged, tiered cache of the same
-// capacity is compared with.
-func LRUBlockHits(reqs []Request, capacityBlocks int) int64 {
-	if capacityBlocks <= 0 {
-		return 0
+// capacityBlocks blocks of blockTokens tokens (the granularity of a Mooncake trace's hash
+// ids: BlockTokens, or BlockTokens/N for a trace read at TraceOptions.Scale N): a prompt
+// hits its leading cached blocks, then every block of the prompt and its answer becomes the
+// most recently used, the least recently used blocks leaving when the capacity is exceeded.
+// It is the textbook baseline a paged, tiered cache of the same capacity is compared with.
+// A block size or capacity that is not positive serves nothing.
+func LRUBlockHits(reqs []Request, blockTokens, capacityBlocks int) int64 {
+	if blockTokens <= 0 || capacityBlocks <= 0 {
+		return 0 // core.KeyPrefixHashes would divide by the block size
 	}
 	order := list.New() // front: most recently used; values are block hashes
 	at := map[uint64]*list.Element{}
 	var hits int64
 	for _, r := range reqs {
-		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, BlockTokens) {
+		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, blockTokens) {
 			if _, ok := at[h]; !ok {
 				break
 			}
-			hits += BlockTokens
+			hits += int64(blockTokens)
 		}
-		for _, h := range core.KeyPrefixHashes(r.Key, withAnswer(r), BlockTokens) {
+		for _, h := range core.KeyPrefixHashes(r.Key, withAnswer(r), blockTokens) {
 			if e, ok := at[h]; ok {
 				order.MoveToFront(e)
 				continue

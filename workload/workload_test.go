@@ -152,9 +152,28 @@ func TestReferencesOfBadSizes(t *testing.T) {
 	require.NoError(t, err)
 	for _, size := range []int{0, -16} {
 		assert.Zero(t, ReuseBound(reqs, size), "page size %d", size)
-		assert.Zero(t, LRUBlockHits(reqs, size), "capacity %d", size)
+		assert.Zero(t, LRUBlockHits(reqs, BlockTokens, size), "capacity %d", size)
+		assert.Zero(t, LRUBlockHits(reqs, size, 64), "block size %d", size)
 	}
 	assert.Positive(t, ReuseBound(reqs, 16))
+}
+
+// TestLRUBlockHitsAtTraceScale: three requests of a trace sharing only their first hash id,
+// read at 1/8 (blocks of 64 tokens): an LRU of 64-token blocks serves the shared block to the
+// second and third (2 × 64 tokens) unless its capacity is one block, while one of 512-token
+// blocks, longer than the shared prefix, serves nothing.
+func TestLRUBlockHitsAtTraceScale(t *testing.T) {
+	const trace = `{"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [0, 1]}
+{"timestamp": 1, "input_length": 1024, "output_length": 64, "hash_ids": [0, 2]}
+{"timestamp": 2, "input_length": 1536, "output_length": 64, "hash_ids": [0, 3, 4]}
+`
+	reqs, err := ReadTrace(strings.NewReader(trace), TraceOptions{Scale: 8})
+	require.NoError(t, err)
+	require.Len(t, reqs, 3)
+	block := BlockTokens / 8
+	assert.Equal(t, int64((len(reqs)-1)*block), LRUBlockHits(reqs, block, 1000), "the shared first block, for every request after the first")
+	assert.Zero(t, LRUBlockHits(reqs, BlockTokens, 1000), "no 512-token prefix is shared")
+	assert.Zero(t, LRUBlockHits(reqs, block, 1), "one block: each request's last block pushes the shared one out")
 }
 
 // TestShippedTraceSlice: testdata's slice of Mooncake's conversation trace (testdata/README.md)

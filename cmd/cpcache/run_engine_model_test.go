@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cpcache/cpcache/sim/report"
+	"github.com/cpcache/cpcache/workload"
 )
 
 // modelRunArgs is a small `cpcache run --engine model` of real rank processes: 4 ranks at
@@ -78,7 +79,14 @@ func TestRunEngineModel(t *testing.T) {
 		status, rep, out, errOut := runBinary(t, nil, append(modelRunArgs, "--workload", "trace", "--trace", trace, "--trace-scale", "8")...)
 		requireModelOracle(t, "gqa", status, rep, out, errOut)
 		assert.Equal(t, int64(8), rep.Requests)
-		assert.Positive(t, rep.TokensHitL1+rep.TokensHitL2, "the shared first block is served from the cache")
+		// The slice's requests share their first block (512/8 tokens) and nothing more: the
+		// unlimited bound is that block for every request but the first, and the cache serves
+		// exactly it, as does the LRU reference of the trace's 64-token blocks.
+		block := int64(workload.BlockTokens / 8)
+		require.Equal(t, (rep.Requests-1)*block, rep.Reference.ReuseBoundTokens, "the slice shares only its first block")
+		assert.Equal(t, rep.Reference.ReuseBoundTokens, rep.TokensHitL1+rep.TokensHitL2, "the shared first block is served from the cache")
+		assert.Equal(t, rep.Reference.ReuseBoundTokens, rep.Reference.LRUBlockTokens, "an LRU of 64-token blocks serves the shared block")
+		assert.Contains(t, out, fmt.Sprintf(", LRU of 64-token blocks (%d tokens) ", rep.Reference.CapacityTokens))
 	})
 }
 

@@ -242,8 +242,8 @@ func (r *Report) writeTimeText(w io.Writer) {
 	fmt.Fprintf(w, "  misses by cause      compulsory %d, capacity L1 %d, capacity L2 %d, in flight %d, quarantined %d, storage %d, skipped for cost %d, partial page %d\n",
 		m.Compulsory, m.CapacityL1, m.CapacityL2, m.InFlight, m.Quarantined, m.Storage, m.Cost, m.PartialPage)
 	ref := r.Reference
-	fmt.Fprintf(w, "  reference hit rates  unlimited %.1f%%, LRU of 512-token blocks (%d tokens) %.1f%%\n",
-		100*ref.ReuseBoundHitRate, ref.CapacityTokens, 100*ref.LRUBlockHitRate)
+	fmt.Fprintf(w, "  reference hit rates  unlimited %.1f%%, LRU of %d-token blocks (%d tokens) %.1f%%\n",
+		100*ref.ReuseBoundHitRate, ref.BlockSize(), ref.CapacityTokens, 100*ref.LRUBlockHitRate)
 	l := r.Latency
 	if l == nil {
 		return

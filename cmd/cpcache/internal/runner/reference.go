@@ -19,5 +19,5 @@ func referenceOf(p *Plan) report.Reference {
 	for dp := range reps {
 		reps[dp] = p.ReplicaRequests(dp)
 	}
-	return report.ReferenceOf(reps, p.Config.PageSize, p.CapacityTokens())
+	return report.ReferenceOf(reps, p.Config.PageSize, p.traceBlockTokens(), p.CapacityTokens())
 }

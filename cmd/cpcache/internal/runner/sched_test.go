@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -359,6 +361,36 @@ func TestRouteKeepsConversationsAndPrefixesTogether(t *testing.T) {
 		seen[Route(l, r, 64)] = true
 	}
 	assert.Len(t, seen, 1, "scaled trace requests with the same first block, one replica")
+
+	// Through a Plan: a trace whose 16 requests share only their first hash id, read at
+	// --trace-scale 8 on 4 replicas, has every request in one replica's ReplicaRequests
+	// (routed by the plan's 64-token blocks); routed by 512 tokens, their whole prompts,
+	// they would spread.
+	var lines []string
+	for k := range 16 {
+		lines = append(lines, fmt.Sprintf(`{"timestamp": %d, "input_length": 1024, "output_length": 16, "hash_ids": [0, %d]}`, k, 100+k))
+	}
+	cfg := DefaultConfig()
+	cfg.Layout = parallel.LayoutConfig{World: 16, DP: 4, AttnCP: 4, DPAttention: true}
+	cfg.Workload, cfg.TracePath, cfg.TraceScale = WorkloadTrace, inlineTrace(t, lines...), 8
+	p, err := Prepare(cfg)
+	require.NoError(t, err)
+	require.Equal(t, 4, p.Layout.AttnDP)
+	require.Len(t, p.Requests, 16)
+	served := map[int]int{}
+	for dp := range p.Layout.AttnDP {
+		if n := len(p.ReplicaRequests(dp)); n > 0 {
+			served[dp] = n
+		}
+	}
+	assert.Len(t, served, 1, "one replica serves every request sharing the first 64-token block: %v", served)
+	assert.Equal(t, len(p.Requests), slices.Collect(maps.Values(served))[0])
+	seen = map[int]bool{}
+	for _, r := range p.Requests {
+		require.Len(t, r.Tokens, 128)
+		seen[Route(p.Layout, r, workload.BlockTokens)] = true
+	}
+	assert.Greater(t, len(seen), 1, "routed by 512-token blocks the same requests spread")
 }
 
 func TestPrepareRejectsBadInput(t *testing.T) {
