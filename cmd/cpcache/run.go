@@ -39,7 +39,7 @@ OMPI_COMM_WORLD_RANK set) it runs as one rank of their job, and --world defaults
 launcher's world size.
 
 Requests go to DP replicas by client mod attn_dp (synthetic) or by a hash of the first
-512-token block mod attn_dp (trace).
+trace block (512 tokens, 512/N at --trace-scale N) mod attn_dp (trace).
 
 With --storage URL (file:///dir, redis://host:port/prefix, or a Redis Cluster,
 redis+cluster://host:port,host:port/prefix) the cache gets an L3 tier:
@@ -68,7 +68,7 @@ and the page-copy bandwidth against a large copy's.
 advances by each step's modelled duration (--cost-profile, --cost); nothing sleeps. The
 report adds TTFT, queueing and throughput in virtual time with the cache on and off, every
 missed token by cause, and reference hit rates (unlimited capacity; an LRU of 512-token
-blocks of the same capacity). --sweep PARAM=V1,V2,... runs once per value and prints one
+blocks, or the trace's scaled blocks, of the same capacity). --sweep PARAM=V1,V2,... runs once per value and prints one
 table; --html FILE writes a self-contained HTML report with charts.
 
 Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and what

@@ -15,6 +15,8 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/cpcache/cpcache/workload"
 )
 
 // Chart ids of the HTML report (each a <figure id=...> holding one inline SVG).
@@ -284,12 +286,16 @@ func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, er
 	p.Y.Min, p.Y.Max = 0, legendRoom(3) // the legend above 1 hides no curve
 	p.Y.Tick.Marker = unitTicks{}
 	p.Legend.Top = true
+	blockTokens := workload.BlockTokens // the LRU reference's block (512/N at --trace-scale N)
+	if len(sw.Reports) > 0 {
+		blockTokens = sw.Reports[0].Reference.BlockSize()
+	}
 	lines := []struct {
 		name string
 		v    func(*Report) float64
 	}{
 		{"measured", func(r *Report) float64 { return r.HitRate }},
-		{"LRU of 512-token blocks", func(r *Report) float64 { return r.Reference.LRUBlockHitRate }},
+		{fmt.Sprintf("LRU of %d-token blocks", blockTokens), func(r *Report) float64 { return r.Reference.LRUBlockHitRate }},
 		{"unlimited", func(r *Report) float64 { return r.Reference.ReuseBoundHitRate }},
 	}
 	var args []any
@@ -304,5 +310,5 @@ func sweepChart(_ *Report, sw *SweepResult) (string, string, int, *plot.Plot, er
 	}
 	err := plotutil.AddLinePoints(p, args...)
 	p.NominalX(sw.Values...)
-	return ChartSweep, "Measured hit rate at each value, beside an LRU over 512-token blocks of the same capacity and the unlimited-capacity bound (where the measured line hides the LRU one, the cache hits what an LRU of its capacity would).", n, p, err
+	return ChartSweep, "Measured hit rate at each value, beside an LRU over " + strconv.Itoa(blockTokens) + "-token blocks of the same capacity and the unlimited-capacity bound (where the measured line hides the LRU one, the cache hits what an LRU of its capacity would).", n, p, err
 }

@@ -56,6 +56,18 @@ func TestHTMLReportLabelsAndAxes(t *testing.T) {
 	}
 	assert.False(t, strings.Contains(page, ">1.2<"), "no hit-rate label in the legend's room above 1")
 	assert.Equal(t, 1.24, legendRoom(2), "two legend entries get 0.24 above 1")
+	assert.True(t, strings.Contains(page, "LRU over 512-token blocks"), "an unscaled sweep's LRU is of 512-token blocks")
+
+	// A sweep over a trace read at --trace-scale 8: its LRU reference is of 64-token blocks.
+	for _, r := range sw.Reports {
+		r.Reference.LRUBlockSize = 64
+	}
+	b.Reset()
+	require.NoError(t, WriteHTML(&b, last, sw))
+	page = b.String()
+	assert.True(t, strings.Contains(page, "LRU over 64-token blocks"), "the sweep chart names the trace's scaled block")
+	assert.True(t, strings.Contains(page, "LRU of 64-token blocks"), "so does its legend")
+	assert.False(t, strings.Contains(page, "512-token"), "nothing says 512-token blocks")
 }
 
 // TestHTMLReportRendersInChromium renders the page in headless Chromium at 1300 px and asks the

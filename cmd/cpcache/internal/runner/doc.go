@@ -21,8 +21,8 @@
 // both values instead of waiting for each other until a step deadline.
 //
 // Requests go to DP replicas by Route: client mod attn_dp for synthetic conversations (every
-// turn meets its history), a hash of the first 512-token block mod attn_dp for traces
-// (requests sharing a first block meet in one cache). Every rank of a replica runs the same
+// turn meets its history), a hash of the first trace block (512 tokens, 512/N at --trace-scale N)
+// mod attn_dp for traces (requests sharing a first block meet in one cache). Every rank of a replica runs the same
 // scheduler (sim/sched) on the same requests; each scheduler step decodes one token of every running
 // request (inserting a finished request with its answer and releasing it), admits queued
 // requests within a token budget and the L1 pages left (match, lock, load the L2 part back,
@@ -59,7 +59,7 @@
 // compulsory, capacity in L1 or L2,
 // in flight, quarantined, storage, partial page); the causes sum to the tokens missed. The
 // report sets them beside references computed from the workload alone (workload.ReuseBound,
-// the unlimited-capacity bound, and workload.LRUBlockHits, an LRU of 512-token blocks of the
+// the unlimited-capacity bound, and workload.LRUBlockHits, an LRU of the trace's blocks of the
 // same capacity). A sweep (ParseSweep; sim/report's SweepResult and WriteSweepTable) is one
 // run per value of a parameter; report.WriteHTML draws a run (and a sweep) as a
 // self-contained HTML page of inline SVG charts made with gonum.org/v1/plot. The figures,
