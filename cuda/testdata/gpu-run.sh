@@ -186,6 +186,14 @@ test_pkg() {
   echo "  $pkg: $pass passed, $fail failed, $skip skipped; exit $rc; $(($(date +%s) - start))s"
 }
 
+# run_failed NAME RC counts run NAME (exit status RC) as failed and shows its log's tail.
+run_failed() {
+  total_fail=$((total_fail + 1))
+  problems+=("$1 exit $2")
+  echo "  $1: FAILED (exit $2); log tail:"
+  tail -n 30 "$logs/$1.log" | sed 's/^/    /'
+}
+
 # device_run L2 [MODEL LAYOUT]: `cpcache run --device cuda --l2 L2` on 8 ranks sharing this
 # machine's devices; without MODEL a small workload of opaque 64 KiB pages, with MODEL (a
 # --model preset) per-layer device L1 buffers, the L2 in LAYOUT and layer-wise waits. It
@@ -207,10 +215,7 @@ device_run() {
     grep -qE '\(1\.00 consensus collectives per step\)' "$logs/$name.log"; then
     total_pass=$((total_pass + 1))
   else
-    total_fail=$((total_fail + 1))
-    problems+=("$name exit $rc")
-    echo "  $name: FAILED (exit $rc); log tail:"
-    tail -n 30 "$logs/$name.log" | sed 's/^/    /'
+    run_failed "$name" "$rc"
   fi
 }
 
@@ -229,10 +234,7 @@ c_example() {
   if [ "$rc" -eq 0 ] && [ "$(grep -cE 'tokens_hit_l2=[1-9].* bad_pages=0 l1=device0 .*layer_waits=[1-9][0-9]* layer_waits_on=[1-9]' "$logs/$name.log")" -eq 4 ]; then
     total_pass=$((total_pass + 1))
   else
-    total_fail=$((total_fail + 1))
-    problems+=("$name exit $rc")
-    echo "  $name: FAILED (exit $rc); log tail:"
-    tail -n 30 "$logs/$name.log" | sed 's/^/    /'
+    run_failed "$name" "$rc"
   fi
 }
 

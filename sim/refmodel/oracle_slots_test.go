@@ -34,17 +34,7 @@ import (
 func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
 	shape *kvmem.Shape, l1Pages int, g, cpg parallel.Group, slabs *kvtest.MemSlabs) ([]result, stats, error) {
 	ctx := context.Background()
-	l1, err := kvmem.NewL1(shape, l1Pages, kvmem.AllocTokenSlotBuffers(shape, l1Pages))
-	if err != nil {
-		return nil, stats{}, err
-	}
-	kv := m.Layout()
-	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages,
-			L1Mode: hicache.EngineOwned},
-		Layout: layout, Rank: rank, Group: g, Slabs: slabs,
-		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
-	})
+	l1, cache, err := openOracleCache(ctx, m, cfg, hicache.EngineOwned, layout, rank, shape, l1Pages, g, slabs)
 	if err != nil {
 		return nil, stats{}, err
 	}

@@ -222,19 +222,28 @@ func cacheOnErrs(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig)
 	return results[0], st[0], errs
 }
 
-func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
-	shape *kvmem.Shape, l1Pages int, g, cpg parallel.Group, slabs *kvtest.MemSlabs) ([]result, stats, error) {
-	ctx := context.Background()
+// openOracleCache builds one rank's cache over per-layer token-slot L1 buffers of l1Pages
+// slots, in L1 mode mode, with cfg's policy, load threshold and L2 layout.
+func openOracleCache(ctx context.Context, m *refmodel.Model, cfg oracleConfig, mode hicache.L1Mode, layout *parallel.Layout, rank int,
+	shape *kvmem.Shape, l1Pages int, g parallel.Group, slabs *kvtest.MemSlabs) (*kvmem.L1, *hicache.Cache, error) {
 	l1, err := kvmem.NewL1(shape, l1Pages, kvmem.AllocTokenSlotBuffers(shape, l1Pages))
 	if err != nil {
-		return nil, stats{}, err
+		return nil, nil, err
 	}
 	kv := m.Layout()
 	cache, err := hicache.New(ctx, hicache.Config{
-		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages},
-		Layout:  layout, Rank: rank, Group: g, Slabs: slabs,
+		Options: hicache.Options{PageSize: pageTokens, L1Pages: l1Pages, Policy: cfg.policy, MinLoadPages: cfg.minLoadPages,
+			L1Mode: mode},
+		Layout: layout, Rank: rank, Group: g, Slabs: slabs,
 		KVLayout: &kv, L1: l1, L2Layout: cfg.l2Layout,
 	})
+	return l1, cache, err
+}
+
+func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, layout *parallel.Layout, rank int,
+	shape *kvmem.Shape, l1Pages int, g, cpg parallel.Group, slabs *kvtest.MemSlabs) ([]result, stats, error) {
+	ctx := context.Background()
+	l1, cache, err := openOracleCache(ctx, m, cfg, hicache.CacheOwned, layout, rank, shape, l1Pages, g, slabs)
 	if err != nil {
 		return nil, stats{}, err
 	}
