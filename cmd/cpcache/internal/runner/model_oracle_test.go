@@ -142,7 +142,7 @@ func TestEngineModelOracleUnderFaults(t *testing.T) {
 		}},
 		{name: "storage-error", spec: "storage-error:after=0s", storage: true, happened: storageFailed},
 		{name: "storage-hang", spec: "storage-hang:after=0s,for=1s", storage: true, happened: storageFailed},
-		{name: "storage-freeze", spec: "storage-freeze:op=put,for=1s", storage: true, happened: func(t *testing.T, _ *Plan, out []rankOutcome) {
+		{name: "storage-freeze", spec: "storage-freeze:op=put", storage: true, happened: func(t *testing.T, _ *Plan, out []rankOutcome) {
 			var abandoned int64
 			for _, o := range out {
 				abandoned += o.stats.StorageAbandoned
