@@ -141,7 +141,7 @@ func TestEngineModelOracleUnderFaults(t *testing.T) {
 			assert.Equal(t, int64(1), leaderCounts(p, out, func(c sched.Counts) int64 { return c.Flushes }), "the flush was made")
 		}},
 		{name: "storage-error", spec: "storage-error:after=0s", storage: true, happened: storageFailed},
-		{name: "storage-hang", spec: "storage-hang:after=0s,for=1s", storage: true, happened: storageFailed},
+		{name: "storage-hang", spec: "storage-hang:after=0s,for=1m", storage: true, happened: storageFailed},
 		{name: "storage-freeze", spec: "storage-freeze:op=put", storage: true, happened: func(t *testing.T, _ *Plan, out []rankOutcome) {
 			var abandoned int64
 			for _, o := range out {
