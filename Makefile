@@ -238,34 +238,48 @@ bench-summary:
 	  for (i = 2; i < NF; i++) if ($$(i+1) == "layer0/whole") \
 	  printf "  %-16s layer 0 after %.3f of the whole load (1/%.0f)\n", name, $$i, 1 / $$i }' $(BENCH_OUT)
 
-# gpu-check builds the GPU test bundle in gpu-bundle/: test binaries of the GPU packages and
-# of the C ABI (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at
-# run time), the cpcache binary, the few non-base shared libraries the others link (Gloo and
-# its deps, in gpu-bundle/lib, used only by binaries that need them), and run.sh, which runs
-# the tests on a GPU machine with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most
-# 120 s a step, nccl last), runs `cpcache run --device cuda` on 8 ranks (opaque pages and two
-# --model presets) and the C example (build/engine, beside its libcpcache.so) over device
-# buffers, and prints the device report, bandwidth lines and a summary line.
-# built-on.txt records this machine's glibc and libstdc++ and the newest glibc symbol version
-# the binaries need, for run.sh's preflight.
+# gpu-check builds the GPU test bundle: test binaries of the GPU packages and of the C ABI
+# (cuda.test and nccl.test link glibc only: CUDA, NCCL and NVML are loaded at run time), the
+# cpcache binary, the C example (engine) beside a stripped libcpcache.so, the few non-base
+# shared libraries the others link (Gloo and its deps, in lib/, used only by binaries that
+# need them), and run.sh (cuda/testdata/gpu-run.sh), which runs the tests on a GPU machine
+# with CPCACHE_REQUIRE_GPU=1 within a 6-minute deadline (at most 120 s a step, nccl last),
+# runs `cpcache run --device cuda` on 8 ranks (opaque pages and two --model presets) and the
+# C example over device buffers, and prints the device report, bandwidth lines and a summary
+# line. built-on.txt records this machine's glibc and libstdc++ and the newest glibc symbol
+# version the binaries need, for run.sh's preflight. The binaries are staged in
+# build/gpu-bundle and packed into gpu-bundle/bundle.tar.gz, beside an unpacking run.sh
+# (cuda/testdata/gpu-unpack.sh), so that gpu-bundle/ fits the device machine's carry limit
+# (64 MiB with the working tree; unpacked the binaries are about 90 MB). The build fails when
+# gpu-bundle/ is over GPU_BUNDLE_MAX_MIB.
 # Run there: gpu-bundle/run.sh
+GPU_STAGE := build/gpu-bundle
+GPU_BUNDLE_MAX_MIB := 56
 gpu-check: build/engine
-	rm -rf gpu-bundle && mkdir -p gpu-bundle/lib
-	cp build/engine build/libcpcache.so gpu-bundle/
+	rm -rf gpu-bundle $(GPU_STAGE) && mkdir -p gpu-bundle $(GPU_STAGE)/lib
+	cp build/engine $(GPU_STAGE)/
+	CGO_ENABLED=1 $(GO) build -tags $(CAPI_TAGS) -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" -buildmode=c-shared -o $(GPU_STAGE)/libcpcache.so ./cmd/libcpcache
+	rm -f $(GPU_STAGE)/libcpcache.h
 	@for p in cuda nccl slab/cudaslab hicache hicache/cudaengine cmd/libcpcache; do \
 	  if ls $$p/*_test.go >/dev/null 2>&1; then \
-	    echo "gpu-check: gpu-bundle/$$p.test"; \
-	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o gpu-bundle/$$(basename $$p).test ./$$p || exit 1; \
+	    echo "gpu-check: $(GPU_STAGE)/$$(basename $$p).test"; \
+	    CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(GPU_STAGE)/$$(basename $$p).test ./$$p || exit 1; \
 	  fi; \
 	done
-	CGO_ENABLED=1 $(GO) build -ldflags='-s -w $(VERSION_LDFLAGS)' -o gpu-bundle/cpcache ./cmd/cpcache
-	@for b in gpu-bundle/*.test gpu-bundle/cpcache gpu-bundle/libcpcache.so; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
+	CGO_ENABLED=1 $(GO) build -ldflags='-s -w $(VERSION_LDFLAGS)' -o $(GPU_STAGE)/cpcache ./cmd/cpcache
+	@for b in $(GPU_STAGE)/*.test $(GPU_STAGE)/cpcache $(GPU_STAGE)/libcpcache.so; do ldd $$b | awk '/=> \//{print $$3}'; done | sort -u | \
 	  grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' | \
-	  while read -r lib; do cp -L "$$lib" gpu-bundle/lib/ && echo "gpu-check: bundled $$lib"; done
-	install -m 0755 cuda/testdata/gpu-run.sh gpu-bundle/run.sh
+	  while read -r lib; do cp -L "$$lib" $(GPU_STAGE)/lib/ && echo "gpu-check: bundled $$lib"; done
+	install -m 0755 cuda/testdata/gpu-run.sh $(GPU_STAGE)/run.sh
 	@{ echo "built with glibc $$(getconf GNU_LIBC_VERSION | awk '{print $$2}'), libstdc++ $$(readlink -f $$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $$NF; exit}') | sed 's/.*\.so\.//')"; \
-	  echo "needs glibc symbols up to $$(cat gpu-bundle/*.test gpu-bundle/cpcache gpu-bundle/engine gpu-bundle/libcpcache.so | grep -ao 'GLIBC_2\.[0-9.]*[0-9]' | sort -uV | tail -n 1)"; } > gpu-bundle/built-on.txt
-	@echo "gpu-check: bundle ready ($$(du -sh gpu-bundle | cut -f1)); on a GPU machine run gpu-bundle/run.sh"
+	  echo "needs glibc symbols up to $$(cat $(GPU_STAGE)/*.test $(GPU_STAGE)/cpcache $(GPU_STAGE)/engine $(GPU_STAGE)/libcpcache.so | grep -ao 'GLIBC_2\.[0-9.]*[0-9]' | sort -uV | tail -n 1)"; } > $(GPU_STAGE)/built-on.txt
+	tar -czf gpu-bundle/bundle.tar.gz -C $(GPU_STAGE) .
+	install -m 0755 cuda/testdata/gpu-unpack.sh gpu-bundle/run.sh
+	cp $(GPU_STAGE)/built-on.txt gpu-bundle/
+	@mib=$$(du -sm gpu-bundle | cut -f1); \
+	  if [ "$$mib" -gt $(GPU_BUNDLE_MAX_MIB) ]; then \
+	    echo "gpu-check: gpu-bundle/ is $$mib MiB, over GPU_BUNDLE_MAX_MIB=$(GPU_BUNDLE_MAX_MIB): with the working tree it would not fit the device machine's 64 MiB carry limit"; exit 1; fi; \
+	  echo "gpu-check: bundle ready (gpu-bundle/: $$mib MiB packed, $$(du -sh $(GPU_STAGE) | cut -f1) unpacked); on a GPU machine run gpu-bundle/run.sh"
 
 clean:
 	rm -rf bin gpu-bundle build dist

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -126,6 +127,47 @@ func TestGPUBundleRunOnFakeLibraries(t *testing.T) {
 	require.NotNil(t, m, "no summary line:\n%s", out)
 	assert.Equal(t, []string{"FAILED", "11", "0", "5", "360"}, m[1:6], "5 stubs pass and skip one each, 4 device runs and 2 C-example runs pass")
 	assert.Contains(t, m[6], "cudaslab.test missing")
+}
+
+// TestGPUBundleUnpacksAndCleansUp: the bundle's entry point (cuda/testdata/gpu-unpack.sh,
+// the gpu-bundle/run.sh of `make gpu-check`) unpacks bundle.tar.gz under $TMPDIR, runs the
+// packed run.sh (here with 5 s left, so the steps report not run) with its logs beside the
+// entry point, and removes what it unpacked; a bundle that does not unpack ends with a
+// FAILED summary line that says so.
+func TestGPUBundleUnpacksAndCleansUp(t *testing.T) {
+	packed, env := gpuBundle(t, map[string]int{"cuda.test": 0})
+	dir, tmp := t.TempDir(), t.TempDir()
+	out, err := exec.Command("tar", "-czf", filepath.Join(dir, "bundle.tar.gz"), "-C", packed, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	script, err := os.ReadFile(filepath.Join("..", "..", "cuda", "testdata", "gpu-unpack.sh"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.sh"), script, 0o755))
+	env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "OUT=") })
+	env = append(env, "TMPDIR="+tmp, "CPCACHE_GPU_DEADLINE_S=5")
+
+	text, status := runScript(t, dir, env, nil)
+	assert.Equal(t, 1, status, text)
+	assert.Contains(t, text, "preflight: every bundled binary links on this image", "the packed run.sh ran")
+	assert.Contains(t, text, "cuda: NOT RUN: the 5s deadline was reached")
+	m := summaryRE.FindStringSubmatch(text)
+	require.NotNil(t, m, "no summary line:\n%s", text)
+	assert.Equal(t, []string{"FAILED", "0", "0", "0", "5"}, m[1:6])
+	assert.Contains(t, text, "(logs in "+dir+")", "logs beside the entry point")
+	assert.FileExists(t, filepath.Join(dir, "gpu-info.txt"))
+	left, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, left, "the unpacked bundle is removed")
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bundle.tar.gz"), []byte("not a tarball"), 0o644))
+	text, status = runScript(t, dir, env, nil)
+	assert.Equal(t, 1, status, text)
+	m = summaryRE.FindStringSubmatch(text)
+	require.NotNil(t, m, "no summary line when the bundle does not unpack:\n%s", text)
+	assert.Equal(t, "FAILED", m[1])
+	assert.Contains(t, m[6], "cannot unpack "+filepath.Join(dir, "bundle.tar.gz"))
+	left, err = os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, left, "nothing is left of a bundle that did not unpack")
 }
 
 // TestGPUBundleSummaryAtDeadlineAndSignal: with no time left every step is reported as not
