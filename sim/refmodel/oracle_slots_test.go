@@ -340,19 +340,13 @@ func insertCopy(cache *hicache.Cache, l1 *kvmem.L1, alloc *slotAllocator, seq, o
 		return err
 	}
 	own2 := slices.Clone(own)
+	page := make([]byte, l1.Shape().PageBytes())
 	for k, s := range fresh {
-		for layer := range l1.Shape().Layers() {
-			for part := range l1.Shape().Parts() {
-				src, err := l1.HostChunk(s, layer, part)
-				if err != nil {
-					return err
-				}
-				dst, err := l1.HostChunk(copies[k], layer, part)
-				if err != nil {
-					return err
-				}
-				copy(dst, src)
-			}
+		if err := l1.Gather(s, kvmem.PageFirst, page, 1, 0); err != nil {
+			return err
+		}
+		if err := l1.Scatter(copies[k], kvmem.PageFirst, page, 1, 0); err != nil {
+			return err
 		}
 		own2[slices.Index(own2, s)] = copies[k]
 	}

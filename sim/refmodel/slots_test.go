@@ -29,7 +29,6 @@ func (p slotPlace) String() string {
 type slotAllocator struct {
 	place []slotPlace
 	free  []int32 // a stack: the lowest slot on top at the start
-	count [3]int  // slots in each place
 }
 
 func newSlotAllocator(slots int) *slotAllocator {
@@ -37,11 +36,11 @@ func newSlotAllocator(slots int) *slotAllocator {
 	for s := slots - 1; s >= 0; s-- {
 		a.free = append(a.free, int32(s))
 	}
-	a.count[slotFree] = slots
 	return a
 }
 
-// move moves slot s from place from to place to, failing if it is elsewhere.
+// move moves slot s from place from to place to, failing if it is elsewhere; a slot moved
+// to slotFree goes on the free list.
 func (a *slotAllocator) move(what string, s int32, from, to slotPlace) error {
 	if s < 0 || int(s) >= len(a.place) {
 		return fmt.Errorf("slot allocator: %s: slot %d outside the pool [0, %d)", what, s, len(a.place))
@@ -50,8 +49,19 @@ func (a *slotAllocator) move(what string, s int32, from, to slotPlace) error {
 		return fmt.Errorf("slot allocator: %s: slot %d is %s, not %s", what, s, a.place[s], from)
 	}
 	a.place[s] = to
-	a.count[from]--
-	a.count[to]++
+	if to == slotFree {
+		a.free = append(a.free, s)
+	}
+	return nil
+}
+
+// moveAll moves every slot of slots from place from to place to.
+func (a *slotAllocator) moveAll(what string, slots []int32, from, to slotPlace) error {
+	for _, s := range slots {
+		if err := a.move(what, s, from, to); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -73,49 +83,35 @@ func (a *slotAllocator) take(n int) ([]int32, error) {
 
 // lend records that the engine passed slots to the cache.
 func (a *slotAllocator) lend(what string, slots []int32) error {
-	for _, s := range slots {
-		if err := a.move(what, s, slotEngine, slotCache); err != nil {
-			return err
-		}
-	}
-	return nil
+	return a.moveAll(what, slots, slotEngine, slotCache)
 }
 
 // unlend records that a call the slots were passed to failed: the engine keeps them.
 func (a *slotAllocator) unlend(what string, slots []int32) error {
-	for _, s := range slots {
-		if err := a.move(what, s, slotCache, slotEngine); err != nil {
-			return err
-		}
-	}
-	return nil
+	return a.moveAll(what, slots, slotCache, slotEngine)
 }
 
 // giveBack takes back slots the cache let go (InsertResult.Freed, LoadResult.Freed,
 // EvictL1Slots, FreedL1).
 func (a *slotAllocator) giveBack(what string, slots []int32) error {
-	for _, s := range slots {
-		if err := a.move(what+" gives back", s, slotCache, slotFree); err != nil {
-			return err
-		}
-		a.free = append(a.free, s)
-	}
-	return nil
+	return a.moveAll(what+" gives back", slots, slotCache, slotFree)
 }
 
 // putBack returns slots the engine took and did not pass to the cache.
 func (a *slotAllocator) putBack(what string, slots []int32) error {
-	for _, s := range slots {
-		if err := a.move(what, s, slotEngine, slotFree); err != nil {
-			return err
-		}
-		a.free = append(a.free, s)
-	}
-	return nil
+	return a.moveAll(what, slots, slotEngine, slotFree)
 }
 
 // in counts the slots in place p.
-func (a *slotAllocator) in(p slotPlace) int { return a.count[p] }
+func (a *slotAllocator) in(p slotPlace) int {
+	n := 0
+	for _, q := range a.place {
+		if q == p {
+			n++
+		}
+	}
+	return n
+}
 
 // holds says whether the cache holds slot s (as far as the engine knows).
 func (a *slotAllocator) holds(s int32) bool {
