@@ -192,6 +192,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
 	cfg := &o.cfg
+	cfg.StartFlags = agreedFlags(fs)
 	worldSet, cudaDeviceSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		worldSet = worldSet || f.Name == "world"
