@@ -219,14 +219,18 @@ typedef struct cpcache_config {
    * "layers=32;k=2048:sharded;v=2048:sharded"; or kv_parts[kv_num_parts] with kv_num_layers.
    * Checked at open (the error names the bad part) and compared across the job (the error
    * names the first differing rank and part); with a layout, page_bytes 0 takes this rank's
-   * bytes of a page, and any other value must equal it. */
+   * bytes of a page (at the attention-TP size of the world, explicit or the launcher's), and
+   * any other value must equal it. */
   const char *kv_layout;
   const cpcache_kv_part *kv_parts;
   int32_t kv_num_parts;
   int32_t kv_num_layers;
   /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_base NULL and l1_kind
    * CPCACHE_L1_ALLOC for host buffers, CPCACHE_L1_DEVICE for device buffers: these replace
-   * the pool). NULL: the pool of l1_kind. */
+   * the pool). NULL: the pool of l1_kind. A missing (layer, part), a buffer too small for
+   * l1_pages slots or two overlapping buffers are CPCACHE_ERR_INVALID naming the buffer,
+   * before any rank talks to another, under a launcher's world (world 0: its size read from
+   * the environment) as under an explicit one. */
   const cpcache_l1_buffer *l1_buffers;
   int32_t l1_num_buffers;
   int32_t l2_layout; /* CPCACHE_L2_*; 0: page_first. Every rank must choose the same. */

@@ -434,8 +434,8 @@ func TestSIGHUPWithBrokenOutput(t *testing.T) {
 }
 
 // TestRanksStartedWithDifferentFlagsFailAtOnce: ranks of one replica started (by a wrapper
-// that reads RANK) with different --max-running, --clients or --requests, or reading
-// different traces, all fail at start with exit 2 naming what differs and both values,
+// that reads RANK) with different --max-running, --clients, --requests, --isolation or
+// --turn-gap, or reading different traces, all fail at start with exit 2 naming what differs and both values,
 // within 30 s, instead of making different scheduler decisions and waiting for each other's
 // collectives until the 60 s step deadline, then reporting a timeout naming no flag.
 func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
@@ -454,6 +454,10 @@ func TestRanksStartedWithDifferentFlagsFailAtOnce(t *testing.T) {
 		{"clients", `--clients $((8 - RANK))`, "--clients differs between the ranks of the job: 8 on rank 0, 7 on rank 1"},
 		{"requests", `--requests $((RANK * 5))`, "--requests differs between the ranks of the job: 0 on rank 0, 5 on rank 1"},
 		{"trace", `--workload trace --trace ` + dir + `/trace$RANK.jsonl`, "the workload's requests (trace) differs between the ranks of the job: 2 requests (digest "},
+		// Different isolation keys build different trees: the ranks used to run, diverge and
+		// recover 4 times, then exit 1.
+		{"isolation", `--isolation $([ "$RANK" = 1 ] && echo per-client || echo none)`, "--isolation differs between the ranks of the job: none on rank 0, per-client on rank 1"},
+		{"turn-gap", `--turn-gap $((RANK * 2))s`, "--turn-gap differs between the ranks of the job: 0s on rank 0, 2s on rank 1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -75,7 +75,10 @@ Inputs are checked before any rank starts (exit 2): at most 256 local ranks (and
 RLIMIT_NPROC allows), sizes within their limits, the memory the local ranks need within
 what the host has available (MemAvailable and every cgroup v1 or v2 limit above this
 process), every trace line within its limits, --store reachable, --json and --html
-writable, --fault well formed. --trace, --cost-profile, --json and --html must be regular
+writable, --fault well formed. Under a launcher the ranks compare every flag but the
+per-rank ones (--cuda-device, --store, --timeout, --trace's path, --storage-key-file's path,
+--json, --html, --metrics, --metrics-linger) before anything is built: a difference is exit
+2 on every rank naming the flag and both values. --trace, --cost-profile, --json and --html must be regular
 files (the reports may also go to /dev/stdout, /dev/stderr or /dev/null): a named pipe, a
 directory or a device is refused at once. Ranks die with the process that started them; the
 temporary directory goes with the job. A rank that has ended its part but is not reaped within 3s
@@ -192,6 +195,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, 2, fmt.Errorf("run: %w", err))
 	}
 	cfg := &o.cfg
+	cfg.StartFlags = agreedFlags(fs)
 	worldSet, cudaDeviceSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		worldSet = worldSet || f.Name == "world"

@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -94,6 +95,8 @@ func TestStatusOfMapsErrorKinds(t *testing.T) {
 		// the others a failed peer.
 		{&hicache.StartError{Rank: 1, Err: errors.New("cuda: cuMemcpyHtoD: CUDA error 700")}, -13},
 		{&hicache.StartError{Rank: 1, Err: errInvalid}, -1},
+		// A value the job judges where it starts (an L1 buffer the copy engine refuses).
+		{&hicache.StartError{Rank: 1, Err: fmt.Errorf("making the copy engine: %w: kvmem: too small", job.ErrBadValue)}, -1},
 		{&hicache.StartError{Rank: 1}, -11},
 		// A rank without a loadable CUDA driver for a configuration that needs one.
 		{&hicache.StartError{Rank: 1, Err: &cuda.LoadError{Pkg: "cuda", Reason: cuda.ErrLibraryNotFound}}, -6},

@@ -16,6 +16,7 @@ import (
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/internal/version"
+	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
@@ -705,7 +706,10 @@ func statusOf(err error) C.int {
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):
 		return C.CPCACHE_ERR_PEER_LOST
-	case errors.Is(err, hicache.ErrBadArgument):
+	case errors.Is(err, hicache.ErrBadArgument),
+		// A value that does not fit the job, judged where the job starts (openSession
+		// calls it CPCACHE_ERR_INVALID when it comes back alone, too).
+		errors.Is(err, job.ErrBadValue):
 		return C.CPCACHE_ERR_INVALID
 	case errors.Is(err, errInternal):
 		return C.CPCACHE_ERR_INTERNAL

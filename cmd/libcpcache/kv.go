@@ -50,10 +50,20 @@ type kvConfig struct {
 	attnTP   int // 0: not known before the job's world is (world 0)
 }
 
-// attnTPOf is the attention-TP size of layout lc, or 0 when its world is the launcher's (not
-// known before open) or the layout is invalid (parallel.NewLayout judges it later, alike on
-// every rank).
+// attnTPOf is the attention-TP size of layout lc, or 0 when it is not known before open: the
+// layout is invalid (parallel.NewLayout judges it later, alike on every rank) or its world is
+// the launcher's and the environment does not say it (parallel.FromEnv fails, and the job
+// fails with that cause). World 0 is the launcher's world size as the job reads it, so that
+// the KV layout and the L1 buffers are checked here, before any rank talks to another, under
+// a launcher's world as under an explicit one.
 func attnTPOf(lc parallel.LayoutConfig) int {
+	if lc.World == 0 {
+		env, err := parallel.FromEnv()
+		if err != nil {
+			return 0
+		}
+		lc.World = env.WorldSize
+	}
 	if lc.World <= 0 {
 		return 0
 	}
@@ -133,7 +143,7 @@ func resolveKV(c *openConfig) error {
 				c.pageBytes, k.kvLayout, pb, k.attnTP, c.pageTokens)
 		}
 	} else if c.pageBytes == 0 {
-		return bad("page_bytes 0 with a KV layout needs an explicit world (the attention-TP size divides the sharded parts)")
+		return bad("page_bytes 0 with a KV layout needs the attention-TP size, which divides the sharded parts, before open: give page_bytes, or a valid layout (an explicit world, or a launcher's in the environment)")
 	}
 	if len(k.l1Buffers) == 0 {
 		return nil
@@ -172,7 +182,7 @@ func resolveKV(c *openConfig) error {
 	}
 	if k.attnTP > 0 {
 		// The whole description (every (layer, part) once, sizes, strides, overlaps), here,
-		// before open; with the launcher's world the job checks it once the layout is known.
+		// before open; where the layout is not known yet the job checks it once it is.
 		shape, err := kvmem.NewShape(*k.kvLayout, k.attnTP, c.pageTokens)
 		if err != nil {
 			return bad("KV layout: %w", err)

@@ -155,7 +155,7 @@ func TestResolveKVRejectsBadDescriptionsNamingThem(t *testing.T) {
 			c.kv.l1Buffers = tokenSlotBuffers(8)
 			c.kv.l1Buffers[1].base = c.kv.l1Buffers[0].base
 		}, "overlap"},
-		{"launcher's world, no page bytes", func(c *openConfig) { c.layout.World, c.rank = 0, -1 }, "needs an explicit world"},
+		{"invalid layout, no page bytes", func(c *openConfig) { c.layout.World, c.layout.TP, c.rank = 3, 2, 0 }, "page_bytes 0 with a KV layout needs the attention-TP size"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,5 +166,67 @@ func TestResolveKVRejectsBadDescriptionsNamingThem(t *testing.T) {
 				t.Fatalf("checkConfig = %v; want errInvalid naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestBadBuffersUnderTheLaunchersWorldAreInvalidBeforeOpen: under a launcher's world (world
+// 0, rank -1, the world size in the environment) a bad l1_buffers description is refused by
+// checkConfig, before any rank talks to another, with CPCACHE_ERR_INVALID and the same
+// message as under an explicit world of that size; and page_bytes 0 takes the layout's
+// bytes of a page there as it does with an explicit world. (The job used to check the
+// buffers after the rendezvous, where the failure came back as CPCACHE_ERR_IO on the rank
+// that had it and CPCACHE_ERR_PEER_LOST on the others.)
+func TestBadBuffersUnderTheLaunchersWorldAreInvalidBeforeOpen(t *testing.T) {
+	for _, v := range []string{"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2"} {
+		name, value, _ := strings.Cut(v, "=")
+		t.Setenv(name, value)
+	}
+	// Two ranks of attention-TP 2: 8 bytes of each part a token on each rank, 128 bytes a page.
+	buffers := func(slots int) []l1BufferDesc {
+		bufs := tokenSlotBuffers(slots)
+		for i := range bufs {
+			bufs[i].bytes /= 2
+			bufs[i].pageStride /= 2
+			bufs[i].tokenStride /= 2
+		}
+		return bufs
+	}
+	cases := []struct {
+		name string
+		edit func([]l1BufferDesc) []l1BufferDesc
+		want string
+	}{
+		{"too small", func(b []l1BufferDesc) []l1BufferDesc { b[3].bytes -= 8; return b }, `layer 1 part 1 ("v")`},
+		{"missing part", func(b []l1BufferDesc) []l1BufferDesc { return b[:3] }, "layer 1 part 1"},
+		{"overlap", func(b []l1BufferDesc) []l1BufferDesc { b[1].base = b[0].base; return b }, "overlap"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var errs [2]error
+			for i, world := range []int{2, 0} { // explicit, the launcher's
+				c := kvTestConfig()
+				c.layout.World, c.rank, c.pageBytes = world, -1, 128
+				if world > 0 {
+					c.rank = 1
+				}
+				c.kv.l1Buffers = tc.edit(buffers(8))
+				errs[i] = checkConfig(&c)
+				if !errors.Is(errs[i], errInvalid) || !strings.Contains(errs[i].Error(), tc.want) {
+					t.Fatalf("world %d: checkConfig = %v; want errInvalid naming %q", world, errs[i], tc.want)
+				}
+			}
+			if errs[0].Error() != errs[1].Error() {
+				t.Errorf("explicit world: %v\nlauncher's world: %v\nwant the same message", errs[0], errs[1])
+			}
+		})
+	}
+	c := kvTestConfig()
+	c.layout.World, c.rank = 0, -1
+	c.kv.l1Buffers = buffers(8)
+	if err := checkConfig(&c); err != nil {
+		t.Fatalf("good buffers under the launcher's world: %v", err)
+	}
+	if c.pageBytes != 128 || c.kv.attnTP != 2 {
+		t.Errorf("page_bytes %d at attention-TP %d, want the layout's 128 at 2", c.pageBytes, c.kv.attnTP)
 	}
 }

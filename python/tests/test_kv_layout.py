@@ -378,3 +378,47 @@ def test_torch_cuda_buffers_load_back_layer_by_layer(tmp_path):
                     assert bool((got == want[(i, layer, j)]).all()), (i, layer, j)
         while c.pending():
             c.step()
+
+
+_BAD_BUFFERS_RANK = """
+import os, sys
+sys.path.insert(0, {python!r})
+import numpy as np
+import cpcache
+# Attention-TP 2 (the world of 2): 8 bytes of each part a token on each rank, 128 a page.
+arrays = {{(l, j): np.zeros(({l1} * {pt}, 1, 8), dtype=np.uint8) for l in range(2) for j in range(2)}}
+arrays[(1, 1)] = arrays[(1, 1)][:-{pt}]  # a slot short
+kw = dict(page_tokens={pt}, l1_pages={l1}, l2_pages=16, page_bytes=128, kv_layout={spec!r}, timeout_ms=20000,
+          l1_buffers=[(l, j, a) for (l, j), a in arrays.items()])
+rank = int(os.environ["RANK"])
+for world in ("explicit", "launcher"):
+    extra = dict(world=2, rank=rank) if world == "explicit" else {{}}
+    try:
+        cpcache.Cache(**kw, **extra).close()
+        print(world, "opened")
+    except cpcache.Error as e:
+        print(world, type(e).__name__, e)
+"""
+
+
+def test_bad_buffers_under_a_launchers_world_are_invalid_as_under_an_explicit_one(tmp_path):
+    """A buffer a slot short on 2 ranks under cpcache launch is InvalidError naming the layer
+    and part, with the same message whether the world is explicit (world=2, rank=RANK) or the
+    launcher's (world 0, rank -1), on both ranks, before any rank talks to another (it used
+    to be checked after the rendezvous: IOError_ on one rank, PeerLostError on the other)."""
+    import shutil
+    import subprocess
+    pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
+    binary = os.environ.get("CPCACHE_BIN") or os.path.join(ROOT, "bin", "cpcache")
+    if not os.access(binary, os.X_OK):
+        binary = shutil.which("cpcache") or binary
+    script = tmp_path / "rank.py"
+    script.write_text(_BAD_BUFFERS_RANK.format(python=os.path.join(ROOT, "python"), pt=PAGE_TOKENS, l1=L1_PAGES, spec=SPEC))
+    out = subprocess.run([binary, "launch", "-n", "2", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    lines = sorted(line for line in out.stdout.splitlines() if line[:1] == "[")
+    assert len(lines) == 4, out.stdout + out.stderr
+    for rank in (0, 1):
+        mine = {line.split()[1]: line.split(None, 2)[2] for line in lines if line.startswith(f"[{rank}] ")}
+        assert mine["explicit"].startswith("InvalidError ") and 'layer 1 part 1 ("v")' in mine["explicit"], mine
+        assert mine["launcher"] == mine["explicit"], mine

@@ -40,11 +40,18 @@ func TestStartFlagsNameEveryDifference(t *testing.T) {
 		{"--strict", "false on rank 0, true on rank 2", func(c *Config) { c.Strict = true }},
 		{"--consensus", `"" on rank 0, gloo on rank 2`, func(c *Config) { c.Consensus = "gloo" }},
 		{"the workload's requests (synthetic)", "24 requests (digest ", func(c *Config) { c.Synthetic.QuestionTokens = 97 }},
+		// Ranks with different isolation keys build different trees: they used to diverge,
+		// recover 4 times and exit 1.
+		{"--isolation", "none on rank 0, per-client on rank 2", func(c *Config) { c.Isolation = IsolationPerClient }},
+		{"--turn-gap", "0s on rank 0, 2s on rank 2", func(c *Config) { c.Synthetic.TurnGapMs = 2000 }},
+		{"--kv-events", `"" on rank 0, tcp://127.0.0.1:5557 on rank 2`, func(c *Config) { c.KVEvents = "tcp://127.0.0.1:5557" }},
+		// A flag the runner does not name itself, compared as the command line gave it.
+		{"--some-later-flag", "a on rank 0, b on rank 2", func(c *Config) { c.StartFlags = []StartFlag{{"--some-later-flag", "b"}} }},
 	}
-	base := smallPlan(t, lc, nil)
+	base := smallPlan(t, lc, func(c *Config) { c.StartFlags = []StartFlag{{"--some-later-flag", "a"}} })
 	for _, c := range cases {
 		t.Run(c.flag, func(t *testing.T) {
-			other := smallPlan(t, lc, c.mutate)
+			other := smallPlan(t, lc, func(cfg *Config) { cfg.StartFlags = base.Config.StartFlags; c.mutate(cfg) })
 			errs := agreeOver(t, []*Plan{base, base, other, base})
 			for r, err := range errs {
 				require.ErrorIs(t, err, ErrBadInput, "rank %d", r)
@@ -62,6 +69,32 @@ func TestStartFlagsNameEveryDifference(t *testing.T) {
 	for r, err := range agreeOver(t, []*Plan{base, base, base, base}) {
 		assert.NoError(t, err, "rank %d: the same flags agree", r)
 	}
+}
+
+// TestStartFlagsTakeTheRunsValueOfAFlagItNames: a flag the runner compares as the run uses
+// it is not compared again as the command line gave it (ranks under a launcher, one given
+// --world 4 and one taking the launcher's 4, agree), and every other flag of
+// Config.StartFlags is compared, before the digest of the requests.
+func TestStartFlagsTakeTheRunsValueOfAFlagItNames(t *testing.T) {
+	lc := parallel.LayoutConfig{World: 4, DP: 1, AttnCP: 4, DPAttention: true}
+	a := smallPlan(t, lc, func(c *Config) { c.StartFlags = []StartFlag{{"--world", "4"}, {"--x", "1"}} })
+	b := smallPlan(t, lc, func(c *Config) { c.StartFlags = []StartFlag{{"--world", "16"}, {"--x", "1"}} })
+	for r, err := range agreeOver(t, []*Plan{a, b, b, b}) {
+		assert.NoError(t, err, "rank %d: --world is compared as the run uses it", r)
+	}
+	flags := a.startFlags()
+	n := 0
+	for i, f := range flags {
+		if f.Flag == "--world" {
+			n++
+		}
+		if f.Flag == "--x" {
+			assert.Equal(t, "1", f.Value)
+			assert.Equal(t, len(flags)-2, i, "the command line's other flags come before the requests' digest")
+		}
+	}
+	assert.Equal(t, 1, n, "--world once")
+	assert.True(t, strings.HasPrefix(flags[len(flags)-1].Flag, "the workload's requests"))
 }
 
 // TestStartFlagsCatchDifferentTraces: ranks that read different traces under the same

@@ -124,6 +124,13 @@ type Config struct {
 
 	Faults []Fault // --fault: failures to inject (see FaultHelp)
 	Strict bool    // --strict: a divergence fails the run (exit 1) instead of quarantine and recovery
+
+	// StartFlags are the command line's flags that every rank of the job must share, as it
+	// gave them (cmd/cpcache: every flag of `cpcache run` but the per-rank ones). The ranks
+	// compare them, with what the run makes of the flags it knows (startFlags), before
+	// anything is built: a rank started with another value of any of them fails every rank
+	// with ErrBadInput naming the flag and both values.
+	StartFlags []StartFlag
 }
 
 // DefaultConfig is `cpcache run` without flags: CP8 DP2 EP16 with DP attention on 16 ranks
