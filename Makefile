@@ -101,15 +101,19 @@ build/bad_calls: cmd/libcpcache/ctest/bad_calls.c include/cpcache.h capi
 build/reopen: cmd/libcpcache/ctest/reopen.c include/cpcache.h capi
 	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
 
-# capi-test: the bad-call test, the example engine loop under mpirun (CP4) and under
-# cpcache launch (CP4·DP2 on 8 ranks; CP4 with engine-owned slots; CP4 with device buffers on
-# the fake libcuda, over pinned host slabs, over CUDA IPC slabs, and with engine-owned slots;
-# a device the fake does not have), a lost peer, 200 opens of
-# a cache in a row on one file store (then a second job on it, which must find it empty
-# afterwards), and the Python suite.
-capi-test: build/engine build/bad_calls build/reopen build/libcuda_fake.so
+build/fork: cmd/libcpcache/ctest/fork.c include/cpcache.h capi
+	$(CC) $(CAPI_CFLAGS) -o $@ $< -Lbuild -lcpcache -Wl,-rpath,'$$ORIGIN'
+
+# capi-test: the bad-call test, the calls of a forked child (ctest/fork.c), the example
+# engine loop under mpirun (CP4) and under cpcache launch (CP4·DP2 on 8 ranks; CP4 with
+# engine-owned slots; CP4 with device buffers on the fake libcuda, over pinned host slabs,
+# over CUDA IPC slabs, and with engine-owned slots; a device the fake does not have), a lost
+# peer, 200 opens of a cache in a row on one file store (then a second job on it, which must
+# find it empty afterwards), and the Python suite.
+capi-test: build/engine build/bad_calls build/reopen build/fork build/libcuda_fake.so
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
 	build/bad_calls
+	timeout 120 build/fork
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 200 && \
 	  timeout 120 bin/cpcache launch -n 4 --store file://$$store -- build/reopen 5 && \

@@ -16,6 +16,17 @@
  *   - Bad calls (NULL pointers, wrong struct sizes, buffers that are too small, slots or
  *     nodes out of range, calls after close, a second open) return an error code and change
  *     nothing; they never crash the process.
+ *   - Fork: the library's runtime (Go's) does not survive fork(): in a child forked after the
+ *     library was loaded (os.fork(), multiprocessing's fork start method), every function
+ *     that returns a status returns CPCACHE_ERR_FORKED at once, before reading its
+ *     arguments, and cpcache_last_error() names the parent's pid. cpcache_close in the child
+ *     returns it too and touches nothing the parent owns (its slabs, store keys, sockets,
+ *     L1), so the parent's cache keeps working; cpcache_version, cpcache_abi_version and
+ *     cpcache_last_error answer from C storage. Open the cache in a process started fresh
+ *     (multiprocessing's spawn start method) or load the library after the fork. The check is
+ *     a flag set by a pthread_atfork handler (under a nanosecond per call); cpcache_open and
+ *     cpcache_close also compare getpid() with the pid recorded at load, which catches a
+ *     child made by a raw clone() that skips the handlers.
  *
  * Replicated and local calls (see hicache/doc.go). The ranks of a replica group (the
  * attention-DP block: attn_cp × attn_tp ranks) hold identical cache metadata because they
@@ -82,6 +93,7 @@ extern "C" {
 #define CPCACHE_ERR_TIMEOUT (-12)     /* a collective or a wait passed its deadline */
 #define CPCACHE_ERR_IO (-13)          /* a transfer (copy) failed on this rank */
 #define CPCACHE_ERR_NOT_STARTED (-14) /* wait_l1 before the step that starts the load */
+#define CPCACHE_ERR_FORKED (-15)      /* this process was forked after the library was loaded */
 #define CPCACHE_ERR_INTERNAL (-100)   /* a bug: the message says where */
 
 /* Handles. */

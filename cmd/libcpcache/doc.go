@@ -54,6 +54,20 @@
 // (csrc/cpcache_capi.c), which works because an exported function runs on its C caller's
 // thread from entry to return.
 //
+// # Fork
+//
+// The header's functions are C (csrc/cpcache_capi.c, from the one list
+// csrc/cpcache_entries.h); each calls the Go export cpcapi_<name> of this package unless the
+// process is a child forked after the library was loaded, which gets CPCACHE_ERR_FORKED at
+// once: the Go runtime does not survive fork (only the forking thread does), so a call into
+// Go there could wait forever on a lock held by a thread that is gone, or run on a copy of
+// the parent's cache. A pthread_atfork child handler, registered by a constructor at load,
+// sets the flag each call reads (cpcache_open and cpcache_close also compare getpid() with
+// the pid recorded at load). cpcache_version answers in the child from the string this
+// package's init stored in C (cpcapi_set_version). Tested by ctest/fork.c and
+// python/tests/test_fork.py; python/tests/test_abi.py checks that the list is the header's
+// functions and what libcpcache.so exports.
+//
 // # Signals in a foreign process
 //
 // The Go runtime starts when libcpcache.so is loaded (c-shared) or at program start

@@ -52,8 +52,8 @@ func (s *session) handBack(slots []int32, freed *C.int32_t, freedCap C.size_t, n
 	s.freed = append(s.freed, keep...)
 }
 
-//export cpcache_insert_slots
-func cpcache_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, slots *C.int32_t, nSlots C.size_t,
+//export cpcapi_insert_slots
+func cpcapi_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, slots *C.int32_t, nSlots C.size_t,
 	out *C.cpcache_insert_result, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_insert_slots", func(s *session) error {
@@ -86,8 +86,8 @@ func cpcache_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, to
 	})
 }
 
-//export cpcache_load_back_plan
-func cpcache_load_back_plan(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t, pagesCap C.size_t, nPages *C.size_t) (status C.int) {
+//export cpcapi_load_back_plan
+func cpcapi_load_back_plan(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t, pagesCap C.size_t, nPages *C.size_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_load_back_plan", func(s *session, h hicache.Handle) error {
 		switch {
@@ -114,8 +114,8 @@ func cpcache_load_back_plan(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64
 	})
 }
 
-//export cpcache_load_back_slots
-func cpcache_load_back_slots(c C.cpcache_t, node C.cpcache_node_t, slots *C.int32_t, nSlots C.size_t, pages *C.int64_t,
+//export cpcapi_load_back_slots
+func cpcapi_load_back_slots(c C.cpcache_t, node C.cpcache_node_t, slots *C.int32_t, nSlots C.size_t, pages *C.int64_t,
 	freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_load_back_slots", func(s *session, h hicache.Handle) error {
@@ -138,8 +138,8 @@ func cpcache_load_back_slots(c C.cpcache_t, node C.cpcache_node_t, slots *C.int3
 	})
 }
 
-//export cpcache_evict_l1_slots
-func cpcache_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending *C.int64_t, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
+//export cpcapi_evict_l1_slots
+func cpcapi_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending *C.int64_t, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_evict_l1_slots", func(s *session) error {
 		if err := nonNegative(pages, "pages"); err != nil {
@@ -163,8 +163,8 @@ func cpcache_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending 
 	})
 }
 
-//export cpcache_take_freed_l1
-func cpcache_take_freed_l1(c C.cpcache_t, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
+//export cpcapi_take_freed_l1
+func cpcapi_take_freed_l1(c C.cpcache_t, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_take_freed_l1", func(s *session) error {
 		if err := freedBuf(freed, freedCap, nFreed); err != nil {
@@ -177,8 +177,8 @@ func cpcache_take_freed_l1(c C.cpcache_t, freed *C.int32_t, freedCap C.size_t, n
 	})
 }
 
-//export cpcache_l1_used_by
-func cpcache_l1_used_by(c C.cpcache_t, cpRank C.int32_t, used *C.int64_t) (status C.int) {
+//export cpcapi_l1_used_by
+func cpcapi_l1_used_by(c C.cpcache_t, cpRank C.int32_t, used *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_l1_used_by", func(s *session) error {
 		if used == nil {

@@ -35,13 +35,19 @@ const (
 	_ = uint(C.CPCACHE_L1_ENGINE_OWNED-int(hicache.EngineOwned)) + uint(int(hicache.EngineOwned)-C.CPCACHE_L1_ENGINE_OWNED)
 )
 
-// The exported functions: each checks its pointers and sizes, recovers panics (guard),
-// and turns errors into status codes with a thread-local message (fail). Documentation of
-// each is in include/cpcache.h.
+// The exported functions: cpcapi_<name> backs the header's cpcache_<name>, which
+// csrc/cpcache_capi.c defines in C (the list: csrc/cpcache_entries.h) so that a process
+// forked after the library was loaded gets CPCACHE_ERR_FORKED without entering Go. Each
+// checks its pointers and sizes, recovers panics (guard), and turns errors into status codes
+// with a thread-local message (fail). Documentation of each is in include/cpcache.h.
 
 // versionString is cpcache_version()'s answer, allocated once and never freed (the header
 // promises static storage).
 var versionString = C.CString(version.String())
+
+// init hands the version to the C side, which answers cpcache_version from it in a forked
+// child.
+func init() { C.cpcapi_set_version(versionString) }
 
 // cpcapi_version backs cpcache_version (csrc/cpcache_capi.c), which C may call before the
 // Go runtime has started: a call into an exported function waits for it.
@@ -49,8 +55,8 @@ var versionString = C.CString(version.String())
 //export cpcapi_version
 func cpcapi_version() *C.char { return versionString }
 
-//export cpcache_config_init
-func cpcache_config_init(cfg *C.cpcache_config) (status C.int) {
+//export cpcapi_config_init
+func cpcapi_config_init(cfg *C.cpcache_config) (status C.int) {
 	defer guard(&status)
 	if cfg == nil {
 		return fail(fmt.Errorf("%w: cpcache_config_init: cfg is NULL", errInvalid))
@@ -63,8 +69,8 @@ func cpcache_config_init(cfg *C.cpcache_config) (status C.int) {
 	return C.CPCACHE_OK
 }
 
-//export cpcache_open
-func cpcache_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
+//export cpcapi_open
+func cpcapi_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 	defer guard(&status)
 	if cfg == nil || out == nil {
 		return fail(fmt.Errorf("%w: cpcache_open: cfg (%p) and out (%p) must not be NULL", errInvalid, cfg, out))
@@ -154,14 +160,14 @@ func goKVConfig(cfg *C.cpcache_config, str func(*C.char) string) kvConfig {
 	return k
 }
 
-//export cpcache_kv_bytes_per_token
-func cpcache_kv_bytes_per_token(c C.cpcache_t, out *C.int64_t) (status C.int) {
+//export cpcapi_kv_bytes_per_token
+func cpcapi_kv_bytes_per_token(c C.cpcache_t, out *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return kvSize(c, out, "cpcache_kv_bytes_per_token", func(i *sessionInfo) int64 { return i.kvBytesPerToken })
 }
 
-//export cpcache_kv_page_bytes
-func cpcache_kv_page_bytes(c C.cpcache_t, out *C.int64_t) (status C.int) {
+//export cpcapi_kv_page_bytes
+func cpcapi_kv_page_bytes(c C.cpcache_t, out *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return kvSize(c, out, "cpcache_kv_page_bytes", func(i *sessionInfo) int64 { return i.kvPageBytes })
 }
@@ -185,14 +191,14 @@ func kvSize(c C.cpcache_t, out *C.int64_t, fn string, field func(*sessionInfo) i
 	return C.CPCACHE_OK
 }
 
-//export cpcache_close
-func cpcache_close(c C.cpcache_t) (status C.int) {
+//export cpcapi_close
+func cpcapi_close(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
 	return result(closeHandle(uint64(c)))
 }
 
-//export cpcache_get_info
-func cpcache_get_info(c C.cpcache_t, info *C.cpcache_info) (status C.int) {
+//export cpcapi_get_info
+func cpcapi_get_info(c C.cpcache_t, info *C.cpcache_info) (status C.int) {
 	defer guard(&status)
 	if info == nil {
 		return fail(fmt.Errorf("%w: cpcache_get_info: info is NULL", errInvalid))
@@ -239,14 +245,14 @@ func (s *session) pagedArgs(fn string, tokens *C.int32_t, n C.size_t, outNil boo
 	return toks, nil
 }
 
-//export cpcache_match
-func cpcache_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
+//export cpcapi_match
+func cpcapi_match(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return matchKey("cpcache_match", c, nil, 0, tokens, n, out, slots, slotsCap)
 }
 
-//export cpcache_match_key
-func cpcache_match_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
+//export cpcapi_match_key
+func cpcapi_match_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return matchKey("cpcache_match_key", c, key, keyLen, tokens, n, out, slots, slotsCap)
 }
@@ -307,20 +313,20 @@ func (s *session) node(h C.cpcache_node_t) (hicache.Handle, error) {
 	return hicache.Handle(h), nil
 }
 
-//export cpcache_lock
-func cpcache_lock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
+//export cpcapi_lock
+func cpcapi_lock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_lock", func(s *session, n hicache.Handle) error { return s.cache.Lock(n) })
 }
 
-//export cpcache_unlock
-func cpcache_unlock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
+//export cpcapi_unlock
+func cpcapi_unlock(c C.cpcache_t, node C.cpcache_node_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_unlock", func(s *session, n hicache.Handle) error { return s.cache.Unlock(n) })
 }
 
-//export cpcache_load_back
-func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (status C.int) {
+//export cpcapi_load_back
+func cpcapi_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_load_back", func(s *session, n hicache.Handle) error {
 		res, err := s.cache.LoadBack(n)
@@ -331,8 +337,8 @@ func cpcache_load_back(c C.cpcache_t, node C.cpcache_node_t, pages *C.int64_t) (
 	})
 }
 
-//export cpcache_load_pending
-func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32_t) (status C.int) {
+//export cpcapi_load_pending
+func cpcapi_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32_t) (status C.int) {
 	defer guard(&status)
 	return nodeCall(c, node, "cpcache_load_pending", func(s *session, n hicache.Handle) error {
 		if pending == nil {
@@ -346,16 +352,16 @@ func cpcache_load_pending(c C.cpcache_t, node C.cpcache_node_t, pending *C.int32
 	})
 }
 
-//export cpcache_wait_l1
-func cpcache_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) (status C.int) {
+//export cpcapi_wait_l1
+func cpcapi_wait_l1(c C.cpcache_t, node C.cpcache_node_t, timeoutMs C.int64_t) (status C.int) {
 	defer guard(&status)
 	return waitCall(c, node, "cpcache_wait_l1", timeoutMs, func(ctx context.Context, cache *hicache.Cache, h hicache.Handle) error {
 		return cache.WaitL1(ctx, h)
 	})
 }
 
-//export cpcache_wait_l1_layer
-func cpcache_wait_l1_layer(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, timeoutMs C.int64_t) (status C.int) {
+//export cpcapi_wait_l1_layer
+func cpcapi_wait_l1_layer(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, timeoutMs C.int64_t) (status C.int) {
 	defer guard(&status)
 	return waitCall(c, node, "cpcache_wait_l1_layer", timeoutMs, func(ctx context.Context, cache *hicache.Cache, h hicache.Handle) error {
 		return cache.WaitL1Layer(ctx, h, int(layer))
@@ -385,8 +391,8 @@ func waitCall(c C.cpcache_t, node C.cpcache_node_t, what string, timeoutMs C.int
 	return result(f(ctx, cache, h))
 }
 
-//export cpcache_wait_l1_layer_on
-func cpcache_wait_l1_layer_on(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, stream unsafe.Pointer) (status C.int) {
+//export cpcapi_wait_l1_layer_on
+func cpcapi_wait_l1_layer_on(c C.cpcache_t, node C.cpcache_node_t, layer C.int32_t, stream unsafe.Pointer) (status C.int) {
 	defer guard(&status)
 	// It does not block (the stream waits, not the caller), so it may hold the session.
 	return nodeCall(c, node, "cpcache_wait_l1_layer_on", func(s *session, n hicache.Handle) error {
@@ -394,14 +400,14 @@ func cpcache_wait_l1_layer_on(c C.cpcache_t, node C.cpcache_node_t, layer C.int3
 	})
 }
 
-//export cpcache_insert
-func cpcache_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
+//export cpcapi_insert
+func cpcapi_insert(c C.cpcache_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return insertKey("cpcache_insert", c, nil, 0, tokens, n, out, fill, fillCap)
 }
 
-//export cpcache_insert_key
-func cpcache_insert_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
+//export cpcapi_insert_key
+func cpcapi_insert_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_insert_result, fill *C.cpcache_fill_page, fillCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return insertKey("cpcache_insert_key", c, key, keyLen, tokens, n, out, fill, fillCap)
 }
@@ -462,14 +468,14 @@ func nonNegative(v C.int64_t, what string) error {
 	return nil
 }
 
-//export cpcache_evict_l1
-func cpcache_evict_l1(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
+//export cpcapi_evict_l1
+func cpcapi_evict_l1(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return evictL1(c, "cpcache_evict_l1", pages, freed, nil)
 }
 
-//export cpcache_evict_l1_ex
-func cpcache_evict_l1_ex(c C.cpcache_t, pages C.int64_t, freed, pending *C.int64_t) (status C.int) {
+//export cpcapi_evict_l1_ex
+func cpcapi_evict_l1_ex(c C.cpcache_t, pages C.int64_t, freed, pending *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return evictL1(c, "cpcache_evict_l1_ex", pages, freed, pending)
 }
@@ -494,8 +500,8 @@ func evictL1(c C.cpcache_t, what string, pages C.int64_t, freed, pending *C.int6
 	})
 }
 
-//export cpcache_evict_l2
-func cpcache_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
+//export cpcapi_evict_l2
+func cpcapi_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_evict_l2", func(s *session) error {
 		if err := nonNegative(pages, "pages"); err != nil {
@@ -509,8 +515,8 @@ func cpcache_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status 
 	})
 }
 
-//export cpcache_step
-func cpcache_step(c C.cpcache_t) (status C.int) {
+//export cpcapi_step
+func cpcapi_step(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
 	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) })
 }
@@ -531,8 +537,8 @@ func collectiveCall(c C.cpcache_t, what string, f func(*session) error) C.int {
 	return C.CPCACHE_OK
 }
 
-//export cpcache_pending
-func cpcache_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
+//export cpcapi_pending
+func cpcapi_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_pending", func(s *session) error {
 		if pending == nil {
@@ -543,20 +549,20 @@ func cpcache_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
 	})
 }
 
-//export cpcache_flush
-func cpcache_flush(c C.cpcache_t) (status C.int) {
+//export cpcapi_flush
+func cpcapi_flush(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
 	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) })
 }
 
-//export cpcache_prefetch
-func cpcache_prefetch(c C.cpcache_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
+//export cpcapi_prefetch
+func cpcapi_prefetch(c C.cpcache_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
 	defer guard(&status)
 	return prefetchKey("cpcache_prefetch", c, nil, 0, tokens, n, id)
 }
 
-//export cpcache_prefetch_key
-func cpcache_prefetch_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
+//export cpcapi_prefetch_key
+func cpcapi_prefetch_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) (status C.int) {
 	defer guard(&status)
 	return prefetchKey("cpcache_prefetch_key", c, key, keyLen, tokens, n, id)
 }
@@ -582,8 +588,8 @@ func prefetchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, 
 	})
 }
 
-//export cpcache_prefetch_pending
-func cpcache_prefetch_pending(c C.cpcache_t, id C.uint64_t, pending *C.int32_t) (status C.int) {
+//export cpcapi_prefetch_pending
+func cpcapi_prefetch_pending(c C.cpcache_t, id C.uint64_t, pending *C.int32_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_prefetch_pending", func(s *session) error {
 		if pending == nil {
@@ -597,14 +603,14 @@ func cpcache_prefetch_pending(c C.cpcache_t, id C.uint64_t, pending *C.int32_t) 
 	})
 }
 
-//export cpcache_prefetch_revoke
-func cpcache_prefetch_revoke(c C.cpcache_t, id C.uint64_t) (status C.int) {
+//export cpcapi_prefetch_revoke
+func cpcapi_prefetch_revoke(c C.cpcache_t, id C.uint64_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_prefetch_revoke", func(s *session) error { return s.cache.RevokePrefetch(uint64(id)) })
 }
 
-//export cpcache_l1_page
-func cpcache_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *C.size_t) (status C.int) {
+//export cpcapi_l1_page
+func cpcapi_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_l1_page", func(s *session) error {
 		switch {
@@ -623,8 +629,8 @@ func cpcache_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *
 	})
 }
 
-//export cpcache_get_stats
-func cpcache_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
+//export cpcapi_get_stats
+func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 	defer guard(&status)
 	if out == nil {
 		return fail(fmt.Errorf("%w: cpcache_get_stats: stats is NULL", errInvalid))

@@ -50,8 +50,8 @@ func oneLine(r any) string {
 
 // panicSite reads the stack of a goroutine that is panicking (called from a deferred
 // function): the innermost frame outside the runtime below runtime.gopanic, where the panic
-// happened ("exports.go:123 (main.cpcache_match)"), and the exported function it ran in
-// (the first main.cpcache_* frame).
+// happened ("exports.go:123 (main.cpcapi_match)"), and the exported function it ran in,
+// by its public name (the first main.cpcapi_* frame, cpcapi_match: "cpcache_match").
 func panicSite() (exported, site string) {
 	pcs := make([]uintptr, 128)
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs)])
@@ -59,7 +59,7 @@ func panicSite() (exported, site string) {
 	inPanic, siteFound := false, false
 	for {
 		f, more := frames.Next()
-		name := f.Function[strings.LastIndex(f.Function, "/")+1:] // "main.cpcache_match"
+		name := f.Function[strings.LastIndex(f.Function, "/")+1:] // "main.cpcapi_match"
 		if name == "runtime.gopanic" {
 			inPanic = true
 		}
@@ -67,8 +67,8 @@ func panicSite() (exported, site string) {
 			site = fmt.Sprintf("%s:%d (%s)", path.Base(f.File), f.Line, name)
 			siteFound = true
 		}
-		if _, fn, _ := strings.Cut(name, "."); inPanic && strings.HasPrefix(fn, "cpcache_") && !strings.Contains(fn, ".") {
-			exported = fn
+		if _, fn, _ := strings.Cut(name, "."); inPanic && strings.HasPrefix(fn, "cpcapi_") && !strings.Contains(fn, ".") {
+			exported = "cpcache_" + strings.TrimPrefix(fn, "cpcapi_")
 			break
 		}
 		if !more {

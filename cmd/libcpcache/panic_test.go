@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// cpcache_fake_export stands for an exported function (panicSite finds it by its name).
-func cpcache_fake_export(p *int) (err error) {
+// cpcapi_fake_export stands for an exported function (panicSite finds it by its name and
+// reports the public one, cpcache_fake_export).
+func cpcapi_fake_export(p *int) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = panicError(r)
@@ -20,7 +21,7 @@ func cpcache_fake_export(p *int) (err error) {
 // the panic value, on one line: the goroutine's stack goes to stderr, never into the message
 // a C caller gets from cpcache_last_error.
 func TestPanicErrorIsOneLine(t *testing.T) {
-	err := cpcache_fake_export(nil)
+	err := cpcapi_fake_export(nil)
 	if !errors.Is(err, errInternal) {
 		t.Fatalf("err = %v, want errInternal", err)
 	}

@@ -24,6 +24,14 @@ Signals: the Go runtime inside libcpcache installs no SIGINT handler in a foreig
 so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running call returns
 (a step waits at most its collective's deadline). Close the cache in a finally block (or use
 `with`); peers then see this rank as lost and fail promptly instead of at their deadline.
+
+Fork: the Go runtime inside libcpcache does not survive fork(). In a process forked after the
+library was loaded (os.fork(), or multiprocessing's "fork" start method, the default on Linux
+before Python 3.14 and vLLM's), every call raises ForkedError at once, naming the parent's pid
+(the library checks in C, before entering Go); version() still answers. A Cache inherited from
+the parent cannot be used there: its close() and its finalizer return at once in the child and
+touch nothing the parent owns, whose cache keeps working. Open the cache in a process started
+with the "spawn" (or "forkserver") start method, or import and load the library after the fork.
 """
 
 import array
@@ -40,7 +48,7 @@ from collections import namedtuple
 __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
-    "TimeoutError_", "IOError_", "NotStartedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "TimeoutError_", "IOError_", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
     "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
@@ -81,10 +89,17 @@ class NotStartedError(Error): pass       # CPCACHE_ERR_NOT_STARTED
 class InternalError(Error): pass         # CPCACHE_ERR_INTERNAL
 
 
+class ForkedError(Error):
+    """CPCACHE_ERR_FORKED: this process was forked (os.fork(), multiprocessing's fork start
+    method) after libcpcache was loaded; the library cannot be used in it. The message names
+    the parent's pid. Open the cache in a process started with the spawn start method, or
+    load the library after the fork."""
+
+
 _ERRORS = {-1: InvalidError, -2: SizeError, -3: RangeError, -4: ClosedError, -5: AlreadyOpenError,
            -6: ConfigError, -7: NodeError, -8: L1FullError, -9: BusyError, -10: DivergedError,
            -11: PeerLostError, -12: TimeoutError_, -13: IOError_, -14: NotStartedError,
-           -100: InternalError}
+           -15: ForkedError, -100: InternalError}
 
 _i32, _i64, _u32, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 
@@ -263,7 +278,8 @@ _lib = None
 
 def version():
     """The library's version ("0.1.0"; cpcache_version() without its "cpcache " prefix): the
-    repository's VERSION file, as the binary, CMake's package and the wheel carry it."""
+    repository's VERSION file, as the binary, CMake's package and the wheel carry it. It
+    answers in a forked child too, at once (the library keeps the string in C storage)."""
     return library().cpcache_version().decode().removeprefix("cpcache ")
 
 
@@ -424,11 +440,17 @@ class Cache:
     """One rank's cache (cpcache_open): at most one per process. Use as a context manager,
     or call close() in a finally block. A Cache dropped without close() is closed when it is
     garbage collected (with a ResourceWarning), once no memoryview of its L1 pool is left.
-    close() releases the memoryviews l1_page() returned (see the module's "Memory views")."""
+    close() releases the memoryviews l1_page() returned (see the module's "Memory views").
+
+    In a child forked after the cache was opened, every call raises ForkedError at once
+    (naming the parent's pid), and close() and the finalizer return at once without touching
+    the library or the memory: the cache is the parent's, which keeps using it. Opening a
+    Cache in such a child raises ForkedError too (see the module's "Fork")."""
 
     _h = None  # the handle, once open
     _closed = False
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
+    _pid = None  # the process that opened it (a forked child must not close it)
 
     def __init__(self, *, l1_pages, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
@@ -515,7 +537,7 @@ class Cache:
         if status != 0 and pool is not None:
             pool.close()
         _check(status)
-        self._h, self._pool, self._pool_base = h.value, pool, addr
+        self._h, self._pool, self._pool_base, self._pid = h.value, pool, addr, os.getpid()
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
             _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
@@ -545,7 +567,12 @@ class Cache:
 
     def close(self):
         """Releases the cache (idempotent) [L], then the memoryviews l1_page returned (using
-        one afterwards raises ValueError) and the L1 pool this module allocated."""
+        one afterwards raises ValueError) and the L1 pool this module allocated. In a child
+        forked after the cache was opened it returns at once and releases nothing: the cache,
+        its pool and its views are the parent's (the child's copies go when it exits)."""
+        if self._pid != os.getpid():
+            self._closed = True
+            return
         self._closed = True  # released even when close reports an error
         try:
             _check(self._lib.cpcache_close(self._h))
@@ -582,8 +609,9 @@ class Cache:
                 pass
 
     def __del__(self):
-        # Dropped without close(): the process's one cache would stay open, unreachable.
-        if self._h is None or self._closed:
+        # Dropped without close(): the process's one cache would stay open, unreachable. In a
+        # forked child the cache is the parent's: nothing to do.
+        if self._h is None or self._closed or self._pid != os.getpid():
             return
         self._closed = True
         try:
