@@ -20,6 +20,7 @@ exits with status 130 (peers see it as lost and stop too).
 import argparse
 import hashlib
 import os
+import signal
 import sys
 
 try:
@@ -161,6 +162,7 @@ class Scheduler:
 
     def __init__(self, ctl, info, kv=None, alloc=None):
         self.ctl, self.info, self.kv, self.alloc = ctl, info, kv, alloc
+        self.interrupted = False  # set by --forever's SIGINT handler; step() acts on it
         self.counts = dict(requests=0, input_tokens=0, tokens_hit_l1=0, tokens_hit_l2=0, tokens_missed=0,
                            scheduler_steps=0, pages_verified=0, bad_pages=0)
 
@@ -304,6 +306,11 @@ class Scheduler:
         self.ctl.dec_lock_ref(node)
 
     def step(self):
+        if self.interrupted:
+            # Ctrl-C takes effect here, between steps: a KeyboardInterrupt raised wherever the
+            # signal lands could fall inside a finalizer or a weakref callback, where Python
+            # prints and drops it, and the loop would go on serving.
+            raise KeyboardInterrupt
         self.ctl.check_hicache_events()
         self.counts["scheduler_steps"] += 1
         if self.alloc:
@@ -360,6 +367,7 @@ def main():
         dp = info.world // info.replica_size
         mine = [c for c in range(a.clients) if c % dp == info.dp_rank]
         if a.forever:
+            signal.signal(signal.SIGINT, lambda *_: setattr(sched, "interrupted", True))
             print(f"rank {info.rank}: serving until interrupted", flush=True)
             base = 0
             while True:
