@@ -11,6 +11,7 @@ import (
 // engine (the copy-engine interface).
 type (
 	Handle         = core.Handle
+	PageID         = core.PageID // a page's identity: its 256-bit chained hash (core/hash.go)
 	NodeInfo       = core.NodeInfo
 	NodeState      = core.NodeState
 	MatchResult    = core.MatchResult

@@ -41,7 +41,7 @@ func BenchmarkMatchPerPage(b *testing.B) {
 	for _, pages := range []int{1_000, 10_000, 100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("pages=%d", pages), func(b *testing.B) {
 			c, seqs := benchTree(b, pages)
-			flat := map[uint64]int32{}
+			flat := map[PageID]int32{}
 			for _, s := range seqs {
 				for i, h := range PrefixHashes(s, 16) {
 					flat[h] = int32(i)
@@ -64,12 +64,12 @@ func BenchmarkMatchPerPage(b *testing.B) {
 
 // mapBaseline is the cost per page of the plain-map lookup of every page of the sequences,
 // over the same iters sequences the benchmark matched (b.Loop has stopped the timer).
-func mapBaseline(seqs [][]int32, flat map[uint64]int32, iters int) float64 {
+func mapBaseline(seqs [][]int32, flat map[PageID]int32, iters int) float64 {
 	n, sink := 0, int32(0)
 	start := time.Now()
 	for rep := range iters {
 		s := seqs[rep%len(seqs)]
-		h := RootHash
+		h := RootID
 		for p := 0; p+16 <= len(s); p += 16 {
 			h = PageHash(h, s[p:p+16])
 			v, ok := flat[h]
@@ -120,15 +120,17 @@ func BenchmarkInsertPerPage(b *testing.B) {
 			}
 			b.StopTimer()
 			perPage := float64(elapsed.Nanoseconds()) / float64(inserted)
-			flat := map[uint64]int32{}
+			flat := map[PageID]int32{}
 			n := 0
 			start := time.Now()
 			for i := range iters { // the same sequences the benchmark inserted
 				s := news[i%len(news)]
-				h := RootHash
+				h := RootID
 				for p := 0; p+16 <= len(s); p += 16 {
 					h = PageHash(h, s[p:p+16])
-					flat[h^uint64(i)] = int32(p)
+					k := h
+					k[0], k[1] = k[0]^byte(i), k[1]^byte(i>>8)
+					flat[k] = int32(p)
 					n++
 				}
 				if len(flat) > 1<<20 {

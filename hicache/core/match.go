@@ -80,7 +80,7 @@ type FillPage struct {
 	Slot  int32  // L1 slot
 	Index int    // sequence page index
 	Owner int    // CP rank that holds the page: Index mod C
-	Hash  uint64 // chained page hash
+	Hash  PageID // page id
 }
 
 // InsertResult says what an Insert cached.
@@ -174,13 +174,13 @@ func (c *Core) insertKey(key string, tokens []int32) (InsertResult, error) {
 		}
 	}
 	if np > pages {
-		hashes := make([]uint64, np-pages)
-		h := KeyRoot(key)
+		hashes := make([]PageID, np-pages)
+		h := c.hs.root(key)
 		if pages > 0 {
 			h = parent.hashes[len(parent.hashes)-1]
 		}
 		for i := range hashes {
-			h = PageHash(h, tokens[(pages+i)*P:(pages+i+1)*P])
+			h = c.hs.page(h, tokens[(pages+i)*P:(pages+i+1)*P])
 			hashes[i] = h
 		}
 		toks := append([]int32(nil), tokens[pages*P:np*P]...)

@@ -91,10 +91,10 @@ func (p *kvPublisher) flushed(cache *hicache.Cache) error {
 func (p *kvPublisher) writeDump(cache *hicache.Cache, name string, nextSeq *uint64) error {
 	held := cache.HeldPages()
 	raw, err := json.Marshal(struct {
-		NextSeq *uint64  `json:"next_seq,omitempty"`
-		Device  []uint64 `json:"device"`
-		Host    []uint64 `json:"host"`
-		Storage []uint64 `json:"storage"`
+		NextSeq *uint64          `json:"next_seq,omitempty"`
+		Device  []hicache.PageID `json:"device"`
+		Host    []hicache.PageID `json:"host"`
+		Storage []hicache.PageID `json:"storage"`
 	}{nextSeq, held[hicache.TierDevice], held[hicache.TierHost], held[hicache.TierStorage]})
 	if err != nil {
 		return err
