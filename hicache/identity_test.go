@@ -1,12 +1,14 @@
 package hicache
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/cpcache/cpcache/internal/mix"
 	"github.com/cpcache/cpcache/parallel"
+	"github.com/cpcache/cpcache/storage"
 )
 
 // The page hash cpcache used before page ids were 256-bit (64-bit FNV-1a chained over the
@@ -184,5 +186,83 @@ func TestForgedCollisionServesNoOtherTenant(t *testing.T) {
 		if ms[0].DevicePages != 4 {
 			t.Fatalf("%s matched %d device + %d host pages, want 4 device", key, ms[0].DevicePages, ms[0].HostPages)
 		}
+	}
+}
+
+// TestL3PrefetchRefusesUnboundValue: a genuine value (right MAC, right key) bound to other
+// tokens or another parent than the prefetch asked for is a miss, counted in the storage's
+// Stats.Mismatched, never inserted: with page 0's value rewritten bound to other tokens the
+// prefetch inserts nothing; with page 0 right and page 2's value bound under another parent,
+// pages 0 and 1 only.
+func TestL3PrefetchRefusesUnboundValue(t *testing.T) {
+	ns := testNamespace(t)
+	l3 := L3Options{PrefetchPolicy: PrefetchWaitComplete, MinPrefetchPages: 1, PrefetchQuotaPages: 64, ReadChunkPages: 4,
+		PrefetchTimeoutBase: time.Second}
+	r := newRig(t, l3RigConfig(parallel.LayoutConfig{World: 4, TP: 4, AttnCP: 4}, openStores(t, "mem://"+t.Name(), ns), ns, l3))
+	rng := rand.New(rand.NewPCG(38, 1))
+	prompt := make([]int32, 16)
+	for i := range prompt {
+		prompt[i] = rng.Int32N(32000)
+	}
+	r.key = "tenant"
+	r.insertAll([][]int32{prompt})
+	r.evictAll()
+	ids := KeyPrefixHashes(r.key, prompt, 4)
+	ctx := context.Background()
+	// rebind rewrites page j's value on every shard, bound by bind(the right binding).
+	saved := map[[2]int][]byte{} // (rank, page) -> the page's bytes as stored
+	for i, c := range r.caches {
+		for j := range ids {
+			buf := [][]byte{make([]byte, 256)}
+			if n, err := c.l3.st.Get(ctx, []storage.Key{c.l3.key(ids[j])}, buf, nil); err != nil || n != 1 {
+				t.Fatalf("rank %d page %d: get %d, %v", i, j, n, err)
+			}
+			saved[[2]int{i, j}] = buf[0]
+		}
+	}
+	rebind := func(j int, bind func(*storage.Binding)) {
+		t.Helper()
+		for i, c := range r.caches {
+			k := c.l3.key(ids[j])
+			buf := [][]byte{saved[[2]int{i, j}]}
+			b := storage.Binding{Tokens: TokenDigest(prompt[4*j : 4*j+4]), Parent: KeyRoot(r.key)}
+			if j > 0 {
+				b.Parent = ids[j-1]
+			}
+			bind(&b)
+			if err := c.l3.st.PutBound(ctx, []storage.Key{k}, []storage.Binding{b}, buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mismatched := func() (n uint64) {
+		for _, c := range r.caches {
+			n += c.l3.st.Stats().Mismatched
+		}
+		return n
+	}
+	prefetched := func() PrefetchOutcome {
+		t.Helper()
+		pf := r.prefetch(prompt, -1)
+		out, _ := r.caches[0].PrefetchOutcome(pf.ID)
+		r.evictAll()
+		return out
+	}
+	rebind(0, func(b *storage.Binding) { b.Tokens[0] ^= 1 })
+	before := mismatched()
+	if out := prefetched(); out.Inserted != 0 {
+		t.Fatalf("page 0 bound to other tokens: prefetch %+v, want nothing inserted", out)
+	}
+	if d := mismatched() - before; d != 1 {
+		t.Fatalf("Mismatched +%d, want 1 (page 0's owner)", d)
+	}
+	rebind(0, func(*storage.Binding) {}) // the refused value was deleted: put back, rightly bound
+	rebind(2, func(b *storage.Binding) { b.Parent[31] ^= 1 })
+	before = mismatched()
+	if out := prefetched(); out.Inserted != 2 {
+		t.Fatalf("page 2 bound under another parent: prefetch %+v, want pages 0 and 1 inserted", out)
+	}
+	if d := mismatched() - before; d != 1 {
+		t.Fatalf("Mismatched +%d, want 1 (page 2's owner)", d)
 	}
 }
