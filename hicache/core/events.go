@@ -55,8 +55,8 @@ func (k EventKind) String() string {
 	return "event(?)"
 }
 
-// Event is one change of what the replica holds. Hashes are chained page hashes (the same
-// as the L3 keys'); for EventStored, Parent is the hash of the page before the first one
+// Event is one change of what the replica holds. Hashes are page ids (the L3 keys derive
+// from them); for EventStored, Parent is the id of the page before the first one
 // (HasParent false when the run starts the sequence), Tokens are the run's tokens
 // (len(Hashes) × PageSize) and Key is its isolation key. The slices are shared with the
 // tree and never modified: the caller must not modify them either.

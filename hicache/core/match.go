@@ -85,8 +85,8 @@ type FillPage struct {
 
 // InsertResult says what an Insert cached.
 type InsertResult struct {
-	// Pages is the number of leading whole pages of the sequence now in the tree (shorter
-	// than the sequence only on a hash collision).
+	// Pages is the number of leading whole pages of the sequence now in the tree: all of
+	// them (none while the cache is quarantined).
 	Pages int
 	// Last is the deepest node of the inserted prefix (the root's handle if Pages is 0).
 	Last Handle
@@ -110,8 +110,8 @@ type InsertResult struct {
 // every rank.
 func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
 
-// InsertKey is Insert under isolation key key: the pages' chained hashes (and so their L3
-// keys) are seeded with the key (KeyRoot), and they match only under the same key; equal
+// InsertKey is Insert under isolation key key: the pages' ids (and so their L3 keys) are
+// seeded with the key (KeyRoot), and they match only under the same key; equal
 // tokens under another key are other pages in every tier. Replicated.
 func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	if c.l1.engine != nil {

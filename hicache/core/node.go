@@ -18,7 +18,7 @@ type treeNode struct {
 	parent    *treeNode
 	children  []*treeNode // in creation order (replicated)
 	depth     int         // pages above this node in its sequence
-	key       string      // isolation key (the empty key by default); seeds the chained hashes
+	key       string      // isolation key (the empty key by default); seeds the page ids
 	tokens    []int32     // pages × PageSize tokens
 	hashes    []PageID    // id of each page (hash.go)
 	indexNext *treeNode   // next node in its Core.index chain (not replicated: lookups only)

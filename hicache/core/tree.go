@@ -88,7 +88,7 @@ const walkBuf = 16
 
 // walk matches whole pages of tokens under isolation key key from the root and appends the
 // path to path (callers pass a stack buffer: var buf [walkBuf]pathMatch; c.walk(buf[:0],
-// key, tokens)); every node but the last is matched fully. The key seeds the chained hashes
+// key, tokens)); every node but the last is matched fully. The key seeds the page ids
 // (KeyRoot), so a walk under one key never reaches another key's nodes.
 func (c *Core) walk(path []pathMatch, key string, tokens []int32) []pathMatch {
 	P := c.cfg.PageSize

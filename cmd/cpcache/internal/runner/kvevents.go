@@ -13,7 +13,7 @@ import (
 
 // EnvKVEventsDump names a directory where each replica's publishing rank writes, after its
 // last step, the pages its cache holds per tier (replica-<d>.json: {"device": [...], "host":
-// [...], "storage": [...]}, chained hashes), and after its n-th flush by --fault flush the
+// [...], "storage": [...]}, page ids in hex), and after its n-th flush by --fault flush the
 // same with "next_seq", the seq of the first batch after the flush's (replica-<d>-flush-<n>.json,
 // from 1): for tests that rebuild them from the events.
 const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
