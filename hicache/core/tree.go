@@ -100,17 +100,15 @@ func (c *Core) walk(path []pathMatch, key string, tokens []int32) []pathMatch {
 		if child == nil || child.parent != n || child.key != key || !slices.Equal(child.tokens[:P], tokens[pos*P:(pos+1)*P]) {
 			break
 		}
-		h = ph
+		// Inside the node, equal tokens are equal ids: the node's id of page j was computed
+		// from the same chain (the walk matched every page before it) and the same tokens,
+		// so only the tokens are compared, and the next child is looked up by the id of the
+		// node's last matched page. One page id is hashed per node, not per page.
 		j := 1
-		for j < len(child.hashes) && pos+j < np {
-			q := tokens[(pos+j)*P : (pos+j+1)*P]
-			ph = c.hs.page(h, q)
-			if ph != child.hashes[j] || !slices.Equal(child.tokens[j*P:(j+1)*P], q) {
-				break
-			}
-			h = ph
+		for j < len(child.hashes) && pos+j < np && slices.Equal(child.tokens[j*P:(j+1)*P], tokens[(pos+j)*P:(pos+j+1)*P]) {
 			j++
 		}
+		h = child.hashes[j-1]
 		path = append(path, pathMatch{child, j})
 		pos += j
 		if j < len(child.hashes) {
