@@ -445,8 +445,8 @@ int cpcache_evict_l1_ex(cpcache_t c, int64_t pages, int64_t *freed, int64_t *pen
  * rank's slots: slots[0..n_slots) are, in order, one for every whole page of tokens this rank
  * owns, holding the KV the engine computed (for pages cpcache_match served from L1, the slot
  * it reported). The cache keeps the slots of the pages it caches; the others (a page already
- * in L1 elsewhere, a hash collision, a quarantined cache) and slots the insert's evictions
- * freed are the freed slots. *out as cpcache_insert's (n_fill 0). On CPCACHE_ERR_L1_FULL the
+ * in L1 elsewhere, a quarantined cache) and slots the insert's evictions freed are the freed
+ * slots. *out as cpcache_insert's (n_fill 0). On CPCACHE_ERR_L1_FULL the
  * caller keeps its slots (evictions' slots wait in cpcache_take_freed_l1). [R] */
 int cpcache_insert_slots(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
                          size_t n, const int32_t *slots, size_t n_slots, cpcache_insert_result *out,
