@@ -78,7 +78,7 @@ type Config struct {
 	Storage storage.Storage
 	// StorageNamespace is the namespace Storage was opened with (required with Storage;
 	// NewStorageNamespace builds one). It must name everything that changes a page's bytes
-	// (model, dtype, KV layout, page size, TP size); keys add the chained page hash and the
+	// (model, dtype, KV layout, page size, TP size); keys add the page's 256-bit id and the
 	// slab group's TP index (0 on every rank with ShareSlabs: a replicated page is stored
 	// once).
 	StorageNamespace storage.Namespace

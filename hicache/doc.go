@@ -8,7 +8,7 @@
 // The cache is four layers, each its own package, and this one drives them:
 //
 //   - hicache/core: the deterministic state machine — the radix tree (nodes are runs of
-//     whole pages with chained page hashes, usable as L3 keys), the replicated L1
+//     whole pages with their page ids, 256-bit chained hashes from which L3 keys derive), the replicated L1
 //     accounting, the replicated L2 allocator (slab/alloc), the write policies, the queues of
 //     transfers and storage jobs in flight, the digests and the consensus vector. No
 //     goroutines, clocks, I/O, sync or cgo (a test checks its imports). Start reading there.
@@ -125,8 +125,9 @@
 // clients' bandwidth and no rank carries the group's bytes. The core only queues work and
 // applies agreed results: the stored length of a prefix is the longest one every rank
 // holds, a read inserts the longest prefix every rank verified, and a backup is done once
-// every rank stored its part. Keys are the nodes' chained page hashes plus the slab
-// group's TP index, in the namespace (not the CP rank or size: a store filled by a CP1 job
+// every rank stored its part. Keys derive from the pages' 256-bit ids plus the slab group's
+// TP index (storage.PageKey), in the namespace; each value also binds its page's token
+// digest and its parent's id, which a prefetch checks (storage.Binding) (not the CP rank or size: a store filled by a CP1 job
 // serves a CP4 job, and back). Wiring it (every rank opens its own handle on the same URL,
 // with the same MAC key: a shared Redis needs one, see package storage):
 //

@@ -87,7 +87,7 @@ func TestEngineOwnedInsertEvictLoadBack(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			kvtest.FillKV(b, hashes[p], p, r.shards[i])
+			kvtest.FillKV(b, hashes[p].Index(), p, r.shards[i])
 		}
 		res, err := c.InsertSlots(tokens, own)
 		if err != nil {

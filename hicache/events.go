@@ -217,10 +217,10 @@ func (h *eventHub) closeSubs() {
 	h.subs = nil
 }
 
-// HeldPages returns the hashes of the pages this replica holds in each tier (indexed by
+// HeldPages returns the ids of the pages this replica holds in each tier (indexed by
 // Tier; storage: the backups the events announced), sorted: what a subscriber that applied
 // every batch so far has rebuilt. A full walk of the tree. Local.
-func (c *Cache) HeldPages() [3][]uint64 {
+func (c *Cache) HeldPages() [3][]PageID {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.core.HeldPages()

@@ -9,7 +9,7 @@ import (
 )
 
 // eventSet is the pages per tier a subscriber rebuilds from batches.
-type eventSet [3]map[uint64]bool
+type eventSet [3]map[PageID]bool
 
 func newEventSet() eventSet { return eventSet{{}, {}, {}} }
 
@@ -135,7 +135,7 @@ func TestEventsOrderGapsAndReplay(t *testing.T) {
 	}
 }
 
-func sameSet(a, b map[uint64]bool) bool {
+func sameSet(a, b map[PageID]bool) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -72,7 +72,7 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	for _, f := range ins.Fill {
 		if cache.Owns(f.Index) {
 			b, _ := cache.L1Page(f.Slot)
-			kvtest.FillKV(b, f.Hash, f.Index, 0) // an engine writes computed KV here
+			kvtest.FillKV(b, f.Hash.Index(), f.Index, 0) // an engine writes computed KV here
 			own = append(own, f.Index)
 		}
 	}
@@ -123,7 +123,7 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	for i, slot := range m.L1Slots {
 		if cache.Owns(i) {
 			b, _ := cache.L1Page(slot)
-			if err := kvtest.CheckKV(b, hicache.PrefixHashes(prompt, 4)[i], i, 0); err != nil {
+			if err := kvtest.CheckKV(b, hicache.PrefixHashes(prompt, 4)[i].Index(), i, 0); err != nil {
 				return "", err
 			}
 		}

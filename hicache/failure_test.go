@@ -58,7 +58,7 @@ func TestSkippedCallDetectedAsTreeDivergence(t *testing.T) {
 	for _, f := range res.Fill {
 		if r.caches[5].Owns(f.Index) {
 			b, _ := r.caches[5].L1Page(f.Slot)
-			kvtest.FillKV(b, f.Hash, f.Index, 0)
+			kvtest.FillKV(b, f.Hash.Index(), f.Index, 0)
 		}
 	}
 	errs := r.all(func(i int) error { return r.caches[i].Step(context.Background()) })

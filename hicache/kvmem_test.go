@@ -31,7 +31,7 @@ func verifyOwnKVPages(c *Cache, m MatchResult, shard int, l1 *kvmem.L1) error {
 			if !c.Owns(idx) {
 				continue
 			}
-			if err := kvtest.CheckL1Page(l1, n.L1[j], n.Hashes[j], idx, shard); err != nil {
+			if err := kvtest.CheckL1Page(l1, n.L1[j], n.Hashes[j].Index(), idx, shard); err != nil {
 				return fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID, err)
 			}
 		}

@@ -151,6 +151,15 @@ func (s *linkStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, f
 	return n, nil
 }
 
+// GetBound and PutBound model the link only: the bench's values carry no header.
+func (s *linkStore) GetBound(ctx context.Context, keys []storage.Key, _ []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	return s.Get(ctx, keys, dst, found)
+}
+
+func (s *linkStore) PutBound(ctx context.Context, keys []storage.Key, _ []storage.Binding, src [][]byte) error {
+	return s.Put(ctx, keys, src)
+}
+
 func (s *linkStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
 	bytes := 0
 	for _, b := range src {

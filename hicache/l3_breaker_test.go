@@ -49,11 +49,25 @@ func (s hangingStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte,
 	return s.Storage.Get(ctx, keys, dst, found)
 }
 
+func (s hangingStore) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.wait(ctx); err != nil {
+		return 0, err
+	}
+	return s.Storage.GetBound(ctx, keys, binds, dst, found)
+}
+
 func (s hangingStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
 	if err := s.wait(ctx); err != nil {
 		return err
 	}
 	return s.Storage.Put(ctx, keys, src)
+}
+
+func (s hangingStore) PutBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.wait(ctx); err != nil {
+		return err
+	}
+	return s.Storage.PutBound(ctx, keys, binds, src)
 }
 
 // sameCircuit checks that every rank agrees on the storage circuit and returns its state.

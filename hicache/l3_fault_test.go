@@ -192,7 +192,7 @@ func TestL3TornFileIsMiss(t *testing.T) {
 	}
 	for i, f := range files {
 		switch i % 9 {
-		case 1: // a payload bit flip: the header verifies (the query counts the page), the read does not
+		case 2: // a payload bit flip: the header verifies (the query counts the page), the read does not
 			b, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)

@@ -76,7 +76,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 					if err != nil {
 						return err
 					}
-					kvtest.FillKV(p, f.Hash, f.Index, shard)
+					kvtest.FillKV(p, f.Hash.Index(), f.Index, shard)
 				}
 			}
 			if err := step(); err != nil {

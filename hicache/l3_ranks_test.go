@@ -105,11 +105,11 @@ type failSecondGet struct {
 	gets atomic.Int64
 }
 
-func (s *failSecondGet) Get(ctx context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+func (s *failSecondGet) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
 	if s.gets.Add(1) >= 2 {
 		return 0, errors.New("injected read failure")
 	}
-	return s.Storage.Get(ctx, keys, dst, found)
+	return s.Storage.GetBound(ctx, keys, binds, dst, found)
 }
 
 // TestL3OneRankReadFails: in a CP4 group, CP rank 2's read of its second page (sequence

@@ -138,7 +138,7 @@ func (d *l3Driver) startProbe() {
 	go func() {
 		defer d.wg.Done()
 		defer cancel()
-		_, err := d.st.Exists(ctx, d.keys([]uint64{0}), nil)
+		_, err := d.st.Exists(ctx, d.keys([]PageID{{}}), nil)
 		if n := d.st.Stats().Stuck; err == nil && n > 0 {
 			err = fmt.Errorf("%w: %d operations still in the kernel", storage.ErrStuck, n)
 		}

@@ -2,7 +2,6 @@ package hicache
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -72,16 +71,20 @@ func newL3Driver(st storage.Storage, ns storage.Namespace, shard int, slabs Host
 		sem: make(chan struct{}, opts.Workers), running: map[l3Key]*l3Run{}, brk: newBreaker(&opts)}
 }
 
-// key is the storage key of the page with chained hash h: the namespace, the hash and the
+// key is the storage key of the page with id h: the namespace, the full 256-bit id and the
 // slab group's tensor-parallel index (TP shards hold different bytes for one prefix).
-func (d *l3Driver) key(h uint64) storage.Key {
-	var b [12]byte
-	binary.BigEndian.PutUint64(b[:8], h)
-	binary.BigEndian.PutUint32(b[8:], d.shard)
-	return storage.NewKeyBytes(d.ns, b[:])
+func (d *l3Driver) key(h core.PageID) storage.Key { return storage.PageKey(d.ns, h, d.shard) }
+
+// binds converts a job's bindings to the storage's.
+func binds(bs []core.Binding) []storage.Binding {
+	out := make([]storage.Binding, len(bs))
+	for i, b := range bs {
+		out[i] = storage.Binding{Tokens: b.Tokens, Parent: b.Parent}
+	}
+	return out
 }
 
-func (d *l3Driver) keys(hashes []uint64) []storage.Key {
+func (d *l3Driver) keys(hashes []core.PageID) []storage.Key {
 	out := make([]storage.Key, len(hashes))
 	for i, h := range hashes {
 		out[i] = d.key(h)
@@ -296,7 +299,9 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			return 0, wrap(err)
 		}
 		var put []storage.Key
+		var putBinds []storage.Binding
 		var src [][]byte
+		all := binds(job.Binds)
 		for i, p := range job.Pages {
 			if present[i] {
 				continue
@@ -309,15 +314,20 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 				return 0, wrap(err)
 			}
 			put, src = append(put, keys[i]), append(src, b)
+			putBinds = append(putBinds, all[i])
 		}
 		if len(put) > 0 {
-			if err := d.call(ctx, func(ctx context.Context) error { return d.st.Put(ctx, put, src) }); err != nil {
+			if err := d.call(ctx, func(ctx context.Context) error { return d.st.PutBound(ctx, put, putBinds, src) }); err != nil {
 				return 0, wrap(fmt.Errorf("backup of node %d: %w", job.Node, err))
 			}
 		}
 		d.pagesWritten.Add(int64(len(put)))
 		return len(job.Pages), nil
 	case core.StorageRead:
+		// GetBound checks each value's binding (its page's tokens and parent, which this
+		// rank computed from the tokens it asked for): a value stored for anything else is
+		// a miss, counted in the storage's Stats.Mismatched, never loaded.
+		want := binds(job.Binds)
 		chunk := d.opts.ReadChunkPages
 		done := 0
 		for lo := 0; lo < len(keys); lo += chunk {
@@ -339,7 +349,10 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			found := make([]bool, hi-lo)
 			var n int
 			began := time.Now()
-			err := d.call(ctx, func(ctx context.Context) (err error) { n, err = d.st.Get(ctx, keys[lo:hi], dst, found); return err })
+			err := d.call(ctx, func(ctx context.Context) (err error) {
+				n, err = d.st.GetBound(ctx, keys[lo:hi], want[lo:hi], dst, found)
+				return err
+			})
 			if d.layerFirst != nil {
 				for i, ok := range found {
 					if ok {

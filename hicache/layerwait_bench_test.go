@@ -67,7 +67,7 @@ func benchLayerWiseLoadBack(b *testing.B, kv kvlayout.Layout, l2 kvmem.L2Layout,
 		b.Fatalf("insert: %d pages to fill, %v; want %d", len(ins.Fill), err, pages)
 	}
 	for _, f := range ins.Fill {
-		if err := kvtest.FillL1Page(l1, f.Slot, f.Hash, f.Index, 0); err != nil {
+		if err := kvtest.FillL1Page(l1, f.Slot, f.Hash.Index(), f.Index, 0); err != nil {
 			b.Fatal(err)
 		}
 	}

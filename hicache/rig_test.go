@@ -199,7 +199,7 @@ func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
 		res[i] = ir
 		for _, f := range ir.Fill {
 			if c.Owns(f.Index) && r.kv != nil {
-				if err := kvtest.FillL1Page(r.kv[i], f.Slot, f.Hash, f.Index, r.shards[i]); err != nil {
+				if err := kvtest.FillL1Page(r.kv[i], f.Slot, f.Hash.Index(), f.Index, r.shards[i]); err != nil {
 					return err
 				}
 			} else if c.Owns(f.Index) {
@@ -207,7 +207,7 @@ func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
 				if err != nil {
 					return err
 				}
-				kvtest.FillKV(b, f.Hash, f.Index, r.shards[i])
+				kvtest.FillKV(b, f.Hash.Index(), f.Index, r.shards[i])
 			}
 		}
 		return err

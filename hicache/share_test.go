@@ -67,7 +67,7 @@ func TestSharedSlabsMLA(t *testing.T) {
 		t.Fatalf("%d slab sets of %v for 8 ranks, want one set of 2 slabs made by ranks 0 and 4", len(distinct), r.slabs[0].Ranks())
 	}
 	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(27, 8)), 6, 4)
-	unique := map[uint64]bool{}
+	unique := map[PageID]bool{}
 	for _, s := range seqs {
 		for _, h := range PrefixHashes(s, 4) {
 			unique[h] = true

@@ -11,6 +11,7 @@ import (
 // engine (the copy-engine interface).
 type (
 	Handle         = core.Handle
+	PageID         = core.PageID // a page's identity: its 256-bit chained hash (core/hash.go)
 	NodeInfo       = core.NodeInfo
 	NodeState      = core.NodeState
 	MatchResult    = core.MatchResult
@@ -94,11 +95,15 @@ var (
 	ParsePolicy = core.ParsePolicy
 	// ParsePrefetchPolicy parses a prefetch policy name (see core.ParsePrefetchPolicy).
 	ParsePrefetchPolicy = core.ParsePrefetchPolicy
-	// PrefixHashes returns the chained page hashes of tokens (see core.PrefixHashes).
+	// PrefixHashes returns the page ids of tokens (see core.PrefixHashes).
 	PrefixHashes = core.PrefixHashes
-	// KeyPrefixHashes returns the chained page hashes of tokens under an isolation key (see
+	// KeyPrefixHashes returns the page ids of tokens under an isolation key (see
 	// core.KeyPrefixHashes).
 	KeyPrefixHashes = core.KeyPrefixHashes
+	// KeyRoot is the chain value before a sequence's first page under an isolation key.
+	KeyRoot = core.KeyRoot
+	// TokenDigest is the digest of one page's tokens that an L3 value binds (core.Binding).
+	TokenDigest = core.TokenDigest
 	// NewHostEngine makes the host-memory copy engine (see hostengine.New).
 	NewHostEngine = hostengine.New
 )

@@ -75,7 +75,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 				}
 				for _, f := range res.Fill {
 					if c.Owns(f.Index) {
-						if err := io.write(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, shard) }); err != nil {
+						if err := io.write(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash.Index(), f.Index, shard) }); err != nil {
 							return recs, counts, err
 						}
 					}
@@ -212,7 +212,7 @@ func verifyOwnPages(c *Cache, m MatchResult, shard int, read func(slot int32) ([
 			if err != nil {
 				return err
 			}
-			if err := kvtest.CheckKV(b, n.Hashes[j], idx, shard); err != nil {
+			if err := kvtest.CheckKV(b, n.Hashes[j].Index(), idx, shard); err != nil {
 				return fmt.Errorf("CP rank %d node %d: %w", c.CPRank(), n.ID, err)
 			}
 		}

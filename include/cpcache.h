@@ -281,7 +281,8 @@ typedef struct cpcache_fill_page {
   int32_t slot;   /* L1 slot */
   int32_t owner;  /* CP rank that holds it: index mod cp_size */
   int64_t index;  /* page index in the sequence */
-  uint64_t hash;  /* chained page hash (the page's identity) */
+  uint64_t hash;  /* first 8 bytes (little endian) of the page's 256-bit id: a well-mixed
+                     index, not an identity (two pages may share it) */
   int32_t owned;  /* 1 when this rank is the owner */
   int32_t _pad;
 } cpcache_fill_page;
@@ -419,11 +420,11 @@ int cpcache_insert(cpcache_t c, const int32_t *tokens, size_t n, cpcache_insert_
 /* Isolation keys: cpcache_match_key, cpcache_insert_key and cpcache_prefetch_key are
  * cpcache_match, cpcache_insert and cpcache_prefetch under the isolation key
  * key[0..key_len) (any bytes, at most 4096; NULL with key_len 0, like the unkeyed calls, is
- * the empty key). The key seeds the chained page hash (the hashes fill[i].hash reports,
- * and the storage keys), so equal tokens under different keys share no page in L1, L2 or
- * storage: a tenant or LoRA adapter matches only what was cached under its own key. Keys
- * are hashed to 64 bits (FNV-1a, mixed): two keys collide with probability 2^-64. The
- * empty key keeps the hashes of caches without keys. [R] */
+ * the empty key). The key seeds the page ids (256-bit SHA-256 chained over the prefix, from
+ * which fill[i].hash and the storage keys derive), so equal tokens under different keys
+ * share no page in L1, L2 or storage: a tenant or LoRA adapter matches only what was cached
+ * under its own key, and finding two prefixes (or keys) with one id takes a SHA-256
+ * collision. [R] */
 int cpcache_match_key(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
                       cpcache_match_result *out, int32_t *l1_slots, size_t slots_cap);
 int cpcache_insert_key(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
@@ -460,8 +461,8 @@ int cpcache_evict_l1_ex(cpcache_t c, int64_t pages, int64_t *freed, int64_t *pen
  * rank's slots: slots[0..n_slots) are, in order, one for every whole page of tokens this rank
  * owns, holding the KV the engine computed (for pages cpcache_match served from L1, the slot
  * it reported). The cache keeps the slots of the pages it caches; the others (a page already
- * in L1 elsewhere, a hash collision, a quarantined cache) and slots the insert's evictions
- * freed are the freed slots. *out as cpcache_insert's (n_fill 0). On CPCACHE_ERR_L1_FULL the
+ * in L1 elsewhere, a quarantined cache) and slots the insert's evictions freed are the freed
+ * slots. *out as cpcache_insert's (n_fill 0). On CPCACHE_ERR_L1_FULL the
  * caller keeps its slots (evictions' slots wait in cpcache_take_freed_l1). [R] */
 int cpcache_insert_slots(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
                          size_t n, const int32_t *slots, size_t n_slots, cpcache_insert_result *out,

@@ -7,9 +7,11 @@
 // A Namespace is derived (SHA-256, fixed tags, no per-process seed) from an identity string
 // that must name everything that changes the bytes of a page: model, dtype, KV layout, page
 // size, parallel shape. A Key is the namespace ID (8 bytes) followed by a 128-bit hash of the
-// namespace and the page's chained prefix hash: NewKey(ns, h) for a 64-bit hash that already
-// covers the whole prefix (the radix tree's chained page hash), NewKeyBytes for wider ones,
-// ChainKeys to chain per-page hashes. Pages of different namespaces never collide, a storage
+// namespace and the page's chained prefix hash: PageKey(ns, id, shard) for the cache's
+// 256-bit page ids (hicache/core.PageID, SHA-256 chained over the prefix and the isolation
+// key), NewKeyBytes for other chained hashes, NewKey for a 64-bit one, ChainKeys to chain
+// per-page hashes. PageKey's domain tag is its own, so its keys are none of those the others
+// derive. Pages of different namespaces never collide, a storage
 // refuses keys of a namespace other than its own (ErrBadArgument), and Clear removes exactly
 // its own namespace. The key and value formats are fixed; the tests pin them with golden
 // values.
@@ -24,11 +26,16 @@
 // (stores.WithFaults). A backend encodes and verifies its values with a MAC (NewMAC) and
 // reports its key's fingerprint by a KeyFingerprint method.
 //
-// Every value is stored as an 80-byte header (magic, version, key, length, CRC-32C of the
-// payload, a MAC of the payload, a MAC of the header, CRC-32C of the header) followed by the
-// payload (format.go). A value that is torn, foreign, stored under another key, of the wrong
-// length, failing its checksum or its MAC is never loaded: Get treats it as a miss, counts
-// it in Stats.Corrupt (and Stats.Forged when its checksums hold but its MAC or key does not),
+// Every value is stored as a 144-byte header (magic, version, key, length, CRC-32C of the
+// payload, the binding — its page's token digest and its parent's id —, a MAC of the
+// payload, a MAC of the header, CRC-32C of the header) followed by the payload (format.go).
+// PutBound stores a binding and GetBound checks it: a genuine value bound to other tokens or
+// another parent is a miss (ErrMismatch, Stats.Mismatched). Values of an older format
+// version are misses (ErrOldFormat, Stats.OldFormat).
+//
+// A value that is torn, foreign, stored under another key, of the wrong length, failing
+// its checksum or its MAC is never loaded: Get treats it as a miss, counts it in
+// Stats.Corrupt (and Stats.Forged when its checksums hold but its MAC or key does not),
 // reports it to Options.OnCorrupt (an error wrapping ErrCorrupt, and ErrForged) and deletes
 // it (Stats.Purged), so that the next backup of the page, which asks Exists first, writes a
 // genuine copy. Exists on the directory backend authenticates each header too (never a

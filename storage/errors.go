@@ -26,6 +26,15 @@ var (
 	// key), or a genuine value of another key was copied under this one. Such values are
 	// also ErrCorrupt: a miss, counted in Stats.Corrupt and Stats.Forged.
 	ErrForged = errors.New("storage: forged value")
+
+	// ErrMismatch: a stored value whose MACs and key hold was stored for other tokens or
+	// under another parent page than the reader asked for (Binding): a miss, counted in
+	// Stats.Corrupt and Stats.Mismatched, never served.
+	ErrMismatch = errors.New("storage: value bound to other tokens")
+
+	// ErrOldFormat: a stored value of an older format version (format.go): a miss, counted
+	// in Stats.Corrupt and Stats.OldFormat, never served.
+	ErrOldFormat = errors.New("storage: value of an old format version")
 	// ErrNoKey: a shared store (Redis) was opened without a MAC key and without
 	// Options.Insecure. It comes with ErrBadArgument.
 	ErrNoKey = errors.New("storage: no MAC key")

@@ -11,15 +11,17 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "CPKV"
-//	  4     2  format version (3), little endian
+//	  4     2  format version (4), little endian
 //	  6     2  flags: 0, or flagUnauthenticated (the MAC fields are zero)
 //	  8    24  key
 //	 32     8  payload length, little endian
 //	 40     4  CRC-32C of the payload
-//	 44    16  payload MAC: BLAKE3(MAC key; "P" ‖ bytes 0..43 ‖ payload), first 16 bytes
-//	 60    16  header MAC:  BLAKE3(MAC key; "H" ‖ bytes 0..59), first 16 bytes
-//	 76     4  CRC-32C of bytes 0..75
-//	 80     -  payload
+//	 44    32  binding: digest of the page's tokens (Binding.Tokens)
+//	 76    32  binding: id of the page before it, zero for a sequence's first (Binding.Parent)
+//	108    16  payload MAC: BLAKE3(MAC key; "P" ‖ bytes 0..107 ‖ payload), first 16 bytes
+//	124    16  header MAC:  BLAKE3(MAC key; "H" ‖ bytes 0..123), first 16 bytes
+//	140     4  CRC-32C of bytes 0..139
+//	144     -  payload
 //
 // A value is accepted only if every field checks out and the total length is exactly
 // HeaderSize+length: a torn write, a file written by something else, or a value stored
@@ -30,22 +32,45 @@ import (
 // value from its header alone, reading no payload (auth.go). An insecure store (Options.Insecure) computes no
 // MACs: it writes flagUnauthenticated and zero MAC fields, and reads only such values; a
 // keyed store rejects them as forged.
+//
+// The binding says what the value was stored for beyond its key: a reader that knows the
+// page's tokens and its parent (GetBound, as the cache's prefetch does) gets a miss wrapping ErrMismatch, counted in
+// Stats.Mismatched, when they differ, even under a genuine MAC; so a page is served only for
+// the tokens and the prefix it was written for, whatever the key derivation. Both binding
+// fields are covered by both MACs.
+//
+// Values of an older format version are misses (never read, counted in Stats.OldFormat and
+// deleted): version 3 values were stored under keys derived from a 64-bit page hash that
+// tenants could collide (see hicache/core/hash.go), and carry no binding.
 const (
-	HeaderSize    = 80
-	formatVersion = 3
+	HeaderSize    = 144
+	formatVersion = 4
 	formatMagic   = "CPKV"
 	// MaxValueSize bounds a page (Redis bulk strings are limited to 512 MiB).
 	MaxValueSize = 256 << 20
 
 	offPayloadCRC = 40
-	offPayloadMAC = 44
-	offHeaderMAC  = 60
-	offHeaderCRC  = 76
+	offBinding    = 44
+	offPayloadMAC = 108
+	offHeaderMAC  = 124
+	offHeaderCRC  = 140
 	macSize       = 16
 
 	// flagUnauthenticated marks a value written by an insecure store.
 	flagUnauthenticated = 1
 )
+
+// DigestSize is the size of each field of a Binding.
+const DigestSize = 32
+
+// Binding is what a stored value is bound to beyond its key: the digest of its page's
+// tokens and the id of the page before it in its sequence (zero for the first page).
+// PutBound stores one per key and GetBound checks it; Put stores the zero Binding, and Get
+// and Exists do not check it.
+type Binding struct {
+	Tokens [DigestSize]byte
+	Parent [DigestSize]byte
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -56,19 +81,26 @@ func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 // payload can be checksummed block by block (UpdateChecksum(0, b) == Checksum(b)).
 func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
 
-// EncodeHeader fills hdr for payload stored under key, authenticated with m.
-func (m *MAC) EncodeHeader(hdr *[HeaderSize]byte, key Key, payload []byte) {
-	m.EncodeHeaderSum(hdr, key, payload, Checksum(payload))
+// EncodeHeader fills hdr for payload stored under key with binding bind, authenticated
+// with m.
+func (m *MAC) EncodeHeader(hdr *[HeaderSize]byte, key Key, bind *Binding, payload []byte) {
+	m.EncodeHeaderSum(hdr, key, bind, payload, Checksum(payload))
 }
 
 // EncodeHeaderSum is EncodeHeader for a payload whose checksum crc (Checksum) was computed
-// already.
-func (m *MAC) EncodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, crc uint32) {
+// already. A nil bind is the zero Binding.
+func (m *MAC) EncodeHeaderSum(hdr *[HeaderSize]byte, key Key, bind *Binding, payload []byte, crc uint32) {
 	copy(hdr[0:4], formatMagic)
 	binary.LittleEndian.PutUint16(hdr[4:6], formatVersion)
 	copy(hdr[8:32], key[:])
 	binary.LittleEndian.PutUint64(hdr[32:40], uint64(len(payload)))
 	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], crc)
+	if bind == nil {
+		clear(hdr[offBinding:offPayloadMAC])
+	} else {
+		copy(hdr[offBinding:], bind.Tokens[:])
+		copy(hdr[offBinding+DigestSize:], bind.Parent[:])
+	}
 	if m.insecure {
 		binary.LittleEndian.PutUint16(hdr[6:8], flagUnauthenticated)
 		clear(hdr[offPayloadMAC:offHeaderCRC])
@@ -80,10 +112,12 @@ func (m *MAC) EncodeHeaderSum(hdr *[HeaderSize]byte, key Key, payload []byte, cr
 	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], Checksum(hdr[:offHeaderCRC]))
 }
 
-// CheckHeader verifies hdr against the expected key and payload length. The returned error
-// says what is wrong (the caller wraps it into an ErrCorrupt OpError); it wraps
-// ErrForged when the header's checksum holds but its MAC or key does not.
-func (m *MAC) CheckHeader(hdr []byte, key Key, wantLen int) error {
+// CheckHeader verifies hdr against the expected key, binding (nil: not checked) and
+// payload length. The returned error says what is wrong (the caller wraps it into an
+// ErrCorrupt OpError); it wraps ErrForged when the header's checksum holds but its MAC or
+// key does not, ErrMismatch when all of that holds but the binding differs, and
+// ErrOldFormat for a value of an older format version.
+func (m *MAC) CheckHeader(hdr []byte, key Key, bind *Binding, wantLen int) error {
 	if len(hdr) < HeaderSize {
 		return fmt.Errorf("value of %d bytes is shorter than the %d-byte header", len(hdr), HeaderSize)
 	}
@@ -91,7 +125,10 @@ func (m *MAC) CheckHeader(hdr []byte, key Key, wantLen int) error {
 		return fmt.Errorf("bad magic %q", hdr[0:4])
 	}
 	if v := binary.LittleEndian.Uint16(hdr[4:6]); v != formatVersion {
-		return fmt.Errorf("format version %d, want %d (%s)", v, formatVersion, oldFormat(v))
+		if v < formatVersion {
+			return KindCause(ErrOldFormat, fmt.Errorf("format version %d, want %d (%s)", v, formatVersion, oldFormat(v)))
+		}
+		return fmt.Errorf("format version %d, want %d (unknown version)", v, formatVersion)
 	}
 	if got, want := binary.LittleEndian.Uint32(hdr[offHeaderCRC:]), Checksum(hdr[:offHeaderCRC]); got != want {
 		return fmt.Errorf("header checksum %08x, computed %08x", got, want)
@@ -112,6 +149,16 @@ func (m *MAC) CheckHeader(hdr []byte, key Key, wantLen int) error {
 	}
 	if n := binary.LittleEndian.Uint64(hdr[32:40]); n != uint64(wantLen) {
 		return fmt.Errorf("payload length %d, want %d", n, wantLen)
+	}
+	if bind == nil {
+		return nil
+	}
+	want := *bind
+	if [DigestSize]byte(hdr[offBinding:]) != want.Tokens {
+		return KindCause(ErrMismatch, fmt.Errorf("value stored for other tokens (token digest %x, want %x)", hdr[offBinding:offBinding+8], want.Tokens[:8]))
+	}
+	if [DigestSize]byte(hdr[offBinding+DigestSize:]) != want.Parent {
+		return KindCause(ErrMismatch, fmt.Errorf("value stored under another parent page (%x, want %x)", hdr[offBinding+DigestSize:offBinding+DigestSize+8], want.Parent[:8]))
 	}
 	return nil
 }
@@ -162,6 +209,8 @@ func oldFormat(v uint16) string {
 		return "version 1 values were not authenticated"
 	case 2:
 		return "version 2 values carry HMAC-SHA256 MACs; version 3 uses keyed BLAKE3"
+	case 3:
+		return "version 3 values are keyed by a 64-bit page hash that tenants can collide, and bind no tokens"
 	}
 	return "unknown version"
 }

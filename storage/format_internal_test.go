@@ -17,11 +17,11 @@ func TestHeaderModes(t *testing.T) {
 	keyed, other, insecure := NewMAC(bytes.Repeat([]byte("k"), 32)), NewMAC(bytes.Repeat([]byte("o"), 32)), NewMAC(nil)
 	encode := func(m *MAC) []byte {
 		var hdr [HeaderSize]byte
-		m.EncodeHeader(&hdr, key, payload)
+		m.EncodeHeader(&hdr, key, nil, payload)
 		return hdr[:]
 	}
 	check := func(m *MAC, hdr []byte) error {
-		if err := m.CheckHeader(hdr, key, len(payload)); err != nil {
+		if err := m.CheckHeader(hdr, key, nil, len(payload)); err != nil {
 			return err
 		}
 		return m.CheckPayload(hdr, payload)

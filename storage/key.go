@@ -20,6 +20,7 @@ const (
 	nsTag    = "cpcache/storage/namespace/v1\x00"
 	keyTag   = "cpcache/storage/key/v1\x00"
 	chainTag = "cpcache/storage/chain/v1\x00"
+	pageTag  = "cpcache/storage/page/v2\x00"
 )
 
 // Namespace is the identity of everything that makes two pages with the same token prefix
@@ -82,6 +83,24 @@ func NewKeyBytes(ns Namespace, chained []byte) Key {
 	h.Write(chained)
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
+	var k Key
+	copy(k[:NamespaceSize], ns.id[:])
+	copy(k[NamespaceSize:], sum[:])
+	return k
+}
+
+// PageKey returns the key of the page whose identity is id (a 256-bit cryptographic chained
+// page id, hicache/core.PageID) in tensor-parallel shard shard (TP shards hold different
+// bytes for one prefix). Its domain tag differs from NewKey's and NewKeyBytes', so no key
+// they derive (those of pages stored under 64-bit page hashes, format version 3) is ever a
+// PageKey.
+func PageKey(ns Namespace, id [32]byte, shard uint32) Key {
+	var b [len(pageTag) + NamespaceSize + 32 + 4]byte
+	n := copy(b[:], pageTag)
+	n += copy(b[n:], ns.id[:])
+	n += copy(b[n:], id[:])
+	binary.BigEndian.PutUint32(b[n:], shard)
+	sum := sha256.Sum256(b[:])
 	var k Key
 	copy(k[:NamespaceSize], ns.id[:])
 	copy(k[NamespaceSize:], sum[:])

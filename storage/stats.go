@@ -6,6 +6,8 @@ type Stats struct {
 	Misses       uint64 // Get: keys absent (corrupt values are counted in Corrupt, not here)
 	Corrupt      uint64 // values that failed verification: misses, deleted (Get; Exists on file stores)
 	Forged       uint64 // of Corrupt: values whose checksums held but whose MAC or key did not (ErrForged)
+	Mismatched   uint64 // of Corrupt: genuine values bound to other tokens or another parent than asked for (ErrMismatch)
+	OldFormat    uint64 // of Corrupt: values of an older format version (ErrOldFormat), e.g. written before page ids were 256-bit
 	Purged       uint64 // values deleted because they failed verification
 	Puts         uint64 // values stored
 	Deletes      uint64 // keys deleted (whether or not they existed)

@@ -39,6 +39,15 @@ type Storage interface {
 	// some values may have been stored. Put does not retain src.
 	Put(ctx context.Context, keys []Key, src [][]byte) error
 
+	// GetBound is Get that also checks each value's binding (format.go) against binds[i]
+	// (binds has len(keys) entries): a value stored for other tokens or under another
+	// parent page is a miss, counted in Stats.Corrupt and Stats.Mismatched and deleted.
+	GetBound(ctx context.Context, keys []Key, binds []Binding, dst [][]byte, found []bool) (int, error)
+
+	// PutBound is Put that binds each value to binds[i] (binds has len(keys) entries); Put
+	// stores the zero Binding.
+	PutBound(ctx context.Context, keys []Key, binds []Binding, src [][]byte) error
+
 	// Delete removes keys; missing keys are not an error.
 	Delete(ctx context.Context, keys []Key) error
 

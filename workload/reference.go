@@ -29,7 +29,7 @@ func ReuseBound(reqs []Request, pageSize int) int64 {
 	if pageSize <= 0 {
 		return 0 // core.PrefixHashes would divide by it
 	}
-	seen := map[uint64]struct{}{}
+	seen := map[core.PageID]struct{}{}
 	var hits int64
 	for _, r := range reqs {
 		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, pageSize) {
@@ -57,7 +57,7 @@ func LRUBlockHits(reqs []Request, blockTokens, capacityBlocks int) int64 {
 		return 0 // core.KeyPrefixHashes would divide by the block size
 	}
 	order := list.New() // front: most recently used; values are block hashes
-	at := map[uint64]*list.Element{}
+	at := map[core.PageID]*list.Element{}
 	var hits int64
 	for _, r := range reqs {
 		for _, h := range core.KeyPrefixHashes(r.Key, r.Tokens, blockTokens) {
@@ -74,7 +74,7 @@ func LRUBlockHits(reqs []Request, blockTokens, capacityBlocks int) int64 {
 			at[h] = order.PushFront(h)
 			if order.Len() > capacityBlocks {
 				last := order.Back()
-				delete(at, last.Value.(uint64))
+				delete(at, last.Value.(core.PageID))
 				order.Remove(last)
 			}
 		}

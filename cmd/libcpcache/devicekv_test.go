@@ -196,13 +196,13 @@ func devKVFlow(ctx context.Context, s *session, r *devKVRank) (checked int, err 
 	if ins.Pages != devKVPages {
 		return 0, fmt.Errorf("insert cached %d pages, want %d", ins.Pages, devKVPages)
 	}
-	hashes := map[int]uint64{}
+	hashes := map[int]hicache.PageID{}
 	for _, f := range ins.Fill {
 		if f.Owner != c.CPRank() {
 			continue
 		}
 		hashes[f.Index] = f.Hash
-		if err := kvtest.FillL1Page(r.mirror, f.Slot, f.Hash, f.Index, 0); err != nil {
+		if err := kvtest.FillL1Page(r.mirror, f.Slot, f.Hash.Index(), f.Index, 0); err != nil {
 			return 0, err
 		}
 	}
@@ -266,7 +266,7 @@ func devKVFlow(ctx context.Context, s *session, r *devKVRank) (checked int, err 
 			if slot < 0 {
 				return checked, fmt.Errorf("page %d is this rank's but has no L1 slot", idx)
 			}
-			if err := kvtest.CheckL1Layer(r.mirror, slot, layer, hashes[idx], idx, 0); err != nil {
+			if err := kvtest.CheckL1Layer(r.mirror, slot, layer, hashes[idx].Index(), idx, 0); err != nil {
 				return checked, fmt.Errorf("after %s: %w", how, err)
 			}
 			checked++

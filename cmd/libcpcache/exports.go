@@ -441,7 +441,7 @@ func insertKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, to
 			if p.Owner == s.info.cpRank {
 				owned = 1
 			}
-			dst[i] = C.cpcache_fill_page{slot: C.int32_t(p.Slot), owner: C.int32_t(p.Owner), index: C.int64_t(p.Index), hash: C.uint64_t(p.Hash), owned: owned}
+			dst[i] = C.cpcache_fill_page{slot: C.int32_t(p.Slot), owner: C.int32_t(p.Owner), index: C.int64_t(p.Index), hash: C.uint64_t(p.Hash.Index()), owned: owned}
 		}
 	}
 	*out = C.cpcache_insert_result{node: C.cpcache_node_t(res.Last), pages: C.int64_t(res.Pages), n_fill: C.int64_t(len(res.Fill)), backups: C.int64_t(res.Backups)}

@@ -26,9 +26,11 @@ type Core struct {
 	l1    l1Pools // one pool per CP rank
 	adopt []int32 // EngineOwned: during an InsertSlots/LoadBackSlots, the caller's slot of sequence page i not yet adopted, else -1
 
-	root  *treeNode
-	index map[uint64]*treeNode // chained hash of a node's first page -> node
-	byID  map[uint64]*treeNode // node id -> node, the root (id 0) included: what handles name
+	root      *treeNode
+	index     map[uint64]*treeNode // index of the id of a node's first page -> chain of nodes (indexGet)
+	indexMask uint64               // the bits of PageID.Index the index uses: all, but for tests
+	hs        hasher               // page ids (hash.go)
+	byID      map[uint64]*treeNode // node id -> node, the root (id 0) included: what handles name
 	// dropped counts the locks held on nodes a divergence removed, by handle: Unlock of such
 	// a handle is a no-op that uses one up, also after the recovery.
 	dropped map[Handle]int

@@ -129,7 +129,7 @@ func (r *coreRig) insert(tokens []int32) (InsertResult, error) {
 		}
 		for _, f := range res.Fill {
 			if f.Owner == i {
-				kvtest.FillKV(r.slot(i, f.Slot), f.Hash, f.Index, 0)
+				kvtest.FillKV(r.slot(i, f.Slot), f.Hash.Index(), f.Index, 0)
 			}
 		}
 	}
@@ -165,7 +165,7 @@ func (r *coreRig) verify(rank int, last *treeNode, pages int) {
 			if n.load != nil || n.stale || n.l1 == nil || idx%len(r.cores) != rank {
 				continue
 			}
-			if err := kvtest.CheckKV(r.slot(rank, n.l1[j]), n.hashes[j], idx, 0); err != nil {
+			if err := kvtest.CheckKV(r.slot(rank, n.l1[j]), n.hashes[j].Index(), idx, 0); err != nil {
 				r.t.Fatalf("rank %d node %d: %v", rank, n.id, err)
 			}
 		}

@@ -52,7 +52,7 @@ func (c *Core) StateDigest() uint64 {
 	visit = func(n *treeNode) {
 		if !n.isRoot() {
 			h = mix.Mix64(h ^ n.id ^ uint64(n.depth)<<32)
-			h = mix.Mix64(h ^ n.hashes[len(n.hashes)-1])
+			h = mix.Mix64(h ^ n.hashes[len(n.hashes)-1].Index())
 			h = mix.Mix64(h ^ uint64(n.l3Pins)<<40 ^ uint64(n.l3Own)<<50)
 			h = mix.Mix64(h ^ uint64(n.lockRef) ^ uint64(n.ownLocks)<<12 ^ uint64(n.hits)<<24 ^ flag(n.stale, 60) ^ flag(n.evictAfterWrite, 61) ^
 				flag(n.write != nil, 62) ^ flag(n.load != nil, 63) ^ uint64(n.list)<<56)

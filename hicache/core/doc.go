@@ -1,6 +1,7 @@
 // Package core is the deterministic state machine of cpcache's hierarchical KV cache — the
 // place to start reading. One Core is one rank's replica of its group's cache metadata: the
-// radix tree over whole pages (chained page hashes, usable as storage keys), the L1
+// radix tree over whole pages (page ids: SHA-256 chained over the prefix and the isolation
+// key, from which storage keys derive; hash.go), the L1
 // accounting (one pool per CP rank, page i of a sequence in CP rank i mod C's pool, lowest
 // free slot first), the replicated L2 allocator (slab/alloc: page i of a
 // sequence lives in slab i mod C, owned by CP rank i mod C), the write policies, load-back

@@ -126,8 +126,8 @@ func (c *Core) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
 // whole page of tokens it owns (pages i with i mod C == CP rank), in order; for the pages
 // Match served from L1, the slots Match gave. The core adopts them for the pages it caches
 // that were not in L1 (and for stale pages, whose old slots it frees); a slot for a page
-// already in L1 under another slot, or for a page it does not cache (a hash collision,
-// quarantine), comes back in InsertResult.Freed, with the slots the insert's evictions freed.
+// already in L1 under another slot, or for a page it does not cache (while
+// quarantined), comes back in InsertResult.Freed, with the slots the insert's evictions freed.
 // A wrong count, a slot outside [0, L1Pages), twice in own, or held by the cache for another
 // page is an error wrapping ErrBadArgument naming the slot, before any change. On another
 // error (ErrL1Full) the caller keeps its slots; slots the failed insert's evictions freed

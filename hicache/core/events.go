@@ -55,16 +55,16 @@ func (k EventKind) String() string {
 	return "event(?)"
 }
 
-// Event is one change of what the replica holds. Hashes are chained page hashes (the same
-// as the L3 keys'); for EventStored, Parent is the hash of the page before the first one
+// Event is one change of what the replica holds. Hashes are page ids (the L3 keys derive
+// from them); for EventStored, Parent is the id of the page before the first one
 // (HasParent false when the run starts the sequence), Tokens are the run's tokens
 // (len(Hashes) × PageSize) and Key is its isolation key. The slices are shared with the
 // tree and never modified: the caller must not modify them either.
 type Event struct {
 	Kind      EventKind
 	Tier      Tier
-	Hashes    []uint64
-	Parent    uint64
+	Hashes    []PageID
+	Parent    PageID
 	HasParent bool
 	Tokens    []int32
 	Key       string
@@ -79,7 +79,7 @@ type evState struct {
 	// was cleared (ForgetStorage), announced again after every EventCleared; have holds
 	// their hashes.
 	stored []Event
-	have   map[uint64]struct{}
+	have   map[PageID]struct{}
 }
 
 // EnableEvents turns the event stream on (from the current state: every page already held
@@ -93,7 +93,7 @@ func (c *Core) EnableEvents(on bool) {
 	if !on {
 		return
 	}
-	c.ev.have = map[uint64]struct{}{}
+	c.ev.have = map[PageID]struct{}{}
 	var visit func(n *treeNode)
 	visit = func(n *treeNode) {
 		for _, ch := range n.children {
@@ -153,7 +153,7 @@ func (c *Core) evStorage(e Event) {
 func (c *Core) ForgetStorage() {
 	if c.ev.on {
 		c.ev.stored = nil
-		c.ev.have = map[uint64]struct{}{}
+		c.ev.have = map[PageID]struct{}{}
 	}
 }
 
@@ -212,8 +212,8 @@ func (c *Core) TakeEvents(buf []Event) []Event {
 
 // TreePagesForTest returns the hashes of the pages the tree holds in L1 and in L2 (a full
 // walk: for tests that compare them with what the events rebuilt). Read-only.
-func (c *Core) TreePagesForTest() (l1, l2 map[uint64]bool) {
-	l1, l2 = map[uint64]bool{}, map[uint64]bool{}
+func (c *Core) TreePagesForTest() (l1, l2 map[PageID]bool) {
+	l1, l2 = map[PageID]bool{}, map[PageID]bool{}
 	var visit func(n *treeNode)
 	visit = func(n *treeNode) {
 		for _, ch := range n.children {
@@ -236,10 +236,10 @@ func (c *Core) TreePagesForTest() (l1, l2 map[uint64]bool) {
 // Tier), as the events have reported them: L1 and L2 from the tree, storage from the
 // backups the events announced (empty while events are off). A full walk: for snapshots
 // and checks, not for every step. Read-only.
-func (c *Core) HeldPages() [3][]uint64 {
-	var out [3][]uint64
+func (c *Core) HeldPages() [3][]PageID {
+	var out [3][]PageID
 	l1, l2 := c.TreePagesForTest()
-	for i, set := range []map[uint64]bool{l1, l2} {
+	for i, set := range []map[PageID]bool{l1, l2} {
 		for h := range set {
 			out[i] = append(out[i], h)
 		}
@@ -248,7 +248,7 @@ func (c *Core) HeldPages() [3][]uint64 {
 		out[TierStorage] = append(out[TierStorage], h)
 	}
 	for i := range out {
-		slices.Sort(out[i])
+		slices.SortFunc(out[i], PageID.Compare)
 	}
 	return out
 }

@@ -9,14 +9,14 @@ import (
 
 // evModel is what a subscriber rebuilds from the events: the pages of each tier.
 type evModel struct {
-	tiers  [3]map[uint64]bool
+	tiers  [3]map[PageID]bool
 	events int
 }
 
 func newEvModel() *evModel {
 	m := &evModel{}
 	for i := range m.tiers {
-		m.tiers[i] = map[uint64]bool{}
+		m.tiers[i] = map[PageID]bool{}
 	}
 	return m
 }
@@ -57,8 +57,8 @@ func (m *evModel) apply(events []Event, pageSize int) error {
 	return nil
 }
 
-func samePages(a, b map[uint64]bool) bool {
-	return len(a) == len(b) && !slices.ContainsFunc(slices.Collect(maps.Keys(a)), func(h uint64) bool { return !b[h] })
+func samePages(a, b map[PageID]bool) bool {
+	return len(a) == len(b) && !slices.ContainsFunc(slices.Collect(maps.Keys(a)), func(h PageID) bool { return !b[h] })
 }
 
 // checkEvents applies rank 0's events since the last step to the sim's model and compares

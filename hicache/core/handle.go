@@ -66,7 +66,7 @@ type NodeInfo struct {
 	Depth  int    // pages above the node: its first page is sequence page Depth
 	Key    string // isolation key its pages were cached under ("" by default)
 	State  NodeState
-	Hashes []uint64     // chained hashes of its pages (L3 keys)
+	Hashes []PageID     // ids of its pages (L3 keys derive from them)
 	L1     []int32      // L1 slot of each page; nil when not in L1
 	L2     []alloc.Page // committed L2 page of each page (page j in slab (Depth+j) mod C); nil when not in L2
 }

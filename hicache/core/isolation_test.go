@@ -1,13 +1,14 @@
 package core
 
 import (
+	"encoding/hex"
 	"slices"
 	"testing"
 )
 
-// goldenTokens and goldenHashes are the chained page hashes of a fixed sequence as every
-// cpcache release computed them before isolation keys existed: the empty key must keep
-// them, or storage written by an older release stops hitting.
+// goldenTokens and goldenHashes are the page ids of a fixed sequence under the empty key
+// (hash.go; checked independently with Python's hashlib): every rank, run and release
+// must compute them, or L3 pages written by another stop hitting.
 var (
 	goldenTokens = func() []int32 {
 		t := make([]int32, 12)
@@ -16,7 +17,11 @@ var (
 		}
 		return t
 	}()
-	goldenHashes = []uint64{0x72375cb6e72f6bb7, 0x29dc6a251bc6fe42, 0x7c80250d6cd51980}
+	goldenHashes = []PageID{
+		mustID("3f76ab2a86abfb83f01e0646679bcc20b6e2fb843c84c34a19ea7d5d3048ff32"),
+		mustID("4fefbd314780c2918ce306e546963b939b71b1264635f634de3f7fcbf7954d33"),
+		mustID("ab55e1c2990cabc644283f1cdaf00e9e716ead17943fa36df1775017eadd42db"),
+	}
 )
 
 func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
@@ -26,8 +31,8 @@ func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
 	if got := KeyPrefixHashes("", goldenTokens, 4); !slices.Equal(got, goldenHashes) {
 		t.Fatalf("KeyPrefixHashes of the empty key %#x, want %#x", got, goldenHashes)
 	}
-	if KeyRoot("") != RootHash {
-		t.Fatalf("KeyRoot(\"\") = %#x, want RootHash %#x", KeyRoot(""), RootHash)
+	if KeyRoot("") != RootID {
+		t.Fatalf("KeyRoot(\"\") = %#x, want RootID %#x", KeyRoot(""), RootID)
 	}
 	c := newTestCore(t, Options{PageSize: 4, L1Pages: 16})
 	res, err := c.Insert(goldenTokens)
@@ -92,4 +97,12 @@ func TestIsolationKeySeparatesTree(t *testing.T) {
 	if err := c.CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func mustID(s string) PageID {
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != PageIDSize {
+		panic("bad PageID literal " + s)
+	}
+	return PageID(b)
 }

@@ -43,7 +43,8 @@ type StorageJob struct {
 	Kind   StorageKind
 	Seq    uint64
 	Node   uint64       // put: node id (messages)
-	Hashes []uint64     // chained page hashes of this rank's pages (storage keys)
+	Hashes []PageID     // ids of this rank's pages (storage keys derive from them)
+	Binds  []Binding    // put, read: what each page's value binds (its tokens and parent)
 	Pages  []alloc.Page // put: L2 sources; read: reserved L2 destinations (all in this rank's slab)
 }
 
@@ -65,7 +66,8 @@ type queryOp struct {
 	key     string  // isolation key
 	tokens  []int32 // the sequence up to the continuation's end
 	start   int     // first continuation page (sequence page index)
-	hashes  []uint64
+	prev    PageID  // the id the continuation chains from (its key's root when start is 0)
+	hashes  []PageID
 	revoked bool
 	// local: this rank's answer (hits: its leading own pages stored)
 	answered bool
@@ -81,7 +83,8 @@ type readOp struct {
 	key     string // isolation key
 	tokens  []int32
 	start   int
-	hashes  []uint64
+	prev    PageID // as queryOp's
+	hashes  []PageID
 	pages   []alloc.Page
 	revoked bool
 	stored  int             // leading pages the group agreed are stored (≥ len(pages))
@@ -170,18 +173,27 @@ func (c *Core) l3Backup(n *treeNode) {
 	n.l3Own++
 	c.mark(n)
 	c.pinL3(n, 1)
-	var hashes []uint64
+	var hashes []PageID
+	var binds []Binding
 	var pages []alloc.Page
+	P := c.cfg.PageSize
 	for i, p := range n.l2 {
 		if p.Slab == c.cfg.CPRank {
+			prev := c.hs.root(n.key)
+			if i > 0 {
+				prev = n.hashes[i-1]
+			} else if !n.parent.isRoot() {
+				prev = n.parent.hashes[len(n.parent.hashes)-1]
+			}
 			hashes, pages = append(hashes, n.hashes[i]), append(pages, p)
+			binds = append(binds, c.hs.binding(prev, n.tokens[i*P:(i+1)*P]))
 		}
 	}
 	if len(pages) == 0 {
 		op.done = true // none of the node's pages is this rank's
 		return
 	}
-	c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StoragePut, Seq: op.seq, Node: n.id, Hashes: hashes, Pages: pages})
+	c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StoragePut, Seq: op.seq, Node: n.id, Hashes: hashes, Binds: binds, Pages: pages})
 }
 
 // firstOwned is the first position j of a job whose pages start at sequence page start that
@@ -194,8 +206,8 @@ func (c *Core) firstOwned(start int) int {
 
 // ownShare is this rank's share of a job over sequence pages start, start+1, ...: its hashes
 // and, with pages, its pages.
-func (c *Core) ownShare(start int, hashes []uint64, pages []alloc.Page) ([]uint64, []alloc.Page) {
-	var hs []uint64
+func (c *Core) ownShare(start int, hashes []PageID, pages []alloc.Page) ([]PageID, []alloc.Page) {
+	var hs []PageID
 	var ps []alloc.Page
 	for j := c.firstOwned(start); j < len(hashes); j += c.cfg.Slabs {
 		hs = append(hs, hashes[j])

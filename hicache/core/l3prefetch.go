@@ -136,18 +136,19 @@ func (c *Core) PrefetchKey(key string, tokens []int32) PrefetchResult {
 	o := &c.cfg.L3Config
 	P := c.cfg.PageSize
 	have, h, k := c.continuation(key, tokens)
+	prev := h
 	if k < o.MinPrefetchPages || k <= 0 {
 		return PrefetchResult{}
 	}
 	if c.costSkips(have, k) {
 		return PrefetchResult{Start: have, Pages: k, CostSkipped: true}
 	}
-	hashes := make([]uint64, k)
+	hashes := make([]PageID, k)
 	for i := range hashes {
-		h = PageHash(h, tokens[(have+i)*P:(have+i+1)*P])
+		h = c.hs.page(h, tokens[(have+i)*P:(have+i+1)*P])
 		hashes[i] = h
 	}
-	q := &queryOp{seq: c.l3.querySeq, key: key, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, hashes: hashes}
+	q := &queryOp{seq: c.l3.querySeq, key: key, tokens: slices.Clone(tokens[:(have+k)*P]), start: have, prev: prev, hashes: hashes}
 	c.l3.querySeq++
 	c.l3.queries = append(c.l3.queries, q)
 	if own, _ := c.ownShare(have, hashes, nil); len(own) > 0 {
@@ -162,8 +163,8 @@ func (c *Core) PrefetchKey(key string, tokens []int32) PrefetchResult {
 // continuation walks tokens under isolation key key and returns the pages the tree holds, the hash of the last of
 // them and how many pages a prefetch would ask about (the rest of the whole pages, at most
 // the quota).
-func (c *Core) continuation(key string, tokens []int32) (have int, h uint64, k int) {
-	h = KeyRoot(key)
+func (c *Core) continuation(key string, tokens []int32) (have int, h PageID, k int) {
+	h = c.hs.root(key)
 	var buf [walkBuf]pathMatch
 	for _, m := range c.walk(buf[:0], key, tokens) {
 		have += m.pages
@@ -276,7 +277,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		return
 	}
 	end, _, ok := c.prefixEnd(q.key, q.tokens, q.start)
-	if !ok || c.index[q.hashes[0]] != nil {
+	if !ok || c.indexGet(q.hashes[0]) != nil {
 		skip(RefusedTreeChanged) // the tree changed since the query
 		return
 	}
@@ -303,12 +304,21 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		return
 	}
 	r := &readOp{seq: c.l3.readSeq, id: q.seq + 1, rid: rid, key: q.key, tokens: q.tokens[:(q.start+hits)*c.cfg.PageSize],
-		start: q.start, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked, stored: stored, clamp: clamp}
+		start: q.start, prev: q.prev, hashes: q.hashes[:hits], pages: pages, revoked: q.revoked, stored: stored, clamp: clamp}
 	c.l3.readSeq++
 	c.l3.reads = append(c.l3.reads, r)
 	c.l3.reserved += hits
 	if hs, ps := c.ownShare(r.start, r.hashes, pages); len(ps) > 0 {
-		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: hs, Pages: ps})
+		P := c.cfg.PageSize
+		var binds []Binding
+		for j := c.firstOwned(r.start); j < len(r.hashes); j += c.cfg.Slabs {
+			prev := r.prev
+			if j > 0 {
+				prev = r.hashes[j-1]
+			}
+			binds = append(binds, c.hs.binding(prev, r.tokens[(r.start+j)*P:(r.start+j+1)*P]))
+		}
+		c.l3.jobs = append(c.l3.jobs, StorageJob{Kind: StorageRead, Seq: r.seq, Hashes: hs, Binds: binds, Pages: ps})
 	} else {
 		r.done = true // none of the pages is this rank's: it vouches for all
 	}
@@ -405,7 +415,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 // already holds the first page.
 func (c *Core) attachPrefetch(r *readOp, m int, id uint64) *treeNode {
 	end, used, ok := c.prefixEnd(r.key, r.tokens, r.start)
-	if !ok || c.index[r.hashes[0]] != nil {
+	if !ok || c.indexGet(r.hashes[0]) != nil {
 		return nil
 	}
 	if !end.isRoot() && used < len(end.hashes) {

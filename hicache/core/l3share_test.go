@@ -93,10 +93,10 @@ func (r *shareRig) pending(i int, kind StorageKind) []StorageJob {
 
 // checkShare checks that rank i's one job of kind covers exactly its pages among the first
 // k of hashes (sequence pages 0, 1, ...): positions j with j mod C == i, in its slab.
-func (r *shareRig) checkShare(i int, kind StorageKind, hashes []uint64, k int) StorageJob {
+func (r *shareRig) checkShare(i int, kind StorageKind, hashes []PageID, k int) StorageJob {
 	r.t.Helper()
 	C := len(r.cores)
-	var want []uint64
+	var want []PageID
 	for j := i; j < k; j += C {
 		want = append(want, hashes[j])
 	}

@@ -80,13 +80,13 @@ type FillPage struct {
 	Slot  int32  // L1 slot
 	Index int    // sequence page index
 	Owner int    // CP rank that holds the page: Index mod C
-	Hash  uint64 // chained page hash
+	Hash  PageID // page id
 }
 
 // InsertResult says what an Insert cached.
 type InsertResult struct {
-	// Pages is the number of leading whole pages of the sequence now in the tree (shorter
-	// than the sequence only on a hash collision).
+	// Pages is the number of leading whole pages of the sequence now in the tree: all of
+	// them (none while the cache is quarantined).
 	Pages int
 	// Last is the deepest node of the inserted prefix (the root's handle if Pages is 0).
 	Last Handle
@@ -110,8 +110,8 @@ type InsertResult struct {
 // every rank.
 func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
 
-// InsertKey is Insert under isolation key key: the pages' chained hashes (and so their L3
-// keys) are seeded with the key (KeyRoot), and they match only under the same key; equal
+// InsertKey is Insert under isolation key key: the pages' ids (and so their L3 keys) are
+// seeded with the key (KeyRoot), and they match only under the same key; equal
 // tokens under another key are other pages in every tier. Replicated.
 func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
 	if c.l1.engine != nil {
@@ -174,13 +174,13 @@ func (c *Core) insertKey(key string, tokens []int32) (InsertResult, error) {
 		}
 	}
 	if np > pages {
-		hashes := make([]uint64, np-pages)
-		h := KeyRoot(key)
+		hashes := make([]PageID, np-pages)
+		h := c.hs.root(key)
 		if pages > 0 {
 			h = parent.hashes[len(parent.hashes)-1]
 		}
 		for i := range hashes {
-			h = PageHash(h, tokens[(pages+i)*P:(pages+i+1)*P])
+			h = c.hs.page(h, tokens[(pages+i)*P:(pages+i+1)*P])
 			hashes[i] = h
 		}
 		toks := append([]int32(nil), tokens[pages*P:np*P]...)

@@ -12,15 +12,16 @@ import (
 // it); the node itself never leaves the core. Every field is replicated state: equal on every
 // rank of the group.
 type treeNode struct {
-	id       uint64
-	gen      uint64 // Core.gen when created: the generation of its Handle
-	removed  bool
-	parent   *treeNode
-	children []*treeNode // in creation order (replicated)
-	depth    int         // pages above this node in its sequence
-	key      string      // isolation key (the empty key by default); seeds the chained hashes
-	tokens   []int32     // pages × PageSize tokens
-	hashes   []uint64
+	id        uint64
+	gen       uint64 // Core.gen when created: the generation of its Handle
+	removed   bool
+	parent    *treeNode
+	children  []*treeNode // in creation order (replicated)
+	depth     int         // pages above this node in its sequence
+	key       string      // isolation key (the empty key by default); seeds the page ids
+	tokens    []int32     // pages × PageSize tokens
+	hashes    []PageID    // id of each page (hash.go)
+	indexNext *treeNode   // next node in its Core.index chain (not replicated: lookups only)
 
 	l1     []int32      // L1 slot of each page; nil when not in L1
 	l2     []alloc.Page // committed L2 page of each page; nil when not in L2
@@ -124,5 +125,5 @@ func stateTerm(n *treeNode) uint64 {
 
 // nodeTerm is a node's contribution to the O(1)-maintained tree digest.
 func nodeTerm(n *treeNode) uint64 {
-	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1]) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
+	return mix.Mix64(n.id*0x9e3779b97f4a7c15 ^ mix.Mix64(n.hashes[len(n.hashes)-1].Index()) ^ uint64(n.depth)<<32 ^ uint64(len(n.hashes)))
 }

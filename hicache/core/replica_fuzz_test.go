@@ -30,8 +30,8 @@ type replicaSim struct {
 
 	pending [][]Transfer        // per rank: transfers started, not finished
 	jobs    [][]*simJob         // per rank: its storage jobs in flight
-	store   []map[uint64][]byte // per slab group (its shard): page hash -> payload
-	index   map[uint64]int      // page hash -> sequence page index
+	store   []map[PageID][]byte // per slab group (its shard): page hash -> payload
+	index   map[PageID]int      // page hash -> sequence page index
 	locked  [][]Handle          // per lock: each rank's node
 	fail    float64             // probability that a transfer or storage job fails
 	seqs    [][]int32           // the workload's sequences
@@ -73,10 +73,10 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 			NoBackup:           rng.IntN(4) == 0,
 		}
 	}
-	s := &replicaSim{t: t, rng: rng, cfg: cfg, C: n, pb: 24, index: map[uint64]int{}, counts: map[string]int{}}
+	s := &replicaSim{t: t, rng: rng, cfg: cfg, C: n, pb: 24, index: map[PageID]int{}, counts: map[string]int{}}
 	for range groups {
 		s.slabs = append(s.slabs, kvtest.NewMemSlabs(make([]int, n), cfg.PagesPerSlab, s.pb))
-		s.store = append(s.store, map[uint64][]byte{})
+		s.store = append(s.store, map[PageID][]byte{})
 	}
 	for i := range n * groups {
 		c := cfg
@@ -116,7 +116,7 @@ func newReplicaSim(t testing.TB, seed uint64) *replicaSim {
 						continue
 					}
 					b := make([]byte, s.pb)
-					kvtest.FillKV(b, h, i, g)
+					kvtest.FillKV(b, h.Index(), i, g)
 					s.store[g][h] = b
 				}
 			}
@@ -263,7 +263,7 @@ func (s *replicaSim) storage(rank int) ([]StorageDone, []StorageProgress) {
 					if free, _ := io.Allocator().IsFree(p); free {
 						s.fatalf("storage backup %d reads L2 page %v, which the allocator holds free", j.Seq, p)
 					}
-					if err := kvtest.CheckKV(s.page(g, p), j.Hashes[k], s.index[j.Hashes[k]], g); err != nil {
+					if err := kvtest.CheckKV(s.page(g, p), j.Hashes[k].Index(), s.index[j.Hashes[k]], g); err != nil {
 						s.fatalf("storage backup %d of node %d reads wrong bytes from %v: %v", j.Seq, j.Node, p, err)
 					}
 					store[j.Hashes[k]] = slices.Clone(s.page(g, p))
@@ -542,12 +542,12 @@ func (s *replicaSim) checkBytes() {
 				for j := range n.hashes {
 					idx := n.depth + j
 					if n.l1 != nil && n.load == nil && !n.stale && idx%C == s.cp(rank) {
-						if err := kvtest.CheckKV(s.slot(rank, n.l1[j]), n.hashes[j], idx, g); err != nil {
+						if err := kvtest.CheckKV(s.slot(rank, n.l1[j]), n.hashes[j].Index(), idx, g); err != nil {
 							s.fatalf("rank %d node %d (%v) L1 slot %d: %v", rank, n.id, n.state(), n.l1[j], err)
 						}
 					}
 					if s.cp(rank) == 0 && n.l2 != nil {
-						if err := kvtest.CheckKV(s.page(g, n.l2[j]), n.hashes[j], idx, g); err != nil {
+						if err := kvtest.CheckKV(s.page(g, n.l2[j]), n.hashes[j].Index(), idx, g); err != nil {
 							s.fatalf("node %d (%v) L2 page %v: %v", n.id, n.state(), n.l2[j], err)
 						}
 					}
@@ -584,7 +584,7 @@ func (s *replicaSim) op() {
 			}
 			for _, f := range res.Fill {
 				if f.Owner == s.cp(i) {
-					kvtest.FillKV(s.slot(i, f.Slot), f.Hash, f.Index, s.group(i))
+					kvtest.FillKV(s.slot(i, f.Slot), f.Hash.Index(), f.Index, s.group(i))
 				}
 			}
 			return err

@@ -11,6 +11,9 @@ func (c *Core) resetTree() {
 	c.gen++
 	c.root = &treeNode{gen: c.gen}
 	c.index = map[uint64]*treeNode{}
+	if c.indexMask == 0 {
+		c.indexMask = ^uint64(0)
+	}
 	c.byID = map[uint64]*treeNode{0: c.root}
 	c.nextID = 1
 	c.nodes = 0
@@ -85,29 +88,27 @@ const walkBuf = 16
 
 // walk matches whole pages of tokens under isolation key key from the root and appends the
 // path to path (callers pass a stack buffer: var buf [walkBuf]pathMatch; c.walk(buf[:0],
-// key, tokens)); every node but the last is matched fully. The key seeds the chained hashes
+// key, tokens)); every node but the last is matched fully. The key seeds the page ids
 // (KeyRoot), so a walk under one key never reaches another key's nodes.
 func (c *Core) walk(path []pathMatch, key string, tokens []int32) []pathMatch {
 	P := c.cfg.PageSize
 	np := len(tokens) / P
-	n, h, pos := c.root, KeyRoot(key), 0
+	n, h, pos := c.root, c.hs.root(key), 0
 	for pos < np {
-		ph := PageHash(h, tokens[pos*P:(pos+1)*P])
-		child := c.index[ph]
+		ph := c.hs.page(h, tokens[pos*P:(pos+1)*P])
+		child := c.indexGet(ph)
 		if child == nil || child.parent != n || child.key != key || !slices.Equal(child.tokens[:P], tokens[pos*P:(pos+1)*P]) {
 			break
 		}
-		h = ph
+		// Inside the node, equal tokens are equal ids: the node's id of page j was computed
+		// from the same chain (the walk matched every page before it) and the same tokens,
+		// so only the tokens are compared, and the next child is looked up by the id of the
+		// node's last matched page. One page id is hashed per node, not per page.
 		j := 1
-		for j < len(child.hashes) && pos+j < np {
-			q := tokens[(pos+j)*P : (pos+j+1)*P]
-			ph = PageHash(h, q)
-			if ph != child.hashes[j] || !slices.Equal(child.tokens[j*P:(j+1)*P], q) {
-				break
-			}
-			h = ph
+		for j < len(child.hashes) && pos+j < np && slices.Equal(child.tokens[j*P:(j+1)*P], tokens[(pos+j)*P:(pos+j+1)*P]) {
 			j++
 		}
+		h = child.hashes[j-1]
 		path = append(path, pathMatch{child, j})
 		pos += j
 		if j < len(child.hashes) {
@@ -116,6 +117,52 @@ func (c *Core) walk(path []pathMatch, key string, tokens []int32) []pathMatch {
 		n = child
 	}
 	return path
+}
+
+// The index maps the id of a node's first page to the node. It is keyed by a 64-bit index
+// of the id (PageID.Index, masked by indexMask, which tests narrow to force collisions) and
+// chains the nodes that share one (treeNode.indexNext); a lookup compares the full id. So a
+// collision of the 64-bit index, chosen or not, never makes one prefix another, nor makes a
+// prefix uncacheable. Chain order is not replicated state: nothing but lookups depends on it.
+
+func (c *Core) indexKey(id PageID) uint64 { return id.Index() & c.indexMask }
+
+// indexGet returns the node whose first page has id id, or nil.
+func (c *Core) indexGet(id PageID) *treeNode {
+	for n := c.index[c.indexKey(id)]; n != nil; n = n.indexNext {
+		if n.hashes[0] == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// indexAdd adds n under the id of its first page.
+func (c *Core) indexAdd(n *treeNode) {
+	k := c.indexKey(n.hashes[0])
+	n.indexNext = c.index[k]
+	c.index[k] = n
+}
+
+// indexDel removes n, indexed under the id of its first page.
+func (c *Core) indexDel(n *treeNode) {
+	k := c.indexKey(n.hashes[0])
+	if c.index[k] == n {
+		if n.indexNext == nil {
+			delete(c.index, k)
+		} else {
+			c.index[k] = n.indexNext
+		}
+		n.indexNext = nil
+		return
+	}
+	for p := c.index[k]; p != nil; p = p.indexNext {
+		if p.indexNext == n {
+			p.indexNext = n.indexNext
+			n.indexNext = nil
+			return
+		}
+	}
 }
 
 // touch moves n and its ancestors to the back of their LRU lists, deepest first.
@@ -182,10 +229,10 @@ func (c *Core) clearL1(n *treeNode) {
 }
 
 // newNode creates a child of parent holding pages of tokens (whole pages) with their
-// chained hashes under isolation key key (a child of a node has its parent's key). It
-// returns nil when the first page's hash is already taken by another node (a 64-bit
-// collision): the caller stops inserting there.
-func (c *Core) newNode(parent *treeNode, key string, tokens []int32, hashes []uint64) *treeNode {
+// ids under isolation key key (a child of a node has its parent's key). It returns nil when
+// a node with the first page's id exists already (the same prefix, which the caller's walk
+// should have matched): the caller stops inserting there.
+func (c *Core) newNode(parent *treeNode, key string, tokens []int32, hashes []PageID) *treeNode {
 	n := c.newNodeID(parent, key, tokens, hashes, c.nextID)
 	if n != nil {
 		c.nextID++
@@ -194,8 +241,8 @@ func (c *Core) newNode(parent *treeNode, key string, tokens []int32, hashes []ui
 }
 
 // newNodeID is newNode with a given id (not taken from nextID).
-func (c *Core) newNodeID(parent *treeNode, key string, tokens []int32, hashes []uint64, id uint64) *treeNode {
-	if c.index[hashes[0]] != nil {
+func (c *Core) newNodeID(parent *treeNode, key string, tokens []int32, hashes []PageID, id uint64) *treeNode {
+	if c.indexGet(hashes[0]) != nil {
 		return nil
 	}
 	n := &treeNode{id: id, gen: c.gen, parent: parent, key: key, tokens: tokens, hashes: hashes}
@@ -203,7 +250,7 @@ func (c *Core) newNodeID(parent *treeNode, key string, tokens []int32, hashes []
 		n.depth = parent.depth + len(parent.hashes)
 	}
 	parent.children = append(parent.children, n)
-	c.index[hashes[0]] = n
+	c.indexAdd(n)
 	c.byID[id] = n
 	c.nodes++
 	c.treeSum += nodeTerm(n)
@@ -242,14 +289,15 @@ func (c *Core) split(n *treeNode, at int) *treeNode {
 		n.l2 = n.l2[at:]
 	}
 	splitIO(n, head, at)
+	c.indexDel(n) // its first page becomes the head's
 	p := n.parent
 	p.children[slices.Index(p.children, n)] = head
 	n.parent = head
 	n.tokens, n.hashes = n.tokens[at*P:], n.hashes[at:]
 	n.depth += at
-	c.index[head.hashes[0]] = head
+	c.indexAdd(head)
 	c.byID[head.id] = head
-	c.index[n.hashes[0]] = n
+	c.indexAdd(n)
 	c.nodes++
 	c.treeSum += nodeTerm(n) + nodeTerm(head)
 	// The head goes right behind n in n's list: behind its descendant, ahead of the rest.
@@ -286,7 +334,7 @@ func (c *Core) removeSubtree(n *treeNode) {
 	}
 	c.clearL1(n)
 	n.parent.unlinkChild(n)
-	delete(c.index, n.hashes[0])
+	c.indexDel(n)
 	delete(c.byID, n.id)
 	c.treeSum -= nodeTerm(n)
 	c.stateSum -= n.term

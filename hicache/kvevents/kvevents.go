@@ -18,7 +18,10 @@
 //	BlockRemoved:     ["BlockRemoved", block_hashes, medium]
 //	AllBlocksCleared: ["AllBlocksCleared"]
 //
-// block_hashes are cpcache's chained page hashes (uint64; also the storage keys), a block is
+// block_hashes are cpcache's page ids: each the 32-byte SHA-256 chained over the page's
+// prefix and its isolation key (hicache/core/hash.go; storage keys derive from it), encoded
+// as msgpack bin 8 of 32 bytes, as vLLM's ExternalBlockHash (bytes | int) and its own
+// SHA-256 block hashes are; parent_block_hash likewise. A block is
 // a cache page (block_size = page tokens), medium is "GPU" for the device tier (L1), "CPU"
 // for the host tier (L2) and "STORAGE" for storage (L3). extra_keys is nil under the empty
 // isolation key, else one entry per block, [key] (a str when the key is UTF-8, else bin):
@@ -288,7 +291,7 @@ func Encode(b hicache.EventBatch) ([]byte, error) {
 			enc.do(e.EncodeString("BlockStored"))
 			enc.hashes(ev.Hashes)
 			if ev.HasParent {
-				enc.do(e.EncodeUint64(ev.Parent))
+				enc.do(e.EncodeBytes(ev.Parent[:]))
 			} else {
 				enc.do(e.EncodeNil())
 			}
@@ -347,10 +350,10 @@ func (x *encoder) do(err error) {
 
 func (x *encoder) arr(n int) { x.do(x.e.EncodeArrayLen(n)) }
 
-func (x *encoder) hashes(hs []uint64) {
+func (x *encoder) hashes(hs []hicache.PageID) {
 	x.arr(len(hs))
 	for _, h := range hs {
-		x.do(x.e.EncodeUint64(h))
+		x.do(x.e.EncodeBytes(h[:]))
 	}
 }
 

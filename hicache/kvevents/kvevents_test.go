@@ -54,16 +54,35 @@ func (s *fakeSource) add(seq uint64, live bool, evs ...hicache.Event) {
 }
 
 func stored(tier hicache.Tier, key string, parent uint64, hashes ...uint64) hicache.Event {
-	return hicache.Event{Kind: hicache.EventStored, Tier: tier, Hashes: hashes, Parent: parent, HasParent: parent != 0,
+	return hicache.Event{Kind: hicache.EventStored, Tier: tier, Hashes: ids(hashes...), Parent: id(parent), HasParent: parent != 0,
 		Tokens: make([]int32, 2*len(hashes)), Key: key}
 }
+
+// id is a page id standing for the small number n in these tests (n in its first bytes).
+func id(n uint64) hicache.PageID {
+	var p hicache.PageID
+	binary.LittleEndian.PutUint64(p[:8], n)
+	p[31] = 0xa5
+	return p
+}
+
+func ids(ns ...uint64) []hicache.PageID {
+	out := make([]hicache.PageID, len(ns))
+	for i, n := range ns {
+		out[i] = id(n)
+	}
+	return out
+}
+
+// bin is id(n) as msgpack decodes a bin: block hashes are 32-byte bins, as vLLM's SHA-256 ones.
+func bin(n uint64) []byte { p := id(n); return p[:] }
 
 // TestEncodeIsVLLMLayout decodes a payload generically and checks vLLM's array-like layout.
 func TestEncodeIsVLLMLayout(t *testing.T) {
 	b := hicache.EventBatch{Seq: 3, Time: time.Unix(1700000000, 500_000_000), Replica: 2, Events: []hicache.Event{
 		stored(hicache.TierDevice, "", 0, 11, 12),
 		stored(hicache.TierHost, "tenant", 12, 13),
-		{Kind: hicache.EventRemoved, Tier: hicache.TierStorage, Hashes: []uint64{11}},
+		{Kind: hicache.EventRemoved, Tier: hicache.TierStorage, Hashes: ids(11)},
 		{Kind: hicache.EventCleared},
 	}}
 	raw, err := Encode(b)
@@ -75,9 +94,9 @@ func TestEncodeIsVLLMLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []any{1700000000.5, []any{
-		[]any{"BlockStored", []any{uint64(11), uint64(12)}, nil, []any{int8(0), int8(0), int8(0), int8(0)}, int8(2), nil, "GPU", nil, nil},
-		[]any{"BlockStored", []any{uint64(13)}, uint64(12), []any{int8(0), int8(0)}, int8(2), nil, "CPU", nil, []any{[]any{"tenant"}}},
-		[]any{"BlockRemoved", []any{uint64(11)}, "STORAGE"},
+		[]any{"BlockStored", []any{bin(11), bin(12)}, nil, []any{int8(0), int8(0), int8(0), int8(0)}, int8(2), nil, "GPU", nil, nil},
+		[]any{"BlockStored", []any{bin(13)}, bin(12), []any{int8(0), int8(0)}, int8(2), nil, "CPU", nil, []any{[]any{"tenant"}}},
+		[]any{"BlockRemoved", []any{bin(11)}, "STORAGE"},
 		[]any{"AllBlocksCleared"},
 	}, int8(2)}
 	if !reflect.DeepEqual(normalize(got), normalize(want)) {
@@ -125,7 +144,7 @@ func TestPublisherFillsGapsAndReplays(t *testing.T) {
 	src.add(0, true, stored(hicache.TierDevice, "", 0, 1))
 	src.add(1, true, stored(hicache.TierDevice, "", 1, 2))
 	src.add(2, false, stored(hicache.TierHost, "", 0, 1)) // dropped by the subscription
-	src.add(3, false, hicache.Event{Kind: hicache.EventRemoved, Tier: hicache.TierDevice, Hashes: []uint64{2}})
+	src.add(3, false, hicache.Event{Kind: hicache.EventRemoved, Tier: hicache.TierDevice, Hashes: ids(2)})
 	src.add(4, true, hicache.Event{Kind: hicache.EventCleared})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

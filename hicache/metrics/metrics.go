@@ -223,12 +223,14 @@ var metricDefs = []metricDef{
 		prometheus.CounterValue, "result", []string{"hit", "miss"}, func(_ *Collector, _ *hicache.Stats, st *storage.Stats, i int) float64 {
 			return float64([]uint64{st.Hits, st.Misses}[i])
 		}, true},
-	{"storage_rejected_values_total", "Stored values that failed verification (each a miss, deleted), by cause (forged: checksums held but the MAC or key did not; damaged: the rest).",
-		prometheus.CounterValue, "cause", []string{"forged", "damaged"}, func(_ *Collector, _ *hicache.Stats, st *storage.Stats, i int) float64 {
-			// The storage loads its counters one by one: a snapshot taken while a forged
-			// value is counted may hold Forged ahead of Corrupt.
+	{"storage_rejected_values_total", "Stored values that failed verification (each a miss, deleted), by cause (forged: checksums held but the MAC or key did not; mismatched: genuine, but bound to other tokens or another parent page than the prefetch asked for; old_format: written in an older value format, e.g. before page ids were 256-bit; damaged: the rest).",
+		prometheus.CounterValue, "cause", []string{"forged", "mismatched", "old_format", "damaged"}, func(_ *Collector, _ *hicache.Stats, st *storage.Stats, i int) float64 {
+			// The storage loads its counters one by one: a snapshot taken while a value is
+			// counted may hold a cause ahead of Corrupt.
 			forged := min(st.Forged, st.Corrupt)
-			return float64([]uint64{forged, st.Corrupt - forged}[i])
+			mismatched := min(st.Mismatched, st.Corrupt-forged)
+			old := min(st.OldFormat, st.Corrupt-forged-mismatched)
+			return float64([]uint64{forged, mismatched, old, st.Corrupt - forged - mismatched - old}[i])
 		}, true},
 	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *hicache.Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},

@@ -135,7 +135,7 @@ func (r *rig) workload(steps int, seed uint64) {
 							if err != nil {
 								return err
 							}
-							kvtest.FillKV(b, f.Hash, f.Index, r.shards[i])
+							kvtest.FillKV(b, f.Hash.Index(), f.Index, r.shards[i])
 						}
 					}
 				case op < 9:

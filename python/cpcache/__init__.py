@@ -688,7 +688,8 @@ class Cache:
         writes its KV [R]. The key (bytes, or str as UTF-8; at most 4096 bytes) seeds the page
         hashes, so equal tokens under different keys share no page in L1, L2 or storage
         (a tenant, or a LoRA adapter, matches only its own pages); None or empty is the
-        empty key, whose hashes are those of a cache without keys."""
+        empty key. Page ids are SHA-256 chained over the prefix and the key; FillPage.hash
+        is the first 8 bytes of the page's id (little endian): an index, not an identity."""
         arr, n = _tokens(tokens)
         k = _key(key)
         cap = n // self.info.page_tokens

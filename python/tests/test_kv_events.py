@@ -67,10 +67,12 @@ class Replica:
             if kind == "BlockStored":
                 hashes, parent, token_ids, block_size, lora_id, medium = ev[1:7]
                 assert lora_id is None and block_size == 16 and len(token_ids) == block_size * len(hashes)
-                assert parent is None or isinstance(parent, int)
-                self.tiers[MEDIUM[medium]].update(hashes)
+                # Page ids: 32-byte SHA-256 chained hashes (msgpack bin), as vLLM's own.
+                assert parent is None or (isinstance(parent, bytes) and len(parent) == 32)
+                assert all(isinstance(h, bytes) and len(h) == 32 for h in hashes)
+                self.tiers[MEDIUM[medium]].update(h.hex() for h in hashes)  # the dump's form
             elif kind == "BlockRemoved":
-                hashes, medium = ev[1], ev[2]
+                hashes, medium = [h.hex() for h in ev[1]], ev[2]
                 tier = self.tiers[MEDIUM[medium]]
                 missing = [h for h in hashes if h not in tier]
                 assert not missing, f"batch {seq} removes {medium} pages never stored: {missing[:3]}"

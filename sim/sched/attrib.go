@@ -14,12 +14,12 @@ type MissTracker struct {
 	pageSize   int
 	policy     hicache.Policy
 	storage    bool
-	seen       map[uint64]struct{} // pages inserted since the cache started or was last flushed
-	flushed    map[uint64]struct{} // pages dropped by the flush that ended a quarantine
-	quarantine bool                // the group was in quarantine at the last prefill
-	inL2       map[uint64]struct{} // pages seen in L2 (write_through_selective only; see hadL2)
-	inflight   map[uint64]int      // answer pages of running requests (count of requests)
-	running    map[int][]uint64    // the answer pages counted in inflight, by request ID
+	seen       map[hicache.PageID]struct{} // pages inserted since the cache started or was last flushed
+	flushed    map[hicache.PageID]struct{} // pages dropped by the flush that ended a quarantine
+	quarantine bool                        // the group was in quarantine at the last prefill
+	inL2       map[hicache.PageID]struct{} // pages seen in L2 (write_through_selective only; see hadL2)
+	inflight   map[hicache.PageID]int      // answer pages of running requests (count of requests)
+	running    map[int][]hicache.PageID    // the answer pages counted in inflight, by request ID
 	// answer is a request's answer (nil: workload.Answer). With an Engine it is what the
 	// engine generated: at the prefill only the first token, at the finish the whole answer.
 	answer func(workload.Request) []int32
@@ -29,14 +29,14 @@ type MissTracker struct {
 // NewMissTracker returns the miss attribution of a scheduler of cfg.
 func NewMissTracker(cfg Config) *MissTracker {
 	return &MissTracker{pageSize: cfg.PageSize, policy: cfg.Policy, storage: cfg.Storage,
-		seen: map[uint64]struct{}{}, flushed: map[uint64]struct{}{}, inL2: map[uint64]struct{}{}, inflight: map[uint64]int{}, running: map[int][]uint64{}}
+		seen: map[hicache.PageID]struct{}{}, flushed: map[hicache.PageID]struct{}{}, inL2: map[hicache.PageID]struct{}{}, inflight: map[hicache.PageID]int{}, running: map[int][]hicache.PageID{}}
 }
 
 // hadL2 says whether a page that was inserted had an L2 copy when it was dropped. Under
 // write_through every inserted page is backed up, under write_back every page leaving L1
 // is; under write_through_selective only hot pages are, and the tracker knows those that a
 // match found in L2.
-func (t *MissTracker) hadL2(h uint64) bool {
+func (t *MissTracker) hadL2(h hicache.PageID) bool {
 	if t.policy != hicache.WriteThroughSelective {
 		return true
 	}
@@ -109,7 +109,7 @@ func (t *MissTracker) matchedL2(r workload.Request, m hicache.MatchResult) {
 }
 
 // answerPages are the pages of r's prompt and answer that its prompt alone does not hold.
-func (t *MissTracker) answerPages(r workload.Request) []uint64 {
+func (t *MissTracker) answerPages(r workload.Request) []hicache.PageID {
 	P := t.pageSize
 	answer := workload.Answer
 	if t.answer != nil {

@@ -467,7 +467,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 	}
 	for i := m.DevicePages; i < after.DevicePages; i++ {
 		if c.Owns(i) {
-			s.verify(r, i, after.L1Slots[i], hashes[i])
+			s.verify(r, i, after.L1Slots[i], hashes[i].Index())
 		}
 	}
 	return after, nil
@@ -477,7 +477,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 // until that layer of the loads on the prefix landed (WaitL1Layer), then "computes" it: it
 // checks that layer's chunks of every page this rank owns among those the load-back brought
 // (match m's device pages to after's). A page with a bad chunk in any layer is one bad page.
-func (s *Scheduler) verifyLayers(ctx context.Context, r workload.Request, m, after hicache.MatchResult, hashes []uint64) error {
+func (s *Scheduler) verifyLayers(ctx context.Context, r workload.Request, m, after hicache.MatchResult, hashes []hicache.PageID) error {
 	c := s.cache
 	var owned []int
 	for i := m.DevicePages; i < after.DevicePages; i++ {
@@ -496,7 +496,7 @@ func (s *Scheduler) verifyLayers(ctx context.Context, r workload.Request, m, aft
 		s.local.LayerWaits++
 		for k, i := range owned {
 			if bad[k] == nil {
-				bad[k] = s.Layered.CheckLayer(after.L1Slots[i], layer, hashes[i], i, s.shard)
+				bad[k] = s.Layered.CheckLayer(after.L1Slots[i], layer, hashes[i].Index(), i, s.shard)
 			}
 		}
 	}
@@ -668,9 +668,9 @@ func (s *Scheduler) fill(r workload.Request, pages []hicache.FillPage) error {
 		case s.Engine != nil:
 			err = s.Engine.FillPage(r, f.Slot, f.Index)
 		case s.Layered != nil:
-			err = s.Layered.FillPage(f.Slot, f.Hash, f.Index, s.shard)
+			err = s.Layered.FillPage(f.Slot, f.Hash.Index(), f.Index, s.shard)
 		default:
-			err = s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash, f.Index, s.shard) })
+			err = s.KV.Fill(f.Slot, func(b []byte) { kvtest.FillKV(b, f.Hash.Index(), f.Index, s.shard) })
 		}
 		if err != nil {
 			return err

@@ -3,6 +3,7 @@ package stores
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -78,8 +79,13 @@ func (b *base) corrupt(key storage.Key, reason error) { b.corruptIn("get", key, 
 // corruptIn is corrupt for a value found by operation op.
 func (b *base) corruptIn(op string, key storage.Key, reason error) {
 	b.stats.corrupt.Add(1)
-	if errors.Is(reason, storage.ErrForged) {
+	switch {
+	case errors.Is(reason, storage.ErrForged):
 		b.stats.forged.Add(1)
+	case errors.Is(reason, storage.ErrMismatch):
+		b.stats.mismatched.Add(1)
+	case errors.Is(reason, storage.ErrOldFormat):
+		b.stats.oldFormat.Add(1)
 	}
 	b.rejected.add(key)
 	if b.opts.OnCorrupt != nil {
@@ -89,12 +95,28 @@ func (b *base) corruptIn(op string, key storage.Key, reason error) {
 
 // The value format of every backend, authenticated with the storage's MAC key.
 
-func (b *base) encodeHeader(hdr *[storage.HeaderSize]byte, key storage.Key, payload []byte) {
-	b.opts.auth.EncodeHeader(hdr, key, payload)
+func (b *base) encodeHeader(hdr *[storage.HeaderSize]byte, key storage.Key, bind *storage.Binding, payload []byte) {
+	b.opts.auth.EncodeHeader(hdr, key, bind, payload)
 }
 
-func (b *base) checkHeader(hdr []byte, key storage.Key, wantLen int) error {
-	return b.opts.auth.CheckHeader(hdr, key, wantLen)
+func (b *base) checkHeader(hdr []byte, key storage.Key, bind *storage.Binding, wantLen int) error {
+	return b.opts.auth.CheckHeader(hdr, key, bind, wantLen)
+}
+
+// checkBinds checks that binds of PutBound or GetBound (nil: none) has one entry per key.
+func (b *base) checkBinds(op string, keys []storage.Key, binds []storage.Binding) error {
+	if binds != nil && len(binds) != len(keys) {
+		return b.err(op, storage.ErrBadArgument, fmt.Errorf("%d bindings for %d keys", len(binds), len(keys)))
+	}
+	return nil
+}
+
+// bindAt is binds[i], or nil when binds is nil (Put stores the zero Binding; Get checks none).
+func bindAt(binds []storage.Binding, i int) *storage.Binding {
+	if binds == nil {
+		return nil
+	}
+	return &binds[i]
 }
 
 // copyBlock is how much of a payload encodeValue copies before it checksums it: small
@@ -105,7 +127,7 @@ const copyBlock = 32 << 10
 // (storage.StoredLen(len(payload)) bytes). The payload is copied block by block, each
 // checksummed right after it is copied, from cache; the MAC, which covers the checksum, is
 // the second pass, over the copy.
-func (b *base) encodeValue(v []byte, key storage.Key, payload []byte) {
+func (b *base) encodeValue(v []byte, key storage.Key, bind *storage.Binding, payload []byte) {
 	p := v[storage.HeaderSize:storage.StoredLen(len(payload))]
 	var crc uint32
 	for off := 0; off < len(payload); off += copyBlock {
@@ -113,17 +135,17 @@ func (b *base) encodeValue(v []byte, key storage.Key, payload []byte) {
 		copy(p[off:end], payload[off:end])
 		crc = storage.UpdateChecksum(crc, p[off:end])
 	}
-	b.opts.auth.EncodeHeaderSum((*[storage.HeaderSize]byte)(v), key, p, crc)
+	b.opts.auth.EncodeHeaderSum((*[storage.HeaderSize]byte)(v), key, bind, p, crc)
 }
 
-// decodeValue verifies v, a whole stored value read for key, and copies its payload into
-// dst (the page size). It returns why v is not genuine, or nil; dst's contents are then
+// decodeValue verifies v, a whole stored value read for key (with binding bind, nil: not
+// checked), and copies its payload into dst (the page size). It returns why v is not genuine, or nil; dst's contents are then
 // unspecified.
-func (b *base) decodeValue(v []byte, key storage.Key, dst []byte) error {
+func (b *base) decodeValue(v []byte, key storage.Key, bind *storage.Binding, dst []byte) error {
 	if len(v) != storage.StoredLen(len(dst)) {
 		return errLength(len(v), storage.StoredLen(len(dst)))
 	}
-	if err := b.checkHeader(v[:storage.HeaderSize], key, len(dst)); err != nil {
+	if err := b.checkHeader(v[:storage.HeaderSize], key, bind, len(dst)); err != nil {
 		return err
 	}
 	return b.opts.auth.CheckPayloadCopy(v[:storage.HeaderSize], v[storage.HeaderSize:], dst)

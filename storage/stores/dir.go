@@ -329,6 +329,13 @@ func (s *dirStore) Exists(ctx context.Context, keys []storage.Key, present []boo
 }
 
 func (s *dirStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+	return s.GetBound(ctx, keys, nil, dst, found)
+}
+
+func (s *dirStore) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.checkBinds("get", keys, binds); err != nil {
+		return 0, err
+	}
 	dst = buffers(dst)
 	flags, ctx, cancel, err := s.beginLookup(ctx, "get", keys, dst, found)
 	if err != nil {
@@ -354,7 +361,7 @@ func (s *dirStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, fo
 		}
 		ok := false
 		if err == nil {
-			ok, err = s.loadPage(keys[i], rel, f, (*buf)[:f.n], dst[i])
+			ok, err = s.loadPage(keys[i], bindAt(binds, i), rel, f, (*buf)[:f.n], dst[i])
 		}
 		putBuffer(buf)
 		if ok {
@@ -402,7 +409,7 @@ func (s *dirStore) existsOne(k storage.Key) (bool, error) {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: truncated header", name))
 		return false, nil
 	}
-	if err := s.checkHeader(hdr[:], k, int(st.Size-storage.HeaderSize)); err != nil {
+	if err := s.checkHeader(hdr[:], k, nil, int(st.Size-storage.HeaderSize)); err != nil {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
@@ -467,10 +474,10 @@ func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
 	return f, nil
 }
 
-// loadPage verifies what readPage found for key k (rel) and read into v (f.n bytes), and
+// loadPage verifies what readPage found for key k (rel; bind: see GetBound) and read into v (f.n bytes), and
 // copies its payload into dst. A missing, foreign, torn or corrupt file is (false, nil),
 // counted; a hit is counted by Get.
-func (s *dirStore) loadPage(k storage.Key, rel string, f pageFile, v, dst []byte) (bool, error) {
+func (s *dirStore) loadPage(k storage.Key, bind *storage.Binding, rel string, f pageFile, v, dst []byte) (bool, error) {
 	name := s.fs.abs(rel)
 	switch {
 	case f.missing:
@@ -493,7 +500,7 @@ func (s *dirStore) loadPage(k storage.Key, rel string, f pageFile, v, dst []byte
 	case len(v) < storage.HeaderSize:
 		reason = fmt.Errorf("file %s: truncated header", name)
 	default:
-		if err := s.checkHeader(v[:storage.HeaderSize], k, len(dst)); err != nil {
+		if err := s.checkHeader(v[:storage.HeaderSize], k, bind, len(dst)); err != nil {
 			reason = fmt.Errorf("file %s: %w", name, err)
 		} else if len(v) < want {
 			reason = fmt.Errorf("file %s: truncated payload", name)
@@ -524,6 +531,13 @@ func (s *dirStore) linkedPage(op string, k storage.Key, rel, link string) bool {
 }
 
 func (s *dirStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
+	return s.PutBound(ctx, keys, nil, src)
+}
+
+func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.checkBinds("put", keys, binds); err != nil {
+		return err
+	}
 	src = buffers(src)
 	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
 	if err != nil {
@@ -540,7 +554,7 @@ func (s *dirStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) er
 		buf := getBuffer(len(src[i]))
 		copy(*buf, src[i])
 		var err error
-		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], *buf) }, func() { putBuffer(buf) }); derr != nil {
+		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], bindAt(binds, i), *buf) }, func() { putBuffer(buf) }); derr != nil {
 			return false, derr
 		}
 		putBuffer(buf)
@@ -556,7 +570,7 @@ func (s *dirStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) er
 // flush) may move the fan-out directory aside, the temporary file with it, or remove it,
 // before the file is created or renamed: the page was then put concurrently with the Clear,
 // and is cleared by it (as if written just before it), not an error.
-func (s *dirStore) putOne(ctx context.Context, k storage.Key, payload []byte) (err error) {
+func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Binding, payload []byte) (err error) {
 	rel, dirLen := s.rel(k)
 	dirRel, file := rel[:dirLen], rel[dirLen+1:]
 	dir, err := s.fanOut(dirRel)
@@ -585,7 +599,7 @@ func (s *dirStore) putOne(ctx context.Context, k storage.Key, payload []byte) (e
 		}
 	}()
 	var hdr [storage.HeaderSize]byte
-	s.encodeHeader(&hdr, k, payload)
+	s.encodeHeader(&hdr, k, bind, payload)
 	if _, err = f.Write(hdr[:]); err != nil {
 		return err
 	}

@@ -129,11 +129,25 @@ func (s *faulty) Get(ctx context.Context, keys []storage.Key, dst [][]byte, foun
 	return s.Storage.Get(ctx, keys, dst, found)
 }
 
+func (s *faulty) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.inject(ctx, "get"); err != nil {
+		return 0, err
+	}
+	return s.Storage.GetBound(ctx, keys, binds, dst, found)
+}
+
 func (s *faulty) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
 	if err := s.inject(ctx, "put"); err != nil {
 		return err
 	}
 	return s.Storage.Put(ctx, keys, src)
+}
+
+func (s *faulty) PutBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.inject(ctx, "put"); err != nil {
+		return err
+	}
+	return s.Storage.PutBound(ctx, keys, binds, src)
 }
 
 func (s *faulty) Delete(ctx context.Context, keys []storage.Key) error {

@@ -72,15 +72,22 @@ func lookupEach(n int, out []bool, hit func(i int) bool) int {
 	return lead
 }
 
-func (s *memStore) Get(_ context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+func (s *memStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+	return s.GetBound(ctx, keys, nil, dst, found)
+}
+
+func (s *memStore) GetBound(_ context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.checkBinds("get", keys, binds); err != nil {
+		return 0, err
+	}
 	dst = buffers(dst)
 	if err := s.begin("get", keys, dst, found); err != nil {
 		return 0, err
 	}
-	return lookupEach(len(keys), found, func(i int) bool { return s.getOne(keys[i], dst[i]) }), nil
+	return lookupEach(len(keys), found, func(i int) bool { return s.getOne(keys[i], bindAt(binds, i), dst[i]) }), nil
 }
 
-func (s *memStore) getOne(k storage.Key, dst []byte) bool {
+func (s *memStore) getOne(k storage.Key, bind *storage.Binding, dst []byte) bool {
 	s.table.mu.Lock()
 	v, ok := s.table.vals[k]
 	s.table.mu.Unlock()
@@ -88,7 +95,7 @@ func (s *memStore) getOne(k storage.Key, dst []byte) bool {
 		s.stats.misses.Add(1)
 		return false
 	}
-	if err := s.decodeValue(v, k, dst); err != nil {
+	if err := s.decodeValue(v, k, bind, dst); err != nil {
 		s.corrupt(k, err)
 		return false
 	}
@@ -97,14 +104,21 @@ func (s *memStore) getOne(k storage.Key, dst []byte) bool {
 	return true
 }
 
-func (s *memStore) Put(_ context.Context, keys []storage.Key, src [][]byte) error {
+func (s *memStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
+	return s.PutBound(ctx, keys, nil, src)
+}
+
+func (s *memStore) PutBound(_ context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.checkBinds("put", keys, binds); err != nil {
+		return err
+	}
 	src = buffers(src)
 	if err := s.begin("put", keys, src, nil); err != nil {
 		return err
 	}
 	for i, k := range keys {
 		v := make([]byte, storage.StoredLen(len(src[i])))
-		s.encodeValue(v, k, src[i])
+		s.encodeValue(v, k, bindAt(binds, i), src[i])
 		s.table.mu.Lock()
 		s.table.vals[k] = v
 		s.table.mu.Unlock()

@@ -72,18 +72,20 @@ func checkKeys(backend, where, op string, ns [storage.NamespaceSize]byte, keys [
 
 // counters is the live, atomically updated form of Stats.
 type counters struct {
-	hits, misses, corrupt, forged, purged, puts, deletes, bytesRead, bytesWritten, errors, links atomic.Uint64
+	hits, misses, corrupt, forged, mismatched, oldFormat, purged, puts, deletes, bytesRead, bytesWritten, errors, links atomic.Uint64
 }
 
 func (c *counters) snapshot() storage.Stats {
-	// Forged before Corrupt: a forged value adds to Corrupt first, so Forged <= Corrupt
-	// holds in every snapshot.
-	forged := c.forged.Load()
+	// Forged, Mismatched and OldFormat before Corrupt: a value adds to Corrupt first, so
+	// each of them is at most Corrupt in every snapshot.
+	forged, mismatched, oldFormat := c.forged.Load(), c.mismatched.Load(), c.oldFormat.Load()
 	return storage.Stats{
 		Hits:         c.hits.Load(),
 		Misses:       c.misses.Load(),
 		Corrupt:      c.corrupt.Load(),
 		Forged:       forged,
+		Mismatched:   mismatched,
+		OldFormat:    oldFormat,
 		Purged:       c.purged.Load(),
 		Puts:         c.puts.Load(),
 		Deletes:      c.deletes.Load(),

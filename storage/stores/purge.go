@@ -44,6 +44,12 @@ func (p *purging) Get(ctx context.Context, keys []storage.Key, dst [][]byte, fou
 	return n, err
 }
 
+func (p *purging) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	n, err := p.backend.GetBound(ctx, keys, binds, dst, found)
+	p.purge(ctx)
+	return n, err
+}
+
 // Close is nil-safe, as every backend's.
 func (p *purging) Close() error {
 	if p == nil {

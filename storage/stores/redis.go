@@ -181,6 +181,13 @@ func (s *redisStore) Exists(ctx context.Context, keys []storage.Key, present []b
 }
 
 func (s *redisStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, found []bool) (int, error) {
+	return s.GetBound(ctx, keys, nil, dst, found)
+}
+
+func (s *redisStore) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.checkBinds("get", keys, binds); err != nil {
+		return 0, err
+	}
 	dst = buffers(dst)
 	flags, ctx, cancel, err := s.beginLookup(ctx, "get", keys, dst, found)
 	if err != nil {
@@ -212,7 +219,7 @@ func (s *redisStore) Get(ctx context.Context, keys []storage.Key, dst [][]byte, 
 		}
 		defer releaseValues(bufs)
 		for i, c := range cmds {
-			s.loadValue(keys[lo+i], c, dst[lo+i], &flags[lo+i])
+			s.loadValue(keys[lo+i], bindAt(binds, lo+i), c, dst[lo+i], &flags[lo+i])
 		}
 		return found != nil || leading(flags[lo:hi]) == hi-lo, nil
 	})
@@ -255,7 +262,7 @@ func wrongType(err error) bool {
 // into dst, setting *hit; a missing value counts as a miss, a corrupt one as corrupt. A
 // value longer than the buffer (storage.StoredLen + 2), or a key of another type
 // (WRONGTYPE), is an error of its command, and corrupt.
-func (s *redisStore) loadValue(k storage.Key, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
+func (s *redisStore) loadValue(k storage.Key, bind *storage.Binding, c *redis.ZeroCopyStringCmd, dst []byte, hit *bool) {
 	err := c.Err()
 	if errors.Is(err, redis.Nil) {
 		s.stats.misses.Add(1)
@@ -268,7 +275,7 @@ func (s *redisStore) loadValue(k storage.Key, c *redis.ZeroCopyStringCmd, dst []
 	case err != nil:
 		reason = fmt.Errorf("stored value is longer than %d bytes (header + page): %w", storage.StoredLen(len(dst)), err)
 	default:
-		reason = s.decodeValue(c.Bytes(), k, dst)
+		reason = s.decodeValue(c.Bytes(), k, bind, dst)
 	}
 	if reason != nil {
 		s.corrupt(k, fmt.Errorf("redis key %s: %w", s.name(k), reason))
@@ -280,6 +287,13 @@ func (s *redisStore) loadValue(k storage.Key, c *redis.ZeroCopyStringCmd, dst []
 }
 
 func (s *redisStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
+	return s.PutBound(ctx, keys, nil, src)
+}
+
+func (s *redisStore) PutBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.checkBinds("put", keys, binds); err != nil {
+		return err
+	}
 	src = buffers(src)
 	ctx, cancel, err := s.beginCall(ctx, "put", keys, src, nil)
 	if err != nil {
@@ -298,7 +312,7 @@ func (s *redisStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) 
 		bytes := 0
 		for i := range vals {
 			vals[i] = pooledValue(storage.StoredLen(len(src[lo+i])))
-			s.encodeValue(*vals[i], keys[lo+i], src[lo+i])
+			s.encodeValue(*vals[i], keys[lo+i], bindAt(binds, lo+i), src[lo+i])
 			bytes += len(src[lo+i])
 		}
 		err := s.call(ctx, func() error {

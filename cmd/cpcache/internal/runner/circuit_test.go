@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"testing"
@@ -67,11 +66,25 @@ func (s *stoppingStore) Get(ctx context.Context, keys []storage.Key, dst [][]byt
 	return s.Storage.Get(ctx, keys, dst, found)
 }
 
+func (s *stoppingStore) GetBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, dst [][]byte, found []bool) (int, error) {
+	if err := s.check(ctx, false); err != nil {
+		return 0, err
+	}
+	return s.Storage.GetBound(ctx, keys, binds, dst, found)
+}
+
 func (s *stoppingStore) Put(ctx context.Context, keys []storage.Key, src [][]byte) error {
 	if err := s.check(ctx, false); err != nil {
 		return err
 	}
 	return s.Storage.Put(ctx, keys, src)
+}
+
+func (s *stoppingStore) PutBound(ctx context.Context, keys []storage.Key, binds []storage.Binding, src [][]byte) error {
+	if err := s.check(ctx, false); err != nil {
+		return err
+	}
+	return s.Storage.PutBound(ctx, keys, binds, src)
 }
 
 func (s *stoppingStore) Delete(ctx context.Context, keys []storage.Key) error {
@@ -126,9 +139,7 @@ func TestStoreStopsWhilePrefetchesWait(t *testing.T) {
 					continue
 				}
 				for _, h := range hicache.PrefixHashes(r.Tokens, p.Config.PageSize) {
-					var b [12]byte // the cache's key: the page hash and the TP shard (0)
-					binary.BigEndian.PutUint64(b[:8], h)
-					firstTurnPages[storage.NewKeyBytes(ns, b[:])] = true
+					firstTurnPages[storage.PageKey(ns, h, 0)] = true // the cache's key: the page id and the TP shard (0)
 				}
 			}
 			stores := make([]*stoppingStore, lc.World)

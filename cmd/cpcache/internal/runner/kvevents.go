@@ -13,7 +13,7 @@ import (
 
 // EnvKVEventsDump names a directory where each replica's publishing rank writes, after its
 // last step, the pages its cache holds per tier (replica-<d>.json: {"device": [...], "host":
-// [...], "storage": [...]}, chained hashes), and after its n-th flush by --fault flush the
+// [...], "storage": [...]}, page ids in hex), and after its n-th flush by --fault flush the
 // same with "next_seq", the seq of the first batch after the flush's (replica-<d>-flush-<n>.json,
 // from 1): for tests that rebuild them from the events.
 const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
@@ -91,10 +91,10 @@ func (p *kvPublisher) flushed(cache *hicache.Cache) error {
 func (p *kvPublisher) writeDump(cache *hicache.Cache, name string, nextSeq *uint64) error {
 	held := cache.HeldPages()
 	raw, err := json.Marshal(struct {
-		NextSeq *uint64  `json:"next_seq,omitempty"`
-		Device  []uint64 `json:"device"`
-		Host    []uint64 `json:"host"`
-		Storage []uint64 `json:"storage"`
+		NextSeq *uint64          `json:"next_seq,omitempty"`
+		Device  []hicache.PageID `json:"device"`
+		Host    []hicache.PageID `json:"host"`
+		Storage []hicache.PageID `json:"storage"`
 	}{nextSeq, held[hicache.TierDevice], held[hicache.TierHost], held[hicache.TierStorage]})
 	if err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"os"
@@ -64,9 +63,7 @@ func storedPrefixes(t *testing.T, p *Plan) (stored, whole int64) {
 		hashes := hicache.PrefixHashes(r.Tokens[:len(r.Tokens)/P*P], P)
 		keys := make([]storage.Key, len(hashes))
 		for i, h := range hashes {
-			var b [12]byte // the cache's key: the hash and the TP shard (0: attn_tp is 1)
-			binary.BigEndian.PutUint64(b[:8], h)
-			keys[i] = storage.NewKeyBytes(ns, b[:])
+			keys[i] = storage.PageKey(ns, h, 0) // the cache's key: the page id and the TP shard (0: attn_tp is 1)
 		}
 		n, err := st.Exists(ctx, keys, nil)
 		require.NoError(t, err)

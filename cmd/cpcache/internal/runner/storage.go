@@ -15,7 +15,7 @@ import (
 )
 
 // storageModel names the KV content of a run in its storage namespace: kvtest's page
-// bytes, a function of the page's chained hash, position and TP shard. The page size in
+// bytes, a function of the page's id (its 64-bit index), position and TP shard. The page size in
 // tokens and bytes and the attention-TP size are added by hicache.NewStorageNamespace, so
 // runs with different page sizes, KV sizes or TP shapes never read each other's pages;
 // runs that differ only in CP or DP size share them (a page's bytes do not depend on them).
