@@ -1,0 +1,71 @@
+package kvevents
+
+import (
+	"testing"
+	"time"
+)
+
+// assertDropCounted: the connection a 2^62-byte frame closed is in the counters.
+func assertDropCounted(t *testing.T, p *Publisher, target string) {
+	t.Helper()
+	if !waitFor(10*time.Second, func() bool { s := p.Stats(); return s.Disconnected+s.HandshakeFailed > 0 }) {
+		t.Fatalf("%s: the dropped connection is not counted: %+v", target, p.Stats())
+	}
+	t.Logf("%s: %+v", target, p.Stats())
+}
+
+func stuckReplayOptions(ep, replay string) Options {
+	return Options{Endpoint: ep, ReplayEndpoint: replay, Linger: -1, ReplayTimeout: 500 * time.Millisecond}
+}
+
+// assertReplayCut: the stuck client's reply was cut and counted.
+func assertReplayCut(t *testing.T, p *Publisher) {
+	t.Helper()
+	if !waitFor(10*time.Second, func() bool { return p.Stats().ReplayCut > 0 }) {
+		t.Fatalf("the stuck client's reply is not counted as cut: %+v", p.Stats())
+	}
+}
+
+// TestLongEventRunMemoryIsFlat: with replay the history holds at most HistoryBytes; without
+// it, nothing; and the Go heap after ten times the batches is what it was (the batches
+// themselves, 24 KiB each, would be 45 MiB).
+func TestLongEventRunMemoryIsFlat(t *testing.T) {
+	const tokens, bound = 8192, 2 << 20
+	for _, replay := range []bool{true, false} {
+		o := Options{Endpoint: freeTCP(t, "*"), Linger: -1, HistoryBytes: bound}
+		if replay {
+			o.ReplayEndpoint = freeTCP(t, "127.0.0.1")
+		}
+		src := newStreamSource()
+		p, err := Start(src, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := dialZMTP(t, dialable(o.Endpoint), "SUB", true)
+		sub.subscribe(t)
+		countMessages(sub)
+		published := func(n uint64) {
+			if !waitFor(30*time.Second, func() bool { return p.Stats().Published == n }) {
+				t.Fatalf("published %d of %d", p.Stats().Published, n)
+			}
+		}
+		historyRun(t, o, src, 0, 200, tokens)
+		published(200)
+		h1 := heapAfterGC()
+		historyRun(t, o, src, 200, 2000, tokens)
+		published(2200)
+		h2 := heapAfterGC()
+		s := p.Stats()
+		t.Logf("replay=%v: heap after 200 batches %s, after 2200 %s; history %d batches, %s", replay, mib(h1), mib(h2), s.HistoryBatches, mib(uint64(s.HistoryBytes)))
+		if replay && (s.HistoryBytes > bound || s.HistoryBatches == 0) {
+			t.Fatalf("history of %d bytes (%d batches), bound %d", s.HistoryBytes, s.HistoryBatches, bound)
+		}
+		if !replay && (s.HistoryBytes != 0 || s.HistoryBatches != 0) {
+			t.Fatalf("without replay the history holds %d batches (%d bytes)", s.HistoryBatches, s.HistoryBytes)
+		}
+		if h2 > h1+8<<20 {
+			t.Fatalf("heap grew from %s to %s over 2000 batches", mib(h1), mib(h2))
+		}
+		p.Close()
+	}
+}
