@@ -25,6 +25,30 @@
 // equal tokens under different keys have different hashes. Decoders of vLLM's older
 // five-field BlockStored ignore the trailing fields.
 //
+// The sockets are libzmq's (package zmq, loaded at run time: Start fails with a
+// *zmq.LoadError naming libzmq.so.5 and Debian's libzmq5 when it is missing), set so that no
+// peer can crash, stall or bloat the publishing rank:
+//
+//   - ZMQ_MAXMSGSIZE (Options.MaxMessageBytes, 1 MiB) on both sockets: a peer whose frame
+//     declares more (up to 2^62 bytes) is disconnected before anything is allocated;
+//     Stats.Disconnected and Stats.HandshakeFailed count what libzmq's socket monitor
+//     reports (it does not tell a size violation from a peer that left).
+//   - ZMQ_SNDHWM (Options.SendHWM, 1000 batches) per subscriber: one that does not read
+//     loses its own batches and no other waits. libzmq drops them silently (its drop
+//     counter is a draft API, not in Debian's build), so a subscriber sees the loss as a
+//     gap in seq and recovers it through replay; Stats.SendFailed counts only what the PUB
+//     socket itself refused.
+//   - the replay ROUTER sets ZMQ_ROUTER_MANDATORY and sends without blocking: replies take
+//     turns, each client's queue holds Options.ReplayHWM messages, a client whose queue
+//     stays full for Options.ReplayTimeout loses the rest of its reply (Stats.ReplayCut),
+//     and a request that is not [empty, 8-byte seq] is ignored (Stats.ReplayBadRequests).
+//     A reply ends with the batches published when its request came.
+//   - the replay history is bounded in encoded bytes (Options.HistoryBytes, 64 MiB) and
+//     kept only with a ReplayEndpoint.
+//
+// Endpoints are tcp://HOST:PORT, ipc://PATH or inproc://NAME; CheckEndpoint and
+// OffsetEndpoint say what is wrong with one before anything starts.
+//
 // The package is kept apart from the cache (the core and the hicache driver depend on no
 // ZMQ or msgpack code): the runner (cpcache run --kv-events) or an engine wires it in.
 package kvevents
