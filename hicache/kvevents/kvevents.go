@@ -29,10 +29,16 @@
 // *zmq.LoadError naming libzmq.so.5 and Debian's libzmq5 when it is missing), set so that no
 // peer can crash, stall or bloat the publishing rank:
 //
-//   - ZMQ_MAXMSGSIZE (Options.MaxMessageBytes, 1 MiB) on both sockets: a peer whose frame
-//     declares more (up to 2^62 bytes) is disconnected before anything is allocated;
-//     Stats.Disconnected and Stats.HandshakeFailed count what libzmq's socket monitor
-//     reports (it does not tell a size violation from a peer that left).
+//   - a bound tcp:// or ipc:// endpoint is the publisher's own listener, which joins each
+//     connection to the libzmq socket's private ipc:// endpoint and reads what the peer
+//     sends as the ZMTP 3 stream it must be: a frame declaring more than
+//     Options.MaxMessageBytes (64 KiB; up to 2^62 bytes), a message of more than 4 frames
+//     or more than that in all, or a stream that is not ZMTP 3 cuts the connection before
+//     libzmq reads it (Stats.Cut). libzmq bounds frames itself (ZMQ_MAXMSGSIZE, also set,
+//     and the only bound on a PUB that connects to a subscriber) but holds every frame of a
+//     message until its last: without the listener, a peer sending an endless message grows
+//     the rank's memory as fast as it sends. Stats.Accepted, Disconnected and
+//     HandshakeFailed count what libzmq's socket monitor reports.
 //   - ZMQ_SNDHWM (Options.SendHWM, 1000 batches) per subscriber: one that does not read
 //     loses its own batches and no other waits. libzmq drops them silently (its drop
 //     counter is a draft API, not in Debian's build), so a subscriber sees the loss as a

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +17,7 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultMaxMessageBytes  = 1 << 20
+	DefaultMaxMessageBytes  = 64 << 10
 	DefaultSendHWM          = 1000
 	DefaultHistoryBytes     = 64 << 20
 	DefaultReplayHWM        = 64
@@ -39,9 +41,10 @@ type Options struct {
 	// Linger is how long Close keeps the sockets open after the last batch was queued, for
 	// ZMQ to deliver it and for late replay requests (default 1s; negative: none).
 	Linger time.Duration
-	// MaxMessageBytes is ZMQ_MAXMSGSIZE on both sockets (default 1 MiB): a peer whose frame
-	// declares more (a subscription, a replay request, a handshake command) is disconnected
-	// before anything of that size is allocated. Subscriptions and requests are a few bytes.
+	// MaxMessageBytes bounds what a peer may send in one message (default 64 KiB): a frame
+	// declaring more (a subscription, a replay request, a handshake command), or a message
+	// of more in all or of more than 4 frames, cuts its connection before anything of that
+	// size is allocated (see the package doc). Subscriptions and requests are a few bytes.
 	MaxMessageBytes int64
 	// SendHWM is each subscriber's queue on the PUB socket in batches (ZMQ_SNDHWM, default
 	// 1000): past it that subscriber loses batches (it sees a gap in seq and asks the
@@ -107,6 +110,10 @@ type Stats struct {
 	// left, or one that broke the protocol, a frame over MaxMessageBytes included (libzmq
 	// reports both alike).
 	Disconnected uint64
+	// Cut: connections of a bound tcp:// or ipc:// socket closed by the publisher before
+	// libzmq read what broke the rules: a frame declaring more than MaxMessageBytes, a
+	// message of more than 4 frames or MaxMessageBytes in all, a stream that is not ZMTP 3.
+	Cut uint64
 	// HandshakeFailed: connections dropped during the ZMTP handshake
 	// (ZMQ_EVENT_HANDSHAKE_FAILED_*: a bad greeting or command, one over MaxMessageBytes).
 	HandshakeFailed uint64
@@ -143,6 +150,9 @@ type Publisher struct {
 	pubEp   string
 	replyEp string
 	hist    *history
+	guards  []*guard
+	privDir string // the private ipc endpoints' directory
+	cut     atomic.Uint64
 
 	published, sendFailed, lost                      atomic.Uint64
 	accepted, disconnected, handshakeFailed          atomic.Uint64
@@ -178,30 +188,27 @@ func Start(src Source, o Options) (*Publisher, error) {
 		p.closeSockets()
 		return nil, err
 	}
-	if p.pub, err = p.socket(zmq.PUB, o.Endpoint, map[int]int64{zmq.SndHWM: int64(o.SendHWM)}); err != nil {
+	if p.pub, err = p.socket(zmq.PUB, o.Endpoint, map[int]int64{zmq.SndHWM: int64(o.SendHWM), zmq.RcvHWM: peerRcvHWM}); err != nil {
 		return fail(err)
 	}
 	if Bindable(o.Endpoint) {
-		err = p.pub.Bind(o.Endpoint)
+		p.pubEp, err = p.bind(p.pub, o.Endpoint, "pub")
 	} else {
-		err = p.pub.Connect(o.Endpoint)
+		// A subscriber that binds (a collector this rank trusts): connected to directly.
+		if err = p.pub.Connect(o.Endpoint); err == nil {
+			p.pubEp = o.Endpoint
+		}
 	}
 	if err != nil {
 		return fail(fmt.Errorf("kvevents: endpoint %q: %w", o.Endpoint, err))
 	}
-	if p.pubEp, err = p.pub.GetString(zmq.LastEndpoint); err != nil {
-		return fail(err)
-	}
 	if o.ReplayEndpoint != "" {
 		if p.replay, err = p.socket(zmq.ROUTER, o.ReplayEndpoint, map[int]int64{
-			zmq.SndHWM: int64(o.ReplayHWM), zmq.RcvHWM: int64(o.ReplayHWM), zmq.RouterMandatory: 1}); err != nil {
+			zmq.SndHWM: int64(o.ReplayHWM), zmq.RcvHWM: peerRcvHWM, zmq.RouterMandatory: 1}); err != nil {
 			return fail(err)
 		}
-		if err := p.replay.Bind(o.ReplayEndpoint); err != nil {
+		if p.replyEp, err = p.bind(p.replay, o.ReplayEndpoint, "replay"); err != nil {
 			return fail(fmt.Errorf("kvevents: replay endpoint %q: %w", o.ReplayEndpoint, err))
-		}
-		if p.replyEp, err = p.replay.GetString(zmq.LastEndpoint); err != nil {
-			return fail(err)
 		}
 	}
 	ch, cancel, err := src.Subscribe(0)
@@ -224,6 +231,42 @@ func Start(src Source, o Options) (*Publisher, error) {
 		go p.serveReplay()
 	}
 	return p, nil
+}
+
+// peerRcvHWM is how many complete messages libzmq queues from one peer (subscriptions,
+// replay requests) before it stops reading that peer.
+const peerRcvHWM = 16
+
+// bind binds s to ep and returns the endpoint peers use. An inproc:// endpoint is bound
+// as is; a tcp:// or ipc:// one is a guard's (see guard), s being bound to a private ipc://
+// endpoint in a directory only this process's user can enter.
+func (p *Publisher) bind(s *zmq.Socket, ep, name string) (string, error) {
+	if strings.HasPrefix(ep, "inproc://") {
+		if err := s.Bind(ep); err != nil {
+			return "", err
+		}
+		return ep, nil
+	}
+	if p.privDir == "" {
+		d, err := os.MkdirTemp("", "cpcache-kv-")
+		if err != nil {
+			return "", err
+		}
+		p.privDir = d
+	}
+	private := filepath.Join(p.privDir, name)
+	if len(private) > maxIPCPath {
+		return "", fmt.Errorf("private socket path %q is over %d bytes (set TMPDIR to a shorter directory)", private, maxIPCPath)
+	}
+	if err := s.Bind("ipc://" + private); err != nil {
+		return "", err
+	}
+	ln, err := listenPublic(ep)
+	if err != nil {
+		return "", err
+	}
+	p.guards = append(p.guards, startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut))
+	return publicEndpoint(ep, ln), nil
 }
 
 // socket makes a socket of type t for ep with ZMQ_MAXMSGSIZE, the options given, and a
@@ -272,7 +315,7 @@ func (p *Publisher) Stats() Stats {
 	n, b := p.hist.size()
 	return Stats{
 		Published: p.published.Load(), SendFailed: p.sendFailed.Load(), Lost: p.lost.Load(),
-		Accepted: p.accepted.Load(), Disconnected: p.disconnected.Load(), HandshakeFailed: p.handshakeFailed.Load(),
+		Cut: p.cut.Load(), Accepted: p.accepted.Load(), Disconnected: p.disconnected.Load(), HandshakeFailed: p.handshakeFailed.Load(),
 		ReplayRequests: p.replayRequests.Load(), ReplayBadRequests: p.replayBad.Load(),
 		ReplaySent: p.replaySent.Load(), ReplayCut: p.replayCut.Load(),
 		HistoryBatches: n, HistoryBytes: b,
@@ -376,6 +419,9 @@ func (p *Publisher) watch() {
 }
 
 func (p *Publisher) closeSockets() {
+	for _, g := range p.guards {
+		g.close()
+	}
 	for _, s := range append([]*zmq.Socket{p.pub, p.replay}, p.mons...) {
 		if s != nil {
 			s.Close()
@@ -385,6 +431,9 @@ func (p *Publisher) closeSockets() {
 		if err := p.ctx.Close(); err != nil {
 			p.logf(err)
 		}
+	}
+	if p.privDir != "" {
+		os.RemoveAll(p.privDir)
 	}
 }
 

@@ -153,8 +153,9 @@ func (p *kvPublisher) collectors(labels prometheus.Labels) []prometheus.Collecto
 			"lost":        func(s kvevents.Stats) uint64 { return s.Lost },
 			"replayed":    func(s kvevents.Stats) uint64 { return s.ReplaySent },
 		})
-	family("kv_event_connections_total", "KV event socket connections: accepted, disconnected (a peer left or broke the protocol, a frame over the size bound included), handshake_failed.", "event",
+	family("kv_event_connections_total", "KV event socket connections: cut (a peer's frame or message over the bound, a message of more than 4 frames, not ZMTP 3), and as libzmq reports them, accepted, disconnected (a peer left or was cut), handshake_failed.", "event",
 		map[string]func(kvevents.Stats) uint64{
+			"cut":              func(s kvevents.Stats) uint64 { return s.Cut },
 			"accepted":         func(s kvevents.Stats) uint64 { return s.Accepted },
 			"disconnected":     func(s kvevents.Stats) uint64 { return s.Disconnected },
 			"handshake_failed": func(s kvevents.Stats) uint64 { return s.HandshakeFailed },
