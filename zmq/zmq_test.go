@@ -1,7 +1,10 @@
 package zmq
 
 import (
+	"encoding/binary"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -162,6 +165,41 @@ func TestMissingLibraryNamesItAndItsPackage(t *testing.T) {
 	for _, want := range []string{"zmq: cannot load libzmq.so.5", "install Debian's libzmq5", Env, "/nonexistent/libzmq.so.5"} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("the error lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestMaxMsgSizeDropsTheConnection: a raw ZMTP 3 peer of a socket with MaxMsgSize whose
+// frame header declares more (2^62 bytes, or the bound plus one) is disconnected; libzmq
+// allocates nothing of that size and the socket serves on.
+func TestMaxMsgSizeDropsTheConnection(t *testing.T) {
+	for _, size := range []uint64{1 << 62, 1025} {
+		c := newCtx(t)
+		pub := newSocket(t, c, PUB)
+		if err := pub.SetInt(MaxMsgSize, 1024); err != nil {
+			t.Fatal(err)
+		}
+		if err := pub.Bind("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		ep, _ := pub.GetString(LastEndpoint)
+		conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		greeting := make([]byte, 64)
+		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+		copy(greeting[12:], "NULL")
+		ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03SUB")
+		msg := append(append(greeting, 0x04, byte(len(ready))), ready...)
+		msg = binary.BigEndian.AppendUint64(append(msg, 0x02), size)
+		if _, err := conn.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); err != nil {
+			t.Fatalf("frame of %d bytes: the connection stayed open: %v", size, err)
 		}
 	}
 }
