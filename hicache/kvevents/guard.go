@@ -117,11 +117,9 @@ func (g *guard) accept() {
 		}()
 		go func() { // peer → libzmq, checked
 			defer g.wg.Done()
-			if err := g.forward(inner, peer); err != nil && !errors.Is(err, io.EOF) {
-				var bad *zmtpError
-				if errors.As(err, &bad) {
-					g.cut.Add(1)
-				}
+			var bad *zmtpError
+			if err := g.forward(inner, peer); errors.As(err, &bad) {
+				g.cut.Add(1)
 			}
 			g.untrack(peer)
 			g.untrack(inner)
@@ -146,7 +144,8 @@ type zmtpError struct{ what string }
 
 func (e *zmtpError) Error() string { return "kvevents: peer cut: " + e.what }
 
-// forward copies what the peer sends to libzmq up to the first byte that breaks a bound.
+// forward copies what the peer sends to libzmq up to the first byte that breaks a bound
+// (a *zmtpError) or the end of either connection.
 func (g *guard) forward(dst io.Writer, src io.Reader) error {
 	ck := &zmtpChecker{maxBytes: g.maxBytes, maxFrames: g.maxFrames}
 	buf := make([]byte, 32<<10)
