@@ -21,7 +21,7 @@ func (s quietSource) Subscribe(uint64) (<-chan hicache.EventBatch, func(), error
 	return s.ch, func() { close(s.ch) }, nil
 }
 func (quietSource) EventsSince(uint64) ([]hicache.EventBatch, error) { return nil, nil }
-func (quietSource) NextEventSeq() (uint64, error)                  { return 0, nil }
+func (quietSource) NextEventSeq() (uint64, error)                    { return 0, nil }
 
 // TestKVEventMetrics: the publishing rank's kv-event families pass the Prometheus linter and
 // README's metrics table lists them.
