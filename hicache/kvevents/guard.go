@@ -38,6 +38,10 @@ type guard struct {
 // request 2 ([empty, seq]).
 const maxFrames = 4
 
+// maxPeers is the most connections a guard holds at once; one more is closed at once
+// (counted with the cut ones). Each costs two goroutines, 32 KiB and libzmq's queues.
+const maxPeers = 1024
+
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
 func listenPublic(ep string) (net.Listener, error) {
 	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
@@ -97,6 +101,14 @@ func (g *guard) accept() {
 				continue
 			}
 			return // closed
+		}
+		g.mu.Lock()
+		full := len(g.conns) >= 2*maxPeers
+		g.mu.Unlock()
+		if full {
+			g.cut.Add(1)
+			peer.Close()
+			continue
 		}
 		inner, err := net.Dial("unix", g.private)
 		if err != nil {
