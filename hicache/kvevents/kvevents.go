@@ -6,7 +6,7 @@
 //     the batch's Seq as 8 bytes big-endian, payload a msgpack KVEventBatch;
 //   - a ZMQ ROUTER socket (ReplayEndpoint) answers a request [empty, start seq (8 bytes
 //     big-endian)] from a DEALER or REQ client with [empty, seq, payload] for every batch
-//     from start seq on that the ring still holds, then [empty, -1 (8 bytes), empty].
+//     from start seq on that the history still holds, then [empty, -1 (8 bytes), empty].
 //
 // The msgpack payload is array-like, as vLLM encodes its msgspec structs (array_like=True,
 // tag=True: an event is an array whose first element is its type name):
@@ -34,11 +34,12 @@
 //     sends as the ZMTP 3 stream it must be: a frame declaring more than
 //     Options.MaxMessageBytes (64 KiB; up to 2^62 bytes), a message of more than 4 frames
 //     or more than that in all, or a stream that is not ZMTP 3 cuts the connection before
-//     libzmq reads it (Stats.Cut); it holds at most 1024 connections at once. libzmq bounds frames itself (ZMQ_MAXMSGSIZE, also set,
-//     and the only bound on a PUB that connects to a subscriber) but holds every frame of a
-//     message until its last: without the listener, a peer sending an endless message grows
-//     the rank's memory as fast as it sends. Stats.Accepted, Disconnected and
-//     HandshakeFailed count what libzmq's socket monitor reports.
+//     libzmq reads it (Stats.Cut); it holds at most 1024 connections at once. libzmq bounds
+//     frames itself (ZMQ_MAXMSGSIZE, also set, and the only bound on a PUB that connects to
+//     a subscriber) but holds every frame of a message until its last: without the
+//     listener, a peer sending an endless message grows the rank's memory as fast as it
+//     sends. Stats.Accepted, Disconnected and HandshakeFailed count what libzmq's socket
+//     monitor reports.
 //   - ZMQ_SNDHWM (Options.SendHWM, 1000 batches) per subscriber: one that does not read
 //     loses its own batches and no other waits. libzmq drops them silently (its drop
 //     counter is a draft API, not in Debian's build), so a subscriber sees the loss as a
