@@ -23,8 +23,8 @@ const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
 
 // checkKVEvents refuses, before any rank starts: --kv-events-replay without --kv-events,
 // an endpoint that is malformed, that could not be bound where it must be, or that cannot
-// be numbered for the last replica (a port pushed past 65535), a history bound that is not
-// positive, and a machine without libzmq.
+// be numbered for the last replica (a port pushed past 65535), a negative history bound, and
+// a machine without libzmq.
 func (p *Plan) checkKVEvents() error {
 	c := &p.Config
 	if c.KVEvents == "" {
