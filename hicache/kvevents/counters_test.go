@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"encoding/binary"
 	"testing"
 	"time"
 )
@@ -114,4 +115,68 @@ func TestEndlessMessageCut(t *testing.T) {
 			t.Logf("sent %s before the cut; %+v", mib(uint64(sent)), p.Stats())
 		})
 	}
+}
+
+// TestStuckSubscriberLosesItsOwnBatches: past its queue (SendHWM) a subscriber that does
+// not read loses batches — its own only: when it reads again it sees the gap in seq, while
+// a reading subscriber beside it got every batch in order.
+func TestStuckSubscriberLosesItsOwnBatches(t *testing.T) {
+	const n, tokens = 300, 8192
+	ep := freeTCP(t, "*")
+	src := newStreamSource()
+	p, err := Start(src, Options{Endpoint: ep, Linger: -1, SendHWM: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	stuck := dialZMTPBuf(t, dialable(ep), "SUB", true, 4096)
+	stuck.subscribe(t)
+	reader := dialZMTP(t, dialable(ep), "SUB", true)
+	reader.subscribe(t)
+	var seqs []uint64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(seqs) == 0 || seqs[len(seqs)-1] < n-1 {
+			msg, err := reader.recv()
+			if err != nil {
+				return
+			}
+			seqs = append(seqs, binary.BigEndian.Uint64(msg[1]))
+		}
+	}()
+	// Warm up until both subscriptions are in effect: the reader gets batches.
+	var seq uint64
+	for first := time.Now(); ; seq++ {
+		src.feed(seq, 1, 16, time.Now().Add(time.Second))
+		if p.Stats().Published > 0 && time.Since(first) > 200*time.Millisecond {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	src.feed(seq, n-int(seq), tokens, time.Now().Add(30*time.Second))
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the reader got %d batches", len(seqs))
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			t.Fatalf("the reader lost batches %d..%d", seqs[i-1]+1, seqs[i]-1)
+		}
+	}
+	// The stuck one reads now: what it held, then a gap.
+	var got []uint64
+	stuck.setDeadline(2 * time.Second)
+	for {
+		msg, err := stuck.recv()
+		if err != nil {
+			break
+		}
+		got = append(got, binary.BigEndian.Uint64(msg[1]))
+	}
+	if len(got) >= n-int(seqs[0]) {
+		t.Fatalf("the stuck subscriber lost nothing (%d batches)", len(got))
+	}
+	t.Logf("reader: batches %d..%d, all; stuck subscriber: %d batches, %d lost", seqs[0], seqs[len(seqs)-1], len(got), n-len(got))
 }
