@@ -38,6 +38,15 @@ type EventOptions struct {
 	// Ring is how many recent batches are kept for Subscribe's and EventsSince's replay
 	// (default 10000).
 	Ring int
+	// RingBytes bounds the ring in bytes as well (default 64 MiB): a batch costs its
+	// events' hashes, token ids and keys plus a fixed overhead (EventBatchBytes), and the
+	// oldest batches leave first.
+	RingBytes int64
+	// NoRing keeps no batches at all (Ring and RingBytes are then ignored): Subscribe
+	// serves only batches still to come and EventsSince has nothing older than
+	// NextEventSeq. For a subscriber that does not replay (a publisher without a replay
+	// socket keeps nothing either).
+	NoRing bool
 	// Buffer is each subscription's channel capacity in batches (default 1024). A
 	// subscriber that falls further behind loses batches (never blocking a Step): it sees
 	// the gap in Seq and replays it with EventsSince while the ring still holds it.
@@ -66,11 +75,14 @@ type eventHub struct {
 	replica int
 	buffer  int
 
-	mu   sync.Mutex // guards everything below
-	next uint64     // seq of the next batch
-	ring []EventBatch
-	head int // index in ring of the oldest batch once the ring is full
-	subs map[*subscription]struct{}
+	ringMax   int   // most batches the ring keeps (0: none)
+	ringBound int64 // most bytes the ring keeps (EventBatchBytes)
+
+	mu        sync.Mutex   // guards everything below
+	next      uint64       // seq of the next batch
+	ring      []EventBatch // oldest first
+	ringBytes int64
+	subs      map[*subscription]struct{}
 }
 
 type subscription struct {
@@ -82,16 +94,50 @@ func newEventHub(o EventOptions, replica int) (*eventHub, error) {
 	switch {
 	case o.Ring < 0:
 		return nil, fmt.Errorf("%w: events ring %d must not be negative", ErrBadConfig, o.Ring)
+	case o.RingBytes < 0:
+		return nil, fmt.Errorf("%w: events ring bytes %d must not be negative", ErrBadConfig, o.RingBytes)
 	case o.Buffer < 0:
 		return nil, fmt.Errorf("%w: events buffer %d must not be negative", ErrBadConfig, o.Buffer)
 	}
 	if o.Ring == 0 {
 		o.Ring = 10000
 	}
+	if o.RingBytes == 0 {
+		o.RingBytes = 64 << 20
+	}
+	if o.NoRing {
+		o.Ring, o.RingBytes = 0, 0
+	}
 	if o.Buffer == 0 {
 		o.Buffer = 1024
 	}
-	return &eventHub{replica: replica, buffer: o.Buffer, ring: make([]EventBatch, 0, o.Ring), subs: map[*subscription]struct{}{}}, nil
+	return &eventHub{replica: replica, buffer: o.Buffer, ringMax: o.Ring, ringBound: o.RingBytes, subs: map[*subscription]struct{}{}}, nil
+}
+
+// batchOverhead is what EventBatchBytes counts for a batch and for each event beside their
+// slices' contents.
+const batchOverhead = 64
+
+// EventBatchBytes is what a batch holds in memory, as the ring counts it: its events'
+// hashes (8 bytes each), token ids (4 bytes each) and keys, plus a fixed overhead per batch
+// and per event.
+func EventBatchBytes(b EventBatch) int64 {
+	n := int64(batchOverhead)
+	for _, e := range b.Events {
+		n += batchOverhead + 8*int64(len(e.Hashes)) + 4*int64(len(e.Tokens)) + int64(len(e.Key))
+	}
+	return n
+}
+
+// RingSize is what the replay ring holds: batches and their EventBatchBytes. Local.
+func (c *Cache) RingSize() (batches int, bytes int64) {
+	h := c.events
+	if h == nil {
+		return 0, 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ring), h.ringBytes
 }
 
 // publish takes the core's events and, when there are any, publishes them as one batch.
@@ -100,7 +146,11 @@ func (h *eventHub) publish(cr *core.Core) {
 	if h == nil {
 		return
 	}
-	evs := cr.TakeEvents(nil)
+	h.add(cr.TakeEvents(nil))
+}
+
+// add publishes evs as one batch when there are any.
+func (h *eventHub) add(evs []Event) {
 	if len(evs) == 0 {
 		return
 	}
@@ -108,11 +158,19 @@ func (h *eventHub) publish(cr *core.Core) {
 	defer h.mu.Unlock()
 	b := EventBatch{Seq: h.next, Time: time.Now(), Replica: h.replica, Events: evs}
 	h.next++
-	if len(h.ring) < cap(h.ring) {
+	if h.ringMax > 0 {
 		h.ring = append(h.ring, b)
-	} else {
-		h.ring[h.head] = b
-		h.head = (h.head + 1) % len(h.ring)
+		h.ringBytes += EventBatchBytes(b)
+		drop := 0
+		for drop < len(h.ring) && (len(h.ring)-drop > h.ringMax || h.ringBytes > h.ringBound) {
+			h.ringBytes -= EventBatchBytes(h.ring[drop])
+			h.ring[drop] = EventBatch{} // the batch's slices go with it
+			drop++
+		}
+		h.ring = h.ring[drop:]
+		if len(h.ring) == 0 {
+			h.ring = nil
+		}
 	}
 	for s := range h.subs {
 		send(s, b)
@@ -131,11 +189,11 @@ func send(s *subscription, b EventBatch) {
 func (h *eventHub) since(seq uint64) ([]EventBatch, error) {
 	oldest := h.next - uint64(len(h.ring))
 	if seq < oldest {
-		return nil, fmt.Errorf("%w: batch %d asked, the oldest kept is %d (ring of %d)", ErrEventsGone, seq, oldest, cap(h.ring))
+		return nil, fmt.Errorf("%w: batch %d asked, the oldest kept is %d (ring of %d batches, %d bytes)", ErrEventsGone, seq, oldest, h.ringMax, h.ringBound)
 	}
 	var out []EventBatch
-	for i := range h.ring {
-		if b := h.ring[(h.head+i)%len(h.ring)]; b.Seq >= seq {
+	for _, b := range h.ring {
+		if b.Seq >= seq {
 			out = append(out, b)
 		}
 	}

@@ -180,3 +180,51 @@ func (s *slowSubscriber) drain() []uint64 {
 		}
 	}
 }
+
+// bigEvents is one stored page of tokens token ids.
+func bigEvents(seq, tokens int) []Event {
+	return []Event{{Kind: EventStored, Tier: TierDevice, Hashes: []uint64{uint64(seq) + 1}, Tokens: make([]int32, tokens)}}
+}
+
+// TestEventRingBoundedInBytes: the ring keeps at most RingBytes of batches (each batch
+// carrying every page's token ids), whatever Ring says; NoRing keeps none and replays
+// nothing, while subscriptions still get every new batch.
+func TestEventRingBoundedInBytes(t *testing.T) {
+	const tokens, bound = 16384, 1 << 20
+	h, err := newEventHub(EventOptions{Enabled: true, Ring: 10000, RingBytes: bound}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		h.add(bigEvents(i, tokens))
+	}
+	per := EventBatchBytes(EventBatch{Events: bigEvents(0, tokens)})
+	if h.ringBytes > bound || len(h.ring) != int(bound/per) {
+		t.Fatalf("ring holds %d batches, %d bytes; want %d batches within %d bytes", len(h.ring), h.ringBytes, bound/per, bound)
+	}
+	if _, err := h.since(0); !errors.Is(err, ErrEventsGone) {
+		t.Fatalf("since(0) after the bound: %v, want ErrEventsGone", err)
+	}
+	if got, err := h.since(999); err != nil || len(got) != 1 || got[0].Seq != 999 {
+		t.Fatalf("since(999): %v, %v", got, err)
+	}
+
+	none, err := newEventHub(EventOptions{Enabled: true, NoRing: true}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &subscription{ch: make(chan EventBatch, 10)}
+	none.subs[s] = struct{}{}
+	for i := 0; i < 5; i++ {
+		none.add(bigEvents(i, tokens))
+	}
+	if len(none.ring) != 0 || none.ringBytes != 0 || len(s.ch) != 5 {
+		t.Fatalf("NoRing: ring of %d batches (%d bytes), subscription got %d of 5", len(none.ring), none.ringBytes, len(s.ch))
+	}
+	if got, err := none.since(5); err != nil || len(got) != 0 {
+		t.Fatalf("NoRing: since(next) = %v, %v", got, err)
+	}
+	if _, err := none.since(4); !errors.Is(err, ErrEventsGone) {
+		t.Fatalf("NoRing: since(4): %v, want ErrEventsGone", err)
+	}
+}

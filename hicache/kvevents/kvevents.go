@@ -6,7 +6,7 @@
 //     the batch's Seq as 8 bytes big-endian, payload a msgpack KVEventBatch;
 //   - a ZMQ ROUTER socket (ReplayEndpoint) answers a request [empty, start seq (8 bytes
 //     big-endian)] from a DEALER or REQ client with [empty, seq, payload] for every batch
-//     from start seq on that the ring still holds, then [empty, -1 (8 bytes), empty].
+//     from start seq on that the history still holds, then [empty, -1 (8 bytes), empty].
 //
 // The msgpack payload is array-like, as vLLM encodes its msgspec structs (array_like=True,
 // tag=True: an event is an array whose first element is its type name):
@@ -28,242 +28,50 @@
 // equal tokens under different keys have different hashes. Decoders of vLLM's older
 // five-field BlockStored ignore the trailing fields.
 //
+// The sockets are libzmq's (package zmq, loaded at run time: Start fails with a
+// *zmq.LoadError naming libzmq.so.5 and Debian's libzmq5 when it is missing), set so that no
+// peer can crash, stall or bloat the publishing rank:
+//
+//   - a bound tcp:// or ipc:// endpoint is the publisher's own listener, which joins each
+//     connection to the libzmq socket's private ipc:// endpoint and reads what the peer
+//     sends as the ZMTP 3 stream it must be: a frame declaring more than
+//     Options.MaxMessageBytes (64 KiB; up to 2^62 bytes), a message of more than 4 frames
+//     or more than that in all, or a stream that is not ZMTP 3 cuts the connection before
+//     libzmq reads it (Stats.Cut); it holds at most 1024 connections at once. libzmq bounds
+//     frames itself (ZMQ_MAXMSGSIZE, also set, and the only bound on a PUB that connects to
+//     a subscriber) but holds every frame of a message until its last: without the
+//     listener, a peer sending an endless message grows the rank's memory as fast as it
+//     sends. Stats.Accepted, Disconnected and HandshakeFailed count what libzmq's socket
+//     monitor reports.
+//   - ZMQ_SNDHWM (Options.SendHWM, 1000 batches) per subscriber: one that does not read
+//     loses its own batches and no other waits. libzmq drops them silently (its drop
+//     counter is a draft API, not in Debian's build), so a subscriber sees the loss as a
+//     gap in seq and recovers it through replay; Stats.SendFailed counts only what the PUB
+//     socket itself refused.
+//   - the replay ROUTER sets ZMQ_ROUTER_MANDATORY and sends without blocking: replies take
+//     turns, each client's queue holds Options.ReplayHWM messages, a client whose queue
+//     stays full for Options.ReplayTimeout loses the rest of its reply (Stats.ReplayCut),
+//     and a request that is not [empty, 8-byte seq] is ignored (Stats.ReplayBadRequests).
+//     A reply ends with the batches published when its request came.
+//   - the replay history is bounded in encoded bytes (Options.HistoryBytes, 64 MiB) and
+//     kept only with a ReplayEndpoint.
+//
+// Endpoints are tcp://HOST:PORT, ipc://PATH or inproc://NAME; CheckEndpoint and
+// OffsetEndpoint say what is wrong with one before anything starts.
+//
 // The package is kept apart from the cache (the core and the hicache driver depend on no
 // ZMQ or msgpack code): the runner (cpcache run --kv-events) or an engine wires it in.
 package kvevents
 
 import (
 	"bytes"
-	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
 	"unicode/utf8"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cpcache/cpcache/hicache"
 )
-
-// Options configures a Publisher.
-type Options struct {
-	// Endpoint is the PUB socket's address: bound when it is a wildcard ("tcp://*:5557",
-	// "tcp://[::]:5557") or ipc://, else connected to (a subscriber that binds), as vLLM
-	// does.
-	Endpoint string
-	// ReplayEndpoint is the ROUTER socket's address (always bound); "" for none.
-	ReplayEndpoint string
-	// Topic is the first frame of every message ("" by default, as vLLM's).
-	Topic string
-	// Log receives errors of the background loop (nil: dropped).
-	Log func(error)
-	// Linger is how long Close keeps the sockets open after the last batch was queued, for
-	// ZMQ to deliver it and for late replay requests (default 1s; negative: none).
-	Linger time.Duration
-}
-
-// Source is what a Publisher reads: a hicache.Cache that publishes events.
-type Source interface {
-	Subscribe(fromSeq uint64) (<-chan hicache.EventBatch, func(), error)
-	EventsSince(seq uint64) ([]hicache.EventBatch, error)
-	NextEventSeq() (uint64, error)
-}
-
-// Publisher sends a cache's event batches on ZMQ until Close.
-type Publisher struct {
-	src    Source
-	opts   Options
-	pub    zmq4.Socket
-	replay zmq4.Socket // nil without ReplayEndpoint
-	cancel func()
-	stop   context.CancelFunc
-	wg     sync.WaitGroup // serveReplay
-	ran    chan struct{}  // closed when run returns
-
-	mu   sync.Mutex // guards sent
-	sent []sentBatch
-}
-
-type sentBatch struct {
-	seq     uint64
-	payload []byte
-}
-
-// replayRing is how many encoded batches the replay socket keeps (vLLM's default).
-const replayRing = 10000
-
-// Start opens the sockets and publishes src's batches, from its first one (or, when that
-// has left its ring, from its next one), in a background goroutine until Close.
-func Start(src Source, o Options) (*Publisher, error) {
-	if o.Endpoint == "" {
-		return nil, errors.New("kvevents: no endpoint")
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	if o.Linger == 0 {
-		o.Linger = time.Second
-	}
-	p := &Publisher{src: src, opts: o, stop: stop, pub: zmq4.NewPub(ctx), ran: make(chan struct{})}
-	fail := func(err error) (*Publisher, error) {
-		p.closeSockets()
-		stop()
-		return nil, err
-	}
-	if bindable(o.Endpoint) {
-		if err := p.pub.Listen(o.Endpoint); err != nil {
-			return fail(fmt.Errorf("kvevents: listen on endpoint %q: %w", o.Endpoint, err))
-		}
-	} else if err := p.pub.Dial(o.Endpoint); err != nil {
-		return fail(fmt.Errorf("kvevents: dial endpoint %q: %w", o.Endpoint, err))
-	}
-	if o.ReplayEndpoint != "" {
-		p.replay = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("cpcache-replay")))
-		if err := p.replay.Listen(o.ReplayEndpoint); err != nil {
-			return fail(fmt.Errorf("kvevents: listen on replay endpoint %q: %w", o.ReplayEndpoint, err))
-		}
-	}
-	ch, cancel, err := src.Subscribe(0)
-	if errors.Is(err, hicache.ErrEventsGone) {
-		// Started late: the first batches left the ring; publish from the next one.
-		var next uint64
-		if next, err = src.NextEventSeq(); err == nil {
-			ch, cancel, err = src.Subscribe(next)
-		}
-	}
-	if err != nil {
-		return fail(fmt.Errorf("kvevents: %w", err))
-	}
-	p.cancel = cancel
-	go p.run(ch)
-	if p.replay != nil {
-		p.wg.Add(1)
-		go p.serveReplay()
-	}
-	return p, nil
-}
-
-func bindable(ep string) bool {
-	return strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")
-}
-
-func (p *Publisher) logf(err error) {
-	if p.opts.Log != nil {
-		p.opts.Log(err)
-	}
-}
-
-// run sends every batch in Seq order; a gap (the subscription's channel overflowed) is
-// filled from the cache's ring while it holds the batches, else left (subscribers see it in
-// seq and may ask the replay socket).
-func (p *Publisher) run(ch <-chan hicache.EventBatch) {
-	defer close(p.ran)
-	var next uint64
-	first := true
-	for b := range ch {
-		if !first && b.Seq > next {
-			missed, err := p.src.EventsSince(next)
-			if err != nil {
-				p.logf(fmt.Errorf("kvevents: batches %d..%d lost: %w", next, b.Seq-1, err))
-			}
-			for _, m := range missed {
-				if m.Seq < b.Seq {
-					p.send(m)
-				}
-			}
-		}
-		if first || b.Seq >= next {
-			p.send(b)
-			next, first = b.Seq+1, false
-		}
-	}
-}
-
-func (p *Publisher) send(b hicache.EventBatch) {
-	payload, err := Encode(b)
-	if err != nil {
-		p.logf(fmt.Errorf("kvevents: encoding batch %d: %w", b.Seq, err))
-		return
-	}
-	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], b.Seq)
-	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.opts.Topic), seq[:], payload)); err != nil {
-		p.logf(fmt.Errorf("kvevents: sending batch %d: %w", b.Seq, err))
-	}
-	p.mu.Lock()
-	p.sent = append(p.sent, sentBatch{b.Seq, payload})
-	if len(p.sent) > replayRing {
-		p.sent = append(p.sent[:0], p.sent[len(p.sent)-replayRing:]...)
-	}
-	p.mu.Unlock()
-}
-
-// endSeq ends a replay: -1 as 8 bytes big-endian.
-var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-
-func (p *Publisher) serveReplay() {
-	defer p.wg.Done()
-	for {
-		msg, err := p.replay.Recv()
-		if err != nil {
-			return // closed
-		}
-		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
-			p.logf(fmt.Errorf("kvevents: replay request of %d frames, want [identity, empty, 8-byte seq]", len(msg.Frames)))
-			continue
-		}
-		id, from := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
-		p.mu.Lock()
-		var out []sentBatch
-		for _, s := range p.sent {
-			if s.seq >= from {
-				out = append(out, s)
-			}
-		}
-		p.mu.Unlock()
-		for _, s := range out {
-			var seq [8]byte
-			binary.BigEndian.PutUint64(seq[:], s.seq)
-			if err := p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, seq[:], s.payload)); err != nil {
-				p.logf(fmt.Errorf("kvevents: replay of batch %d: %w", s.seq, err))
-				break
-			}
-		}
-		if err := p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, endSeq, nil)); err != nil {
-			p.logf(fmt.Errorf("kvevents: replay end: %w", err))
-		}
-	}
-}
-
-func (p *Publisher) closeSockets() {
-	if p.pub != nil {
-		p.pub.Close()
-	}
-	if p.replay != nil {
-		p.replay.Close()
-	}
-}
-
-// Close stops publishing: the batches already made are sent, the sockets stay open for
-// Options.Linger, then close. Call it after the cache's last Step. Idempotent.
-func (p *Publisher) Close() error {
-	if p == nil || p.cancel == nil {
-		return nil
-	}
-	p.cancel() // closes the subscription's channel: run sends what it holds and returns
-	p.cancel = nil
-	<-p.ran
-	if p.opts.Linger > 0 {
-		time.Sleep(p.opts.Linger)
-	}
-	p.stop()
-	p.closeSockets()
-	p.wg.Wait()
-	return nil
-}
 
 // Medium names a tier as vLLM's events do.
 func Medium(t hicache.Tier) string {
@@ -355,24 +163,4 @@ func (x *encoder) hashes(hs []hicache.PageID) {
 	for _, h := range hs {
 		x.do(x.e.EncodeBytes(h[:]))
 	}
-}
-
-// OffsetEndpoint is the endpoint of DP replica dp, as vLLM numbers them: a tcp:// port plus
-// dp, an inproc:// name with "_dp<dp>" appended; replica 0 keeps ep.
-func OffsetEndpoint(ep string, dp int) (string, error) {
-	if ep == "" || dp == 0 {
-		return ep, nil
-	}
-	switch {
-	case strings.HasPrefix(ep, "inproc://"):
-		return fmt.Sprintf("%s_dp%d", ep, dp), nil
-	case strings.HasPrefix(ep, "tcp://"):
-		i := strings.LastIndex(ep, ":")
-		port, err := strconv.Atoi(ep[i+1:])
-		if err != nil || i < len("tcp://") {
-			return "", fmt.Errorf("kvevents: endpoint %q has no port to offset for replica %d", ep, dp)
-		}
-		return fmt.Sprintf("%s:%d", ep[:i], port+dp), nil
-	}
-	return "", fmt.Errorf("kvevents: endpoint %q: want tcp:// or inproc:// to offset for replica %d", ep, dp)
 }

@@ -1,15 +1,12 @@
 package kvevents
 
 import (
-	"context"
-	"encoding/binary"
 	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cpcache/cpcache/hicache"
@@ -147,41 +144,18 @@ func TestPublisherFillsGapsAndReplays(t *testing.T) {
 	src.add(3, false, hicache.Event{Kind: hicache.EventRemoved, Tier: hicache.TierDevice, Hashes: ids(2)})
 	src.add(4, true, hicache.Event{Kind: hicache.EventCleared})
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	dealer := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("test")))
-	defer dealer.Close()
-	if err := dealer.Dial("tcp://" + p.replay.Addr().String()); err != nil {
-		t.Fatal(err)
-	}
+	_, replayEp := p.Endpoints()
+	dealer := dialZMTP(t, replayEp, "DEALER", true)
 	var got []uint64
 	for attempt := 0; len(got) < 5; attempt++ {
 		if attempt > 200 {
 			t.Fatalf("replay returned %v, want 0..4", got)
 		}
-		got = got[:0]
-		var from [8]byte
-		binary.BigEndian.PutUint64(from[:], 0)
-		if err := dealer.SendMulti(zmq4.NewMsgFrom(nil, from[:])); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			msg, err := dealer.Recv()
-			if err != nil {
-				t.Fatal(err)
+		got = replayAll(t, dealer, 10*time.Second)
+		for _, seq := range got {
+			if seq >= uint64(len(src.all)) {
+				t.Fatalf("replayed batch %d, never made", seq)
 			}
-			if len(msg.Frames) != 3 || len(msg.Frames[0]) != 0 {
-				t.Fatalf("replay message %q, want [empty, seq, payload]", msg.Frames)
-			}
-			seq := binary.BigEndian.Uint64(msg.Frames[1])
-			if seq == ^uint64(0) {
-				break
-			}
-			want, _ := Encode(src.all[seq])
-			if string(msg.Frames[2]) != string(want) {
-				t.Fatalf("replayed batch %d is not its encoding", seq)
-			}
-			got = append(got, seq)
 		}
 		if len(got) < 5 {
 			time.Sleep(5 * time.Millisecond) // the publisher has not sent them all yet
@@ -197,12 +171,36 @@ func TestOffsetEndpoint(t *testing.T) {
 		ep   string
 		dp   int
 		want string
-	}{{"tcp://*:5557", 0, "tcp://*:5557"}, {"tcp://*:5557", 3, "tcp://*:5560"}, {"tcp://[::1]:7000", 1, "tcp://[::1]:7001"}, {"inproc://ev", 2, "inproc://ev_dp2"}} {
-		if got, err := OffsetEndpoint(tc.ep, tc.dp); err != nil || got != tc.want {
+	}{{"tcp://*:5557", 0, "tcp://*:5557"}, {"tcp://*:5557", 3, "tcp://*:5560"}, {"tcp://[::1]:7000", 1, "tcp://[::1]:7001"},
+		{"inproc://ev", 2, "inproc://ev_dp2"}, {"tcp://*:65534", 1, "tcp://*:65535"}} {
+		if got, err := OffsetEndpoint(tc.ep, tc.dp, true); err != nil || got != tc.want {
 			t.Fatalf("OffsetEndpoint(%q, %d) = %q, %v; want %q", tc.ep, tc.dp, got, err, tc.want)
 		}
 	}
-	if _, err := OffsetEndpoint("tcp://host", 1); err == nil || !strings.Contains(err.Error(), `"tcp://host"`) {
-		t.Fatalf("no port: %v", err)
+	for _, tc := range []struct {
+		ep   string
+		dp   int
+		bind bool
+		want string
+	}{
+		{"tcp://host", 1, false, `endpoint "tcp://host" has no port`},
+		{"tcp://host", 0, false, `endpoint "tcp://host" has no port`},
+		{"tcp://*:99999", 0, true, `endpoint "tcp://*:99999": port 99999 is out of range (0-65535)`},
+		{"tcp://*:65535", 1, true, `endpoint "tcp://*:65535": replica 1 would use port 65536, above 65535`},
+		{"bogus://x", 0, true, `endpoint "bogus://x": unknown scheme "bogus"`},
+		{"5557", 0, true, `endpoint "5557": want tcp://HOST:PORT`},
+		{"tcp://host:5558", 0, true, `endpoint "tcp://host:5558" is bound: host "host" is not *, an IP address or localhost`},
+		{"tcp://a;b:5558", 0, false, `host "a;b" is not a host name`},
+		{"tcp://:5558", 0, false, `endpoint "tcp://:5558" has no host`},
+		{"tcp://*:x", 0, true, `port "x" is not a number`},
+		{"tcp://::1:5557", 0, true, `write the IPv6 address in brackets`},
+		{"tcp://127.0.0.1:0", 0, false, `port 0 can only be bound`},
+		{"ipc://", 0, true, `endpoint "ipc://" has no path`},
+		{"ipc:///tmp/" + strings.Repeat("x", 110), 0, true, "a Unix socket holds at most 107"},
+		{"ipc:///tmp/ev", 1, true, `want tcp:// or inproc:// to offset for replica 1`},
+	} {
+		if _, err := OffsetEndpoint(tc.ep, tc.dp, tc.bind); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("OffsetEndpoint(%q, %d, %v): %v, want %q", tc.ep, tc.dp, tc.bind, err, tc.want)
+		}
 	}
 }

@@ -118,9 +118,11 @@ type Config struct {
 
 	// KV events (see package hicache/kvevents): KVEvents is the ZMQ PUB endpoint each DP
 	// replica's rank 0 publishes on, in vLLM's format (replica d: the port plus d); "": none.
-	// KVEventsReplay is the replay (ROUTER) endpoint, numbered the same way; "": none.
-	KVEvents       string
-	KVEventsReplay string
+	// KVEventsReplay is the replay (ROUTER) endpoint, numbered the same way; "": none (and
+	// no history kept). KVEventsHistoryMiB bounds the replay history of each publisher.
+	KVEvents           string
+	KVEventsReplay     string
+	KVEventsHistoryMiB int
 
 	Faults []Fault // --fault: failures to inject (see FaultHelp)
 	Strict bool    // --strict: a divergence fails the run (exit 1) instead of quarantine and recovery
@@ -137,17 +139,18 @@ type Config struct {
 // and the built-in synthetic workload.
 func DefaultConfig() Config {
 	return Config{
-		Layout:          parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 0, DPAttention: true},
-		PageSize:        16,
-		L1Pages:         1024,
-		L2Pages:         3072,
-		Policy:          hicache.WriteThrough,
-		KVBytesPerToken: 512,
-		BatchTokens:     8192,
-		MaxRunning:      16,
-		Workload:        WorkloadSynthetic,
-		Synthetic:       DefaultSynthetic,
-		CUDADevice:      -1,
+		Layout:             parallel.LayoutConfig{World: 16, DP: 2, AttnCP: 8, EP: 0, DPAttention: true},
+		PageSize:           16,
+		L1Pages:            1024,
+		L2Pages:            3072,
+		Policy:             hicache.WriteThrough,
+		KVBytesPerToken:    512,
+		BatchTokens:        8192,
+		MaxRunning:         16,
+		Workload:           WorkloadSynthetic,
+		Synthetic:          DefaultSynthetic,
+		CUDADevice:         -1,
+		KVEventsHistoryMiB: 64,
 	}
 }
 

@@ -7,8 +7,11 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvevents"
+	"github.com/cpcache/cpcache/zmq"
 )
 
 // EnvKVEventsDump names a directory where each replica's publishing rank writes, after its
@@ -18,8 +21,10 @@ import (
 // from 1): for tests that rebuild them from the events.
 const EnvKVEventsDump = "CPCACHE_KV_EVENTS_DUMP"
 
-// checkKVEvents refuses --kv-events-replay without --kv-events, and endpoints that cannot
-// be numbered for the last replica, before any rank starts.
+// checkKVEvents refuses, before any rank starts: --kv-events-replay without --kv-events,
+// an endpoint that is malformed, that could not be bound where it must be, or that cannot
+// be numbered for the last replica (a port pushed past 65535), a negative history bound, and
+// a machine without libzmq.
 func (p *Plan) checkKVEvents() error {
 	c := &p.Config
 	if c.KVEvents == "" {
@@ -28,14 +33,39 @@ func (p *Plan) checkKVEvents() error {
 		}
 		return nil
 	}
-	last := p.Layout.AttnDP - 1
-	if _, err := kvevents.OffsetEndpoint(c.KVEvents, last); err != nil {
-		return bad("--kv-events %q: %v", c.KVEvents, err)
+	for _, dp := range []int{0, p.Layout.AttnDP - 1} {
+		if _, err := kvevents.OffsetEndpoint(c.KVEvents, dp, kvevents.Bindable(c.KVEvents)); err != nil {
+			return bad("--kv-events %q: %v", c.KVEvents, err)
+		}
+		if _, err := kvevents.OffsetEndpoint(c.KVEventsReplay, dp, true); err != nil {
+			return bad("--kv-events-replay %q: %v", c.KVEventsReplay, err)
+		}
 	}
-	if _, err := kvevents.OffsetEndpoint(c.KVEventsReplay, last); err != nil {
-		return bad("--kv-events-replay %q: %v", c.KVEventsReplay, err)
+	if c.KVEventsHistoryMiB < 0 {
+		return bad("--kv-events-history-mib %d is negative", c.KVEventsHistoryMiB)
+	}
+	if _, err := zmq.Open(); err != nil {
+		return bad("--kv-events %s: %v", c.KVEvents, err)
 	}
 	return nil
+}
+
+// kvEventOptions are the cache's event options for --kv-events: the cache keeps a ring
+// only for the replay socket (a quarter of the history's bound: the publisher fills gaps
+// of its subscription from it), none without one.
+func (c *Config) kvEventOptions() hicache.EventOptions {
+	if c.KVEventsReplay == "" {
+		return hicache.EventOptions{Enabled: true, NoRing: true}
+	}
+	return hicache.EventOptions{Enabled: true, Ring: 1024, RingBytes: c.kvHistoryBytes() / 4}
+}
+
+// kvHistoryBytes is --kv-events-history-mib in bytes (0: kvevents' default).
+func (c *Config) kvHistoryBytes() int64 {
+	if c.KVEventsHistoryMiB == 0 {
+		return kvevents.DefaultHistoryBytes
+	}
+	return int64(c.KVEventsHistoryMiB) << 20
 }
 
 type kvPublisher struct {
@@ -47,16 +77,17 @@ type kvPublisher struct {
 
 // startKVEvents publishes replica dp's events on its endpoints (see Config.KVEvents).
 func startKVEvents(cache *hicache.Cache, cfg *Config, dp, rank int) (*kvPublisher, error) {
-	ep, err := kvevents.OffsetEndpoint(cfg.KVEvents, dp)
+	ep, err := kvevents.OffsetEndpoint(cfg.KVEvents, dp, kvevents.Bindable(cfg.KVEvents))
 	if err != nil {
 		return nil, bad("--kv-events: %v", err)
 	}
-	replay, err := kvevents.OffsetEndpoint(cfg.KVEventsReplay, dp)
+	replay, err := kvevents.OffsetEndpoint(cfg.KVEventsReplay, dp, true)
 	if err != nil {
 		return nil, bad("--kv-events-replay: %v", err)
 	}
 	pub, err := kvevents.Start(cache, kvevents.Options{Endpoint: ep, ReplayEndpoint: replay,
-		Log: func(err error) { fmt.Fprintf(os.Stderr, "cpcache: rank %d: %v\n", rank, err) }})
+		HistoryBytes: cfg.kvHistoryBytes(),
+		Log:          func(err error) { fmt.Fprintf(os.Stderr, "cpcache: rank %d: %v\n", rank, err) }})
 	if err != nil {
 		return nil, fmt.Errorf("runner: rank %d (replica %d): %w", rank, dp, err)
 	}
@@ -100,4 +131,43 @@ func (p *kvPublisher) writeDump(cache *hicache.Cache, name string, nextSeq *uint
 		return err
 	}
 	return os.WriteFile(filepath.Join(p.dump, name), raw, 0o644)
+}
+
+// collectors export the publisher's counters (see kvevents.Stats).
+func (p *kvPublisher) collectors(labels prometheus.Labels) []prometheus.Collector {
+	var out []prometheus.Collector
+	family := func(name, help, label string, values map[string]func(kvevents.Stats) uint64) {
+		for v, get := range values {
+			l := prometheus.Labels{label: v}
+			for k, x := range labels {
+				l[k] = x
+			}
+			out = append(out, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "cpcache", Subsystem: "run",
+				Name: name, Help: help, ConstLabels: l}, func() float64 { return float64(get(p.pub.Stats())) }))
+		}
+	}
+	family("kv_event_batches_total", "KV event batches: published (taken by the PUB socket), send_failed (refused by it), lost (dropped before the publisher read them), replayed (sent in replay replies).", "outcome",
+		map[string]func(kvevents.Stats) uint64{
+			"published":   func(s kvevents.Stats) uint64 { return s.Published },
+			"send_failed": func(s kvevents.Stats) uint64 { return s.SendFailed },
+			"lost":        func(s kvevents.Stats) uint64 { return s.Lost },
+			"replayed":    func(s kvevents.Stats) uint64 { return s.ReplaySent },
+		})
+	family("kv_event_connections_total", "KV event socket connections: cut (a peer's frame or message over the bound, a message of more than 4 frames, not ZMTP 3), and as libzmq reports them, accepted, disconnected (a peer left or was cut), handshake_failed.", "event",
+		map[string]func(kvevents.Stats) uint64{
+			"cut":              func(s kvevents.Stats) uint64 { return s.Cut },
+			"accepted":         func(s kvevents.Stats) uint64 { return s.Accepted },
+			"disconnected":     func(s kvevents.Stats) uint64 { return s.Disconnected },
+			"handshake_failed": func(s kvevents.Stats) uint64 { return s.HandshakeFailed },
+		})
+	family("kv_event_replay_requests_total", "KV event replay requests: served (well-formed), bad (ignored), cut (the client left or read nothing for the replay timeout).", "outcome",
+		map[string]func(kvevents.Stats) uint64{
+			"served": func(s kvevents.Stats) uint64 { return s.ReplayRequests },
+			"bad":    func(s kvevents.Stats) uint64 { return s.ReplayBadRequests },
+			"cut":    func(s kvevents.Stats) uint64 { return s.ReplayCut },
+		})
+	out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cpcache", Subsystem: "run", Name: "kv_event_history_bytes",
+		Help: "Encoded bytes of the KV event batches kept for replay.", ConstLabels: labels},
+		func() float64 { return float64(p.pub.Stats().HistoryBytes) }))
+	return out
 }

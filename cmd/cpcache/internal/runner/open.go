@@ -43,7 +43,7 @@ func (p *Plan) jobConfig(rank int) job.Config {
 		}
 	}
 	if cfg.KVEvents != "" {
-		jc.Events = hicache.EventOptions{Enabled: true}
+		jc.Events = cfg.kvEventOptions()
 	}
 	return jc
 }

@@ -154,6 +154,9 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
 	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
+	if pub != nil {
+		reg.MustRegister(pub.collectors(metrics.RankLabels(p.Layout, rank).Labels())...)
+	}
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
 	if err != nil {
 		return nil, err

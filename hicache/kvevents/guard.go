@@ -1,0 +1,276 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// A guard stands in front of a bound libzmq socket: it listens on the public endpoint
+// (tcp:// or ipc://) and joins each connection to the socket's private ipc:// endpoint,
+// reading what the peer sends as the ZMTP 3 stream it must be (greeting, then frames) and
+// cutting the connection at the first frame over the size bound, or message of more than
+// maxFrames frames or more than the bound in all, before a byte of it reaches libzmq.
+// libzmq bounds each frame (ZMQ_MAXMSGSIZE) but holds every frame of a multipart message
+// until its last one: a peer sending an endless message would grow the rank's memory as
+// fast as it sends. What libzmq sends back is copied as is: a peer that does not read
+// fills its own connection, and libzmq's high-water mark then drops for it alone.
+type guard struct {
+	ln        net.Listener
+	private   string // the libzmq socket's path
+	maxBytes  uint64
+	maxFrames int
+	cut       *atomic.Uint64
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// maxFrames is the most frames a peer's message may have: a subscription has 1, a replay
+// request 2 ([empty, seq]).
+const maxFrames = 4
+
+// maxPeers is the most connections a guard holds at once; one more is closed at once
+// (counted with the cut ones). Each costs two goroutines, 32 KiB and libzmq's queues.
+const maxPeers = 1024
+
+// listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
+func listenPublic(ep string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			os.Remove(path) // a stale socket, as libzmq's bind does
+		}
+		return net.Listen("unix", path)
+	}
+	addr := strings.TrimPrefix(ep, "tcp://")
+	if strings.HasPrefix(addr, "*:") {
+		addr = addr[1:]
+	}
+	return net.Listen("tcp", addr)
+}
+
+// publicEndpoint is what a peer connects to: ep with a port 0 resolved.
+func publicEndpoint(ep string, ln net.Listener) string {
+	if strings.HasPrefix(ep, "tcp://") {
+		i := strings.LastIndex(ep, ":")
+		return fmt.Sprintf("%s:%d", ep[:i], ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ep
+}
+
+func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64) *guard {
+	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, conns: map[net.Conn]struct{}{}}
+	g.wg.Add(1)
+	go g.accept()
+	return g
+}
+
+func (g *guard) track(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		c.Close()
+		return false
+	}
+	g.conns[c] = struct{}{}
+	return true
+}
+
+func (g *guard) untrack(c net.Conn) {
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
+	c.Close()
+}
+
+func (g *guard) accept() {
+	defer g.wg.Done()
+	for {
+		peer, err := g.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // closed
+		}
+		g.mu.Lock()
+		full := len(g.conns) >= 2*maxPeers
+		g.mu.Unlock()
+		if full {
+			g.cut.Add(1)
+			peer.Close()
+			continue
+		}
+		inner, err := net.Dial("unix", g.private)
+		if err != nil {
+			peer.Close()
+			continue
+		}
+		if !g.track(peer) || !g.track(inner) {
+			peer.Close()
+			inner.Close()
+			continue
+		}
+		g.wg.Add(2)
+		go func() { // libzmq → peer, as is
+			defer g.wg.Done()
+			_, _ = io.Copy(peer, inner)
+			g.untrack(peer)
+			g.untrack(inner)
+		}()
+		go func() { // peer → libzmq, checked
+			defer g.wg.Done()
+			var bad *zmtpError
+			if err := g.forward(inner, peer); errors.As(err, &bad) {
+				g.cut.Add(1)
+			}
+			g.untrack(peer)
+			g.untrack(inner)
+		}()
+	}
+}
+
+// close stops accepting and closes every connection.
+func (g *guard) close() {
+	g.mu.Lock()
+	g.closed = true
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	g.ln.Close()
+	g.wg.Wait()
+}
+
+// zmtpError: the peer broke ZMTP or a bound.
+type zmtpError struct{ what string }
+
+func (e *zmtpError) Error() string { return "kvevents: peer cut: " + e.what }
+
+// forward copies what the peer sends to libzmq up to the first byte that breaks a bound
+// (a *zmtpError) or the end of either connection.
+func (g *guard) forward(dst io.Writer, src io.Reader) error {
+	ck := &zmtpChecker{maxBytes: g.maxBytes, maxFrames: g.maxFrames}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			ok, bad := ck.feed(buf[:n])
+			if ok > 0 {
+				if _, werr := dst.Write(buf[:ok]); werr != nil {
+					return werr
+				}
+			}
+			if bad != nil {
+				return bad
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// zmtpChecker follows a ZMTP 3 stream from the peer: the 64-byte greeting, then frames
+// (flags: 0x01 more, 0x02 long size, 0x04 command; a 1- or 8-byte size; the body).
+type zmtpChecker struct {
+	maxBytes  uint64
+	maxFrames int
+
+	greeting int     // greeting bytes seen (64 when done)
+	state    int     // stateFlags, stateSize or stateBody
+	flags    byte    // of the frame being read
+	size     [8]byte // its size bytes
+	sizeN    int     // size bytes read
+	left     uint64  // body bytes left
+	frames   int     // frames of the message so far
+	msgBytes uint64  // bytes of the message so far
+}
+
+const (
+	stateFlags = iota
+	stateSize
+	stateBody
+)
+
+// feed takes bytes the peer sent; it returns how many of them keep the stream valid, and
+// the violation after them, if any.
+func (c *zmtpChecker) feed(b []byte) (int, error) {
+	i := 0
+	for i < len(b) {
+		if c.greeting < 64 {
+			switch x := b[i]; {
+			case c.greeting == 0 && x != 0xff, c.greeting == 9 && x&0x01 == 0:
+				return i, &zmtpError{"not a ZMTP greeting"}
+			case c.greeting == 10 && x < 3:
+				return i, &zmtpError{fmt.Sprintf("ZMTP %d.x (want 3)", x)}
+			}
+			c.greeting++
+			i++
+			continue
+		}
+		switch c.state {
+		case stateFlags:
+			c.flags = b[i]
+			if c.flags&^0x07 != 0 || c.flags&0x05 == 0x05 {
+				return i, &zmtpError{fmt.Sprintf("frame flags %#x", c.flags)}
+			}
+			c.frames++
+			if c.frames > c.maxFrames {
+				return i, &zmtpError{fmt.Sprintf("a message of more than %d frames", c.maxFrames)}
+			}
+			c.state, c.sizeN = stateSize, 0
+			i++
+		case stateSize:
+			need := 1
+			if c.flags&0x02 != 0 {
+				need = 8
+			}
+			c.size[c.sizeN] = b[i]
+			c.sizeN++
+			i++
+			if c.sizeN < need {
+				continue
+			}
+			size := uint64(c.size[0])
+			if need == 8 {
+				size = binary.BigEndian.Uint64(c.size[:])
+			}
+			if size > c.maxBytes || c.msgBytes+size > c.maxBytes {
+				return max(0, i-need-1), &zmtpError{fmt.Sprintf("a frame of %d bytes (bound %d per message)", size, c.maxBytes)}
+			}
+			c.msgBytes += size
+			c.left, c.state = size, stateBody
+			if size == 0 {
+				c.endFrame()
+			}
+		case stateBody:
+			n := uint64(len(b) - i)
+			if n > c.left {
+				n = c.left
+			}
+			c.left -= n
+			i += int(n)
+			if c.left == 0 {
+				c.endFrame()
+			}
+		}
+	}
+	return i, nil
+}
+
+func (c *zmtpChecker) endFrame() {
+	c.state = stateFlags
+	if c.flags&0x01 == 0 { // the last frame of a message, or a command
+		c.frames, c.msgBytes = 0, 0
+	}
+}

@@ -1,0 +1,76 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+)
+
+// stream is a peer's ZMTP 3 bytes: the greeting, then frames [flags, body].
+func stream(frames ...[]byte) []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	out := g
+	for _, f := range frames {
+		flags, body := f[0], f[1:]
+		if len(body) > 255 {
+			out = binary.BigEndian.AppendUint64(append(out, flags|0x02), uint64(len(body)))
+		} else {
+			out = append(out, flags, byte(len(body)))
+		}
+		out = append(out, body...)
+	}
+	return out
+}
+
+// TestZMTPChecker: the guard's reader passes valid streams whole, however they are split,
+// and stops at the first byte of the first frame that breaks a bound.
+func TestZMTPChecker(t *testing.T) {
+	ready := append([]byte{0x04}, "\x05READY\x0bSocket-Type\x00\x00\x00\x03SUB"...)
+	more := func(n int) []byte { return append([]byte{0x01}, make([]byte, n)...) }
+	last := func(n int) []byte { return append([]byte{0x00}, make([]byte, n)...) }
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		ok   int    // bytes passed (-1: all)
+		want string // the violation ("": none)
+	}{
+		{"subscribe", stream(ready, []byte{0x00, 0x01}), -1, ""},
+		{"request", stream(ready, more(0), last(8)), -1, ""},
+		{"4 frames", stream(ready, more(1), more(1), more(1), last(1)), -1, ""},
+		{"5 frames", stream(ready, more(1), more(1), more(1), more(1), last(1)), len(stream(ready, more(1), more(1), more(1), more(1))), "more than 4 frames"},
+		{"big frame", stream(ready, last(64<<10+1)), len(stream(ready)), "a frame of 65537 bytes"},
+		{"big message", stream(ready, more(40<<10), last(40<<10)), len(stream(ready, more(40<<10))), "a frame of 40960 bytes"},
+		{"huge header", append(stream(ready), binary.BigEndian.AppendUint64([]byte{0x02}, 1<<62)...), len(stream(ready)), "a frame of 4611686018427387904 bytes"},
+		{"command with more", stream(ready, []byte{0x05, 1}), len(stream(ready)), "frame flags 0x5"},
+		{"reserved flag", stream(ready, []byte{0x08, 1}), len(stream(ready)), "frame flags 0x8"},
+		{"ZMTP 2", append([]byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 1}, make([]byte, 60)...), 10, "ZMTP 1.x"},
+		{"not ZMTP", []byte("GET / HTTP/1.1\r\n"), 0, "not a ZMTP greeting"},
+	} {
+		for _, step := range []int{1, 7, 1 << 20} {
+			ck := &zmtpChecker{maxBytes: DefaultMaxMessageBytes, maxFrames: maxFrames}
+			passed, in := 0, tc.in
+			var err error
+			for len(in) > 0 && err == nil {
+				n := min(step, len(in))
+				var ok int
+				ok, err = ck.feed(in[:n])
+				passed += ok
+				in = in[n:]
+			}
+			want := tc.ok
+			if want < 0 {
+				want = len(tc.in)
+			}
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("%s (step %d): %v, want %q", tc.name, step, err, tc.want)
+			}
+			// Split reads may have passed the bad frame's header (at most 9 bytes, no body):
+			// libzmq then sees the connection close.
+			if step == 1<<20 && passed != want || passed < want || passed > want+9 {
+				t.Errorf("%s (step %d): passed %d bytes, want %d", tc.name, step, passed, want)
+			}
+		}
+	}
+}
