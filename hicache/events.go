@@ -119,12 +119,12 @@ func newEventHub(o EventOptions, replica int) (*eventHub, error) {
 const batchOverhead = 64
 
 // EventBatchBytes is what a batch holds in memory, as the ring counts it: its events'
-// hashes (8 bytes each), token ids (4 bytes each) and keys, plus a fixed overhead per batch
+// page ids (core.PageIDSize bytes each), token ids (4 bytes each) and keys, plus a fixed overhead per batch
 // and per event.
 func EventBatchBytes(b EventBatch) int64 {
 	n := int64(batchOverhead)
 	for _, e := range b.Events {
-		n += batchOverhead + 8*int64(len(e.Hashes)) + 4*int64(len(e.Tokens)) + int64(len(e.Key))
+		n += batchOverhead + core.PageIDSize*int64(len(e.Hashes)) + 4*int64(len(e.Tokens)) + int64(len(e.Key))
 	}
 	return n
 }

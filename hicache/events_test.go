@@ -183,7 +183,7 @@ func (s *slowSubscriber) drain() []uint64 {
 
 // bigEvents is one stored page of tokens token ids.
 func bigEvents(seq, tokens int) []Event {
-	return []Event{{Kind: EventStored, Tier: TierDevice, Hashes: []uint64{uint64(seq) + 1}, Tokens: make([]int32, tokens)}}
+	return []Event{{Kind: EventStored, Tier: TierDevice, Hashes: PrefixHashes([]int32{int32(seq)}, 1), Tokens: make([]int32, tokens)}}
 }
 
 // TestEventRingBoundedInBytes: the ring keeps at most RingBytes of batches (each batch

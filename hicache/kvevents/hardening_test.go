@@ -38,7 +38,7 @@ func bigBatch(seq uint64, tokens int) hicache.EventBatch {
 		toks[i] = int32(1000 + (i*7919+int(seq))%30000)
 	}
 	return hicache.EventBatch{Seq: seq, Time: time.Unix(1700000000, 0), Events: []hicache.Event{{
-		Kind: hicache.EventStored, Tier: hicache.TierDevice, Hashes: []uint64{seq + 1}, Tokens: toks}}}
+		Kind: hicache.EventStored, Tier: hicache.TierDevice, Hashes: hicache.PrefixHashes([]int32{int32(seq)}, 1), Tokens: toks}}}
 }
 
 // feed hands n batches of tokens tokens from seq first on to the publisher, giving up at

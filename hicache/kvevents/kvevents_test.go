@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"encoding/binary"
 	"reflect"
 	"strings"
 	"sync"
