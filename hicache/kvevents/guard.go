@@ -19,19 +19,31 @@ import (
 // maxFrames frames or more than the bound in all, before a byte of it reaches libzmq.
 // libzmq bounds each frame (ZMQ_MAXMSGSIZE) but holds every frame of a multipart message
 // until its last one: a peer sending an endless message would grow the rank's memory as
-// fast as it sends. What libzmq sends back is copied as is: a peer that does not read
-// fills its own connection, and libzmq's high-water mark then drops for it alone.
+// fast as it sends. What libzmq sends toward the peer passes unchanged: for a PUB socket
+// through an outQueue per connection (out set), which reads libzmq at once and drops whole
+// messages, counted, for a peer whose queue is full; for the replay ROUTER as is, so that
+// a client that does not read fills its own connection and libzmq's queue (ReplayHWM),
+// which the replay loop sees (EAGAIN).
 type guard struct {
 	ln        net.Listener
 	private   string // the libzmq socket's path
 	maxBytes  uint64
 	maxFrames int
 	cut       *atomic.Uint64
+	out       *outConfig // per-subscriber queues; nil: copied as is
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	queues map[*outQueue]string // the subscribers' queues and their peers' addresses
 	closed bool
 	wg     sync.WaitGroup
+}
+
+// outConfig bounds each subscriber's outQueue.
+type outConfig struct {
+	maxBytes int64
+	maxMsgs  int
+	totals   *subscriberTotals
 }
 
 // maxFrames is the most frames a peer's message may have: a subscription has 1, a replay
@@ -39,7 +51,9 @@ type guard struct {
 const maxFrames = 4
 
 // maxPeers is the most connections a guard holds at once; one more is closed at once
-// (counted with the cut ones). Each costs two goroutines, 32 KiB and libzmq's queues.
+// (counted with the cut ones). Each costs two goroutines (three on a PUB socket) and
+// 32 KiB, plus, on a PUB socket, a 64 KiB read buffer and its queue (at most
+// Options.SubscriberQueueBytes), and libzmq's queues (kept short by the outQueue's reader).
 const maxPeers = 1024
 
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
@@ -66,8 +80,9 @@ func publicEndpoint(ep string, ln net.Listener) string {
 	return ep
 }
 
-func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64) *guard {
-	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, conns: map[net.Conn]struct{}{}}
+func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig) *guard {
+	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out,
+		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]string{}}
 	g.wg.Add(1)
 	go g.accept()
 	return g
@@ -120,23 +135,81 @@ func (g *guard) accept() {
 			inner.Close()
 			continue
 		}
-		g.wg.Add(2)
-		go func() { // libzmq → peer, as is
-			defer g.wg.Done()
-			_, _ = io.Copy(peer, inner)
+		var q *outQueue
+		if g.out != nil {
+			q = newOutQueue(g.out.maxBytes, g.out.maxMsgs, g.out.totals)
+			if !g.trackQueue(q, peer.RemoteAddr().String()) {
+				g.untrack(peer)
+				g.untrack(inner)
+				continue
+			}
+		}
+		end := func() {
 			g.untrack(peer)
 			g.untrack(inner)
-		}()
+			if q != nil {
+				g.untrackQueue(q)
+			}
+		}
+		if q == nil {
+			g.wg.Add(1)
+			go func() { // libzmq → peer, as is
+				defer g.wg.Done()
+				_, _ = io.Copy(peer, inner)
+				end()
+			}()
+		} else {
+			g.wg.Add(2)
+			go func() { // libzmq → queue, at once
+				defer g.wg.Done()
+				_ = q.read(inner)
+				end()
+			}()
+			go func() { // queue → peer
+				defer g.wg.Done()
+				_ = q.write(peer)
+				end()
+			}()
+		}
+		g.wg.Add(1)
 		go func() { // peer → libzmq, checked
 			defer g.wg.Done()
 			var bad *zmtpError
 			if err := g.forward(inner, peer); errors.As(err, &bad) {
 				g.cut.Add(1)
 			}
-			g.untrack(peer)
-			g.untrack(inner)
+			end()
 		}()
 	}
+}
+
+func (g *guard) trackQueue(q *outQueue, remote string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.queues[q] = remote
+	return true
+}
+
+// untrackQueue closes q (its writer ends, its bytes are uncounted) and forgets it.
+func (g *guard) untrackQueue(q *outQueue) {
+	q.close()
+	g.mu.Lock()
+	delete(g.queues, q)
+	g.mu.Unlock()
+}
+
+// subscribers lists the queues' stats.
+func (g *guard) subscribers() []SubscriberStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]SubscriberStats, 0, len(g.queues))
+	for q, remote := range g.queues {
+		out = append(out, q.stats(remote))
+	}
+	return out
 }
 
 // close stops accepting and closes every connection.
@@ -146,7 +219,14 @@ func (g *guard) close() {
 	for c := range g.conns {
 		c.Close()
 	}
+	queues := make([]*outQueue, 0, len(g.queues))
+	for q := range g.queues {
+		queues = append(queues, q)
+	}
 	g.mu.Unlock()
+	for _, q := range queues {
+		q.close()
+	}
 	g.ln.Close()
 	g.wg.Wait()
 }
