@@ -44,6 +44,7 @@ type outConfig struct {
 	maxBytes int64
 	maxMsgs  int
 	totals   *subscriberTotals
+	pool     *msgPool
 }
 
 // maxFrames is the most frames a peer's message may have: a subscription has 1, a replay
@@ -137,7 +138,7 @@ func (g *guard) accept() {
 		}
 		var q *outQueue
 		if g.out != nil {
-			q = newOutQueue(g.out.maxBytes, g.out.maxMsgs, g.out.totals)
+			q = newOutQueue(g.out.maxBytes, g.out.maxMsgs, g.out.totals, g.out.pool)
 			if !g.trackQueue(q, peer.RemoteAddr().String()) {
 				g.untrack(peer)
 				g.untrack(inner)

@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net"
 	"sync"
@@ -16,15 +18,18 @@ import (
 // queue holds at most maxBytes (counting the message being read) and maxMsgs messages: a
 // message that does not fit is dropped whole, so the stream the peer gets stays valid ZMTP,
 // and counted. A subscriber that does not read therefore holds at most maxBytes of the
-// rank's memory (plus the reader's buffer) and loses its own batches; no other waits.
+// rank's memory (plus the reader's buffers) and loses its own batches; no other waits.
+// Queues share the bytes of equal messages (msgPool): libzmq sends each subscriber the
+// same bytes for a batch, so subscribers stuck at once hold one copy of it.
 type outQueue struct {
 	maxBytes int64
 	maxMsgs  int
 	pubStats *subscriberTotals // the publisher's totals
+	pool     *msgPool
 
 	mu      sync.Mutex
 	wake    chan struct{} // signalled when units are queued or the queue closes
-	units   [][]byte      // whole units, oldest first
+	units   []outUnit     // whole units, oldest first
 	msgs    int           // messages among units
 	writing int           // messages the writer is sending
 	bytes   int64         // bytes of units plus the message being read
@@ -34,10 +39,65 @@ type outQueue struct {
 	recvd   atomic.Uint64 // messages libzmq sent for this subscriber
 }
 
+// An outUnit is a unit of the stream: a message (pooled) or the greeting or a command.
+type outUnit struct {
+	b []byte
+	p *pooled // nil: not pooled
+}
+
 // subscriberTotals are the publisher's counters over every subscriber's outQueue.
 type subscriberTotals struct {
 	dropped atomic.Uint64
-	queued  atomic.Int64 // bytes held now, all queues
+	queued  atomic.Int64 // bytes queued now, all queues (a shared message counted in each)
+	held    atomic.Int64 // bytes of the distinct messages the queues hold
+}
+
+// A msgPool holds one copy of each message queued for subscribers, shared by every queue
+// that holds an equal one (compared whole, not only by hash).
+type msgPool struct {
+	mu   sync.Mutex
+	seed maphash.Seed
+	m    map[uint64]*pooled
+	held *atomic.Int64
+}
+
+type pooled struct {
+	b    []byte
+	key  uint64
+	refs int
+}
+
+func newMsgPool(held *atomic.Int64) *msgPool {
+	return &msgPool{seed: maphash.MakeSeed(), m: map[uint64]*pooled{}, held: held}
+}
+
+// get returns the pooled copy of msg, made if none is held; msg is not kept.
+func (mp *msgPool) get(msg []byte) *pooled {
+	key := maphash.Bytes(mp.seed, msg)
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	if p := mp.m[key]; p != nil && bytes.Equal(p.b, msg) {
+		p.refs++
+		return p
+	}
+	p := &pooled{b: bytes.Clone(msg), key: key, refs: 1}
+	if mp.m[key] == nil { // else a different message of the same hash: kept apart
+		mp.m[key] = p
+	}
+	mp.held.Add(int64(len(p.b)))
+	return p
+}
+
+// put drops a reference to p.
+func (mp *msgPool) put(p *pooled) {
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	if p.refs--; p.refs == 0 {
+		if mp.m[p.key] == p {
+			delete(mp.m, p.key)
+		}
+		mp.held.Add(-int64(len(p.b)))
+	}
 }
 
 // SubscriberStats describes one subscriber connection of a bound PUB socket.
@@ -55,8 +115,8 @@ type SubscriberStats struct {
 	QueuedBytes   int64
 }
 
-func newOutQueue(maxBytes int64, maxMsgs int, totals *subscriberTotals) *outQueue {
-	return &outQueue{maxBytes: maxBytes, maxMsgs: maxMsgs, pubStats: totals, wake: make(chan struct{}, 1)}
+func newOutQueue(maxBytes int64, maxMsgs int, totals *subscriberTotals, pool *msgPool) *outQueue {
+	return &outQueue{maxBytes: maxBytes, maxMsgs: maxMsgs, pubStats: totals, pool: pool, wake: make(chan struct{}, 1)}
 }
 
 func (q *outQueue) signal() {
@@ -90,7 +150,8 @@ func (q *outQueue) release(n int64) {
 	q.pubStats.queued.Add(-n)
 }
 
-// push queues a unit whose bytes are reserved; a message past maxMsgs is dropped (false).
+// push queues a unit whose bytes are reserved; a message (taken from the pool; unit is
+// not kept) past maxMsgs is dropped (false).
 func (q *outQueue) push(unit []byte, message bool) bool {
 	q.mu.Lock()
 	if q.closed {
@@ -102,13 +163,25 @@ func (q *outQueue) push(unit []byte, message bool) bool {
 		q.release(int64(len(unit)))
 		return false
 	}
-	q.units = append(q.units, unit)
+	u := outUnit{b: unit}
 	if message {
+		u.p = q.pool.get(unit)
+		u.b = u.p.b
 		q.msgs++
 	}
+	q.units = append(q.units, u)
 	q.mu.Unlock()
 	q.signal()
 	return true
+}
+
+// unpool drops the pool's references of units.
+func (q *outQueue) unpool(units []outUnit) {
+	for _, u := range units {
+		if u.p != nil {
+			q.pool.put(u.p)
+		}
+	}
 }
 
 // close ends the writer and uncounts what is left.
@@ -119,10 +192,11 @@ func (q *outQueue) close() {
 		return
 	}
 	q.closed = true
-	left := q.bytes
+	left, units := q.bytes, q.units
 	q.bytes, q.units, q.msgs = 0, nil, 0
 	q.mu.Unlock()
 	q.pubStats.queued.Add(-left)
+	q.unpool(units)
 	q.signal()
 }
 
@@ -152,11 +226,13 @@ func (q *outQueue) write(peer net.Conn) error {
 		q.units, q.msgs, q.writing = nil, 0, msgs
 		q.mu.Unlock()
 		var n int64
-		for _, u := range units {
-			n += int64(len(u))
+		bufs := make(net.Buffers, len(units))
+		for i, u := range units {
+			n += int64(len(u.b))
+			bufs[i] = u.b
 		}
-		bufs := net.Buffers(units)
 		_, err := bufs.WriteTo(peer)
+		q.unpool(units)
 		q.mu.Lock()
 		if !q.closed {
 			q.bytes -= n
@@ -205,6 +281,7 @@ type streamSplitter struct {
 	sizeN    int
 	left     uint64 // body bytes left
 	unit     []byte // the unit being read; nil while a message is being dropped
+	scratch  []byte // kept for the next message (the pool copies each message)
 	inMsg    bool   // a message has begun
 	dropping bool   // the message being read is dropped
 	reserved int64  // bytes reserved for the unit being read
@@ -276,6 +353,9 @@ func (s *streamSplitter) feed(b []byte) error {
 				s.unit, s.dropping = nil, true
 			default:
 				if s.unit == nil {
+					s.unit = s.scratch[:0]
+				}
+				if s.unit == nil {
 					s.unit = make([]byte, 0, frame)
 				}
 				s.reserved += int64(frame)
@@ -306,6 +386,9 @@ func (s *streamSplitter) feed(b []byte) error {
 	return nil
 }
 
+// maxScratch is the largest message buffer a splitter keeps between messages.
+const maxScratch = 256 << 10
+
 // endFrame ends a frame: a command is queued as it is; the last frame of a message ends
 // the message, queued unless it is dropped (it did not fit, or the queue holds maxMsgs).
 func (s *streamSplitter) endFrame() {
@@ -321,6 +404,9 @@ func (s *streamSplitter) endFrame() {
 		if s.dropping || !q.push(s.unit, true) {
 			q.dropped.Add(1)
 			q.pubStats.dropped.Add(1)
+		}
+		if s.unit != nil && cap(s.unit) <= maxScratch {
+			s.scratch = s.unit[:0]
 		}
 		s.inMsg, s.dropping = false, false
 	}

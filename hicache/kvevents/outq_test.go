@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"encoding/binary"
 	"os"
 	"strconv"
 	"strings"
@@ -118,8 +119,8 @@ func manyStuckPhase(t *testing.T, stuck, n, tokens int, bound int64) manyStuckRe
 		t.Errorf("Stats.SubscriberDropped %d, the subscribers' drops sum to %d", st.SubscriberDropped, dropped)
 	}
 	conns := int64(stuck + 1)
-	if st.SubscriberQueuedBytes > conns*bound {
-		t.Errorf("%d bytes queued for %d subscribers, bound %d each", st.SubscriberQueuedBytes, conns, bound)
+	if st.SubscriberQueuedBytes > conns*bound || st.SubscriberHeldBytes > st.SubscriberQueuedBytes {
+		t.Errorf("%d bytes queued for %d subscribers (bound %d each), %d held", st.SubscriberQueuedBytes, conns, bound, st.SubscriberHeldBytes)
 	}
 	// Each connection: its queue, the reader's 64 KiB and the forwarder's 32 KiB buffers,
 	// goroutines; 8 MiB for the rest of the process.
@@ -134,8 +135,12 @@ func manyStuckPhase(t *testing.T, stuck, n, tokens int, bound int64) manyStuckRe
 	if rss1 > rss0 {
 		r.rssGrown = rss1 - rss0
 	}
-	t.Logf("%d stuck: reader got %d of %d batches; dropped %d in all (%.0f per stuck subscriber); queued %s; heap +%s, RSS +%s",
-		stuck, r.read, n, dropped, float64(dropped)/float64(max(stuck, 1)), mib(uint64(st.SubscriberQueuedBytes)), mib(r.heapGrown), mib(r.rssGrown))
+	t.Logf("%d stuck: reader got %d of %d batches; dropped %d in all (%.0f per stuck subscriber); queued %s, held %s; heap +%s, RSS +%s",
+		stuck, r.read, n, dropped, float64(dropped)/float64(max(stuck, 1)), mib(uint64(st.SubscriberQueuedBytes)), mib(uint64(st.SubscriberHeldBytes)), mib(r.heapGrown), mib(r.rssGrown))
+	p.Close()
+	if st := p.Stats(); st.SubscriberQueuedBytes != 0 || st.SubscriberHeldBytes != 0 {
+		t.Errorf("closed, the queues still count %d bytes queued, %d held", st.SubscriberQueuedBytes, st.SubscriberHeldBytes)
+	}
 	return r
 }
 
@@ -164,5 +169,127 @@ func TestManyStuckSubscribers(t *testing.T) {
 	t.Logf("reader alone: %d of %d batches; beside %d stuck subscribers: %d (ratio %.2f)", alone.read, n, stuck, beside.read, float64(beside.read)/float64(alone.read))
 	if alone.read == 0 || 2*beside.read < alone.read {
 		t.Fatalf("beside %d stuck subscribers the reader got %d batches, alone %d: want at least half", stuck, beside.read, alone.read)
+	}
+}
+
+// pubStream is what libzmq sends a subscriber: its greeting, READY, then msgs, each
+// [topic, seq, payload] (payloads over 255 bytes in long frames).
+func pubStream(msgs ...[]byte) []byte {
+	ready := append([]byte{0x04}, "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"...)
+	var frames [][]byte
+	frames = append(frames, ready)
+	for i, m := range msgs {
+		frames = append(frames, []byte{0x01}, append([]byte{0x01}, byte(i), 0, 0, 0, 0, 0, 0, 0), append([]byte{0x00}, m...))
+	}
+	return stream(frames...)
+}
+
+// parseUnits checks that b is a valid ZMTP stream from a PUB (greeting, commands, whole
+// 3-frame messages) and returns the messages' payloads.
+func parseUnits(t *testing.T, b []byte) [][]byte {
+	t.Helper()
+	if len(b) < 64 || b[0] != 0xff {
+		t.Fatalf("no greeting")
+	}
+	b = b[64:]
+	var out [][]byte
+	var msg [][]byte
+	for len(b) > 0 {
+		flags := b[0]
+		var n uint64
+		if flags&0x02 != 0 {
+			n, b = binary.BigEndian.Uint64(b[1:9]), b[9:]
+		} else {
+			n, b = uint64(b[1]), b[2:]
+		}
+		if uint64(len(b)) < n {
+			t.Fatalf("a frame of %d bytes cut at %d", n, len(b))
+		}
+		body := b[:n]
+		b = b[n:]
+		if flags&0x04 != 0 {
+			if len(msg) > 0 {
+				t.Fatal("a command inside a message")
+			}
+			continue
+		}
+		msg = append(msg, body)
+		if flags&0x01 == 0 {
+			if len(msg) != 3 {
+				t.Fatalf("a message of %d frames", len(msg))
+			}
+			out = append(out, msg[2])
+			msg = nil
+		}
+	}
+	if len(msg) > 0 {
+		t.Fatal("the stream ends inside a message")
+	}
+	return out
+}
+
+// TestStreamSplitter: the subscriber's queue passes the handshake and whole messages
+// however libzmq's stream is split; when a message does not fit it is dropped whole and
+// counted, and what is queued stays a valid ZMTP stream; equal messages of two queues share
+// their bytes.
+func TestStreamSplitter(t *testing.T) {
+	var msgs [][]byte
+	for i := 0; i < 12; i++ {
+		m := make([]byte, 100+i*300) // short and long frames
+		for j := range m {
+			m[j] = byte(i + j)
+		}
+		msgs = append(msgs, m)
+	}
+	in := pubStream(msgs...)
+	for _, bound := range []int64{1 << 20, 4 << 10} {
+		for _, step := range []int{1, 7, 4096, len(in)} {
+			var totals subscriberTotals
+			pool := newMsgPool(&totals.held)
+			q := newOutQueue(bound, 1000, &totals, pool)
+			sp := &streamSplitter{q: q}
+			for b := in; len(b) > 0; {
+				k := min(step, len(b))
+				if err := sp.feed(b[:k]); err != nil {
+					t.Fatalf("bound %d step %d: %v", bound, step, err)
+				}
+				b = b[k:]
+			}
+			var out []byte
+			for _, u := range q.units {
+				out = append(out, u.b...)
+			}
+			got := parseUnits(t, out)
+			s := q.stats("x")
+			if s.Received != uint64(len(msgs)) || s.Received != s.Dropped+uint64(s.QueuedBatches) || s.QueuedBytes != int64(len(out)) || totals.queued.Load() != int64(len(out)) {
+				t.Fatalf("bound %d step %d: %+v, %d bytes out, totals %d", bound, step, s, len(out), totals.queued.Load())
+			}
+			if bound == 1<<20 && len(got) != len(msgs) || bound < 1<<20 && (s.Dropped == 0 || len(got) == 0) || s.QueuedBytes > bound {
+				t.Fatalf("bound %d step %d: %d of %d messages queued, %+v", bound, step, len(got), len(msgs), s)
+			}
+			// The queued ones are the first ones that fitted, in order, whole.
+			for i, j := 0, 0; i < len(got); i++ {
+				for j < len(msgs) && len(msgs[j]) != len(got[i]) {
+					j++
+				}
+				if j == len(msgs) || string(msgs[j]) != string(got[i]) {
+					t.Fatalf("bound %d step %d: message %d is no message sent", bound, step, i)
+				}
+			}
+			// A second queue fed the same stream shares the pooled messages.
+			held := totals.held.Load()
+			q2 := newOutQueue(bound, 1000, &totals, pool)
+			if err := (&streamSplitter{q: q2}).feed(in); err != nil {
+				t.Fatal(err)
+			}
+			if bound == 1<<20 && totals.held.Load() != held {
+				t.Fatalf("two queues of the same messages hold %d bytes, one %d", totals.held.Load(), held)
+			}
+			q.close()
+			q2.close()
+			if totals.queued.Load() != 0 || totals.held.Load() != 0 {
+				t.Fatalf("closed queues count %d queued, %d held", totals.queued.Load(), totals.held.Load())
+			}
+		}
 	}
 }

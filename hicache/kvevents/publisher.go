@@ -119,8 +119,11 @@ type Stats struct {
 	// SubscriberDropped: batches dropped for a subscriber whose queue was full, summed over
 	// subscribers (a batch dropped for 3 counts 3).
 	SubscriberDropped uint64
-	// SubscriberQueuedBytes: bytes the subscribers' queues hold now, all together.
-	SubscriberQueuedBytes int64
+	// SubscriberQueuedBytes: bytes the subscribers' queues hold now, all together (a batch
+	// queued for n subscribers counts n times; each queue's is bounded by
+	// SubscriberQueueBytes). SubscriberHeldBytes: the memory they take, equal batches
+	// being held once.
+	SubscriberQueuedBytes, SubscriberHeldBytes int64
 	// SendFailed: batches the PUB socket refused (not sent to anyone).
 	SendFailed uint64
 	// Lost: batches the source dropped before the publisher read them (its channel was
@@ -295,7 +298,7 @@ func (p *Publisher) bind(s *zmq.Socket, ep, name string) (string, error) {
 	}
 	var out *outConfig
 	if s == p.pub {
-		out = &outConfig{maxBytes: p.opts.SubscriberQueueBytes, maxMsgs: p.opts.SendHWM, totals: &p.subs}
+		out = &outConfig{maxBytes: p.opts.SubscriberQueueBytes, maxMsgs: p.opts.SendHWM, totals: &p.subs, pool: newMsgPool(&p.subs.held)}
 	}
 	g := startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut, out)
 	if out != nil {
@@ -356,6 +359,7 @@ func (p *Publisher) Stats() Stats {
 		ReplaySent: p.replaySent.Load(), ReplayCut: p.replayCut.Load(),
 		HistoryBatches: n, HistoryBytes: b,
 		SubscriberDropped: p.subs.dropped.Load(), SubscriberQueuedBytes: p.subs.queued.Load(),
+		SubscriberHeldBytes: p.subs.held.Load(),
 	}
 }
 
