@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A guard stands in front of a bound libzmq socket: it listens on the public endpoint
@@ -23,14 +24,16 @@ import (
 // through an outQueue per connection (out set), which reads libzmq at once and drops whole
 // messages, counted, for a peer whose queue is full; for the replay ROUTER as is, so that
 // a client that does not read fills its own connection and libzmq's queue (ReplayHWM),
-// which the replay loop sees (EAGAIN).
+// which the replay loop sees (EAGAIN); one whose connection takes nothing for
+// ReplayTimeout is closed, which frees what libzmq queued for it.
 type guard struct {
 	ln        net.Listener
 	private   string // the libzmq socket's path
 	maxBytes  uint64
 	maxFrames int
 	cut       *atomic.Uint64
-	out       *outConfig // per-subscriber queues; nil: copied as is
+	out       *outConfig    // per-subscriber queues; nil: copied as is
+	stall     time.Duration // without out: a write to the peer blocked this long closes it
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -53,8 +56,9 @@ const maxFrames = 4
 
 // maxPeers is the most connections a guard holds at once; one more is closed at once
 // (counted with the cut ones). Each costs two goroutines (three on a PUB socket) and
-// 32 KiB, plus, on a PUB socket, a 64 KiB read buffer and its queue (at most
-// Options.SubscriberQueueBytes), and libzmq's queues (kept short by the outQueue's reader).
+// 32 KiB, plus, on a PUB socket, a 32 KiB read buffer, the buffer of the batch being read
+// (kept up to 256 KiB) and its queue (at most Options.SubscriberQueueBytes, equal batches
+// shared among queues), and libzmq's queues (kept short by the outQueue's reader).
 const maxPeers = 1024
 
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
@@ -81,8 +85,8 @@ func publicEndpoint(ep string, ln net.Listener) string {
 	return ep
 }
 
-func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig) *guard {
-	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out,
+func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig, stall time.Duration) *guard {
+	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out, stall: stall,
 		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]string{}}
 	g.wg.Add(1)
 	go g.accept()
@@ -156,7 +160,7 @@ func (g *guard) accept() {
 			g.wg.Add(1)
 			go func() { // libzmq → peer, as is
 				defer g.wg.Done()
-				_, _ = io.Copy(peer, inner)
+				_ = copyStalling(peer, inner, g.stall)
 				end()
 			}()
 		} else {
@@ -211,6 +215,26 @@ func (g *guard) subscribers() []SubscriberStats {
 		out = append(out, q.stats(remote))
 	}
 	return out
+}
+
+// copyStalling copies src to dst until either ends or a write to dst stays blocked for
+// stall (a peer that reads nothing; 0: no bound).
+func copyStalling(dst net.Conn, src io.Reader, stall time.Duration) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if stall > 0 {
+				_ = dst.SetWriteDeadline(time.Now().Add(stall))
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // close stops accepting and closes every connection.

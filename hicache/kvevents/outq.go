@@ -254,7 +254,7 @@ func (q *outQueue) write(peer net.Conn) error {
 func (q *outQueue) read(src io.Reader) error {
 	sp := &streamSplitter{q: q}
 	defer sp.abandon()
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {

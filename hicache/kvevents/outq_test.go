@@ -293,3 +293,39 @@ func TestStreamSplitter(t *testing.T) {
 		}
 	}
 }
+
+// TestStuckReplayClientClosed: a replay client that asks for everything and reads nothing
+// is closed once its connection takes nothing for ReplayTimeout, which frees what libzmq
+// queued for it (up to ReplayHWM batches); left open, a thousand such clients would each
+// keep 64 batches.
+func TestStuckReplayClientClosed(t *testing.T) {
+	const n, tokens = 300, 8192
+	d := shortDir(t)
+	ep, replayEp := "ipc://"+d+"/pub", "ipc://"+d+"/replay"
+	src := newStreamSource()
+	p, err := Start(src, stuckReplayOptions(ep, replayEp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if fed := src.feed(0, n, tokens, time.Now().Add(20*time.Second)); fed != n {
+		t.Fatalf("fed %d of %d batches", fed, n)
+	}
+	if !waitFor(20*time.Second, func() bool { return p.Stats().HistoryBatches == n }) {
+		t.Fatalf("the history holds %d of %d batches", p.Stats().HistoryBatches, n)
+	}
+	stuck := dialZMTPBuf(t, replayEp, "DEALER", true, 4096)
+	stuck.send(t, nil, make([]byte, 8))
+	if !waitFor(20*time.Second, func() bool { return p.Stats().ReplayCut > 0 }) {
+		t.Fatalf("the stuck client's reply is not cut: %+v", p.Stats())
+	}
+	time.Sleep(4 * stuckReplayOptions(ep, replayEp).ReplayTimeout) // the stall bound passes
+	if !stuck.closedWithin(10 * time.Second) {
+		t.Fatal("the replay client that read nothing is still connected")
+	}
+	// Another client is served in full.
+	reader := dialZMTP(t, replayEp, "DEALER", true)
+	if got := replayAll(t, reader, 20*time.Second); len(got) != n {
+		t.Fatalf("replay after the stuck client: %d batches, want %d", len(got), n)
+	}
+}

@@ -60,8 +60,9 @@ type Options struct {
 	// connection; a batch that does not fit (or past SendHWM batches) is dropped whole for
 	// that subscriber alone, counted (Stats.SubscriberDropped, Subscribers). A batch larger
 	// than the bound reaches no subscriber (each sees the gap and may replay it). Memory per
-	// subscriber that does not read is at most this plus 64 KiB. A PUB that connects to a
-	// subscriber (not bound) has libzmq's SendHWM only.
+	// subscriber that does not read is at most this plus 320 KiB of buffers, and a batch
+	// queued for several subscribers is held once. A PUB that connects to a subscriber
+	// (not bound) has libzmq's SendHWM only.
 	SubscriberQueueBytes int64
 	// HistoryBytes bounds the batches kept for replay, in encoded bytes (default 64 MiB):
 	// the oldest leave first. Without ReplayEndpoint nothing is kept.
@@ -300,7 +301,11 @@ func (p *Publisher) bind(s *zmq.Socket, ep, name string) (string, error) {
 	if s == p.pub {
 		out = &outConfig{maxBytes: p.opts.SubscriberQueueBytes, maxMsgs: p.opts.SendHWM, totals: &p.subs, pool: newMsgPool(&p.subs.held)}
 	}
-	g := startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut, out)
+	var stall time.Duration
+	if s == p.replay {
+		stall = p.opts.ReplayTimeout
+	}
+	g := startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut, out, stall)
 	if out != nil {
 		p.pubG = g
 	}
