@@ -37,7 +37,8 @@ type guard struct {
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
-	queues map[*outQueue]string // the subscribers' queues and their peers' addresses
+	queues map[*outQueue]queueName // the subscribers' queues
+	nconns uint64                  // connections numbered so far
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -87,7 +88,7 @@ func publicEndpoint(ep string, ln net.Listener) string {
 
 func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig, stall time.Duration) *guard {
 	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out, stall: stall,
-		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]string{}}
+		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]queueName{}}
 	g.wg.Add(1)
 	go g.accept()
 	return g
@@ -188,13 +189,20 @@ func (g *guard) accept() {
 	}
 }
 
+// queueName names a subscriber's queue: its connection's number and peer address.
+type queueName struct {
+	conn   uint64
+	remote string
+}
+
 func (g *guard) trackQueue(q *outQueue, remote string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return false
 	}
-	g.queues[q] = remote
+	g.nconns++
+	g.queues[q] = queueName{g.nconns, remote}
 	return true
 }
 
@@ -211,8 +219,8 @@ func (g *guard) subscribers() []SubscriberStats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make([]SubscriberStats, 0, len(g.queues))
-	for q, remote := range g.queues {
-		out = append(out, q.stats(remote))
+	for q, name := range g.queues {
+		out = append(out, q.stats(name.conn, name.remote))
 	}
 	return out
 }

@@ -102,7 +102,8 @@ func (mp *msgPool) put(p *pooled) {
 
 // SubscriberStats describes one subscriber connection of a bound PUB socket.
 type SubscriberStats struct {
-	// Remote is the peer's address.
+	// Conn numbers the connection (from 1, per socket); Remote is the peer's address.
+	Conn   uint64
 	Remote string
 	// Received: batches libzmq handed on for this subscriber (those it subscribed to);
 	// Delivered: batches written to its connection; Dropped: batches dropped because its
@@ -158,7 +159,7 @@ func (q *outQueue) push(unit []byte, message bool) bool {
 		q.mu.Unlock()
 		return false
 	}
-	if message && q.msgs >= q.maxMsgs {
+	if message && q.msgs+q.writing >= q.maxMsgs {
 		q.mu.Unlock()
 		q.release(int64(len(unit)))
 		return false
@@ -201,11 +202,11 @@ func (q *outQueue) close() {
 }
 
 // stats is the queue's line of Publisher.Subscribers.
-func (q *outQueue) stats(remote string) SubscriberStats {
+func (q *outQueue) stats(conn uint64, remote string) SubscriberStats {
 	q.mu.Lock()
 	n, b := q.msgs+q.writing, q.bytes
 	q.mu.Unlock()
-	return SubscriberStats{Remote: remote, Received: q.recvd.Load(), Delivered: q.delvd.Load(),
+	return SubscriberStats{Conn: conn, Remote: remote, Received: q.recvd.Load(), Delivered: q.delvd.Load(),
 		Dropped: q.dropped.Load(), QueuedBatches: n, QueuedBytes: b}
 }
 
