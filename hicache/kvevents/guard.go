@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A guard stands in front of a bound libzmq socket: it listens on the public endpoint
@@ -19,19 +20,35 @@ import (
 // maxFrames frames or more than the bound in all, before a byte of it reaches libzmq.
 // libzmq bounds each frame (ZMQ_MAXMSGSIZE) but holds every frame of a multipart message
 // until its last one: a peer sending an endless message would grow the rank's memory as
-// fast as it sends. What libzmq sends back is copied as is: a peer that does not read
-// fills its own connection, and libzmq's high-water mark then drops for it alone.
+// fast as it sends. What libzmq sends toward the peer passes unchanged: for a PUB socket
+// through an outQueue per connection (out set), which reads libzmq at once and drops whole
+// messages, counted, for a peer whose queue is full; for the replay ROUTER as is, so that
+// a client that does not read fills its own connection and libzmq's queue (ReplayHWM),
+// which the replay loop sees (EAGAIN); one whose connection takes nothing for
+// ReplayTimeout is closed, which frees what libzmq queued for it.
 type guard struct {
 	ln        net.Listener
 	private   string // the libzmq socket's path
 	maxBytes  uint64
 	maxFrames int
 	cut       *atomic.Uint64
+	out       *outConfig    // per-subscriber queues; nil: copied as is
+	stall     time.Duration // without out: a write to the peer blocked this long closes it
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	queues map[*outQueue]queueName // the subscribers' queues
+	nconns uint64                  // connections numbered so far
 	closed bool
 	wg     sync.WaitGroup
+}
+
+// outConfig bounds each subscriber's outQueue.
+type outConfig struct {
+	maxBytes int64
+	maxMsgs  int
+	totals   *subscriberTotals
+	pool     *msgPool
 }
 
 // maxFrames is the most frames a peer's message may have: a subscription has 1, a replay
@@ -39,7 +56,10 @@ type guard struct {
 const maxFrames = 4
 
 // maxPeers is the most connections a guard holds at once; one more is closed at once
-// (counted with the cut ones). Each costs two goroutines, 32 KiB and libzmq's queues.
+// (counted with the cut ones). Each costs two goroutines (three on a PUB socket) and
+// 32 KiB, plus, on a PUB socket, a 32 KiB read buffer, the buffer of the batch being read
+// (kept up to 256 KiB) and its queue (at most Options.SubscriberQueueBytes, equal batches
+// shared among queues), and libzmq's queues (kept short by the outQueue's reader).
 const maxPeers = 1024
 
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
@@ -66,8 +86,9 @@ func publicEndpoint(ep string, ln net.Listener) string {
 	return ep
 }
 
-func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64) *guard {
-	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, conns: map[net.Conn]struct{}{}}
+func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig, stall time.Duration) *guard {
+	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out, stall: stall,
+		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]queueName{}}
 	g.wg.Add(1)
 	go g.accept()
 	return g
@@ -120,22 +141,107 @@ func (g *guard) accept() {
 			inner.Close()
 			continue
 		}
-		g.wg.Add(2)
-		go func() { // libzmq → peer, as is
-			defer g.wg.Done()
-			_, _ = io.Copy(peer, inner)
+		var q *outQueue
+		if g.out != nil {
+			q = newOutQueue(g.out.maxBytes, g.out.maxMsgs, g.out.totals, g.out.pool)
+			if !g.trackQueue(q, peer.RemoteAddr().String()) {
+				g.untrack(peer)
+				g.untrack(inner)
+				continue
+			}
+		}
+		end := func() {
 			g.untrack(peer)
 			g.untrack(inner)
-		}()
+			if q != nil {
+				g.untrackQueue(q)
+			}
+		}
+		if q == nil {
+			g.wg.Add(1)
+			go func() { // libzmq → peer, as is
+				defer g.wg.Done()
+				_ = copyStalling(peer, inner, g.stall)
+				end()
+			}()
+		} else {
+			g.wg.Add(2)
+			go func() { // libzmq → queue, at once
+				defer g.wg.Done()
+				_ = q.read(inner)
+				end()
+			}()
+			go func() { // queue → peer
+				defer g.wg.Done()
+				_ = q.write(peer)
+				end()
+			}()
+		}
+		g.wg.Add(1)
 		go func() { // peer → libzmq, checked
 			defer g.wg.Done()
 			var bad *zmtpError
 			if err := g.forward(inner, peer); errors.As(err, &bad) {
 				g.cut.Add(1)
 			}
-			g.untrack(peer)
-			g.untrack(inner)
+			end()
 		}()
+	}
+}
+
+// queueName names a subscriber's queue: its connection's number and peer address.
+type queueName struct {
+	conn   uint64
+	remote string
+}
+
+func (g *guard) trackQueue(q *outQueue, remote string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.nconns++
+	g.queues[q] = queueName{g.nconns, remote}
+	return true
+}
+
+// untrackQueue closes q (its writer ends, its bytes are uncounted) and forgets it.
+func (g *guard) untrackQueue(q *outQueue) {
+	q.close()
+	g.mu.Lock()
+	delete(g.queues, q)
+	g.mu.Unlock()
+}
+
+// subscribers lists the queues' stats.
+func (g *guard) subscribers() []SubscriberStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]SubscriberStats, 0, len(g.queues))
+	for q, name := range g.queues {
+		out = append(out, q.stats(name.conn, name.remote))
+	}
+	return out
+}
+
+// copyStalling copies src to dst until either ends or a write to dst stays blocked for
+// stall (a peer that reads nothing; 0: no bound).
+func copyStalling(dst net.Conn, src io.Reader, stall time.Duration) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if stall > 0 {
+				_ = dst.SetWriteDeadline(time.Now().Add(stall))
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			return err
+		}
 	}
 }
 
@@ -146,7 +252,14 @@ func (g *guard) close() {
 	for c := range g.conns {
 		c.Close()
 	}
+	queues := make([]*outQueue, 0, len(g.queues))
+	for q := range g.queues {
+		queues = append(queues, q)
+	}
 	g.mu.Unlock()
+	for _, q := range queues {
+		q.close()
+	}
 	g.ln.Close()
 	g.wg.Wait()
 }

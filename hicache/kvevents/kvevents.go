@@ -43,16 +43,29 @@
 //     listener, a peer sending an endless message grows the rank's memory as fast as it
 //     sends. Stats.Accepted, Disconnected and HandshakeFailed count what libzmq's socket
 //     monitor reports.
-//   - ZMQ_SNDHWM (Options.SendHWM, 1000 batches) per subscriber: one that does not read
-//     loses its own batches and no other waits. libzmq drops them silently (its drop
-//     counter is a draft API, not in Debian's build), so a subscriber sees the loss as a
-//     gap in seq and recovers it through replay; Stats.SendFailed counts only what the PUB
-//     socket itself refused.
+//   - on a bound PUB socket the listener also takes what libzmq sends each subscriber at
+//     once and queues it per connection, as whole messages, in a queue bounded in bytes
+//     (Options.SubscriberQueueBytes, 4 MiB) and in batches (Options.SendHWM, 1000), written
+//     to the subscriber by its own goroutine: a batch that does not fit is dropped whole for
+//     that subscriber alone (the stream stays valid ZMTP), counted (Stats.SubscriberDropped,
+//     per connection Publisher.Subscribers); it sees the gap in seq and may replay. No
+//     other subscriber waits, and the memory is bounded: per connection at most
+//     SubscriberQueueBytes plus 320 KiB of buffers (a 32 KiB read buffer each way and the
+//     batch being read, kept up to 256 KiB), at most 1024 connections: about 4.3 GiB at
+//     worst, reached only by subscribers stuck at different times, since queues share the
+//     bytes of equal batches (subscribers stuck at once hold one copy, Stats.
+//     SubscriberHeldBytes), plus the kernel's socket buffers. libzmq's own queue (SendHWM)
+//     stays short. A PUB that connects to a subscriber has libzmq's SendHWM only, whose
+//     drops are silent (libzmq's drop counter is a draft API, not in Debian's build);
+//     Stats.SendFailed counts only what the PUB socket itself refused.
 //   - the replay ROUTER sets ZMQ_ROUTER_MANDATORY and sends without blocking: replies take
 //     turns, each client's queue holds Options.ReplayHWM messages, a client whose queue
 //     stays full for Options.ReplayTimeout loses the rest of its reply (Stats.ReplayCut),
 //     and a request that is not [empty, 8-byte seq] is ignored (Stats.ReplayBadRequests).
-//     A reply ends with the batches published when its request came.
+//     A reply ends with the batches published when its request came. The listener copies
+//     replies through as is (a client that does not read fills its own connection, then its
+//     ReplayHWM queue): a replay client holds at most ReplayHWM (64) batches in libzmq,
+//     bounded in messages, not bytes, plus the kernel's socket buffers.
 //   - the replay history is bounded in encoded bytes (Options.HistoryBytes, 64 MiB) and
 //     kept only with a ReplayEndpoint.
 //

@@ -17,8 +17,12 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultMaxMessageBytes  = 64 << 10
-	DefaultSendHWM          = 1000
+	DefaultMaxMessageBytes = 64 << 10
+	DefaultSendHWM         = 1000
+	DefaultSubscriberQueue = 4 << 20
+	// MinSubscriberQueue is the least Options.SubscriberQueueBytes: the handshake (the
+	// greeting and libzmq's READY command) passes through the queue.
+	MinSubscriberQueue      = 4 << 10
 	DefaultHistoryBytes     = 64 << 20
 	DefaultReplayHWM        = 64
 	DefaultReplayTimeout    = 5 * time.Second
@@ -46,11 +50,20 @@ type Options struct {
 	// of more in all or of more than 4 frames, cuts its connection before anything of that
 	// size is allocated (see the package doc). Subscriptions and requests are a few bytes.
 	MaxMessageBytes int64
-	// SendHWM is each subscriber's queue on the PUB socket in batches (ZMQ_SNDHWM, default
-	// 1000): past it that subscriber loses batches (it sees a gap in seq and asks the
-	// replay socket); no other subscriber waits for it. Memory per stuck subscriber is at
-	// most SendHWM batches.
+	// SendHWM is each subscriber's queue on the PUB socket in batches (default 1000; also
+	// libzmq's ZMQ_SNDHWM): past it that subscriber loses batches (it sees a gap in seq and
+	// asks the replay socket); no other subscriber waits for it.
 	SendHWM int
+	// SubscriberQueueBytes bounds each subscriber's queue on a bound tcp:// or ipc:// PUB
+	// socket in bytes (default 4 MiB, at least MinSubscriberQueue): the publisher's
+	// listener takes each batch from libzmq at once and queues it for that subscriber's
+	// connection; a batch that does not fit (or past SendHWM batches) is dropped whole for
+	// that subscriber alone, counted (Stats.SubscriberDropped, Subscribers). A batch larger
+	// than the bound reaches no subscriber (each sees the gap and may replay it). Memory per
+	// subscriber that does not read is at most this plus 320 KiB of buffers, and a batch
+	// queued for several subscribers is held once. A PUB that connects to a subscriber
+	// (not bound) has libzmq's SendHWM only.
+	SubscriberQueueBytes int64
 	// HistoryBytes bounds the batches kept for replay, in encoded bytes (default 64 MiB):
 	// the oldest leave first. Without ReplayEndpoint nothing is kept.
 	HistoryBytes int64
@@ -75,6 +88,9 @@ func (o *Options) defaults() {
 	if o.SendHWM <= 0 {
 		o.SendHWM = DefaultSendHWM
 	}
+	if o.SubscriberQueueBytes <= 0 {
+		o.SubscriberQueueBytes = DefaultSubscriberQueue
+	}
 	if o.HistoryBytes <= 0 {
 		o.HistoryBytes = DefaultHistoryBytes
 	}
@@ -94,11 +110,21 @@ func (o *Options) defaults() {
 
 // Stats counts what a Publisher did. The counters only grow, except the History ones.
 type Stats struct {
-	// Published: batches the PUB socket took. libzmq then drops a batch for each subscriber
-	// whose queue (SendHWM) is full, silently: Debian's libzmq 4.3 has no per-subscriber
-	// drop counter (that is a draft API), so those losses are seen by the subscriber alone,
-	// as a gap in seq, and recovered through replay.
+	// Published: batches the PUB socket took. On a bound tcp:// or ipc:// socket each
+	// subscriber then has its own queue (SubscriberQueueBytes, SendHWM): a batch that does
+	// not fit there is dropped for that subscriber, counted in SubscriberDropped (and per
+	// subscriber, Publisher.Subscribers). A PUB that connects to a subscriber has libzmq's
+	// queue (SendHWM) alone, which drops silently (its drop counter is a draft API, not in
+	// Debian's libzmq 4.3). Either way the subscriber sees the gap in seq and may replay.
 	Published uint64
+	// SubscriberDropped: batches dropped for a subscriber whose queue was full, summed over
+	// subscribers (a batch dropped for 3 counts 3).
+	SubscriberDropped uint64
+	// SubscriberQueuedBytes: bytes the subscribers' queues hold now, all together (a batch
+	// queued for n subscribers counts n times; each queue's is bounded by
+	// SubscriberQueueBytes). SubscriberHeldBytes: the memory they take, equal batches
+	// being held once.
+	SubscriberQueuedBytes, SubscriberHeldBytes int64
 	// SendFailed: batches the PUB socket refused (not sent to anyone).
 	SendFailed uint64
 	// Lost: batches the source dropped before the publisher read them (its channel was
@@ -154,6 +180,8 @@ type Publisher struct {
 	guards  []*guard
 	privDir string // the private ipc endpoints' directory
 	cut     atomic.Uint64
+	subs    subscriberTotals
+	pubG    *guard // the PUB socket's guard; nil when it is not a bound tcp:// or ipc://
 
 	published, sendFailed, lost                      atomic.Uint64
 	accepted, disconnected, handshakeFailed          atomic.Uint64
@@ -177,6 +205,9 @@ func Start(src Source, o Options) (*Publisher, error) {
 		if err := CheckEndpoint(o.ReplayEndpoint, true); err != nil {
 			return nil, fmt.Errorf("%w (the replay endpoint)", err)
 		}
+	}
+	if o.SubscriberQueueBytes > 0 && o.SubscriberQueueBytes < MinSubscriberQueue {
+		return nil, fmt.Errorf("kvevents: SubscriberQueueBytes %d is under %d", o.SubscriberQueueBytes, MinSubscriberQueue)
 	}
 	o.defaults()
 	ctx, err := zmq.NewContext()
@@ -266,7 +297,19 @@ func (p *Publisher) bind(s *zmq.Socket, ep, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p.guards = append(p.guards, startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut))
+	var out *outConfig
+	if s == p.pub {
+		out = &outConfig{maxBytes: p.opts.SubscriberQueueBytes, maxMsgs: p.opts.SendHWM, totals: &p.subs, pool: newMsgPool(&p.subs.held)}
+	}
+	var stall time.Duration
+	if s == p.replay {
+		stall = p.opts.ReplayTimeout
+	}
+	g := startGuard(ln, private, p.opts.MaxMessageBytes, &p.cut, out, stall)
+	if out != nil {
+		p.pubG = g
+	}
+	p.guards = append(p.guards, g)
 	return publicEndpoint(ep, ln), nil
 }
 
@@ -320,7 +363,18 @@ func (p *Publisher) Stats() Stats {
 		ReplayRequests: p.replayRequests.Load(), ReplayBadRequests: p.replayBad.Load(),
 		ReplaySent: p.replaySent.Load(), ReplayCut: p.replayCut.Load(),
 		HistoryBatches: n, HistoryBytes: b,
+		SubscriberDropped: p.subs.dropped.Load(), SubscriberQueuedBytes: p.subs.queued.Load(),
+		SubscriberHeldBytes: p.subs.held.Load(),
 	}
+}
+
+// Subscribers describes each subscriber connected now to a bound tcp:// or ipc:// PUB
+// socket (nil for another endpoint), in no order.
+func (p *Publisher) Subscribers() []SubscriberStats {
+	if p.pubG == nil {
+		return nil
+	}
+	return p.pubG.subscribers()
 }
 
 func (p *Publisher) logf(err error) {

@@ -146,12 +146,13 @@ func (p *kvPublisher) collectors(labels prometheus.Labels) []prometheus.Collecto
 				Name: name, Help: help, ConstLabels: l}, func() float64 { return float64(get(p.pub.Stats())) }))
 		}
 	}
-	family("kv_event_batches_total", "KV event batches: published (taken by the PUB socket), send_failed (refused by it), lost (dropped before the publisher read them), replayed (sent in replay replies).", "outcome",
+	family("kv_event_batches_total", "KV event batches: published (taken by the PUB socket), dropped_for_subscriber (dropped for a subscriber whose queue was full, once per subscriber), send_failed (refused by the PUB socket), lost (dropped before the publisher read them), replayed (sent in replay replies).", "outcome",
 		map[string]func(kvevents.Stats) uint64{
-			"published":   func(s kvevents.Stats) uint64 { return s.Published },
-			"send_failed": func(s kvevents.Stats) uint64 { return s.SendFailed },
-			"lost":        func(s kvevents.Stats) uint64 { return s.Lost },
-			"replayed":    func(s kvevents.Stats) uint64 { return s.ReplaySent },
+			"published":              func(s kvevents.Stats) uint64 { return s.Published },
+			"dropped_for_subscriber": func(s kvevents.Stats) uint64 { return s.SubscriberDropped },
+			"send_failed":            func(s kvevents.Stats) uint64 { return s.SendFailed },
+			"lost":                   func(s kvevents.Stats) uint64 { return s.Lost },
+			"replayed":               func(s kvevents.Stats) uint64 { return s.ReplaySent },
 		})
 	family("kv_event_connections_total", "KV event socket connections: cut (a peer's frame or message over the bound, a message of more than 4 frames, not ZMTP 3), and as libzmq reports them, accepted, disconnected (a peer left or was cut), handshake_failed.", "event",
 		map[string]func(kvevents.Stats) uint64{
@@ -169,5 +170,11 @@ func (p *kvPublisher) collectors(labels prometheus.Labels) []prometheus.Collecto
 	out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cpcache", Subsystem: "run", Name: "kv_event_history_bytes",
 		Help: "Encoded bytes of the KV event batches kept for replay.", ConstLabels: labels},
 		func() float64 { return float64(p.pub.Stats().HistoryBytes) }))
+	out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cpcache", Subsystem: "run", Name: "kv_event_subscriber_queued_bytes",
+		Help: "Bytes of KV event batches queued for the PUB socket's subscribers, each queue's counted (at most the per-subscriber bound each).", ConstLabels: labels},
+		func() float64 { return float64(p.pub.Stats().SubscriberQueuedBytes) }))
+	out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cpcache", Subsystem: "run", Name: "kv_event_subscriber_held_bytes",
+		Help: "Memory the subscribers' queues take: a batch queued for several subscribers held once.", ConstLabels: labels},
+		func() float64 { return float64(p.pub.Stats().SubscriberHeldBytes) }))
 	return out
 }

@@ -39,7 +39,7 @@ func TestKVEventMetrics(t *testing.T) {
 	require.NoError(t, err)
 	readme, err := os.ReadFile("../../../../README.md")
 	require.NoError(t, err)
-	assert.Len(t, fams, 4)
+	assert.Len(t, fams, 6)
 	for _, f := range fams {
 		assert.True(t, strings.Contains(string(readme), "| `"+f.GetName()), "README's metrics table lacks %s", f.GetName())
 	}
