@@ -114,15 +114,21 @@ func (g *guard) untrack(c net.Conn) {
 
 func (g *guard) accept() {
 	defer g.wg.Done()
+	var backoff time.Duration
 	for {
 		peer, err := g.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return // closed
+			// Anything else (EMFILE or ENFILE while a flood of peers holds every file
+			// descriptor, ECONNABORTED) passes: the guard waits a little and accepts again,
+			// so that a peer that exhausts descriptors for a while cannot end the socket.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		g.mu.Lock()
 		full := len(g.conns) >= 2*maxPeers
 		g.mu.Unlock()

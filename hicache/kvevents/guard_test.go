@@ -2,8 +2,14 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // stream is a peer's ZMTP 3 bytes: the greeting, then frames [flags, body].
@@ -72,5 +78,61 @@ func TestZMTPChecker(t *testing.T) {
 				t.Errorf("%s (step %d): passed %d bytes, want %d", tc.name, step, passed, want)
 			}
 		}
+	}
+}
+
+// flakyListener fails its first fails Accepts as a process out of file descriptors does.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestGuardAcceptsAfterAcceptErrors: an Accept that fails (EMFILE while a flood of peers
+// holds every descriptor) does not end the guard: the next peer is still joined to libzmq's
+// side.
+func TestGuardAcceptsAfterAcceptErrors(t *testing.T) {
+	private := filepath.Join(t.TempDir(), "private")
+	inner, err := net.Listen("unix", private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	pub, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &flakyListener{Listener: pub}
+	ln.fails.Store(3)
+	var cut atomic.Uint64
+	g := startGuard(ln, private, 1<<16, &cut, nil, time.Second)
+	defer g.close()
+
+	joined := make(chan error, 1)
+	go func() {
+		c, err := inner.Accept()
+		if err == nil {
+			c.Close()
+		}
+		joined <- err
+	}()
+	peer, err := net.Dial("tcp", pub.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("after 3 failed Accepts the guard joined no peer to libzmq's side in 10 s")
 	}
 }
