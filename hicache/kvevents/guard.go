@@ -60,7 +60,7 @@ const maxFrames = 4
 // 32 KiB, plus, on a PUB socket, a 32 KiB read buffer, the buffer of the batch being read
 // (kept up to 256 KiB) and its queue (at most Options.SubscriberQueueBytes, equal batches
 // shared among queues), and libzmq's queues (kept short by the outQueue's reader).
-const maxPeers = 1024
+const maxPeers = 256 // a replica has a few routers; 256 subscribers stuck at different times pin about 1.1 GiB
 
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
 func listenPublic(ep string) (net.Listener, error) {

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -134,5 +135,71 @@ func TestGuardAcceptsAfterAcceptErrors(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("after 3 failed Accepts the guard joined no peer to libzmq's side in 10 s")
+	}
+}
+
+// TestGuardHoldsAtMostMaxPeers: a guard holds maxPeers connections; one more is closed at
+// once and counted as cut, and one is taken again once a held one leaves.
+func TestGuardHoldsAtMostMaxPeers(t *testing.T) {
+	private := filepath.Join(t.TempDir(), "private")
+	inner, err := net.Listen("unix", private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	go func() { // libzmq's side: takes every connection and holds it
+		for {
+			c, err := inner.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	pub, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cut atomic.Uint64
+	g := startGuard(pub, private, 1<<16, &cut, nil, time.Second)
+	defer g.close()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", pub.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	held := make([]net.Conn, maxPeers)
+	for i := range held {
+		held[i] = dial()
+		defer held[i].Close()
+	}
+	// closedSoon reports whether the guard closed c within a few seconds.
+	closedSoon := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	extra := dial()
+	defer extra.Close()
+	if !closedSoon(extra) {
+		t.Fatalf("connection %d of a guard that holds %d was not closed", maxPeers+1, maxPeers)
+	}
+	if got := cut.Load(); got != 1 {
+		t.Fatalf("cut = %d, want 1 (the connection over the cap)", got)
+	}
+	held[0].Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		again := dial()
+		ok := !closedSoon(again)
+		again.Close()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no connection taken in 10 s after a held one left")
+		}
 	}
 }

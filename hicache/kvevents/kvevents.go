@@ -37,7 +37,7 @@
 //     sends as the ZMTP 3 stream it must be: a frame declaring more than
 //     Options.MaxMessageBytes (64 KiB; up to 2^62 bytes), a message of more than 4 frames
 //     or more than that in all, or a stream that is not ZMTP 3 cuts the connection before
-//     libzmq reads it (Stats.Cut); it holds at most 1024 connections at once. libzmq bounds
+//     libzmq reads it (Stats.Cut); it holds at most 256 connections at once. libzmq bounds
 //     frames itself (ZMQ_MAXMSGSIZE, also set, and the only bound on a PUB that connects to
 //     a subscriber) but holds every frame of a message until its last: without the
 //     listener, a peer sending an endless message grows the rank's memory as fast as it
@@ -51,7 +51,7 @@
 //     per connection Publisher.Subscribers); it sees the gap in seq and may replay. No
 //     other subscriber waits, and the memory is bounded: per connection at most
 //     SubscriberQueueBytes plus 320 KiB of buffers (a 32 KiB read buffer each way and the
-//     batch being read, kept up to 256 KiB), at most 1024 connections: about 4.3 GiB at
+//     batch being read, kept up to 256 KiB), at most 256 connections: about 1.1 GiB at
 //     worst, reached only by subscribers stuck at different times, since queues share the
 //     bytes of equal batches (subscribers stuck at once hold one copy, Stats.
 //     SubscriberHeldBytes), plus the kernel's socket buffers. libzmq's own queue (SendHWM)

@@ -139,7 +139,7 @@ type Stats struct {
 	// Cut: connections of a bound tcp:// or ipc:// socket closed by the publisher before
 	// libzmq read what broke the rules: a frame declaring more than MaxMessageBytes, a
 	// message of more than 4 frames or MaxMessageBytes in all, a stream that is not ZMTP 3;
-	// or, closed at once, a connection beyond 1024 at once on one socket.
+	// or, closed at once, a connection beyond 256 at once on one socket.
 	Cut uint64
 	// HandshakeFailed: connections dropped during the ZMTP handshake
 	// (ZMQ_EVENT_HANDSHAKE_FAILED_*: a bad greeting or command, one over MaxMessageBytes).
