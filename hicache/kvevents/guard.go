@@ -277,12 +277,22 @@ func (e *zmtpError) Error() string { return "kvevents: peer cut: " + e.what }
 
 // forward copies what the peer sends to libzmq up to the first byte that breaks a bound
 // (a *zmtpError) or the end of either connection.
-func (g *guard) forward(dst io.Writer, src io.Reader) error {
+//
+// The peer has handshakeTimeout to send its greeting and READY: a connection that never
+// finishes the handshake would otherwise hold one of the guard's maxPeers for good.
+func (g *guard) forward(dst io.Writer, src net.Conn) error {
 	ck := &zmtpChecker{maxBytes: g.maxBytes, maxFrames: g.maxFrames}
+	if g.out != nil { // the PUB socket: its peers send subscriptions only
+		ck.maxSubs, ck.maxSubBytes = maxSubscriptions, maxSubscriptionBytes
+	}
+	if err := src.SetReadDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		return err
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			shaken := ck.handshaken()
 			ok, bad := ck.feed(buf[:n])
 			if ok > 0 {
 				if _, werr := dst.Write(buf[:ok]); werr != nil {
@@ -292,6 +302,14 @@ func (g *guard) forward(dst io.Writer, src io.Reader) error {
 			if bad != nil {
 				return bad
 			}
+			if !shaken && ck.handshaken() {
+				if err := src.SetReadDeadline(time.Time{}); err != nil {
+					return err
+				}
+			}
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return &zmtpError{fmt.Sprintf("no ZMTP handshake within %v", handshakeTimeout)}
 		}
 		if err != nil {
 			return err
@@ -299,11 +317,31 @@ func (g *guard) forward(dst io.Writer, src io.Reader) error {
 	}
 }
 
+// The PUB socket's budget per connection (zmtpChecker.maxSubs).
+const (
+	maxSubscriptions     = 64
+	maxSubscriptionBytes = 256
+)
+
+// handshakeTimeout is how long a peer has to finish its handshake (a variable for tests).
+var handshakeTimeout = 10 * time.Second
+
 // zmtpChecker follows a ZMTP 3 stream from the peer: the 64-byte greeting, then frames
 // (flags: 0x01 more, 0x02 long size, 0x04 command; a 1- or 8-byte size; the body).
 type zmtpChecker struct {
 	maxBytes  uint64
 	maxFrames int
+	// On a PUB socket (maxSubs > 0): every frame after the handshake is at most
+	// maxSubBytes, and at most maxSubs subscriptions and cancels (messages, or ZMTP 3.1
+	// SUBSCRIBE and CANCEL commands) pass: libzmq keeps each distinct subscription in a trie
+	// for as long as the connection lasts, at about 32 bytes per byte of topic, so 200,000
+	// subscriptions of 250 bytes grew the rank by 1.6 GB. A subscriber sends one or a few.
+	maxSubs     int
+	maxSubBytes uint64
+	subs        int // subscriptions and cancels so far
+	commands    int // commands seen so far (the first is READY: the end of the handshake)
+	name        [16]byte
+	nameN       int // bytes of the command's body kept in name
 
 	greeting int     // greeting bytes seen (64 when done)
 	state    int     // stateFlags, stateSize or stateBody
@@ -347,7 +385,12 @@ func (c *zmtpChecker) feed(b []byte) (int, error) {
 			if c.frames > c.maxFrames {
 				return i, &zmtpError{fmt.Sprintf("a message of more than %d frames", c.maxFrames)}
 			}
-			c.state, c.sizeN = stateSize, 0
+			if c.maxSubs > 0 && c.flags&0x04 == 0 {
+				if c.subs++; c.subs > c.maxSubs {
+					return i, &zmtpError{fmt.Sprintf("more than %d subscriptions", c.maxSubs)}
+				}
+			}
+			c.state, c.sizeN, c.nameN = stateSize, 0, 0
 			i++
 		case stateSize:
 			need := 1
@@ -367,29 +410,57 @@ func (c *zmtpChecker) feed(b []byte) (int, error) {
 			if size > c.maxBytes || c.msgBytes+size > c.maxBytes {
 				return max(0, i-need-1), &zmtpError{fmt.Sprintf("a frame of %d bytes (bound %d per message)", size, c.maxBytes)}
 			}
+			if c.maxSubs > 0 && c.handshaken() && size > c.maxSubBytes {
+				return max(0, i-need-1), &zmtpError{fmt.Sprintf("a frame of %d bytes to a PUB socket (bound %d after the handshake)", size, c.maxSubBytes)}
+			}
 			c.msgBytes += size
 			c.left, c.state = size, stateBody
 			if size == 0 {
-				c.endFrame()
+				if err := c.endFrame(); err != nil {
+					return i, err
+				}
 			}
 		case stateBody:
 			n := uint64(len(b) - i)
 			if n > c.left {
 				n = c.left
 			}
+			if c.flags&0x04 != 0 && c.nameN < len(c.name) {
+				c.nameN += copy(c.name[c.nameN:], b[i:i+int(n)])
+			}
 			c.left -= n
 			i += int(n)
 			if c.left == 0 {
-				c.endFrame()
+				if err := c.endFrame(); err != nil {
+					return i, err
+				}
 			}
 		}
 	}
 	return i, nil
 }
 
-func (c *zmtpChecker) endFrame() {
+// endFrame ends the frame read; on a PUB socket a SUBSCRIBE or CANCEL command over the
+// budget is the violation (it has reached libzmq, which the cut then closes at once).
+func (c *zmtpChecker) endFrame() error {
 	c.state = stateFlags
 	if c.flags&0x01 == 0 { // the last frame of a message, or a command
 		c.frames, c.msgBytes = 0, 0
 	}
+	if c.flags&0x04 == 0 {
+		return nil
+	}
+	c.commands++
+	if c.maxSubs > 0 && c.commands > 1 && c.nameN > 0 {
+		name := c.name[1:min(c.nameN, 1+int(c.name[0]))]
+		if string(name) == "SUBSCRIBE" || string(name) == "CANCEL" {
+			if c.subs++; c.subs > c.maxSubs {
+				return &zmtpError{fmt.Sprintf("more than %d subscriptions", c.maxSubs)}
+			}
+		}
+	}
+	return nil
 }
+
+// handshaken reports whether the greeting and the first command (READY) have passed.
+func (c *zmtpChecker) handshaken() bool { return c.commands > 0 }

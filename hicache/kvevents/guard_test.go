@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -201,5 +202,96 @@ func TestGuardHoldsAtMostMaxPeers(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no connection taken in 10 s after a held one left")
 		}
+	}
+}
+
+// TestSubscriptionBudget: a PUB peer may hold maxSubscriptions subscriptions (libzmq keeps
+// each in a trie, about 32 bytes per byte of topic, for as long as the connection lasts): one
+// more, as a ZMTP 3.0 message or a ZMTP 3.1 SUBSCRIBE command, or a frame over
+// maxSubscriptionBytes after the handshake, closes the connection, counted; a subscriber
+// beside it keeps getting batches.
+func TestSubscriptionBudget(t *testing.T) {
+	topic := func(i int) []byte { return []byte(fmt.Sprintf("topic-%04d", i)) }
+	for name, sub := range map[string]func(i int) []byte{
+		"message": func(i int) []byte { return append([]byte{0x00, 0x01}, topic(i)...) },
+		"command": func(i int) []byte { return append([]byte{0x04, 9}, append([]byte("SUBSCRIBE"), topic(i)...)...) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ep := "ipc://" + filepath.Join(shortDir(t), "pub")
+			src := newStreamSource()
+			p, err := Start(src, Options{Endpoint: ep, Linger: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			healthy := dialZMTP(t, ep, "SUB", true)
+			healthy.subscribe(t)
+			got := countMessages(healthy)
+			stop, fed := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(fed)
+				for seq := uint64(0); ; seq++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
+					if src.feed(seq, 1, 16, time.Now().Add(5*time.Second)) == 0 {
+						return
+					}
+				}
+			}()
+			defer func() { close(stop); <-fed }()
+
+			peer := dialZMTP(t, ep, "SUB", true)
+			for i := range maxSubscriptions {
+				peer.send(t, sub(i))
+			}
+			if peer.closedWithin(500 * time.Millisecond) {
+				t.Fatalf("a peer with %d subscriptions was closed", maxSubscriptions)
+			}
+			peer.send(t, sub(maxSubscriptions))
+			if !peer.closedWithin(10 * time.Second) {
+				t.Fatalf("a peer with %d subscriptions was kept", maxSubscriptions+1)
+			}
+			long := dialZMTP(t, ep, "SUB", true)
+			long.send(t, append([]byte{0x00, 0x01}, make([]byte, maxSubscriptionBytes)...))
+			if !long.closedWithin(10 * time.Second) {
+				t.Fatalf("a peer that sent a %d-byte frame after its handshake was kept", maxSubscriptionBytes+1)
+			}
+			if c := p.Stats().Cut; c != 2 {
+				t.Fatalf("Cut = %d, want 2", c)
+			}
+			before := got.Load()
+			if !waitFor(10*time.Second, func() bool { return got.Load() >= before+20 }) {
+				t.Fatalf("the healthy subscriber got %d batches after the cuts, want 20 more", got.Load()-before)
+			}
+		})
+	}
+}
+
+// TestHandshakeTimeout: a peer that connects and sends nothing, or only part of its
+// greeting, is closed after handshakeTimeout and counted; one that finished its handshake
+// is kept however long it stays quiet.
+func TestHandshakeTimeout(t *testing.T) {
+	defer func(d time.Duration) { handshakeTimeout = d }(handshakeTimeout)
+	handshakeTimeout = 300 * time.Millisecond
+	ep := "ipc://" + filepath.Join(shortDir(t), "pub")
+	p, err := Start(newStreamSource(), Options{Endpoint: ep, Linger: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	done := dialZMTP(t, ep, "SUB", true)
+	done.subscribe(t)
+	silent := dialZMTP(t, ep, "SUB", false) // the greeting only: no READY
+	if !silent.closedWithin(10 * time.Second) {
+		t.Fatal("a peer that never sent READY was kept")
+	}
+	if done.closedWithin(3 * handshakeTimeout) {
+		t.Fatal("a subscriber that finished its handshake was closed for being quiet")
+	}
+	if c := p.Stats().Cut; c != 1 {
+		t.Fatalf("Cut = %d, want 1", c)
 	}
 }

@@ -37,7 +37,10 @@
 //     sends as the ZMTP 3 stream it must be: a frame declaring more than
 //     Options.MaxMessageBytes (64 KiB; up to 2^62 bytes), a message of more than 4 frames
 //     or more than that in all, or a stream that is not ZMTP 3 cuts the connection before
-//     libzmq reads it (Stats.Cut); it holds at most 256 connections at once. libzmq bounds
+//     libzmq reads it (Stats.Cut), as is a peer that has not finished its handshake within
+//     10 s and, on the PUB socket, a peer past 64 subscriptions (libzmq keeps each in a trie
+//     while the connection lasts) or a frame over 256 bytes after its handshake; it holds
+//     at most 256 connections at once. libzmq bounds
 //     frames itself (ZMQ_MAXMSGSIZE, also set, and the only bound on a PUB that connects to
 //     a subscriber) but holds every frame of a message until its last: without the
 //     listener, a peer sending an endless message grows the rank's memory as fast as it
