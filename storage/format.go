@@ -17,7 +17,7 @@ import (
 //	 32     8  payload length, little endian
 //	 40     4  CRC-32C of the payload
 //	 44    32  binding: digest of the page's tokens (Binding.Tokens)
-//	 76    32  binding: id of the page before it, zero for a sequence's first (Binding.Parent)
+//	 76    32  binding: id of the page before it (for a sequence's first, the root of its isolation key)
 //	108    16  payload MAC: BLAKE3(MAC key; "P" ‖ bytes 0..107 ‖ payload), first 16 bytes
 //	124    16  header MAC:  BLAKE3(MAC key; "H" ‖ bytes 0..123), first 16 bytes
 //	140     4  CRC-32C of bytes 0..139
@@ -64,7 +64,8 @@ const (
 const DigestSize = 32
 
 // Binding is what a stored value is bound to beyond its key: the digest of its page's
-// tokens and the id of the page before it in its sequence (zero for the first page).
+// tokens and the id of the page before it in its sequence (for a sequence's first page, what
+// its chain starts from: the cache binds its isolation key's root, core.KeyRoot).
 // PutBound stores one per key and GetBound checks it; Put stores the zero Binding, and Get
 // and Exists do not check it.
 type Binding struct {
