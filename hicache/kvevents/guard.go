@@ -39,6 +39,8 @@ type guard struct {
 	conns  map[net.Conn]struct{}
 	queues map[*outQueue]queueName // the subscribers' queues
 	nconns uint64                  // connections numbered so far
+	peers  int                     // peers admitted and not gone
+	hosts  map[string]int          // of those, the TCP peers per IP address
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -61,6 +63,10 @@ const maxFrames = 4
 // (kept up to 256 KiB) and its queue (at most Options.SubscriberQueueBytes, equal batches
 // shared among queues), and libzmq's queues (kept short by the outQueue's reader).
 const maxPeers = 256 // a replica has a few routers; 256 subscribers stuck at different times pin about 1.1 GiB
+
+// maxPeersPerHost is the most TCP connections a guard holds from one IP address, so that
+// one host cannot take every place and keep other subscribers out.
+const maxPeersPerHost = 32
 
 // listenPublic listens on a bound tcp:// or ipc:// endpoint (checked by CheckEndpoint).
 func listenPublic(ep string) (net.Listener, error) {
@@ -88,10 +94,39 @@ func publicEndpoint(ep string, ln net.Listener) string {
 
 func startGuard(ln net.Listener, private string, maxBytes int64, cut *atomic.Uint64, out *outConfig, stall time.Duration) *guard {
 	g := &guard{ln: ln, private: private, maxBytes: uint64(maxBytes), maxFrames: maxFrames, cut: cut, out: out, stall: stall,
-		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]queueName{}}
+		conns: map[net.Conn]struct{}{}, queues: map[*outQueue]queueName{}, hosts: map[string]int{}}
 	g.wg.Add(1)
 	go g.accept()
 	return g
+}
+
+// admit takes a new peer unless the guard holds maxPeers already, or maxPeersPerHost from
+// the peer's IP address (TCP; ipc peers share the machine's user, whose directory holds the
+// socket); leave gives its place back.
+func (g *guard) admit(peer net.Conn) (leave func(), ok bool) {
+	host := ""
+	if a, isTCP := peer.RemoteAddr().(*net.TCPAddr); isTCP {
+		host = a.IP.String()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.peers >= maxPeers || host != "" && g.hosts[host] >= maxPeersPerHost {
+		return nil, false
+	}
+	g.peers++
+	if host != "" {
+		g.hosts[host]++
+	}
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.peers--
+		if host != "" {
+			if g.hosts[host]--; g.hosts[host] == 0 {
+				delete(g.hosts, host)
+			}
+		}
+	}, true
 }
 
 func (g *guard) track(c net.Conn) bool {
@@ -129,20 +164,20 @@ func (g *guard) accept() {
 			continue
 		}
 		backoff = 0
-		g.mu.Lock()
-		full := len(g.conns) >= 2*maxPeers
-		g.mu.Unlock()
-		if full {
+		leave, ok := g.admit(peer)
+		if !ok {
 			g.cut.Add(1)
 			peer.Close()
 			continue
 		}
 		inner, err := net.Dial("unix", g.private)
 		if err != nil {
+			leave()
 			peer.Close()
 			continue
 		}
 		if !g.track(peer) || !g.track(inner) {
+			leave()
 			peer.Close()
 			inner.Close()
 			continue
@@ -151,12 +186,15 @@ func (g *guard) accept() {
 		if g.out != nil {
 			q = newOutQueue(g.out.maxBytes, g.out.maxMsgs, g.out.totals, g.out.pool)
 			if !g.trackQueue(q, peer.RemoteAddr().String()) {
+				leave()
 				g.untrack(peer)
 				g.untrack(inner)
 				continue
 			}
 		}
+		var once sync.Once
 		end := func() {
+			once.Do(leave)
 			g.untrack(peer)
 			g.untrack(inner)
 			if q != nil {

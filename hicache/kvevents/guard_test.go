@@ -139,69 +139,82 @@ func TestGuardAcceptsAfterAcceptErrors(t *testing.T) {
 	}
 }
 
-// TestGuardHoldsAtMostMaxPeers: a guard holds maxPeers connections; one more is closed at
-// once and counted as cut, and one is taken again once a held one leaves.
+// TestGuardHoldsAtMostMaxPeers: a guard holds maxPeers connections (ipc), and at most
+// maxPeersPerHost from one IP address (TCP); one more is closed at once and counted as cut,
+// and one is taken again once a held one leaves.
 func TestGuardHoldsAtMostMaxPeers(t *testing.T) {
-	private := filepath.Join(t.TempDir(), "private")
-	inner, err := net.Listen("unix", private)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inner.Close()
-	go func() { // libzmq's side: takes every connection and holds it
-		for {
-			c, err := inner.Accept()
+	for _, tc := range []struct {
+		network string
+		cap     int
+	}{{"unix", maxPeers}, {"tcp", maxPeersPerHost}} {
+		t.Run(tc.network, func(t *testing.T) {
+			dir := shortDir(t)
+			private := filepath.Join(dir, "private")
+			inner, err := net.Listen("unix", private)
 			if err != nil {
-				return
+				t.Fatal(err)
 			}
-			defer c.Close()
-		}
-	}()
-	pub, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cut atomic.Uint64
-	g := startGuard(pub, private, 1<<16, &cut, nil, time.Second)
-	defer g.close()
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", pub.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	held := make([]net.Conn, maxPeers)
-	for i := range held {
-		held[i] = dial()
-		defer held[i].Close()
-	}
-	// closedSoon reports whether the guard closed c within a few seconds.
-	closedSoon := func(c net.Conn) bool {
-		c.SetReadDeadline(time.Now().Add(3 * time.Second))
-		_, err := c.Read(make([]byte, 1))
-		return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
-	}
-	extra := dial()
-	defer extra.Close()
-	if !closedSoon(extra) {
-		t.Fatalf("connection %d of a guard that holds %d was not closed", maxPeers+1, maxPeers)
-	}
-	if got := cut.Load(); got != 1 {
-		t.Fatalf("cut = %d, want 1 (the connection over the cap)", got)
-	}
-	held[0].Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		again := dial()
-		ok := !closedSoon(again)
-		again.Close()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no connection taken in 10 s after a held one left")
-		}
+			defer inner.Close()
+			go func() { // libzmq's side: takes every connection and holds it
+				for {
+					c, err := inner.Accept()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+				}
+			}()
+			addr := "127.0.0.1:0"
+			if tc.network == "unix" {
+				addr = filepath.Join(dir, "public")
+			}
+			pub, err := net.Listen(tc.network, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cut atomic.Uint64
+			g := startGuard(pub, private, 1<<16, &cut, nil, time.Second)
+			defer g.close()
+			dial := func() net.Conn {
+				c, err := net.Dial(tc.network, pub.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			held := make([]net.Conn, tc.cap)
+			for i := range held {
+				held[i] = dial()
+				defer held[i].Close()
+			}
+			// closedSoon reports whether the guard closed c within a few seconds.
+			closedSoon := func(c net.Conn) bool {
+				c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				_, err := c.Read(make([]byte, 1))
+				return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+			}
+			extra := dial()
+			defer extra.Close()
+			if !closedSoon(extra) {
+				t.Fatalf("connection %d of a guard that holds %d was not closed", tc.cap+1, tc.cap)
+			}
+			if got := cut.Load(); got != 1 {
+				t.Fatalf("cut = %d, want 1 (the connection over the cap)", got)
+			}
+			held[0].Close()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				again := dial()
+				ok := !closedSoon(again)
+				again.Close()
+				if ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no connection taken in 10 s after a held one left")
+				}
+			}
+		})
 	}
 }
 

@@ -40,7 +40,7 @@
 //     libzmq reads it (Stats.Cut), as is a peer that has not finished its handshake within
 //     10 s and, on the PUB socket, a peer past 64 subscriptions (libzmq keeps each in a trie
 //     while the connection lasts) or a frame over 256 bytes after its handshake; it holds
-//     at most 256 connections at once. libzmq bounds
+//     at most 256 connections at once, 32 of them from one IP address. libzmq bounds
 //     frames itself (ZMQ_MAXMSGSIZE, also set, and the only bound on a PUB that connects to
 //     a subscriber) but holds every frame of a message until its last: without the
 //     listener, a peer sending an endless message grows the rank's memory as fast as it
