@@ -396,8 +396,16 @@ func (s *Socket) Send(flags int, frames ...[]byte) error {
 		if len(f) > 0 {
 			p = unsafe.Pointer(&f[0])
 		}
-		if rc, err := C.cp_zmq_send(s.p, p, C.size_t(len(f)), C.int(fl)); rc < 0 {
-			return errnoOf(err)
+		for {
+			rc, err := C.cp_zmq_send(s.p, p, C.size_t(len(f)), C.int(fl))
+			if rc >= 0 {
+				break
+			}
+			// A signal (the Go runtime's preemption signal among them) interrupts libzmq's
+			// wait on its command mailbox; the frame was not taken, so it is sent again.
+			if e := errnoOf(err); e != EINTR {
+				return e
+			}
 		}
 	}
 	return nil
@@ -415,6 +423,9 @@ func (s *Socket) Recv(flags, maxFrames int) (frames [][]byte, dropped int, err e
 		var size C.size_t
 		var more C.int
 		rc, err := C.cp_zmq_recv_frame(s.p, C.int(flags), &msg, &data, &size, &more)
+		if rc != 0 && errnoOf(err) == EINTR {
+			continue // interrupted by a signal before a frame was taken: ask again
+		}
 		if rc != 0 {
 			if len(frames) > 0 || dropped > 0 {
 				// Frames of one message arrive together; a failure here is ETERM or the like.
@@ -461,6 +472,9 @@ func Poll(items []PollItem, timeoutMs int) (int, error) {
 		view[i] = C.cp_zmq_pollitem_t{socket: it.Socket.p, events: C.short(it.Events)}
 	}
 	n, err := C.cp_zmq_poll(c, C.int(len(items)), C.long(timeoutMs))
+	if n < 0 && errnoOf(err) == EINTR {
+		return 0, nil // a signal cut the wait short: as a timeout, the caller polls again
+	}
 	if n < 0 {
 		return 0, errnoOf(err)
 	}
