@@ -240,21 +240,7 @@ func TestSubscriptionBudget(t *testing.T) {
 			healthy := dialZMTP(t, ep, "SUB", true)
 			healthy.subscribe(t)
 			got := countMessages(healthy)
-			stop, fed := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(fed)
-				for seq := uint64(0); ; seq++ {
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-					}
-					if src.feed(seq, 1, 16, time.Now().Add(5*time.Second)) == 0 {
-						return
-					}
-				}
-			}()
-			defer func() { close(stop); <-fed }()
+			defer feedEveryMillisecond(src)()
 
 			peer := dialZMTP(t, ep, "SUB", true)
 			for i := range maxSubscriptions {

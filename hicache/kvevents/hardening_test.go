@@ -57,6 +57,26 @@ func (s *streamSource) feed(first uint64, n, tokens int, deadline time.Time) int
 	return n
 }
 
+// feedEveryMillisecond hands src a small batch every millisecond until the returned stop
+// is called (or the publisher stops reading); stop waits for the feeder to end.
+func feedEveryMillisecond(src *streamSource) (stop func()) {
+	done, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		for seq := uint64(0); ; seq++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if src.feed(seq, 1, 16, time.Now().Add(5*time.Second)) == 0 {
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-fed }
+}
+
 // counter counts the messages a subscriber reads until its connection closes.
 func countMessages(p *zmtpPeer) *atomic.Int64 {
 	var n atomic.Int64
@@ -119,22 +139,7 @@ func TestHugeFrameDropsOnlyThatPeer(t *testing.T) {
 						healthy := dialZMTP(t, dialable(pubEp), "SUB", true)
 						healthy.subscribe(t)
 						got := countMessages(healthy)
-						stop := make(chan struct{})
-						fed := make(chan struct{})
-						go func() {
-							defer close(fed)
-							for seq := uint64(0); ; seq++ {
-								select {
-								case <-stop:
-									return
-								case <-time.After(time.Millisecond):
-								}
-								if src.feed(seq, 1, 16, time.Now().Add(5*time.Second)) == 0 {
-									return
-								}
-							}
-						}()
-						defer func() { close(stop); <-fed }()
+						defer feedEveryMillisecond(src)()
 						if !waitFor(10*time.Second, func() bool { return got.Load() > 0 }) {
 							t.Fatal("the healthy subscriber got nothing")
 						}
