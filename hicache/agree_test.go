@@ -68,7 +68,7 @@ func TestLocalCallsAnswerWhileStepWaits(t *testing.T) {
 			t.Fatalf("%s took %v while a step waited for a peer", name, d)
 		}
 	}
-	if _, err := c.Match(tokensN(100, 8)); !errors.Is(err, ErrBusy) {
+	if _, err := c.Match(Request{Tokens: tokensN(100, 8)}); !errors.Is(err, ErrBusy) {
 		t.Fatalf("a replicated call during the step's collective: %v, want ErrBusy", err)
 	}
 	select {
@@ -103,7 +103,7 @@ func TestTransfersStartOnlyAfterTheCheckingApply(t *testing.T) {
 	for _, diverge := range []bool{false, true} {
 		engines := []*countingEngine{{}, {}}
 		r := newTwoRanks(t, engines[0], engines[1])
-		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(tokensN(100, 8)); return err }) // write-through backups
+		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(Request{Tokens: tokensN(100, 8)}); return err }) // write-through backups
 		for i, e := range engines {
 			if n := e.submitted.Load(); n != 0 {
 				t.Fatalf("rank %d: %d transfers submitted before any step", i, n)
@@ -147,7 +147,7 @@ func TestStepSubmitterGetsTheWholeStep(t *testing.T) {
 	engines := []*stepEngine{{}, {}}
 	r := newTwoRanks(t, engines[0], engines[1])
 	for s := range 3 { // three sequences, each backed up by a transfer of its own
-		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(tokensN(int32(100*(s+1)), 8)); return err })
+		onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(Request{Tokens: tokensN(int32(100*(s+1)), 8)}); return err })
 	}
 	for range 2 {
 		onBoth(t, r, false, func(c *Cache) error { return c.Step(context.Background()) })
@@ -215,16 +215,16 @@ func TestStepSubmitterGetsApplysTransfersInTheSameCall(t *testing.T) {
 	step := func() { onBoth(t, r, false, func(c *Cache) error { return c.Step(context.Background()) }) }
 	a, b := tokensN(100, 8), tokensN(200, 8)
 	// a is evicted from L1 through a write-back backup; it is then held in L2 only.
-	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(a); return err })
+	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(Request{Tokens: a}); return err })
 	onBoth(t, r, false, func(c *Cache) error { c.HintEvict(2, 0); return nil })
 	for range 3 {
 		step()
 	}
 	// One step: a load-back of a (chosen before the step) and the write-back of b (evicted by
 	// that step's Apply).
-	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(b); return err })
+	onBoth(t, r, false, func(c *Cache) error { _, err := c.Insert(Request{Tokens: b}); return err })
 	onBoth(t, r, false, func(c *Cache) error {
-		m, err := c.Match(a)
+		m, err := c.Match(Request{Tokens: a})
 		if err != nil || m.HostPages != 2 {
 			return fmt.Errorf("match of a: %+v, %v; want 2 pages in L2 only", m, err)
 		}

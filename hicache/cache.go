@@ -445,36 +445,29 @@ func (c *Cache) reportLocked() {
 	c.core.Report(*d)
 }
 
-// Match returns the longest cached prefix of tokens under the empty isolation key.
-// Replicated.
-func (c *Cache) Match(tokens []int32) (MatchResult, error) { return c.MatchKey("", tokens) }
-
-// MatchKey returns the longest prefix of tokens cached under isolation key key (see
-// "Isolation keys" in the package doc). Replicated.
-func (c *Cache) MatchKey(key string, tokens []int32) (MatchResult, error) {
+// Match returns the longest prefix of r's tokens cached under r's isolation key (see
+// Request and core.Core.Match). Replicated.
+func (c *Cache) Match(r Request) (MatchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return MatchResult{}, err
 	}
-	return c.core.MatchKey(key, tokens), nil
+	return c.core.Match(r), nil
 }
 
-// Insert caches tokens' whole pages (see Core.Insert); the caller then writes the KV of
-// the returned Fill pages it owns into their L1 slots, before the next Step: the backups the
-// write policy asks for start at the beginning of the next Step. The pages are cached
-// under the empty isolation key. Replicated.
-func (c *Cache) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
-
-// InsertKey is Insert under isolation key key: the pages match only a MatchKey with the
-// same key, and their L3 keys are the key's. Replicated.
-func (c *Cache) InsertKey(key string, tokens []int32) (InsertResult, error) {
+// Insert caches the whole pages of r's tokens (see Core.Insert); the caller then writes the
+// KV of the returned Fill pages it owns into their L1 slots, before the next Step: the
+// backups the write policy asks for start at the beginning of the next Step. The pages are
+// cached under r's isolation key: they match only a Match with the same key, and their L3
+// keys are the key's. Replicated.
+func (c *Cache) Insert(r Request) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return InsertResult{}, err
 	}
-	res, err := c.core.InsertKey(key, tokens)
+	res, err := c.core.Insert(r)
 	return res, err
 }
 
@@ -510,21 +503,16 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 }
 
 // InsertSlots is Insert in L1 mode EngineOwned (Options.L1Mode): own are this rank's slots
-// (from the engine's allocator, or Match's for device pages) for every whole page of tokens
-// it owns, in order; see Core.InsertSlotsKey. res.Freed are the slots the insert let go,
+// (from the engine's allocator, or Match's for device pages) for every whole page of r's
+// tokens it owns, in order; see Core.InsertSlots. res.Freed are the slots the insert let go,
 // for the engine's allocator. Replicated (each rank passes its own slots).
-func (c *Cache) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
-	return c.InsertSlotsKey("", tokens, own)
-}
-
-// InsertSlotsKey is InsertSlots under isolation key key. Replicated.
-func (c *Cache) InsertSlotsKey(key string, tokens []int32, own []int32) (InsertResult, error) {
+func (c *Cache) InsertSlots(r Request, own []int32) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return InsertResult{}, err
 	}
-	return c.core.InsertSlotsKey(key, tokens, own)
+	return c.core.InsertSlots(r, own)
 }
 
 // LoadBackPlan lists the sequence pages this rank owns that a LoadBackSlots of node h would
@@ -867,21 +855,18 @@ func (c *Cache) Close() error {
 	return nil
 }
 
-// Prefetch asks L3 storage for the continuation of tokens beyond what the tree holds (see
+// Prefetch asks L3 storage for the continuation of r's tokens beyond what the tree holds (see
 // Core.Prefetch): the group agrees how much is stored, reserves L2 pages, every rank reads
 // its own pages into its slab, and the agreed pages become an L2-only node; step until PrefetchPending(id) is
-// false, then Match reports them as host pages. Under the empty isolation key. Replicated.
-func (c *Cache) Prefetch(tokens []int32) (PrefetchResult, error) { return c.PrefetchKey("", tokens) }
-
-// PrefetchKey is Prefetch under isolation key key: it reads only pages stored under the
-// key, and inserts them under it. Replicated.
-func (c *Cache) PrefetchKey(key string, tokens []int32) (PrefetchResult, error) {
+// false, then Match reports them as host pages. It reads only pages stored under r's
+// isolation key, and inserts them under it. Replicated.
+func (c *Cache) Prefetch(r Request) (PrefetchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.replicable(); err != nil {
 		return PrefetchResult{}, err
 	}
-	res := c.core.PrefetchKey(key, tokens)
+	res := c.core.Prefetch(r)
 	return res, nil
 }
 
@@ -892,19 +877,13 @@ func (c *Cache) PrefetchPending(id uint64) bool {
 	return c.core.PrefetchPending(id)
 }
 
-// PrefetchSkipsForCost reports whether Prefetch(tokens) would start nothing because reading
+// PrefetchSkipsForCost reports whether Prefetch(r) would start nothing because reading
 // the continuation is slower than computing it (L3Options.PrefetchCost; see
-// core.PrefetchResult.CostSkipped), starting nothing. Under the empty isolation key.
-// Replicated.
-func (c *Cache) PrefetchSkipsForCost(tokens []int32) bool {
-	return c.PrefetchSkipsForCostKey("", tokens)
-}
-
-// PrefetchSkipsForCostKey is PrefetchSkipsForCost for PrefetchKey(key, tokens). Replicated.
-func (c *Cache) PrefetchSkipsForCostKey(key string, tokens []int32) bool {
+// core.PrefetchResult.CostSkipped), starting nothing. Replicated.
+func (c *Cache) PrefetchSkipsForCost(r Request) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.core.PrefetchSkipsForCost(key, tokens)
+	return c.core.PrefetchSkipsForCost(r)
 }
 
 // PrefetchOutcome returns how prefetch id ended (see Core.PrefetchOutcome): how many pages
@@ -947,13 +926,8 @@ func (c *Cache) RevokePrefetch(id uint64) error {
 // fetched pages as host pages). It returns the first Step error (a *DivergedError
 // included). Without L3, or when nothing was asked, it makes no Step. Replicated: every rank
 // makes the same Steps.
-func (c *Cache) PrefetchWait(ctx context.Context, tokens []int32) (PrefetchResult, error) {
-	return c.PrefetchWaitKey(ctx, "", tokens)
-}
-
-// PrefetchWaitKey is PrefetchWait under isolation key key. Replicated.
-func (c *Cache) PrefetchWaitKey(ctx context.Context, key string, tokens []int32) (PrefetchResult, error) {
-	res, err := c.PrefetchKey(key, tokens)
+func (c *Cache) PrefetchWait(ctx context.Context, r Request) (PrefetchResult, error) {
+	res, err := c.Prefetch(r)
 	if err != nil || res.ID == 0 {
 		return res, err
 	}

@@ -98,7 +98,7 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 	}
 	// In quarantine nothing is served or cached.
 	if err := r.each("quarantined match", func(i int, c *Cache) error {
-		m, err := c.Match(tokensN(1000, 40))
+		m, err := c.Match(Request{Tokens: tokensN(1000, 40)})
 		if err == nil && m.DevicePages+m.HostPages != 0 {
 			err = fmt.Errorf("%d+%d pages served in quarantine", m.DevicePages, m.HostPages)
 		}
@@ -107,7 +107,7 @@ func TestDivergenceDetectedEverywhereAndL2Stops(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := r.each("quarantined insert", func(i int, c *Cache) error {
-		res, err := c.Insert(tokensN(3000, 20))
+		res, err := c.Insert(Request{Tokens: tokensN(3000, 20)})
 		if err == nil && (res.Pages != 0 || len(res.Fill) != 0) {
 			err = fmt.Errorf("insert cached %d pages in quarantine", res.Pages)
 		}

@@ -51,13 +51,15 @@
 // every rank must make them in the same order with the same arguments (they change
 // replicated state); calls marked L are local.
 //
-//  1. For each new request: m, err := cache.Match(tokens) (R) gives the device hit (L1 pages),
-//     the host hit (pages only in L2 that follow it) and the deepest node's handle m.Last (a
-//     hit that ends inside a node held only in L2 splits it there, so m.Last's prefix is the
-//     hit). cache.Lock(m.Last) (R) pins the prefix while the request runs.
-//     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(tokens)
+//  1. For each new request, req := Request{Tokens: prompt, Key: isolationKey} (the empty key
+//     unless tenants or adapters must not share pages): m, err := cache.Match(req) (R) gives
+//     the device hit (L1 pages), the host hit (pages only in L2 that follow it) and the
+//     deepest node's handle m.Last (a hit that ends inside a node held only in L2 splits it
+//     there, so m.Last's prefix is the hit). cache.Lock(m.Last) (R) pins the prefix while
+//     the request runs.
+//     If the request continues beyond the hit and L3 is on: res := cache.Prefetch(req)
 //     (R); step until !cache.PrefetchPending(res.ID) (R; RevokePrefetch (R) stops waiting),
-//     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, tokens)
+//     then match again: the prefetched pages are host pages. cache.PrefetchWait(ctx, req)
 //     (R) does both for a scheduler that fetches before the prefill.
 //  2. If the host hit is worth it: cache.LoadBack(m.Last) (R) allocates L1 slots for the
 //     leading m.HostPages, at most the load quota left (Options.LoadQuotaPages, half of the CP group's L1
@@ -69,7 +71,7 @@
 //     that failed on any rank has made its node stale on every rank — and matches again:
 //     every rank gets the same hit. Before a layer reads that prefix from L1, the model
 //     calls cache.WaitL1(ctx, m.Last) (L), which waits for this rank's copies only.
-//  3. After prefill: res, err := cache.Insert(tokens) (R) caches the sequence's whole pages; the
+//  3. After prefill: res, err := cache.Insert(req) (R) caches the sequence's whole pages; the
 //     engine writes the KV of every res.Fill page it owns (cache.Owns(page.Index)) into its
 //     L1 slot (for a host L1: cache.L1Page(slot)) before the next Step. Each rank's L1 holds
 //     only the pages it owns (page i on CP rank i mod C): a slot is one of the owner's pool,

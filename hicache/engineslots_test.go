@@ -89,7 +89,7 @@ func TestEngineOwnedInsertEvictLoadBack(t *testing.T) {
 			}
 			kvtest.FillKV(b, hashes[p].Index(), p, r.shards[i])
 		}
-		res, err := c.InsertSlots(tokens, own)
+		res, err := c.InsertSlots(Request{Tokens: tokens}, own)
 		if err != nil {
 			return err
 		}
@@ -123,7 +123,7 @@ func TestEngineOwnedInsertEvictLoadBack(t *testing.T) {
 		}
 	}
 	if err := r.each("load", func(i int, c *Cache) error {
-		m, err := c.Match(tokens)
+		m, err := c.Match(Request{Tokens: tokens})
 		if err != nil {
 			return err
 		}
@@ -150,7 +150,7 @@ func TestEngineOwnedInsertEvictLoadBack(t *testing.T) {
 				return err
 			}
 		}
-		if m, err = c.Match(tokens); err != nil {
+		if m, err = c.Match(Request{Tokens: tokens}); err != nil {
 			return err
 		}
 		if err := c.WaitL1(context.Background(), m.Last); err != nil {

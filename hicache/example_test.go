@@ -60,11 +60,12 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	defer cache.Close()
 	fresh := cache.Stats().PlacementDigest
 	prompt := []int32{11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 40} // 3 whole pages + 1 token
+	req := hicache.Request{Tokens: prompt}                                // under the empty isolation key
 
 	// Step 1: a new request. Match (a miss), run the prefill, insert the prompt, and write
 	// the KV of the pages this rank owns (page i belongs to CP rank i mod 2).
-	m, _ := cache.Match(prompt)
-	ins, err := cache.Insert(prompt)
+	m, _ := cache.Match(req)
+	ins, err := cache.Insert(req)
 	if err != nil {
 		return "", err
 	}
@@ -102,7 +103,7 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 	// checked), and the group agrees they are over a step or two later. Then match again
 	// (every rank sees the same hit, even if a copy failed somewhere) and wait for this
 	// rank's copies before a layer reads L1.
-	m, _ = cache.Match(prompt)
+	m, _ = cache.Match(req)
 	fmt.Fprintf(&log, "step 3: match %d device + %d host pages; ", m.DevicePages, m.HostPages)
 	if err := cache.Lock(m.Last); err != nil {
 		return "", err
@@ -116,7 +117,7 @@ func scheduler(rank int, layout *parallel.Layout, g parallel.Group, slabs *kvtes
 			return "", err
 		}
 	}
-	m, _ = cache.Match(prompt)
+	m, _ = cache.Match(req)
 	if err := cache.WaitL1(ctx, m.Last); err != nil {
 		return "", err
 	}

@@ -51,7 +51,7 @@ func TestTransferFailuresOnOneRankAreAgreed(t *testing.T) {
 func TestSkippedCallDetectedAsTreeDivergence(t *testing.T) {
 	r := cp8dp2Rig(t, WriteThrough, nil)
 	r.workload(20, 71, 0)
-	res, err := r.caches[5].Insert(tokensN(9000, 12))
+	res, err := r.caches[5].Insert(Request{Tokens: tokensN(9000, 12)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func TestL1UsedByIsEveryRanksPool(t *testing.T) {
 		for k := range own {
 			own[k] = int32(k)
 		}
-		_, err := c.InsertSlots(tokens, own)
+		_, err := c.InsertSlots(Request{Tokens: tokens}, own)
 		return err
 	})
 	if err != nil {

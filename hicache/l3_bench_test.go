@@ -39,7 +39,7 @@ func BenchmarkL3Prefetch(b *testing.B) {
 		r.evictAll()
 		start := time.Now()
 		if err := r.each("prefetch", func(_ int, c *Cache) error {
-			res, err := c.Prefetch(seq)
+			res, err := c.Prefetch(Request{Tokens: seq})
 			for err == nil && c.PrefetchPending(res.ID) {
 				time.Sleep(pace) // the model's forward pass between two scheduler steps
 				err = c.Step(context.Background())
@@ -262,7 +262,7 @@ func BenchmarkL3RankThroughput(b *testing.B) {
 				start := time.Now()
 				ids := make([]uint64, len(r.caches))
 				if err := r.each("prefetch", func(i int, c *Cache) error {
-					res, err := c.Prefetch(seq)
+					res, err := c.Prefetch(Request{Tokens: seq})
 					ids[i] = res.ID
 					return err
 				}); err != nil {

@@ -81,7 +81,7 @@ func TestL3RedisDown(t *testing.T) {
 	holding = true
 	gateOn.Unlock()
 	res := make([]PrefetchResult, len(r.caches))
-	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(long); return err }); err != nil {
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(Request{Tokens: long}); return err }); err != nil {
 		t.Fatal(err)
 	}
 	for k := 0; r.caches[0].core.Queues().Reads == 0; k++ {

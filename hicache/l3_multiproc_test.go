@@ -66,7 +66,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(29, 29)), 12, 4)
 	if os.Getenv("CPCACHE_TEST_INSERT") == "1" {
 		for _, s := range seqs {
-			res, err := c.Insert(s)
+			res, err := c.Insert(Request{Tokens: s})
 			if err != nil {
 				return err
 			}
@@ -98,7 +98,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 	}
 	loaded := 0
 	for _, s := range seqs {
-		pf, err := c.Prefetch(s)
+		pf, err := c.Prefetch(Request{Tokens: s})
 		if err != nil {
 			return err
 		}
@@ -107,7 +107,7 @@ func roleL3(ctx context.Context, world *gloo.Group) error {
 				return err
 			}
 		}
-		m, err := c.Match(s)
+		m, err := c.Match(Request{Tokens: s})
 		if err != nil {
 			return err
 		}

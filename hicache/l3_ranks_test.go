@@ -183,7 +183,7 @@ func TestL3OneRankBreakerOpens(t *testing.T) {
 		if secs := c.Stats().StorageCircuitOpenSeconds; (secs > 0) != (i == bad) {
 			t.Fatalf("rank %d: breaker open for %.3fs (the hanging rank is %d)", i, secs, bad)
 		}
-		if res, err := c.Prefetch(seq); err != nil || res.ID != 0 {
+		if res, err := c.Prefetch(Request{Tokens: seq}); err != nil || res.ID != 0 {
 			t.Fatalf("rank %d: prefetch %+v (%v) with the circuit agreed open", i, res, err)
 		}
 	}

@@ -132,7 +132,7 @@ func (r *rig) prefetch(tokens []int32, revokeAt int) PrefetchResult {
 	r.t.Helper()
 	res := make([]PrefetchResult, len(r.caches))
 	if err := r.each("prefetch", func(i int, c *Cache) (err error) {
-		res[i], err = c.PrefetchKey(r.key, tokens)
+		res[i], err = c.Prefetch(Request{Tokens: tokens, Key: r.key})
 		return err
 	}); err != nil {
 		r.t.Fatal(err)

@@ -215,7 +215,10 @@ func TestL3TwoInstancesShareStorage(t *testing.T) {
 				t.Fatal(err)
 			}
 			if ms[0].DevicePages*4 < len(s)/4*4 {
-				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.PrefetchWait(context.Background(), s); return err }); err != nil {
+				if err := r.each("prefetch", func(_ int, c *Cache) error {
+					_, err := c.PrefetchWait(context.Background(), Request{Tokens: s})
+					return err
+				}); err != nil {
 					t.Fatal(err)
 				}
 				r.checkAgree()
@@ -315,7 +318,7 @@ func TestL3PrefetchSplitsAndTreeChanges(t *testing.T) {
 	r.insertAll([][]int32{a})
 	hold.set(true)
 	res := make([]PrefetchResult, len(r.caches))
-	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(b); return err }); err != nil {
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(Request{Tokens: b}); return err }); err != nil {
 		t.Fatal(err)
 	}
 	r.stepUntil("a read started", func() bool { return r.caches[0].core.Queues().Reads > 0 })
@@ -378,7 +381,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 			}
 		case x < 6:
 			res := make([]PrefetchResult, len(r.caches))
-			if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(s); return err }); err != nil {
+			if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(Request{Tokens: s}); return err }); err != nil {
 				t.Fatal(err)
 			}
 			if res[0].ID != 0 {
@@ -433,7 +436,7 @@ func testL3RandomWorkload(t *testing.T, pol Policy) {
 		}
 		if r.caches[0].core.Queues().Queries == 0 { // (again, if every query timed out)
 			for _, s := range seqs[:6] {
-				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(s); return err }); err != nil {
+				if err := r.each("prefetch", func(_ int, c *Cache) error { _, err := c.Prefetch(Request{Tokens: s}); return err }); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -482,7 +485,7 @@ func TestL3DuplicatePrefetch(t *testing.T) {
 	for k := range ids {
 		res := make([]PrefetchResult, len(r.caches))
 		if err := r.each("prefetch", func(i int, c *Cache) (err error) {
-			res[i], err = c.Prefetch(s)
+			res[i], err = c.Prefetch(Request{Tokens: s})
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -634,7 +637,7 @@ func TestL3PrefetchTimerSaturates(t *testing.T) {
 	r.evictAll()
 	held.set(true)
 	res := make([]PrefetchResult, len(r.caches))
-	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(s); return err }); err != nil {
+	if err := r.each("prefetch", func(i int, c *Cache) (err error) { res[i], err = c.Prefetch(Request{Tokens: s}); return err }); err != nil {
 		t.Fatal(err)
 	}
 	r.stepUntil("the read starts", func() bool { return r.caches[0].core.Queues().Reads > 0 })

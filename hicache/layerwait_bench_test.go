@@ -62,7 +62,7 @@ func benchLayerWiseLoadBack(b *testing.B, kv kvlayout.Layout, l2 kvmem.L2Layout,
 		}
 	}
 	tokens := tokensN(1, pages*pageTokens)
-	ins, err := c.Insert(tokens)
+	ins, err := c.Insert(Request{Tokens: tokens})
 	if err != nil || len(ins.Fill) != pages {
 		b.Fatalf("insert: %d pages to fill, %v; want %d", len(ins.Fill), err, pages)
 	}
@@ -80,7 +80,7 @@ func benchLayerWiseLoadBack(b *testing.B, kv kvlayout.Layout, l2 kvmem.L2Layout,
 		if _, _, err := c.EvictL1(pages); err != nil {
 			b.Fatal(err)
 		}
-		m, err := c.Match(tokens)
+		m, err := c.Match(Request{Tokens: tokens})
 		if err != nil || m.HostPages != pages {
 			b.Fatalf("match: %+v, %v; want %d host pages", m, err, pages)
 		}
@@ -113,7 +113,7 @@ func benchLayerWiseLoadBack(b *testing.B, kv kvlayout.Layout, l2 kvmem.L2Layout,
 
 // mustMatch matches tokens and requires want pages in L1.
 func mustMatch(b *testing.B, c *Cache, tokens []int32, want int) MatchResult {
-	m, err := c.Match(tokens)
+	m, err := c.Match(Request{Tokens: tokens})
 	if err != nil || m.DevicePages != want {
 		b.Fatalf("match after the loads: %+v, %v; want %d pages in L1", m, err, want)
 	}

@@ -87,11 +87,11 @@ func hostHit(t *testing.T, eng Engine) (*rig, Handle) {
 	})
 	c := r.caches[0]
 	tokens := tokensN(100, 16)
-	if _, err := c.Insert(tokens); err != nil {
+	if _, err := c.Insert(Request{Tokens: tokens}); err != nil {
 		t.Fatal(err)
 	}
 	evictL1All(t, r)
-	m, err := c.Match(tokens)
+	m, err := c.Match(Request{Tokens: tokens})
 	if err != nil || m.HostPages != 4 {
 		t.Fatalf("match after eviction: %+v, %v; want 4 host pages", m, err)
 	}
@@ -293,7 +293,7 @@ func TestWaitL1LayerOnTheLayeredHostEngine(t *testing.T) {
 	evictL1All(t, r)
 	ms := make([]MatchResult, 2)
 	if err := r.each("load-back", func(i int, c *Cache) error {
-		m, err := c.Match(tokens)
+		m, err := c.Match(Request{Tokens: tokens})
 		if err != nil || m.HostPages != 8 {
 			return fmt.Errorf("match: %+v, %v; want 8 host pages", m, err)
 		}

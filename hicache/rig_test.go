@@ -195,7 +195,7 @@ func (r *rig) insert(tokens []int32) ([]InsertResult, error) {
 	res := make([]InsertResult, len(r.caches))
 	err := r.same("insert", r.all(func(i int) error {
 		c := r.caches[i]
-		ir, err := c.InsertKey(r.key, tokens)
+		ir, err := c.Insert(Request{Tokens: tokens, Key: r.key})
 		res[i] = ir
 		for _, f := range ir.Fill {
 			if c.Owns(f.Index) && r.kv != nil {
@@ -221,7 +221,7 @@ func (r *rig) matchLoad(tokens []int32, load bool) ([]MatchResult, error) {
 	res := make([]MatchResult, len(r.caches))
 	err := r.same("match", r.all(func(i int) error {
 		c := r.caches[i]
-		m, err := c.MatchKey(r.key, tokens)
+		m, err := c.Match(Request{Tokens: tokens, Key: r.key})
 		if err != nil {
 			return err
 		}

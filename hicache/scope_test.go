@@ -106,7 +106,7 @@ func TestScopeSizeOneLegalWhenNothingShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Insert([]int32{1, 2, 3, 4}); err != nil {
+	if _, err := c.Insert(Request{Tokens: []int32{1, 2, 3, 4}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

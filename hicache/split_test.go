@@ -103,7 +103,7 @@ func TestInsertSplitsNodeWithBackupInFlight(t *testing.T) {
 				}
 			}
 			cr := r.caches[0].core
-			n := cr.Peek(a)
+			n := cr.Peek(Request{Tokens: a})
 			if n.State&StateWriting == 0 {
 				t.Fatalf("node %d has no backup in flight (state %v)", n.ID, n.State)
 			}
@@ -140,7 +140,7 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 	requireWholeInsert(t, r, a)
 	evictL1All(t, r)
 	if err := r.each("load", func(_ int, c *Cache) error {
-		m, err := c.Match(a)
+		m, err := c.Match(Request{Tokens: a})
 		if err != nil {
 			return err
 		}
@@ -153,7 +153,7 @@ func TestInsertSplitsNodeWithLoadInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	cr := r.caches[0].core
-	n := cr.Peek(a)
+	n := cr.Peek(Request{Tokens: a})
 	if n.State&StateLoading == 0 {
 		t.Fatalf("node %d is not loading (state %v)", n.ID, n.State)
 	}

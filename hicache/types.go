@@ -14,6 +14,7 @@ type (
 	PageID         = core.PageID // a page's identity: its 256-bit chained hash (core/hash.go)
 	NodeInfo       = core.NodeInfo
 	NodeState      = core.NodeState
+	Request        = core.Request
 	MatchResult    = core.MatchResult
 	InsertResult   = core.InsertResult
 	FillPage       = core.FillPage

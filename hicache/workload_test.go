@@ -67,7 +67,7 @@ func rankWorkload(ctx context.Context, c *Cache, io l1IO, shard, steps int, seed
 			tokens := seqs[rng.IntN(rng.IntN(len(seqs))+1)] // skewed: low indices are hot
 			switch op := rng.IntN(12); {
 			case op < 4:
-				res, err := c.Insert(tokens)
+				res, err := c.Insert(Request{Tokens: tokens})
 				if errors.Is(err, ErrL1Full) {
 					counts["l1full"]++
 				} else if err != nil {
@@ -170,13 +170,13 @@ func loadBackAndWait(c *Cache, tokens []int32, m MatchResult, step func() error)
 	if err != nil {
 		return m, err
 	}
-	return c.MatchKey(last.Key, tokens) // a host hit's node has the match's isolation key
+	return c.Match(Request{Tokens: tokens, Key: last.Key}) // a host hit's node has the match's isolation key
 }
 
 // matchLoadVerify matches tokens, loads the host part back when asked (stepping with step),
 // waits for this rank's copies and verifies every device page this rank owns.
 func matchLoadVerify(ctx context.Context, c *Cache, io l1IO, tokens []int32, shard int, load bool, step func() error) (MatchResult, error) {
-	m, err := c.Match(tokens)
+	m, err := c.Match(Request{Tokens: tokens})
 	if err != nil {
 		return m, err
 	}

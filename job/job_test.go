@@ -103,7 +103,7 @@ func TestOpenManyRanksInProcess(t *testing.T) {
 			wg.Go(func() {
 				assert.NoError(t, rk.Close())
 				assert.NoError(t, rk.Close(), "a second Close does nothing")
-				_, err := rk.Cache.Match([]int32{1, 2, 3, 4})
+				_, err := rk.Cache.Match(hicache.Request{Tokens: []int32{1, 2, 3, 4}})
 				assert.ErrorIs(t, err, hicache.ErrClosed, "Close closed the cache")
 			})
 		}

@@ -11,6 +11,8 @@ import (
 	"context"
 	"time"
 	"unsafe"
+
+	"github.com/cpcache/cpcache/hicache"
 )
 
 // cpcache_bench_go runs the workload of ctest/bench.c through the Go API (hicache.Cache) of
@@ -39,12 +41,12 @@ func cpcache_bench_go(c C.cpcache_t, first, iters C.int, pageTokens, pages C.int
 			}
 		}
 		t0 := time.Now()
-		ins, err := s.cache.Insert(tokens)
+		ins, err := s.cache.Insert(hicache.Request{Tokens: tokens})
 		t1 := time.Now()
 		if err != nil {
 			return fail(err)
 		}
-		m, err := s.cache.Match(tokens)
+		m, err := s.cache.Match(hicache.Request{Tokens: tokens})
 		t2 := time.Now()
 		if err != nil {
 			return fail(err)

@@ -189,7 +189,7 @@ func devKVFlow(ctx context.Context, s *session, r *devKVRank) (checked int, err 
 	for i := range tokens {
 		tokens[i] = int32(1000 + 7*i)
 	}
-	ins, err := c.Insert(tokens)
+	ins, err := c.Insert(hicache.Request{Tokens: tokens})
 	if err != nil {
 		return 0, err
 	}
@@ -224,7 +224,7 @@ func devKVFlow(ctx context.Context, s *session, r *devKVRank) (checked int, err 
 	if err := r.zero(); err != nil { // what loads back comes from L2, not what was left in L1
 		return 0, err
 	}
-	m, err := c.Match(tokens)
+	m, err := c.Match(hicache.Request{Tokens: tokens})
 	if err != nil || m.DevicePages != 0 || m.HostPages != devKVPages {
 		return 0, fmt.Errorf("match after the eviction: %d device and %d host pages, %v; want 0 and %d", m.DevicePages, m.HostPages, err, devKVPages)
 	}
@@ -235,7 +235,7 @@ func devKVFlow(ctx context.Context, s *session, r *devKVRank) (checked int, err 
 	if err := c.Step(ctx); err != nil { // starts the loads
 		return 0, err
 	}
-	if m, err = c.Match(tokens); err != nil || m.DevicePages != devKVPages {
+	if m, err = c.Match(hicache.Request{Tokens: tokens}); err != nil || m.DevicePages != devKVPages {
 		return 0, fmt.Errorf("match after the load back: %d device pages, %v; want %d", m.DevicePages, err, devKVPages)
 	}
 	stream, err := r.dev.NewStream()

@@ -76,7 +76,7 @@ func cpcapi_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 			return err
 		}
 		// The tree keeps the tokens of new nodes (Go memory); the core does not keep own.
-		res, err := s.cache.InsertSlotsKey(k, append([]int32(nil), toks...), own)
+		res, err := s.cache.InsertSlots(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k}, own)
 		if err != nil {
 			return err
 		}

@@ -272,7 +272,7 @@ func matchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 		return fail(err)
 	}
 	// Match does not keep tokens: the C memory is read in place.
-	m, err := s.cache.MatchKey(k, toks)
+	m, err := s.cache.Match(hicache.Request{Tokens: toks, Key: k})
 	if err != nil {
 		return fail(err)
 	}
@@ -427,7 +427,7 @@ func insertKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, to
 		return fail(err)
 	}
 	// The tree keeps the tokens of new nodes: they must live in Go memory.
-	res, err := s.cache.InsertKey(k, append([]int32(nil), toks...))
+	res, err := s.cache.Insert(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k})
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", fn, err))
 	}
@@ -580,7 +580,7 @@ func prefetchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, 
 		if id == nil {
 			return fmt.Errorf("%w: id is NULL", errInvalid)
 		}
-		res, err := s.cache.PrefetchKey(k, append([]int32(nil), toks...))
+		res, err := s.cache.Prefetch(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k})
 		if err == nil {
 			*id = C.uint64_t(res.ID)
 		}

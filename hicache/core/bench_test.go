@@ -26,7 +26,7 @@ func benchTree(b *testing.B, pages int) (*Core, [][]int32) {
 		for len(s) < seqPages*pageSize {
 			s = append(s, rng.Int32())
 		}
-		if _, err := c.Insert(s); err != nil {
+		if _, err := c.Insert(Request{Tokens: s}); err != nil {
 			b.Fatal(err)
 		}
 		seqs = append(seqs, s)
@@ -52,7 +52,7 @@ func BenchmarkMatchPerPage(b *testing.B) {
 			matched, iters := 0, 0
 			start := time.Now()
 			for ; b.Loop(); iters++ {
-				matched += c.Match(seqs[iters%len(seqs)]).DevicePages
+				matched += c.Match(Request{Tokens: seqs[iters%len(seqs)]}).DevicePages
 			}
 			perPage := float64(time.Since(start).Nanoseconds()) / float64(matched)
 			base := mapBaseline(seqs, flat, iters)
@@ -112,7 +112,7 @@ func BenchmarkInsertPerPage(b *testing.B) {
 			for ; b.Loop(); iters++ {
 				s := news[iters%len(news)]
 				start := time.Now()
-				res, err := c.Insert(s)
+				res, err := c.Insert(Request{Tokens: s})
 				elapsed += time.Since(start)
 				if err != nil {
 					b.Fatal(err)

@@ -121,7 +121,7 @@ func (r *coreRig) insert(tokens []int32) (InsertResult, error) {
 	var res0 InsertResult
 	var err0 error
 	for i, c := range r.cores {
-		res, err := c.Insert(tokens)
+		res, err := c.Insert(Request{Tokens: tokens})
 		if i == 0 {
 			res0, err0 = res, err
 		} else if (err == nil) != (err0 == nil) || res.Pages != res0.Pages || len(res.Fill) != len(res0.Fill) {
@@ -142,7 +142,7 @@ func (r *coreRig) match(tokens []int32) []MatchResult {
 	var res0 MatchResult
 	var all []MatchResult
 	for i, c := range r.cores {
-		res := c.Match(tokens)
+		res := c.Match(Request{Tokens: tokens})
 		all = append(all, res)
 		if i == 0 {
 			res0 = res

@@ -89,7 +89,7 @@
 //     this rank's first unfinished backup and of its first failed one (the queue end and
 //     MaxInt64 when none): a backup is done once every rank stored its part, failed when
 //     any rank's part failed; every rank unpins the agreed prefix of the queue.
-//   - Prefetch: cache.Prefetch(tokens) (R) queues a query for the continuation beyond what
+//   - Prefetch: cache.Prefetch(req) (R) queues a query for the continuation beyond what
 //     the tree holds (at most PrefetchQuotaPages pages). Each rank counts the leading own
 //     pages stored; slot i of the query slots is the prefix it vouches for, for queue entry
 //     i, or -1 while unanswered, so MIN is the longest prefix every rank (and every shard)

@@ -117,13 +117,8 @@ func (c *Core) engineMode(call string) error {
 	return nil
 }
 
-// InsertSlots is Insert in EngineOwned mode under the empty isolation key. See InsertSlotsKey.
-func (c *Core) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
-	return c.InsertSlotsKey("", tokens, own)
-}
-
-// InsertSlotsKey is InsertKey in EngineOwned mode: own are this rank's slots for every
-// whole page of tokens it owns (pages i with i mod C == CP rank), in order; for the pages
+// InsertSlots is Insert in EngineOwned mode: own are this rank's slots for every
+// whole page of r's tokens it owns (pages i with i mod C == CP rank), in order; for the pages
 // Match served from L1, the slots Match gave. The core adopts them for the pages it caches
 // that were not in L1 (and for stale pages, whose old slots it frees); a slot for a page
 // already in L1 under another slot, or for a page it does not cache (while
@@ -132,7 +127,8 @@ func (c *Core) InsertSlots(tokens []int32, own []int32) (InsertResult, error) {
 // page is an error wrapping ErrBadArgument naming the slot, before any change. On another
 // error (ErrL1Full) the caller keeps its slots; slots the failed insert's evictions freed
 // wait in TakeFreedL1. Replicated (the slot values are local: each rank passes its own).
-func (c *Core) InsertSlotsKey(key string, tokens []int32, own []int32) (InsertResult, error) {
+func (c *Core) InsertSlots(r Request, own []int32) (InsertResult, error) {
+	key, tokens := r.Key, r.Tokens
 	if err := c.engineMode("InsertSlots"); err != nil {
 		return InsertResult{}, err
 	}
@@ -206,7 +202,7 @@ func (c *Core) LoadBackPlan(h Handle) ([]int, error) {
 // LoadBackSlots is LoadBack in EngineOwned mode: own are this rank's destination slots for
 // the pages LoadBackPlan(h) lists, in order. The pages that load take them; the slots of
 // pages that do not (L1 room, MinLoadPages) come back in LoadResult.Freed, with the slots
-// the load's evictions freed. Bad slots (see InsertSlotsKey) are an error wrapping
+// the load's evictions freed. Bad slots (see InsertSlots) are an error wrapping
 // ErrBadArgument naming the slot, before any change; on another error the caller keeps its
 // slots. Replicated.
 func (c *Core) LoadBackSlots(h Handle, own []int32) (LoadResult, error) {

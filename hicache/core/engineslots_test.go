@@ -97,7 +97,7 @@ func TestEngineOwnedSlotsAgainstAModelAllocator(t *testing.T) {
 						fresh := make([][]int32, C)
 						ok := true
 						for i, c := range r.cores {
-							ms[i] = c.Match(toks)
+							ms[i] = c.Match(Request{Tokens: toks})
 							for p := 0; p < n; p++ {
 								if !c.Owns(p) {
 									continue
@@ -125,7 +125,7 @@ func TestEngineOwnedSlotsAgainstAModelAllocator(t *testing.T) {
 							continue
 						}
 						for i, c := range r.cores {
-							res, err := c.InsertSlots(toks, own[i])
+							res, err := c.InsertSlots(Request{Tokens: toks}, own[i])
 							switch {
 							case errors.Is(err, ErrL1Full):
 								allocs[i].giveBack("a failed insert's caller", fresh[i])
@@ -143,7 +143,7 @@ func TestEngineOwnedSlotsAgainstAModelAllocator(t *testing.T) {
 						plans := make([][]int, C)
 						short := false
 						for i, c := range r.cores {
-							m := c.Match(toks)
+							m := c.Match(Request{Tokens: toks})
 							plan, err := c.LoadBackPlan(m.Last)
 							if err != nil {
 								t.Fatal(err)
@@ -222,11 +222,11 @@ func TestEngineOwnedBadSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := []int32{1, 1, 2, 2, 3, 3, 4, 4} // pages 0..3: rank 1 owns pages 1 and 3
-	res, err := c.InsertSlots(a, []int32{5, 6})
+	res, err := c.InsertSlots(Request{Tokens: a}, []int32{5, 6})
 	if err != nil || len(res.Freed) != 0 {
 		t.Fatalf("insert: %+v, %v", res, err)
 	}
-	if m := c.Match(a); !slices.Equal(m.L1Slots, []int32{-1, 5, -1, 6}) {
+	if m := c.Match(Request{Tokens: a}); !slices.Equal(m.L1Slots, []int32{-1, 5, -1, 6}) {
 		t.Fatalf("match slots %v, want [-1 5 -1 6]", m.L1Slots)
 	}
 	d := c.StateDigest()
@@ -242,7 +242,7 @@ func TestEngineOwnedBadSlots(t *testing.T) {
 		{[]int32{5, 6}, "slot 6 (entry 1 of the list) is held by the cache for another page"},
 		{[]int32{6, 7}, "slot 6 (entry 0 of the list) is held by the cache for another page"},
 	} {
-		_, err := c.InsertSlots(b, tc.own)
+		_, err := c.InsertSlots(Request{Tokens: b}, tc.own)
 		if !errors.Is(err, ErrBadArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("InsertSlots(%v): %v; want ErrBadArgument with %q", tc.own, err, tc.want)
 		}
@@ -251,14 +251,14 @@ func TestEngineOwnedBadSlots(t *testing.T) {
 		}
 	}
 	// A duplicate computation of a cached page: the cache keeps its slot, the passed one is freed.
-	res, err = c.InsertSlots(b, []int32{7, 0})
+	res, err = c.InsertSlots(Request{Tokens: b}, []int32{7, 0})
 	if err != nil || !slices.Equal(res.Freed, []int32{7}) {
 		t.Fatalf("insert with a duplicate of page 1: %+v, %v; want slot 7 freed", res, err)
 	}
-	if m := c.Match(b); !slices.Equal(m.L1Slots, []int32{-1, 5, -1, 0}) {
+	if m := c.Match(Request{Tokens: b}); !slices.Equal(m.L1Slots, []int32{-1, 5, -1, 0}) {
 		t.Fatalf("match slots %v, want [-1 5 -1 0]", m.L1Slots)
 	}
-	if _, err := c.Insert(a); !errors.Is(err, ErrBadArgument) {
+	if _, err := c.Insert(Request{Tokens: a}); !errors.Is(err, ErrBadArgument) {
 		t.Fatalf("Insert in EngineOwned mode: %v", err)
 	}
 	if _, _, _, err := newTestCore(t, Options{PageSize: 2, L1Pages: 8}).EvictL1Slots(1); !errors.Is(err, ErrBadArgument) {

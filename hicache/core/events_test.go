@@ -116,7 +116,7 @@ func TestEventsFollowTheTree(t *testing.T) {
 // TestEnableEventsAnnouncesWhatIsHeld: events turned on late report every page already held.
 func TestEnableEventsAnnouncesWhatIsHeld(t *testing.T) {
 	c := newTestCore(t, Options{PageSize: 4, L1Pages: 16})
-	if _, err := c.InsertKey("k", goldenTokens); err != nil {
+	if _, err := c.Insert(Request{Tokens: goldenTokens, Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.TakeEvents(nil); got != nil {

@@ -14,7 +14,7 @@ func TestHandlesAreChecked(t *testing.T) {
 	if c.Generation() != 8 {
 		t.Fatalf("generation %d, want Options.Generation+1 = 8", c.Generation())
 	}
-	res, err := c.Insert([]int32{1, 2})
+	res, err := c.Insert(Request{Tokens: []int32{1, 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestHandlesAreChecked(t *testing.T) {
 	if again, _ := c.Node(res.Last); again.L1[0] == -1 {
 		t.Fatal("NodeInfo shares the tree's slots")
 	}
-	root := c.Match(nil).Last
+	root := c.Match(Request{}).Last
 	stale := func(what string, h Handle) {
 		t.Helper()
 		var se *StaleHandleError
@@ -56,7 +56,7 @@ func TestHandlesAreChecked(t *testing.T) {
 	if c.Generation() != 9 {
 		t.Fatalf("generation %d after a reset, want 9", c.Generation())
 	}
-	res2, err := c.Insert([]int32{1, 2})
+	res2, err := c.Insert(Request{Tokens: []int32{1, 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

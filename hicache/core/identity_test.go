@@ -56,7 +56,7 @@ func FuzzTreeIndexCollisions(f *testing.F) {
 			np := len(s) / P
 			if rng.IntN(3) == 0 {
 				want := longest(key, s)
-				m, mf := narrow.MatchKey(key, s), full.MatchKey(key, s)
+				m, mf := narrow.Match(Request{Tokens: s, Key: key}), full.Match(Request{Tokens: s, Key: key})
 				if got := m.DevicePages + m.HostPages; got != want {
 					t.Fatalf("op %d: match under key %q of %v: %d pages, the model holds %d", op, key, s, got, want)
 				}
@@ -65,11 +65,11 @@ func FuzzTreeIndexCollisions(f *testing.F) {
 				}
 				continue
 			}
-			r, err := narrow.InsertKey(key, s)
+			r, err := narrow.Insert(Request{Tokens: s, Key: key})
 			if err != nil {
 				t.Fatal(err)
 			}
-			rf, err := full.InsertKey(key, s)
+			rf, err := full.Insert(Request{Tokens: s, Key: key})
 			if err != nil {
 				t.Fatal(err)
 			}

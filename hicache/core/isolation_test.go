@@ -35,7 +35,7 @@ func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
 		t.Fatalf("KeyRoot(\"\") = %#x, want RootID %#x", KeyRoot(""), RootID)
 	}
 	c := newTestCore(t, Options{PageSize: 4, L1Pages: 16})
-	res, err := c.Insert(goldenTokens)
+	res, err := c.Insert(Request{Tokens: goldenTokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestEmptyIsolationKeyKeepsHashes(t *testing.T) {
 func TestIsolationKeySeparatesTree(t *testing.T) {
 	c := newTestCore(t, Options{PageSize: 4, L1Pages: 64})
 	for _, key := range []string{"", "a"} {
-		if _, err := c.InsertKey(key, goldenTokens); err != nil {
+		if _, err := c.Insert(Request{Tokens: goldenTokens, Key: key}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func TestIsolationKeySeparatesTree(t *testing.T) {
 		key  string
 		want int
 	}{{"", 3}, {"a", 3}, {"b", 0}} {
-		m := c.MatchKey(tc.key, goldenTokens)
+		m := c.Match(Request{Tokens: goldenTokens, Key: tc.key})
 		if m.DevicePages != tc.want || m.HostPages != 0 {
 			t.Fatalf("key %q: %d+%d pages matched, want %d+0", tc.key, m.DevicePages, m.HostPages, tc.want)
 		}
@@ -81,18 +81,18 @@ func TestIsolationKeySeparatesTree(t *testing.T) {
 	}
 	// A longer sequence under "a" extends a's node only (a split keeps the key).
 	longer := append(slices.Clone(goldenTokens[:8]), 99, 98, 97, 96)
-	res, err := c.InsertKey("a", longer)
+	res, err := c.Insert(Request{Tokens: longer, Key: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.at(res.Last).key != "a" || c.at(res.Last).parent.key != "a" {
 		t.Fatalf("split under key a: keys %q and %q", c.at(res.Last).key, c.at(res.Last).parent.key)
 	}
-	if m := c.Match(longer); m.DevicePages != 2 {
+	if m := c.Match(Request{Tokens: longer}); m.DevicePages != 2 {
 		t.Fatalf("the empty key matched %d pages of a's longer sequence, want its own 2", m.DevicePages)
 	}
-	if got := c.PeekKey("b", longer); got.Handle != 0 {
-		t.Fatalf("PeekKey under key b found node %d", got.ID)
+	if got := c.Peek(Request{Tokens: longer, Key: "b"}); got.Handle != 0 {
+		t.Fatalf("Peek under key b found node %d", got.ID)
 	}
 	if err := c.CheckInvariants(); err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ func TestL1HoldsOnlyOwnPages(t *testing.T) {
 				t.Fatal(err)
 			}
 			for s := range 3 * C * k / nodePages { // enough to fill every pool and evict
-				res, err := c.Insert(seqTokens(nodePages, 0, int32(1000*(s+1))))
+				res, err := c.Insert(Request{Tokens: seqTokens(nodePages, 0, int32(1000*(s+1)))})
 				if err != nil {
 					t.Fatalf("CP%d insert %d: %v", C, s, err)
 				}
@@ -80,14 +80,14 @@ func TestMatchSlotsAreOwnOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 		toks := seqTokens(10, 0, 0)
-		ins, err := c.Insert(toks)
+		ins, err := c.Insert(Request{Tokens: toks})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if r == 0 {
 			fill = ins.Fill
 		}
-		m := c.Match(toks)
+		m := c.Match(Request{Tokens: toks})
 		if m.DevicePages != 10 || len(m.L1Slots) != 10 {
 			t.Fatalf("rank %d: match %+v", r, m)
 		}
@@ -110,7 +110,7 @@ func TestInsertL1FullNamesThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := c.Insert(seqTokens(3, 0, 0)) // pool 0: 2 slots, pool 1: 1
+	a, err := c.Insert(Request{Tokens: seqTokens(3, 0, 0)}) // pool 0: 2 slots, pool 1: 1
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,14 +118,14 @@ func TestInsertL1FullNamesThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := c.Nodes()
-	_, err = c.Insert(seqTokens(1, 0, 500)) // one page of pool 0
+	_, err = c.Insert(Request{Tokens: seqTokens(1, 0, 500)}) // one page of pool 0
 	if !errors.Is(err, ErrL1Full) || !strings.Contains(err.Error(), "CP rank 0's L1 pool") {
 		t.Fatalf("insert into a full pool 0: %v", err)
 	}
 	if c.Nodes() != nodes {
 		t.Fatalf("failed insert left %d nodes, want %d", c.Nodes(), nodes)
 	}
-	if _, err := c.Insert(seqTokens(3, 0, 0)[:8]); err != nil { // a cached prefix: no room needed
+	if _, err := c.Insert(Request{Tokens: seqTokens(3, 0, 0)[:8]}); err != nil { // a cached prefix: no room needed
 		t.Fatal(err)
 	}
 }

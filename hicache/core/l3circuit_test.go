@@ -48,7 +48,7 @@ func TestStorageCircuitAgreed(t *testing.T) {
 	step()
 	open(true) // rank 1's is still open
 	for i, c := range cores {
-		if res := c.Prefetch(tokens); res.ID != 0 {
+		if res := c.Prefetch(Request{Tokens: tokens}); res.ID != 0 {
 			t.Fatalf("rank %d: prefetch %+v started with the circuit open", i, res)
 		}
 		if rd := c.Ready(); len(rd.Jobs) != 0 {
@@ -59,7 +59,7 @@ func TestStorageCircuitAgreed(t *testing.T) {
 	step()
 	open(false)
 	for i, c := range cores {
-		if res := c.Prefetch(tokens); res.ID == 0 {
+		if res := c.Prefetch(Request{Tokens: tokens}); res.ID == 0 {
 			t.Fatalf("rank %d: no prefetch once the circuit closed", i)
 		}
 		// 4 pages, one per rank: each queries its own

@@ -64,7 +64,7 @@ func TestPrefetchCostMeasuredAgreed(t *testing.T) {
 		t.Helper()
 		var id uint64
 		for i, c := range cores {
-			res := c.Prefetch(seq(base))
+			res := c.Prefetch(Request{Tokens: seq(base)})
 			if i == 0 {
 				id = res.ID
 			} else if res.ID != id || id == 0 {

@@ -13,7 +13,7 @@ func TestPrefetchBelowL2OnlyNodeKeepsEvictionOrder(t *testing.T) {
 	}
 	step := func(d Done) Ready { t.Helper(); return stepSolo(t, c, d) }
 	prefix := []int32{1, 1, 2, 2}
-	if _, err := c.Insert(prefix); err != nil {
+	if _, err := c.Insert(Request{Tokens: prefix}); err != nil {
 		t.Fatal(err)
 	}
 	rd := c.Ready() // the write-through backup
@@ -22,11 +22,11 @@ func TestPrefetchBelowL2OnlyNodeKeepsEvictionOrder(t *testing.T) {
 		t.Fatalf("jobs %+v, want a storage backup", rd.Jobs)
 	}
 	step(Done{Storage: []StorageDone{{Kind: StoragePut, Seq: rd.Jobs[0].Seq}}})
-	if freed, _ := c.EvictL1(2); freed != 2 || c.Peek(prefix).State != StateL2 {
-		t.Fatalf("freed %d, prefix %v; want it held in L2 only", freed, c.Peek(prefix).State)
+	if freed, _ := c.EvictL1(2); freed != 2 || c.Peek(Request{Tokens: prefix}).State != StateL2 {
+		t.Fatalf("freed %d, prefix %v; want it held in L2 only", freed, c.Peek(Request{Tokens: prefix}).State)
 	}
 	long := append(append([]int32(nil), prefix...), 3, 3, 4, 4)
-	if res := c.Prefetch(long); res.ID == 0 || res.Start != 2 || res.Pages != 2 {
+	if res := c.Prefetch(Request{Tokens: long}); res.ID == 0 || res.Start != 2 || res.Pages != 2 {
 		t.Fatalf("prefetch %+v", res)
 	}
 	rd = c.Ready()
@@ -35,7 +35,7 @@ func TestPrefetchBelowL2OnlyNodeKeepsEvictionOrder(t *testing.T) {
 		t.Fatalf("jobs %+v, want a storage read", rd.Jobs)
 	}
 	step(Done{Storage: []StorageDone{{Kind: StorageRead, Seq: rd.Jobs[0].Seq, Pages: 2}}})
-	if n := c.Peek(long); n.Handle == 0 || n.Depth != 2 || n.State != StateL2 {
+	if n := c.Peek(Request{Tokens: long}); n.Handle == 0 || n.Depth != 2 || n.State != StateL2 {
 		t.Fatalf("prefetched node %v, want 2 pages below the prefix in L2", n)
 	}
 	if freed := c.EvictL2(4); freed != 4 || c.Nodes() != 0 {

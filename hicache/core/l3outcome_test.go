@@ -23,7 +23,7 @@ func TestPrefetchOutcome(t *testing.T) {
 	for _, s := range [][]int32{seq(100), seq(200)} {
 		var id uint64
 		for i, c := range cores {
-			res := c.Prefetch(s)
+			res := c.Prefetch(Request{Tokens: s})
 			if i == 0 {
 				id = res.ID
 			} else if res.ID != id || id == 0 {

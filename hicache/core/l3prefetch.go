@@ -114,7 +114,7 @@ func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
 	return o, ok
 }
 
-// Prefetch asks storage for the continuation of tokens beyond what the tree holds: every
+// Prefetch asks storage for the continuation of r's tokens beyond what the tree holds: every
 // rank queries its own pages in the background; once the group agreed how many leading
 // pages are stored (the longest prefix every rank holds, at least MinPrefetchPages), it
 // reserves L2 pages for them and every rank reads its own into its slab; when the policy
@@ -123,13 +123,10 @@ func (c *Core) PrefetchOutcome(id uint64) (PrefetchOutcome, bool) {
 // as host pages. Nothing starts without L3, in quarantine, while the storage circuit is
 // open, or when the continuation is shorter than MinPrefetchPages, and (without
 // MeasuredReads) when the cost rule says no prefix of it can pay off (CostSkipped). The
-// query is under the empty isolation key. Replicated.
-func (c *Core) Prefetch(tokens []int32) PrefetchResult { return c.PrefetchKey("", tokens) }
-
-// PrefetchKey is Prefetch under isolation key key: it asks storage for the key's pages (the
-// key seeds their hashes, which are the L3 keys) and inserts them under the key.
-// Replicated.
-func (c *Core) PrefetchKey(key string, tokens []int32) PrefetchResult {
+// query is under r's isolation key: it asks storage for the key's pages (the key seeds
+// their hashes, which are the L3 keys) and inserts them under the key. Replicated.
+func (c *Core) Prefetch(r Request) PrefetchResult {
+	key, tokens := r.Key, r.Tokens
 	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return PrefetchResult{}
 	}
@@ -180,13 +177,13 @@ func (c *Core) costSkips(have, k int) bool {
 	return !pc.MeasuredReads && !pc.MayPay(have, k, c.cfg.PageSize, pc.StorageBytesPerNs)
 }
 
-// PrefetchSkipsForCost reports whether PrefetchKey(key, tokens) would start nothing because of the
+// PrefetchSkipsForCost reports whether Prefetch(r) would start nothing because of the
 // cost rule (PrefetchResult.CostSkipped), without starting anything. Replicated.
-func (c *Core) PrefetchSkipsForCost(key string, tokens []int32) bool {
+func (c *Core) PrefetchSkipsForCost(r Request) bool {
 	if !c.cfg.L3 || c.quarantined || c.l3.circuitOpen {
 		return false
 	}
-	have, _, k := c.continuation(key, tokens)
+	have, _, k := c.continuation(r.Key, r.Tokens)
 	return k >= c.cfg.L3Config.MinPrefetchPages && k > 0 && c.costSkips(have, k)
 }
 

@@ -137,7 +137,7 @@ func TestStorageEveryRankItsShare(t *testing.T) {
 			}
 			hashes := PrefixHashes(tokens, 2)
 			for i, c := range r.cores {
-				if _, err := c.Insert(tokens); err != nil {
+				if _, err := c.Insert(Request{Tokens: tokens}); err != nil {
 					t.Fatalf("rank %d: %v", i, err)
 				}
 			}
@@ -178,7 +178,7 @@ func TestStorageEveryRankItsShare(t *testing.T) {
 
 			var id uint64
 			for i, c := range r.cores {
-				res := c.Prefetch(tokens)
+				res := c.Prefetch(Request{Tokens: tokens})
 				if res.ID == 0 || res.Start != 0 || res.Pages != k {
 					t.Fatalf("rank %d: prefetch %+v", i, res)
 				}
@@ -211,7 +211,7 @@ func TestStorageEveryRankItsShare(t *testing.T) {
 				if got, ok := c.PrefetchOutcome(id); !ok || got != want {
 					t.Fatalf("rank %d: outcome %+v (%t), want %+v", i, got, ok, want)
 				}
-				if m := c.Match(tokens); m.DevicePages != 0 || m.HostPages != verified {
+				if m := c.Match(Request{Tokens: tokens}); m.DevicePages != 0 || m.HostPages != verified {
 					t.Fatalf("rank %d: match %d device + %d host pages, want 0 + %d", i, m.DevicePages, m.HostPages, verified)
 				}
 				if st := c.Stats(); st.L3HitPages != int64(stored) || st.L3PrefetchedPages != int64(verified) || st.L3DiscardedPages != int64(stored-verified) {

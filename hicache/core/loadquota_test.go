@@ -192,7 +192,7 @@ func TestLoadBackFitsL1(t *testing.T) {
 				t.Fatal(err)
 			}
 			last := make([]Handle, n)
-			r.each(func(i int, c *Core) error { last[i] = c.Peek(locked).Handle; return c.Lock(last[i]) })
+			r.each(func(i int, c *Core) error { last[i] = c.Peek(Request{Tokens: locked}).Handle; return c.Lock(last[i]) })
 			r.settle()
 			if res.Pages != lockedPages {
 				t.Fatalf("inserted %d pages, want %d", res.Pages, lockedPages)
@@ -228,7 +228,7 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 	}
 	step := func(d Done) Ready { t.Helper(); return stepSolo(t, c, d) }
 	seq := []int32{1, 1, 2, 2, 3, 3, 4, 4}
-	if _, err := c.Insert(seq); err != nil {
+	if _, err := c.Insert(Request{Tokens: seq}); err != nil {
 		t.Fatal(err)
 	}
 	rd := c.Ready() // the write-through backup
@@ -240,7 +240,7 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 	if freed, _ := c.EvictL1(4); freed != 4 {
 		t.Fatalf("freed %d, want 4", freed)
 	}
-	m := c.Match([]int32{1, 1, 2, 2, 9, 9})
+	m := c.Match(Request{Tokens: []int32{1, 1, 2, 2, 9, 9}})
 	if m.HostPages != 2 || len(c.at(m.Last).hashes) != 2 || c.Nodes() != 2 {
 		t.Fatalf("match: %d host pages, last node %d pages, %d nodes; want 2, 2, 2", m.HostPages, len(c.at(m.Last).hashes), c.Nodes())
 	}
@@ -257,7 +257,7 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 	if c.at(m.Last).l3Pins != 0 || tail.l3Pins != 0 || c.Stats().L3BackedUpPages != 4 {
 		t.Fatalf("after the backup: pins %d and %d, %d pages backed up; want 0, 0, 4", c.at(m.Last).l3Pins, tail.l3Pins, c.Stats().L3BackedUpPages)
 	}
-	if m := c.Match(seq); m.DevicePages != 2 || m.HostPages != 2 {
+	if m := c.Match(Request{Tokens: seq}); m.DevicePages != 2 || m.HostPages != 2 {
 		t.Fatalf("%d device and %d host pages, want 2 and 2", m.DevicePages, m.HostPages)
 	}
 }

@@ -2,6 +2,18 @@ package core
 
 import "fmt"
 
+// Request is one token sequence as the cache sees it: its tokens and the isolation key its
+// pages live under. Match, Insert, InsertSlots, Prefetch, PrefetchSkipsForCost and Peek take
+// one.
+type Request struct {
+	// Tokens are the sequence's token ids; only its whole pages are looked up or cached.
+	Tokens []int32
+	// Key is the isolation key: only pages inserted (or prefetched) under the same key
+	// match, and the key seeds the pages' ids (KeyRoot), so equal tokens under another key
+	// are other pages in every tier. "" is the empty key, an ordinary key like any other.
+	Key string
+}
+
 // MatchResult is the longest cached prefix of a token sequence.
 type MatchResult struct {
 	// DevicePages are the leading pages held in L1 (some may still be loading: call WaitL1
@@ -21,16 +33,13 @@ type MatchResult struct {
 	L1Slots []int32
 }
 
-// Match returns the longest cached prefix of tokens (whole pages only) under the empty
+// Match returns the longest cached prefix of r's tokens (whole pages only) under r's
 // isolation key and marks it recently used; in quarantine it returns no hit. When the hit
 // ends inside a node held only in L2, that node is split at the hit's end (also with a
 // storage backup of it in flight), so that a load-back of the hit brings its pages and no
 // others. Replicated: call it identically on every rank.
-func (c *Core) Match(tokens []int32) MatchResult { return c.MatchKey("", tokens) }
-
-// MatchKey is Match under isolation key key: only pages inserted (or prefetched) under the
-// same key match. Replicated.
-func (c *Core) MatchKey(key string, tokens []int32) MatchResult {
+func (c *Core) Match(r Request) MatchResult {
+	key, tokens := r.Key, r.Tokens
 	c.stats.Matches++
 	c.stats.PromptTokens += int64(len(tokens))
 	res := MatchResult{Last: c.root.handle()}
@@ -106,22 +115,18 @@ type InsertResult struct {
 // KV). It counts a hit on every node of the path and starts backups the write policy asks
 // for. It fails with ErrL1Full when L1 cannot make room, having changed nothing but
 // evictions and a split at the sequence's divergence point.
-// The pages are cached under the empty isolation key. Replicated: call it identically on
-// every rank.
-func (c *Core) Insert(tokens []int32) (InsertResult, error) { return c.InsertKey("", tokens) }
-
-// InsertKey is Insert under isolation key key: the pages' ids (and so their L3 keys) are
-// seeded with the key (KeyRoot), and they match only under the same key; equal
-// tokens under another key are other pages in every tier. Replicated.
-func (c *Core) InsertKey(key string, tokens []int32) (InsertResult, error) {
+// The pages are cached under r's isolation key: their ids (and so their L3 keys) are seeded
+// with the key (KeyRoot), and they match only under the same key. Replicated: call it
+// identically on every rank.
+func (c *Core) Insert(r Request) (InsertResult, error) {
 	if c.l1.engine != nil {
 		return InsertResult{}, fmt.Errorf("%w: Insert in L1 mode %s: the engine passes its slots (InsertSlots)", ErrBadArgument, c.cfg.L1Mode)
 	}
-	return c.insertKey(key, tokens)
+	return c.insertKey(r.Key, r.Tokens)
 }
 
-// insertKey is InsertKey; in EngineOwned mode the slots of this rank's new pages come from
-// c.adopt (see InsertSlotsKey).
+// insertKey is Insert of tokens under isolation key key; in EngineOwned mode the slots of
+// this rank's new pages come from c.adopt (see InsertSlots).
 func (c *Core) insertKey(key string, tokens []int32) (InsertResult, error) {
 	c.stats.Inserts++
 	if c.quarantined {

@@ -45,10 +45,10 @@ func TestDivergenceQuarantinesThenRecovers(t *testing.T) {
 				if !c.Quarantined() || c.Stats().Divergences != 1 {
 					t.Fatalf("rank %d: quarantined %t, divergences %d", i, c.Quarantined(), c.Stats().Divergences)
 				}
-				if m := c.Match(seqs[0]); m.DevicePages+m.HostPages != 0 {
+				if m := c.Match(Request{Tokens: seqs[0]}); m.DevicePages+m.HostPages != 0 {
 					t.Fatalf("rank %d serves %d+%d pages in quarantine", i, m.DevicePages, m.HostPages)
 				}
-				if res, err := c.Insert(seqs[15]); err != nil || res.Pages != 0 || len(res.Fill) != 0 {
+				if res, err := c.Insert(Request{Tokens: seqs[15]}); err != nil || res.Pages != 0 || len(res.Fill) != 0 {
 					t.Fatalf("rank %d caches in quarantine: %+v, %v", i, res, err)
 				}
 				if rd := c.Ready(); len(rd.Transfers)+len(rd.Jobs) != 0 {
@@ -103,7 +103,7 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 		}
 		seqs := [][]int32{{1, 1, 1, 1, 2, 2, 2, 2}, {3, 3, 3, 3, 4, 4, 4, 4}}
 		for _, s := range seqs {
-			if _, err := c.Insert(s); err != nil {
+			if _, err := c.Insert(Request{Tokens: s}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -130,10 +130,10 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 		t.Fatal("equal histories, different digests")
 	}
 	// LRU order: the same two matches in a different order.
-	a.Match(seqs[0])
-	a.Match(seqs[1])
-	b.Match(seqs[1])
-	b.Match(seqs[0])
+	a.Match(Request{Tokens: seqs[0]})
+	a.Match(Request{Tokens: seqs[1]})
+	b.Match(Request{Tokens: seqs[1]})
+	b.Match(Request{Tokens: seqs[0]})
 	if digest(a) == digest(b) {
 		t.Fatal("the tree digest is blind to LRU order")
 	}
@@ -148,7 +148,7 @@ func TestTreeDigestCoversLRUResidencyAndLocks(t *testing.T) {
 	// Locks: one lock each, on different nodes.
 	a, _ = build()
 	b, _ = build()
-	if err := errors.Join(a.Lock(a.Peek(seqs[0]).Handle), b.Lock(b.Peek(seqs[1]).Handle)); err != nil {
+	if err := errors.Join(a.Lock(a.Peek(Request{Tokens: seqs[0]}).Handle), b.Lock(b.Peek(Request{Tokens: seqs[1]}).Handle)); err != nil {
 		t.Fatal(err)
 	}
 	if digest(a) == digest(b) {

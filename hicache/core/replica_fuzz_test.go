@@ -575,7 +575,7 @@ func (s *replicaSim) op() {
 		var fill []FillPage
 		var last []Handle
 		err := s.each("insert", func(i int, c *Core) error {
-			res, err := c.Insert(q)
+			res, err := c.Insert(Request{Tokens: q})
 			last = append(last, res.Last)
 			if i == 0 {
 				fill = res.Fill
@@ -604,7 +604,7 @@ func (s *replicaSim) op() {
 		var last []Handle
 		var m0 MatchResult
 		s.each("match", func(i int, c *Core) error {
-			m := c.Match(q)
+			m := c.Match(Request{Tokens: q})
 			if i == 0 {
 				m0 = m
 			} else if m.DevicePages != m0.DevicePages || m.HostPages != m0.HostPages || !ownSlotsOnly(c, m) {
@@ -680,7 +680,7 @@ func (s *replicaSim) op() {
 	case k < 86:
 		var id uint64
 		s.each("prefetch", func(i int, c *Core) error {
-			r := c.Prefetch(q)
+			r := c.Prefetch(Request{Tokens: q})
 			if i == 0 {
 				id = r.ID
 			} else if r.ID != id {

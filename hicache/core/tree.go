@@ -53,14 +53,11 @@ func (c *Core) flushDirty() {
 	c.dirty = c.dirty[:0]
 }
 
-// Peek returns a copy of the deepest node whose pages all match a prefix of tokens, without
-// touching LRU order or counters (the zero NodeInfo, Handle 0, when nothing matches).
-// Read-only: a rank may call it alone.
-func (c *Core) Peek(tokens []int32) NodeInfo { return c.PeekKey("", tokens) }
-
-// PeekKey is Peek under isolation key key.
-func (c *Core) PeekKey(key string, tokens []int32) NodeInfo {
-	if n := c.peek(key, tokens); n != nil {
+// Peek returns a copy of the deepest node under r's isolation key whose pages all match a
+// prefix of r's tokens, without touching LRU order or counters (the zero NodeInfo, Handle 0,
+// when nothing matches). Read-only: a rank may call it alone.
+func (c *Core) Peek(r Request) NodeInfo {
+	if n := c.peek(r.Key, r.Tokens); n != nil {
 		return n.info()
 	}
 	return NodeInfo{}

@@ -20,7 +20,7 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 	c := newTestCore(t, Options{PageSize: 2, L1Pages: 32, Policy: WriteBack})
 	a := []int32{1, 2, 3, 4, 5, 6, 7} // 3 whole pages + 1 token
 	b := []int32{1, 2, 3, 4, 9, 9}    // shares 2 pages, then diverges
-	ra, err := c.Insert(a)
+	ra, err := c.Insert(Request{Tokens: a})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 			t.Fatalf("fill %d: %+v", i, f)
 		}
 	}
-	rb, err := c.Insert(b)
+	rb, err := c.Insert(Request{Tokens: b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 		{[]int32{2, 2}, 0, c.root.handle()},
 		{[]int32{1}, 0, c.root.handle()}, // less than a page
 	} {
-		m := c.Match(tc.tokens)
+		m := c.Match(Request{Tokens: tc.tokens})
 		if m.DevicePages != tc.pages || m.HostPages != 0 || m.Last != tc.last || m.DeviceTokens != 2*tc.pages || len(m.L1Slots) != tc.pages {
 			t.Fatalf("match %v: %+v, want %d pages at node %#x", tc.tokens, m, tc.pages, uint64(tc.last))
 		}
@@ -71,17 +71,17 @@ func TestTreeInsertSplitMatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Re-inserting a cached sequence allocates nothing.
-	if r, err := c.Insert(a); err != nil || len(r.Fill) != 0 || r.Pages != 3 {
+	if r, err := c.Insert(Request{Tokens: a}); err != nil || len(r.Fill) != 0 || r.Pages != 3 {
 		t.Fatalf("re-insert: %+v %v", r, err)
 	}
 }
 
 func TestLRUEvictsLeavesFirstAndSkipsLocked(t *testing.T) {
 	c := newTestCore(t, Options{PageSize: 1, L1Pages: 8, Policy: WriteThroughSelective, WriteThreshold: 100})
-	x, _ := c.Insert([]int32{1, 2})    // node X: pages 1,2
-	y, _ := c.Insert([]int32{1, 2, 3}) // node Y under X
-	z, _ := c.Insert([]int32{5})       // node Z
-	c.Match([]int32{1, 2, 3})          // Y, X recently used; Z least
+	x, _ := c.Insert(Request{Tokens: []int32{1, 2}})    // node X: pages 1,2
+	y, _ := c.Insert(Request{Tokens: []int32{1, 2, 3}}) // node Y under X
+	z, _ := c.Insert(Request{Tokens: []int32{5}})       // node Z
+	c.Match(Request{Tokens: []int32{1, 2, 3}})          // Y, X recently used; Z least
 	if err := c.Lock(z.Last); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestLRUEvictsLeavesFirstAndSkipsLocked(t *testing.T) {
 	// Freed slots are reused lowest first, in each owner's pool: Z holds slot 2 of pool 0
 	// (X took slot 0 of pools 0 and 1, Y slot 1 of pool 0), so pages 0 and 1 get slot 0 of
 	// pools 0 and 1.
-	r, _ := c.Insert([]int32{7, 7})
+	r, _ := c.Insert(Request{Tokens: []int32{7, 7}})
 	if r.Fill[0].Slot != 0 || r.Fill[1].Slot != 0 || r.Fill[0].Owner != 0 || r.Fill[1].Owner != 1 {
 		t.Fatalf("slots after eviction: %+v", r.Fill)
 	}
@@ -151,7 +151,7 @@ func containsAll(s string, subs ...string) bool {
 // every token is missed.
 func TestMatchCountsPromptAndMissedTokens(t *testing.T) {
 	c := newTestCore(t, Options{PageSize: 2, L1Pages: 32, Policy: WriteBack})
-	if _, err := c.Insert([]int32{1, 2, 3, 4}); err != nil {
+	if _, err := c.Insert(Request{Tokens: []int32{1, 2, 3, 4}}); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
@@ -163,13 +163,13 @@ func TestMatchCountsPromptAndMissedTokens(t *testing.T) {
 		{[]int32{7}, 12, 6},                // nothing
 	}
 	for i, s := range steps {
-		c.Match(s.tokens)
+		c.Match(Request{Tokens: s.tokens})
 		if st := c.Stats(); st.PromptTokens != s.prompt || st.MissedTokens != s.missed {
 			t.Fatalf("after match %d: prompt %d missed %d, want %d and %d", i, st.PromptTokens, st.MissedTokens, s.prompt, s.missed)
 		}
 	}
 	c.quarantined = true
-	c.Match([]int32{1, 2, 3, 4})
+	c.Match(Request{Tokens: []int32{1, 2, 3, 4}})
 	if st := c.Stats(); st.PromptTokens != 16 || st.MissedTokens != 10 {
 		t.Fatalf("in quarantine: prompt %d missed %d, want 16 and 10", st.PromptTokens, st.MissedTokens)
 	}

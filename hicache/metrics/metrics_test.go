@@ -125,7 +125,7 @@ func (r *rig) workload(steps int, seed uint64) {
 				tokens := seqs[rng.IntN(rng.IntN(len(seqs))+1)] // skewed: low indices are hot
 				switch op := rng.IntN(12); {
 				case op < 4:
-					res, err := c.Insert(tokens)
+					res, err := c.Insert(hicache.Request{Tokens: tokens})
 					if err != nil && !errors.Is(err, hicache.ErrL1Full) {
 						return err
 					}
@@ -139,7 +139,7 @@ func (r *rig) workload(steps int, seed uint64) {
 						}
 					}
 				case op < 9:
-					if _, err := c.Match(tokens); err != nil {
+					if _, err := c.Match(hicache.Request{Tokens: tokens}); err != nil {
 						return err
 					}
 				default:

@@ -114,7 +114,7 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 		if err := atRest(fmt.Sprintf("before request %d", req)); err != nil {
 			return result{}, err
 		}
-		mr, err := cache.Match(prompt)
+		mr, err := cache.Match(hicache.Request{Tokens: prompt})
 		if err != nil {
 			return result{}, err
 		}
@@ -159,7 +159,7 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 					loadedAt[i] = own[k]
 				}
 			}
-			mr2, err := cache.Match(prompt)
+			mr2, err := cache.Match(hicache.Request{Tokens: prompt})
 			if err != nil {
 				return result{}, err
 			}
@@ -281,7 +281,7 @@ func serveRankEngineOwned(t testing.TB, m *refmodel.Model, seed uint64, cfg orac
 		if err := alloc.lend("InsertSlots", lent); err != nil {
 			return result{}, err
 		}
-		ins, err := cache.InsertSlots(seq, own)
+		ins, err := cache.InsertSlots(hicache.Request{Tokens: seq}, own)
 		if err != nil {
 			return result{}, fmt.Errorf("request %d: InsertSlots with slots %v: %w", req, own, err)
 		}
@@ -353,7 +353,7 @@ func insertCopy(cache *hicache.Cache, l1 *kvmem.L1, alloc *slotAllocator, seq, o
 	if err := alloc.lend("InsertSlots of a second copy", copies); err != nil {
 		return err
 	}
-	ins, err := cache.InsertSlots(seq, own2)
+	ins, err := cache.InsertSlots(hicache.Request{Tokens: seq}, own2)
 	if err != nil {
 		return fmt.Errorf("InsertSlots of a second copy with slots %v: %w", own2, err)
 	}

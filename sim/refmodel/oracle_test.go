@@ -268,7 +268,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 	res, err := conversations(seed, m.Config().Vocab, func(prompt []int32) (result, error) {
 		t0 := time.Now()
 		defer func() { st.total += time.Since(t0) }()
-		mr, err := cache.Match(prompt)
+		mr, err := cache.Match(hicache.Request{Tokens: prompt})
 		if err != nil {
 			return result{}, err
 		}
@@ -279,7 +279,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 				if err := makeRoom(); err != nil {
 					return result{}, err
 				}
-				if mr, err = cache.Match(prompt); err != nil {
+				if mr, err = cache.Match(hicache.Request{Tokens: prompt}); err != nil {
 					return result{}, err
 				}
 				lr, err = cache.LoadBack(mr.Last)
@@ -287,7 +287,7 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 			if err != nil {
 				return result{}, err
 			}
-			if mr, err = cache.Match(prompt); err != nil {
+			if mr, err = cache.Match(hicache.Request{Tokens: prompt}); err != nil {
 				return result{}, err
 			}
 			if lr.Pages > 0 {
@@ -329,14 +329,14 @@ func serveRank(t testing.TB, m *refmodel.Model, seed uint64, cfg oracleConfig, l
 		}
 		// The sequence whose KV exists: the prompt and all but the last generated token.
 		seq := append(slices.Clone(prompt), toks[:len(toks)-1]...)
-		ins, err := cache.Insert(seq)
+		ins, err := cache.Insert(hicache.Request{Tokens: seq})
 		if errors.Is(err, hicache.ErrL1Full) {
 			// Write-back: what L1 could evict is still being backed up. Evict (start the
 			// backups), let them finish, and try once more, as an engine's scheduler would.
 			if err := makeRoom(); err != nil {
 				return result{}, err
 			}
-			ins, err = cache.Insert(seq)
+			ins, err = cache.Insert(hicache.Request{Tokens: seq})
 		}
 		if err != nil {
 			return result{}, err

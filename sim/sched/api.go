@@ -11,8 +11,8 @@ import (
 
 // Cache is what the scheduler calls on its rank's cache (*hicache.Cache implements it).
 type Cache interface {
-	MatchKey(key string, tokens []int32) (hicache.MatchResult, error)
-	InsertKey(key string, tokens []int32) (hicache.InsertResult, error)
+	Match(r hicache.Request) (hicache.MatchResult, error)
+	Insert(r hicache.Request) (hicache.InsertResult, error)
 	Lock(h hicache.Handle) error
 	Unlock(h hicache.Handle) error
 	LoadBack(h hicache.Handle) (hicache.LoadResult, error)
@@ -22,14 +22,19 @@ type Cache interface {
 	Node(h hicache.Handle) (hicache.NodeInfo, error)
 	Owns(i int) bool
 	L1Page(slot int32) ([]byte, error)
-	PrefetchKey(key string, tokens []int32) (hicache.PrefetchResult, error)
+	Prefetch(r hicache.Request) (hicache.PrefetchResult, error)
 	PrefetchPending(id uint64) bool
 	PrefetchOutcome(id uint64) (hicache.PrefetchOutcome, bool)
 	PrefetchQuotaPages() int
-	PrefetchSkipsForCostKey(key string, tokens []int32) bool
+	PrefetchSkipsForCost(r hicache.Request) bool
 	Pending() int
 	Quarantined() bool
 	Step(ctx context.Context) error
+}
+
+// cacheRequest is r's prompt as the cache sees it: its tokens under its isolation key.
+func cacheRequest(r workload.Request) hicache.Request {
+	return hicache.Request{Tokens: r.Tokens, Key: r.Key}
 }
 
 // Config is what the scheduler's rules depend on.

@@ -18,10 +18,10 @@ type NullCache struct{}
 
 var errNoPages = errors.New("sched: the null cache has no L1 pages")
 
-func (NullCache) MatchKey(string, []int32) (hicache.MatchResult, error) {
+func (NullCache) Match(hicache.Request) (hicache.MatchResult, error) {
 	return hicache.MatchResult{}, nil
 }
-func (NullCache) InsertKey(string, []int32) (hicache.InsertResult, error) {
+func (NullCache) Insert(hicache.Request) (hicache.InsertResult, error) {
 	return hicache.InsertResult{}, nil
 }
 func (NullCache) Lock(hicache.Handle) error   { return nil }
@@ -37,18 +37,18 @@ func (NullCache) Node(hicache.Handle) (hicache.NodeInfo, error) {
 }
 func (NullCache) Owns(int) bool                { return false }
 func (NullCache) L1Page(int32) ([]byte, error) { return nil, errNoPages }
-func (NullCache) PrefetchKey(string, []int32) (hicache.PrefetchResult, error) {
+func (NullCache) Prefetch(hicache.Request) (hicache.PrefetchResult, error) {
 	return hicache.PrefetchResult{}, nil
 }
 func (NullCache) PrefetchPending(uint64) bool { return false }
 func (NullCache) PrefetchOutcome(uint64) (hicache.PrefetchOutcome, bool) {
 	return hicache.PrefetchOutcome{}, false
 }
-func (NullCache) PrefetchQuotaPages() int                      { return 0 }
-func (NullCache) PrefetchSkipsForCostKey(string, []int32) bool { return false }
-func (NullCache) Pending() int                                 { return 0 }
-func (NullCache) Quarantined() bool                            { return false }
-func (NullCache) Step(context.Context) error                   { return nil }
+func (NullCache) PrefetchQuotaPages() int                   { return 0 }
+func (NullCache) PrefetchSkipsForCost(hicache.Request) bool { return false }
+func (NullCache) Pending() int                              { return 0 }
+func (NullCache) Quarantined() bool                         { return false }
+func (NullCache) Step(context.Context) error                { return nil }
 
 // CacheOff replays reqs with the cache off (NullCache) under cfg's rules and cost model, and
 // returns the clock (timings, makespan, computed tokens). It needs no ranks, so the

@@ -79,11 +79,11 @@ func (s *Scheduler) prefetchWaits(r workload.Request) (bool, error) {
 	if pf == nil {
 		w := len(r.Tokens) / P
 		if len(s.prefetches) > 0 && s.prefetchHeld+w > s.prefetchBudget() {
-			if c.PrefetchSkipsForCostKey(r.Key, r.Tokens) {
+			if c.PrefetchSkipsForCost(cacheRequest(r)) {
 				s.costSkip(r) // nothing to wait for: it computes its continuation
 				return false, nil
 			}
-			m, err := c.MatchKey(r.Key, r.Tokens)
+			m, err := c.Match(cacheRequest(r))
 			if err != nil {
 				return false, err
 			}
@@ -127,7 +127,7 @@ func (s *Scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 		}
 		pf.locked = 0
 	}
-	m, err := c.MatchKey(r.Key, r.Tokens)
+	m, err := c.Match(cacheRequest(r))
 	if err != nil {
 		return false, err
 	}
@@ -301,7 +301,7 @@ func (s *Scheduler) releaseHolds() error {
 func (s *Scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
-	m, err := c.MatchKey(r.Key, r.Tokens)
+	m, err := c.Match(cacheRequest(r))
 	if err != nil {
 		return false, err
 	}
@@ -316,7 +316,7 @@ func (s *Scheduler) askPrefetch(r workload.Request, pf *pendingPrefetch) (bool, 
 	if err := c.Lock(m.Last); err != nil {
 		return false, err
 	}
-	res, err := c.PrefetchKey(r.Key, r.Tokens)
+	res, err := c.Prefetch(cacheRequest(r))
 	if res.CostSkipped {
 		s.costSkip(r)
 	}

@@ -402,7 +402,7 @@ func (s *Scheduler) prefill(ctx context.Context, r workload.Request) (*active, e
 // storage.
 func (s *Scheduler) match(ctx context.Context, r workload.Request) (hicache.MatchResult, [2]int, error) {
 	c := s.cache
-	m, err := c.MatchKey(r.Key, r.Tokens)
+	m, err := c.Match(cacheRequest(r))
 	if err != nil {
 		return m, [2]int{}, err
 	}
@@ -448,7 +448,7 @@ func (s *Scheduler) loadBack(ctx context.Context, r workload.Request, m hicache.
 			}
 			s.counts.LoadSteps++
 		}
-		if after, err = c.MatchKey(r.Key, r.Tokens); err != nil {
+		if after, err = c.Match(cacheRequest(r)); err != nil {
 			return m, err
 		}
 	}
@@ -512,7 +512,7 @@ func (s *Scheduler) verifyLayers(ctx context.Context, r workload.Request, m, aft
 func (s *Scheduler) insertPrompt(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.Handle, bool, error) {
 	c := s.cache
 	var ins hicache.InsertResult
-	err := s.withRoom(ctx, func() (err error) { ins, err = c.InsertKey(r.Key, r.Tokens); return err })
+	err := s.withRoom(ctx, func() (err error) { ins, err = c.Insert(cacheRequest(r)); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return 0, false, c.Unlock(m.Last)
 	}
@@ -569,7 +569,7 @@ func (s *Scheduler) prefilled(r workload.Request, m hicache.MatchResult, device 
 func (s *Scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.MatchResult) (hicache.MatchResult, [2]int, error) {
 	c := s.cache
 	delete(s.costSkipped, r.ID)
-	res, err := c.PrefetchKey(r.Key, r.Tokens)
+	res, err := c.Prefetch(cacheRequest(r))
 	if err != nil {
 		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
 	}
@@ -589,7 +589,7 @@ func (s *Scheduler) prefetch(ctx context.Context, r workload.Request, m hicache.
 	if out, ok := c.PrefetchOutcome(res.ID); ok && out.Refused == hicache.RefusedCost {
 		s.costSkip(r)
 	}
-	after, err := c.MatchKey(r.Key, r.Tokens)
+	after, err := c.Match(cacheRequest(r))
 	if err != nil {
 		return m, [2]int{}, errors.Join(err, c.Unlock(m.Last))
 	}
@@ -725,7 +725,7 @@ func (s *Scheduler) finish(ctx context.Context, a *active) (bool, error) {
 	r := a.req
 	full := append(r.Tokens[:len(r.Tokens):len(r.Tokens)], s.answer(r)...)
 	var ins hicache.InsertResult
-	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.InsertKey(r.Key, full); return err })
+	err := s.withRoom(ctx, func() (err error) { ins, err = s.cache.Insert(hicache.Request{Tokens: full, Key: r.Key}); return err })
 	if errors.Is(err, hicache.ErrL1Full) {
 		return false, nil
 	}
