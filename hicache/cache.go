@@ -654,7 +654,8 @@ func (c *Cache) WaitL1(ctx context.Context, h Handle) error {
 }
 
 // LoadPending reports whether the group has not yet agreed that every load-back on node h's
-// prefix is over. Once it is false, a load that failed on any rank has made its nodes stale
+// prefix is over. The loads start only at the next Step and are agreed over at a later one:
+// a wait loop must step ("for c.LoadPending(h) { c.Step(ctx) }"), or it never ends. Once it is false, a load that failed on any rank has made its nodes stale
 // on every rank, and Match of the same tokens gives every rank the same hit. A handle that
 // names no node (evicted, from before a flush) has no load pending. Replicated.
 func (c *Cache) LoadPending(h Handle) bool {
@@ -693,7 +694,13 @@ func (c *Cache) HintEvict(l1, l2 int) {
 // makes exactly one AllReduce(MIN) of the fixed-length vector on the group — every step,
 // whether or not anything is pending — applies the agreed result, and only then starts the
 // copies and storage jobs chosen since the last step (and by this Apply): nothing is written
-// from a state the digests have not checked. Call it once per scheduler step on every rank.
+// from a state the digests have not checked. Call it once per scheduler step on every rank:
+// every rank the same number of times, with the same replicated calls between steps. The
+// vector carries each rank's step ordinal and its count of replicated calls since its last
+// step, so a rank whose extra Step met its peers' next one gets a DivergedError naming both
+// counts (Cause); a Step that peers never join names their step counts when the group's
+// backend knows them (parallel.NotArrivedError). Work pending longer than
+// Config.StepWarnAfter with no Step is logged once and counted (Stats.NoStepWarnings).
 //
 // The mutex is not held during the collective: WaitL1, HintEvict and Stats answer at once
 // even while a peer stalls; replicated calls made meanwhile (a second scheduler goroutine)

@@ -137,7 +137,7 @@ func (c *Cache) watchStepLocked() {
 	w.warned = true
 	err := fmt.Errorf("hicache: warning: %d transfers or storage operations have been pending for %v on group %s with no step() on this rank: "+
 		"copies and storage I/O start only at a step, so call step() once per scheduler step on every rank "+
-		"(warned once per cache; Stats.NoStepWarnings counts each time)", n, now.Sub(w.since).Round(time.Millisecond), c.group.Name())
+		"(warned once per cache; each time is counted: Stats.NoStepWarnings, no_step_warnings)", n, now.Sub(w.since).Round(time.Millisecond), c.group.Name())
 	if w.log != nil {
 		w.log(err)
 		return
