@@ -172,7 +172,9 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.Collectives) }, false},
 	{"no_step_warnings_total", "Stretches in which copies or storage I/O stayed pending past the warning threshold with no step (they start only at a step).",
 		prometheus.CounterValue, "", nil,
-		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.NoStepWarnings) }, false},
+		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 {
+			return float64(s.NoStepWarnings)
+		}, false},
 	{"divergences_total", "Quarantines entered: steps whose digests differed across the replicas.",
 		prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.Divergences) }, false},
