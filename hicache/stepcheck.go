@@ -155,6 +155,10 @@ func (c *Cache) steppedLocked() {
 // collectives the missing ranks had entered (parallel.NotArrivedError), it names their step
 // counts beside this rank's: a rank that calls step() more often than its peers waits here.
 func (c *Cache) stepError(step uint64, err error) error {
+	if errors.Is(err, parallel.ErrMismatch) {
+		return fmt.Errorf("hicache: consensus step %d on group %s: a rank made another collective (a flush) where this rank made its step() call #%d: "+
+			"every rank must call step() the same number of times, with the same calls between steps: %w", step, c.group.Name(), step+1, err)
+	}
 	var na *parallel.NotArrivedError
 	if !errors.As(err, &na) || len(na.Missing) == 0 {
 		return fmt.Errorf("hicache: consensus step %d on group %s: %w", step, c.group.Name(), err)

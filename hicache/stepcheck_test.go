@@ -187,3 +187,53 @@ func TestExtraStepWaitingForPeersNamesTheCounts(t *testing.T) {
 		}
 	}
 }
+
+// An extra step on one rank that meets its peer's flush (shm compares the collectives) says
+// so in the step's terms.
+func TestExtraStepMeetingAFlushIsNamed(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 2, AttnCP: 2},
+		opts:         Options{PageSize: 4, L1Pages: 16, Policy: WriteThrough, MinLoadPages: 1, LoadQuotaPages: 16},
+		pagesPerSlab: 32, pageBytes: 64, shm: true})
+	if err := r.step(); err != nil {
+		t.Fatal(err)
+	}
+	errs := r.all(func(i int) error {
+		if i == 0 {
+			return r.caches[0].Step(context.Background())
+		}
+		return r.caches[1].Flush(context.Background())
+	})
+	want := "a rank made another collective (a flush) where this rank made its step() call #2: every rank must call step() the same number of times"
+	if !errors.Is(errs[0], parallel.ErrMismatch) || !strings.Contains(errs[0].Error(), want) {
+		t.Fatalf("rank 0: %v, want ErrMismatch naming %q", errs[0], want)
+	}
+	if !errors.Is(errs[1], parallel.ErrMismatch) {
+		t.Fatalf("rank 1's flush: %v, want ErrMismatch", errs[1])
+	}
+}
+
+// The step ordinals travel with the group rank of the lowest and of the highest: ranks whose
+// ordinals differ are named with both counts.
+func TestSkewSlotsNameTheRanks(t *testing.T) {
+	r := twoRankRig(t, rigConfig{})
+	c := r.caches[0]
+	v := make([]int64, vectorLen)
+	other := make([]int64, vectorLen)
+	c.fillSkewLocked(v, 11, 3)
+	r.caches[1].fillSkewLocked(other, 12, 0)
+	parallel.Min.Apply(v, other)
+	want := "rank 1 has called step() 13 times, rank 0 12 times: every rank must call step() the same number of times"
+	if got := c.skewCause(v); got != want {
+		t.Fatalf("skewCause: %q, want %q", got, want)
+	}
+	c.fillSkewLocked(v, 12, 3)
+	parallel.Min.Apply(v, other)
+	if got := c.skewCause(v); !strings.Contains(got, "at its step() call #13 rank 1 had made 0 replicated calls since its previous step(), rank 0 had made 3") {
+		t.Fatalf("skewCause: %q", got)
+	}
+	c.fillSkewLocked(v, 12, 0)
+	parallel.Min.Apply(v, other)
+	if got := c.skewCause(v); got != "" {
+		t.Fatalf("skewCause of equal counts: %q, want none", got)
+	}
+}
