@@ -706,7 +706,9 @@ class Cache:
         """Evicts up to pages L1 pages, never more; returns Evicted(freed, pending): the
         pages freed now, and (write_back) those whose backup is in flight, freed at the step
         that commits it. Pages still pending from earlier calls count toward pages, so a
-        repeated request starts no more: freed + pending <= pages (cpcache_evict_l1_ex) [R]."""
+        repeated request starts no more: freed + pending <= pages (cpcache_evict_l1_ex). Pages
+        whose backup has not started (it starts at the next step()) are neither: without a
+        step(), Evicted(0, 0) [R]."""
         freed, pending = _i64(), _i64()
         _check(self._lib.cpcache_evict_l1_ex(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
                                              ctypes.byref(pending)))
