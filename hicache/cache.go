@@ -70,6 +70,13 @@ type Config struct {
 	StepTimeout time.Duration
 	// LatencySamples is how many recent consensus latencies Stats keeps (default 1024).
 	LatencySamples int
+	// StepWarnAfter: when transfers or storage operations stay pending this long with no
+	// Step (they start only at a step), the cache logs a warning naming step() once and
+	// counts each such stretch in Stats.NoStepWarnings; checked at the scheduler's calls (0:
+	// DefaultStepWarnAfter; negative: never).
+	StepWarnAfter time.Duration
+	// Log receives the cache's warnings (nil: the standard logger, on stderr).
+	Log func(error)
 	// Storage is the L3 tier (nil: none): every rank backs up the pages of committed L2 nodes
 	// it owns (those in its slab) to it and prefetches them from it (see Prefetch), through
 	// this handle. Every rank of the group must pass its own handle on the same store, or
@@ -124,7 +131,9 @@ type Cache struct {
 	stepping bool      // a Step is in its collective (the mutex is released meanwhile)
 	inflight []*Ticket // submitted tickets not yet reported to the core, in submit order
 	loadTks  []*Ticket // load tickets the group has not finished, in seq order (for WaitL1)
-	vec      []int64   // the consensus vector, reused by every Step
+	vec      []int64   // the consensus vector (the core's and the driver's slots), reused by every Step
+	calls    uint64    // replicated calls since the last Step (the vector carries it)
+	watch    stepWatch // I/O pending with no Step
 	done     core.Done // local completions, reused by every Step
 	closed   bool
 	stats    driverStats
@@ -272,11 +281,15 @@ func build(cfg Config) (*Cache, error) {
 	}
 	c := &Cache{
 		group: cfg.Group, engine: cfg.Engine, timeout: cfg.StepTimeout, core: cr,
-		maxSamples: cfg.LatencySamples, vec: make([]int64, core.VectorLen), cpRank: ccfg.CPRank,
+		maxSamples: cfg.LatencySamples, vec: make([]int64, vectorLen), cpRank: ccfg.CPRank,
 		clearOnFlush: ccfg.L3 && l3opts.ClearOnFlush && ccfg.CPRank == 0, faults: faultState{f: cfg.Faults},
 		readsSharedSlab: cfg.ShareSlabs && !cfg.Layout.SharedSlabWriter(cfg.Rank),
 	}
 	c.clearOnFlush = c.clearOnFlush && !c.readsSharedSlab
+	c.watch.after, c.watch.log = cfg.StepWarnAfter, cfg.Log
+	if c.watch.after == 0 {
+		c.watch.after = DefaultStepWarnAfter
+	}
 	if c.maxSamples <= 0 {
 		c.maxSamples = 1024
 	}
@@ -450,7 +463,7 @@ func (c *Cache) reportLocked() {
 func (c *Cache) Match(r Request) (MatchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return MatchResult{}, err
 	}
 	return c.core.Match(r), nil
@@ -464,7 +477,7 @@ func (c *Cache) Match(r Request) (MatchResult, error) {
 func (c *Cache) Insert(r Request) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return InsertResult{}, err
 	}
 	res, err := c.core.Insert(r)
@@ -475,7 +488,7 @@ func (c *Cache) Insert(r Request) (InsertResult, error) {
 func (c *Cache) Lock(h Handle) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return err
 	}
 	return c.core.Lock(h)
@@ -485,7 +498,7 @@ func (c *Cache) Lock(h Handle) error {
 func (c *Cache) Unlock(h Handle) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return err
 	}
 	return c.core.Unlock(h)
@@ -495,7 +508,7 @@ func (c *Cache) Unlock(h Handle) error {
 func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return 0, 0, err
 	}
 	freed, pending = c.core.EvictL1(pages)
@@ -509,7 +522,7 @@ func (c *Cache) EvictL1(pages int) (freed, pending int, err error) {
 func (c *Cache) InsertSlots(r Request, own []int32) (InsertResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return InsertResult{}, err
 	}
 	return c.core.InsertSlots(r, own)
@@ -532,7 +545,7 @@ func (c *Cache) LoadBackPlan(h Handle) ([]int, error) {
 func (c *Cache) LoadBackSlots(h Handle, own []int32) (LoadResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return LoadResult{}, err
 	}
 	return c.core.LoadBackSlots(h, own)
@@ -543,7 +556,7 @@ func (c *Cache) LoadBackSlots(h Handle, own []int32) (LoadResult, error) {
 func (c *Cache) EvictL1Slots(pages int) (freed, pending int, slots []int32, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return 0, 0, nil, err
 	}
 	return c.core.EvictL1Slots(pages)
@@ -583,7 +596,7 @@ func (c *Cache) L1UsedBy(r int) (int, error) {
 func (c *Cache) EvictL2(pages int) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return 0, err
 	}
 	return c.core.EvictL2(pages), nil
@@ -594,7 +607,7 @@ func (c *Cache) EvictL2(pages int) (int, error) {
 func (c *Cache) LoadBack(h Handle) (LoadResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return LoadResult{}, err
 	}
 	res, err := c.core.LoadBack(h)
@@ -629,12 +642,14 @@ func (c *Cache) WaitL1(ctx context.Context, h Handle) error {
 }
 
 // LoadPending reports whether the group has not yet agreed that every load-back on node h's
-// prefix is over. Once it is false, a load that failed on any rank has made its nodes stale
+// prefix is over. The loads start only at the next Step and are agreed over at a later one:
+// a wait loop must step ("for c.LoadPending(h) { c.Step(ctx) }"), or it never ends. Once it is false, a load that failed on any rank has made its nodes stale
 // on every rank, and Match of the same tokens gives every rank the same hit. A handle that
 // names no node (evicted, from before a flush) has no load pending. Replicated.
 func (c *Cache) LoadPending(h Handle) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watchStepLocked()
 	seqs, _ := c.core.Loading(h)
 	return len(seqs) > 0
 }
@@ -667,7 +682,13 @@ func (c *Cache) HintEvict(l1, l2 int) {
 // makes exactly one AllReduce(MIN) of the fixed-length vector on the group — every step,
 // whether or not anything is pending — applies the agreed result, and only then starts the
 // copies and storage jobs chosen since the last step (and by this Apply): nothing is written
-// from a state the digests have not checked. Call it once per scheduler step on every rank.
+// from a state the digests have not checked. Call it once per scheduler step on every rank:
+// every rank the same number of times, with the same replicated calls between steps. The
+// vector carries each rank's step ordinal and its count of replicated calls since its last
+// step, so a rank whose extra Step met its peers' next one gets a DivergedError naming both
+// counts (Cause); a Step that peers never join names their step counts when the group's
+// backend knows them (parallel.NotArrivedError). Work pending longer than
+// Config.StepWarnAfter with no Step is logged once and counted (Stats.NoStepWarnings).
 //
 // The mutex is not held during the collective: WaitL1, HintEvict and Stats answer at once
 // even while a peer stalls; replicated calls made meanwhile (a second scheduler goroutine)
@@ -690,19 +711,27 @@ func (c *Cache) Step(ctx context.Context) error {
 	step := c.core.NextStep()
 	c.faults.beforeVector(c.core, step)
 	rd := c.core.Ready()
-	vec := c.core.Vector(c.vec)
+	vec := c.vec
+	c.core.Vector(vec[:core.VectorLen])
+	c.fillSkewLocked(vec, step, c.calls)
+	c.calls = 0
+	c.steppedLocked()
 	elapsed, err := c.collectiveUnlocked(ctx, func(ctx context.Context) error { return c.group.AllReduce(ctx, parallel.Min, vec) })
 	c.recordLatency(elapsed)
 	if err != nil {
-		return fmt.Errorf("hicache: consensus step %d on group %s: %w", step, c.group.Name(), err)
+		return c.stepError(step, err)
 	}
 	if c.closed {
 		return ErrClosed
 	}
 	wasQuarantined := c.core.Quarantined()
-	derr := c.core.Apply(vec)
+	derr := c.core.Apply(vec[:core.VectorLen])
 	switch {
 	case derr != nil:
+		var de *DivergedError
+		if errors.As(derr, &de) {
+			de.Cause = c.skewCause(vec)
+		}
 		c.stats.diverged = derr
 		c.drainLocked()
 		return derr
@@ -761,6 +790,7 @@ func (c *Cache) recordLatency(d time.Duration) {
 func (c *Cache) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watchStepLocked()
 	return c.core.Pending()
 }
 
@@ -782,7 +812,7 @@ func (c *Cache) Idle() bool {
 func (c *Cache) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return err
 	}
 	defer c.events.publish(c.core) // the reset's EventCleared
@@ -863,7 +893,7 @@ func (c *Cache) Close() error {
 func (c *Cache) Prefetch(r Request) (PrefetchResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return PrefetchResult{}, err
 	}
 	res := c.core.Prefetch(r)
@@ -874,6 +904,7 @@ func (c *Cache) Prefetch(r Request) (PrefetchResult, error) {
 func (c *Cache) PrefetchPending(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watchStepLocked()
 	return c.core.PrefetchPending(id)
 }
 
@@ -914,7 +945,7 @@ func (c *Cache) PrefetchQuotaPages() int {
 func (c *Cache) RevokePrefetch(id uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.replicable(); err != nil {
+	if err := c.replicatedCall(); err != nil {
 		return err
 	}
 	c.core.RevokePrefetch(id)

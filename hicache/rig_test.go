@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/grouptest"
 	"github.com/cpcache/cpcache/parallel/local"
+	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/storage"
 )
 
@@ -58,6 +59,13 @@ type rigConfig struct {
 	// shareSlabs: the attention-TP ranks of a CP index share one slab (Config.ShareSlabs,
 	// with kvLayout, whose parts must all be replicated); every rank's KV content is shard 0's.
 	shareSlabs bool
+	// shm: the replica group is a shared-memory group (parallel/shm) bootstrapped over the
+	// in-process one, with this collective timeout (0: 20 s).
+	shm     bool
+	timeout time.Duration
+	// stepWarnAfter and log: Config.StepWarnAfter and Config.Log of rank i.
+	stepWarnAfter time.Duration
+	log           func(rank int) func(error)
 }
 
 func newRig(t testing.TB, rc rigConfig) *rig {
@@ -72,7 +80,30 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 	if rc.kvL1 {
 		r.kv = make([]*kvmem.L1, n)
 	}
-	members := local.New(replica, local.Options{Kind: "replica", Timeout: 20 * time.Second})
+	timeout := rc.timeout
+	if timeout == 0 {
+		timeout = 20 * time.Second
+	}
+	var members []parallel.Group
+	for _, m := range local.New(replica, local.Options{Kind: "replica", Timeout: timeout}) {
+		members = append(members, m)
+	}
+	if rc.shm {
+		boots := members
+		members = make([]parallel.Group, n)
+		errs := grouptest.Parallel(n, func(i int) (err error) {
+			members[i], err = shm.New(context.Background(), boots[i], shm.Options{Timeout: timeout})
+			return err
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, m := range members {
+				m.Close()
+			}
+		})
+	}
 	for _, m := range members {
 		r.counted = append(r.counted, parallel.Count(m))
 	}
@@ -114,7 +145,10 @@ func newRig(t testing.TB, rc rigConfig) *rig {
 		cfg := Config{
 			Options: rc.opts, Layout: l, Rank: replica[i], Group: r.counted[i], Slabs: r.slabs[i],
 			HostEngine: HostEngineOptions{Workers: 2, Delay: delay, Fail: fail}, Events: rc.events,
-			ShareSlabs: rc.shareSlabs, KVLayout: rc.kvLayout,
+			ShareSlabs: rc.shareSlabs, KVLayout: rc.kvLayout, StepWarnAfter: rc.stepWarnAfter,
+		}
+		if rc.log != nil {
+			cfg.Log = rc.log(i)
 		}
 		if rc.faults != nil {
 			cfg.Faults = rc.faults(i)

@@ -21,6 +21,9 @@ type Stats struct {
 	Quarantined      bool            // the group is in quarantine: no hits, inserts or slab I/O
 	Diverged         error           // the divergence error of the current quarantine, if any
 	PlacementDigest  uint64          // the allocator's digest
+	// NoStepWarnings: stretches in which transfers or storage operations stayed pending
+	// longer than Config.StepWarnAfter with no Step (the first one is also logged).
+	NoStepWarnings int64
 	// L3 (storage). The CoreStats L3 fields are agreed; these are this rank's (every rank
 	// does the storage I/O of the pages it owns: sum them over ranks for a group's).
 	StorageHitTokens    int64 // tokens the group agreed were in storage (L3HitPages × page size)
@@ -60,6 +63,7 @@ func (c *Cache) Geometry() Geometry {
 func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watchStepLocked() // a metrics scraper's Stats is a watchdog at no cost
 	st := Stats{
 		CoreStats:        c.core.Stats(),
 		Collectives:      c.stats.collectives,
@@ -75,6 +79,7 @@ func (c *Cache) Stats() Stats {
 		Quarantined:      c.core.Quarantined(),
 		Diverged:         c.stats.diverged,
 		PlacementDigest:  c.core.Allocator().Digest(),
+		NoStepWarnings:   c.watch.count,
 
 		StorageCircuitOpen: c.core.StorageCircuitOpen(),
 		StorageReadRate:    c.core.StorageReadRateAgreed(),

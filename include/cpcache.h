@@ -313,6 +313,10 @@ typedef struct cpcache_stats {
   int64_t consensus_latency_median_ns, consensus_latency_p99_ns;
   int64_t storage_hit_pages, storage_prefetched_pages, storage_backed_up_pages; /* agreed */
   int64_t storage_errors;                      /* this rank's */
+  /* Stretches in which copies or storage I/O stayed pending longer than CPCACHE_STEP_WARN_MS
+   * (default 5000) with no cpcache_step on this rank: they start only at a step. The first
+   * is also logged on stderr. (Appended: a struct_size that ends before it is accepted.) */
+  int64_t no_step_warnings;
 } cpcache_stats;
 
 #ifndef CPCACHE_NO_PROTOTYPES /* defined only where the library itself is compiled */
@@ -385,7 +389,9 @@ int cpcache_unlock(cpcache_t c, cpcache_node_t node);
 int cpcache_load_back(cpcache_t c, cpcache_node_t node, int64_t *pages);
 /* *pending = 1 while the group has not agreed that every load on node's prefix is over. Once
  * it is 0, a load that failed on any rank has made its pages unservable on every rank, and
- * cpcache_match of the same tokens gives every rank the same hit. [R] */
+ * cpcache_match of the same tokens gives every rank the same hit. The copies start only at
+ * the next cpcache_step and are agreed over at a later one: a wait loop must step
+ * ("while pending: cpcache_step"), or it never ends. [R] */
 int cpcache_load_pending(cpcache_t c, cpcache_node_t node, int32_t *pending);
 /* Waits until this rank's copies of every load on node's prefix finished, at most
  * timeout_ms (< 0, or INT64_MAX: no limit). Call before a layer reads the prefix from L1,
@@ -508,7 +514,13 @@ int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
  * is quarantined at the same step (no hits, no inserts, no slab I/O); keep stepping — at the
  * first step at which every rank is idle the cache resets on every rank, and node handles
  * from before are stale (CPCACHE_ERR_NODE). CPCACHE_ERR_PEER_LOST or _TIMEOUT: the group is
- * unusable; close. [R] */
+ * unusable; close.
+ * Every rank must call it the same number of times, with the same [R] calls between steps.
+ * An extra step on one rank meets its peers' next step: CPCACHE_ERR_DIVERGED naming the [R]
+ * calls each made since its previous step; a step that peers never join fails at timeout_ms
+ * (at once when they close), naming how many steps each rank made. Copies and storage I/O
+ * pending longer than CPCACHE_STEP_WARN_MS (default 5000; 0: never) with no step are logged
+ * once on stderr and counted (no_step_warnings). [R] */
 int cpcache_step(cpcache_t c);
 /* Backups, loads and storage operations in flight (equal on every rank: "step while
  * pending" makes the same steps everywhere). [R] */
@@ -530,7 +542,8 @@ int cpcache_prefetch_revoke(cpcache_t c, uint64_t id);                    /* [R]
 
 /* The host address and size of L1 slot `slot` (host L1 only). [L] */
 int cpcache_l1_page(cpcache_t c, int32_t slot, void **page, size_t *len);
-/* Counters; stats->struct_size must be sizeof(cpcache_stats). [L] */
+/* Counters; stats->struct_size must be sizeof(cpcache_stats), or the size of an older
+ * header's struct (without no_step_warnings), which gets the fields it has. [L] */
 int cpcache_get_stats(cpcache_t c, cpcache_stats *stats);
 
 #endif /* CPCACHE_NO_PROTOTYPES */

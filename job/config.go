@@ -66,6 +66,9 @@ type Config struct {
 	Timeout time.Duration
 	// StepTimeout bounds each consensus step (0: the context's deadline, or the group's).
 	StepTimeout time.Duration
+	// StepWarnAfter is hicache.Config.StepWarnAfter (0: CPCACHE_STEP_WARN_MS milliseconds
+	// when set, else hicache.DefaultStepWarnAfter; negative: never warn).
+	StepWarnAfter time.Duration
 	// Start, if set, is the first agreement over the world, before any group is made: every
 	// rank calls it (a comparison of the ranks' settings; a host-memory check). It may set
 	// what the agreement decides in opts, the cache's options (libcpcache: the first handle

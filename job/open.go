@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -86,6 +89,9 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if cfg.StepWarnAfter, err = stepWarnAfter(cfg.StepWarnAfter, os.LookupEnv); err != nil {
+		return nil, err
+	}
 	r := &Rank{}
 	defer func() {
 		if err != nil {
@@ -122,6 +128,7 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 		ShareSlabs: r.SharedSlabs,
 		L1:         cfg.KVL1, L2Layout: cfg.L2Layout,
 		StepTimeout: cfg.StepTimeout, LatencySamples: cfg.LatencySamples, Faults: cfg.Faults, Events: cfg.Events,
+		StepWarnAfter: cfg.StepWarnAfter,
 	}
 	if r.Storage != nil {
 		hc.Storage, hc.StorageNamespace, hc.L3 = r.Storage, r.Namespace, cfg.L3
@@ -548,4 +555,25 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, d)
+}
+
+// EnvStepWarnMs is the variable that sets Config.StepWarnAfter, in milliseconds (0: never
+// warn), when the config leaves it 0.
+const EnvStepWarnMs = "CPCACHE_STEP_WARN_MS"
+
+// stepWarnAfter is the cache's StepWarnAfter: d when set, else EnvStepWarnMs's (0 there:
+// never, which hicache spells negative), else 0 (hicache's default).
+func stepWarnAfter(d time.Duration, lookup func(string) (string, bool)) (time.Duration, error) {
+	v, ok := lookup(EnvStepWarnMs)
+	if d != 0 || !ok || v == "" {
+		return d, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+		return 0, fmt.Errorf("%w: %s=%q is not a number of milliseconds (0: never warn)", ErrBadValue, EnvStepWarnMs, v)
+	}
+	if ms == 0 {
+		return -1, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -157,3 +158,41 @@ func GroupName(kind string, ranks []int) string {
 	}
 	return s + "]"
 }
+
+// NotArrivedError is why a collective could not complete when the backend knows where the
+// members that had not arrived were: how many operations each had entered. It wraps the
+// failure (ErrTimeout, ErrPeerLost), whose message it keeps. A member that entered fewer
+// operations than this one and stays there has usually made fewer calls of the collective
+// (a scheduler that called a collective one time more on this rank than on its peers).
+type NotArrivedError struct {
+	Seq     uint64   // this member's operation (0-based: it had entered Seq before it)
+	Missing []int    // the group ranks that had not arrived, ascending
+	Entered []uint64 // Entered[i]: the operations Missing[i] had entered (at most Seq)
+	Err     error
+}
+
+func (e *NotArrivedError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Err.Error())
+	b.WriteString(" (")
+	// Runs of members that had entered as many operations are named together.
+	for i := 0; i < len(e.Missing); {
+		j := i + 1
+		for j < len(e.Missing) && e.Entered[j] == e.Entered[i] {
+			j++
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if j-i == 1 {
+			fmt.Fprintf(&b, "member %d had entered %d operations", e.Missing[i], e.Entered[i])
+		} else {
+			fmt.Fprintf(&b, "members %v had entered %d operations", e.Missing[i:j], e.Entered[i])
+		}
+		i = j
+	}
+	fmt.Fprintf(&b, "; this member is in operation %d)", e.Seq+1)
+	return b.String()
+}
+
+func (e *NotArrivedError) Unwrap() error { return e.Err }

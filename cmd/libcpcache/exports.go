@@ -629,14 +629,19 @@ func cpcapi_l1_page(c C.cpcache_t, slot C.int32_t, page *unsafe.Pointer, size *C
 	})
 }
 
+// statsSizeV1 is the size of cpcache_stats before no_step_warnings was appended.
+const statsSizeV1 = unsafe.Offsetof(C.cpcache_stats{}.no_step_warnings)
+
 //export cpcapi_get_stats
 func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 	defer guard(&status)
 	if out == nil {
 		return fail(fmt.Errorf("%w: cpcache_get_stats: stats is NULL", errInvalid))
 	}
-	if out.struct_size != C.sizeof_cpcache_stats {
-		return fail(fmt.Errorf("%w: cpcache_get_stats: struct_size %d, want %d", errSize, out.struct_size, C.sizeof_cpcache_stats))
+	size := uintptr(out.struct_size)
+	if size != C.sizeof_cpcache_stats && size != statsSizeV1 {
+		return fail(fmt.Errorf("%w: cpcache_get_stats: struct_size %d, want %d (or %d, the struct without no_step_warnings)",
+			errSize, out.struct_size, C.sizeof_cpcache_stats, statsSizeV1))
 	}
 	return sessionCall(c, "cpcache_get_stats", func(s *session) error {
 		st := s.cache.Stats()
@@ -645,8 +650,8 @@ func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 		if st.Quarantined {
 			l2 = 0
 		}
-		*out = C.cpcache_stats{
-			struct_size: C.sizeof_cpcache_stats,
+		full := C.cpcache_stats{
+			struct_size: C.uint32_t(size),
 			matches:     C.int64_t(st.Matches), inserts: C.int64_t(st.Inserts),
 			l1_hit_pages: C.int64_t(st.L1HitPages), l2_hit_pages: C.int64_t(st.L2HitPages), inserted_pages: C.int64_t(st.InsertedPages),
 			written_pages: C.int64_t(st.WrittenPages), loaded_pages: C.int64_t(st.LoadedPages),
@@ -660,7 +665,10 @@ func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 			consensus_latency_median_ns: C.int64_t(med), consensus_latency_p99_ns: C.int64_t(p99),
 			storage_hit_pages: C.int64_t(st.L3HitPages), storage_prefetched_pages: C.int64_t(st.L3PrefetchedPages),
 			storage_backed_up_pages: C.int64_t(st.L3BackedUpPages), storage_errors: C.int64_t(st.StorageErrors),
+			no_step_warnings: C.int64_t(st.NoStepWarnings),
 		}
+		// An older caller's struct ends earlier: it gets the fields it has.
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), size), unsafe.Slice((*byte)(unsafe.Pointer(&full)), size))
 		return nil
 	})
 }

@@ -35,11 +35,18 @@ type DivergedError struct {
 	Min   int64  // smallest value contributed by any rank
 	Max   int64  // largest value contributed by any rank
 	Local int64  // this rank's value
+	// Cause, when the driver knows it, is why the ranks differ: ranks that called Step a
+	// different number of times, or made different numbers of calls between steps.
+	Cause string
 }
 
 func (e *DivergedError) Error() string {
-	return fmt.Sprintf("core: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); quarantined (no hits) until every rank is idle",
+	s := fmt.Sprintf("core: placement diverged at step %d: %s differs across ranks (min %#x, max %#x, this rank %#x); quarantined (no hits) until every rank is idle",
 		e.Step, e.What, e.Min, e.Max, e.Local)
+	if e.Cause != "" {
+		s += ": " + e.Cause
+	}
+	return s
 }
 
 func (e *DivergedError) Unwrap() error { return ErrPlacementDiverged }

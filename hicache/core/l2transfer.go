@@ -159,7 +159,7 @@ func (c *Core) loadBack(h Handle) (LoadResult, error) {
 		c.lockPath(n, -1)
 		if fit = c.l1Prefix(todo, pages); fit < pages {
 			if fit == 0 || fit < c.cfg.MinLoadPages {
-				return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, L1 pools could be freed for the first %d (min load pages %d)", ErrL1Full, pages, fit, c.cfg.MinLoadPages)
+				return LoadResult{}, fmt.Errorf("%w: load-back of %d pages, L1 pools could be freed for the first %d (min load pages %d)%s", ErrL1Full, pages, fit, c.cfg.MinLoadPages, c.pendingHint())
 			}
 			pages = fit
 		}

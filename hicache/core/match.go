@@ -237,8 +237,8 @@ func (c *Core) makeL1Room(keep *treeNode, need pageCounts, what string) error {
 	c.lockPath(keep, -1)
 	for r, n := range need {
 		if avail := c.l1.pools[r].available(); n > avail {
-			return fmt.Errorf("%w: %s needs %d free slots of CP rank %d's L1 pool, %d could be freed (the rest are locked or have I/O in flight)",
-				ErrL1Full, what, n, r, avail)
+			return fmt.Errorf("%w: %s needs %d free slots of CP rank %d's L1 pool, %d could be freed (the rest are locked or have I/O in flight)%s",
+				ErrL1Full, what, n, r, avail, c.pendingHint())
 		}
 	}
 	return nil
@@ -250,4 +250,13 @@ func (c *Core) appendFill(fill []FillPage, n *treeNode) []FillPage {
 		fill = append(fill, FillPage{Slot: s, Index: i, Owner: i % c.cfg.Slabs, Hash: n.hashes[j]})
 	}
 	return fill
+}
+
+// pendingHint is what an L1-full error adds while transfers are pending: their copies start
+// only at the next step, and their slots are freed only after it.
+func (c *Core) pendingHint() string {
+	if n := len(c.writes) + len(c.loads); n > 0 {
+		return fmt.Sprintf("; %d backups and loads are pending: their copies start only at the next step(), and their slots can be freed only after the step that finishes them", n)
+	}
+	return ""
 }

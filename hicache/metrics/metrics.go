@@ -170,6 +170,11 @@ var metricDefs = []metricDef{
 		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.Steps) }, false},
 	{"collectives_total", "Collectives this cache made (one per step, plus New and Flush).", prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.Collectives) }, false},
+	{"no_step_warnings_total", "Stretches in which copies or storage I/O stayed pending past the warning threshold with no step (they start only at a step).",
+		prometheus.CounterValue, "", nil,
+		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 {
+			return float64(s.NoStepWarnings)
+		}, false},
 	{"divergences_total", "Quarantines entered: steps whose digests differed across the replicas.",
 		prometheus.CounterValue, "", nil,
 		func(_ *Collector, s *hicache.Stats, _ *storage.Stats, _ int) float64 { return float64(s.Divergences) }, false},

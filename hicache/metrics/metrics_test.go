@@ -266,6 +266,7 @@ func TestCollector(t *testing.T) {
 			{"cpcache_l2_capacity_pages", lbl(), 2 * 24},
 			{"cpcache_steps_total", lbl(), s.Steps},
 			{"cpcache_collectives_total", lbl(), s.Collectives},
+			{"cpcache_no_step_warnings_total", lbl(), s.NoStepWarnings},
 			{"cpcache_divergences_total", lbl(), s.Divergences},
 			{"cpcache_recoveries_total", lbl(), s.Recoveries},
 			// The first scrape observes the latencies Stats kept (the newest LatencySamples).

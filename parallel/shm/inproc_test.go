@@ -476,3 +476,42 @@ func TestWaitingSleepsInsteadOfSpinning(t *testing.T) {
 	}
 	assert.Less(t, used, wait/4, "CPU time used while one member waited %v", wait)
 }
+
+// A member that makes one collective more than its peers and waits for them learns how many
+// each had entered: at its deadline, or at once when they close the group.
+func TestWaiterNamesHowFarMissingMembersGot(t *testing.T) {
+	for _, leave := range []bool{false, true} {
+		gs, _ := newGroups(t, 3, shm.Options{Timeout: time.Minute})
+		for _, err := range grouptest.Parallel(3, func(r int) error {
+			for range 2 {
+				if err := gs[r].Barrier(context.Background()); err != nil {
+					return err
+				}
+			}
+			return nil
+		}) {
+			require.NoError(t, err)
+		}
+		d := 200 * time.Millisecond
+		if leave {
+			d = time.Minute
+			time.AfterFunc(50*time.Millisecond, func() { gs[1].Close(); gs[2].Close() })
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		start := time.Now()
+		err := gs[0].Barrier(ctx)
+		cancel()
+		var na *parallel.NotArrivedError
+		require.True(t, errors.As(err, &na), "leave=%v: %v", leave, err)
+		assert.Equal(t, uint64(2), na.Seq)
+		assert.Equal(t, []int{1, 2}, na.Missing)
+		assert.Equal(t, []uint64{2, 2}, na.Entered)
+		assert.Contains(t, err.Error(), "members [1 2] had entered 2 operations; this member is in operation 3")
+		if leave {
+			assert.ErrorIs(t, err, parallel.ErrPeerLost)
+			assert.Less(t, time.Since(start), 5*time.Second)
+		} else {
+			assert.ErrorIs(t, err, parallel.ErrTimeout)
+		}
+	}
+}

@@ -204,8 +204,8 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 		if atomic.LoadUint32(g.closedFlag[r]) != 0 {
 			if arrived := atomic.LoadUint64(g.arrive[r]); arrived < seq+1 {
 				g.publishLocked(abortClosed, r)
-				return fmt.Errorf("%w: member %d (global rank %d) closed the group after %d of its rounds, while this member waits in round %d",
-					parallel.ErrPeerLost, r, g.ranks[r], arrived, seq)
+				return g.notArrived(seq, missing, fmt.Errorf("%w: member %d (global rank %d) closed the group after %d of its rounds, while this member waits in round %d",
+					parallel.ErrPeerLost, r, g.ranks[r], arrived, seq))
 			}
 		}
 	}
@@ -213,7 +213,7 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 		for _, r := range missing {
 			if g.peers[r].exited() && atomic.LoadUint64(g.arrive[r]) < seq+1 {
 				g.publishLocked(abortExited, r)
-				return fmt.Errorf("%w: member %d (global rank %d, pid %d) exited", parallel.ErrPeerLost, r, g.ranks[r], g.peers[r].pid)
+				return g.notArrived(seq, missing, fmt.Errorf("%w: member %d (global rank %d, pid %d) exited", parallel.ErrPeerLost, r, g.ranks[r], g.peers[r].pid))
 			}
 		}
 	}
@@ -234,14 +234,24 @@ func (g *Group) checkLocked(ctx context.Context, seq uint64, deadline time.Time,
 			code = abortTimeout
 		}
 		g.publishLocked(code, culprit)
-		return fmt.Errorf("%w: %w (members %v had not arrived)", parallel.ErrTimeout, err, missing)
+		return g.notArrived(seq, missing, fmt.Errorf("%w: %w (members %v had not arrived)", parallel.ErrTimeout, err, missing))
 	}
 	// The context has not ended, so the deadline expired.
 	g.publishLocked(abortTimeout, culprit)
 	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		return fmt.Errorf("%w: %w (members %v had not arrived)", parallel.ErrTimeout, context.DeadlineExceeded, missing)
+		return g.notArrived(seq, missing, fmt.Errorf("%w: %w (members %v had not arrived)", parallel.ErrTimeout, context.DeadlineExceeded, missing))
 	}
-	return fmt.Errorf("%w after %v: members %v had not arrived", parallel.ErrTimeout, g.opts.Timeout, missing)
+	return g.notArrived(seq, missing, fmt.Errorf("%w after %v: members %v had not arrived", parallel.ErrTimeout, g.opts.Timeout, missing))
+}
+
+// notArrived wraps err, the failure of round seq, with how many rounds each missing member
+// had entered (read from the members' arrival words, which outlive a member that exited).
+func (g *Group) notArrived(seq uint64, missing []int, err error) error {
+	entered := make([]uint64, len(missing))
+	for i, r := range missing {
+		entered[i] = min(atomic.LoadUint64(g.arrive[r]), seq)
+	}
+	return &parallel.NotArrivedError{Seq: seq, Missing: missing, Entered: entered, Err: err}
 }
 
 // publishLocked records why the group failed, if no reason was recorded yet, and wakes everyone.

@@ -234,7 +234,7 @@ _STATS_FIELDS = ["matches", "inserts", "l1_hit_pages", "l2_hit_pages", "inserted
                  "pages_loaded_l2", "transfer_errors", "l1_used", "l2_free_pages", "nodes", "pending",
                  "l2_enabled", "consensus_latency_median_ns", "consensus_latency_p99_ns",
                  "storage_hit_pages", "storage_prefetched_pages", "storage_backed_up_pages",
-                 "storage_errors"]
+                 "storage_errors", "no_step_warnings"]
 
 
 class _Stats(ctypes.Structure):
@@ -651,7 +651,10 @@ class Cache:
         return pages.value
 
     def load_pending(self, node):
-        """Whether the group has not yet agreed that the loads on node's prefix are over [R]."""
+        """Whether the group has not yet agreed that the loads on node's prefix are over [R].
+        The loads' copies start only at the next step(), and the group agrees they are over
+        only at a later one: a wait loop must call step() (`while c.load_pending(n): c.step()`);
+        without it, it never ends (and the cache warns once, see step())."""
         p = _i32()
         _check(self._lib.cpcache_load_pending(self._h, _arg("node", node, _u64), ctypes.byref(p)))
         return bool(p.value)
@@ -703,7 +706,9 @@ class Cache:
         """Evicts up to pages L1 pages, never more; returns Evicted(freed, pending): the
         pages freed now, and (write_back) those whose backup is in flight, freed at the step
         that commits it. Pages still pending from earlier calls count toward pages, so a
-        repeated request starts no more: freed + pending <= pages (cpcache_evict_l1_ex) [R]."""
+        repeated request starts no more: freed + pending <= pages (cpcache_evict_l1_ex). Pages
+        whose backup has not started (it starts at the next step()) are neither: without a
+        step(), Evicted(0, 0) [R]."""
         freed, pending = _i64(), _i64()
         _check(self._lib.cpcache_evict_l1_ex(self._h, _arg("pages", pages, _i64), ctypes.byref(freed),
                                              ctypes.byref(pending)))
@@ -792,7 +797,15 @@ class Cache:
         return freed.value
 
     def step(self):
-        """The consensus step: once per scheduler step, on every rank [R]."""
+        """The consensus step: once per scheduler step, on every rank, the same number of
+        times [R]. Copies (backups, load-backs) and storage I/O start only at a step; when
+        they stay pending longer than CPCACHE_STEP_WARN_MS (default 5000 ms; 0: never) with
+        no step(), the library logs a warning naming step() on stderr (once per cache) and
+        stats()["no_step_warnings"] counts it. A rank that calls step() more often than its
+        peers gets an error naming the counts: DivergedError when its extra step met the
+        peers' next one (the calls each made since its previous step), or, while it waits for
+        peers that make no further step, TimeoutError_/PeerLostError naming each rank's
+        count of step() calls."""
         _check(self._lib.cpcache_step(self._h))
 
     def pending(self):
