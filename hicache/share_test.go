@@ -43,7 +43,7 @@ func (r *rig) evictL1() {
 		r.t.Fatal(err)
 	}
 	r.drain()
-	if n := r.caches[0].Stats().L1Used; n != 0 {
+	if n := r.caches[0].Stats().L1UsedAll; n != 0 {
 		r.t.Fatalf("%d L1 pages left", n)
 	}
 	r.scrubL1()
