@@ -205,12 +205,13 @@ wheel: capi
 	$(PYTHON) python/build_backend/cpcache_wheel.py dist
 
 # wheel-test: the wheel installed offline (pip --no-index) into a fresh virtual environment,
-# then the Python example run from a temporary directory on 2 ranks under its cpcache.
+# then the Python example run from a temporary directory on 2 ranks under its cpcache; the
+# installed library and binary load nothing beyond glibc, libstdc++ and libgcc_s from outside it.
 wheel-test: wheel
 	PYTHON=$(PYTHON) test/wheel.sh
 
 # wheel-root-test: the wheel on a stock machine: a minimal Debian bookworm root (debootstrap
-# --variant=minbase with python3, python3-numpy, python3-pip; built once, about N minutes,
+# --variant=minbase with python3, python3-numpy, python3-pip; built once, 3 to 8 minutes,
 # cached in build/debroot) gets it with pip --no-index, then under chroot imports cpcache and
 # runs the Python example on 2 ranks under the wheel's cpcache launch. Needs root.
 wheel-root-test: wheel

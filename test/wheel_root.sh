@@ -3,7 +3,7 @@
 # (debootstrap --variant=minbase with python3, python3-numpy and python3-pip: no Gloo, hiredis,
 # libibverbs or libnl, no Go, no compiler) gets dist/'s wheel with pip offline (--no-index), then
 # under chroot imports cpcache and runs the Python example on 2 ranks under the wheel's
-# `cpcache launch`. Run from the repository root, as root (debootstrap, chroot, mount).
+# `cpcache launch`, with the shared-memory consensus and with Gloo's. Run from the repository root, as root (debootstrap, chroot, mount).
 #
 # The root is built once and cached in $CPCACHE_DEBROOT (build/debroot/bookworm-minbase); each
 # run works on an overlay of it (a copy where overlayfs is missing), so the cache stays clean.
@@ -114,5 +114,9 @@ in_root 'cd /tmp && cpcache --version' >"$tmp/version.log" 2>&1 || { cat "$tmp/v
 in_root 'cd /tmp && cpcache launch -n 2 -- python3 hicache_controller.py --attn-cp 2' >"$tmp/py.log" 2>&1 ||
   { cat "$tmp/py.log"; fail "the Python example on 2 ranks under the wheel's cpcache launch failed in the $suite root"; }
 [ "$(grep -c 'bad_pages=0' "$tmp/py.log")" = 2 ] || { cat "$tmp/py.log"; fail "want a report with bad_pages=0 from both ranks"; }
-echo "wheel-root-test: $name installed offline into a minimal $suite root (no Gloo, hiredis, libibverbs, libnl); $(cat "$tmp/version.log"); the example ran on 2 ranks:"
+# Again over the bundled Gloo (TCP between the ranks) instead of the shared-memory consensus.
+in_root 'cd /tmp && CPCACHE_CONSENSUS_BACKEND=gloo cpcache launch -n 2 -- python3 hicache_controller.py --attn-cp 2' >"$tmp/gloo.log" 2>&1 ||
+  { cat "$tmp/gloo.log"; fail "the Python example on 2 ranks over Gloo failed in the $suite root"; }
+[ "$(grep -c 'bad_pages=0' "$tmp/gloo.log")" = 2 ] || { cat "$tmp/gloo.log"; fail "over Gloo: want a report with bad_pages=0 from both ranks"; }
+echo "wheel-root-test: $name installed offline into a minimal $suite root (no Gloo, hiredis, libibverbs, libnl); $(cat "$tmp/version.log"); the example ran on 2 ranks (shared-memory consensus, then Gloo):"
 tail -n 2 "$tmp/py.log"
