@@ -33,6 +33,6 @@ def sitedir(prefix):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not os.path.isabs(sys.argv[1]):
-        sys.exit(f"usage: {sys.argv[0]} PREFIX (an absolute path), got {sys.argv[1:]}")
+    if len(sys.argv) != 2 or not sys.argv[1]:
+        sys.exit(f"usage: {sys.argv[0]} PREFIX, got {sys.argv[1:]}")
     print(sitedir(sys.argv[1]))

@@ -3,12 +3,15 @@
 # (debootstrap --variant=minbase with python3, python3-numpy and python3-pip: no Gloo, hiredis,
 # libibverbs or libnl, no Go, no compiler) gets dist/'s wheel with pip offline (--no-index), then
 # under chroot imports cpcache and runs the Python example on 2 ranks under the wheel's
-# `cpcache launch`, with the shared-memory consensus and with Gloo's. Run from the repository root, as root (debootstrap, chroot, mount).
+# `cpcache launch`, with the shared-memory consensus and with Gloo's. Run from the repository
+# root, as root (debootstrap, chroot, mount).
 #
 # The root is built once and cached in $CPCACHE_DEBROOT (build/debroot/bookworm-minbase); each
 # run works on an overlay of it (a copy where overlayfs is missing), so the cache stays clean.
-# debootstrap is bounded by $DEBOOTSTRAP_TIMEOUT seconds (600): a mirror that does not answer
-# is a failure naming it, not a hang. $DEBIAN_MIRROR picks the mirror.
+# debootstrap (8 minutes on a loaded 2-core machine) is bounded by $DEBOOTSTRAP_TIMEOUT seconds
+# (900): a mirror that does not answer
+# is a failure naming it, not a hang. The mirror is $DEBIAN_MIRROR, else the one apt uses here
+# for bookworm, else deb.debian.org.
 #
 # Usage: test/wheel_root.sh [WHEEL]   (default: dist/cpcache-$VERSION-*.whl)
 set -euo pipefail
@@ -33,7 +36,9 @@ wheel=$(realpath "$wheel")
 
 suite=bookworm
 include=python3,python3-numpy,python3-pip
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The mirror this machine's apt uses for bookworm, else deb.debian.org.
+apt_mirror=$(apt-cache policy 2>/dev/null | awk -v s="$suite/main" '$3 == s && $2 ~ /^https?:\/\// {print $2; exit}' || true)
+mirror=${DEBIAN_MIRROR:-${apt_mirror:-http://deb.debian.org/debian}}
 cache=$(realpath -m "${CPCACHE_DEBROOT:-build/debroot/$suite-minbase}")
 want="$suite minbase $include"
 
@@ -53,7 +58,7 @@ if [ ! -f "$cache/.cpcache-root" ] || [ "$(cat "$cache/.cpcache-root")" != "$wan
   echo "wheel-root-test: debootstrap --variant=minbase --include=$include $suite from $mirror (once; cached in $cache)"
   start=$(date +%s)
   rc=0
-  timeout --kill-after=10 "${DEBOOTSTRAP_TIMEOUT:-600}" \
+  timeout --kill-after=10 "${DEBOOTSTRAP_TIMEOUT:-900}" \
     debootstrap --variant=minbase --include="$include" "$suite" "$part" "$mirror" >"$cache.log" 2>&1 || rc=$?
   took=$(($(date +%s) - start))
   if [ $rc != 0 ]; then
@@ -62,7 +67,7 @@ if [ ! -f "$cache/.cpcache-root" ] || [ "$(cat "$cache/.cpcache-root")" != "$wan
     [ -f "$part/debootstrap/debootstrap.log" ] && tail -n 15 "$part/debootstrap/debootstrap.log" >&2
     rm -rf --one-file-system "$part"
     if [ $rc = 124 ] || [ $rc = 137 ]; then
-      fail "debootstrap of $suite from $mirror did not finish within ${DEBOOTSTRAP_TIMEOUT:-600} s (killed; log: $cache.log)"
+      fail "debootstrap of $suite from $mirror did not finish within ${DEBOOTSTRAP_TIMEOUT:-900} s (killed; log: $cache.log)"
     fi
     fail "debootstrap of $suite from $mirror failed (exit $rc after $took s; log: $cache.log)"
   fi
@@ -77,6 +82,8 @@ cleanup() {
   rm -rf --one-file-system "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 chr=$tmp/root
 mkdir -p "$tmp/upper" "$tmp/work" "$chr"
 if ! mount -t overlay overlay -o "lowerdir=$cache,upperdir=$tmp/upper,workdir=$tmp/work" "$chr" 2>/dev/null; then
