@@ -7,7 +7,8 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
 DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps \
-	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy chromium
+	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy chromium \
+	patchelf debootstrap
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
 # hicache driver (the CUDA engine, the CUDA slab backend and the bindings are the exceptions).
@@ -19,7 +20,7 @@ TEST_TIMEOUT ?= 40m
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/cpcache/cpcache/internal/version.version=$(VERSION)
 
-.PHONY: install install-test readme-test wheel wheel-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
+.PHONY: install install-test readme-test wheel wheel-test wheel-root-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
 
 all: build
 
@@ -66,7 +67,7 @@ unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) -skip '^TestEngineModelOracle' $(PKGS)
 	$(GO) test -timeout $(TEST_TIMEOUT) -run '^TestEngineModelOracle' ./cmd/cpcache/internal/runner/
 
-test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test readme-test
+test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test wheel-root-test readme-test
 
 # --- libcpcache: the C ABI (include/cpcache.h), its C example and the Python binding ------
 # The libraries are built without NVML (tag cpcache_nonvml): go-nvml would leave undefined
@@ -74,8 +75,12 @@ test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test
 CAPI_TAGS := cpcache_nonvml
 CAPI_GOFLAGS := -tags $(CAPI_TAGS) -trimpath -ldflags "$(VERSION_LDFLAGS)"
 CAPI_CFLAGS := -O2 -Wall -Wextra -Werror -Iinclude
-# Debian's interpreter: the python3 on PATH may be another (pyenv) without python3-pytest.
-PYTHON := /usr/bin/python3
+# The Python of make install and make wheel: the python3 on PATH unless PYTHON= names another.
+PYTHON ?= python3
+# The Python of the tests, which need pytest, numpy and torch (Debian's python3-pytest,
+# python3-numpy, python3-torch): $(PYTHON) when it has them, else Debian's /usr/bin/python3
+# (a pyenv python3 first on PATH has none of them).
+TEST_PYTHON ?= $(shell for p in $(PYTHON) /usr/bin/python3; do $$p -c 'import pytest, numpy' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 # As gloo's mpirun test: root is allowed (CI runs as root), TCP only between ranks.
 MPIRUN := mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp
 
@@ -153,7 +158,7 @@ capi-test: build/engine build/bad_calls build/reopen build/fork build/libcuda_fa
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \
 	  if [ $$rc != 3 ] || ! grep -q "peer lost at step" <<<"$$out"; then echo "$$out"; echo "capi-test: want status 3 and 'peer lost', got $$rc"; exit 1; fi
 	CPCACHE_LIBRARY=$(CURDIR)/build/libcpcache.so CPCACHE_BIN=$(CURDIR)/bin/cpcache \
-	  timeout 600 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+	  timeout 600 $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # cmake-test: CMake builds libcpcache (go build), runs its test, installs the package; an
 # outside project then finds it with find_package(cpcache), links libcpcache.a and runs the
@@ -170,11 +175,14 @@ cmake-test:
 
 # install: the binary, libcpcache.so/.a, include/cpcache.h, the CMake package, cpcache.pc and
 # the Python package under $(DESTDIR)$(PREFIX), through CMakeLists.txt (which `cmake --install`
-# of your own build runs too).
+# of your own build runs too). The Python package goes where $(PYTHON) looks under the prefix
+# (cmake/python_sitedir.py): PREFIX=$$HOME/.local is its user site (`python3 -m site
+# --user-site`), /usr/local Debian's dist-packages; worked out anew at every install.
 PREFIX ?= /usr/local
 install:
+	@py=$$(command -v $(PYTHON)) || { echo "install: PYTHON=$(PYTHON) not found on PATH"; exit 1; }; \
 	cmake -S . -B build/install -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
-	  -DPython3_EXECUTABLE=$(PYTHON) >/dev/null
+	  -DPython3_EXECUTABLE=$$py -UCPCACHE_PYTHON_SITEDIR >/dev/null
 	cmake --build build/install -j2
 	DESTDIR=$(DESTDIR) cmake --install build/install
 
@@ -182,23 +190,35 @@ install:
 # installed binary, the C example built with pkg-config and with find_package(cpcache), and
 # the Python example, each on 2 ranks under the installed `cpcache launch`.
 install-test:
-	PYTHON=$(PYTHON) test/install.sh
+	PYTHON=$(TEST_PYTHON) test/install.sh
 
 # readme-test: every shell command README shows, run as written after make install (test/readme.py
 # says how; what needs two machines or a GPU is skipped with its reason).
 readme-test:
-	$(PYTHON) test/readme.py
+	$(TEST_PYTHON) test/readme.py
 
-# wheel: dist/cpcache-$(VERSION)-py3-none-linux_<machine>.whl, the Python binding with
-# libcpcache.so and the cpcache binary inside (pyproject.toml, python/build_backend).
+# wheel: dist/cpcache-$(VERSION)-py3-none-<platform>.whl (manylinux_2_35_x86_64 on bookworm:
+# the backend works the tag out from the symbol versions the binaries need), the Python
+# binding with libcpcache.so, the cpcache binary and every library they need beyond glibc,
+# libstdc++ and libgcc_s inside (cpcache/.libs, loaded through $$ORIGIN run paths; patchelf),
+# stripped (pyproject.toml, python/build_backend).
 wheel: capi
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/cpcache ./cmd/cpcache
+	rm -f dist/cpcache-$(VERSION)-*.whl
 	$(PYTHON) python/build_backend/cpcache_wheel.py dist
 
 # wheel-test: the wheel installed offline (pip --no-index) into a fresh virtual environment,
-# then the Python example run from a temporary directory on 2 ranks under its cpcache.
+# then the Python example run from a temporary directory on 2 ranks under its cpcache; the
+# installed library and binary load nothing beyond glibc, libstdc++ and libgcc_s from outside it.
 wheel-test: wheel
-	PYTHON=$(PYTHON) test/wheel.sh
+	PYTHON=$(TEST_PYTHON) test/wheel.sh
+
+# wheel-root-test: the wheel on a stock machine: a minimal Debian bookworm root (debootstrap
+# --variant=minbase with python3, python3-numpy, python3-pip; built once, 3 to 8 minutes,
+# cached in build/debroot) gets it with pip --no-index, then under chroot imports cpcache and
+# runs the Python example on 2 ranks under the wheel's cpcache launch. Needs root.
+wheel-root-test: wheel
+	test/wheel_root.sh
 
 # bench-capi: per-call cost of the C ABI against the Go API, interleaved in one process
 # (a library with the cpcache_bench hook, in build/bench/), as ratios.

@@ -2,10 +2,11 @@
 # `make wheel-test`: installs dist/'s wheel (make wheel) into a fresh virtual environment with
 # no network (pip --no-index; --system-site-packages only lends numpy-like packages, cpcache
 # needs none), then runs the Python example from a temporary directory on 2 ranks under the
-# cpcache binary the wheel installed. Run from the repository root.
+# cpcache binary the wheel installed; the wheel's library and binary load nothing beyond glibc,
+# libstdc++ and libgcc_s from the system. Run from the repository root.
 set -euo pipefail
 root=$PWD
-PYTHON=${PYTHON:-/usr/bin/python3}
+PYTHON=${PYTHON:-python3}
 version=$(cat VERSION)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -24,6 +25,16 @@ got=$(python -c 'import cpcache, importlib.metadata as m; print(cpcache.__file__
 site=$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 want="$site/cpcache/__init__.py $site/cpcache/libcpcache.so $version $version"
 [ "$got" = "$want" ] || fail "the installed package says \"$got\", want \"$want\""
+# Everything beyond glibc, libstdc++ and libgcc_s comes from the wheel (cpcache/.libs).
+for f in "$site/cpcache/libcpcache.so" "$site/cpcache/bin/cpcache"; do
+  [ -f "$f" ] || fail "the wheel installed no $f"
+  outside=$(ldd "$f" | awk '$2 == "=>" { print $1, ($3 == "not" ? "(not found)" : $3) }' |
+    while read -r name path; do
+      [[ $path == /* ]] && path=$(realpath "$path")
+      [[ $path == "$site/cpcache/.libs/"* ]] || echo "$name $path"
+    done | grep -vE '^(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[-.a-z0-9_]*)\.so' || true)
+  [ -z "$outside" ] || fail "$f loads from outside the wheel: $(tr '\n' ' ' <<<"$outside")"
+done
 timeout 300 cpcache launch -n 2 -- python hicache_controller.py --attn-cp 2 >"$tmp/py.log" 2>&1 ||
   { cat "$tmp/py.log"; fail "the Python example failed"; }
 echo "wheel-test: $(basename "$wheel") installed offline into a venv; the example ran on 2 ranks:"
