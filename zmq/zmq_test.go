@@ -203,3 +203,52 @@ func TestMaxMsgSizeDropsTheConnection(t *testing.T) {
 		}
 	}
 }
+
+// benchPair is a connected PAIR over inproc for the round-trip benchmarks.
+func benchPair(b *testing.B, name string) (*Socket, *Socket) {
+	c, err := NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := c.Socket(PAIR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	z, err := c.Socket(PAIR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close(); z.Close(); c.Close() })
+	if err := a.Bind("inproc://" + name); err != nil {
+		b.Fatal(err)
+	}
+	if err := z.Connect("inproc://" + name); err != nil {
+		b.Fatal(err)
+	}
+	return a, z
+}
+
+// BenchmarkSendRecvInproc is one Send and one Recv of a message over inproc: the cost of the
+// binding's calls into libzmq (the per-call overhead plus libzmq's own work).
+func BenchmarkSendRecvInproc(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		frames [][]byte
+	}{
+		{"1x64B", [][]byte{make([]byte, 64)}},
+		{"3frames", [][]byte{[]byte("kv-events"), make([]byte, 8), make([]byte, 1024)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			a, z := benchPair(b, "bench-"+bc.name)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := a.Send(0, bc.frames...); err != nil {
+					b.Fatal(err)
+				}
+				if got, _, err := z.Recv(0, 8); err != nil || len(got) != len(bc.frames) {
+					b.Fatalf("recv %d frames, %v", len(got), err)
+				}
+			}
+		})
+	}
+}
