@@ -385,3 +385,17 @@ func TestFramesOfEverySizeArriveIntact(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkVersion is one call into libzmq with three pointer arguments (zmq_version): the
+// binding's fixed cost per call.
+func BenchmarkVersion(b *testing.B) {
+	if _, err := Open(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if major, _, _, err := Version(); err != nil || major < 4 {
+			b.Fatal(major, err)
+		}
+	}
+}
