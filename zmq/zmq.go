@@ -399,6 +399,18 @@ type Socket struct {
 	p   uintptr // void *; 0 once closed
 	typ Type
 	msg *zmqMsg // the frame Recv is receiving
+
+	args [3]uintptr // msgCall's arguments
+}
+
+// msgCall calls fn (zmq_msg_recv or a zmq_msg_* function) with the first n of a1..a3,
+// handed over from s.args so that no argument slice is allocated per call (Recv makes four
+// calls a frame). Every argument is an integer, a C pointer or the address of s.msg, which
+// is heap memory the caller keeps alive: none needs SyscallN's escape of its arguments.
+func (s *Socket) msgCall(fn uintptr, n int, a1, a2, a3 uintptr) uintptr {
+	s.args = [3]uintptr{a1, a2, a3}
+	r, _, _ := purego.SyscallN(fn, s.args[:n]...)
+	return r
 }
 
 // Socket makes a socket of type t with ZMQ_LINGER 0 (Close never waits on a peer).
@@ -593,13 +605,13 @@ func (s *Socket) Recv(flags, maxFrames int) (frames [][]byte, dropped int, err e
 	defer runtime.UnlockOSThread()
 	// One message object serves every frame: zmq_msg_recv releases what it held before
 	// taking the next frame, and keeps it valid when it fails; zmq_msg_close releases the last.
-	purego.SyscallN(t.msgInit, m) // cannot fail
+	s.msgCall(t.msgInit, 1, m, 0, 0) // cannot fail
 	defer func() {
-		purego.SyscallN(t.msgClose, m)
+		s.msgCall(t.msgClose, 1, m, 0, 0)
 		runtime.KeepAlive(s.msg)
 	}()
 	for {
-		rc, _, _ := purego.SyscallN(t.msgRecv, m, s.p, uintptr(flags))
+		rc := s.msgCall(t.msgRecv, 3, m, s.p, uintptr(flags))
 		if int32(rc) < 0 {
 			e := t.lastErrno()
 			if e == EINTR {
@@ -617,18 +629,18 @@ func (s *Socket) Recv(flags, maxFrames int) (frames [][]byte, dropped int, err e
 			// returned the size, clamped to INT_MAX.
 			size := uintptr(int32(rc))
 			if int32(rc) == math.MaxInt32 {
-				size, _, _ = purego.SyscallN(t.msgSize, m)
+				size = s.msgCall(t.msgSize, 1, m, 0, 0)
 			}
 			b := make([]byte, size)
 			if size > 0 {
-				data, _, _ := purego.SyscallN(t.msgData, m)
+				data := s.msgCall(t.msgData, 1, m, 0, 0)
 				copy(b, unsafe.Slice((*byte)(cptr(data)), size))
 			}
 			frames = append(frames, b)
 		} else {
 			dropped++
 		}
-		if more, _, _ := purego.SyscallN(t.msgMore, m); int32(more) == 0 {
+		if more := s.msgCall(t.msgMore, 1, m, 0, 0); int32(more) == 0 {
 			return frames, dropped, nil
 		}
 		flags &^= DontWait // the rest of a message is there already
