@@ -11,9 +11,10 @@ DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-serv
 	patchelf debootstrap
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
-# hicache driver (the CUDA engine, the CUDA slab backend and the bindings are the exceptions).
+# hicache driver, and the KV-event publisher with its libzmq binding (purego) (the CUDA
+# engine, the CUDA slab backend and the cgo bindings are the exceptions).
 PURE_PKGS := ./parallel/... ./slab ./slab/alloc ./hicache ./hicache/core ./hicache/engine \
-	./hicache/hostengine ./hicache/kvtest ./hicache/metrics ./hicache/kvlayout ./storage/... ./workload ./sim/...
+	./hicache/hostengine ./hicache/kvtest ./hicache/metrics ./hicache/kvlayout ./hicache/kvevents ./zmq ./storage/... ./workload ./sim/...
 TEST_TIMEOUT ?= 40m
 # The release version: its one source is the VERSION file, linked into the binary and
 # libcpcache (internal/version), read by CMakeLists.txt and the Python wheel's build.

@@ -1,6 +1,7 @@
 // Package zmq is the small part of libzmq (ZeroMQ 4.x) that cpcache's KV-event publisher
-// needs, loaded at run time with dlopen: contexts, sockets, integer and byte options, bind
-// and connect, multipart send and receive (blocking or ZMQ_DONTWAIT), poll and socket
+// needs, loaded at run time with dlopen and called through github.com/ebitengine/purego (no
+// cgo: the package builds with CGO_ENABLED=0): contexts, sockets, integer and byte options,
+// bind and connect, multipart send and receive (blocking or ZMQ_DONTWAIT), poll and socket
 // monitors.
 //
 // libzmq.so.5 (Debian's libzmq5) is opened on first use, not at program start: a binary that
@@ -12,23 +13,20 @@
 // (one goroutine per socket, or a mutex).
 package zmq
 
-/*
-#cgo CFLAGS: -O2
-#cgo LDFLAGS: -ldl -lpthread
-#include <stdlib.h>
-#include "zmq_api.h"
-*/
-import "C"
-
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // Library is the default soname, DebianPackage the package that ships it, Env the
@@ -75,45 +73,124 @@ func candidates() []string {
 	return out
 }
 
+// table is the loaded library: its path and the address of every entry point used here
+// (ZMQ 4.x ABI, declared from zmq.h: contexts and sockets are opaque pointers, errors are -1
+// or NULL with the reason in zmq_errno()). Every field is non-zero once Open succeeds.
+type table struct {
+	path string
+
+	version, errno, strerror                    uintptr
+	ctxNew, ctxTerm, socket, close              uintptr
+	setsockopt, getsockopt, bind, connect, send uintptr
+	msgInit, msgRecv, msgData, msgSize, msgMore uintptr
+	msgClose, poll, socketMonitor               uintptr
+}
+
+// symbols lists t's entry points with their exported names and the first ZMQ version that
+// has them (for the message when one is missing).
+func (t *table) symbols() []struct {
+	name, since string
+	addr        *uintptr
+} {
+	return []struct {
+		name, since string
+		addr        *uintptr
+	}{
+		{"zmq_version", "4.0", &t.version},
+		{"zmq_errno", "4.0", &t.errno},
+		{"zmq_strerror", "4.0", &t.strerror},
+		{"zmq_ctx_new", "4.0", &t.ctxNew},
+		{"zmq_ctx_term", "4.0", &t.ctxTerm},
+		{"zmq_socket", "4.0", &t.socket},
+		{"zmq_close", "4.0", &t.close},
+		{"zmq_setsockopt", "4.0", &t.setsockopt},
+		{"zmq_getsockopt", "4.0", &t.getsockopt},
+		{"zmq_bind", "4.0", &t.bind},
+		{"zmq_connect", "4.0", &t.connect},
+		{"zmq_send", "4.0", &t.send},
+		{"zmq_msg_init", "4.0", &t.msgInit},
+		{"zmq_msg_recv", "4.0", &t.msgRecv},
+		{"zmq_msg_data", "4.0", &t.msgData},
+		{"zmq_msg_size", "4.0", &t.msgSize},
+		{"zmq_msg_more", "4.0", &t.msgMore},
+		{"zmq_msg_close", "4.0", &t.msgClose},
+		{"zmq_poll", "4.0", &t.poll},
+		{"zmq_socket_monitor", "4.0", &t.socketMonitor},
+	}
+}
+
 var (
-	openMu sync.Mutex
-	opened string // the path once loaded
+	openMu sync.Mutex            // serialises loading
+	lib    atomic.Pointer[table] // the loaded library; nil until Open succeeds, then never changes
 )
 
-// Open loads libzmq (once; later calls return at once) and returns the path it came from.
+// Open loads libzmq (once; later calls return at once) and returns the path it came from:
+// the first candidate that dlopen accepts, with every entry point resolved there and then
+// (a library lacking one fails here, not at its first use). The library stays loaded once
+// opened (its contexts run I/O threads).
 func Open() (string, error) {
+	if t := lib.Load(); t != nil {
+		return t.path, nil
+	}
 	openMu.Lock()
 	defer openMu.Unlock()
-	if opened != "" {
-		return opened, nil
+	if t := lib.Load(); t != nil {
+		return t.path, nil
 	}
 	cands := candidates()
-	arr := C.malloc(C.size_t(len(cands)+1) * C.size_t(unsafe.Sizeof((*C.char)(nil))))
-	defer C.free(arr)
-	view := unsafe.Slice((**C.char)(arr), len(cands)+1)
-	for i, c := range cands {
-		view[i] = C.CString(c)
-		defer C.free(unsafe.Pointer(view[i]))
-	}
-	view[len(cands)] = nil
-	errbuf := make([]byte, 8192)
-	rc := C.cp_zmq_open((**C.char)(arr), C.int(len(cands)), (*C.char)(unsafe.Pointer(&errbuf[0])), C.size_t(len(errbuf)))
-	if rc != C.CP_LOAD_OK {
-		le := &LoadError{Tried: cands, Detail: cstr(errbuf), Reason: ErrLibraryNotFound}
-		if rc == C.CP_LOAD_MISSING_SYMBOL {
-			le.Reason = ErrMissingSymbol
+	// dlerror's message is per thread: read it on the thread whose dlopen failed.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var h uintptr
+	var why []string
+	t := &table{}
+	for _, c := range cands {
+		p, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err == nil {
+			h, t.path = p, c
+			break
 		}
-		return "", le
+		msg := err.Error()
+		if msg == "" {
+			msg = "unknown dlopen error"
+		}
+		if !strings.HasPrefix(msg, c) { // dlerror usually names the file already
+			msg = c + ": " + msg
+		}
+		why = append(why, msg)
 	}
-	var major, minor, patch C.int
-	C.cp_zmq_version(&major, &minor, &patch)
-	if major < 4 {
+	if h == 0 {
+		return "", &LoadError{Tried: cands, Reason: ErrLibraryNotFound, Detail: strings.Join(why, "; ")}
+	}
+	var missing []string
+	for _, s := range t.symbols() {
+		p, err := purego.Dlsym(h, s.name)
+		if err != nil || p == 0 {
+			missing = append(missing, s.name+" (since ZMQ "+s.since+")")
+		}
+		*s.addr = p
+	}
+	if len(missing) > 0 {
+		_ = purego.Dlclose(h)
+		plural := ""
+		if len(missing) > 1 {
+			plural = "s"
+		}
+		return "", &LoadError{Tried: cands, Reason: ErrMissingSymbol,
+			Detail: fmt.Sprintf("%s: missing symbol%s %s", t.path, plural, strings.Join(missing, ", "))}
+	}
+	if major, minor, patch := t.versionOf(); major < 4 {
+		_ = purego.Dlclose(h)
 		return "", &LoadError{Tried: cands, Reason: ErrMissingSymbol, Detail: fmt.Sprintf("version %d.%d.%d, want 4.x", major, minor, patch)}
 	}
-	pathbuf := make([]byte, 4096)
-	C.cp_zmq_path((*C.char)(unsafe.Pointer(&pathbuf[0])), C.size_t(len(pathbuf)))
-	opened = cstr(pathbuf)
-	return opened, nil
+	lib.Store(t)
+	return t.path, nil
+}
+
+func (t *table) versionOf() (major, minor, patch int) {
+	var v [3]int32
+	purego.SyscallN(t.version, uintptr(unsafe.Pointer(&v[0])), uintptr(unsafe.Pointer(&v[1])), uintptr(unsafe.Pointer(&v[2])))
+	return int(v[0]), int(v[1]), int(v[2])
 }
 
 // Version is the loaded library's version (Open first).
@@ -121,16 +198,55 @@ func Version() (major, minor, patch int, err error) {
 	if _, err = Open(); err != nil {
 		return 0, 0, 0, err
 	}
-	var a, b, c C.int
-	C.cp_zmq_version(&a, &b, &c)
-	return int(a), int(b), int(c), nil
+	major, minor, patch = lib.Load().versionOf()
+	return major, minor, patch, nil
 }
 
-func cstr(b []byte) string {
-	if i := strings.IndexByte(string(b), 0); i >= 0 {
-		return string(b[:i])
+// How calls into libzmq go (purego.SyscallN, no cgo):
+//   - C pointers (contexts, sockets, what zmq_msg_data returns) are uintptrs to Go.
+//   - Go memory is passed only for the duration of a call, converted to uintptr in the
+//     call's argument list: SyscallN is //go:uintptrescapes, so what such an argument points
+//     to lives on the heap (a stack move cannot leave C with a stale address) and stays alive
+//     until the call returns. libzmq keeps no pointer to any of it: zmq_send copies the bytes,
+//     zmq_setsockopt copies the value, zmq_poll and the zmq_msg_* calls use their argument
+//     only while they run.
+//   - errno is per thread and a goroutine may change threads between two calls: every method
+//     that calls libzmq holds its OS thread (runtime.LockOSThread) from the call until
+//     zmq_errno() has been read.
+//   - int results come back in a 64-bit register whose upper half is unspecified: they are
+//     read as int32.
+
+// cptr turns an address libzmq returned into a pointer, to read the bytes there.
+func cptr(p uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&p)) }
+
+// gostring copies the NUL-terminated C string at p.
+func gostring(p uintptr) string {
+	if p == 0 {
+		return ""
 	}
-	return string(b)
+	n := 0
+	for *(*byte)(unsafe.Add(cptr(p), n)) != 0 {
+		n++
+	}
+	return string(unsafe.Slice((*byte)(cptr(p)), n))
+}
+
+// cstring is s NUL-terminated for libzmq; a NUL inside s (which C would read as the end) is
+// an error naming s.
+func cstring(what, s string) ([]byte, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return nil, fmt.Errorf("zmq: %s %q holds a NUL byte", what, s)
+	}
+	return append([]byte(s), 0), nil
+}
+
+// lastErrno is zmq_errno() after a failed call, on the caller's locked thread.
+func (t *table) lastErrno() Errno {
+	e, _, _ := purego.SyscallN(t.errno)
+	if int32(e) == 0 {
+		return Errno(syscall.EINVAL)
+	}
+	return Errno(int32(e))
 }
 
 // Errno is an error libzmq reported: a POSIX errno or one of libzmq's own (ETERM...).
@@ -144,24 +260,21 @@ const (
 	ETERM        = Errno(156384712 + 53) // ZMQ_HAUSNUMERO + 53
 )
 
-func (e Errno) Error() string { return C.GoString(C.cp_zmq_strerror(C.int(e))) }
+func (e Errno) Error() string {
+	if t := lib.Load(); t != nil {
+		r, _, _ := purego.SyscallN(t.strerror, uintptr(int32(e)))
+		return gostring(r)
+	}
+	if e == ETERM {
+		return "Context was terminated"
+	}
+	return syscall.Errno(e).Error()
+}
 
 // Is lets errors.Is(err, syscall.EAGAIN) hold for the matching Errno.
 func (e Errno) Is(target error) bool {
 	t, ok := target.(syscall.Errno)
 	return ok && Errno(t) == e
-}
-
-// errnoOf converts the error cgo captured after a failing call.
-func errnoOf(err error) error {
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return Errno(e)
-	}
-	if err == nil {
-		return Errno(syscall.EINVAL)
-	}
-	return err
 }
 
 // Socket types.
@@ -223,7 +336,7 @@ const (
 // Context is a libzmq context (its I/O threads). Close it after its sockets.
 type Context struct {
 	mu sync.Mutex
-	p  unsafe.Pointer
+	p  uintptr // void *; 0 once closed
 }
 
 // NewContext loads libzmq when needed and makes a context.
@@ -231,9 +344,12 @@ func NewContext() (*Context, error) {
 	if _, err := Open(); err != nil {
 		return nil, err
 	}
-	p, err := C.cp_zmq_ctx_new()
-	if p == nil {
-		return nil, fmt.Errorf("zmq: zmq_ctx_new: %w", errnoOf(err))
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p, _, _ := purego.SyscallN(t.ctxNew)
+	if p == 0 {
+		return nil, fmt.Errorf("zmq: zmq_ctx_new: %w", t.lastErrno())
 	}
 	return &Context{p: p}, nil
 }
@@ -244,41 +360,74 @@ func NewContext() (*Context, error) {
 func (c *Context) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.p == nil {
+	if c.p == 0 {
 		return nil
 	}
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for {
-		rc, err := C.cp_zmq_ctx_term(c.p)
-		if rc == 0 {
+		rc, _, _ := purego.SyscallN(t.ctxTerm, c.p)
+		if int32(rc) == 0 {
 			break
 		}
-		if e := errnoOf(err); e != EINTR {
-			c.p = nil
+		if e := t.lastErrno(); e != EINTR {
+			c.p = 0
 			return fmt.Errorf("zmq: zmq_ctx_term: %w", e)
 		}
 	}
-	c.p = nil
+	c.p = 0
 	return nil
+}
+
+// zmqMsg is a zmq_msg_t: 64 bytes, aligned as a pointer (zmq.h). A Socket's own one receives
+// frames during Recv (initialised at its start, closed at its end); libzmq uses it only during
+// the zmq_msg_* calls that are handed its address.
+type zmqMsg [8]uint64
+
+// pollItem is a zmq_pollitem_t on POSIX: {void *socket; int fd; short events; short
+// revents}, 16 bytes on 64-bit.
+type pollItem struct {
+	socket  uintptr
+	fd      int32
+	events  int16
+	revents int16
 }
 
 // Socket is one libzmq socket; use it from one goroutine at a time.
 type Socket struct {
-	p   unsafe.Pointer
+	p   uintptr // void *; 0 once closed
 	typ Type
+	msg *zmqMsg // the frame Recv is receiving
+
+	args [3]uintptr // msgCall's arguments
+}
+
+// msgCall calls fn (zmq_msg_recv or a zmq_msg_* function) with the first n of a1..a3,
+// handed over from s.args so that no argument slice is allocated per call (Recv makes four
+// calls a frame). Every argument is an integer, a C pointer or the address of s.msg, which
+// is heap memory the caller keeps alive: none needs SyscallN's escape of its arguments.
+func (s *Socket) msgCall(fn uintptr, n int, a1, a2, a3 uintptr) uintptr {
+	s.args = [3]uintptr{a1, a2, a3}
+	r, _, _ := purego.SyscallN(fn, s.args[:n]...)
+	return r
 }
 
 // Socket makes a socket of type t with ZMQ_LINGER 0 (Close never waits on a peer).
 func (c *Context) Socket(t Type) (*Socket, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.p == nil {
+	if c.p == 0 {
 		return nil, errors.New("zmq: context closed")
 	}
-	p, err := C.cp_zmq_socket(c.p, C.int(t))
-	if p == nil {
-		return nil, fmt.Errorf("zmq: zmq_socket(%d): %w", t, errnoOf(err))
+	z := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p, _, _ := purego.SyscallN(z.socket, c.p, uintptr(t))
+	if p == 0 {
+		return nil, fmt.Errorf("zmq: zmq_socket(%d): %w", t, z.lastErrno())
 	}
-	s := &Socket{p: p, typ: t}
+	s := &Socket{p: p, typ: t, msg: new(zmqMsg)}
 	if err := s.SetInt(Linger, 0); err != nil {
 		s.Close()
 		return nil, err
@@ -288,19 +437,22 @@ func (c *Context) Socket(t Type) (*Socket, error) {
 
 // Close closes the socket. Idempotent.
 func (s *Socket) Close() error {
-	if s == nil || s.p == nil {
+	if s == nil || s.p == 0 {
 		return nil
 	}
-	rc, err := C.cp_zmq_close(s.p)
-	s.p = nil
-	if rc != 0 {
-		return fmt.Errorf("zmq: zmq_close: %w", errnoOf(err))
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(t.close, s.p)
+	s.p = 0
+	if int32(rc) != 0 {
+		return fmt.Errorf("zmq: zmq_close: %w", t.lastErrno())
 	}
 	return nil
 }
 
 func (s *Socket) live() error {
-	if s == nil || s.p == nil {
+	if s == nil || s.p == 0 {
 		return errors.New("zmq: socket closed")
 	}
 	return nil
@@ -311,17 +463,19 @@ func (s *Socket) SetInt(opt int, v int64) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	var rc C.int
-	var err error
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var rc uintptr
 	if opt == MaxMsgSize {
-		x := C.int64_t(v)
-		rc, err = C.cp_zmq_setsockopt(s.p, C.int(opt), unsafe.Pointer(&x), C.size_t(unsafe.Sizeof(x)))
+		x := v
+		rc, _, _ = purego.SyscallN(t.setsockopt, s.p, uintptr(opt), uintptr(unsafe.Pointer(&x)), unsafe.Sizeof(x))
 	} else {
-		x := C.int(v)
-		rc, err = C.cp_zmq_setsockopt(s.p, C.int(opt), unsafe.Pointer(&x), C.size_t(unsafe.Sizeof(x)))
+		x := int32(v)
+		rc, _, _ = purego.SyscallN(t.setsockopt, s.p, uintptr(opt), uintptr(unsafe.Pointer(&x)), unsafe.Sizeof(x))
 	}
-	if rc != 0 {
-		return fmt.Errorf("zmq: setsockopt %d = %d: %w", opt, v, errnoOf(err))
+	if int32(rc) != 0 {
+		return fmt.Errorf("zmq: setsockopt %d = %d: %w", opt, v, t.lastErrno())
 	}
 	return nil
 }
@@ -331,11 +485,14 @@ func (s *Socket) SetBytes(opt int, v []byte) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	p := C.CBytes(append(v, 0))
-	defer C.free(p)
-	rc, err := C.cp_zmq_setsockopt(s.p, C.int(opt), p, C.size_t(len(v)))
-	if rc != 0 {
-		return fmt.Errorf("zmq: setsockopt %d: %w", opt, errnoOf(err))
+	t := lib.Load()
+	buf := append(append(make([]byte, 0, len(v)+1), v...), 0) // never a nil pointer, even for no bytes
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(t.setsockopt, s.p, uintptr(opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(v)))
+	runtime.KeepAlive(buf)
+	if int32(rc) != 0 {
+		return fmt.Errorf("zmq: setsockopt %d: %w", opt, t.lastErrno())
 	}
 	return nil
 }
@@ -345,13 +502,41 @@ func (s *Socket) GetString(opt int) (string, error) {
 	if err := s.live(); err != nil {
 		return "", err
 	}
+	t := lib.Load()
 	buf := make([]byte, 1024)
-	n := C.size_t(len(buf))
-	rc, err := C.cp_zmq_getsockopt(s.p, C.int(opt), unsafe.Pointer(&buf[0]), &n)
-	if rc != 0 {
-		return "", fmt.Errorf("zmq: getsockopt %d: %w", opt, errnoOf(err))
+	n := uintptr(len(buf)) // size_t, in and out
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(t.getsockopt, s.p, uintptr(opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)))
+	runtime.KeepAlive(buf)
+	if int32(rc) != 0 {
+		return "", fmt.Errorf("zmq: getsockopt %d: %w", opt, t.lastErrno())
 	}
-	return cstr(buf[:n]), nil
+	b := buf[:min(n, uintptr(len(buf)))]
+	if i := strings.IndexByte(string(b), 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b), nil
+}
+
+// endpointCall runs bind or connect (fn) on ep.
+func (s *Socket) endpointCall(fn uintptr, what, ep string) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	cs, err := cstring("endpoint", ep)
+	if err != nil {
+		return err
+	}
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(fn, s.p, uintptr(unsafe.Pointer(&cs[0])))
+	runtime.KeepAlive(cs)
+	if int32(rc) != 0 {
+		return fmt.Errorf("zmq: %s %q: %w", what, ep, t.lastErrno())
+	}
+	return nil
 }
 
 // Bind binds the socket to ep.
@@ -359,12 +544,7 @@ func (s *Socket) Bind(ep string) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	cs := C.CString(ep)
-	defer C.free(unsafe.Pointer(cs))
-	if rc, err := C.cp_zmq_bind(s.p, cs); rc != 0 {
-		return fmt.Errorf("zmq: bind %q: %w", ep, errnoOf(err))
-	}
-	return nil
+	return s.endpointCall(lib.Load().bind, "bind", ep)
 }
 
 // Connect connects the socket to ep (libzmq retries in the background).
@@ -372,12 +552,7 @@ func (s *Socket) Connect(ep string) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	cs := C.CString(ep)
-	defer C.free(unsafe.Pointer(cs))
-	if rc, err := C.cp_zmq_connect(s.p, cs); rc != 0 {
-		return fmt.Errorf("zmq: connect %q: %w", ep, errnoOf(err))
-	}
-	return nil
+	return s.endpointCall(lib.Load().connect, "connect", ep)
 }
 
 // Send sends frames as one multipart message. flags may hold DontWait: libzmq then either
@@ -387,23 +562,29 @@ func (s *Socket) Send(flags int, frames ...[]byte) error {
 	if err := s.live(); err != nil {
 		return err
 	}
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for i, f := range frames {
 		fl := flags
 		if i < len(frames)-1 {
 			fl |= SndMore
 		}
-		var p unsafe.Pointer
-		if len(f) > 0 {
-			p = unsafe.Pointer(&f[0])
-		}
 		for {
-			rc, err := C.cp_zmq_send(s.p, p, C.size_t(len(f)), C.int(fl))
-			if rc >= 0 {
+			var rc uintptr
+			if len(f) > 0 {
+				// zmq_send copies the bytes before it returns.
+				rc, _, _ = purego.SyscallN(t.send, s.p, uintptr(unsafe.Pointer(&f[0])), uintptr(len(f)), uintptr(fl))
+			} else {
+				rc, _, _ = purego.SyscallN(t.send, s.p, 0, 0, uintptr(fl))
+			}
+			runtime.KeepAlive(f)
+			if int32(rc) >= 0 {
 				break
 			}
 			// A signal (the Go runtime's preemption signal among them) interrupts libzmq's
 			// wait on its command mailbox; the frame was not taken, so it is sent again.
-			if e := errnoOf(err); e != EINTR {
+			if e := t.lastErrno(); e != EINTR {
 				return e
 			}
 		}
@@ -418,28 +599,48 @@ func (s *Socket) Recv(flags, maxFrames int) (frames [][]byte, dropped int, err e
 	if err := s.live(); err != nil {
 		return nil, 0, err
 	}
+	t := lib.Load()
+	m := uintptr(unsafe.Pointer(s.msg)) // heap memory that stays put; libzmq keeps no pointer to it
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// One message object serves every frame: zmq_msg_recv releases what it held before
+	// taking the next frame, and keeps it valid when it fails; zmq_msg_close releases the last.
+	s.msgCall(t.msgInit, 1, m, 0, 0) // cannot fail
+	defer func() {
+		s.msgCall(t.msgClose, 1, m, 0, 0)
+		runtime.KeepAlive(s.msg)
+	}()
 	for {
-		var msg, data unsafe.Pointer
-		var size C.size_t
-		var more C.int
-		rc, err := C.cp_zmq_recv_frame(s.p, C.int(flags), &msg, &data, &size, &more)
-		if rc != 0 && errnoOf(err) == EINTR {
-			continue // interrupted by a signal before a frame was taken: ask again
-		}
-		if rc != 0 {
+		rc := s.msgCall(t.msgRecv, 3, m, s.p, uintptr(flags))
+		if int32(rc) < 0 {
+			e := t.lastErrno()
+			if e == EINTR {
+				continue // interrupted by a signal before a frame was taken: ask again
+			}
 			if len(frames) > 0 || dropped > 0 {
 				// Frames of one message arrive together; a failure here is ETERM or the like.
-				return frames, dropped, errnoOf(err)
+				return frames, dropped, e
 			}
-			return nil, 0, errnoOf(err)
+			return nil, 0, e
 		}
 		if len(frames) < maxFrames {
-			frames = append(frames, C.GoBytes(data, C.int(size)))
+			// The bytes are libzmq's (or, for a small frame, inside the message itself)
+			// until the next zmq_msg_recv or zmq_msg_close: copy them out now. zmq_msg_recv
+			// returned the size, clamped to INT_MAX.
+			size := uintptr(int32(rc))
+			if int32(rc) == math.MaxInt32 {
+				size = s.msgCall(t.msgSize, 1, m, 0, 0)
+			}
+			b := make([]byte, size)
+			if size > 0 {
+				data := s.msgCall(t.msgData, 1, m, 0, 0)
+				copy(b, unsafe.Slice((*byte)(cptr(data)), size))
+			}
+			frames = append(frames, b)
 		} else {
 			dropped++
 		}
-		C.cp_zmq_msg_free(msg)
-		if more == 0 {
+		if more := s.msgCall(t.msgMore, 1, m, 0, 0); int32(more) == 0 {
 			return frames, dropped, nil
 		}
 		flags &^= DontWait // the rest of a message is there already
@@ -462,26 +663,29 @@ func Poll(items []PollItem, timeoutMs int) (int, error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
-	c := (*C.cp_zmq_pollitem_t)(C.malloc(C.size_t(len(items)) * C.size_t(unsafe.Sizeof(C.cp_zmq_pollitem_t{}))))
-	defer C.free(unsafe.Pointer(c))
-	view := unsafe.Slice(c, len(items))
+	c := make([]pollItem, len(items))
 	for i, it := range items {
 		if err := it.Socket.live(); err != nil {
 			return 0, err
 		}
-		view[i] = C.cp_zmq_pollitem_t{socket: it.Socket.p, events: C.short(it.Events)}
+		c[i] = pollItem{socket: it.Socket.p, events: int16(it.Events)}
 	}
-	n, err := C.cp_zmq_poll(c, C.int(len(items)), C.long(timeoutMs))
-	if n < 0 && errnoOf(err) == EINTR {
-		return 0, nil // a signal cut the wait short: as a timeout, the caller polls again
-	}
-	if n < 0 {
-		return 0, errnoOf(err)
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	n, _, _ := purego.SyscallN(t.poll, uintptr(unsafe.Pointer(&c[0])), uintptr(len(c)), uintptr(timeoutMs))
+	runtime.KeepAlive(c)
+	if int32(n) < 0 {
+		e := t.lastErrno()
+		if e == EINTR {
+			return 0, nil // a signal cut the wait short: as a timeout, the caller polls again
+		}
+		return 0, e
 	}
 	for i := range items {
-		items[i].Ready = int(view[i].revents)
+		items[i].Ready = int(c[i].revents)
 	}
-	return int(n), nil
+	return int(int32(n)), nil
 }
 
 // Monitor asks libzmq to report s's events (a mask of Event*) on a PAIR socket bound to
@@ -490,10 +694,17 @@ func (s *Socket) Monitor(ep string, events int) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	cs := C.CString(ep)
-	defer C.free(unsafe.Pointer(cs))
-	if rc, err := C.cp_zmq_socket_monitor(s.p, cs, C.int(events)); rc != 0 {
-		return fmt.Errorf("zmq: socket monitor on %q: %w", ep, errnoOf(err))
+	cs, err := cstring("monitor endpoint", ep)
+	if err != nil {
+		return err
+	}
+	t := lib.Load()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(t.socketMonitor, s.p, uintptr(unsafe.Pointer(&cs[0])), uintptr(int32(events)))
+	runtime.KeepAlive(cs)
+	if int32(rc) != 0 {
+		return fmt.Errorf("zmq: socket monitor on %q: %w", ep, t.lastErrno())
 	}
 	return nil
 }

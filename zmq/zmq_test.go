@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -43,7 +44,7 @@ func recvWithin(t *testing.T, s *Socket, d time.Duration) [][]byte {
 	if n, err := Poll(items, int(d/time.Millisecond)); err != nil || n != 1 {
 		t.Fatalf("poll: %d ready, %v", n, err)
 	}
-	msg, dropped, err := s.Recv(DontWait, 8)
+	msg, dropped, err := s.Recv(DontWait, 16)
 	if err != nil || dropped != 0 {
 		t.Fatalf("recv: %v (%d frames dropped)", err, dropped)
 	}
@@ -200,6 +201,201 @@ func TestMaxMsgSizeDropsTheConnection(t *testing.T) {
 		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if _, err := io.Copy(io.Discard, conn); err != nil {
 			t.Fatalf("frame of %d bytes: the connection stayed open: %v", size, err)
+		}
+	}
+}
+
+// benchPair is a connected PAIR over inproc for the round-trip benchmarks.
+func benchPair(b *testing.B, name string) (*Socket, *Socket) {
+	c, err := NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := c.Socket(PAIR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	z, err := c.Socket(PAIR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close(); z.Close(); c.Close() })
+	if err := a.Bind("inproc://" + name); err != nil {
+		b.Fatal(err)
+	}
+	if err := z.Connect("inproc://" + name); err != nil {
+		b.Fatal(err)
+	}
+	return a, z
+}
+
+// BenchmarkSendRecvInproc is one Send and one Recv of a message over inproc: the cost of the
+// binding's calls into libzmq (the per-call overhead plus libzmq's own work).
+func BenchmarkSendRecvInproc(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		frames [][]byte
+	}{
+		{"1x64B", [][]byte{make([]byte, 64)}},
+		{"3frames", [][]byte{[]byte("kv-events"), make([]byte, 8), make([]byte, 1024)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			a, z := benchPair(b, "bench-"+bc.name)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := a.Send(0, bc.frames...); err != nil {
+					b.Fatal(err)
+				}
+				if got, _, err := z.Recv(0, 8); err != nil || len(got) != len(bc.frames) {
+					b.Fatalf("recv %d frames, %v", len(got), err)
+				}
+			}
+		})
+	}
+}
+
+// TestMissingSymbolsFailAtLoad: a library that opens but lacks libzmq's entry points (libc
+// here) fails Open with ErrMissingSymbol naming every missing one, before any socket exists.
+func TestMissingSymbolsFailAtLoad(t *testing.T) {
+	if os.Getenv("CPCACHE_ZMQ_TEST_CHILD") == "1" {
+		_, err := Open()
+		var le *LoadError
+		if !errors.As(err, &le) || !errors.Is(err, ErrMissingSymbol) {
+			t.Fatalf("Open: %v, want a *LoadError wrapping ErrMissingSymbol", err)
+		}
+		if _, err := NewContext(); !errors.Is(err, ErrMissingSymbol) {
+			t.Fatalf("NewContext: %v, want ErrMissingSymbol", err)
+		}
+		os.Stdout.WriteString("ERR: " + err.Error() + "\n")
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestMissingSymbolsFailAtLoad$", "-test.v")
+	cmd.Env = append(os.Environ(), "CPCACHE_ZMQ_TEST_CHILD=1", Env+"=libc.so.6")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	for _, want := range []string{"zmq: cannot load libzmq.so.5", "libc.so.6: missing symbols", "zmq_ctx_new (since ZMQ 4.0)",
+		"zmq_msg_recv (since ZMQ 4.0)", "zmq_socket_monitor (since ZMQ 4.0)"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("the error lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPollReportsEachItem: with three sockets polled, Ready lands on the one with a message
+// and on no other (zmq_pollitem_t's layout: a wrong size or offset reads another item's
+// revents or misses the ready one).
+func TestPollReportsEachItem(t *testing.T) {
+	c := newCtx(t)
+	var recv [3]*Socket
+	var send [3]*Socket
+	for i := range recv {
+		recv[i], send[i] = newSocket(t, c, PAIR), newSocket(t, c, PAIR)
+		ep := "inproc://poll-each-" + string(rune('a'+i))
+		if err := recv[i].Bind(ep); err != nil {
+			t.Fatal(err)
+		}
+		if err := send[i].Connect(ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ready := range recv {
+		if err := send[ready].Send(0, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		items := []PollItem{{Socket: recv[0], Events: PollIn}, {Socket: recv[1], Events: PollIn}, {Socket: recv[2], Events: PollIn}}
+		n, err := Poll(items, 5000)
+		if err != nil || n != 1 {
+			t.Fatalf("message on %d: poll %d ready, %v", ready, n, err)
+		}
+		for i, it := range items {
+			if want := map[bool]int{true: PollIn}[i == ready]; it.Ready != want {
+				t.Fatalf("message on %d: item %d Ready %d, want %d", ready, i, it.Ready, want)
+			}
+		}
+		if msg, _, err := recv[ready].Recv(DontWait, 8); err != nil || len(msg) != 1 || string(msg[0]) != "x" {
+			t.Fatalf("recv %q, %v", msg, err)
+		}
+	}
+}
+
+// TestEndpointWithNULIsRefused: C would read an endpoint up to its first NUL and bind another
+// name than the one asked; the call fails naming the endpoint.
+func TestEndpointWithNULIsRefused(t *testing.T) {
+	c := newCtx(t)
+	s := newSocket(t, c, PAIR)
+	for _, f := range []func(string) error{s.Bind, s.Connect, func(ep string) error { return s.Monitor(ep, EventAll) }} {
+		if err := f("inproc://a\x00b"); err == nil || !strings.Contains(err.Error(), `"inproc://a\x00b"`) {
+			t.Fatalf("endpoint with a NUL: %v, want an error naming it", err)
+		}
+	}
+}
+
+// TestErrnoMessages: libzmq's errors read as zmq_strerror says, ETERM included.
+func TestErrnoMessages(t *testing.T) {
+	if _, err := Open(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ETERM.Error(); got != "Context was terminated" {
+		t.Fatalf("ETERM reads %q", got)
+	}
+	if got := EAGAIN.Error(); got != "Resource temporarily unavailable" {
+		t.Fatalf("EAGAIN reads %q", got)
+	}
+	c := newCtx(t)
+	s := newSocket(t, c, PAIR)
+	if _, _, err := s.Recv(DontWait, 1); !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("Recv on an empty socket: %v, want EAGAIN", err)
+	}
+	if err := s.Bind("nosuchtransport://x"); !errors.Is(err, syscall.EPROTONOSUPPORT) {
+		t.Fatalf("bind on an unknown transport: %v, want EPROTONOSUPPORT", err)
+	}
+}
+
+// TestFramesOfEverySizeArriveIntact: frames stored inside the message (up to 33 bytes in
+// libzmq 4.x) and outside it (up to 1 MiB) come back byte for byte, empty ones included.
+func TestFramesOfEverySizeArriveIntact(t *testing.T) {
+	c := newCtx(t)
+	a, z := newSocket(t, c, PAIR), newSocket(t, c, PAIR)
+	if err := a.Bind("inproc://sizes"); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Connect("inproc://sizes"); err != nil {
+		t.Fatal(err)
+	}
+	var sent [][]byte
+	for i, n := range []int{0, 1, 32, 33, 34, 1000, 1 << 20, 0} {
+		f := make([]byte, n)
+		for j := range f {
+			f[j] = byte(i*31 + j*7)
+		}
+		sent = append(sent, f)
+	}
+	if err := a.Send(0, sent...); err != nil {
+		t.Fatal(err)
+	}
+	got := recvWithin(t, z, 5*time.Second)
+	if len(got) != len(sent) {
+		t.Fatalf("%d frames, sent %d", len(got), len(sent))
+	}
+	for i := range sent {
+		if string(got[i]) != string(sent[i]) {
+			t.Fatalf("frame %d (%d bytes) came back as %d other bytes", i, len(sent[i]), len(got[i]))
+		}
+	}
+}
+
+// BenchmarkVersion is one call into libzmq with three pointer arguments (zmq_version): the
+// binding's fixed cost per call.
+func BenchmarkVersion(b *testing.B) {
+	if _, err := Open(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if major, _, _, err := Version(); err != nil || major < 4 {
+			b.Fatal(major, err)
 		}
 	}
 }
