@@ -132,9 +132,13 @@ typedef struct cpcache_kv_part {
 
 /* One (layer, part) buffer of the engine's L1, lent by the engine: token k of page slot s
  * is at base + s × page_stride + k × token_stride, for the part's bytes per token on this
- * rank. Every (layer, part) exactly once, all of one kind, no two overlapping, each holding
- * l1_pages slots: cpcache_open checks, naming the layer and part, before any rank talks to
- * another. Host buffers take l1_kind CPCACHE_L1_ALLOC; device buffers (CPCACHE_MEM_DEVICE,
+ * rank. Every (layer, part) exactly once, all of one kind, no two sharing a byte (buffers of
+ * one page stride may interleave: K and V of one block-major tensor, or K and V in disjoint
+ * columns of one [tokens, 2 × row] array, with one token_stride), each holding l1_pages
+ * slots, and a token_bytes that is set equal to the part's bytes per token on this rank (a
+ * sharded part's bytes divided by attention-TP): cpcache_open checks, naming the layer and
+ * part (and both sizes), before any rank talks to another, or once the job's attention-TP
+ * size is known where the world is the launcher's. Host buffers take l1_kind CPCACHE_L1_ALLOC; device buffers (CPCACHE_MEM_DEVICE,
  * the engine's device memory on `device`) take l1_kind CPCACHE_L1_DEVICE with pinned host
  * slabs (pin_host 1) or CUDA IPC slabs: the CUDA engine copies chunk by chunk and loads
  * layer by layer (cpcache_wait_l1_layer_on). Without a loadable CUDA driver open fails on
@@ -143,7 +147,10 @@ typedef struct cpcache_kv_part {
 typedef struct cpcache_l1_buffer {
   int32_t layer, part; /* part: index in the layout's parts */
   int32_t kind;        /* CPCACHE_MEM_* */
-  int32_t reserved;    /* 0 */
+  int32_t token_bytes; /* the bytes one token's row of the engine's array holds (its non-token
+                        * dimensions × element size): must equal the part's bytes per token on
+                        * this rank, so that no part of a row goes uncached. 0: not known, not
+                        * checked (a row padded wider than the part). */
   void *base;
   int64_t bytes;        /* size of the buffer */
   int64_t page_stride;  /* bytes from slot s to s + 1 */
@@ -154,7 +161,8 @@ typedef struct cpcache_l1_buffer {
  * row_bytes = heads × head_dim × element size on this rank): strides of a dense tensor. */
 static inline cpcache_l1_buffer cpcache_l1_token_slot_buffer(int32_t layer, int32_t part, int32_t kind, void *base,
                                                              int64_t slots, int32_t page_tokens, int64_t row_bytes) {
-  cpcache_l1_buffer b = {layer, part, kind, 0, base, slots * page_tokens * row_bytes, page_tokens * row_bytes, row_bytes};
+  cpcache_l1_buffer b = {layer, part, kind, (int32_t)row_bytes, base, slots * page_tokens * row_bytes, page_tokens * row_bytes,
+                         row_bytes};
   return b;
 }
 
@@ -165,7 +173,8 @@ static inline cpcache_l1_buffer cpcache_l1_block_major_buffer(int32_t layer, int
                                                               int64_t blocks, int32_t page_tokens, int64_t row_bytes,
                                                               int kv) {
   int64_t half = (int64_t)page_tokens * row_bytes;
-  cpcache_l1_buffer b = {layer, part, kind, 0, (char *)base + kv * half, blocks * 2 * half - kv * half, 2 * half, row_bytes};
+  cpcache_l1_buffer b = {layer, part, kind, (int32_t)row_bytes, (char *)base + kv * half, blocks * 2 * half - kv * half,
+                         2 * half, row_bytes};
   return b;
 }
 

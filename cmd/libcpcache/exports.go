@@ -151,7 +151,7 @@ func goKVConfig(cfg *C.cpcache_config, str func(*C.char) string) kvConfig {
 	}
 	if cfg.l1_buffers != nil && cfg.l1_num_buffers > 0 {
 		for _, b := range unsafe.Slice(cfg.l1_buffers, int(cfg.l1_num_buffers)) {
-			k.l1Buffers = append(k.l1Buffers, l1BufferDesc{layer: int32(b.layer), part: int32(b.part), kind: int32(b.kind), reserved: int32(b.reserved),
+			k.l1Buffers = append(k.l1Buffers, l1BufferDesc{layer: int32(b.layer), part: int32(b.part), kind: int32(b.kind), tokenBytes: int32(b.token_bytes),
 				base: b.base, bytes: int64(b.bytes), pageStride: int64(b.page_stride), tokenStride: int64(b.token_stride)})
 		}
 	}

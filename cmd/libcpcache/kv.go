@@ -26,7 +26,8 @@ type kvPartDesc struct {
 
 // l1BufferDesc is one cpcache_l1_buffer as the caller gave it.
 type l1BufferDesc struct {
-	layer, part, kind, reserved int32
+	layer, part, kind int32
+	tokenBytes        int32 // cpcache_l1_buffer.token_bytes: the row's bytes a token, 0 not known
 	base                        unsafe.Pointer // memory outside the Go heap, the caller's
 	bytes, pageStride           int64
 	tokenStride                 int64
@@ -152,8 +153,8 @@ func resolveKV(c *openConfig) error {
 	for i, b := range k.l1Buffers {
 		where := fmt.Sprintf("l1_buffers[%d] (layer %d, part %d)", i, b.layer, b.part)
 		switch {
-		case b.reserved != 0:
-			return bad("%s: reserved is %d, want 0", where, b.reserved)
+		case b.tokenBytes < 0:
+			return bad("%s: token_bytes %d is negative (0: not known)", where, b.tokenBytes)
 		case b.kind != memHost && b.kind != memDevice:
 			return bad("%s: kind %d (want CPCACHE_MEM_HOST or CPCACHE_MEM_DEVICE)", where, b.kind)
 		case b.kind != first.kind:
@@ -164,7 +165,8 @@ func resolveKV(c *openConfig) error {
 		case b.bytes <= 0:
 			return bad("%s: bytes %d must be positive", where, b.bytes)
 		}
-		buf := kvmem.Buffer{Layer: int(b.layer), Part: int(b.part), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride}
+		buf := kvmem.Buffer{Layer: int(b.layer), Part: int(b.part), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride,
+			TokenBytes: int64(b.tokenBytes)}
 		if b.kind == memDevice {
 			buf.Device = uintptr(b.base) // the engine's device memory: only the CUDA engine addresses it
 		} else {
