@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"unsafe"
@@ -190,10 +191,26 @@ func resolveKV(c *openConfig) error {
 			return bad("KV layout: %w", err)
 		}
 		if _, err := kvmem.NewL1(shape, c.l1Pages, k.kvBufs); err != nil {
-			return bad("l1_buffers: %w", err)
+			return bad("%s", l1BufferError(k.l1Buffers, err))
 		}
 	}
 	return nil
+}
+
+// l1BufferError is kvmem.NewL1's error err about bufs in the ABI's terms: the buffer by its
+// index in l1_buffers, its layer and part ("l1_buffers[3]: layer 1 part 1 ("v"): ..."), or
+// the layer and part when no buffer describes them.
+func l1BufferError(bufs []l1BufferDesc, err error) string {
+	var e *kvmem.Error
+	if !errors.As(err, &e) || e.Layer < 0 || e.Part < 0 {
+		return "l1_buffers: " + err.Error()
+	}
+	for i, b := range bufs {
+		if int(b.layer) == e.Layer && int(b.part) == e.Part {
+			return fmt.Sprintf("l1_buffers[%d]: layer %d part %d (%q): %s", i, e.Layer, e.Part, e.PartName, e.Reason)
+		}
+	}
+	return fmt.Sprintf("l1_buffers: layer %d part %d (%q): %s", e.Layer, e.Part, e.PartName, e.Reason)
 }
 
 // memKindName is a cpcache_l1_buffer kind's macro name.

@@ -116,7 +116,7 @@ class _KVPart(ctypes.Structure):
 
 
 class _L1Buffer(ctypes.Structure):
-    _fields_ = [("layer", _i32), ("part", _i32), ("kind", _i32), ("reserved", _i32), ("base", ctypes.c_void_p),
+    _fields_ = [("layer", _i32), ("part", _i32), ("kind", _i32), ("token_bytes", _i32), ("base", ctypes.c_void_p),
                 ("bytes", _i64), ("page_stride", _i64), ("token_stride", _i64)]
 
 
@@ -137,10 +137,14 @@ class _Config(ctypes.Structure):
                 ("l2_layout", _i32), ("l1_mode", _i32)]
 
 
-L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner")
+L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner token_bytes slots",
+                      defaults=(None, None))
 L1Buffer.__doc__ = """One (layer, part) buffer of the engine's L1 (cpcache_l1_buffer): token k of
 page slot s at base + s*page_stride + k*token_stride. owner is the array or tensor whose
-memory it is (kept alive by the Cache)."""
+memory it is (kept alive by the Cache). token_bytes: the bytes of one token's row of the
+array (its non-token dimensions × element size), which the open checks against the layout
+part's bytes per token on this rank (None or 0: not checked, a padded row); slots: the page
+slots the array holds (Cache takes l1_pages from the buffers' smallest when not given)."""
 
 
 def _interface_memory(ai, kind):
@@ -185,26 +189,51 @@ def _extent(strides, shape, itemsize_bytes):
     return sum((n - 1) * st for n, st in zip(shape, strides) if n > 0) + itemsize_bytes
 
 
-def token_slot_buffer(layer, part, array, page_tokens):
+def _row_bytes(shape, nbytes, token_dims, padded):
+    """The bytes of one token's row of an array of shape (its dimensions after the first
+    token_dims, times the element size), as token_bytes: 0 when padded (declared wider than
+    the part: not checked) or when the array is empty."""
+    n = 1
+    for d in shape:
+        n *= d
+    if padded or n == 0:
+        return 0
+    row = nbytes // n
+    for d in shape[token_dims:]:
+        row *= d
+    return row
+
+
+def token_slot_buffer(layer, part, array, page_tokens, padded=False):
     """SGLang's layout: array [slots * page_tokens, ...] of one layer and part, indexed by token
-    slot (its other dimensions, heads and head_dim, dense: one token's bytes contiguous)."""
+    slot (its other dimensions, heads and head_dim: one token's row; a token's bytes in it
+    need not be the whole row's stride, so that K and V interleaved per token, disjoint
+    columns of one [tokens, 2 * row] array, are two such buffers). The row (the other
+    dimensions × element size) must be the part's bytes per token on this rank, else the
+    open is refused naming both; padded=True declares a row wider than the part (the part
+    takes its first bytes)."""
     base, kind, strides, shape, nbytes = _array_memory(array)
     if len(shape) < 1 or shape[0] % page_tokens:
         raise ValueError(f"cpcache: layer {layer} part {part}: first dimension {shape[:1]} is not a multiple of "
                          f"page_tokens {page_tokens}")
     row = nbytes // shape[0] if shape[0] else 0
     return L1Buffer(layer, part, kind, base, _extent(strides, shape, (strides[-1] if len(shape) > 1 else row) or row),
-                    page_tokens * strides[0], strides[0], array)
+                    page_tokens * strides[0], strides[0], array, _row_bytes(shape, nbytes, 1, padded),
+                    shape[0] // page_tokens)
 
 
-def block_major_buffers(layer, array, k_part=0, v_part=1):
+def block_major_buffers(layer, array, k_part=0, v_part=1, padded=False):
     """vLLM's layout: array [blocks, 2, page_tokens, ...] of one layer; its K (index 0 of the
-    second dimension, part k_part) and V (index 1, part v_part) buffers."""
-    base, kind, strides, shape, _ = _array_memory(array)
+    second dimension, part k_part) and V (index 1, part v_part) buffers. A token's row (the
+    dimensions after page_tokens × element size) must be each part's bytes per token on this
+    rank, unless padded=True declares it wider."""
+    base, kind, strides, shape, nbytes = _array_memory(array)
     if len(shape) < 3 or shape[1] != 2:
         raise ValueError(f"cpcache: layer {layer}: a block-major tensor is [blocks, 2, page_tokens, ...], got shape {shape}")
     whole = _extent(strides, shape, strides[-1] if len(shape) > 3 else strides[2])
-    return [L1Buffer(layer, part, kind, base + kv * strides[1], whole - kv * strides[1], strides[0], strides[2], array)
+    row = _row_bytes(shape, nbytes, 3, padded)
+    return [L1Buffer(layer, part, kind, base + kv * strides[1], whole - kv * strides[1], strides[0], strides[2], array,
+                     row, shape[0])
             for kv, part in ((0, k_part), (1, v_part))]
 
 
@@ -452,7 +481,7 @@ class Cache:
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
 
-    def __init__(self, *, l1_pages, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
+    def __init__(self, *, l1_pages=None, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
@@ -469,8 +498,22 @@ class Cache:
         stream wait for a layer); numpy arrays are host memory; the two do not mix. l2_layout:
         "page_first" (default) or "layer_first". l1_mode: "cache_owned" (default: insert and
         load_back pick the slots) or "engine_owned" (the engine's allocator picks them:
-        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1)."""
+        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1). l1_pages: required
+        without l1_buffers; with them, None takes the smallest slot count among them. Each
+        buffer's row (its non-token dimensions × element size, numpy and torch) must be its
+        part's bytes per token on this rank, else InvalidError naming both (padded=True of the
+        buffer helpers declares a wider row)."""
         lib = library()
+        bufs = None
+        if l1_buffers:
+            bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
+            if l1_pages is None:
+                counts = [b.slots for b in bufs if b.slots is not None]
+                if len(counts) != len(bufs):
+                    raise _invalid("l1_pages is not given and an L1Buffer of l1_buffers does not say its slots: give l1_pages")
+                l1_pages = min(counts)
+        if l1_pages is None:
+            raise _invalid("l1_pages is required (or l1_buffers, whose smallest slot count it then is)")
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
         types = dict(_Config._fields_)
@@ -511,10 +554,9 @@ class Cache:
         if l1_mode not in _L1_MODES:
             raise _invalid(f"l1_mode {l1_mode!r} (want 'cache_owned' or 'engine_owned')")
         cfg.l1_mode = _L1_MODES[l1_mode]
-        if l1_buffers:
-            bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
-            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, 0, b.base, b.bytes, b.page_stride,
-                                                      b.token_stride) for b in bufs])
+        if bufs:
+            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, b.token_bytes or 0, b.base, b.bytes,
+                                                      b.page_stride, b.token_stride) for b in bufs])
             cfg.l1_buffers, cfg.l1_num_buffers = arr, len(bufs)
             self._kv_keep += [arr] + [b.owner for b in bufs]
             if pool is not None:  # the engine's buffers replace the pool
