@@ -28,10 +28,10 @@ type kvPartDesc struct {
 // l1BufferDesc is one cpcache_l1_buffer as the caller gave it.
 type l1BufferDesc struct {
 	layer, part, kind int32
-	tokenBytes        int32 // cpcache_l1_buffer.token_bytes: the row's bytes a token, 0 not known
-	base                        unsafe.Pointer // memory outside the Go heap, the caller's
-	bytes, pageStride           int64
-	tokenStride                 int64
+	tokenBytes        int32          // cpcache_l1_buffer.token_bytes: the row's bytes a token, 0 not known
+	base              unsafe.Pointer // memory outside the Go heap, the caller's
+	bytes, pageStride int64
+	tokenStride       int64
 }
 
 // kvConfig is the ABI-2 part of cpcache_config (the KV layout, the engine's L1 buffers, the

@@ -272,7 +272,7 @@ func TestGatherScatterRoundTrip(t *testing.T) {
 			l, _ := NewL1(s, slots, BlockMajorBuffers(s, slots, func(int) []byte { return make([]byte, slots*s.LayerBytes()) }))
 			return l
 		},
-		"strided": func() *L1 { l, err := NewL1(s, slots, stridedBuffers(s, slots)); _ = err; return l },
+		"strided":     func() *L1 { l, err := NewL1(s, slots, stridedBuffers(s, slots)); _ = err; return l },
 		"interleaved": func() *L1 { l, _ := NewL1(s, slots, interleavedBuffers(s, slots, 0)); return l },
 	}
 	for srcName, mkSrc := range mk {
