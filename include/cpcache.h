@@ -360,6 +360,16 @@ int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
  * cpcache_flush) on Gloo consensus, which cannot be cancelled once started, it waits for that
  * collective to end: until the peers take part, at most timeout_ms. */
 int cpcache_close(cpcache_t c);
+/* Interrupts this rank: cancels the collective that cache c waits in (cpcache_step,
+ * cpcache_flush, on another thread), which then returns at once with an error, and closes
+ * the cache as cpcache_close does; its peers see this rank leave (CPCACHE_ERR_PEER_LOST),
+ * promptly rather than at their deadline. For a signal handler's thread or a watchdog: a
+ * Python binding calls it on KeyboardInterrupt. c 0 cancels the cpcache_open in flight on
+ * another thread instead (its rendezvous returns CPCACHE_ERR_PEER_LOST). Bounded: with
+ * shared-memory consensus within a poll interval; a Gloo collective that has started cannot
+ * be cancelled, and the close then waits for it to end (at most timeout_ms). Aborting a
+ * closed handle is CPCACHE_OK. [L] */
+int cpcache_abort(cpcache_t c);
 /* Static facts about the cache. info->struct_size must be sizeof(cpcache_info). [L] */
 int cpcache_get_info(cpcache_t c, cpcache_info *info);
 /* This rank's KV bytes per token (all layers and parts, sharded parts divided by attn_tp)

@@ -38,7 +38,9 @@ import array
 import ctypes
 import ctypes.util
 import mmap
+import _thread
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -326,6 +328,7 @@ def library():
         "cpcache_config_init": ([P(_Config)], ctypes.c_int),
         "cpcache_open": ([P(_Config), P(_u64)], ctypes.c_int),
         "cpcache_close": ([_u64], ctypes.c_int),
+        "cpcache_abort": ([_u64], ctypes.c_int),
         "cpcache_get_info": ([_u64, P(_Info)], ctypes.c_int),
         "cpcache_kv_bytes_per_token": ([_u64, P(_i64)], ctypes.c_int),
         "cpcache_kv_page_bytes": ([_u64, P(_i64)], ctypes.c_int),
@@ -375,10 +378,52 @@ def library():
     return lib
 
 
-def _check(status):
+def _check(status, msg=None):
     if status != 0:
-        msg = (library().cpcache_last_error() or b"").decode(errors="replace")
+        if msg is None:
+            msg = library().cpcache_last_error()
+        msg = (msg or b"").decode(errors="replace")
         raise _ERRORS.get(status, Error)(status, msg)
+
+
+def _interruptible():
+    """Whether a blocking call made now should run on a helper thread so that Ctrl-C
+    interrupts it: called from the main thread (the only one Python runs signal handlers in)
+    with a Python SIGINT handler installed. Other callers call the library directly and pay
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        return callable(signal.getsignal(signal.SIGINT))
+    except (ValueError, TypeError):
+        return False
+
+
+def _call_interruptibly(fn, args, on_interrupt):
+    """fn(*args) — a library call that may wait for peers — on a helper thread, while this
+    (the main) thread waits for it in slices that a signal interrupts: returns (status,
+    message of a failure, read on the helper thread, where the library recorded it). On
+    KeyboardInterrupt (or any exception raised by a signal handler) calls
+    on_interrupt(thread_done), which must make the call return (cpcache_abort), and re-raises."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    out = []
+
+    def run():
+        try:
+            st = fn(*args)
+            out.append((st, _lib.cpcache_last_error() if st else None))
+        finally:
+            done.release()
+
+    _thread.start_new_thread(run, ())
+    try:
+        while not done.acquire(timeout=0.25):
+            pass
+    except BaseException:
+        on_interrupt(done)
+        raise
+    return out[0]
 
 
 def _invalid(msg):
@@ -575,10 +620,24 @@ class Cache:
             cfg.l1_kind, cfg.l1_base = l1_kind, l1_base
         self._lib = lib
         h = _u64()
-        status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
+        msg = None
+        if _interruptible():
+            def interrupted(done):
+                # Cancel the rendezvous; wait (bounded) for the open to return, and close a
+                # cache it opened meanwhile. An open that does not return in time keeps the
+                # pool (the library may still write it).
+                lib.cpcache_abort(0)
+                if done.acquire(timeout=5):
+                    if h.value:
+                        lib.cpcache_close(h.value)
+                    if pool is not None:
+                        pool.close()
+            status, msg = _call_interruptibly(lib.cpcache_open, (ctypes.byref(cfg), ctypes.byref(h)), interrupted)
+        else:
+            status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
-        _check(status)
+        _check(status, msg)
         self._h, self._pool, self._pool_base, self._pid = h.value, pool, addr, os.getpid()
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
@@ -833,9 +892,38 @@ class Cache:
         _check(self._lib.cpcache_evict_l2(self._h, _arg("pages", pages, _i64), ctypes.byref(freed)))
         return freed.value
 
+    def _collective(self, fn):
+        """fn(handle), a call that may wait for peers (step, flush). From the main thread with
+        Python's SIGINT handler it runs on a helper thread, so that Ctrl-C raises
+        KeyboardInterrupt at once even while a peer is late: the cache is then aborted
+        (cpcache_abort: the collective returns, this rank leaves, its peers see it lost as when
+        it closes) and closed; anything else calls the library directly."""
+        if not _interruptible():
+            _check(fn(self._h))
+            return
+        _check(*_call_interruptibly(fn, (self._h,), self._abort))
+
+    def _abort(self, done=None):
+        """Aborts the cache after an interrupt: cpcache_abort on a helper thread, waited for
+        a moment (a Gloo collective cannot be cancelled once started: its close waits for it,
+        at most timeout_ms, and the memory is released after it, on that thread)."""
+        if self._closed or self._pid != os.getpid():
+            return
+        self._closed = True
+
+        def run():
+            self._lib.cpcache_abort(self._h)
+            self._release_memory()
+
+        t = threading.Thread(target=run, name=f"cpcache-abort-{self._h}", daemon=True)
+        t.start()
+        t.join(0.1)
+
     def step(self):
-        """The consensus step: once per scheduler step, on every rank [R]."""
-        _check(self._lib.cpcache_step(self._h))
+        """The consensus step: once per scheduler step, on every rank [R]. Ctrl-C while it
+        waits for a late peer raises KeyboardInterrupt at once and aborts the cache (see
+        _collective)."""
+        self._collective(self._lib.cpcache_step)
 
     def pending(self):
         """Transfers and storage operations in flight (replicated) [R]."""
@@ -844,8 +932,8 @@ class Cache:
         return n.value
 
     def flush(self):
-        """Empties the cache when idle, else BusyError [R, collective]."""
-        _check(self._lib.cpcache_flush(self._h))
+        """Empties the cache when idle, else BusyError [R, collective]. Interruptible as step."""
+        self._collective(self._lib.cpcache_flush)
 
     def prefetch(self, tokens, key=None):
         """Asks storage for the continuation of tokens under isolation key key (see insert);
