@@ -42,10 +42,10 @@ func openHandle(c *openConfig) (uint64, error) {
 	lib.opening = nil
 	lib.openingMu.Unlock()
 	if err != nil {
-		cancel()
-		if ctx.Err() != nil {
+		if ctx.Err() != nil { // cancelled by cpcache_abort(0), not below
 			err = fmt.Errorf("%w: the open was aborted (cpcache_abort) while it waited for the other ranks: %w", parallel.ErrPeerLost, err)
 		}
+		cancel()
 		return 0, err
 	}
 	// The session's collectives run under a context of their own, which cpcache_abort

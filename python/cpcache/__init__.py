@@ -40,6 +40,7 @@ import ctypes.util
 import mmap
 import _thread
 import os
+import re
 import signal
 import sys
 import threading
@@ -50,7 +51,7 @@ from collections import namedtuple
 __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
-    "TimeoutError_", "IOError_", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "TimeoutError_", "IOError_", "CacheTimeoutError", "CacheIOError", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
     "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
@@ -65,11 +66,14 @@ WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK = 0, 1, 2
 
 
 class Error(Exception):
-    """A failed libcpcache call: code is the CPCACHE_ERR_* status, the message the library's."""
+    """A failed libcpcache call: code is the CPCACHE_ERR_* status, the message the library's
+    (str(e); an error of Cache() names the Python arguments: see _python_terms)."""
 
     code = None
 
     def __init__(self, code, message):
+        # One argument: OSError's subclasses (TimeoutError_, IOError_) would read two as
+        # (errno, strerror) and print "[Errno -12] ...".
         super().__init__(message)
         self.code = code
 
@@ -85,8 +89,18 @@ class L1FullError(Error): pass           # CPCACHE_ERR_L1_FULL
 class BusyError(Error): pass             # CPCACHE_ERR_BUSY
 class DivergedError(Error): pass         # CPCACHE_ERR_DIVERGED
 class PeerLostError(Error): pass         # CPCACHE_ERR_PEER_LOST
-class TimeoutError_(Error): pass         # CPCACHE_ERR_TIMEOUT
-class IOError_(Error): pass              # CPCACHE_ERR_IO
+class TimeoutError_(Error, TimeoutError):  # CPCACHE_ERR_TIMEOUT
+    """A collective or a wait passed its deadline: also a builtin TimeoutError (an OSError),
+    so `except TimeoutError` catches it. errno is None; code is the CPCACHE_ERR_* status."""
+
+
+class IOError_(Error, OSError):           # CPCACHE_ERR_IO
+    """A transfer (copy) failed on this rank: also a builtin OSError, so `except OSError`
+    catches it. errno is None; code is the CPCACHE_ERR_* status."""
+
+
+# The same classes under names without the trailing underscore.
+CacheTimeoutError, CacheIOError = TimeoutError_, IOError_
 class NotStartedError(Error): pass       # CPCACHE_ERR_NOT_STARTED
 class InternalError(Error): pass         # CPCACHE_ERR_INTERNAL
 
@@ -386,6 +400,32 @@ def _check(status, msg=None):
         raise _ERRORS.get(status, Error)(status, msg)
 
 
+# The C names in cpcache_open's messages and the Python arguments of Cache() they stand for.
+_PY_TERMS = [
+    (re.compile(r"\bcpcache_open\b"), "cpcache.Cache()"),
+    (re.compile(r"\bcpcache_config\b"), "Cache()'s arguments"),
+    (re.compile(r"\bstore_url\b"), "store"),
+    (re.compile(r"\bkv_parts\b"), "kv_layout"),
+    (re.compile(r"\bkv_num_layers\b"), "kv_layers"),
+    (re.compile(r"\bkv_num_parts\b"), "len(kv_layout)"),
+    (re.compile(r"\bl1_num_buffers\b"), "len(l1_buffers)"),
+    (re.compile(r"\bpin_host = 1\b"), "pin_host=True"),
+    (re.compile(r"\bCPCACHE_L2_(PAGE_FIRST|LAYER_FIRST)\b"), lambda m: repr(m.group(1).lower())),
+    (re.compile(r"\bCPCACHE_L1_(CACHE_OWNED|ENGINE_OWNED)\b"), lambda m: repr(m.group(1).lower())),
+    (re.compile(r"\bCPCACHE_POLICY_(\w+)"), r"cpcache.\1"),
+    (re.compile(r"\bCPCACHE_(L1_ALLOC|L1_HOST|L1_DEVICE|MEM_HOST|MEM_DEVICE|KV_SHARDED|KV_REPLICATED|SLAB_HOST|"
+                r"SLAB_CUDA_IPC)\b"), r"cpcache.\1"),
+    (re.compile(r"\bNULL\b"), "None"),
+]
+
+
+def _python_terms(msg):
+    """msg of a cpcache_open error with the C fields named as Cache()'s arguments."""
+    for pattern, repl in _PY_TERMS:
+        msg = pattern.sub(repl, msg)
+    return msg
+
+
 def _interruptible():
     """Whether a blocking call made now should run on a helper thread so that Ctrl-C
     interrupts it: called from the main thread (the only one Python runs signal handlers in)
@@ -397,6 +437,63 @@ def _interruptible():
         return callable(signal.getsignal(signal.SIGINT))
     except (ValueError, TypeError):
         return False
+
+
+class _Runner:
+    """A helper thread that makes a cache's blocking calls (step, flush) for the main
+    thread, which waits for each in slices that a signal interrupts (see _call_interruptibly).
+    One per cache, kept between calls: the library's runtime binds its state to a thread the
+    first time that thread calls in, which a thread per call would pay for every time."""
+
+    def __init__(self):
+        self._go, self._done = _thread.allocate_lock(), _thread.allocate_lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job = self._result = None
+        self.busy = False  # a call was handed over and has not been collected
+        _thread.start_new_thread(self._loop, ())
+
+    def _loop(self):
+        while True:
+            self._go.acquire()
+            fn, args = self._job
+            if fn is None:
+                return
+            try:
+                st = fn(*args)
+                self._result = (st, _lib.cpcache_last_error() if st else None)
+            except BaseException as e:  # a ctypes argument error: the caller raises it
+                self._result = e
+            self._done.release()
+
+    def call(self, fn, args, on_interrupt):
+        """fn(*args) on the helper thread: (status, message), as _call_interruptibly."""
+        self._job, self.busy = (fn, args), True
+        self._go.release()
+        try:
+            _wait(self._done)
+        except BaseException:
+            on_interrupt(self._done)
+            raise
+        self.busy = False
+        res, self._result = self._result, None
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+    def stop(self):
+        """Ends the thread once it is done with the call it has (idempotent)."""
+        if self._job != (None, None):
+            self._job = (None, None)
+            self._go.release()
+
+
+def _wait(done):
+    """Waits until lock done is released, in short slices: a signal delivered to another
+    thread (the library's) interrupts no wait of this one, and Python runs its handler, raising
+    KeyboardInterrupt, at the end of the slice."""
+    while not done.acquire(timeout=0.02):
+        pass
 
 
 def _call_interruptibly(fn, args, on_interrupt):
@@ -418,8 +515,7 @@ def _call_interruptibly(fn, args, on_interrupt):
 
     _thread.start_new_thread(run, ())
     try:
-        while not done.acquire(timeout=0.25):
-            pass
+        _wait(done)
     except BaseException:
         on_interrupt(done)
         raise
@@ -525,6 +621,7 @@ class Cache:
     _closed = False
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
+    _runner = None  # the helper thread of interruptible collectives (_collective), once used
 
     def __init__(self, *, l1_pages=None, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
@@ -588,8 +685,13 @@ class Cache:
         cfg.storage_url, cfg.model = _bytes(storage_url), _bytes(model)
         self._kv_keep = []  # ctypes arrays and the engine's buffers the library points into
         if isinstance(kv_layout, str):
+            if kv_layers:
+                raise _invalid(f"kv_layers {kv_layers!r} with kv_layout {kv_layout!r}: a preset or spec says its layers "
+                               "(kv_layers goes with a list of parts)")
             cfg.kv_layout = _bytes(kv_layout)
-        elif kv_layout is not None:
+        elif kv_layout is None:
+            cfg.kv_num_layers = _arg("kv_layers", kv_layers, _i32)  # the library refuses layers without parts
+        else:
             parts = (_KVPart * len(kv_layout))(*[_KVPart(_bytes(n), b, sh, 0) for n, b, sh in kv_layout])
             cfg.kv_parts, cfg.kv_num_parts, cfg.kv_num_layers = parts, len(kv_layout), kv_layers
             self._kv_keep.append(parts)
@@ -637,7 +739,13 @@ class Cache:
             status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
-        _check(status, msg)
+        if status != 0:
+            if msg is None:
+                msg = lib.cpcache_last_error()
+            c_msg = (msg or b"").decode(errors="replace")
+            err = _ERRORS.get(status, Error)(status, _python_terms(c_msg))
+            err.c_message = c_msg  # the library's own words (C field names)
+            raise err
         self._h, self._pool, self._pool_base, self._pid = h.value, pool, addr, os.getpid()
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
@@ -678,7 +786,13 @@ class Cache:
         try:
             _check(self._lib.cpcache_close(self._h))
         finally:
+            self._stop_runner()
             self._release_memory()
+
+    def _stop_runner(self):
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop()
 
     def _release_memory(self):
         """After cpcache_close (the library no longer touches the pool): releases every view
@@ -721,6 +835,7 @@ class Cache:
         except Exception:  # interpreter shutdown
             pass
         self._lib.cpcache_close(self._h)
+        self._stop_runner()
         self._release_memory()
 
     def match(self, tokens, key=None):
@@ -898,10 +1013,12 @@ class Cache:
         KeyboardInterrupt at once even while a peer is late: the cache is then aborted
         (cpcache_abort: the collective returns, this rank leaves, its peers see it lost as when
         it closes) and closed; anything else calls the library directly."""
-        if not _interruptible():
-            _check(fn(self._h))
+        if self._pid != os.getpid() or self._closed or not _interruptible():
+            _check(fn(self._h))  # a forked child: ForkedError at once; closed: ClosedError
             return
-        _check(*_call_interruptibly(fn, (self._h,), self._abort))
+        if self._runner is None:
+            self._runner = _Runner()
+        _check(*self._runner.call(fn, (self._h,), self._abort))
 
     def _abort(self, done=None):
         """Aborts the cache after an interrupt: cpcache_abort on a helper thread, waited for
@@ -913,11 +1030,12 @@ class Cache:
 
         def run():
             self._lib.cpcache_abort(self._h)
+            self._stop_runner()
             self._release_memory()
 
         t = threading.Thread(target=run, name=f"cpcache-abort-{self._h}", daemon=True)
         t.start()
-        t.join(0.1)
+        t.join(0.05)
 
     def step(self):
         """The consensus step: once per scheduler step, on every rank [R]. Ctrl-C while it
