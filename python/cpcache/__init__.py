@@ -21,9 +21,20 @@ faults and never reaches a later cache's L1. With L1_HOST the memory is the call
 releases the views, and derived buffers are the caller's to retire before freeing it.
 
 Signals: the Go runtime inside libcpcache installs no SIGINT handler in a foreign process,
-so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running call returns
-(a step waits at most its collective's deadline). Close the cache in a finally block (or use
-`with`); peers then see this rank as lost and fail promptly instead of at their deadline.
+so Python's stays in place. Python runs it only in the main thread, between bytecodes, so the
+calls that wait for peers — step(), flush() and Cache() (its rendezvous) — made from the main
+thread while a Python SIGINT handler is installed run on a helper thread (one per cache, kept)
+while the main thread waits in short slices: Ctrl-C raises KeyboardInterrupt at once even
+while a peer is late, and the cache is aborted (cpcache_abort: the collective returns, this
+rank leaves and is closed; its peers see it lost, as when it closes). The hand-off costs tens
+of microseconds a step; calls from other threads, or without a Python SIGINT handler, go to
+the library directly. Close the cache in a finally block (or use `with`); peers then see this
+rank as lost and fail promptly instead of at their deadline.
+
+Errors: each CPCACHE_ERR_* status is a subclass of Error; TimeoutError_ (CacheTimeoutError)
+is also the builtin TimeoutError and IOError_ (CacheIOError) an OSError. Cache()'s errors
+name its arguments (store, kv_layout[i], kv_layers, cpcache.L1_HOST, None) where the library
+names cpcache_config's fields; e.c_message keeps the library's words.
 
 Fork: the Go runtime inside libcpcache does not survive fork(). In a process forked after the
 library was loaded (os.fork(), or multiprocessing's "fork" start method, the default on Linux
