@@ -238,8 +238,8 @@ typedef struct cpcache_config {
   /* KV layout (NULL and kv_num_parts 0: pages are opaque blobs of page_bytes). kv_layout is a
    * preset name (`cpcache layout --models`: llama-3-8b, deepseek-v3, ...) or a spec such as
    * "layers=32;k=2048:sharded;v=2048:sharded"; or kv_parts[kv_num_parts] with kv_num_layers.
-   * Checked at open (the error names the bad part) and compared across the job (the error
-   * names the first differing rank and part); with a layout, page_bytes 0 takes this rank's
+   * Checked at open (the error names the bad part) and compared across the job
+   * (CPCACHE_ERR_CONFIG naming the first differing part: its name, bytes per token, sharding); with a layout, page_bytes 0 takes this rank's
    * bytes of a page (at the attention-TP size of the world, explicit or the launcher's), and
    * any other value must equal it. */
   const char *kv_layout;
@@ -249,7 +249,8 @@ typedef struct cpcache_config {
   /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_base NULL and l1_kind
    * CPCACHE_L1_ALLOC for host buffers, CPCACHE_L1_DEVICE for device buffers: these replace
    * the pool). NULL: the pool of l1_kind. A missing (layer, part), a buffer too small for
-   * l1_pages slots or two overlapping buffers are CPCACHE_ERR_INVALID naming the buffer,
+   * l1_pages slots, two buffers sharing a byte or a token_bytes other than the part's bytes
+   * per token on this rank are CPCACHE_ERR_INVALID naming the buffer,
    * before any rank talks to another, under a launcher's world (world 0: its size read from
    * the environment) as under an explicit one. */
   const cpcache_l1_buffer *l1_buffers;
