@@ -54,6 +54,7 @@ import os
 import re
 import signal
 import sys
+from _signal import getsignal as _signal_getsignal  # signal.getsignal without its enum conversion
 import threading
 import warnings
 import weakref
@@ -437,17 +438,29 @@ def _python_terms(msg):
     return msg
 
 
+_MAIN_THREAD = threading.main_thread().ident
+_SIGINT = int(signal.SIGINT)
+_forked = False  # forked after the library was loaded: no helper thread of a cache in it
+
+
+def _mark_forked():
+    global _forked
+    _forked = _forked or _lib is not None  # loaded after the fork: the child's own caches
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
 def _interruptible():
     """Whether a blocking call made now should run on a helper thread so that Ctrl-C
     interrupts it: called from the main thread (the only one Python runs signal handlers in)
-    with a Python SIGINT handler installed. Other callers call the library directly and pay
-    nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    with a Python SIGINT handler installed, in the process that loaded the module (a forked
+    child has no helper thread; its calls fail at once with ForkedError). Other callers call
+    the library directly and pay well under a microsecond for this check."""
+    if _forked or threading.get_ident() != _MAIN_THREAD:
         return False
-    try:
-        return callable(signal.getsignal(signal.SIGINT))
-    except (ValueError, TypeError):
-        return False
+    return callable(_signal_getsignal(_SIGINT))
 
 
 class _Runner:
@@ -496,7 +509,10 @@ class _Runner:
         """Ends the thread once it is done with the call it has (idempotent)."""
         if self._job != (None, None):
             self._job = (None, None)
-            self._go.release()
+            try:
+                self._go.release()
+            except RuntimeError:  # stopped by another thread at the same time
+                pass
 
 
 def _wait(done):
@@ -1024,7 +1040,7 @@ class Cache:
         KeyboardInterrupt at once even while a peer is late: the cache is then aborted
         (cpcache_abort: the collective returns, this rank leaves, its peers see it lost as when
         it closes) and closed; anything else calls the library directly."""
-        if self._pid != os.getpid() or self._closed or not _interruptible():
+        if self._closed or not _interruptible():
             _check(fn(self._h))  # a forked child: ForkedError at once; closed: ClosedError
             return
         if self._runner is None:
