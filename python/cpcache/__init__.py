@@ -729,8 +729,10 @@ class Cache:
             raise _invalid(f"l1_mode {l1_mode!r} (want 'cache_owned' or 'engine_owned')")
         cfg.l1_mode = _L1_MODES[l1_mode]
         if bufs:
-            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, b.token_bytes or 0, b.base, b.bytes,
-                                                      b.page_stride, b.token_stride) for b in bufs])
+            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind,
+                                                      _arg(f"l1_buffers[{i}].token_bytes", b.token_bytes or 0, _i32),
+                                                      b.base, b.bytes, b.page_stride, b.token_stride)
+                                            for i, b in enumerate(bufs)])
             cfg.l1_buffers, cfg.l1_num_buffers = arr, len(bufs)
             self._kv_keep += [arr] + [b.owner for b in bufs]
             if pool is not None:  # the engine's buffers replace the pool
