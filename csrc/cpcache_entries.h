@@ -16,6 +16,7 @@
 CPCACHE_ENTRY(config_init, (cpcache_config *cfg), (cfg))
 CPCACHE_ENTRY_PIDCHECK(open, (const cpcache_config *cfg, cpcache_t *out), (cfg, out))
 CPCACHE_ENTRY_PIDCHECK(close, (cpcache_t c), (c))
+CPCACHE_ENTRY_PIDCHECK(abort, (cpcache_t c), (c))
 CPCACHE_ENTRY(get_info, (cpcache_t c, cpcache_info *info), (c, info))
 CPCACHE_ENTRY(kv_bytes_per_token, (cpcache_t c, int64_t *out), (c, out))
 CPCACHE_ENTRY(kv_page_bytes, (cpcache_t c, int64_t *out), (c, out))

@@ -761,7 +761,7 @@ func (c *Cache) collectiveUnlocked(ctx context.Context, f func(context.Context) 
 }
 
 // errStepping: a replicated call while this rank's Step waits in its collective.
-var errStepping = fmt.Errorf("%w: a replicated call was made while Step runs its collective (one scheduler goroutine per rank)", ErrBusy)
+var errStepping = fmt.Errorf("%w: a replicated call (match, insert, lock, evict ...) was made while this rank's step waits for its peers: make the replicated calls from one scheduler thread per rank, between steps", ErrBusy)
 
 // drainLocked cancels what has not started and waits for every transfer in flight.
 func (c *Cache) drainLocked() {

@@ -132,9 +132,13 @@ typedef struct cpcache_kv_part {
 
 /* One (layer, part) buffer of the engine's L1, lent by the engine: token k of page slot s
  * is at base + s × page_stride + k × token_stride, for the part's bytes per token on this
- * rank. Every (layer, part) exactly once, all of one kind, no two overlapping, each holding
- * l1_pages slots: cpcache_open checks, naming the layer and part, before any rank talks to
- * another. Host buffers take l1_kind CPCACHE_L1_ALLOC; device buffers (CPCACHE_MEM_DEVICE,
+ * rank. Every (layer, part) exactly once, all of one kind, no two sharing a byte (buffers of
+ * one page stride may interleave: K and V of one block-major tensor, or K and V in disjoint
+ * columns of one [tokens, 2 × row] array, with one token_stride), each holding l1_pages
+ * slots, and a token_bytes that is set equal to the part's bytes per token on this rank (a
+ * sharded part's bytes divided by attention-TP): cpcache_open checks, naming the layer and
+ * part (and both sizes), before any rank talks to another, or once the job's attention-TP
+ * size is known where the world is the launcher's. Host buffers take l1_kind CPCACHE_L1_ALLOC; device buffers (CPCACHE_MEM_DEVICE,
  * the engine's device memory on `device`) take l1_kind CPCACHE_L1_DEVICE with pinned host
  * slabs (pin_host 1) or CUDA IPC slabs: the CUDA engine copies chunk by chunk and loads
  * layer by layer (cpcache_wait_l1_layer_on). Without a loadable CUDA driver open fails on
@@ -143,7 +147,10 @@ typedef struct cpcache_kv_part {
 typedef struct cpcache_l1_buffer {
   int32_t layer, part; /* part: index in the layout's parts */
   int32_t kind;        /* CPCACHE_MEM_* */
-  int32_t reserved;    /* 0 */
+  int32_t token_bytes; /* the bytes one token's row of the engine's array holds (its non-token
+                        * dimensions × element size): must equal the part's bytes per token on
+                        * this rank, so that no part of a row goes uncached. 0: not known, not
+                        * checked (a row padded wider than the part). */
   void *base;
   int64_t bytes;        /* size of the buffer */
   int64_t page_stride;  /* bytes from slot s to s + 1 */
@@ -154,7 +161,8 @@ typedef struct cpcache_l1_buffer {
  * row_bytes = heads × head_dim × element size on this rank): strides of a dense tensor. */
 static inline cpcache_l1_buffer cpcache_l1_token_slot_buffer(int32_t layer, int32_t part, int32_t kind, void *base,
                                                              int64_t slots, int32_t page_tokens, int64_t row_bytes) {
-  cpcache_l1_buffer b = {layer, part, kind, 0, base, slots * page_tokens * row_bytes, page_tokens * row_bytes, row_bytes};
+  cpcache_l1_buffer b = {layer, part, kind, (int32_t)row_bytes, base, slots * page_tokens * row_bytes, page_tokens * row_bytes,
+                         row_bytes};
   return b;
 }
 
@@ -165,7 +173,8 @@ static inline cpcache_l1_buffer cpcache_l1_block_major_buffer(int32_t layer, int
                                                               int64_t blocks, int32_t page_tokens, int64_t row_bytes,
                                                               int kv) {
   int64_t half = (int64_t)page_tokens * row_bytes;
-  cpcache_l1_buffer b = {layer, part, kind, 0, (char *)base + kv * half, blocks * 2 * half - kv * half, 2 * half, row_bytes};
+  cpcache_l1_buffer b = {layer, part, kind, (int32_t)row_bytes, (char *)base + kv * half, blocks * 2 * half - kv * half,
+                         2 * half, row_bytes};
   return b;
 }
 
@@ -229,8 +238,8 @@ typedef struct cpcache_config {
   /* KV layout (NULL and kv_num_parts 0: pages are opaque blobs of page_bytes). kv_layout is a
    * preset name (`cpcache layout --models`: llama-3-8b, deepseek-v3, ...) or a spec such as
    * "layers=32;k=2048:sharded;v=2048:sharded"; or kv_parts[kv_num_parts] with kv_num_layers.
-   * Checked at open (the error names the bad part) and compared across the job (the error
-   * names the first differing rank and part); with a layout, page_bytes 0 takes this rank's
+   * Checked at open (the error names the bad part) and compared across the job
+   * (CPCACHE_ERR_CONFIG naming the first differing part: its name, bytes per token, sharding); with a layout, page_bytes 0 takes this rank's
    * bytes of a page (at the attention-TP size of the world, explicit or the launcher's), and
    * any other value must equal it. */
   const char *kv_layout;
@@ -240,7 +249,8 @@ typedef struct cpcache_config {
   /* The engine's L1 as per-(layer, part) buffers (needs a layout; l1_base NULL and l1_kind
    * CPCACHE_L1_ALLOC for host buffers, CPCACHE_L1_DEVICE for device buffers: these replace
    * the pool). NULL: the pool of l1_kind. A missing (layer, part), a buffer too small for
-   * l1_pages slots or two overlapping buffers are CPCACHE_ERR_INVALID naming the buffer,
+   * l1_pages slots, two buffers sharing a byte or a token_bytes other than the part's bytes
+   * per token on this rank are CPCACHE_ERR_INVALID naming the buffer,
    * before any rank talks to another, under a launcher's world (world 0: its size read from
    * the environment) as under an explicit one. */
   const cpcache_l1_buffer *l1_buffers;
@@ -355,6 +365,16 @@ int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
  * cpcache_flush) on Gloo consensus, which cannot be cancelled once started, it waits for that
  * collective to end: until the peers take part, at most timeout_ms. */
 int cpcache_close(cpcache_t c);
+/* Interrupts this rank: cancels the collective that cache c waits in (cpcache_step,
+ * cpcache_flush, on another thread), which then returns at once with an error, and closes
+ * the cache as cpcache_close does; its peers see this rank leave (CPCACHE_ERR_PEER_LOST),
+ * promptly rather than at their deadline. For a signal handler's thread or a watchdog: a
+ * Python binding calls it on KeyboardInterrupt. c 0 cancels the cpcache_open in flight on
+ * another thread instead (its rendezvous returns CPCACHE_ERR_PEER_LOST). Bounded: with
+ * shared-memory consensus within a poll interval; a Gloo collective that has started cannot
+ * be cancelled, and the close then waits for it to end (at most timeout_ms). Aborting a
+ * closed handle is CPCACHE_OK. [L] */
+int cpcache_abort(cpcache_t c);
 /* Static facts about the cache. info->struct_size must be sizeof(cpcache_info). [L] */
 int cpcache_get_info(cpcache_t c, cpcache_info *info);
 /* This rank's KV bytes per token (all layers and parts, sharded parts divided by attn_tp)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 )
@@ -84,11 +85,22 @@ func comparedFields(c *openConfig, worldSize int) []configField {
 	if c.storageURL == "" {
 		storageURL.Shown = "NULL"
 	}
+	// The KV layout in its textual form (kvlayout.Layout.String, which Parse reads back):
+	// a difference is named by its first differing part (see agreeConfig), before page_bytes,
+	// which a different layout changes too.
+	kvText := ""
+	if c.kv.kvLayout != nil {
+		kvText = c.kv.kvLayout.String()
+	}
+	kv := configField{Name: "kv_layout", Value: kvText, Shown: strconv.Quote(kvText), Scope: scopeJob}
+	if kvText == "" {
+		kv.Shown = "none (opaque pages)"
+	}
 	return []configField{
 		num("world", int64(lc.World), scopeJob), num("tp", int64(lc.TP), scopeJob), num("dp", int64(lc.DP), scopeJob),
 		num("attn_cp", int64(lc.AttnCP), scopeJob), num("ep", int64(lc.EP), scopeJob), num("dp_attention", dpAttention, scopeJob),
 		str("consensus", consensus, scopeJob), num("timeout_ms", c.timeoutMs, scopeJob),
-		storageURL, str("model", c.model, scopeJob),
+		storageURL, str("model", c.model, scopeJob), kv,
 		num("page_tokens", int64(c.pageTokens), scopeReplica), num("page_bytes", int64(c.pageBytes), scopeReplica),
 		num("slab_backend", int64(c.slabKind), scopeReplica),
 		num("l1_pages", int64(c.l1Pages), scopeReplica), num("l2_pages", int64(c.l2Pages), scopeReplica),
@@ -146,6 +158,9 @@ func agreeConfig(payloads []string) (uint64, error) {
 		if local[i].Scope == scopeReplica {
 			scope = "a replica group"
 		}
+		if a.Name == "kv_layout" {
+			return kvLayoutDiffers(ref, r, a.Value, b.Value)
+		}
 		return fmt.Errorf("%w: ranks disagree on %s: %s (every rank of %s must set it alike)", hicache.ErrBadConfig, a.Name, shown, scope)
 	}
 	for i := range local {
@@ -173,6 +188,31 @@ func agreeConfig(payloads []string) (uint64, error) {
 		}
 	}
 	return gen, nil
+}
+
+// kvLayoutDiffers is the error of ranks ref and r whose KV layouts (textual forms a and b,
+// "" for none) differ: it names the first differing part, its name, bytes per token and
+// sharding as each rank set them.
+func kvLayoutDiffers(ref, r int, a, b string) error {
+	what := ""
+	switch {
+	case a == "":
+		what = fmt.Sprintf("rank %d has none (opaque pages), rank %d has %q", ref, r, b)
+	case b == "":
+		what = fmt.Sprintf("rank %d has %q, rank %d has none (opaque pages)", ref, a, r)
+	default:
+		la, errA := kvlayout.Parse(a)
+		lb, errB := kvlayout.Parse(b)
+		d := ""
+		if errA == nil && errB == nil {
+			d = la.Diff(lb)
+		}
+		if d == "" { // cannot happen: String's forms parse, and unequal texts are unequal layouts
+			d = "they differ"
+		}
+		what = fmt.Sprintf("%s (rank %d first, then rank %d; rank %d has %q, rank %d has %q)", d, ref, r, ref, a, r, b)
+	}
+	return fmt.Errorf("%w: ranks disagree on the KV layout (kv_layout, kv_parts): %s (every rank of the job must set it alike)", hicache.ErrBadConfig, what)
 }
 
 // layoutOf is the layout a rank's compared fields describe (comparedFields' first six).

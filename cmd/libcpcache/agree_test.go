@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvlayout"
 )
 
 // agreeOf runs agreeConfig over the configurations of a job's ranks, as every rank does.
@@ -31,6 +32,8 @@ func TestAgreeConfigNamesTheField(t *testing.T) {
 		a.layout.AttnCP, b.layout.AttnCP = 2, 2
 		a.timeoutMs, b.timeoutMs = 60000, 60000
 		a.storageURL, b.storageURL, a.model, b.model = "file:///l3", "file:///l3", "m", "m"
+		l, _ := kvlayout.Parse("layers=2;k=16:sharded;v=16:sharded")
+		a.kv.kvLayout, b.kv.kvLayout = &l, &l
 		edit(&b)
 		return []openConfig{a, b}
 	}
@@ -55,6 +58,17 @@ func TestAgreeConfigNamesTheField(t *testing.T) {
 		{"l1 pages", func(c *openConfig) { c.l1Pages = 9 }, "l1_pages: rank 0 has 8, rank 1 has 9"},
 		{"page tokens", func(c *openConfig) { c.pageTokens = 32 }, "page_tokens: rank 0 has 16, rank 1 has 32"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.WriteBack }, "policy: rank 0 has 0, rank 1 has 2"},
+		// A KV layout that differs in one part's size (and so in page_bytes too) names the
+		// part, not page_bytes; one rank without a layout is named as such.
+		{"kv layout", func(c *openConfig) {
+			l, _ := kvlayout.Parse("layers=2;k=32:sharded;v=16:sharded")
+			c.kv.kvLayout, c.pageBytes = &l, 384
+		}, "ranks disagree on the KV layout (kv_layout, kv_parts): part 0 (k): bytes per token 16 vs 32"},
+		{"kv layout sharding", func(c *openConfig) {
+			l, _ := kvlayout.Parse("layers=2;k=16:sharded;v=16:replicated")
+			c.kv.kvLayout = &l
+		}, "part 1 (v): sharding sharded vs replicated"},
+		{"no kv layout", func(c *openConfig) { c.kv.kvLayout = nil }, `rank 1 has none (opaque pages)`},
 		{"l1 mode", func(c *openConfig) { c.l1ModeIn, c.options.L1Mode = 1, hicache.EngineOwned }, "l1_mode: rank 0 has 0, rank 1 has 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

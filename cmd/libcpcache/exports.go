@@ -151,7 +151,7 @@ func goKVConfig(cfg *C.cpcache_config, str func(*C.char) string) kvConfig {
 	}
 	if cfg.l1_buffers != nil && cfg.l1_num_buffers > 0 {
 		for _, b := range unsafe.Slice(cfg.l1_buffers, int(cfg.l1_num_buffers)) {
-			k.l1Buffers = append(k.l1Buffers, l1BufferDesc{layer: int32(b.layer), part: int32(b.part), kind: int32(b.kind), reserved: int32(b.reserved),
+			k.l1Buffers = append(k.l1Buffers, l1BufferDesc{layer: int32(b.layer), part: int32(b.part), kind: int32(b.kind), tokenBytes: int32(b.token_bytes),
 				base: b.base, bytes: int64(b.bytes), pageStride: int64(b.page_stride), tokenStride: int64(b.token_stride)})
 		}
 	}
@@ -195,6 +195,12 @@ func kvSize(c C.cpcache_t, out *C.int64_t, fn string, field func(*sessionInfo) i
 func cpcapi_close(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
 	return result(closeHandle(uint64(c)))
+}
+
+//export cpcapi_abort
+func cpcapi_abort(c C.cpcache_t) (status C.int) {
+	defer guard(&status)
+	return result(abortHandle(uint64(c)))
 }
 
 //export cpcapi_get_info
@@ -518,7 +524,7 @@ func cpcapi_evict_l2(c C.cpcache_t, pages C.int64_t, freed *C.int64_t) (status C
 //export cpcapi_step
 func cpcapi_step(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(context.Background()) })
+	return collectiveCall(c, "cpcache_step", func(s *session) error { return s.cache.Step(s.ctx) })
 }
 
 // collectiveCall runs f — a call with a collective, which may wait for peers — without the
@@ -529,8 +535,13 @@ func collectiveCall(c C.cpcache_t, what string, f func(*session) error) C.int {
 	if err != nil {
 		return fail(err)
 	}
+	s.collectives.Add(1)
 	s.mu.Unlock()
 	err = f(s)
+	s.collectives.Add(-1)
+	if err != nil && s.ctx.Err() != nil {
+		return fail(fmt.Errorf("%s: %w: the cache was aborted (cpcache_abort) while this call waited for its peers: %v", what, errClosed, err))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", what, err))
 	}
@@ -552,7 +563,7 @@ func cpcapi_pending(c C.cpcache_t, pending *C.int64_t) (status C.int) {
 //export cpcapi_flush
 func cpcapi_flush(c C.cpcache_t) (status C.int) {
 	defer guard(&status)
-	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(context.Background()) })
+	return collectiveCall(c, "cpcache_flush", func(s *session) error { return s.cache.Flush(s.ctx) })
 }
 
 //export cpcapi_prefetch

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"unsafe"
@@ -26,10 +27,11 @@ type kvPartDesc struct {
 
 // l1BufferDesc is one cpcache_l1_buffer as the caller gave it.
 type l1BufferDesc struct {
-	layer, part, kind, reserved int32
-	base                        unsafe.Pointer // memory outside the Go heap, the caller's
-	bytes, pageStride           int64
-	tokenStride                 int64
+	layer, part, kind int32
+	tokenBytes        int32          // cpcache_l1_buffer.token_bytes: the row's bytes a token, 0 not known
+	base              unsafe.Pointer // memory outside the Go heap, the caller's
+	bytes, pageStride int64
+	tokenStride       int64
 }
 
 // kvConfig is the ABI-2 part of cpcache_config (the KV layout, the engine's L1 buffers, the
@@ -152,8 +154,8 @@ func resolveKV(c *openConfig) error {
 	for i, b := range k.l1Buffers {
 		where := fmt.Sprintf("l1_buffers[%d] (layer %d, part %d)", i, b.layer, b.part)
 		switch {
-		case b.reserved != 0:
-			return bad("%s: reserved is %d, want 0", where, b.reserved)
+		case b.tokenBytes < 0:
+			return bad("%s: token_bytes %d is negative (0: not known)", where, b.tokenBytes)
 		case b.kind != memHost && b.kind != memDevice:
 			return bad("%s: kind %d (want CPCACHE_MEM_HOST or CPCACHE_MEM_DEVICE)", where, b.kind)
 		case b.kind != first.kind:
@@ -164,7 +166,8 @@ func resolveKV(c *openConfig) error {
 		case b.bytes <= 0:
 			return bad("%s: bytes %d must be positive", where, b.bytes)
 		}
-		buf := kvmem.Buffer{Layer: int(b.layer), Part: int(b.part), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride}
+		buf := kvmem.Buffer{Layer: int(b.layer), Part: int(b.part), Bytes: b.bytes, PageStride: b.pageStride, TokenStride: b.tokenStride,
+			TokenBytes: int64(b.tokenBytes)}
 		if b.kind == memDevice {
 			buf.Device = uintptr(b.base) // the engine's device memory: only the CUDA engine addresses it
 		} else {
@@ -188,10 +191,26 @@ func resolveKV(c *openConfig) error {
 			return bad("KV layout: %w", err)
 		}
 		if _, err := kvmem.NewL1(shape, c.l1Pages, k.kvBufs); err != nil {
-			return bad("l1_buffers: %w", err)
+			return bad("%s", l1BufferError(k.l1Buffers, err))
 		}
 	}
 	return nil
+}
+
+// l1BufferError is kvmem.NewL1's error err about bufs in the ABI's terms: the buffer by its
+// index in l1_buffers, its layer and part ("l1_buffers[3]: layer 1 part 1 ("v"): ..."), or
+// the layer and part when no buffer describes them.
+func l1BufferError(bufs []l1BufferDesc, err error) string {
+	var e *kvmem.Error
+	if !errors.As(err, &e) || e.Layer < 0 || e.Part < 0 {
+		return "l1_buffers: " + err.Error()
+	}
+	for i, b := range bufs {
+		if int(b.layer) == e.Layer && int(b.part) == e.Part {
+			return fmt.Sprintf("l1_buffers[%d]: layer %d part %d (%q): %s", i, e.Layer, e.Part, e.PartName, e.Reason)
+		}
+	}
+	return fmt.Sprintf("l1_buffers: layer %d part %d (%q): %s", e.Layer, e.Part, e.PartName, e.Reason)
 }
 
 // memKindName is a cpcache_l1_buffer kind's macro name.

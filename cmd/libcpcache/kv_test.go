@@ -155,6 +155,16 @@ func TestResolveKVRejectsBadDescriptionsNamingThem(t *testing.T) {
 			c.kv.l1Buffers = tokenSlotBuffers(8)
 			c.kv.l1Buffers[1].base = c.kv.l1Buffers[0].base
 		}, "overlap"},
+		// A row of 32 bytes over a part of 16 would be half cached: refused naming both sizes.
+		{"rows wider than the part", func(c *openConfig) {
+			c.kv.l1Buffers = tokenSlotBuffers(8)
+			for i := range c.kv.l1Buffers {
+				c.kv.l1Buffers[i].tokenBytes = 16
+			}
+			c.kv.l1Buffers[3].tokenBytes = 32
+		}, `l1_buffers[3]: layer 1 part 1 ("v"): the buffer's rows are 32 bytes a token, the part's bytes per token on this rank are 16`},
+		{"negative token bytes", func(c *openConfig) { c.kv.l1Buffers = tokenSlotBuffers(8); c.kv.l1Buffers[1].tokenBytes = -1 },
+			"l1_buffers[1] (layer 0, part 1): token_bytes -1 is negative"},
 		{"invalid layout, no page bytes", func(c *openConfig) { c.layout.World, c.layout.TP, c.rank = 3, 2, 0 }, "page_bytes 0 with a KV layout needs the attention-TP size"},
 	}
 	for _, tc := range cases {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -124,6 +125,13 @@ type session struct {
 	l1Buffers bool
 	info      sessionInfo
 	closers   []func() error
+	// ctx is the context of the session's collectives (cpcache_step, cpcache_flush);
+	// cpcache_abort cancels it, so that a collective waiting for a late peer returns at once.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// collectives counts the collectives in flight (collectiveCall), which cpcache_abort
+	// lets see the cancellation before it closes the session.
+	collectives atomic.Int32
 	// freed are engine-owned L1 slots a call freed that did not fit the caller's buffer:
 	// cpcache_take_freed_l1 hands them out before the cache's own drain.
 	freed []int32

@@ -194,6 +194,57 @@ func TestBlockMajorInterleavesAndOverlapIsStrideAware(t *testing.T) {
 	wantL1Err(t, "shifted V", err, 0, 1, "overlaps the buffer of layer 0 part 0")
 }
 
+// interleavedBuffers: per layer, K (part 0) and V (part 1) in disjoint columns of one
+// [slots × P, kBytes + vBytes + shift] array (token stride: the row; V starts shift bytes
+// after K's end); the other parts token-slot buffers of their own.
+func interleavedBuffers(s *Shape, slots int, shift int64) []Buffer {
+	var out []Buffer
+	k, v := int64(s.PartBytesPerToken(0)), int64(s.PartBytesPerToken(1))
+	ts := k + v + max(shift, 0)
+	ps := ts * int64(s.PageTokens())
+	for l := range s.Layers() {
+		mem := make([]byte, ps*int64(slots))
+		span := func(bpt int64) int64 { return int64(slots-1)*ps + int64(s.PageTokens()-1)*ts + bpt }
+		out = append(out, Buffer{Layer: l, Part: 0, Host: mem[:span(k)], PageStride: ps, TokenStride: ts, TokenBytes: k},
+			Buffer{Layer: l, Part: 1, Host: mem[k+shift : k+shift+span(v)], PageStride: ps, TokenStride: ts, TokenBytes: v})
+		for j := 2; j < s.Parts(); j++ {
+			b := int64(s.PartBytesPerToken(j))
+			out = append(out, Buffer{Layer: l, Part: j, Host: make([]byte, b*int64(s.PageTokens()*slots)),
+				PageStride: b * int64(s.PageTokens()), TokenStride: b, TokenBytes: b})
+		}
+	}
+	return out
+}
+
+// K and V interleaved per token (disjoint columns of one array, one token stride) share no
+// byte: NewL1 accepts them; V shifted one byte into K's columns is refused as overlapping.
+func TestInterleavedColumnsAreNotAnOverlap(t *testing.T) {
+	s := small(t)
+	const slots = 4
+	if _, err := NewL1(s, slots, interleavedBuffers(s, slots, 0)); err != nil {
+		t.Fatalf("interleaved K and V: %v", err)
+	}
+	_, err := NewL1(s, slots, interleavedBuffers(s, slots, -1))
+	wantL1Err(t, "V on K's last column", err, 0, 1, "overlaps the buffer of layer 0 part 0")
+}
+
+// A buffer whose rows (TokenBytes) are not the part's bytes per token is refused naming both
+// sizes: a row twice the part would be half cached.
+func TestTokenBytesMustEqualThePart(t *testing.T) {
+	s := small(t) // k: 4 bytes a token on this rank
+	const slots = 3
+	bufs := AllocTokenSlotBuffers(s, slots)
+	for i := range bufs {
+		bufs[i].TokenBytes = int64(s.PartBytesPerToken(bufs[i].Part))
+	}
+	if _, err := NewL1(s, slots, bufs); err != nil {
+		t.Fatalf("rows of the parts' sizes: %v", err)
+	}
+	bufs[3].TokenBytes = 8
+	_, err := NewL1(s, slots, bufs)
+	wantL1Err(t, "wide rows", err, 1, 0, "rows are 8 bytes a token, the part's bytes per token on this rank are 4")
+}
+
 // strided buffers: each token of a part takes 2 bytes more than the part (padding), so a
 // chunk is copied token by token.
 func stridedBuffers(s *Shape, slots int) []Buffer {
@@ -221,7 +272,8 @@ func TestGatherScatterRoundTrip(t *testing.T) {
 			l, _ := NewL1(s, slots, BlockMajorBuffers(s, slots, func(int) []byte { return make([]byte, slots*s.LayerBytes()) }))
 			return l
 		},
-		"strided": func() *L1 { l, err := NewL1(s, slots, stridedBuffers(s, slots)); _ = err; return l },
+		"strided":     func() *L1 { l, err := NewL1(s, slots, stridedBuffers(s, slots)); _ = err; return l },
+		"interleaved": func() *L1 { l, _ := NewL1(s, slots, interleavedBuffers(s, slots, 0)); return l },
 	}
 	for srcName, mkSrc := range mk {
 		for dstName, mkDst := range mk {

@@ -16,6 +16,11 @@ type Buffer struct {
 	Bytes       int64   // size (0 with Host: len(Host))
 	PageStride  int64   // bytes from page slot s to s+1 (token-slot buffers: P × TokenStride; vLLM block-major: the block stride)
 	TokenStride int64   // bytes from token k to k+1 of a page (>= the part's bytes per token on this rank)
+	// TokenBytes is the row the engine's array holds for one token (its non-token
+	// dimensions × element size), 0 when not known. When set it must equal the part's bytes
+	// per token on this rank: a row wider than the part would be half cached (a padded row
+	// is declared by leaving it 0), a narrower one would spill into the next row.
+	TokenBytes int64
 }
 
 // L1 is an engine's KV memory as per-(layer, part) buffers of `slots` page slots each.
@@ -29,10 +34,13 @@ type L1 struct {
 // NewL1 checks bufs against shape and returns the L1 they describe: every (layer, part) of
 // shape exactly once, all host or all device memory, TokenStride >= the part's bytes per
 // token, a page's P tokens within PageStride, each buffer big enough for `slots` slots, and
-// no two buffers overlapping. The overlap check is stride-aware but conservative: two
-// buffers whose extents overlap are accepted only when they have the same PageStride and
-// each slot's token span (first token to the end of the last) of one lies outside the
-// other's (vLLM's K and V of one block-major tensor). Errors are *Error wrapping ErrBadL1,
+// no two buffers overlapping, and a TokenBytes that is set equal to the part's bytes per
+// token. The overlap check is stride-aware: two buffers whose extents overlap are accepted
+// only when they have the same PageStride and either each slot's token span (first token to
+// the end of the last) of one lies outside the other's (vLLM's K and V of one block-major
+// tensor), or they also have the same TokenStride, dividing PageStride, and their byte ranges
+// within a token's row are disjoint (K and V interleaved per token: disjoint columns of one
+// [tokens, 2 × row] array), so that they share no byte. Errors are *Error wrapping ErrBadL1,
 // naming the layer and part.
 func NewL1(shape *Shape, slots int, bufs []Buffer) (*L1, error) {
 	if shape == nil {
@@ -74,6 +82,12 @@ func NewL1(shape *Shape, slots int, bufs []Buffer) (*L1, error) {
 			}
 		}
 		bpt := int64(shape.PartBytesPerToken(b.Part))
+		if b.TokenBytes < 0 {
+			return nil, bad("token bytes %d is negative (0: not known)", b.TokenBytes)
+		}
+		if b.TokenBytes != 0 && b.TokenBytes != bpt {
+			return nil, bad("the buffer's rows are %d bytes a token, the part's bytes per token on this rank are %d", b.TokenBytes, bpt)
+		}
 		if b.TokenStride < bpt {
 			return nil, bad("token stride %d below the part's %d bytes per token", b.TokenStride, bpt)
 		}
@@ -132,7 +146,7 @@ func (l *L1) checkOverlaps() error {
 			if ae <= bb || be <= ab {
 				continue
 			}
-			if a.PageStride == b.PageStride && spansDisjoint(a, b, l.shape) {
+			if a.PageStride == b.PageStride && (spansDisjoint(a, b, l.shape) || columnsDisjoint(a, b, l.shape)) {
 				continue
 			}
 			return &Error{Layer: b.Layer, Part: b.Part, PartName: l.shape.PartName(b.Part),
@@ -156,6 +170,25 @@ func spansDisjoint(a, b *Buffer, s *Shape) bool {
 	// B's span starts at d within A's period: it must start at or after A's end and end (mod
 	// ps) at or before A's next start.
 	return d >= sa && d+sb <= ps
+}
+
+// columnsDisjoint reports whether two buffers of one page stride and one token stride ts,
+// which divides the page stride, keep their bytes of a token apart: every byte of either lies
+// on the lattice of period ts, A's at offsets [0, bptA) of it and B's at [d, d+bptB) modulo ts,
+// d = baseB - baseA; when those ranges do not meet, the buffers share no byte.
+func columnsDisjoint(a, b *Buffer, s *Shape) bool {
+	ts := uint64(a.TokenStride)
+	if a.TokenStride != b.TokenStride || ts == 0 || uint64(a.PageStride)%ts != 0 {
+		return false
+	}
+	var d uint64 // baseB - baseA modulo ts
+	if b.base() >= a.base() {
+		d = (uint64(b.base()) - uint64(a.base())) % ts
+	} else {
+		d = (ts - (uint64(a.base())-uint64(b.base()))%ts) % ts
+	}
+	ba, bb := uint64(s.PartBytesPerToken(a.Part)), uint64(s.PartBytesPerToken(b.Part))
+	return d >= ba && d+bb <= ts
 }
 
 // Shape is the page shape the L1 holds.

@@ -21,9 +21,20 @@ faults and never reaches a later cache's L1. With L1_HOST the memory is the call
 releases the views, and derived buffers are the caller's to retire before freeing it.
 
 Signals: the Go runtime inside libcpcache installs no SIGINT handler in a foreign process,
-so Python's stays in place — Ctrl-C raises KeyboardInterrupt when the running call returns
-(a step waits at most its collective's deadline). Close the cache in a finally block (or use
-`with`); peers then see this rank as lost and fail promptly instead of at their deadline.
+so Python's stays in place. Python runs it only in the main thread, between bytecodes, so the
+calls that wait for peers — step(), flush() and Cache() (its rendezvous) — made from the main
+thread while a Python SIGINT handler is installed run on a helper thread (one per cache, kept)
+while the main thread waits in short slices: Ctrl-C raises KeyboardInterrupt at once even
+while a peer is late, and the cache is aborted (cpcache_abort: the collective returns, this
+rank leaves and is closed; its peers see it lost, as when it closes). The hand-off costs tens
+of microseconds a step; calls from other threads, or without a Python SIGINT handler, go to
+the library directly. Close the cache in a finally block (or use `with`); peers then see this
+rank as lost and fail promptly instead of at their deadline.
+
+Errors: each CPCACHE_ERR_* status is a subclass of Error; TimeoutError_ (CacheTimeoutError)
+is also the builtin TimeoutError and IOError_ (CacheIOError) an OSError. Cache()'s errors
+name its arguments (store, kv_layout[i], kv_layers, cpcache.L1_HOST, None) where the library
+names cpcache_config's fields; e.c_message keeps the library's words.
 
 Fork: the Go runtime inside libcpcache does not survive fork(). In a process forked after the
 library was loaded (os.fork(), or multiprocessing's "fork" start method, the default on Linux
@@ -38,8 +49,12 @@ import array
 import ctypes
 import ctypes.util
 import mmap
+import _thread
 import os
+import re
+import signal
 import sys
+from _signal import getsignal as _signal_getsignal  # signal.getsignal without its enum conversion
 import threading
 import warnings
 import weakref
@@ -48,7 +63,7 @@ from collections import namedtuple
 __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
-    "TimeoutError_", "IOError_", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
+    "TimeoutError_", "IOError_", "CacheTimeoutError", "CacheIOError", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
     "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
@@ -63,11 +78,14 @@ WRITE_THROUGH, WRITE_THROUGH_SELECTIVE, WRITE_BACK = 0, 1, 2
 
 
 class Error(Exception):
-    """A failed libcpcache call: code is the CPCACHE_ERR_* status, the message the library's."""
+    """A failed libcpcache call: code is the CPCACHE_ERR_* status, the message the library's
+    (str(e); an error of Cache() names the Python arguments: see _python_terms)."""
 
     code = None
 
     def __init__(self, code, message):
+        # One argument: OSError's subclasses (TimeoutError_, IOError_) would read two as
+        # (errno, strerror) and print "[Errno -12] ...".
         super().__init__(message)
         self.code = code
 
@@ -83,8 +101,18 @@ class L1FullError(Error): pass           # CPCACHE_ERR_L1_FULL
 class BusyError(Error): pass             # CPCACHE_ERR_BUSY
 class DivergedError(Error): pass         # CPCACHE_ERR_DIVERGED
 class PeerLostError(Error): pass         # CPCACHE_ERR_PEER_LOST
-class TimeoutError_(Error): pass         # CPCACHE_ERR_TIMEOUT
-class IOError_(Error): pass              # CPCACHE_ERR_IO
+class TimeoutError_(Error, TimeoutError):  # CPCACHE_ERR_TIMEOUT
+    """A collective or a wait passed its deadline: also a builtin TimeoutError (an OSError),
+    so `except TimeoutError` catches it. errno is None; code is the CPCACHE_ERR_* status."""
+
+
+class IOError_(Error, OSError):           # CPCACHE_ERR_IO
+    """A transfer (copy) failed on this rank: also a builtin OSError, so `except OSError`
+    catches it. errno is None; code is the CPCACHE_ERR_* status."""
+
+
+# The same classes under names without the trailing underscore.
+CacheTimeoutError, CacheIOError = TimeoutError_, IOError_
 class NotStartedError(Error): pass       # CPCACHE_ERR_NOT_STARTED
 class InternalError(Error): pass         # CPCACHE_ERR_INTERNAL
 
@@ -116,7 +144,7 @@ class _KVPart(ctypes.Structure):
 
 
 class _L1Buffer(ctypes.Structure):
-    _fields_ = [("layer", _i32), ("part", _i32), ("kind", _i32), ("reserved", _i32), ("base", ctypes.c_void_p),
+    _fields_ = [("layer", _i32), ("part", _i32), ("kind", _i32), ("token_bytes", _i32), ("base", ctypes.c_void_p),
                 ("bytes", _i64), ("page_stride", _i64), ("token_stride", _i64)]
 
 
@@ -137,10 +165,14 @@ class _Config(ctypes.Structure):
                 ("l2_layout", _i32), ("l1_mode", _i32)]
 
 
-L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner")
+L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner token_bytes slots",
+                      defaults=(None, None))
 L1Buffer.__doc__ = """One (layer, part) buffer of the engine's L1 (cpcache_l1_buffer): token k of
 page slot s at base + s*page_stride + k*token_stride. owner is the array or tensor whose
-memory it is (kept alive by the Cache)."""
+memory it is (kept alive by the Cache). token_bytes: the bytes of one token's row of the
+array (its non-token dimensions × element size), which the open checks against the layout
+part's bytes per token on this rank (None or 0: not checked, a padded row); slots: the page
+slots the array holds (Cache takes l1_pages from the buffers' smallest when not given)."""
 
 
 def _interface_memory(ai, kind):
@@ -185,26 +217,51 @@ def _extent(strides, shape, itemsize_bytes):
     return sum((n - 1) * st for n, st in zip(shape, strides) if n > 0) + itemsize_bytes
 
 
-def token_slot_buffer(layer, part, array, page_tokens):
+def _row_bytes(shape, nbytes, token_dims, padded):
+    """The bytes of one token's row of an array of shape (its dimensions after the first
+    token_dims, times the element size), as token_bytes: 0 when padded (declared wider than
+    the part: not checked) or when the array is empty."""
+    n = 1
+    for d in shape:
+        n *= d
+    if padded or n == 0:
+        return 0
+    row = nbytes // n
+    for d in shape[token_dims:]:
+        row *= d
+    return row
+
+
+def token_slot_buffer(layer, part, array, page_tokens, padded=False):
     """SGLang's layout: array [slots * page_tokens, ...] of one layer and part, indexed by token
-    slot (its other dimensions, heads and head_dim, dense: one token's bytes contiguous)."""
+    slot (its other dimensions, heads and head_dim: one token's row; a token's bytes in it
+    need not be the whole row's stride, so that K and V interleaved per token, disjoint
+    columns of one [tokens, 2 * row] array, are two such buffers). The row (the other
+    dimensions × element size) must be the part's bytes per token on this rank, else the
+    open is refused naming both; padded=True declares a row wider than the part (the part
+    takes its first bytes)."""
     base, kind, strides, shape, nbytes = _array_memory(array)
     if len(shape) < 1 or shape[0] % page_tokens:
         raise ValueError(f"cpcache: layer {layer} part {part}: first dimension {shape[:1]} is not a multiple of "
                          f"page_tokens {page_tokens}")
     row = nbytes // shape[0] if shape[0] else 0
     return L1Buffer(layer, part, kind, base, _extent(strides, shape, (strides[-1] if len(shape) > 1 else row) or row),
-                    page_tokens * strides[0], strides[0], array)
+                    page_tokens * strides[0], strides[0], array, _row_bytes(shape, nbytes, 1, padded),
+                    shape[0] // page_tokens)
 
 
-def block_major_buffers(layer, array, k_part=0, v_part=1):
+def block_major_buffers(layer, array, k_part=0, v_part=1, padded=False):
     """vLLM's layout: array [blocks, 2, page_tokens, ...] of one layer; its K (index 0 of the
-    second dimension, part k_part) and V (index 1, part v_part) buffers."""
-    base, kind, strides, shape, _ = _array_memory(array)
+    second dimension, part k_part) and V (index 1, part v_part) buffers. A token's row (the
+    dimensions after page_tokens × element size) must be each part's bytes per token on this
+    rank, unless padded=True declares it wider."""
+    base, kind, strides, shape, nbytes = _array_memory(array)
     if len(shape) < 3 or shape[1] != 2:
         raise ValueError(f"cpcache: layer {layer}: a block-major tensor is [blocks, 2, page_tokens, ...], got shape {shape}")
     whole = _extent(strides, shape, strides[-1] if len(shape) > 3 else strides[2])
-    return [L1Buffer(layer, part, kind, base + kv * strides[1], whole - kv * strides[1], strides[0], strides[2], array)
+    row = _row_bytes(shape, nbytes, 3, padded)
+    return [L1Buffer(layer, part, kind, base + kv * strides[1], whole - kv * strides[1], strides[0], strides[2], array,
+                     row, shape[0])
             for kv, part in ((0, k_part), (1, v_part))]
 
 
@@ -297,6 +354,7 @@ def library():
         "cpcache_config_init": ([P(_Config)], ctypes.c_int),
         "cpcache_open": ([P(_Config), P(_u64)], ctypes.c_int),
         "cpcache_close": ([_u64], ctypes.c_int),
+        "cpcache_abort": ([_u64], ctypes.c_int),
         "cpcache_get_info": ([_u64, P(_Info)], ctypes.c_int),
         "cpcache_kv_bytes_per_token": ([_u64, P(_i64)], ctypes.c_int),
         "cpcache_kv_page_bytes": ([_u64, P(_i64)], ctypes.c_int),
@@ -346,10 +404,149 @@ def library():
     return lib
 
 
-def _check(status):
+def _check(status, msg=None):
     if status != 0:
-        msg = (library().cpcache_last_error() or b"").decode(errors="replace")
+        if msg is None:
+            msg = library().cpcache_last_error()
+        msg = (msg or b"").decode(errors="replace")
         raise _ERRORS.get(status, Error)(status, msg)
+
+
+# The C names in cpcache_open's messages and the Python arguments of Cache() they stand for.
+_PY_TERMS = [
+    (re.compile(r"\bcpcache_open\b"), "cpcache.Cache()"),
+    (re.compile(r"\bcpcache_config\b"), "Cache()'s arguments"),
+    (re.compile(r"\bstore_url\b"), "store"),
+    (re.compile(r"\bkv_parts\b"), "kv_layout"),
+    (re.compile(r"\bkv_num_layers\b"), "kv_layers"),
+    (re.compile(r"\bkv_num_parts\b"), "len(kv_layout)"),
+    (re.compile(r"\bl1_num_buffers\b"), "len(l1_buffers)"),
+    (re.compile(r"\bpin_host = 1\b"), "pin_host=True"),
+    (re.compile(r"\bCPCACHE_L2_(PAGE_FIRST|LAYER_FIRST)\b"), lambda m: repr(m.group(1).lower())),
+    (re.compile(r"\bCPCACHE_L1_(CACHE_OWNED|ENGINE_OWNED)\b"), lambda m: repr(m.group(1).lower())),
+    (re.compile(r"\bCPCACHE_POLICY_(\w+)"), r"cpcache.\1"),
+    (re.compile(r"\bCPCACHE_(L1_ALLOC|L1_HOST|L1_DEVICE|MEM_HOST|MEM_DEVICE|KV_SHARDED|KV_REPLICATED|SLAB_HOST|"
+                r"SLAB_CUDA_IPC)\b"), r"cpcache.\1"),
+    (re.compile(r"\bNULL\b"), "None"),
+]
+
+
+def _python_terms(msg):
+    """msg of a cpcache_open error with the C fields named as Cache()'s arguments."""
+    for pattern, repl in _PY_TERMS:
+        msg = pattern.sub(repl, msg)
+    return msg
+
+
+_MAIN_THREAD = threading.main_thread().ident
+_SIGINT = int(signal.SIGINT)
+_forked = False  # forked after the library was loaded: no helper thread of a cache in it
+
+
+def _mark_forked():
+    global _forked
+    _forked = _forked or _lib is not None  # loaded after the fork: the child's own caches
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+def _interruptible():
+    """Whether a blocking call made now should run on a helper thread so that Ctrl-C
+    interrupts it: called from the main thread (the only one Python runs signal handlers in)
+    with a Python SIGINT handler installed, in the process that loaded the module (a forked
+    child has no helper thread; its calls fail at once with ForkedError). Other callers call
+    the library directly and pay well under a microsecond for this check."""
+    if _forked or threading.get_ident() != _MAIN_THREAD:
+        return False
+    return callable(_signal_getsignal(_SIGINT))
+
+
+class _Runner:
+    """A helper thread that makes a cache's blocking calls (step, flush) for the main
+    thread, which waits for each in slices that a signal interrupts (see _call_interruptibly).
+    One per cache, kept between calls: the library's runtime binds its state to a thread the
+    first time that thread calls in, which a thread per call would pay for every time."""
+
+    def __init__(self):
+        self._go, self._done = _thread.allocate_lock(), _thread.allocate_lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job = self._result = None
+        self.busy = False  # a call was handed over and has not been collected
+        _thread.start_new_thread(self._loop, ())
+
+    def _loop(self):
+        while True:
+            self._go.acquire()
+            fn, args = self._job
+            if fn is None:
+                return
+            try:
+                st = fn(*args)
+                self._result = (st, _lib.cpcache_last_error() if st else None)
+            except BaseException as e:  # a ctypes argument error: the caller raises it
+                self._result = e
+            self._done.release()
+
+    def call(self, fn, args, on_interrupt):
+        """fn(*args) on the helper thread: (status, message), as _call_interruptibly."""
+        self._job, self.busy = (fn, args), True
+        self._go.release()
+        try:
+            _wait(self._done)
+        except BaseException:
+            on_interrupt(self._done)
+            raise
+        self.busy = False
+        res, self._result = self._result, None
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+    def stop(self):
+        """Ends the thread once it is done with the call it has (idempotent)."""
+        if self._job != (None, None):
+            self._job = (None, None)
+            try:
+                self._go.release()
+            except RuntimeError:  # stopped by another thread at the same time
+                pass
+
+
+def _wait(done):
+    """Waits until lock done is released, in short slices: a signal delivered to another
+    thread (the library's) interrupts no wait of this one, and Python runs its handler, raising
+    KeyboardInterrupt, at the end of the slice."""
+    while not done.acquire(timeout=0.02):
+        pass
+
+
+def _call_interruptibly(fn, args, on_interrupt):
+    """fn(*args) — a library call that may wait for peers — on a helper thread, while this
+    (the main) thread waits for it in slices that a signal interrupts: returns (status,
+    message of a failure, read on the helper thread, where the library recorded it). On
+    KeyboardInterrupt (or any exception raised by a signal handler) calls
+    on_interrupt(thread_done), which must make the call return (cpcache_abort), and re-raises."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    out = []
+
+    def run():
+        try:
+            st = fn(*args)
+            out.append((st, _lib.cpcache_last_error() if st else None))
+        finally:
+            done.release()
+
+    _thread.start_new_thread(run, ())
+    try:
+        _wait(done)
+    except BaseException:
+        on_interrupt(done)
+        raise
+    return out[0]
 
 
 def _invalid(msg):
@@ -451,8 +648,9 @@ class Cache:
     _closed = False
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
+    _runner = None  # the helper thread of interruptible collectives (_collective), once used
 
-    def __init__(self, *, l1_pages, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
+    def __init__(self, *, l1_pages=None, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
@@ -469,8 +667,22 @@ class Cache:
         stream wait for a layer); numpy arrays are host memory; the two do not mix. l2_layout:
         "page_first" (default) or "layer_first". l1_mode: "cache_owned" (default: insert and
         load_back pick the slots) or "engine_owned" (the engine's allocator picks them:
-        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1)."""
+        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1). l1_pages: required
+        without l1_buffers; with them, None takes the smallest slot count among them. Each
+        buffer's row (its non-token dimensions × element size, numpy and torch) must be its
+        part's bytes per token on this rank, else InvalidError naming both (padded=True of the
+        buffer helpers declares a wider row)."""
         lib = library()
+        bufs = None
+        if l1_buffers:
+            bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
+            if l1_pages is None:
+                counts = [b.slots for b in bufs if b.slots is not None]
+                if len(counts) != len(bufs):
+                    raise _invalid("l1_pages is not given and an L1Buffer of l1_buffers does not say its slots: give l1_pages")
+                l1_pages = min(counts)
+        if l1_pages is None:
+            raise _invalid("l1_pages is required (or l1_buffers, whose smallest slot count it then is)")
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
         types = dict(_Config._fields_)
@@ -500,8 +712,13 @@ class Cache:
         cfg.storage_url, cfg.model = _bytes(storage_url), _bytes(model)
         self._kv_keep = []  # ctypes arrays and the engine's buffers the library points into
         if isinstance(kv_layout, str):
+            if kv_layers:
+                raise _invalid(f"kv_layers {kv_layers!r} with kv_layout {kv_layout!r}: a preset or spec says its layers "
+                               "(kv_layers goes with a list of parts)")
             cfg.kv_layout = _bytes(kv_layout)
-        elif kv_layout is not None:
+        elif kv_layout is None:
+            cfg.kv_num_layers = _arg("kv_layers", kv_layers, _i32)  # the library refuses layers without parts
+        else:
             parts = (_KVPart * len(kv_layout))(*[_KVPart(_bytes(n), b, sh, 0) for n, b, sh in kv_layout])
             cfg.kv_parts, cfg.kv_num_parts, cfg.kv_num_layers = parts, len(kv_layout), kv_layers
             self._kv_keep.append(parts)
@@ -511,10 +728,11 @@ class Cache:
         if l1_mode not in _L1_MODES:
             raise _invalid(f"l1_mode {l1_mode!r} (want 'cache_owned' or 'engine_owned')")
         cfg.l1_mode = _L1_MODES[l1_mode]
-        if l1_buffers:
-            bufs = [b if isinstance(b, L1Buffer) else token_slot_buffer(b[0], b[1], b[2], page_tokens) for b in l1_buffers]
-            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind, 0, b.base, b.bytes, b.page_stride,
-                                                      b.token_stride) for b in bufs])
+        if bufs:
+            arr = (_L1Buffer * len(bufs))(*[_L1Buffer(b.layer, b.part, b.kind,
+                                                      _arg(f"l1_buffers[{i}].token_bytes", b.token_bytes or 0, _i32),
+                                                      b.base, b.bytes, b.page_stride, b.token_stride)
+                                            for i, b in enumerate(bufs)])
             cfg.l1_buffers, cfg.l1_num_buffers = arr, len(bufs)
             self._kv_keep += [arr] + [b.owner for b in bufs]
             if pool is not None:  # the engine's buffers replace the pool
@@ -533,10 +751,30 @@ class Cache:
             cfg.l1_kind, cfg.l1_base = l1_kind, l1_base
         self._lib = lib
         h = _u64()
-        status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
+        msg = None
+        if _interruptible():
+            def interrupted(done):
+                # Cancel the rendezvous; wait (bounded) for the open to return, and close a
+                # cache it opened meanwhile. An open that does not return in time keeps the
+                # pool (the library may still write it).
+                lib.cpcache_abort(0)
+                if done.acquire(timeout=5):
+                    if h.value:
+                        lib.cpcache_close(h.value)
+                    if pool is not None:
+                        pool.close()
+            status, msg = _call_interruptibly(lib.cpcache_open, (ctypes.byref(cfg), ctypes.byref(h)), interrupted)
+        else:
+            status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
-        _check(status)
+        if status != 0:
+            if msg is None:
+                msg = lib.cpcache_last_error()
+            c_msg = (msg or b"").decode(errors="replace")
+            err = _ERRORS.get(status, Error)(status, _python_terms(c_msg))
+            err.c_message = c_msg  # the library's own words (C field names)
+            raise err
         self._h, self._pool, self._pool_base, self._pid = h.value, pool, addr, os.getpid()
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
@@ -577,7 +815,13 @@ class Cache:
         try:
             _check(self._lib.cpcache_close(self._h))
         finally:
+            self._stop_runner()
             self._release_memory()
+
+    def _stop_runner(self):
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.stop()
 
     def _release_memory(self):
         """After cpcache_close (the library no longer touches the pool): releases every view
@@ -620,6 +864,7 @@ class Cache:
         except Exception:  # interpreter shutdown
             pass
         self._lib.cpcache_close(self._h)
+        self._stop_runner()
         self._release_memory()
 
     def match(self, tokens, key=None):
@@ -796,6 +1041,36 @@ class Cache:
         _check(self._lib.cpcache_evict_l2(self._h, _arg("pages", pages, _i64), ctypes.byref(freed)))
         return freed.value
 
+    def _collective(self, fn):
+        """fn(handle), a call that may wait for peers (step, flush). From the main thread with
+        Python's SIGINT handler it runs on a helper thread, so that Ctrl-C raises
+        KeyboardInterrupt at once even while a peer is late: the cache is then aborted
+        (cpcache_abort: the collective returns, this rank leaves, its peers see it lost as when
+        it closes) and closed; anything else calls the library directly."""
+        if self._closed or not _interruptible():
+            _check(fn(self._h))  # a forked child: ForkedError at once; closed: ClosedError
+            return
+        if self._runner is None:
+            self._runner = _Runner()
+        _check(*self._runner.call(fn, (self._h,), self._abort))
+
+    def _abort(self, done=None):
+        """Aborts the cache after an interrupt: cpcache_abort on a helper thread, waited for
+        a moment (a Gloo collective cannot be cancelled once started: its close waits for it,
+        at most timeout_ms, and the memory is released after it, on that thread)."""
+        if self._closed or self._pid != os.getpid():
+            return
+        self._closed = True
+
+        def run():
+            self._lib.cpcache_abort(self._h)
+            self._stop_runner()
+            self._release_memory()
+
+        t = threading.Thread(target=run, name=f"cpcache-abort-{self._h}", daemon=True)
+        t.start()
+        t.join(0.05)
+
     def step(self):
         """The consensus step: once per scheduler step, on every rank, the same number of
         times [R]. Copies (backups, load-backs) and storage I/O start only at a step; when
@@ -805,8 +1080,9 @@ class Cache:
         peers gets an error naming the counts: DivergedError when its extra step met the
         peers' next one (the calls each made since its previous step), or, while it waits for
         peers that make no further step, TimeoutError_/PeerLostError naming each rank's
-        count of step() calls."""
-        _check(self._lib.cpcache_step(self._h))
+        count of step() calls. Ctrl-C while it waits for a late peer raises
+        KeyboardInterrupt at once and aborts the cache (see _collective)."""
+        self._collective(self._lib.cpcache_step)
 
     def pending(self):
         """Transfers and storage operations in flight (replicated) [R]."""
@@ -815,8 +1091,8 @@ class Cache:
         return n.value
 
     def flush(self):
-        """Empties the cache when idle, else BusyError [R, collective]."""
-        _check(self._lib.cpcache_flush(self._h))
+        """Empties the cache when idle, else BusyError [R, collective]. Interruptible as step."""
+        self._collective(self._lib.cpcache_flush)
 
     def prefetch(self, tokens, key=None):
         """Asks storage for the continuation of tokens under isolation key key (see insert);

@@ -46,7 +46,7 @@ def test_version_is_the_version_file():
 def test_bad_calls_raise_typed_errors(tmp_path):
     with pytest.raises(cpcache.InvalidError, match="page_bytes 0"):
         one_rank(tmp_path, page_bytes=0)
-    with pytest.raises(cpcache.InvalidError, match="l1_base is NULL"):
+    with pytest.raises(cpcache.InvalidError, match="l1_base is None"):
         one_rank(tmp_path, l1_kind=cpcache.L1_HOST)
     with pytest.raises(cpcache.ConfigError):
         one_rank(tmp_path, attn_cp=2)  # does not divide a world of one
@@ -405,7 +405,7 @@ def test_open_compares_the_configuration_of_every_rank(tmp_path):
     for rank1, want in (
             (dict(storage_url=l3, model="other"), 'ranks disagree on model: rank 0 has "m", rank 1 has "other"'),
             (dict(storage_url=l3 + "2", model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has "{l3}2"'),
-            (dict(model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has NULL'),
+            (dict(model="m"), f'ranks disagree on storage_url: rank 0 has "{l3}", rank 1 has None'),
             (dict(storage_url=l3, model="m", l1_pages=16), "ranks disagree on l1_pages: rank 0 has 8, rank 1 has 16")):
         lines, _ = launch(dict(storage_url=l3, model="m"), rank1)
         for line in lines:

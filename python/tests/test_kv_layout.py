@@ -36,7 +36,7 @@ def test_layout_sizes_and_derived_page_bytes(tmp_path):
 def test_bad_layouts_name_the_bad_value(tmp_path):
     with pytest.raises(cpcache.InvalidError, match="no-such-model"):
         one_rank(tmp_path, kv_layout="no-such-model")
-    with pytest.raises(cpcache.InvalidError, match=r'kv_parts\[1\] \("v"\): sharding 5'):
+    with pytest.raises(cpcache.InvalidError, match=r'kv_layout\[1\] \("v"\): sharding 5'):
         one_rank(tmp_path, kv_layout=[("k", 16, cpcache.KV_SHARDED), ("v", 16, 5)], kv_layers=2)
     with pytest.raises(cpcache.InvalidError, match="page_bytes 64"):
         one_rank(tmp_path, kv_layout=SPEC, page_bytes=64)
@@ -219,14 +219,14 @@ def test_device_buffers_that_do_not_fit_name_the_buffer(tmp_path):
     np = pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
     arrays, dev = _device_stand_ins(np)
     mixed = [(l, j, a) for (l, j), a in arrays.items() if (l, j) != (1, 1)] + [dev[3]]
-    with pytest.raises(cpcache.InvalidError, match=r"l1_buffers\[3\] \(layer 1, part 1\): CPCACHE_MEM_DEVICE, but "
-                                                   r"l1_buffers\[0\] \(layer 0, part 0\) is CPCACHE_MEM_HOST"):
+    with pytest.raises(cpcache.InvalidError, match=r"l1_buffers\[3\] \(layer 1, part 1\): cpcache.MEM_DEVICE, but "
+                                                   r"l1_buffers\[0\] \(layer 0, part 0\) is cpcache.MEM_HOST"):
         one_rank(tmp_path, kv_layout=SPEC, l1_buffers=mixed, pin_host=True)
     host_pool = arrays[(0, 0)].ctypes.data
     with pytest.raises(cpcache.InvalidError, match=r"l1_buffers\[0\] \(layer 0, part 0\): device buffers "
-                                                   r"\(CPCACHE_MEM_DEVICE\) need l1_kind CPCACHE_L1_DEVICE"):
+                                                   r"\(cpcache.MEM_DEVICE\) need l1_kind cpcache.L1_DEVICE"):
         one_rank(tmp_path, kv_layout=SPEC, l1_buffers=dev, l1_kind=cpcache.L1_HOST, l1_base=host_pool)
-    with pytest.raises(cpcache.InvalidError, match="a device L1 with host slabs needs pin_host = 1"):
+    with pytest.raises(cpcache.InvalidError, match="a device L1 with host slabs needs pin_host=True"):
         one_rank(tmp_path, kv_layout=SPEC, l1_buffers=dev)  # L1_DEVICE taken: the next rule speaks
 
 

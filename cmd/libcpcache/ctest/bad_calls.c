@@ -148,6 +148,8 @@ int main(void) {
   expect(cpcache_step(12345), CPCACHE_ERR_CLOSED);
   expect(cpcache_get_stats(99, &st), CPCACHE_ERR_CLOSED);
   expect(cpcache_close(0), CPCACHE_ERR_CLOSED);
+  expect(cpcache_abort(0), CPCACHE_OK); // no open in flight: nothing to cancel
+  expect(cpcache_abort(12345), CPCACHE_ERR_CLOSED);
 
   // Open; a second open in this process fails.
   base_config(&cfg);
@@ -369,6 +371,7 @@ int main(void) {
   // Close: idempotent; every other call on the handle then fails.
   expect(cpcache_close(c), CPCACHE_OK);
   expect(cpcache_close(c), CPCACHE_OK);
+  expect(cpcache_abort(c), CPCACHE_OK); // aborting a closed handle: nothing to do
   expect(cpcache_step(c), CPCACHE_ERR_CLOSED);
   expect(cpcache_match(c, tokens, 16, &m, slots, 4), CPCACHE_ERR_CLOSED);
   expect(cpcache_insert(c, tokens, 16, &ins, fill, 4), CPCACHE_ERR_CLOSED);
