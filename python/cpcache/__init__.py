@@ -41,6 +41,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections import namedtuple
@@ -53,9 +54,10 @@ __all__ = [
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
     "KV_SHARDED", "KV_REPLICATED", "MEM_HOST", "MEM_DEVICE", "L1Buffer", "token_slot_buffer", "block_major_buffers",
+    "StoreAdapter",
 ]
 
-ABI_VERSION = 2  # CPCACHE_ABI_VERSION of the header this module mirrors
+ABI_VERSION = 3  # CPCACHE_ABI_VERSION of the header this module mirrors
 
 SLAB_HOST, SLAB_CUDA_IPC = 0, 1
 L1_ALLOC, L1_HOST, L1_DEVICE = 0, 1, 2
@@ -120,6 +122,23 @@ class _L1Buffer(ctypes.Structure):
                 ("bytes", _i64), ("page_stride", _i64), ("token_stride", _i64)]
 
 
+# cpcache_store's callbacks (include/cpcache.h).
+_STORE_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                              ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
+_STORE_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, _i64, ctypes.c_void_p,
+                              ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t)
+_STORE_ADD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, _i64,
+                              ctypes.POINTER(_i64), ctypes.c_void_p, ctypes.c_size_t)
+_STORE_DEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                              ctypes.c_size_t)
+_STORE_OK, _STORE_ABSENT, _STORE_ERROR = 0, 1, -1
+
+
+class _StoreCallbacks(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("set", _STORE_SET), ("get", _STORE_GET), ("add", _STORE_ADD),
+                ("del", _STORE_DEL)]
+
+
 class _Config(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("abi_version", _u32),
                 ("world", _i32), ("tp", _i32), ("dp", _i32), ("attn_cp", _i32), ("ep", _i32),
@@ -134,7 +153,9 @@ class _Config(ctypes.Structure):
                 # ABI 2
                 ("kv_layout", ctypes.c_char_p), ("kv_parts", ctypes.POINTER(_KVPart)), ("kv_num_parts", _i32),
                 ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
-                ("l2_layout", _i32), ("l1_mode", _i32)]
+                ("l2_layout", _i32), ("l1_mode", _i32),
+                # ABI 3
+                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32)]
 
 
 L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner")
@@ -415,6 +436,154 @@ def _bytes(s):
     return s.encode() if isinstance(s, str) else s
 
 
+# Every store adapter made, for the life of the library: a store call the library abandoned
+# at its deadline may still return (into the adapter's callbacks) after the cache closed.
+_STORE_ADAPTERS = []
+
+
+class StoreAdapter:
+    """A rendezvous store object as the library's store callbacks (cpcache_store): any
+    torch.distributed.Store (TCPStore, FileStore, PrefixStore, HashStore) or any object with
+    set(key, value), get(key), add(key, delta) and delete_key(key), and check(keys) and
+    wait(keys, timedelta) when it has them. The library writes only keys under "cpcache/";
+    the store's other keys are never touched.
+
+    A get uses check([key]) and wait([key], timeout) then get (a timeout is "absent"); a
+    store without check (torch < 2.1) wait with at least 1 ms; an object without either must
+    return None or raise KeyError from get for an absent key, and is polled. The callbacks run on the library's threads
+    (they take the GIL); an exception in one is the library's error, with its message."""
+
+    def __init__(self, store):
+        self.store = store
+        self._check = getattr(store, "check", None)
+        self._wait = getattr(store, "wait", None)
+        self.callbacks = _StoreCallbacks(None, _STORE_SET(self._set), _STORE_GET(self._get),
+                                         _STORE_ADD(self._add), _STORE_DEL(self._del))
+
+    @staticmethod
+    def _fail(err, err_len, exc):
+        msg = (f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))[:max(err_len - 1, 0)]
+        if err and err_len:
+            ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+        return _STORE_ERROR
+
+    def _set(self, _ctx, key, key_len, value, value_len, err, err_len):
+        try:
+            self.store.set(ctypes.string_at(key, key_len).decode(), ctypes.string_at(value, value_len))
+            return _STORE_OK
+        except BaseException as e:  # never into C: a callback's exception is the call's error
+            return self._fail(err, err_len, e)
+
+    def _lookup(self, k, timeout_ms):
+        """k's value, or None when absent after timeout_ms."""
+        import datetime
+        if self._check is not None and self._wait is not None:
+            if timeout_ms > 0 and not self._check([k]):
+                try:
+                    self._wait([k], datetime.timedelta(milliseconds=timeout_ms))
+                except Exception:
+                    pass  # a timeout (or a store that cannot wait): check says
+            return self.store.get(k) if self._check([k]) else None
+        if self._wait is not None:
+            # A torch store without check (torch < 2.1): wait with the smallest timeout for
+            # "no wait" (a torch get of an absent key blocks until the store's own timeout).
+            try:
+                self._wait([k], datetime.timedelta(milliseconds=max(timeout_ms, 1)))
+            except Exception as e:
+                if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                    return None
+                raise
+            return self.store.get(k)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            try:
+                v = self.store.get(k)
+            except KeyError:
+                v = None
+            if v is not None or time.monotonic() >= deadline:
+                return v
+            time.sleep(0.01)
+
+    def _get(self, _ctx, key, key_len, timeout_ms, buf, cap, length, err, err_len):
+        try:
+            v = self._lookup(ctypes.string_at(key, key_len).decode(), timeout_ms)
+            if v is None:
+                return _STORE_ABSENT
+            if isinstance(v, str):
+                v = v.encode()
+            v = bytes(v)
+            length[0] = len(v)
+            if len(v) <= cap:
+                ctypes.memmove(buf, v, len(v))
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+    def _add(self, _ctx, key, key_len, delta, value, err, err_len):
+        try:
+            value[0] = int(self.store.add(ctypes.string_at(key, key_len).decode(), delta))
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+    def _del(self, _ctx, key, key_len, err, err_len):
+        try:
+            self.store.delete_key(ctypes.string_at(key, key_len).decode())
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+
+_STORE_METHODS = ("set", "get", "add", "delete_key")
+
+
+def _store_arg(store, timeout_ms):
+    """store= as (store_url bytes, StoreAdapter or None): a URL string (file://, redis://; a
+    tcp://host:port of a torch TCPStore, as an engine's dist_init_method, is connected to as a
+    client), or a store object (see StoreAdapter)."""
+    if store is None or isinstance(store, (str, bytes)):
+        url = store.decode() if isinstance(store, bytes) else store
+        if url is not None and url.startswith("tcp://"):
+            host, _, port = url[len("tcp://"):].rstrip("/").rpartition(":")
+            try:
+                from torch.distributed import TCPStore
+            except ImportError:
+                raise _invalid(f"store {url!r}: a tcp:// store is a torch TCPStore, and torch is not importable here: "
+                               "pass a file:// or redis:// URL, or a store object") from None
+            import datetime
+            if not host or not port.isdigit():
+                raise _invalid(f"store {url!r}: want tcp://host:port")
+            client = TCPStore(host.strip("[]"), int(port), is_master=False,
+                              timeout=datetime.timedelta(milliseconds=max(timeout_ms, 1)))
+            return None, StoreAdapter(client)
+        return _bytes(store), None
+    if isinstance(store, StoreAdapter):
+        return None, store
+    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+    if missing:
+        raise TypeError(f"cpcache: store= takes a URL (file:///dir, redis://host:port, tcp://host:port of a torch "
+                        f"TCPStore) or a store object with set, get, add and delete_key "
+                        f"(torch.distributed.TCPStore, FileStore, PrefixStore); {type(store).__module__}."
+                        f"{type(store).__qualname__} has no {', '.join(missing)} (a process group is not a store: "
+                        f"pass the store it was made with)")
+    return None, StoreAdapter(store)
+
+
+# The C ABI's names of open's arguments, as this binding's keywords (messages of open).
+_C_ARGS = (("cpcache_config.store_url (a URL), cpcache_config.store (callbacks) or CPCACHE_STORE",
+            "store= (a URL or a torch.distributed.Store) or CPCACHE_STORE"),
+           ("cpcache_config.store_url", "store="), ("cpcache_config.store", "store="),
+           ("cpcache_config.job_id", "job_id="))
+
+
+def _python_terms(exc):
+    """exc (an Error of open) with the C ABI's field names replaced by this binding's."""
+    msg = str(exc)
+    for c_name, py_name in _C_ARGS:
+        msg = msg.replace(c_name, py_name)
+    return type(exc)(exc.code, msg)
+
+
 def _alloc_pool(l1_pages, page_bytes):
     """The L1 pool of an L1_ALLOC cache, as an anonymous private mapping, and its address; None
     when the sizes are not ones the library would accept (it then rejects them, naming them),
@@ -457,7 +626,8 @@ class Cache:
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
-                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None):
+                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None,
+                 job_id=None, local_world=0):
         """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
@@ -469,7 +639,17 @@ class Cache:
         stream wait for a layer); numpy arrays are host memory; the two do not mix. l2_layout:
         "page_first" (default) or "layer_first". l1_mode: "cache_owned" (default: insert and
         load_back pick the slots) or "engine_owned" (the engine's allocator picks them:
-        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1)."""
+        insert_slots, load_back_slots, evict_l1_slots, take_freed_l1).
+
+        store: the rendezvous every rank meets through: a URL (file:///dir, redis://host:port,
+        or tcp://host:port of a torch TCPStore such as an engine's dist_init_method), or a
+        store object: any torch.distributed.Store (TCPStore, FileStore, PrefixStore) or object
+        with set/get/add/delete_key (see StoreAdapter); cpcache's keys live under "cpcache/".
+        None: $CPCACHE_STORE. job_id: this job's id, the same on every rank of the job and
+        different from any other job's on the same store (None: $CPCACHE_JOB_ID, else the
+        launcher's). local_world: how many of the job's ranks run on this machine (with world
+        and rank; local_world == world connects them over 127.0.0.1). Variables are read as
+        os.environ is when the Cache opens."""
         lib = library()
         cfg = _Config()
         _check(lib.cpcache_config_init(ctypes.byref(cfg)))
@@ -483,7 +663,12 @@ class Cache:
             _arg(name, value, types[name])
         cfg.world, cfg.tp, cfg.dp, cfg.attn_cp, cfg.ep = world, tp, dp, attn_cp, ep
         cfg.dp_attention, cfg.rank = int(bool(dp_attention)), rank
-        cfg.store_url, cfg.consensus = _bytes(store), _bytes(consensus)
+        cfg.store_url, adapter = _store_arg(store, timeout_ms)
+        if adapter is not None:
+            _STORE_ADAPTERS.append(adapter)
+            cfg.store = ctypes.pointer(adapter.callbacks)
+        _arg("local_world", local_world, _i32)
+        cfg.consensus, cfg.job_id, cfg.local_world = _bytes(consensus), _bytes(job_id), local_world
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
         cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
         self._views = {}  # id → weakref of each memoryview l1_page returned, until close
@@ -536,7 +721,10 @@ class Cache:
         status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
-        _check(status)
+        try:
+            _check(status)
+        except Error as e:
+            raise _python_terms(e) from None
         self._h, self._pool, self._pool_base, self._pid = h.value, pool, addr, os.getpid()
         try:
             info = _Info(struct_size=ctypes.sizeof(_Info))
