@@ -132,6 +132,7 @@ _STORE_ADD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ct
 _STORE_DEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                               ctypes.c_size_t)
 _STORE_OK, _STORE_ABSENT, _STORE_ERROR = 0, 1, -1
+_ABSENT = b"\0cpcache: absent\0"  # compare_set's sentinel: no value the library writes equals it
 
 
 class _StoreCallbacks(ctypes.Structure):
@@ -448,15 +449,18 @@ class StoreAdapter:
     wait(keys, timedelta) when it has them. The library writes only keys under "cpcache/";
     the store's other keys are never touched.
 
-    A get uses check([key]) and wait([key], timeout) then get (a timeout is "absent"); a
-    store without check (torch < 2.1) wait with at least 1 ms; an object without either must
-    return None or raise KeyError from get for an absent key, and is polled. The callbacks run on the library's threads
+    A get that may wait polls (a torch store's own wait may leave its TCPStore client out of
+    step once it times out): check([key]) then get when the store has check;
+    compare_set(key, sentinel, sentinel) when it has compare_set (torch < 2.1; it creates
+    nothing); else get, which must return None or raise KeyError for an absent key. One call
+    at a time reaches the store (a lock): it need not be thread-safe. The callbacks run on the library's threads
     (they take the GIL); an exception in one is the library's error, with its message."""
 
     def __init__(self, store):
         self.store = store
         self._check = getattr(store, "check", None)
-        self._wait = getattr(store, "wait", None)
+        self._compare_set = getattr(store, "compare_set", None)
+        self._lock = threading.Lock()  # one call at a time: a store object need not be thread-safe
         self.callbacks = _StoreCallbacks(None, _STORE_SET(self._set), _STORE_GET(self._get),
                                          _STORE_ADD(self._add), _STORE_DEL(self._del))
 
@@ -469,40 +473,40 @@ class StoreAdapter:
 
     def _set(self, _ctx, key, key_len, value, value_len, err, err_len):
         try:
-            self.store.set(ctypes.string_at(key, key_len).decode(), ctypes.string_at(value, value_len))
+            k, v = ctypes.string_at(key, key_len).decode(), ctypes.string_at(value, value_len)
+            with self._lock:
+                self.store.set(k, v)
             return _STORE_OK
         except BaseException as e:  # never into C: a callback's exception is the call's error
             return self._fail(err, err_len, e)
 
-    def _lookup(self, k, timeout_ms):
-        """k's value, or None when absent after timeout_ms."""
-        import datetime
-        if self._check is not None and self._wait is not None:
-            if timeout_ms > 0 and not self._check([k]):
-                try:
-                    self._wait([k], datetime.timedelta(milliseconds=timeout_ms))
-                except Exception:
-                    pass  # a timeout (or a store that cannot wait): check says
+    def _probe(self, k):
+        """k's value, or None when absent, without waiting."""
+        if self._check is not None:
             return self.store.get(k) if self._check([k]) else None
-        if self._wait is not None:
-            # A torch store without check (torch < 2.1): wait with the smallest timeout for
-            # "no wait" (a torch get of an absent key blocks until the store's own timeout).
-            try:
-                self._wait([k], datetime.timedelta(milliseconds=max(timeout_ms, 1)))
-            except Exception as e:
-                if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                    return None
-                raise
+        if self._compare_set is not None:
+            # torch < 2.1 has no check, and its TCPStore client is out of step with the server
+            # after a wait that timed out: compare_set with a sentinel no value equals reads the
+            # value, or answers the sentinel (and creates nothing) when the key is absent.
+            v = self.store.compare_set(k, _ABSENT, _ABSENT)
+            return None if v == _ABSENT else v
+        try:
             return self.store.get(k)
+        except KeyError:
+            return None
+
+    def _lookup(self, k, timeout_ms):
+        """k's value, or None when still absent after timeout_ms (polled: a store's own wait
+        may not survive its timeout)."""
         deadline = time.monotonic() + timeout_ms / 1000
+        pause = 0.001
         while True:
-            try:
-                v = self.store.get(k)
-            except KeyError:
-                v = None
+            with self._lock:
+                v = self._probe(k)
             if v is not None or time.monotonic() >= deadline:
                 return v
-            time.sleep(0.01)
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(2 * pause, 0.01)
 
     def _get(self, _ctx, key, key_len, timeout_ms, buf, cap, length, err, err_len):
         try:
@@ -521,14 +525,18 @@ class StoreAdapter:
 
     def _add(self, _ctx, key, key_len, delta, value, err, err_len):
         try:
-            value[0] = int(self.store.add(ctypes.string_at(key, key_len).decode(), delta))
+            k = ctypes.string_at(key, key_len).decode()
+            with self._lock:
+                value[0] = int(self.store.add(k, delta))
             return _STORE_OK
         except BaseException as e:
             return self._fail(err, err_len, e)
 
     def _del(self, _ctx, key, key_len, err, err_len):
         try:
-            self.store.delete_key(ctypes.string_at(key, key_len).decode())
+            k = ctypes.string_at(key, key_len).decode()
+            with self._lock:
+                self.store.delete_key(k)
             return _STORE_OK
         except BaseException as e:
             return self._fail(err, err_len, e)
