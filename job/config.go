@@ -71,8 +71,8 @@ type Config struct {
 	// StoreArg names the store argument of the API in use in the error of a world without a
 	// store (gloo.Options.StoreArg).
 	StoreArg string
-	Rank   int    // with Size > 0: this rank (else the launcher's environment)
-	Size   int    // world size (0: the launcher's environment)
+	Rank     int // with Size > 0: this rank (else the launcher's environment)
+	Size     int // world size (0: the launcher's environment)
 	// Timeout bounds rendezvous and every collective of the world (0: parallel.DefaultTimeout).
 	Timeout time.Duration
 	// StepTimeout bounds each consensus step (0: the context's deadline, or the group's).

@@ -53,6 +53,24 @@ static void base_config(cpcache_config *cfg) {
   cfg->l2_pages = 32;
 }
 
+// Store callbacks that are never called (the configs that use them are refused first).
+static int no_set(void *ctx, const char *k, size_t kl, const void *v, size_t vl, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)v, (void)vl, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_get(void *ctx, const char *k, size_t kl, int64_t ms, void *b, size_t cap, size_t *len, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)ms, (void)b, (void)cap, (void)len, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_add(void *ctx, const char *k, size_t kl, int64_t d, int64_t *out, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)d, (void)out, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_del(void *ctx, const char *k, size_t kl, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+
 static void *other_thread(void *arg) {
   (void)arg;
   expect(cpcache_match(0, NULL, 0, NULL, NULL, 0), CPCACHE_ERR_CLOSED);
@@ -438,7 +456,7 @@ int main(void) {
   // ABI 1: a caller built against the ABI-1 header passes a config of the old size (the
   // fields before kv_layout) with abi_version 1; it opens with the ABI-2 fields defaulted.
   {
-    unsigned char old[CPCACHE_CONFIG_SIZE_V1 + 64];
+    unsigned char old[sizeof(cpcache_config) + 64];
     memset(old, 0xAB, sizeof old); // bytes past the old struct are not the caller's: never read
     base_config(&cfg);
     memcpy(old, &cfg, CPCACHE_CONFIG_SIZE_V1);
@@ -464,6 +482,39 @@ int main(void) {
     expect(cpcache_take_freed_l1(c2, NULL, 0, &v1_n), CPCACHE_OK);
     expect_true(v1_n == 0);
     expect(cpcache_close(c2), CPCACHE_OK);
+  }
+
+  // ABI 2: a config of the ABI-2 header (the fields before store) with abi_version 2 opens
+  // with the ABI-3 fields defaulted (no store callbacks, job id or local world).
+  {
+    unsigned char old[sizeof(cpcache_config) + 64];
+    memset(old, 0xAB, sizeof old); // bytes past the old struct are not the caller's: never read
+    base_config(&cfg);
+    memcpy(old, &cfg, CPCACHE_CONFIG_SIZE_V2);
+    cpcache_config *v2 = (cpcache_config *)old;
+    v2->struct_size = CPCACHE_CONFIG_SIZE_V2;
+    v2->abi_version = CPCACHE_ABI_VERSION; // the old size with the new version is neither
+    expect(cpcache_open(v2, &c2), CPCACHE_ERR_SIZE);
+    expect_true(strstr(cpcache_last_error(), "ABI-2") != NULL);
+    v2->abi_version = 2;
+    expect(cpcache_open(v2, &c2), CPCACHE_OK);
+    expect(cpcache_get_info(c2, &info), CPCACHE_OK);
+    expect_true(info.page_bytes == PAGE_BYTES && info.l1_pages == L1_PAGES);
+    expect(cpcache_close(c2), CPCACHE_OK);
+  }
+
+  // A store URL and store callbacks together are CPCACHE_ERR_INVALID naming both; a store
+  // with a NULL callback names it.
+  {
+    cpcache_store cbs;
+    memset(&cbs, 0, sizeof cbs);
+    base_config(&cfg);
+    cfg.store = &cbs;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "callback set, get, add, del is NULL") != NULL);
+    cbs.set = no_set, cbs.get = no_get, cbs.add = no_add, cbs.del = no_del;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "both cpcache_config.store_url") != NULL);
   }
 
   // KV layouts: a bad one is CPCACHE_ERR_INVALID naming the bad value or part.
