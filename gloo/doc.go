@@ -26,8 +26,8 @@
 // job in the same space (the same job id, or none) whose rank 0 finds a live claim fails at
 // once with ErrStoreInUse, and a process that joins a run as a rank another process already
 // joined as fails the same way; when both have the same non-empty job id, the error says two
-// processes claim that rank of the job (ErrDuplicateRank, which wraps ErrStoreInUse). Every other rank acknowledges the claimed run with its own
-// nonce, and rank 0 confirms the list of nonces; every key of the run lives under
+// processes claim that rank of the job (ErrDuplicateRank; it matches ErrStoreInUse too).
+// Every other rank acknowledges the claimed run with its own nonce, and rank 0 confirms the list of nonces; every key of the run lives under
 // "<space>/<run id>/", so keys left by an earlier run are never read. Each group has its own
 // sub-prefix. Rank 0 releases the claim once the world is connected.
 //

@@ -357,10 +357,20 @@ func nonce() string {
 // joining through at the same time (same store, same job id or none).
 var ErrStoreInUse = errors.New("rendezvous store in use by another job")
 
-// ErrDuplicateRank is wrapped by the error of a process given the rank another process of
-// the same job (same store, same job id) is joining as. It wraps ErrStoreInUse too: either
-// way the store is taken.
-var ErrDuplicateRank = fmt.Errorf("%w: two processes claim one rank", ErrStoreInUse)
+// ErrDuplicateRank is matched (errors.Is) by the error of a process given the rank another
+// process of the same job (same store, same job id) is joining as. That error matches
+// ErrStoreInUse too (the run is taken either way), but its message speaks of the rank, not
+// of another job.
+var ErrDuplicateRank = errors.New("two processes claim one rank")
+
+// duplicateRankError is the error of a process whose rank of its job another process holds.
+type duplicateRankError struct{ msg string }
+
+func (e *duplicateRankError) Error() string { return e.msg }
+
+func (e *duplicateRankError) Is(target error) bool {
+	return target == ErrDuplicateRank || target == ErrStoreInUse
+}
 
 // runPoll is how long a non-zero rank waits for the current run's confirmation before it
 // re-reads the claim (it may have read the claim of a run that is over).
@@ -421,8 +431,8 @@ func (st *store) inUse(format string, args ...any) error {
 // duplicateRank is the error of a process that found its rank of job jobID taken by another
 // process joining the same run.
 func (st *store) duplicateRank(rank int, jobID string) error {
-	return fmt.Errorf("gloo: two processes claim rank %d of job %s on %s (every process of a job needs a rank of its own; "+
-		"a second job on this store needs a job id of its own): %w", rank, jobID, st.storeName(), ErrDuplicateRank)
+	return &duplicateRankError{fmt.Sprintf("gloo: two processes claim rank %d of job %s on %s (every process of a job needs a rank of its own; "+
+		"a second job on this store needs a job id of its own)", rank, jobID, st.storeName())}
 }
 
 // agreeRun binds this rank to its own job's run and returns the run's id (every key of the

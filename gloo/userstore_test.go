@@ -166,6 +166,9 @@ func TestCallerStoreDuplicateRankZero(t *testing.T) {
 	if dup == nil || !strings.Contains(dup.Error(), "two processes claim rank 0 of job job-d on the caller's rendezvous store") {
 		t.Fatalf("want one process refused naming the duplicate rank 0, got %v", errs)
 	}
+	if !errors.Is(dup, gloo.ErrStoreInUse) || strings.Contains(dup.Error(), "another job") {
+		t.Fatalf("a duplicate rank is a taken store (ErrStoreInUse) whose message speaks of the rank only: %v", dup)
+	}
 }
 
 func TestCallerStoreReopen200(t *testing.T) {
