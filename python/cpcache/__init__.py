@@ -458,8 +458,9 @@ class StoreAdapter:
 
     def __init__(self, store):
         self.store = store
-        self._check = getattr(store, "check", None)
-        self._compare_set = getattr(store, "compare_set", None)
+        # Whether it has them (not the bound methods: they would keep the store after detach).
+        self._check = callable(getattr(store, "check", None))
+        self._compare_set = callable(getattr(store, "compare_set", None))
         self._lock = threading.Lock()  # one call at a time: a store object need not be thread-safe
         self.callbacks = _StoreCallbacks(None, _STORE_SET(self._set), _STORE_GET(self._get),
                                          _STORE_ADD(self._add), _STORE_DEL(self._del))
@@ -475,23 +476,36 @@ class StoreAdapter:
         try:
             k, v = ctypes.string_at(key, key_len).decode(), ctypes.string_at(value, value_len)
             with self._lock:
-                self.store.set(k, v)
+                self._store().set(k, v)
             return _STORE_OK
         except BaseException as e:  # never into C: a callback's exception is the call's error
             return self._fail(err, err_len, e)
 
+    def detach(self):
+        """Lets the store go: a call the library abandoned that still comes in fails, naming
+        this, instead of keeping the store (a TCPStore client's socket) alive. The callbacks
+        themselves stay (the library may still call them)."""
+        self.store = None
+
+    def _store(self):
+        st = self.store
+        if st is None:
+            raise RuntimeError("the cache this store was given to is closed")
+        return st
+
     def _probe(self, k):
         """k's value, or None when absent, without waiting."""
-        if self._check is not None:
-            return self.store.get(k) if self._check([k]) else None
-        if self._compare_set is not None:
+        store = self._store()
+        if self._check:
+            return store.get(k) if store.check([k]) else None
+        if self._compare_set:
             # torch < 2.1 has no check, and its TCPStore client is out of step with the server
             # after a wait that timed out: compare_set with a sentinel no value equals reads the
             # value, or answers the sentinel (and creates nothing) when the key is absent.
-            v = self.store.compare_set(k, _ABSENT, _ABSENT)
+            v = store.compare_set(k, _ABSENT, _ABSENT)
             return None if v == _ABSENT else v
         try:
-            return self.store.get(k)
+            return store.get(k)
         except KeyError:
             return None
 
@@ -527,7 +541,7 @@ class StoreAdapter:
         try:
             k = ctypes.string_at(key, key_len).decode()
             with self._lock:
-                value[0] = int(self.store.add(k, delta))
+                value[0] = int(self._store().add(k, delta))
             return _STORE_OK
         except BaseException as e:
             return self._fail(err, err_len, e)
@@ -536,7 +550,7 @@ class StoreAdapter:
         try:
             k = ctypes.string_at(key, key_len).decode()
             with self._lock:
-                self.store.delete_key(k)
+                self._store().delete_key(k)
             return _STORE_OK
         except BaseException as e:
             return self._fail(err, err_len, e)
@@ -628,6 +642,7 @@ class Cache:
     _closed = False
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
+    _store_adapter = None  # the StoreAdapter made for store= (detached at close)
 
     def __init__(self, *, l1_pages, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
@@ -675,6 +690,8 @@ class Cache:
         if adapter is not None:
             _STORE_ADAPTERS.append(adapter)
             cfg.store = ctypes.pointer(adapter.callbacks)
+            if adapter is not store:
+                self._store_adapter = adapter  # this cache's own: it lets the store go at close
         _arg("local_world", local_world, _i32)
         cfg.consensus, cfg.job_id, cfg.local_world = _bytes(consensus), _bytes(job_id), local_world
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
@@ -729,6 +746,8 @@ class Cache:
         status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
+        if status != 0 and self._store_adapter is not None:
+            self._store_adapter.detach()
         try:
             _check(status)
         except Error as e:
@@ -774,6 +793,8 @@ class Cache:
             _check(self._lib.cpcache_close(self._h))
         finally:
             self._release_memory()
+            if self._store_adapter is not None:
+                self._store_adapter.detach()
 
     def _release_memory(self):
         """After cpcache_close (the library no longer touches the pool): releases every view

@@ -141,9 +141,11 @@ def open_outcome(rank, world, store, job_id, outfile, env=None):
         os.environ[k] = v
     if isinstance(store, tuple):
         store = tdist.TCPStore(store[0], store[1], is_master=False)
+    # store= and job_id= only when given: the environment's test runs on any binding.
+    kw = {k: v for k, v in (("store", store), ("job_id", job_id)) if v is not None}
     try:
-        with cpcache.Cache(store=store, job_id=job_id, world=world, rank=rank, page_tokens=4, page_bytes=64,
-                           l1_pages=8, l2_pages=16, timeout_ms=4000):
+        with cpcache.Cache(world=world, rank=rank, page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16,
+                           timeout_ms=4000, **kw):
             out = "ok"
     except cpcache.Error as e:
         out = f"{type(e).__name__}: {e}"
@@ -187,6 +189,7 @@ def test_os_environ_set_in_python_counts(tmp_path):
 
 
 def test_tcp_url_of_a_torch_store(tmp_path):
+    # An engine's dist_init_method as it is: a client of that TCPStore is made for the cache.
     port = free_port()
     engine_store = dist.TCPStore("127.0.0.1", port, is_master=True)
     engine_store.set("engine/own", b"v")
@@ -206,3 +209,35 @@ def test_missing_store_names_the_keyword(monkeypatch):
     with pytest.raises(cpcache.ConfigError) as e:
         cpcache.Cache(world=2, rank=0, page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16, timeout_ms=2000)
     assert "store=" in str(e.value) and "--store" not in str(e.value) and "cpcache_config" not in str(e.value)
+
+
+def test_a_store_given_to_a_closed_cache_is_let_go(tmp_path):
+    import gc
+    import weakref
+
+    class DictStore:  # the methods StoreAdapter needs, over a dict
+        def __init__(self):
+            self.d = {}
+
+        def set(self, k, v):
+            self.d[k] = bytes(v)
+
+        def get(self, k):
+            return self.d.get(k)
+
+        def add(self, k, n):
+            self.d[k] = str(int(self.d.get(k, b"0")) + n).encode()
+            return int(self.d[k])
+
+        def delete_key(self, k):
+            return self.d.pop(k, None) is not None
+
+    st = DictStore()
+    st.set("engine/own", b"v")
+    with cpcache.Cache(store=st, job_id="dict", world=1, rank=0, page_tokens=4, page_bytes=64, l1_pages=8, l2_pages=16):
+        pass
+    assert st.d["engine/own"] == b"v" and all(k == "engine/own" or k.startswith("cpcache/") for k in st.d), st.d
+    ref = weakref.ref(st)
+    del st
+    gc.collect()
+    assert ref() is None, "the closed cache's adapter keeps the store"
