@@ -7,7 +7,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
 DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps \
-	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy chromium \
+	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy python3-torch chromium \
 	patchelf debootstrap
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
