@@ -159,7 +159,7 @@ capi-test: build/engine build/bad_calls build/reopen build/fork build/libcuda_fa
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \
 	  if [ $$rc != 3 ] || ! grep -q "peer lost at step" <<<"$$out"; then echo "$$out"; echo "capi-test: want status 3 and 'peer lost', got $$rc"; exit 1; fi
 	CPCACHE_LIBRARY=$(CURDIR)/build/libcpcache.so CPCACHE_BIN=$(CURDIR)/bin/cpcache \
-	  timeout 600 $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests
+	  timeout 1200 $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # cmake-test: CMake builds libcpcache (go build), runs its test, installs the package; an
 # outside project then finds it with find_package(cpcache), links libcpcache.a and runs the
