@@ -294,6 +294,7 @@ const (
 	RoutingID       = 5
 	Subscribe       = 6
 	RcvMore         = 13
+	Events          = 15 // PollIn | PollOut now; reading it processes the socket's commands
 	Linger          = 17
 	MaxMsgSize      = 22 // int64
 	SndHWM          = 23
@@ -517,6 +518,26 @@ func (s *Socket) GetString(opt int) (string, error) {
 		b = b[:i]
 	}
 	return string(b), nil
+}
+
+// GetInt reads an int option (Events, SndHWM, RcvHWM). Reading Events also makes libzmq
+// process the commands its I/O threads left for the socket, whenever it is read: Send
+// processes them only when about a millisecond (3 million CPU ticks) has passed since it
+// last did, so a socket that only sends sees what its peers have taken up to that late.
+func (s *Socket) GetInt(opt int) (int, error) {
+	if err := s.live(); err != nil {
+		return 0, err
+	}
+	t := lib.Load()
+	var x int32
+	n := unsafe.Sizeof(x) // size_t, in and out
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	rc, _, _ := purego.SyscallN(t.getsockopt, s.p, uintptr(opt), uintptr(unsafe.Pointer(&x)), uintptr(unsafe.Pointer(&n)))
+	if int32(rc) != 0 {
+		return 0, fmt.Errorf("zmq: getsockopt %d: %w", opt, t.lastErrno())
+	}
+	return int(x), nil
 }
 
 // endpointCall runs bind or connect (fn) on ep.

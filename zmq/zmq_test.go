@@ -399,3 +399,26 @@ func BenchmarkVersion(b *testing.B) {
 		}
 	}
 }
+
+// TestGetInt: an int option reads back as set; Events of a PUB socket (never blocks) says
+// PollOut and of a SUB with nothing queued not PollIn; a closed socket is an error.
+func TestGetInt(t *testing.T) {
+	c := newCtx(t)
+	pub, sub := newSocket(t, c, PUB), newSocket(t, c, SUB)
+	if err := pub.SetInt(SndHWM, 7); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := pub.GetInt(SndHWM); err != nil || v != 7 {
+		t.Fatalf("SndHWM %d, %v; want 7", v, err)
+	}
+	if ev, err := pub.GetInt(Events); err != nil || ev&PollOut == 0 {
+		t.Fatalf("PUB Events %#x, %v; want PollOut", ev, err)
+	}
+	if ev, err := sub.GetInt(Events); err != nil || ev&PollIn != 0 {
+		t.Fatalf("SUB Events %#x, %v; want no PollIn", ev, err)
+	}
+	sub.Close()
+	if _, err := sub.GetInt(Events); err == nil {
+		t.Fatal("GetInt on a closed socket: no error")
+	}
+}

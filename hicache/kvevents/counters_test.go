@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -117,6 +118,115 @@ func TestEndlessMessageCut(t *testing.T) {
 	}
 }
 
+// readSeqs reads r's batches and hands on their seqs until its connection ends.
+func readSeqs(r *zmtpPeer) <-chan uint64 {
+	seqs := make(chan uint64, 1024)
+	go func() {
+		defer close(seqs)
+		for {
+			msg, err := r.recv()
+			if err != nil {
+				return
+			}
+			seqs <- binary.BigEndian.Uint64(msg[1])
+		}
+	}()
+	return seqs
+}
+
+// nextSeq is the next seq from seqs; false when none comes within 10 s.
+func nextSeq(seqs <-chan uint64) (uint64, bool) {
+	select {
+	case s, ok := <-seqs:
+		return s, ok
+	case <-time.After(10 * time.Second):
+		return 0, false
+	}
+}
+
+// untilSubscribed feeds small batches, seq 0, 1, ..., each once the wait for the one before
+// (2 ms, doubling up to 1 s) ran out, until the subscriber behind seqs gets the last one
+// fed: its subscription has then reached the PUB socket (libzmq sends a subscriber nothing
+// before) and no batch is on its way (they come in order). At most 10 s in all; it returns
+// the seq after the last one fed.
+func untilSubscribed(t *testing.T, src *streamSource, seqs <-chan uint64) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	wait := 2 * time.Millisecond
+	for seq := uint64(0); time.Now().Before(deadline); seq, wait = seq+1, min(2*wait, time.Second) {
+		if src.feed(seq, 1, 16, deadline) == 0 {
+			break
+		}
+		timer := time.NewTimer(wait)
+	waiting:
+		for {
+			select {
+			case s, ok := <-seqs:
+				if !ok {
+					t.Fatal("the subscriber's connection ended")
+				}
+				if s == seq {
+					timer.Stop()
+					return seq + 1
+				}
+			case <-timer.C:
+				break waiting
+			}
+		}
+	}
+	t.Fatal("the subscriber got no batch it was the last one fed within 10 s")
+	return 0
+}
+
+// lockstep publishes batches from seq first to n-1, each once the subscriber behind seqs
+// has the one before, and fails unless each comes, in order.
+func lockstep(t *testing.T, p *Publisher, src *streamSource, seqs <-chan uint64, first, n uint64, tokens int) {
+	t.Helper()
+	for seq := first; seq < n; seq++ {
+		if src.feed(seq, 1, tokens, time.Now().Add(10*time.Second)) == 0 {
+			t.Fatalf("the publisher took no batch %d within 10 s", seq)
+		}
+		got, ok := nextSeq(seqs)
+		if !ok || got != seq {
+			t.Fatalf("the reader got batch %d (%v), want %d: it lost batches; subscribers %+v", got, ok, seq, p.Subscribers())
+		}
+	}
+}
+
+// TestReadingSubscriberLosesNothingAtSendHWM1: a subscriber that takes each batch before
+// the next one is published has none queued when the next comes, so it gets every batch
+// even at the smallest SendHWM, 1. libzmq learns that a subscriber took a batch from a
+// command its I/O thread leaves for the PUB socket, which a send alone processes at most
+// once a millisecond (3 million CPU ticks); the publisher has it processed before each
+// batch, else batches published faster than that were dropped for a subscriber that had
+// taken every one before.
+func TestReadingSubscriberLosesNothingAtSendHWM1(t *testing.T) {
+	const n = 500
+	for _, transport := range []string{"tcp", "ipc"} {
+		t.Run(transport, func(t *testing.T) {
+			ep := freeTCP(t, "*")
+			if transport == "ipc" {
+				ep = "ipc://" + filepath.Join(shortDir(t), "pub")
+			}
+			src := newStreamSource()
+			p, err := Start(src, Options{Endpoint: ep, Linger: -1, SendHWM: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			reader := dialZMTP(t, dialable(ep), "SUB", true)
+			reader.subscribe(t)
+			seqs := readSeqs(reader)
+			first := untilSubscribed(t, src, seqs)
+			before := p.Stats().SubscriberDropped // warm-up batches a slow start overflowed
+			lockstep(t, p, src, seqs, first, first+n, 16)
+			if s := p.Stats(); s.SubscriberDropped != before {
+				t.Fatalf("the guard dropped batches: %d before, %+v", before, s)
+			}
+		})
+	}
+}
+
 // TestStuckSubscriberLosesItsOwnBatches: past its queue (SendHWM) a subscriber that does
 // not read loses batches — its own only: when it reads again it sees the gap in seq, while
 // a reading subscriber beside it (each batch published once it has the previous one) got
@@ -134,48 +244,10 @@ func TestStuckSubscriberLosesItsOwnBatches(t *testing.T) {
 	stuck.subscribe(t)
 	reader := dialZMTP(t, dialable(ep), "SUB", true)
 	reader.subscribe(t)
-	seqs := make(chan uint64, n)
-	go func() {
-		defer close(seqs)
-		for {
-			msg, err := reader.recv()
-			if err != nil {
-				return
-			}
-			seqs <- binary.BigEndian.Uint64(msg[1])
-		}
-	}()
-	next := func() (uint64, bool) {
-		select {
-		case s, ok := <-seqs:
-			return s, ok
-		case <-time.After(10 * time.Second):
-			return 0, false
-		}
-	}
-	// Warm up until the reader gets batches (the stuck one subscribed first).
-	var seq uint64
-	for ; ; seq++ {
-		src.feed(seq, 1, 16, time.Now().Add(time.Second))
-		select {
-		case s := <-seqs:
-			seq = s
-		case <-time.After(2 * time.Millisecond):
-			continue
-		}
-		break
-	}
-	first := seq + 1
-	for seq = first; seq < n; seq++ {
-		src.feed(seq, 1, tokens, time.Now().Add(10*time.Second))
-		got, ok := next()
-		for ok && got < seq { // warm-up batches still on their way
-			got, ok = next()
-		}
-		if !ok || got != seq {
-			t.Fatalf("the reader got batch %d (%v), want %d: it lost batches", got, ok, seq)
-		}
-	}
+	seqs := readSeqs(reader)
+	// The stuck one subscribed first: once the reader gets batches, both do.
+	first := untilSubscribed(t, src, seqs)
+	lockstep(t, p, src, seqs, first, n, tokens)
 	// The stuck one reads now: what it held, then a gap.
 	var got []uint64
 	stuck.setDeadline(2 * time.Second)

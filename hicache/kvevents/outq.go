@@ -15,9 +15,13 @@ import (
 // takes everything libzmq sends for that subscriber at once (so libzmq's own queue stays
 // short), cuts the ZMTP stream into whole units — the greeting, each command, each
 // message with all its frames — and queues them; its writer sends them to the peer. The
-// queue holds at most maxBytes (counting the message being read) and maxMsgs messages: a
-// message that does not fit is dropped whole, so the stream the peer gets stays valid ZMTP,
-// and counted. A subscriber that does not read therefore holds at most maxBytes of the
+// queue holds at most maxBytes (counting the message being read and those being written)
+// and maxMsgs messages besides one being written (as libzmq's queue, whose connection holds
+// the batch it is writing): a message that does not fit is dropped whole, so the stream the
+// peer gets stays valid ZMTP, and counted. The one being written is not counted against
+// maxMsgs because the peer may have all of it before the writer's write returns: a peer that
+// takes each batch before the next is published has then none waiting, and must not lose
+// the next at maxMsgs 1. A subscriber that does not read therefore holds at most maxBytes of the
 // rank's memory (plus the reader's buffers) and loses its own batches; no other waits.
 // Queues share the bytes of equal messages (msgPool): libzmq sends each subscriber the
 // same bytes for a batch, so subscribers stuck at once hold one copy of it.
@@ -152,14 +156,14 @@ func (q *outQueue) release(n int64) {
 }
 
 // push queues a unit whose bytes are reserved; a message (taken from the pool; unit is
-// not kept) past maxMsgs is dropped (false).
+// not kept) past maxMsgs, one being written aside, is dropped (false).
 func (q *outQueue) push(unit []byte, message bool) bool {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return false
 	}
-	if message && q.msgs+q.writing >= q.maxMsgs {
+	if message && q.msgs+max(q.writing-1, 0) >= q.maxMsgs {
 		q.mu.Unlock()
 		q.release(int64(len(unit)))
 		return false

@@ -1,7 +1,10 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
+	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -327,5 +330,56 @@ func TestStuckReplayClientClosed(t *testing.T) {
 	reader := dialZMTP(t, replayEp, "DEALER", true)
 	if got := replayAll(t, reader, 20*time.Second); len(got) != n {
 		t.Fatalf("replay after the stuck client: %d batches, want %d", len(got), n)
+	}
+}
+
+// TestBatchBeingWrittenIsNotQueued: at SendHWM 1 a subscriber's queue whose writer is
+// writing a batch to the connection takes the next batch, and drops the one after (one
+// waiting, one being written): the peer may have all of a batch before the writer's write
+// returns, so a peer that takes each batch before the next is published must lose none.
+func TestBatchBeingWrittenIsNotQueued(t *testing.T) {
+	msgs := [][]byte{bytes.Repeat([]byte{'a'}, 1000), bytes.Repeat([]byte{'b'}, 1000), bytes.Repeat([]byte{'c'}, 1000)}
+	in := pubStream(msgs...)
+	cut1, cut2 := len(pubStream(msgs[0])), len(pubStream(msgs[:2]...))
+	var totals subscriberTotals
+	q := newOutQueue(1<<20, 1, &totals, newMsgPool(&totals.held))
+	peer, conn := net.Pipe() // a write returns once the peer has read all of it
+	defer peer.Close()
+	wrote := make(chan error, 1)
+	go func() { wrote <- q.write(conn) }()
+	sp := &streamSplitter{q: q}
+	if err := sp.feed(in[:cut1]); err != nil {
+		t.Fatal(err)
+	}
+	// The peer reads all of the first batch but its last byte: the writer is writing it.
+	_ = peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, cut2)
+	if _, err := io.ReadFull(peer, got[:cut1-1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.feed(in[cut1:cut2]); err != nil {
+		t.Fatal(err)
+	}
+	if s := q.stats(1, "x"); s.Received != 2 || s.Dropped != 0 || s.QueuedBatches != 2 {
+		t.Fatalf("the batch after the one being written: %+v, want it queued", s)
+	}
+	if err := sp.feed(in[cut2:]); err != nil {
+		t.Fatal(err)
+	}
+	if s := q.stats(1, "x"); s.Received != 3 || s.Dropped != 1 || s.QueuedBatches != 2 {
+		t.Fatalf("a second batch waiting at SendHWM 1: %+v, want it dropped", s)
+	}
+	if _, err := io.ReadFull(peer, got[cut1-1:]); err != nil {
+		t.Fatal(err)
+	}
+	if p := parseUnits(t, got); len(p) != 2 || !bytes.Equal(p[0], msgs[0]) || !bytes.Equal(p[1], msgs[1]) {
+		t.Fatalf("the peer got %d batches, want the first two", len(p))
+	}
+	q.close()
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if s := q.stats(1, "x"); s.Delivered != 2 {
+		t.Fatalf("%+v, want 2 delivered", s)
 	}
 }

@@ -51,15 +51,18 @@ type Options struct {
 	// size is allocated (see the package doc). Subscriptions and requests are a few bytes.
 	MaxMessageBytes int64
 	// SendHWM is each subscriber's queue on the PUB socket in batches (default 1000; also
-	// libzmq's ZMQ_SNDHWM): past it that subscriber loses batches (it sees a gap in seq and
-	// asks the replay socket); no other subscriber waits for it.
+	// libzmq's ZMQ_SNDHWM), besides the batch being written to its connection: past it that
+	// subscriber loses batches (it sees a gap in seq and asks the replay socket); no other
+	// subscriber waits for it. A subscriber that takes each batch before the next one is
+	// published loses none, whatever SendHWM.
 	SendHWM int
 	// SubscriberQueueBytes bounds each subscriber's queue on a bound tcp:// or ipc:// PUB
 	// socket in bytes (default 4 MiB, at least MinSubscriberQueue): the publisher's
 	// listener takes each batch from libzmq at once and queues it for that subscriber's
-	// connection; a batch that does not fit (or past SendHWM batches) is dropped whole for
-	// that subscriber alone, counted (Stats.SubscriberDropped, Subscribers). A batch larger
-	// than the bound reaches no subscriber (each sees the gap and may replay it). Memory per
+	// connection; a batch that does not fit (or past SendHWM batches waiting) is dropped
+	// whole for that subscriber alone, counted (Stats.SubscriberDropped, Subscribers). A
+	// batch larger than the bound reaches no subscriber (each sees the gap and may replay
+	// it). Memory per
 	// subscriber that does not read is at most this plus 320 KiB of buffers, and a batch
 	// queued for several subscribers is held once. A PUB that connects to a subscriber
 	// (not bound) has libzmq's SendHWM only.
@@ -421,6 +424,14 @@ func (p *Publisher) send(b hicache.EventBatch) {
 	}
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], b.Seq)
+	// libzmq learns that a subscriber's connection took batches from commands its I/O
+	// thread leaves for the socket, which Send processes at most once a millisecond: a
+	// subscriber that took every batch would still look SendHWM batches behind after
+	// SendHWM batches in that millisecond, and lose the next. Reading Events processes
+	// them, so a subscriber's queue holds what it has not taken, as SendHWM says.
+	if _, err := p.pub.GetInt(zmq.Events); err != nil {
+		p.logf(fmt.Errorf("kvevents: before batch %d: %w", b.Seq, err))
+	}
 	// A PUB socket never blocks: libzmq queues the batch for each subscriber with room.
 	if err := p.pub.Send(zmq.DontWait, []byte(p.opts.Topic), seq[:], payload); err != nil {
 		p.sendFailed.Add(1)
