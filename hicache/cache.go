@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log"
 	"math"
 	"slices"
 	"sync"
@@ -198,7 +199,26 @@ func New(ctx context.Context, cfg Config) (*Cache, error) {
 		return nil, errors.Join(fmt.Errorf("%w: configuration differs across ranks of group %s (fingerprints %#x..%#x, this rank %#x)",
 			ErrBadConfig, g.Name(), v[0], -v[1], fp), c.Close())
 	}
+	if g.Rank() == 0 && cfg.Layout.Coord(cfg.Rank).DP == 0 {
+		c.warnSmallL2(cfg)
+	}
 	return c, nil
+}
+
+// warnSmallL2 logs a *SmallL2Warning when L2 holds no more pages than L1. New calls it on
+// rank 0 of DP replica 0 only, so that a job warns once (cpcache's launchers give every
+// replica the same sizes and compare them across ranks).
+func (c *Cache) warnSmallL2(cfg Config) {
+	cc := c.core.Config()
+	if cc.PagesPerSlab > cc.L1Pages {
+		return
+	}
+	w := &SmallL2Warning{L1Pages: cc.L1Pages, L2Pages: cc.PagesPerSlab, Slabs: cc.Slabs, Storage: cc.L3}
+	if cfg.Log != nil {
+		cfg.Log(w)
+		return
+	}
+	log.Print(w)
 }
 
 // StartCauseLen bounds the cause text a failing rank sends in a start agreement (AgreeStart,

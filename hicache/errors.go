@@ -79,3 +79,29 @@ func (e *LayoutMismatchError) Error() string {
 }
 
 func (e *LayoutMismatchError) Unwrap() error { return ErrLayoutMismatch }
+
+// SmallL2Warning is what New logs (Config.Log), once per job (on rank 0 of DP replica 0),
+// when L2 holds no more pages than L1. The comparison is per slab against per rank: slab c holds the
+// pages of CP rank c's L1 pool (page i of a sequence lives in pool and slab i mod C), so
+// it equals the group's (C slabs against C pools); comparing one slab with the group's L1
+// would mix a rank's share with the whole. Under write-through every L1 page has an L2
+// copy, so such an L2 holds little beyond L1: with storage it is a staging area (a prefetch
+// or a backup that finds it full frees the L2 copies of L1 pages storage holds, and the
+// pages read from storage pass through it into L1), without storage it adds few hits.
+// SGLang requires a host pool larger than the device pool.
+type SmallL2Warning struct {
+	L1Pages int  // L1 pages of each rank
+	L2Pages int  // L2 pages of each slab
+	Slabs   int  // slabs of the group (its CP size): the group holds Slabs times each
+	Storage bool // an L3 tier is configured
+}
+
+func (w *SmallL2Warning) Error() string {
+	what := "without storage it adds few hits beyond L1: give L2 more pages than L1"
+	if w.Storage {
+		what = "it is a staging area for storage: a prefetch or backup that finds it full frees the L2 copies of L1 pages storage holds, and pages read from storage pass through it into L1"
+	}
+	return fmt.Sprintf("hicache: warning: L2 holds no more pages than L1: %d pages per slab against %d L1 pages per rank "+
+		"(slab c holds the pages of CP rank c's L1 pool; the group: %d against %d): every L1 page has an L2 copy under write-through, so L2 holds little beyond L1; %s",
+		w.L2Pages, w.L1Pages, w.Slabs*w.L2Pages, w.Slabs*w.L1Pages, what)
+}

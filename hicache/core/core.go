@@ -79,6 +79,7 @@ type Stats struct {
 	SkippedBackups             int64 // backups that found no L2 space
 	EvictedL1Pages             int64
 	EvictedL2Pages             int64
+	DroppedL2CopyPages         int64 // L2 copies of stored L1 pages freed for room (the L1 pages stay)
 	DroppedNodes               int64 // nodes removed from every tier
 	Steps                      int64
 	DigestChecks               int64

@@ -19,6 +19,7 @@ type coreRig struct {
 	slabs   *kvtest.MemSlabs
 	l1      [][]byte
 	pending [][]Transfer
+	jobs    [][]StorageJob // storage jobs not yet finished (stepL3)
 	rngs    []*rand.Rand
 	fail    float64 // probability that a transfer fails on a rank
 	pb      int

@@ -110,6 +110,20 @@
 //     queued for release. Release slot: the seq of this rank's first release whose read
 //     has not stopped; every rank frees the agreed prefix of the queue, so no page is
 //     reused while any rank's read may still write it.
+//   - L2 as a staging area: a prefetch (or a backup into L2) that finds L2 full first evicts
+//     L2-only leaves, least recently used first, then frees the L2 copies of stored L1
+//     nodes (dropL2Copies): nodes whose every page storage holds (an acknowledged backup
+//     to storage, or pages a prefetch inserted), with valid L1 pages and no I/O on either
+//     copy, least recently used first and only those holding a page in a slab still
+//     short, until the read fits. The L1 pages stay, so no hit is lost; an L1 eviction
+//     then drops such a node (it has no L2 copy), and a later prefetch reads it again.
+//     Under write-through every L1 page has an L2 copy, so without this rule an L2 no
+//     larger than L1 (per slab against per rank, the same as the group's L2 against its
+//     L1: slab c holds the pages of CP rank c's pool) holds nothing evictable once full,
+//     and every prefetch would be refused for want of room (RefusedNoRoom). The choice reads
+//     only replicated state (the L1 LRU order, the flags, the allocator), so every rank
+//     drops the same copies; the stored flag is in the state digest. A node split while
+//     its storage backup runs is stored, head and tail, once the backup is acknowledged.
 //   - A storage error (unreachable Redis, full disk, a torn or foreign value) is counted
 //     (hicache Stats.StorageErrors) and logged, and is a miss, a shorter read or a
 //     skipped backup; it never blocks a step (storage calls run in the background, each

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/cpcache/cpcache/slab/alloc"
 )
@@ -156,6 +157,55 @@ func (c *Core) evictL2(want int, done func() bool) int {
 	}
 	c.stats.EvictedL2Pages += int64(freed)
 	return freed
+}
+
+// l2CopyDroppable: an L1 node whose L2 copy is a spare: storage holds its pages (stored),
+// its L1 pages are valid (not stale), and no I/O reads or writes either copy (no backup to
+// L2 or load-back in flight, no storage backup reading its L2 pages).
+func l2CopyDroppable(n *treeNode) bool {
+	return n.l1 != nil && n.l2 != nil && n.stored && !n.stale && !n.busy() && n.l3Own == 0
+}
+
+// dropL2Copies frees the L2 copies of stored L1 nodes (l2CopyDroppable), least recently used
+// first and only of nodes holding a page in a slab still short, until k pages from sequence
+// page start fit in L2 or no candidate is left. A node keeps its L1 pages, so no hit is
+// lost: only the L2 backup of pages that storage also holds, which an L1 eviction then
+// drops (evictLeaf) and a later prefetch reads again. It is how L2 stays a staging area
+// when it holds no more than L1: under write-through every L1 page has an L2 copy, so
+// without it a full L2 holds nothing evictable (evictL2 takes L2-only nodes) and every
+// prefetch and backup would be refused for want of room. Replicated: the order and the
+// flags are replicated state.
+func (c *Core) dropL2Copies(start, k int) int {
+	if c.quarantined || !c.cfg.L3 {
+		return 0
+	}
+	C := c.cfg.Slabs
+	dropped := 0
+	short := c.alloc.Shortfall(start, k)
+	for n := c.lruL1.front(); n != nil && slices.ContainsFunc(short, func(x int) bool { return x > 0 }); n = c.lruL1.after(n) {
+		if !l2CopyDroppable(n) {
+			continue
+		}
+		helps := false
+		for j := range n.hashes {
+			if short[(n.depth+j)%C] > 0 {
+				helps = true
+				break
+			}
+		}
+		if !helps {
+			continue
+		}
+		if err := c.alloc.Free(alloc.RangeID(n.id)); err != nil {
+			panic(fmt.Sprintf("core: allocator free of node %d's L2 copy: %v (replica invariant broken)", n.id, err))
+		}
+		n.l2 = nil
+		c.mark(n)
+		dropped += len(n.hashes)
+		short = c.alloc.Shortfall(start, k)
+	}
+	c.stats.DroppedL2CopyPages += int64(dropped)
+	return dropped
 }
 
 // EvictL1 evicts up to pages L1 pages, least recently used unlocked leaves first, never

@@ -67,13 +67,15 @@ func splitIO(n, head *treeNode, at int) {
 	}
 }
 
-// backup reserves L2 for n (evicting L2-only nodes when the pool is full) and queues its
+// backup reserves L2 for n (evicting L2-only nodes when the pool is full, then dropping the
+// L2 copies of stored L1 nodes: dropL2Copies) and queues its
 // write. It returns false, changing nothing else, when no room could be made.
 func (c *Core) backup(n *treeNode) bool {
 	id, k := alloc.RangeID(n.id), len(n.hashes)
 	pages, err := c.alloc.Reserve(id, n.depth, k)
 	if errors.Is(err, alloc.ErrNoSpace) {
 		c.evictL2(1<<62, func() bool { return c.alloc.Fits(n.depth, k) })
+		c.dropL2Copies(n.depth, k)
 		pages, err = c.alloc.Reserve(id, n.depth, k)
 	}
 	if err != nil {

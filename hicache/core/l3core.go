@@ -54,6 +54,7 @@ type putOp struct {
 	seq   uint64
 	node  *treeNode
 	pages int   // the node's pages when the backup started (a split may shorten the node)
+	depth int   // the node's depth then: the heads split off it since lie at this depth or below
 	ev    Event // with events on: the run backed up, as an EventStored of the storage tier
 	// local: this rank's part is written (err: it failed)
 	done bool
@@ -164,7 +165,7 @@ func (c *Core) l3Backup(n *treeNode) {
 	if c.l3.circuitOpen {
 		return
 	}
-	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes)}
+	op := &putOp{seq: c.l3.putSeq, node: n, pages: len(n.hashes), depth: n.depth}
 	if c.ev.on {
 		op.ev = storedEvent(n, TierStorage)
 	}
@@ -355,6 +356,11 @@ func (c *Core) l3Apply(v []int64) {
 		}
 		c.stats.L3BackedUpPages += int64(op.pages)
 		c.evStorage(op.ev)
+		// The node and the heads split off it while the backup ran are stored.
+		for x := op.node; !x.isRoot() && x.depth >= op.depth; x = x.parent {
+			x.stored = true
+			c.mark(x)
+		}
 	}
 	ack := uint64(v[vL3ReleaseAck])
 	for len(c.l3.releases) > 0 && c.l3.releases[0].seq < ack {

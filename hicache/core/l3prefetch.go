@@ -291,6 +291,7 @@ func (c *Core) startRead(q *queryOp, hits int) {
 		c.lockPath(end, 1)
 		c.evictL2(1<<62, func() bool { return c.alloc.Fits(q.start, hits) })
 		c.lockPath(end, -1)
+		c.dropL2Copies(q.start, hits)
 		pages, err = c.alloc.Reserve(rid, q.start, hits)
 	}
 	if err != nil {
@@ -376,6 +377,7 @@ func (c *Core) finishRead(r *readOp, m int, stopped bool, cut PrefetchRefusal) {
 				panic(fmt.Sprintf("core: commit of prefetch range %d: %v (replica invariant broken)", id, err))
 			}
 			n.l2 = slices.Clone(r.pages[:m])
+			n.stored = true
 			// n and the L2-only nodes above it go to the back of the L2 list, deepest
 			// first: every node stays behind its descendants, so that one eviction pass
 			// frees the new leaf and then its parents.

@@ -32,6 +32,10 @@ type treeNode struct {
 	load            *loadOp  // load-back in flight (L1 slots allocated, data arriving)
 	evictAfterWrite bool     // write-back eviction: free L1 once the backup commits
 
+	// stored: storage holds every page of the node (an acknowledged backup of it, or a
+	// prefetch inserted it); an L2 copy of a stored L1 node may be dropped for room
+	// (dropL2Copies).
+	stored   bool
 	l3Pins   int // storage backups in flight on this node or a descendant
 	l3Own    int // storage backups in flight on this node itself
 	lockRef  int // Lock calls on this node or a descendant, not yet unlocked
@@ -113,7 +117,7 @@ func (n *treeNode) unlinkChild(c *treeNode) {
 // decision (match, eviction, backup, load-back) reads.
 func stateTerm(n *treeNode) uint64 {
 	var f uint64
-	for i, b := range [...]bool{n.l1 != nil, n.l2 != nil, n.stale, n.write != nil, n.load != nil, n.evictAfterWrite} {
+	for i, b := range [...]bool{n.l1 != nil, n.l2 != nil, n.stale, n.write != nil, n.load != nil, n.evictAfterWrite, n.stored} {
 		if b {
 			f |= 1 << i
 		}

@@ -267,7 +267,10 @@ func (c *Core) split(n *treeNode, at int) *treeNode {
 	head := &treeNode{
 		id: c.nextID, gen: c.gen, parent: n.parent, key: n.key, depth: n.depth,
 		tokens: n.tokens[: at*P : at*P], hashes: n.hashes[:at:at],
-		stale: n.stale, lockRef: n.lockRef, l3Pins: n.l3Pins, hits: n.hits, children: []*treeNode{n},
+		// A storage backup of n in flight covers the head's pages too: the head is stored
+		// once it is acknowledged (l3Apply), not before.
+		stored: n.stored && n.l3Own == 0,
+		stale:  n.stale, lockRef: n.lockRef, l3Pins: n.l3Pins, hits: n.hits, children: []*treeNode{n},
 		pubL1: n.pubL1, pubL2: n.pubL2, // the head's pages were published with n's
 	}
 	c.nextID++

@@ -81,7 +81,9 @@ type Report struct {
 	// timer, revoked, or short: a storage error or a rejected page).
 	PrefetchRetries      int64 `json:"prefetch_retries"`
 	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
-	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
+	// PrefetchRefusedBy breaks PrefetchRefusedPages down by cause.
+	PrefetchRefusedBy RefusedPages `json:"prefetch_refused_by_cause"`
+	PrefetchCutPages  int64        `json:"prefetch_cut_pages"`
 	// PrefetchCostSkippedPages: stored pages not read because the cost model computes them
 	// faster than storage reads them (agreed, summed over replicas; see Latency.BreakEven).
 	PrefetchCostSkippedPages int64 `json:"prefetch_cost_skipped_pages"`
@@ -184,6 +186,9 @@ func (r *Report) WriteText(w io.Writer) {
 			r.PagesPrefetched, r.PagesBackedUp, r.StorageErrors, r.StorageRejected, r.StorageForged)
 		fmt.Fprintf(w, "  storage I/O          %d pages read, %d written (summed over ranks, each its own pages)\n", r.StoragePagesRead, r.StoragePagesWritten)
 		fmt.Fprintf(w, "  prefetches           %d retried, %d stored pages refused, %d cut, %d skipped for cost\n", r.PrefetchRetries, r.PrefetchRefusedPages, r.PrefetchCutPages, r.PrefetchCostSkippedPages)
+		b := &r.PrefetchRefusedBy
+		fmt.Fprintf(w, "  refused by cause     no L2 room %d, quota %d, tree changed %d, duplicate %d, lost before prefill %d, storage not asked %d\n",
+			b.NoRoom, b.Quota, b.TreeChanged, b.Duplicate, b.Lost, b.NotAsked)
 		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
@@ -253,4 +258,29 @@ func (m *ModelCheck) writeText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  model compute        %d tokens with the cache (%.0f tokens/s per rank), %d without (%.0f tokens/s per rank)\n",
 		m.Tokens, rate(m.Tokens, m.Seconds), m.RefTokens, rate(m.RefTokens, m.RefSeconds))
+}
+
+// RefusedPages breaks the stored pages a run computed instead of reading (prefetch_refused_pages)
+// down by why, after the scheduler's last try: the cause of the cache's last refusal
+// (hicache.PrefetchRefusal: no L2 room, the prefetch quota, a tree changed since the query, a
+// duplicate read of the same continuation), pages read but lost before the prefill (evicted
+// while the request did not hold them), and pages storage could not be asked for again (its
+// circuit open, or the group in quarantine).
+type RefusedPages struct {
+	NoRoom      int64 `json:"no_l2_room"`
+	Quota       int64 `json:"quota"`
+	TreeChanged int64 `json:"tree_changed"`
+	Duplicate   int64 `json:"duplicate"`
+	Lost        int64 `json:"lost"`
+	NotAsked    int64 `json:"not_asked"`
+}
+
+// Add adds o's counts to r.
+func (r *RefusedPages) Add(o RefusedPages) {
+	r.NoRoom += o.NoRoom
+	r.Quota += o.Quota
+	r.TreeChanged += o.TreeChanged
+	r.Duplicate += o.Duplicate
+	r.Lost += o.Lost
+	r.NotAsked += o.NotAsked
 }

@@ -150,7 +150,7 @@ func (s *Scheduler) settle(r workload.Request, pf *pendingPrefetch) (bool, error
 			// what the tree lost is computed, and counted (skipped for cost at the prefill
 			// when the cost rule is why).
 			if !s.costSkipped[r.ID] {
-				s.counts.PrefetchRefusedPages += int64(missing)
+				s.refused(int64(missing), &s.counts.PrefetchRefusedBy.NotAsked)
 			}
 		}
 	}
@@ -212,7 +212,21 @@ func (s *Scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have 
 	case missing <= 0:
 		return retryNo, 0
 	case pf.attempts >= maxPrefetchAttempts:
-		s.counts.PrefetchRefusedPages += int64(missing)
+		by := &s.counts.PrefetchRefusedBy
+		cause := &by.Lost // read (or not refused), then lost before the hold
+		if known {
+			switch out.Refused {
+			case hicache.RefusedNoRoom:
+				cause = &by.NoRoom
+			case hicache.RefusedQuota:
+				cause = &by.Quota
+			case hicache.RefusedTreeChanged:
+				cause = &by.TreeChanged
+			case hicache.RefusedDuplicate:
+				cause = &by.Duplicate
+			}
+		}
+		s.refused(int64(missing), cause)
 		return retryNo, 0
 	case pf.epoch == s.roomEpoch && (len(s.running) > 0 || s.cache.Pending() > 0):
 		return retryWait, 0
@@ -221,6 +235,13 @@ func (s *Scheduler) retryPrefetch(r workload.Request, pf *pendingPrefetch, have 
 	pf.epoch = s.roomEpoch
 	s.counts.PrefetchRetries++
 	return retryAsk, missing
+}
+
+// refused counts n stored pages computed instead of read, under cause (a field of
+// Counts.PrefetchRefusedBy).
+func (s *Scheduler) refused(n int64, cause *int64) {
+	s.counts.PrefetchRefusedPages += n
+	*cause += n
 }
 
 // holdPrefetched settles the prefetches the last step finished, in queue order, before the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvtest"
+	"github.com/cpcache/cpcache/sim/report"
 	"github.com/cpcache/cpcache/sim/vtime"
 	"github.com/cpcache/cpcache/workload"
 )
@@ -42,7 +43,9 @@ type Counts struct {
 	PrefetchDeferrals    int64 `json:"prefetch_deferrals"`
 	PrefetchRetries      int64 `json:"prefetch_retries"`
 	PrefetchRefusedPages int64 `json:"prefetch_refused_pages"`
-	PrefetchCutPages     int64 `json:"prefetch_cut_pages"`
+	// PrefetchRefusedBy breaks PrefetchRefusedPages down by cause.
+	PrefetchRefusedBy report.RefusedPages `json:"prefetch_refused_by_cause"`
+	PrefetchCutPages  int64               `json:"prefetch_cut_pages"`
 	// PrefetchCostSkippedPages: whole prompt pages beyond a request's L1 and L2 hit that it
 	// computed because the cache's cost rule found reading them from storage slower (stored
 	// pages the group skipped, or a continuation not even asked about: see

@@ -98,9 +98,9 @@
 // refused (no L2 room, quota, a changed tree, a duplicate read; Cache.PrefetchOutcome) are
 // asked for again once an admission or a finish changed the room, up to
 // maxPrefetchAttempts (sim/sched) times; what is still refused, and what a read cut or lost
-// (the PrefetchTimeout timer, a revoke, a storage error), is counted in the report, never
-// computed silently. A load-back longer than the cache's load quota is loaded in parts. With
-// TimeConfig.PrefetchSync the scheduler instead waits for a prefetch, for comparison, in
+// (the PrefetchTimeout timer, a revoke, a storage error), is counted in the report (the
+// refused pages by cause: report.RefusedPages), never computed silently. A load-back
+// longer than the cache's load quota is loaded in parts. With TimeConfig.PrefetchSync the scheduler instead waits for a prefetch, for comparison, in
 // scheduler steps in which running requests decode nothing (counted in PrefetchSteps; each
 // makes its one consensus step). Prompt tokens served from prefetched pages are counted as
 // storage hits (HitL3), not L2 hits; the report adds them, the agreed pages prefetched and

@@ -271,6 +271,7 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 			r.PrefetchSteps += x.Replica.PrefetchSteps
 			r.PrefetchRetries += x.Replica.PrefetchRetries
 			r.PrefetchRefusedPages += x.Replica.PrefetchRefusedPages
+			r.PrefetchRefusedBy.Add(x.Replica.PrefetchRefusedBy)
 			r.PrefetchCutPages += x.Replica.PrefetchCutPages
 			r.ConsensusSteps += x.Collectives
 			r.Divergences += x.Divergences
