@@ -69,8 +69,9 @@ CPCACHE_ENTRY(take_freed_l1, (cpcache_t c, int32_t *freed, size_t freed_cap, siz
               (c, freed, freed_cap, n_freed))
 CPCACHE_ENTRY(match_locs,
               (cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
-               cpcache_match_result *out, int64_t *locs, size_t locs_cap),
-              (c, key, key_len, tokens, n, out, locs, locs_cap))
+               cpcache_match_result *out, int64_t *locs, size_t locs_cap, int32_t *l1_slots,
+               size_t slots_cap),
+              (c, key, key_len, tokens, n, out, locs, locs_cap, l1_slots, slots_cap))
 CPCACHE_ENTRY(insert_locs,
               (cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
                const int64_t *locs, size_t n_locs, cpcache_insert_result *out, int64_t *freed,

@@ -538,9 +538,11 @@ int cpcache_take_freed_l1(cpcache_t c, int32_t *freed, size_t freed_cap, size_t 
 /* cpcache_match_key with the device hit as per-token locations: locs[0 ..
  * out->device_pages*page_tokens) is each token's L1 location on this rank (-1: another CP
  * rank's page). locs_cap must hold n rounded down to whole pages (may be NULL with 0 when n
- * is under a page). [R] */
+ * is under a page). l1_slots, when not NULL, gets the device pages' slots as
+ * cpcache_match_key's (slots_cap: at least n / page_tokens). [R] */
 int cpcache_match_locs(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
-                       cpcache_match_result *out, int64_t *locs, size_t locs_cap);
+                       cpcache_match_result *out, int64_t *locs, size_t locs_cap, int32_t *l1_slots,
+                       size_t slots_cap);
 /* cpcache_insert_slots with the request's per-token locations locs[0..n_locs) (n_locs at
  * least n rounded down to whole pages; entries of other ranks' pages and past the whole pages
  * are not read): the cache adopts this rank's whole pages; freed are the locations it does not

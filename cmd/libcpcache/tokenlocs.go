@@ -98,7 +98,8 @@ func (s *session) ownSlots(locs []int64, n int, what string) ([]int32, error) {
 }
 
 //export cpcapi_match_locs
-func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, locs *C.int64_t, locsCap C.size_t) (status C.int) {
+func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, out *C.cpcache_match_result, locs *C.int64_t, locsCap C.size_t,
+	slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_match_locs", func(s *session) error {
 		k, err := keyString(key, uint64(keyLen))
@@ -117,9 +118,15 @@ func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, token
 		if err := needCap(unsafe.Pointer(locs), uint64(locsCap), whole, "locs", whole == 0); err != nil {
 			return err
 		}
+		if err := needCap(unsafe.Pointer(slots), uint64(slotsCap), whole/pt, "l1_slots", true); err != nil {
+			return err
+		}
 		m, err := s.cache.Match(hicache.Request{Tokens: toks, Key: k})
 		if err != nil {
 			return err
+		}
+		if slots != nil && m.DevicePages > 0 {
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), m.DevicePages), m.L1Slots[:m.DevicePages])
 		}
 		if m.DevicePages > 0 {
 			dst := unsafe.Slice((*int64)(unsafe.Pointer(locs)), m.DevicePages*pt)
@@ -169,8 +176,9 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 		if err != nil {
 			return err
 		}
-		// The tree keeps the tokens of new nodes (Go memory); the core does not keep own.
-		res, err := s.cache.InsertSlots(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k}, own)
+		// The C memory is read in place: the core copies the tokens of the nodes it creates
+		// (Core.insertKey) and keeps neither toks nor own.
+		res, err := s.cache.InsertSlots(hicache.Request{Tokens: toks, Key: k}, own)
 		if err != nil {
 			return err
 		}

@@ -302,7 +302,7 @@ MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots d
                          defaults=(None, 0, 0))
 MatchResult.__doc__ = """What match found: node (the deepest matched node's handle), device_pages and
 host_pages (the L1 hit, and the pages beyond it held in L2 only), l1_slots (this rank's slot of
-each device page, -1 for another CP rank's), and the same in tokens: device_indices, an int64
+each device page, -1 for another CP rank's: a list of ints), and the same in tokens: device_indices, an int64
 array (numpy; a torch tensor when asked for) of this rank's L1 location of each device-hit
 token (slot * page_tokens + k; -1 for another CP rank's token), device_tokens
 (device_pages * page_tokens) and host_tokens (SGLang's host_hit_length)."""
@@ -416,7 +416,8 @@ def library():
         # The token-location calls take their arrays as addresses (c_void_p): numpy's and
         # torch's data pointers pass without a conversion per element.
         "cpcache_match_locs": ([_u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                                P(_MatchResult), ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
+                                P(_MatchResult), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                ctypes.c_size_t], ctypes.c_int),
         "cpcache_insert_locs": ([_u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                  ctypes.c_void_p, ctypes.c_size_t, P(_InsertResult), ctypes.c_void_p,
                                  ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
@@ -688,7 +689,10 @@ def _int_ptr(values, what, itemsize):
     bytes (4: int32 tokens, 8: int64 locations): a numpy array or torch tensor of that dtype
     passes by address, another integer dtype is converted (its values checked to fit), a
     list through array('i'/'q'). keep holds the memory alive for the call."""
-    np = _numpy()
+    np = _np or _numpy()
+    if np is not None and type(values) is np.ndarray and values.dtype.itemsize == itemsize and \
+            values.dtype.kind == "i" and values.ndim == 1 and values.flags.c_contiguous:
+        return values.ctypes.data, values.shape[0], values  # the engine's own array, in place
     if _is_torch(values):
         values = _host(values)
     if np is not None and isinstance(values, np.ndarray):
@@ -994,7 +998,7 @@ class Cache:
     def match(self, tokens, key=None, out=None):
         """The longest prefix cached under isolation key key (bytes or str, None or empty:
         the empty key; see insert) [R]: a MatchResult. l1_slots are this rank's slots of the
-        device pages: -1 for a page it does not own (page i is CP rank i mod cp_size's; each
+        device pages (a list): -1 for a page it does not own (page i is CP rank i mod cp_size's; each
         rank's L1 holds only its own pages); device_indices the same per token (location
         slot * page_tokens + k, -1 for another rank's token), an int64 numpy array, or a torch
         tensor when out="torch" or tokens is one (out="numpy" forces numpy). tokens: a list,
@@ -1002,19 +1006,15 @@ class Cache:
         ptr, n, keep = _int_ptr(tokens, "token", 4)
         k = _key(key)
         pt = self._pt
-        whole = n // pt * pt
-        locs = (_i64 * max(whole, 1))()
+        pages = n // pt
+        locs, slots = (_i64 * (pages * pt or 1))(), (_i32 * (pages or 1))()
         res = _MatchResult()
-        _check(self._lib.cpcache_match_locs(self._h, k, len(k), ptr, n, ctypes.byref(res), locs, whole))
+        _check(self._lib.cpcache_match_locs(self._h, k, len(k), ptr, n, ctypes.byref(res), locs, pages * pt, slots,
+                                            pages))
         dp = res.device_pages
-        torch = _want_torch(out, tokens)
-        idx = _locs_out(locs, dp * pt, False)
-        # -1 // page_tokens is -1: another rank's page stays -1.
-        slots = (idx[::pt] // pt).tolist() if _np else [v // pt for v in idx[::pt]]
-        if torch:
-            import torch as _torch
-            idx = _torch.from_numpy(idx)
-        return MatchResult(res.node, dp, res.host_pages, slots, idx, dp * pt, res.host_pages * pt)
+        return MatchResult(res.node, dp, res.host_pages, slots[:dp],
+                           _locs_out(locs, dp * pt, out is not None and _want_torch(out) or out is None and _is_torch(tokens)),
+                           dp * pt, res.host_pages * pt)
 
     def lock(self, node):
         """Pins node's prefix [R]."""
