@@ -75,8 +75,8 @@ CPCACHE_ENTRY(match_locs,
 CPCACHE_ENTRY(insert_locs,
               (cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
                const int64_t *locs, size_t n_locs, cpcache_insert_result *out, int64_t *freed,
-               size_t freed_cap, size_t *n_freed),
-              (c, key, key_len, tokens, n, locs, n_locs, out, freed, freed_cap, n_freed))
+               size_t freed_cap, size_t *n_freed, int64_t *kept, size_t kept_cap, size_t *n_kept),
+              (c, key, key_len, tokens, n, locs, n_locs, out, freed, freed_cap, n_freed, kept, kept_cap, n_kept))
 CPCACHE_ENTRY(load_back_locs,
               (cpcache_t c, cpcache_node_t node, const int64_t *locs, size_t n_locs, int64_t *pages,
                int64_t *freed, size_t freed_cap, size_t *n_freed),

@@ -546,10 +546,15 @@ int cpcache_match_locs(cpcache_t c, const void *key, size_t key_len, const int32
 /* cpcache_insert_slots with the request's per-token locations locs[0..n_locs) (n_locs at
  * least n rounded down to whole pages; entries of other ranks' pages and past the whole pages
  * are not read): the cache adopts this rank's whole pages; freed are the locations it does not
- * keep and those the insert's evictions freed. [R] */
+ * keep and those the insert's evictions freed. kept (may be NULL; else kept_cap at least n
+ * rounded down to whole pages, and n_kept not NULL; it may be locs itself): after the insert,
+ * the cache's locations of the sequence's device hit, as cpcache_match_locs gives them, go to
+ * kept[0..*n_kept) and out->node is that match's node — SGLang's write of the cache's indices
+ * into the request's row, without a second call. [R] */
 int cpcache_insert_locs(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
                         size_t n, const int64_t *locs, size_t n_locs, cpcache_insert_result *out,
-                        int64_t *freed, size_t freed_cap, size_t *n_freed);
+                        int64_t *freed, size_t freed_cap, size_t *n_freed, int64_t *kept,
+                        size_t kept_cap, size_t *n_kept);
 /* cpcache_load_back_slots into locations: locs[0..n_locs) are page_tokens locations for
  * each page cpcache_load_back_plan lists, in order. [R] */
 int cpcache_load_back_locs(cpcache_t c, cpcache_node_t node, const int64_t *locs, size_t n_locs,

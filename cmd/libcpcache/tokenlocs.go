@@ -129,29 +129,34 @@ func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, token
 			copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), m.DevicePages), m.L1Slots[:m.DevicePages])
 		}
 		if m.DevicePages > 0 {
-			dst := unsafe.Slice((*int64)(unsafe.Pointer(locs)), m.DevicePages*pt)
-			for i, sl := range m.L1Slots[:m.DevicePages] {
-				row := dst[i*pt : (i+1)*pt]
-				if sl < 0 {
-					for j := range row {
-						row[j] = -1
-					}
-					continue
-				}
-				base := int64(sl) * int64(pt)
-				for j := range row {
-					row[j] = base + int64(j)
-				}
-			}
+			writeLocs(unsafe.Slice((*int64)(unsafe.Pointer(locs)), m.DevicePages*pt), m.L1Slots[:m.DevicePages], pt)
 		}
 		*out = C.cpcache_match_result{node: C.cpcache_node_t(m.Last), device_pages: C.int64_t(m.DevicePages), host_pages: C.int64_t(m.HostPages)}
 		return nil
 	})
 }
 
+// writeLocs writes the per-token locations of slots (-1 for a negative slot: another rank's
+// page) to dst, page_tokens entries a slot.
+func writeLocs(dst []int64, slots []int32, pt int) {
+	for i, sl := range slots {
+		row := dst[i*pt : (i+1)*pt]
+		if sl < 0 {
+			for j := range row {
+				row[j] = -1
+			}
+			continue
+		}
+		base := int64(sl) * int64(pt)
+		for j := range row {
+			row[j] = base + int64(j)
+		}
+	}
+}
+
 //export cpcapi_insert_locs
 func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, locs *C.int64_t, nLocs C.size_t,
-	out *C.cpcache_insert_result, freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
+	out *C.cpcache_insert_result, freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t, kept *C.int64_t, keptCap C.size_t, nKept *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_insert_locs", func(s *session) error {
 		k, err := keyString(key, uint64(keyLen))
@@ -172,18 +177,40 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 		if err := freedLocs(freed, freedCap, nFreed); err != nil {
 			return err
 		}
+		pt := s.info.pageTokens
+		whole := len(toks) / pt * pt
+		if kept != nil {
+			if err := needCap(unsafe.Pointer(kept), uint64(keptCap), whole, "kept", false); err != nil {
+				return err
+			}
+			if nKept == nil {
+				return fmt.Errorf("%w: n_kept is NULL with kept", errInvalid)
+			}
+		}
 		own, err := s.ownSlots(ls, len(toks), "locs")
 		if err != nil {
 			return err
 		}
 		// The C memory is read in place: the core copies the tokens of the nodes it creates
 		// (Core.insertKey) and keeps neither toks nor own.
-		res, err := s.cache.InsertSlots(hicache.Request{Tokens: toks, Key: k}, own)
+		req := hicache.Request{Tokens: toks, Key: k}
+		res, err := s.cache.InsertSlots(req, own)
 		if err != nil {
 			return err
 		}
 		*out = C.cpcache_insert_result{node: C.cpcache_node_t(res.Last), pages: C.int64_t(res.Pages), backups: C.int64_t(res.Backups)}
 		s.handBackLocs(res.Freed, freed, freedCap, nFreed)
+		if kept != nil {
+			// The cache's locations of the sequence after the insert, as a match gives them
+			// (the same match on every rank: replicated).
+			m, err := s.cache.Match(req)
+			if err != nil {
+				return err
+			}
+			writeLocs(unsafe.Slice((*int64)(unsafe.Pointer(kept)), m.DevicePages*pt), m.L1Slots[:m.DevicePages], pt)
+			*nKept = C.size_t(m.DevicePages * pt)
+			out.node = C.cpcache_node_t(m.Last)
+		}
 		return nil
 	})
 }

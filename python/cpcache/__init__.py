@@ -319,10 +319,11 @@ caller's slots of pages that did not load and those the load's evictions freed."
 SlotsEvicted = namedtuple("SlotsEvicted", "freed pending slots")
 SlotsEvicted.__doc__ = """evict_l1_slots: Evicted's freed and pending pages, and slots: this rank's
 slots freed now (write-back evictions free theirs at a later step: take_freed_l1)."""
-LocsInserted = namedtuple("LocsInserted", "node pages backups freed")
+LocsInserted = namedtuple("LocsInserted", "node pages backups freed kept_tokens", defaults=(0,))
 LocsInserted.__doc__ = """What insert_locs did: the node, pages and backups as InsertResult's, and
 freed: this rank's locations the cache let go (an int64 array: the request's locations of
-pages it did not adopt, and those the insert's evictions freed), for the engine's allocator."""
+pages it did not adopt, and those the insert's evictions freed), for the engine's allocator;
+kept_tokens: how many locations insert_locs(kept=...) wrote (0 without kept)."""
 LocsLoaded = namedtuple("LocsLoaded", "pages tokens freed")
 LocsLoaded.__doc__ = """What load_back_locs started: pages and tokens loading (the group's), and
 freed: the caller's locations of pages that did not load and those the load's evictions freed."""
@@ -420,7 +421,8 @@ def library():
                                 ctypes.c_size_t], ctypes.c_int),
         "cpcache_insert_locs": ([_u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                  ctypes.c_void_p, ctypes.c_size_t, P(_InsertResult), ctypes.c_void_p,
-                                 ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+                                 ctypes.c_size_t, P(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t,
+                                 P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_load_back_locs": ([_u64, _u64, ctypes.c_void_p, ctypes.c_size_t, P(_i64), ctypes.c_void_p,
                                     ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_evict_locs": ([_u64, _i64, P(_i64), P(_i64), ctypes.c_void_p, ctypes.c_size_t,
@@ -722,6 +724,21 @@ def _int_ptr(values, what, itemsize):
                 raise _invalid(f"{what} {i} ({t!r}) is not an int64") from None
         raise
     return (arr.buffer_info()[0] if len(arr) else None), len(arr), arr
+
+
+def _out_ptr(a, what):
+    """(address, capacity) of a caller's int64 array the library writes into: a writable
+    C-contiguous one-dimensional numpy int64 array or CPU torch int64 tensor, else
+    InvalidError (a converted copy would take the writes)."""
+    np = _numpy()
+    if _is_torch(a):
+        if getattr(a, "is_cuda", False) or str(a.dtype) != "torch.int64" or a.dim() != 1 or not a.is_contiguous():
+            raise _invalid(f"{what} must be a contiguous one-dimensional CPU int64 tensor, got {a.dtype} {tuple(a.shape)}")
+        return a.data_ptr(), a.shape[0]
+    if np is None or not isinstance(a, np.ndarray) or a.dtype != np.int64 or a.ndim != 1 or \
+            not a.flags.c_contiguous or not a.flags.writeable:
+        raise _invalid(f"{what} must be a writable C-contiguous one-dimensional int64 numpy array")
+    return a.ctypes.data, a.shape[0]
 
 
 def _locs_out(buf, count, torch):
@@ -1195,25 +1212,34 @@ class Cache:
     def _freed_cap(self, tokens):
         return max(tokens, 64 * self._pt)
 
-    def insert_locs(self, tokens, locs, key=None, out=None):
+    def insert_locs(self, tokens, locs, key=None, out=None, kept=None):
         """insert (under isolation key key) with the request's per-token locations: locs[i]
         is token i's location on this rank (SGLang's req_to_token row; entries of other ranks'
         pages, e.g. -1, and of the partial last page are not read). The cache adopts this
         rank's whole pages, whose locations must be page-aligned and contiguous (else
         InvalidError naming the entry and its value, before any change). Returns LocsInserted,
         whose freed (int64 array) are the locations it does not keep: give them back to the
-        allocator [R]."""
+        allocator [R]. kept: None, or a writable C-contiguous int64 numpy array or CPU torch
+        tensor (locs itself, say) of at least the whole pages' tokens: after the insert the
+        cache's locations of the sequence's device hit are written there, as match() gives
+        them, LocsInserted.kept_tokens says how many and node is that match's (SGLang's write
+        of the cache's indices into the request's row, in the same call)."""
         ptr, n, keep = _int_ptr(tokens, "token", 4)
         lptr, nl, lkeep = _int_ptr(locs, "location", 8)
         k = _key(key)
         res = _InsertResult()
-        cap = self._freed_cap(n // self._pt * self._pt)
+        whole = n // self._pt * self._pt
+        cap = self._freed_cap(whole)
         buf, nf = (_i64 * cap)(), ctypes.c_size_t()
+        kptr = kcap = nk = None
+        if kept is not None:
+            kptr, kcap = _out_ptr(kept, "kept")
+            nk = ctypes.c_size_t()
         _check(self._lib.cpcache_insert_locs(self._h, k, len(k), ptr, n, lptr, nl, ctypes.byref(res), buf, cap,
-                                             ctypes.byref(nf)))
+                                             ctypes.byref(nf), kptr, kcap or 0, nk if nk is None else ctypes.byref(nk)))
         torch = _want_torch(out, locs)
         freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
-        return LocsInserted(res.node, res.pages, res.backups, freed)
+        return LocsInserted(res.node, res.pages, res.backups, freed, nk.value if nk is not None else 0)
 
     def load_back_tokens(self, node):
         """How many locations load_back_locs(node, ...) wants: page_tokens for each page of

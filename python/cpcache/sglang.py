@@ -15,9 +15,9 @@ same order, as SGLang's scheduler makes its tree-cache calls on every TP rank):
                                        an int), host_hit_length = match().host_tokens
   inc_lock_ref(node)                 → Cache.lock(node) [R]
   dec_lock_ref(node)                 → Cache.unlock(node) [R]
-  cache_unfinished_req(req)          → Cache.insert_locs(fill_ids, req_to_token row) [R], the
-                                       freed locations to allocator.free, then Cache.match to
-                                       write the cache's locations into the row; the lock moves
+  cache_unfinished_req(req)          → Cache.insert_locs(fill_ids, req_to_token row, kept=row)
+                                       [R]: the freed locations to allocator.free, the cache's
+                                       locations written into the row; the lock moves
                                        from req.last_node to the new node; req.prefix_indices
                                        and req.last_node are updated, as RadixCache does
   cache_finished_req(req)            → Cache.insert_locs (is_insert) [R]; the duplicates, the
@@ -245,26 +245,25 @@ class HiCache:
         tokens, n = self._fill_tokens(req)
         pt = self.page_size
         whole = n // pt * pt
-        extra = _field(req, "extra_key")
         row = self._row(req, n)
-        res = self.cache.insert_locs(tokens[:whole], row[:whole], key=extra, out=self.tensors)
-        m = self.cache.match(tokens[:whole], key=extra, out=self.tensors)
-        freed = res.freed
-        got = m.device_tokens
+        # One call: the insert, then the cache's locations of the sequence's device hit
+        # written over the row's first kept_tokens (req_to_token rows are contiguous).
+        res = self.cache.insert_locs(tokens[:whole], row[:whole], key=_field(req, "extra_key"), out=self.tensors,
+                                     kept=row[:whole])
+        freed, got = res.freed, res.kept_tokens
         if got < whole and len(freed):
-            # Pages the cache did not take (quarantined, say) stay the running request's.
+            # Pages the cache did not take (quarantined, say) stay the running request's:
+            # row[got:whole] still holds the request's own locations.
             np = cpcache._numpy()
             keep = np.isin(_host(freed), _host(row[got:whole]))
             freed = freed[~keep] if not cpcache._is_torch(freed) else freed[_torch().from_numpy(~keep)]
         self._free(freed)
-        self._depth[m.node] = (got, m.host_tokens)
-        prefix = len(req.prefix_indices)
-        if got > prefix:
-            row[prefix:got] = m.device_indices[prefix:got]
-        self.inc_lock_ref(m.node)
-        self.dec_lock_ref(_field(req, "last_node"))
+        self._depth[res.node] = (got, 0)
+        if res.node != _field(req, "last_node"):
+            self.inc_lock_ref(res.node)
+            self.dec_lock_ref(_field(req, "last_node"))
         req.prefix_indices = row[:n].clone() if self.tensors == "torch" else row[:n].copy()
-        req.last_node = m.node
+        req.last_node = res.node
         try:
             req._cpcache_cached = got  # the tokens of the row the cache holds
         except AttributeError:

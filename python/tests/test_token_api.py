@@ -40,6 +40,13 @@ def test_match_and_insert_in_token_locations(tmp_path):
         # The same pages under other locations: all of them come back, as locations.
         res = c.insert_locs(list(tokens), locs_of([0, 1, 3]))
         assert sorted(res.freed.tolist()) == sorted(locs_of([0, 1, 3]).tolist())
+        # kept: the cache's locations written over the caller's row in the same call.
+        row = locs_of([4, 6, 1])
+        res = c.insert_locs(tokens, row, kept=row)
+        assert sorted(res.freed.tolist()) == sorted(locs_of([4, 6, 1]).tolist()) and res.kept_tokens == 3 * PT
+        assert row.tolist() == locs[:3 * PT].tolist() and res.node == m.node
+        with pytest.raises(cpcache.InvalidError, match="kept must be a writable"):
+            c.insert_locs(tokens, row, kept=row.astype(np.int32))
         # An int64 token array and a list give the same hit.
         assert c.match(tokens.astype(np.int64)).device_indices.tolist() == m.device_indices.tolist()
         assert c.match(tokens.tolist()).device_tokens == 3 * PT
