@@ -741,6 +741,19 @@ def _out_ptr(a, what):
     return a.ctypes.data, a.shape[0]
 
 
+def _locs_copy(buf, count, torch):
+    """_locs_out of a copy of the first count int64 of buf (a scratch buffer the next call
+    overwrites)."""
+    np = _numpy()
+    if np is None:
+        return _locs_out(buf, count, False)
+    a = np.frombuffer(buf, np.int64, count).copy()
+    if torch:
+        import torch as _torch
+        return _torch.from_numpy(a)
+    return a
+
+
 def _locs_out(buf, count, torch):
     """The first count int64 of ctypes buffer buf as an array sharing its memory: numpy (a
     torch tensor when torch), else array('q')."""
@@ -793,6 +806,8 @@ class Cache:
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
     _runner = None  # the helper thread of interruptible collectives (_collective), once used
+    _scratch = None  # match's output buffers, reused (see match)
+    _ins_scratch = None  # insert_locs's
 
     def __init__(self, *, l1_pages=None, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
@@ -1024,14 +1039,23 @@ class Cache:
         k = _key(key)
         pt = self._pt
         pages = n // pt
-        locs, slots = (_i64 * (pages * pt or 1))(), (_i32 * (pages or 1))()
-        res = _MatchResult()
-        _check(self._lib.cpcache_match_locs(self._h, k, len(k), ptr, n, ctypes.byref(res), locs, pages * pt, slots,
-                                            pages))
-        dp = res.device_pages
-        return MatchResult(res.node, dp, res.host_pages, slots[:dp],
-                           _locs_out(locs, dp * pt, out is not None and _want_torch(out) or out is None and _is_torch(tokens)),
-                           dp * pt, res.host_pages * pt)
+        # The library writes into a scratch pair kept between calls (taken off the cache while
+        # in use, so that two threads never share one); the result copies what it needs.
+        scratch, self._scratch = self._scratch, None
+        if scratch is None or scratch[0] < pages:
+            cap = max(pages, 256)
+            scratch = (cap, (_i64 * (cap * pt))(), (_i32 * cap)(), _MatchResult())
+        _, locs, slots, res = scratch
+        try:
+            _check(self._lib.cpcache_match_locs(self._h, k, len(k), ptr, n, ctypes.byref(res), locs, pages * pt, slots,
+                                                pages))
+            dp = res.device_pages
+            return MatchResult(res.node, dp, res.host_pages, slots[:dp],
+                               _locs_copy(locs, dp * pt,
+                                          out is not None and _want_torch(out) or out is None and _is_torch(tokens)),
+                               dp * pt, res.host_pages * pt)
+        finally:
+            self._scratch = scratch
 
     def lock(self, node):
         """Pins node's prefix [R]."""
@@ -1227,19 +1251,26 @@ class Cache:
         ptr, n, keep = _int_ptr(tokens, "token", 4)
         lptr, nl, lkeep = _int_ptr(locs, "location", 8)
         k = _key(key)
-        res = _InsertResult()
         whole = n // self._pt * self._pt
-        cap = self._freed_cap(whole)
-        buf, nf = (_i64 * cap)(), ctypes.c_size_t()
         kptr = kcap = nk = None
         if kept is not None:
             kptr, kcap = _out_ptr(kept, "kept")
             nk = ctypes.c_size_t()
-        _check(self._lib.cpcache_insert_locs(self._h, k, len(k), ptr, n, lptr, nl, ctypes.byref(res), buf, cap,
-                                             ctypes.byref(nf), kptr, kcap or 0, nk if nk is None else ctypes.byref(nk)))
-        torch = _want_torch(out, locs)
-        freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
-        return LocsInserted(res.node, res.pages, res.backups, freed, nk.value if nk is not None else 0)
+        # The freed locations land in a scratch buffer kept between calls (as match's).
+        scratch, self._ins_scratch = self._ins_scratch, None
+        if scratch is None or scratch[0] < whole:
+            cap = self._freed_cap(whole)
+            scratch = (cap, (_i64 * cap)(), _InsertResult(), ctypes.c_size_t())
+        cap, buf, res, nf = scratch
+        try:
+            _check(self._lib.cpcache_insert_locs(self._h, k, len(k), ptr, n, lptr, nl, ctypes.byref(res), buf, cap,
+                                                 ctypes.byref(nf), kptr, kcap or 0,
+                                                 nk if nk is None else ctypes.byref(nk)))
+            torch = _want_torch(out, locs)
+            freed = self._take_rest(_locs_copy(buf, min(nf.value, cap), torch), nf.value, cap, torch)
+            return LocsInserted(res.node, res.pages, res.backups, freed, nk.value if nk is not None else 0)
+        finally:
+            self._ins_scratch = scratch
 
     def load_back_tokens(self, node):
         """How many locations load_back_locs(node, ...) wants: page_tokens for each page of
