@@ -111,6 +111,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--l1-pages", type=int, default=40)
     ap.add_argument("--tensors", choices=["numpy", "torch"], default="numpy")
+    ap.add_argument("--damage", action="store_true",
+                    help="read a loaded-back page from its neighbour's locations (the check must see it)")
     a = ap.parse_args()
     torch = None
     if a.tensors == "torch":
@@ -157,66 +159,78 @@ def main():
         c["steps"] += 1
 
     try:
-        for rnd in range(a.rounds):
-            for client in range(a.clients):
-                prompt = conversation(client, rnd, False)
-                answer = conversation(client, rnd, True)[len(prompt):]
-                req = Req(f"{client}-{rnd}", prompt, answer, extra_key="tenant-a" if client % 2 else None)
-                req.req_pool_idx = pool.alloc()
-                m = tree.match_prefix(RadixKey(prompt, req.extra_key))
-                req.prefix_indices, req.last_node = m.device_indices, m.last_device_node
-                tree.inc_lock_ref(req.last_node)
-                c["hit_device"] += len(m.device_indices)
-                if m.host_hit_length > 0:
-                    loaded, node = tree.init_load_back(m.last_host_node, m.host_hit_length)
-                    if len(loaded):
-                        c["hit_host"] += len(loaded)
-                        cat = torch.cat if torch else np.concatenate
-                        req.prefix_indices = cat([req.prefix_indices, loaded])
-                # Locations for the rest of the sequence (prompt and answer but its last token):
-                # this rank's pages only, after the agreed eviction.
-                total = len(prompt) + len(answer) - 1
-                start = len(req.prefix_indices)
-                req.allocated = total
-                while not tree.make_room(total, start):
-                    step()  # backups in flight: their pages go once committed
-                row = pool.req_to_token[req.req_pool_idx]
-                row[:start] = req.prefix_indices
-                for p in range(start // PT, -(-total // PT)):
-                    if p % cp == me:
-                        got = alloc.alloc(PT)
-                        assert got is not None, f"make_room said there was room: used {cache.l1_used_by(me)} free {len(alloc.free_pages)} out {len(alloc.out)} start {start} total {total} reserved {reserved()} req {c}"
-                        row[p * PT:p * PT + PT] = torch.from_numpy(got) if torch else got
-                running.append(req)
-                tree.ready_to_load_host_cache()
-                for layer in range(LAYERS):  # the forward: each layer waits for its loads
-                    tree.wait_layer(layer)
-                check(prompt, row, start)
-                seq = prompt + answer[:-1]
-                rowl = row.tolist() if hasattr(row, "tolist") else list(row)
-                for layer in range(LAYERS):
-                    vals = kv_values(seq, layer)
-                    for i in range(start, total):
-                        if rowl[i] >= 0:
-                            kv[layer][rowl[i], 0] = vals[i]
-                tree.cache_unfinished_req(req, chunked=True)
-                check(prompt, req.prefix_indices, len(prompt) // PT * PT)
-                for t in answer:  # decode
-                    req.output_ids.append(t)
-                    step()
-                tree.cache_finished_req(req)
-                running.remove(req)
-                pool.free(req.req_pool_idx)
-                c["requests"] += 1
-        while cache.pending():
-            step()
-        assert tree.protected_size() == 0, tree.protected_size()
-        tree.reset()
-        print(f"rank {info.rank} cp {me}/{cp}: " + " ".join(f"{k}={v}" for k, v in c.items())
-              + f" locations_out={len(alloc.out)} bad_frees={alloc.bad}", flush=True)
-        return 1 if c["bad_kv"] or alloc.out or alloc.bad else 0
+        return serve(a, tree, cache, alloc, pool, running, c, check, step, kv, torch, me, cp, info)
+    except cpcache.Error as e:  # the counters so far, and the cache's refusal
+        print(f"rank {info.rank} cp {me}/{cp}: " + " ".join(f"{k}={v}" for k, v in c.items()) + f" error={e}",
+              flush=True)
+        return 1
     finally:
         cache.close()
+
+
+def serve(a, tree, cache, alloc, pool, running, c, check, step, kv, torch, me, cp, info):
+    """The scheduler loop: a.rounds turns of a.clients conversations, one request at a time
+    with a short decode, then the cache reset; 1 on bad KV or a location not back."""
+    for rnd in range(a.rounds):
+        for client in range(a.clients):
+            prompt = conversation(client, rnd, False)
+            answer = conversation(client, rnd, True)[len(prompt):]
+            req = Req(f"{client}-{rnd}", prompt, answer, extra_key="tenant-a" if client % 2 else None)
+            req.req_pool_idx = pool.alloc()
+            m = tree.match_prefix(RadixKey(prompt, req.extra_key))
+            req.prefix_indices, req.last_node = m.device_indices, m.last_device_node
+            tree.inc_lock_ref(req.last_node)
+            c["hit_device"] += len(m.device_indices)
+            if m.host_hit_length > 0:
+                loaded, node = tree.init_load_back(m.last_host_node, m.host_hit_length)
+                if len(loaded):
+                    c["hit_host"] += len(loaded)
+                    if a.damage:  # each page's locations taken from the next page's
+                        loaded = loaded.roll(-PT) if torch else np.roll(loaded, -PT)
+                    cat = torch.cat if torch else np.concatenate
+                    req.prefix_indices = cat([req.prefix_indices, loaded])
+            # Locations for the rest of the sequence (prompt and answer but its last token):
+            # this rank's pages only, after the agreed eviction.
+            total = len(prompt) + len(answer) - 1
+            start = len(req.prefix_indices)
+            req.allocated = total
+            while not tree.make_room(total, start):
+                step()  # backups in flight: their pages go once committed
+            row = pool.req_to_token[req.req_pool_idx]
+            row[:start] = req.prefix_indices
+            for p in range(start // PT, -(-total // PT)):
+                if p % cp == me:
+                    got = alloc.alloc(PT)
+                    assert got is not None, f"make_room said there was room: used {cache.l1_used_by(me)} free {len(alloc.free_pages)} out {len(alloc.out)} start {start} total {total} reserved {reserved()} req {c}"
+                    row[p * PT:p * PT + PT] = torch.from_numpy(got) if torch else got
+            running.append(req)
+            tree.ready_to_load_host_cache()
+            for layer in range(LAYERS):  # the forward: each layer waits for its loads
+                tree.wait_layer(layer)
+            check(prompt, row, start)
+            seq = prompt + answer[:-1]
+            rowl = row.tolist() if hasattr(row, "tolist") else list(row)
+            for layer in range(LAYERS):
+                vals = kv_values(seq, layer)
+                for i in range(start, total):
+                    if rowl[i] >= 0:
+                        kv[layer][rowl[i], 0] = vals[i]
+            tree.cache_unfinished_req(req, chunked=True)
+            check(prompt, req.prefix_indices, len(prompt) // PT * PT)
+            for t in answer:  # decode
+                req.output_ids.append(t)
+                step()
+            tree.cache_finished_req(req)
+            running.remove(req)
+            pool.free(req.req_pool_idx)
+            c["requests"] += 1
+    while cache.pending():
+        step()
+    assert tree.protected_size() == 0, tree.protected_size()
+    tree.reset()
+    print(f"rank {info.rank} cp {me}/{cp}: " + " ".join(f"{k}={v}" for k, v in c.items())
+          + f" locations_out={len(alloc.out)} bad_frees={alloc.bad}", flush=True)
+    return 1 if c["bad_kv"] or alloc.out or alloc.bad else 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,17 @@ def test_fake_scheduler_under_launch(cp, tensors):
         assert kv["requests"] == "18", line
 
 
+def test_fake_scheduler_sees_a_page_in_its_neighbours_locations():
+    """The check is not vacuous: loaded-back pages read from their neighbours' locations
+    make the rank fail, counting bad KV (then the cache refuses the request's row: its
+    locations are held for other pages)."""
+    cmd = [binary(), "launch", "-n", "1", "--", sys.executable, os.path.join(os.path.dirname(__file__), "sglang_rank.py"),
+           "--damage"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert int(re.search(r"bad_kv=(\d+)", out.stdout).group(1)) > 0, out.stdout
+
+
 class Pool:
     def __init__(self):
         self.req_to_token = np.full((2, 64), -1, dtype=np.int64)
