@@ -83,6 +83,11 @@ class _Req:
         self.req_pool_idx, self.prefix_indices, self.last_node, self.extra_key = idx, np.empty(0, np.int64), 0, None
 
 
+class _Params:  # SGLang's MatchPrefixParams
+    def __init__(self, key, req):
+        self.key, self.req = key, req
+
+
 class _Pool:
     def __init__(self, w):
         self.req_to_token = np.stack(w.locs)
@@ -93,21 +98,23 @@ class _NoAlloc:
         pass
 
 
-def sglang_round(cache, w, rnd):
-    """The same steps through HiCache: match_prefix, cache_unfinished_req (insert, match,
-    the row and the lock), check_hicache_events. Timed as one (match = the whole request)."""
+def sglang_round(cache, w, rnd, lists=False):
+    """The same steps through HiCache: match_prefix, cache_unfinished_req (insert with the
+    row kept, the lock), check_hicache_events. Timed as one (match = the whole request).
+    lists: the requests hold Python lists of token ids, as SGLang's Req does (the prompt
+    is converted once, on the request)."""
     toks = w.tokens(rnd)
     tree = cpcache.sglang.HiCache(cache, req_to_token_pool=_Pool(w), token_to_kv_pool_allocator=_NoAlloc(),
                                   page_size=PT, tensors="numpy")
-    reqs = [_Req(toks[r], r) for r in range(w.reqs)]
+    reqs = [_Req(toks[r].tolist() if lists else toks[r], r) for r in range(w.reqs)]
     t_req = t_step = 0
     clock = time.perf_counter_ns
     for st in range(w.steps):
         n = w.prompt + st * PT
         for req in reqs:
-            req.fill_ids = toks[req.req_pool_idx][:n]
+            req.fill_ids = req.origin_input_ids[:n]
             t0 = clock()
-            tree.match_prefix(req.fill_ids)
+            tree.match_prefix(_Params(req.fill_ids, req))
             tree.cache_unfinished_req(req)
             t_req += clock() - t0
         t0 = clock()
@@ -126,6 +133,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--sglang", action="store_true", help="also time the steps through cpcache.sglang.HiCache")
+    ap.add_argument("--lists", action="store_true", help="--sglang with token ids in Python lists, as SGLang's Req")
     a = ap.parse_args()
     lib = cpcache.library()
     if not hasattr(lib, "cpcache_bench_step_go"):
@@ -151,7 +159,7 @@ def main():
                 elif side == "python":
                     r = python_round(cache, w, rnd)
                 else:
-                    r = sglang_round(cache, w, rnd)
+                    r = sglang_round(cache, w, rnd, a.lists)
                 rnd += 1
                 if i > 0:  # round 0 warms up
                     sides[side].append(r)

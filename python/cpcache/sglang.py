@@ -188,6 +188,18 @@ class HiCache:
             return arr[:n]
         return np.concatenate([arr, np.asarray(req.output_ids[:n - len(arr)], dtype=np.int32)])
 
+    def _req_prefix(self, req, tokens):
+        """tokens (a list: SGLang's key, a prefix of origin_input_ids + output_ids) from the
+        request's kept int32 prompt, without converting the list again; the list itself when
+        its ends say it is not such a prefix."""
+        n = len(tokens)
+        if n == 0:
+            return tokens
+        arr = self._tokens(req, n)
+        if len(arr) != n or int(arr[0]) != tokens[0] or int(arr[-1]) != tokens[-1]:
+            return tokens
+        return arr
+
     def _fill_tokens(self, req):
         """req.fill_ids (a prefix of origin_input_ids + output_ids) as int32 tokens, and its length."""
         fill = req.fill_ids
@@ -199,13 +211,19 @@ class HiCache:
 
     def match_prefix(self, key=None, **kwargs):
         """key: token ids (list, numpy array, torch tensor), a RadixKey-like object (token_ids,
-        extra_key: the isolation key), or SGLang's MatchPrefixParams (its .key) [R]."""
+        extra_key: the isolation key), or SGLang's MatchPrefixParams (its .key, and .req) [R].
+        With the request (params.req, or req=...), a list key is read from the request's
+        int32 prompt kept across calls (SGLang's key is a prefix of origin_input_ids +
+        output_ids) instead of converting the list each time."""
         if key is None:
             key = kwargs.get("params") or kwargs.get("key")
+        req = kwargs.get("req")
         inner = _field(key, "key")
         if inner is not None and _field(key, "token_ids") is None:  # MatchPrefixParams
-            key = inner
+            key, req = inner, _field(key, "req", req)
         tokens, extra = self._key(key)
+        if req is not None and isinstance(tokens, list) and _field(req, "origin_input_ids") is not None:
+            tokens = self._req_prefix(req, tokens)
         m = self.cache.match(tokens, key=extra, out=self.tensors)
         self._depth[m.node] = (m.device_tokens, m.host_tokens)
         return MatchResult(m.device_indices, m.node, m.node, m.node, m.host_tokens)
