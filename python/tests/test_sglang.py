@@ -162,3 +162,25 @@ def test_init_load_back_into_allocator_locations(tree):
     assert tree.protected_size() == 0
     tree.reset()
     assert not tree.alloc.out and tree.alloc.bad == 0
+
+
+def test_match_prefix_takes_sglang_params_and_the_requests_tokens(tree):
+    """MatchPrefixParams(key=RadixKey, req=...): the key read from the request's kept int32
+    prompt gives the hit the list gives; a key that is not the request's prefix is read as is."""
+    tokens = list(range(300, 300 + 3 * PT))
+    req = admit(tree, tokens)
+
+    class Params:
+        def __init__(self, key, req):
+            self.key, self.req = key, req
+
+    want = tree.match_prefix(key=fake.RadixKey(tokens)).device_indices.tolist()
+    assert len(want) == 3 * PT
+    other = fake.Req("o", tokens, [1])
+    assert tree.match_prefix(Params(fake.RadixKey(tokens[:2 * PT]), req)).device_indices.tolist() == want[:2 * PT]
+    assert tree.match_prefix(Params(fake.RadixKey(tokens), other)).device_indices.tolist() == want
+    assert tree.match_prefix(Params(fake.RadixKey([9] * PT), req)).device_indices.tolist() == []
+    assert isinstance(req._cpcache_origin[2], np.ndarray)
+    tree.dec_lock_ref(req.last_node)
+    tree.reset()
+    assert not tree.alloc.out and tree.alloc.bad == 0
