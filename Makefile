@@ -21,7 +21,7 @@ TEST_TIMEOUT ?= 40m
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/cpcache/cpcache/internal/version.version=$(VERSION)
 
-.PHONY: install install-test readme-test wheel wheel-test wheel-root-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi
+.PHONY: install install-test readme-test wheel wheel-test wheel-root-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi bench-python
 
 all: build
 
@@ -223,10 +223,19 @@ wheel-root-test: wheel
 
 # bench-capi: per-call cost of the C ABI against the Go API, interleaved in one process
 # (a library with the cpcache_bench hook, in build/bench/), as ratios.
-bench-capi:
-	$(GO) build -tags $(CAPI_TAGS),cpcache_bench -trimpath -ldflags "$(VERSION_LDFLAGS)" -buildmode=c-shared -o build/bench/libcpcache.so ./cmd/libcpcache
+bench-capi: build/bench/libcpcache.so
 	$(CC) -O2 -Iinclude -o build/bench/bench_capi cmd/libcpcache/ctest/bench.c -Lbuild/bench -lcpcache -Wl,-rpath,'$$ORIGIN'
 	build/bench/bench_capi
+
+.PHONY: build/bench/libcpcache.so
+build/bench/libcpcache.so:
+	$(GO) build -tags $(CAPI_TAGS),cpcache_bench -trimpath -ldflags "$(VERSION_LDFLAGS)" -buildmode=c-shared -o build/bench/libcpcache.so ./cmd/libcpcache
+
+# bench-python: the Python binding's cost per scheduler step (64 running requests with
+# 2k-token prompts: match, insert with per-token locations, step) against the same calls on
+# the Go API, in one process on one cache; prints `ratio python_step_vs_go X`.
+bench-python: build/bench/libcpcache.so
+	CPCACHE_LIBRARY=$(CURDIR)/build/bench/libcpcache.so $(TEST_PYTHON) python/bench_step.py --sglang
 
 # demo serves at a load a server would see: 64 conversations of 12 turns, each asking its next
 # turn 4 s (virtual time) after the last, the clients staggered over the gap (about 8 requests

@@ -3,6 +3,7 @@ patchelf, strip and readelf (binutils).
 
 The wheel holds:
   cpcache/__init__.py           the binding
+  cpcache/sglang.py             SGLang's prefix-cache interface over it
   cpcache/libcpcache.so         the library (the binding loads the one next to itself),
                                 RUNPATH $ORIGIN/.libs
   cpcache/bin/cpcache           the cpcache binary, RUNPATH $ORIGIN/../.libs
@@ -320,7 +321,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         elfs, bundled = _stage(lib, binary, tmp)
         tag, why = platform_tag(elfs)
         files = [  # (name in the wheel, bytes, mode)
-            ("cpcache/__init__.py", open(os.path.join(ROOT, "python", "cpcache", "__init__.py"), "rb").read(), 0o644)]
+            (f"cpcache/{name}", open(os.path.join(ROOT, "python", "cpcache", name), "rb").read(), 0o644)
+            for name in ("__init__.py", "sglang.py")]
         for elf in sorted(elfs):
             with open(elf, "rb") as f:
                 files.append((os.path.relpath(elf, tmp), f.read(), 0o755))

@@ -186,19 +186,12 @@ class Scheduler:
             self.ctl.cache.l1_page(slot)[:] = content
 
     def ensure_room(self, lo, hi):
-        """--engine-slots: evicts until every CP rank's allocator has room for its pages among
-        sequence pages [lo, hi). Decided from l1_used_by, equal on every rank, so every rank
-        evicts alike. False when nothing more can be evicted."""
-        cache, cp = self.ctl.cache, self.info.cp_size
-        while True:
-            deficit = sum(max(0, cache.l1_used_by(r) + len(range(lo + (r - lo) % cp, hi, cp)) - self.info.l1_pages)
-                          for r in range(cp))
-            if deficit == 0:
-                return True
-            ev = cache.evict_l1_slots(deficit)
-            self.alloc.give_back(ev.slots)
-            if ev.freed == 0:
-                return False
+        """--engine-slots: the agreed cross-rank eviction (make_room) so that every CP rank's
+        allocator has room for its pages among sequence pages [lo, hi); the freed locations'
+        pages go back to the allocator. False when nothing more can be evicted."""
+        made = self.ctl.cache.make_room(hi * PAGE_TOKENS, lo * PAGE_TOKENS)
+        self.alloc.give_back([int(loc) // PAGE_TOKENS for loc in made.freed[::PAGE_TOKENS]])
+        return made.room
 
     def insert_engine_slots(self, tokens):
         """insert with the engine's slots: room first, then slots for this rank's new pages,

@@ -796,6 +796,67 @@ int main(void) {
     expect(cpcache_flush(c2), CPCACHE_OK);
     expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_OK);
     expect_true(nf == 2 && ((out_slots[0] == 10 && out_slots[1] == 11) || (out_slots[0] == 11 && out_slots[1] == 10)));
+    // Token locations: page slot s is locations s*PAGE_TOKENS.. ; a page's locations must be
+    // page-aligned and contiguous; a freed buffer too small for every page queues the rest.
+    {
+      int64_t locs[2 * PAGE_TOKENS], got[2 * PAGE_TOKENS], freed_locs[2 * PAGE_TOKENS];
+      int32_t slots2[2];
+      for (int i = 0; i < 2 * PAGE_TOKENS; i++) locs[i] = 7 * PAGE_TOKENS + i; // slots 7 and 8
+      locs[PAGE_TOKENS] = 8 * PAGE_TOKENS + 1;
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, NULL, 0, NULL),
+             CPCACHE_ERR_INVALID);
+      expect_true(strstr(cpcache_last_error(), "locs[4] = 33 does not start a page") != NULL);
+      locs[PAGE_TOKENS] = 8 * PAGE_TOKENS, locs[PAGE_TOKENS + 2] = 0;
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, NULL, 0, NULL),
+             CPCACHE_ERR_INVALID);
+      expect_true(strstr(cpcache_last_error(), "locs[6] = 0") != NULL && strstr(cpcache_last_error(), "contiguous") != NULL);
+      locs[PAGE_TOKENS + 2] = 8 * PAGE_TOKENS + 2;
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, PAGE_TOKENS, &ins, freed_locs, 8, &nf, NULL, 0, NULL),
+             CPCACHE_ERR_INVALID);
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, NULL, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, NULL, 0, NULL),
+             CPCACHE_ERR_INVALID);
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, NULL, NULL, 0, NULL),
+             CPCACHE_ERR_INVALID);
+      expect(cpcache_get_stats(c2, &st), CPCACHE_OK);
+      expect_true(st.l1_used == 0); // the bad calls changed nothing
+      size_t nk = 0;
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, got,
+                                 PAGE_TOKENS, &nk),
+             CPCACHE_ERR_SIZE);
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, got,
+                                 2 * PAGE_TOKENS, NULL),
+             CPCACHE_ERR_INVALID);
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, locs, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, NULL,
+                                 0, NULL),
+             CPCACHE_OK);
+      expect_true(ins.pages == 2 && nf == 0);
+      // Again under other locations (slots 1 and 2): they come back; kept gets the cache's.
+      for (int i = 0; i < 2 * PAGE_TOKENS; i++) got[i] = PAGE_TOKENS + i;
+      expect(cpcache_insert_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, got, 2 * PAGE_TOKENS, &ins, freed_locs, 8, &nf, got,
+                                 2 * PAGE_TOKENS, &nk),
+             CPCACHE_OK);
+      expect_true(nf == 2 * PAGE_TOKENS && freed_locs[0] == PAGE_TOKENS && nk == 2 * PAGE_TOKENS);
+      expect_true(got[0] == 7 * PAGE_TOKENS && got[2 * PAGE_TOKENS - 1] == 9 * PAGE_TOKENS - 1);
+      expect(cpcache_match_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, &m, got, PAGE_TOKENS, NULL, 0), CPCACHE_ERR_SIZE);
+      expect(cpcache_match_locs(c2, NULL, 0, es, 2 * PAGE_TOKENS, &m, got, 2 * PAGE_TOKENS, slots2, 2), CPCACHE_OK);
+      expect_true(m.device_pages == 2 && got[0] == 7 * PAGE_TOKENS && got[2 * PAGE_TOKENS - 1] == 9 * PAGE_TOKENS - 1);
+      expect_true(slots2[0] == 7 && slots2[1] == 8);
+      while (cpcache_pending(c2, &ev) == CPCACHE_OK && ev > 0) expect(cpcache_step(c2), CPCACHE_OK);
+      // Room for 16 pages: both cached pages go; a buffer of one page takes the first, the
+      // other waits for cpcache_take_freed_locs.
+      int32_t room = -1;
+      expect(cpcache_make_room(c2, 0, L1_PAGES * PAGE_TOKENS, NULL, &room, freed_locs, PAGE_TOKENS, NULL),
+             CPCACHE_ERR_INVALID);
+      expect(cpcache_make_room(c2, 5, 4, NULL, &room, freed_locs, PAGE_TOKENS, &nf), CPCACHE_ERR_INVALID);
+      expect(cpcache_make_room(c2, 0, L1_PAGES * PAGE_TOKENS, NULL, &room, freed_locs, PAGE_TOKENS, &nf), CPCACHE_OK);
+      expect_true(room == 1 && nf == 2 * PAGE_TOKENS);
+      expect(cpcache_take_freed_locs(c2, freed_locs + PAGE_TOKENS, PAGE_TOKENS, &nf), CPCACHE_OK);
+      expect_true(nf == PAGE_TOKENS && freed_locs[0] % PAGE_TOKENS == 0 && freed_locs[PAGE_TOKENS] % PAGE_TOKENS == 0 &&
+                  freed_locs[0] + freed_locs[PAGE_TOKENS] == 15 * PAGE_TOKENS);
+      expect(cpcache_evict_locs(c2, -1, NULL, NULL, freed_locs, 8, &nf), CPCACHE_ERR_INVALID);
+      expect(cpcache_evict_locs(c2, 1, NULL, NULL, freed_locs, 8, &nf), CPCACHE_OK);
+      expect_true(nf == 0);
+    }
     expect(cpcache_close(c2), CPCACHE_OK);
     expect(cpcache_take_freed_l1(c2, out_slots, 4, &nf), CPCACHE_ERR_CLOSED);
   }
