@@ -7,7 +7,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Debian packages the build and the tests need.
 DEB_PACKAGES := libgloo-dev libhiredis-dev openmpi-bin libopenmpi-dev redis-server iproute2 procps \
-	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy chromium \
+	libzmq5 cmake pkg-config python3 python3-pytest python3-venv python3-pip python3-zmq python3-msgpack python3-numpy python3-torch chromium \
 	patchelf debootstrap
 PKGS := ./...
 # The packages that must build without cgo: everything from the parallel layer up to the
@@ -159,7 +159,7 @@ capi-test: build/engine build/bad_calls build/reopen build/fork build/libcuda_fa
 	  build/engine --attn-cp 4 --exit-rank 2 --exit-step 20 2>&1); rc=$$?; \
 	  if [ $$rc != 3 ] || ! grep -q "peer lost at step" <<<"$$out"; then echo "$$out"; echo "capi-test: want status 3 and 'peer lost', got $$rc"; exit 1; fi
 	CPCACHE_LIBRARY=$(CURDIR)/build/libcpcache.so CPCACHE_BIN=$(CURDIR)/bin/cpcache \
-	  timeout 600 $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests
+	  timeout 1200 $(TEST_PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # cmake-test: CMake builds libcpcache (go build), runs its test, installs the package; an
 # outside project then finds it with find_package(cpcache), links libcpcache.a and runs the

@@ -12,6 +12,12 @@
 // (Options.Timeout or the context's), so a store that accepts connections and never
 // answers fails NewWorld at its timeout with parallel.ErrTimeout.
 //
+// Or through a store the caller runs (Options.Rendezvous, a parallel.Store: an engine's
+// torch.distributed.Store through libcpcache's callbacks): every key written there starts
+// with "cpcache/", creates are counters (key#created) and the claim below is a chain of
+// generations (userKV); each call on it runs in a goroutine of its own and is abandoned at
+// the deadline, so a store that never answers fails NewWorld at its timeout all the same.
+//
 // A run is bound to its job. Every rank of a job has the same job id (Options.JobID, else
 // parallel.JobIDFromEnv: CPCACHE_JOB_ID, which cpcache launch sets, or the launcher's own:
 // torchrun, OpenMPI, Slurm), and a job's keys live in a space of the store of its own
@@ -19,8 +25,9 @@
 // Within a space, rank 0 claims the store for a fresh run id until its deadline; a second
 // job in the same space (the same job id, or none) whose rank 0 finds a live claim fails at
 // once with ErrStoreInUse, and a process that joins a run as a rank another process already
-// joined as fails the same way. Every other rank acknowledges the claimed run with its own
-// nonce, and rank 0 confirms the list of nonces; every key of the run lives under
+// joined as fails the same way; when both have the same non-empty job id, the error says two
+// processes claim that rank of the job (ErrDuplicateRank; it matches ErrStoreInUse too).
+// Every other rank acknowledges the claimed run with its own nonce, and rank 0 confirms the list of nonces; every key of the run lives under
 // "<space>/<run id>/", so keys left by an earlier run are never read. Each group has its own
 // sub-prefix. Rank 0 releases the claim once the world is connected.
 //

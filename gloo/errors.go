@@ -31,3 +31,24 @@ func classify(err error, ctxDeadline bool) error {
 	}
 	return fmt.Errorf("gloo: %s", se.msg)
 }
+
+// NoStoreError is the error of a rank of a world of more than one given no rendezvous store
+// (neither Options.Store, Options.Rendezvous nor CPCACHE_STORE). A bad argument
+// (errors.Is parallel.ErrBadArgument).
+type NoStoreError struct {
+	Rank, Size int
+	// Arg names the store argument of the API in use ("": the cpcache commands' --store or
+	// CPCACHE_STORE).
+	Arg string
+}
+
+func (e *NoStoreError) Error() string {
+	arg := e.Arg
+	if arg == "" {
+		arg = "--store or CPCACHE_STORE (under mpirun: -x CPCACHE_STORE=...)"
+	}
+	return fmt.Sprintf("gloo: no rendezvous store for rank %d of %d: run every rank under `cpcache launch -n N` (which makes one) "+
+		"or give them all the same one, file:///dir or redis://host:port, with %s", e.Rank, e.Size, arg)
+}
+
+func (e *NoStoreError) Unwrap() error { return parallel.ErrBadArgument }

@@ -473,9 +473,12 @@ func (r *redisKV) close() error { return r.c.Close() }
 
 // ---- helpers ----
 
-// pollWait waits until key exists and returns its value, polling with a growing pause;
-// it fails when ctx ends.
+// pollWait waits until key exists and returns its value, polling with a growing pause (a
+// waiter waits itself); it fails when ctx ends.
 func pollWait(ctx context.Context, s kv, key string) ([]byte, error) {
+	if w, ok := s.(waiter); ok {
+		return w.wait(ctx, key)
+	}
 	pause := time.Millisecond
 	for {
 		v, ok, err := s.get(ctx, key)

@@ -37,11 +37,21 @@ func (s storeSpec) addr() string { return net.JoinHostPort(s.host, strconv.Itoa(
 
 // String names the store in messages, without its password.
 func (s storeSpec) String() string {
-	if s.scheme == "file" {
+	switch s.scheme {
+	case "file":
 		return "file store " + s.dir
+	case userScheme:
+		return "the caller's rendezvous store"
 	}
 	return "redis store " + s.addr()
 }
+
+// userScheme is the scheme of a store the caller gives as a parallel.Store
+// (Options.Rendezvous), not as a URL.
+const userScheme = "caller"
+
+// userSpec is the spec of the caller's store: its keys under the default prefix.
+func userSpec() storeSpec { return storeSpec{scheme: userScheme, prefix: defaultPrefix} }
 
 // defaultPrefix is the key prefix when the URL names none.
 const defaultPrefix = "cpcache"
@@ -135,6 +145,8 @@ func reapAge(timeout time.Duration) time.Duration {
 // server that does not talk the protocol or refuses this client fails here.
 func (s storeSpec) openKV(ctx context.Context, timeout time.Duration) (kv, error) {
 	switch s.scheme {
+	case userScheme:
+		return nil, fmt.Errorf("gloo: the caller's store is not opened from its spec")
 	case "file":
 		f, err := openFileKV(s.dir)
 		if err != nil {
@@ -345,6 +357,21 @@ func nonce() string {
 // joining through at the same time (same store, same job id or none).
 var ErrStoreInUse = errors.New("rendezvous store in use by another job")
 
+// ErrDuplicateRank is matched (errors.Is) by the error of a process given the rank another
+// process of the same job (same store, same job id) is joining as. That error matches
+// ErrStoreInUse too (the run is taken either way), but its message speaks of the rank, not
+// of another job.
+var ErrDuplicateRank = errors.New("two processes claim one rank")
+
+// duplicateRankError is the error of a process whose rank of its job another process holds.
+type duplicateRankError struct{ msg string }
+
+func (e *duplicateRankError) Error() string { return e.msg }
+
+func (e *duplicateRankError) Is(target error) bool {
+	return target == ErrDuplicateRank || target == ErrStoreInUse
+}
+
 // runPoll is how long a non-zero rank waits for the current run's confirmation before it
 // re-reads the claim (it may have read the claim of a run that is over).
 const runPoll = 300 * time.Millisecond
@@ -388,9 +415,24 @@ func (c claimInfo) String() string {
 	return fmt.Sprintf("run %s of world size %d (job id %s), joining until %s", c.run, c.size, job, c.expiry.Format(time.RFC3339))
 }
 
+// storeName names the store in messages: its URL (password masked) or the caller's store.
+func (st *store) storeName() string {
+	if st.spec.raw == "" {
+		return st.spec.String()
+	}
+	return redact.URL(st.spec.raw)
+}
+
 func (st *store) inUse(format string, args ...any) error {
-	return fmt.Errorf("gloo: %s is in use: %s; give each job its own store (or every rank of a job the same CPCACHE_JOB_ID, distinct from other jobs'): %w",
-		redact.URL(st.spec.raw), fmt.Sprintf(format, args...), ErrStoreInUse)
+	return fmt.Errorf("gloo: %s is in use: %s; give each job its own store (or every rank of a job the same job id, CPCACHE_JOB_ID, distinct from other jobs'): %w",
+		st.storeName(), fmt.Sprintf(format, args...), ErrStoreInUse)
+}
+
+// duplicateRank is the error of a process that found its rank of job jobID taken by another
+// process joining the same run.
+func (st *store) duplicateRank(rank int, jobID string) error {
+	return &duplicateRankError{fmt.Sprintf("gloo: two processes claim rank %d of job %s on %s (every process of a job needs a rank of its own; "+
+		"a second job on this store needs a job id of its own)", rank, jobID, st.storeName())}
 }
 
 // agreeRun binds this rank to its own job's run and returns the run's id (every key of the
@@ -422,7 +464,10 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 		}
 		if !taken {
 			c, _ := parseClaim(held)
-			return "", nil, st.inUse("rank 0 of another job holds it (%s)", c)
+			if jobID != "" && c.job == jobID {
+				return "", nil, st.duplicateRank(0, jobID)
+			}
+			return "", nil, st.inUse("rank 0 of another job (or another process given rank 0) holds it (%s)", c)
 		}
 		release := func() {
 			rctx, rcancel := context.WithTimeout(context.Background(), closeWait)
@@ -503,6 +548,9 @@ func agreeRun(st *store, space, jobID string, rank, size int, deadline time.Time
 				if _, done, err := st.kv.get(ctx, goKey); err == nil && done {
 					sleepCtx(ctx, 20*time.Millisecond)
 					continue
+				}
+				if jobID != "" && c.job == jobID {
+					return "", nil, st.duplicateRank(rank, jobID)
 				}
 				return "", nil, st.inUse("another process already joined %s as rank %d", c, rank)
 			}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/parallel"
 )
 
@@ -28,6 +29,17 @@ type Options struct {
 	// Store is the rendezvous store URL; "" reads CPCACHE_STORE. A world of one needs none:
 	// without one it meets in a private directory removed with the group.
 	Store string
+	// Rendezvous is a store the caller runs (an engine's torch.distributed.Store), instead of
+	// a URL: every key this package writes in it starts with "cpcache/", so the caller's own
+	// keys are never touched, and every call on it is bounded by the rendezvous deadline (a
+	// call that does not return by then is abandoned). Not with Store.
+	Rendezvous parallel.Store
+	// StoreArg names the store argument of the API in use in the error of a world given
+	// none ("": the cpcache commands' --store or CPCACHE_STORE).
+	StoreArg string
+	// LocalSize is the number of ranks on this machine, with Size (0: unknown). A world whose
+	// ranks are all on one machine (LocalSize == Size) listens on 127.0.0.1.
+	LocalSize int
 	// Rank and Size place this process; Size 0 reads them with parallel.FromEnv (torchrun,
 	// OpenMPI or Slurm variables).
 	Rank, Size int
@@ -79,7 +91,10 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = parallel.DefaultTimeout
 	}
-	local := false
+	if opts.Store != "" && opts.Rendezvous != nil {
+		return nil, badStore("gloo: both a store URL (Store %q) and a store object (Rendezvous): give one", redact.URL(opts.Store))
+	}
+	local := opts.Size > 0 && opts.LocalSize == opts.Size
 	if opts.Size == 0 {
 		env, err := parallel.FromEnv()
 		if err != nil {
@@ -87,32 +102,33 @@ func NewWorld(ctx context.Context, opts Options) (*Group, error) {
 		}
 		opts.Rank, opts.Size = env.Rank, env.WorldSize
 		local = env.LocalWorldSize == env.WorldSize
-		if opts.Store == "" {
+		if opts.Store == "" && opts.Rendezvous == nil {
 			opts.Store = env.Store
 		}
 	}
 	if opts.Size < 1 || opts.Rank < 0 || opts.Rank >= opts.Size {
 		return nil, fmt.Errorf("gloo: %w: rank %d of world size %d", parallel.ErrBadArgument, opts.Rank, opts.Size)
 	}
-	if opts.Store == "" {
+	if opts.Store == "" && opts.Rendezvous == nil {
 		opts.Store = os.Getenv(EnvStore)
 	}
 	ownDir := ""
-	if opts.Store == "" && opts.Size == 1 {
+	if opts.Store == "" && opts.Rendezvous == nil && opts.Size == 1 {
 		dir, err := privateStoreDir()
 		if err != nil {
 			return nil, fmt.Errorf("gloo: %w: the store of a world of one: %v", parallel.ErrBadArgument, err)
 		}
 		ownDir, opts.Store = dir, "file://"+dir
 	}
-	if opts.Store == "" {
-		return nil, badStore("gloo: no rendezvous store for rank %d of %d: run every rank under `cpcache launch -n N` (which makes one) "+
-			"or give them all the same one, file:///dir or redis://host:port, with --store or CPCACHE_STORE (under mpirun: -x CPCACHE_STORE=...)",
-			opts.Rank, opts.Size)
+	if opts.Store == "" && opts.Rendezvous == nil {
+		return nil, &NoStoreError{Rank: opts.Rank, Size: opts.Size, Arg: opts.StoreArg}
 	}
-	spec, err := parseStore(opts.Store)
-	if err != nil {
-		return nil, err
+	spec := userSpec()
+	if opts.Rendezvous == nil {
+		var err error
+		if spec, err = parseStore(opts.Store); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Iface == "" {
 		opts.Iface = os.Getenv(EnvIface)
@@ -185,14 +201,18 @@ func privateStoreDir() (string, error) {
 // rendezvous opens the store and the TCP device, agrees on the run id and connects the
 // world group before deadline; cancelling ctx ends the store calls it waits in.
 func rendezvous(ctx context.Context, opts Options, spec storeSpec, deadline time.Time) (*Group, error) {
-	octx, ocancel := context.WithDeadline(ctx, deadline)
-	b, err := spec.openKV(octx, opts.Timeout)
-	ocancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	var b kv = &userKV{s: opts.Rendezvous}
+	if opts.Rendezvous == nil {
+		octx, ocancel := context.WithDeadline(ctx, deadline)
+		var err error
+		b, err = spec.openKV(octx, opts.Timeout)
+		ocancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	// The store outlives this call (subgroups rendezvous through it): its context is not
 	// ctx, which ends when NewWorld returns, but one that only cancel and close end.

@@ -67,13 +67,16 @@ extern "C" {
 #endif
 
 /* ABI version of this header; cpcache_abi_version() returns the library's. */
-#define CPCACHE_ABI_VERSION 2
+#define CPCACHE_ABI_VERSION 3
 /* Compatibility: cpcache_open takes a config of this header (struct_size
- * sizeof(cpcache_config), abi_version 2) or one built against an ABI-1 header (struct_size
- * CPCACHE_CONFIG_SIZE_V1, abi_version 1): its fields are read as they were, the ABI-2 fields
- * (KV layout, L1 buffers, L2 layout, L1 mode) take their defaults (opaque pages, the pool
- * of l1_kind, page_first, cache-owned slots). Any other pair is CPCACHE_ERR_SIZE. */
+ * sizeof(cpcache_config), abi_version 3) or one built against an older header: an ABI-1
+ * config (struct_size CPCACHE_CONFIG_SIZE_V1, abi_version 1) or an ABI-2 one (struct_size
+ * CPCACHE_CONFIG_SIZE_V2, abi_version 2). Its fields are read as they were; the newer ones
+ * take their defaults: ABI 2's (KV layout, L1 buffers, L2 layout, L1 mode) opaque pages, the
+ * pool of l1_kind, page_first, cache-owned slots; ABI 3's (store, job_id, local_world) none.
+ * Any other pair is CPCACHE_ERR_SIZE. */
 #define CPCACHE_CONFIG_SIZE_V1 offsetof(cpcache_config, kv_layout)
+#define CPCACHE_CONFIG_SIZE_V2 offsetof(cpcache_config, store)
 
 /* Status codes. */
 #define CPCACHE_OK 0
@@ -187,6 +190,40 @@ static inline cpcache_l1_buffer cpcache_l1_block_major_buffer(int32_t layer, int
 #define CPCACHE_POLICY_WRITE_THROUGH_SELECTIVE 1
 #define CPCACHE_POLICY_WRITE_BACK 2
 
+/* A rendezvous store the caller runs (an engine's torch.distributed.Store, its own
+ * key-value service), as callbacks: what the ranks of a job meet through instead of a store
+ * URL (cpcache_config.store). Every key the library writes starts with "cpcache/", so the
+ * caller's own keys are never touched. A key is key_len bytes (also NUL-terminated).
+ *   set: create or replace key with value[0..value_len).
+ *   get: wait up to timeout_ms (0: no wait) for key; when present, write its length to *len
+ *        and, when it fits (*len <= cap), its value to buf[0..*len): CPCACHE_STORE_OK. A value
+ *        that does not fit: the library calls get again with a buffer of *len bytes (values
+ *        above CPCACHE_STORE_MAX_VALUE are an error). Still absent: CPCACHE_STORE_ABSENT.
+ *   add: add delta to the counter at key (absent: 0; its value is the decimal text, as
+ *        torch's stores keep it) and write the new value to *value; add 0 reads it.
+ *   del: remove key (a missing key is not an error).
+ * Each returns CPCACHE_STORE_OK, CPCACHE_STORE_ABSENT (get only) or CPCACHE_STORE_ERROR with
+ * a NUL-terminated message in err[0..err_len).
+ * Threads: the callbacks are called from the library's threads, not only the thread of
+ * cpcache_open, possibly several at once, during cpcache_open and cpcache_close (and never
+ * between). Each call is bounded by the rendezvous deadline (timeout_ms): one that has not
+ * returned by then is abandoned (cpcache_open fails with CPCACHE_ERR_TIMEOUT) and its result
+ * dropped when it returns. The struct is copied at open; ctx and the functions must stay
+ * valid until cpcache_close returns, and for as long as an abandoned call may still run. */
+#define CPCACHE_STORE_OK 0
+#define CPCACHE_STORE_ABSENT 1
+#define CPCACHE_STORE_ERROR (-1)
+#define CPCACHE_STORE_MAX_VALUE (1 << 20)
+typedef struct cpcache_store {
+  void *ctx; /* passed to every callback */
+  int (*set)(void *ctx, const char *key, size_t key_len, const void *value, size_t value_len, char *err,
+             size_t err_len);
+  int (*get)(void *ctx, const char *key, size_t key_len, int64_t timeout_ms, void *buf, size_t cap, size_t *len,
+             char *err, size_t err_len);
+  int (*add)(void *ctx, const char *key, size_t key_len, int64_t delta, int64_t *value, char *err, size_t err_len);
+  int (*del)(void *ctx, const char *key, size_t key_len, char *err, size_t err_len);
+} cpcache_store;
+
 /* Configuration of cpcache_open. Fill it with cpcache_config_init, then set fields. */
 typedef struct cpcache_config {
   uint32_t struct_size; /* sizeof(cpcache_config), set by cpcache_config_init */
@@ -199,7 +236,10 @@ typedef struct cpcache_config {
   /* This process's rank: -1 (default) reads the launcher's environment (torchrun, OpenMPI,
    * Slurm variables, as `cpcache launch` and mpirun set them). */
   int32_t rank;
-  /* Rendezvous store URL (file:///dir or redis://host:port[/prefix]); NULL: CPCACHE_STORE. */
+  /* Rendezvous store URL (file:///dir or redis://host:port[/prefix]); NULL: the store
+   * callbacks (store, ABI 3), else CPCACHE_STORE. Variables (CPCACHE_STORE, CPCACHE_JOB_ID,
+   * the launcher's) are read from the process's environment as it is when cpcache_open is
+   * called (setenv/putenv before it count). */
   const char *store_url;
   /* Consensus backend: NULL or "auto" (shared memory on one host, else Gloo), "shm", "gloo". */
   const char *consensus;
@@ -262,6 +302,19 @@ typedef struct cpcache_config {
    * cpcache_take_freed_l1). Every rank of a replica group must choose the same. ABI-1
    * configs get the default. */
   int32_t l1_mode;
+
+  /* --- ABI 3 --- */
+  /* The rendezvous store as callbacks (see cpcache_store), instead of store_url: NULL (the
+   * default) uses store_url. Not with store_url (CPCACHE_ERR_INVALID naming both). */
+  const cpcache_store *store;
+  /* This job's id: every rank of a job gives the same one, and two jobs meeting through one
+   * store at once different ones (NULL: $CPCACHE_JOB_ID, else the launcher's job id). Two
+   * processes of one job id given the same rank fail with CPCACHE_ERR_CONFIG saying so. */
+  const char *job_id;
+  /* The number of this job's ranks on this machine, with an explicit world and rank (0:
+   * unknown). local_world == world: every rank is on this machine, and the ranks connect over
+   * 127.0.0.1. */
+  int32_t local_world;
 } cpcache_config;
 
 /* Static facts about an open cache (cpcache_get_info). */
@@ -350,12 +403,13 @@ int cpcache_config_init(cpcache_config *cfg);
  * tp, dp, attn_cp, ep, dp_attention, consensus, timeout_ms, storage_url, model and the
  * storage's MAC key; across each replica group page_tokens, page_bytes, slab_backend,
  * l1_pages, l2_pages, policy, write_threshold, min_load_pages and load_quota_pages (rank,
- * store_url, device, pin_host, l1_kind and l1_base are each rank's own). A difference fails
+ * store_url, store, local_world, device, pin_host, l1_kind and l1_base are each rank's own). A difference fails
  * every rank with CPCACHE_ERR_CONFIG naming the field and two ranks' values (a URL's
- * password masked), before any group is made. A rendezvous store (CPCACHE_STORE) that
- * another job is joining through at the same time (the same store and the same
- * CPCACHE_JOB_ID, or none on both) fails at once with CPCACHE_ERR_CONFIG: give each job its
- * own store, or its ranks a CPCACHE_JOB_ID of their own. One cache per process: a second open
+ * password masked), before any group is made. A rendezvous store (store_url, store or
+ * CPCACHE_STORE) that another job is joining through at the same time (the same store and the
+ * same job id, or none on both) fails at once with CPCACHE_ERR_CONFIG: give each job its
+ * own store, or its ranks a job id of their own (job_id, CPCACHE_JOB_ID); a process given a
+ * rank another process of its job holds fails the same way, naming the rank and job. One cache per process: a second open
  * before cpcache_close fails with CPCACHE_ERR_ALREADY_OPEN. [C: every rank of the job] */
 int cpcache_open(const cpcache_config *cfg, cpcache_t *out);
 /* Cancels transfers that have not started, waits for running ones, and releases the cache,

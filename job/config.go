@@ -60,8 +60,19 @@ type Config struct {
 	World  parallel.Group
 	Groups Groups // with World: this rank's groups (Consensus uses KindReplica; KindSlab unless Slabs is set)
 	Store  string // rendezvous store URL ("": CPCACHE_STORE)
-	Rank   int    // with Size > 0: this rank (else the launcher's environment)
-	Size   int    // world size (0: the launcher's environment)
+	// Rendezvous is a store the caller runs (an engine's torch.distributed.Store) to meet
+	// through instead of a URL (gloo.Options.Rendezvous). Not with Store.
+	Rendezvous parallel.Store
+	// JobID tells this job's ranks from another job's on the same store ("": CPCACHE_JOB_ID or
+	// the launcher's; gloo.Options.JobID).
+	JobID string
+	// LocalSize is the number of this job's ranks on this machine, with Size (0: unknown).
+	LocalSize int
+	// StoreArg names the store argument of the API in use in the error of a world without a
+	// store (gloo.Options.StoreArg).
+	StoreArg string
+	Rank     int // with Size > 0: this rank (else the launcher's environment)
+	Size     int // world size (0: the launcher's environment)
 	// Timeout bounds rendezvous and every collective of the world (0: parallel.DefaultTimeout).
 	Timeout time.Duration
 	// StepTimeout bounds each consensus step (0: the context's deadline, or the group's).
@@ -167,6 +178,12 @@ func (c *Config) check() error {
 		return bad("an in-process world needs its groups")
 	case c.World == nil && c.Groups != nil:
 		return bad("groups without their world")
+	case c.Store != "" && c.Rendezvous != nil:
+		return bad("both a rendezvous store URL (Store) and a store object (Rendezvous): give one")
+	case c.World != nil && c.Rendezvous != nil:
+		return bad("a rendezvous store (Rendezvous) with an in-process world")
+	case c.LocalSize < 0 || c.Size > 0 && c.LocalSize > c.Size:
+		return bad("local size %d outside 0..world size %d", c.LocalSize, c.Size)
 	case c.Size < 0:
 		return bad("world size %d is negative", c.Size)
 	case c.Size > 0 && (c.Rank < 0 || c.Rank >= c.Size):

@@ -249,6 +249,9 @@ func TestBadConfigIsNamedBeforeAnyCollective(t *testing.T) {
 		"an in-process world needs its groups": func(c *Config) { c.Groups = nil },
 		"rank 4 outside world size 4":          func(c *Config) { c.World, c.Groups, c.Rank, c.Size = nil, nil, 4, 4 },
 		"a caller's host L1 with a nil base":   func(c *Config) { c.L1 = L1Host },
+		"both a rendezvous store URL (Store) and a store object (Rendezvous)": func(c *Config) {
+			c.World, c.Groups, c.Rank, c.Size, c.Store, c.Rendezvous = nil, nil, 0, 4, "file:///tmp/x", parallel.NewMemStore()
+		},
 	}
 	for want, edit := range cases {
 		cfgs := inProcess(t, nil)
@@ -489,5 +492,30 @@ func TestKVL1ReachesTheCache(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadValue, want)
 		assert.Contains(t, err.Error(), want)
 		assert.Less(t, time.Since(start), 5*time.Second, "%s: no rank waited for", want)
+	}
+}
+
+// TestOpenThroughTheCallersStore: the ranks of a Gloo world meet through a store the caller
+// runs (Rendezvous) under their job id, and a second job with another id on the same store
+// at the same time forms its own world.
+func TestOpenThroughTheCallersStore(t *testing.T) {
+	st := parallel.NewMemStore()
+	var cfgs []Config
+	for _, job := range []string{"a", "b"} {
+		ms := kvtest.NewMemSlabs([]int{0, 1}, 16, 64)
+		for r := range 2 {
+			cfgs = append(cfgs, Config{Rendezvous: st, JobID: job, Rank: r, Size: 2, LocalSize: 2, Timeout: 20 * time.Second,
+				Layout: parallel.LayoutConfig{World: 2, AttnCP: 2}, Slabs: ms, Consensus: "gloo",
+				PageTokens: 4, PageBytes: 64, L1Pages: 8, L2Pages: 16})
+		}
+	}
+	ranks, errs := openAll(t, cfgs)
+	for i, err := range errs {
+		require.NoError(t, err, "job %d rank %d", i/2, i%2)
+	}
+	for i, rk := range ranks {
+		assert.Equal(t, i%2, rk.Rank())
+		assert.Equal(t, 2, rk.World.Size())
+		assert.NoError(t, rk.Close())
 	}
 }

@@ -148,7 +148,8 @@ func (r *Rank) openWorld(ctx context.Context, cfg *Config) error {
 	if cfg.World != nil {
 		r.World = cfg.World
 	} else {
-		world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Rank: cfg.Rank, Size: cfg.Size, Timeout: cfg.Timeout})
+		world, err := gloo.NewWorld(ctx, gloo.Options{Store: cfg.Store, Rendezvous: cfg.Rendezvous, StoreArg: cfg.StoreArg,
+			JobID: cfg.JobID, Rank: cfg.Rank, Size: cfg.Size, LocalSize: cfg.LocalSize, Timeout: cfg.Timeout})
 		if err != nil {
 			return err
 		}

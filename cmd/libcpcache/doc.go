@@ -11,10 +11,13 @@
 //
 // # What the library does at cpcache_open
 //
-// It opens one rank of the job through job.Open (its Config made by jobConfig from the C
-// config), which joins the job — rank and world from the launcher's environment
-// (parallel.FromEnv: cpcache launch, torchrun, mpirun, Slurm) or explicit — through the
-// rendezvous store (gloo.NewWorld), makes the layout's groups (gloo.NewLayoutGroups), the
+// It first makes the Go runtime's environment the process's current one (syncEnviron: the
+// runtime copied it when it started, and a Python caller's os.environ assignments since are
+// putenv calls it would miss). It opens one rank of the job through job.Open (its Config made
+// by jobConfig from the C config), which joins the job — rank and world from the launcher's
+// environment (parallel.FromEnv: cpcache launch, torchrun, mpirun, Slurm) or explicit —
+// through the rendezvous store (gloo.NewWorld): a URL, or the caller's store callbacks
+// (cpcache_config.store: callbackStore, a parallel.Store calling them through C trampolines), makes the layout's groups (gloo.NewLayoutGroups), the
 // consensus group (shm.Consensus: shared memory on one host, else Gloo), the slab set of this
 // rank's CP group (slab.OpenSet: host shared memory, or CUDA IPC with slab/cudaslab's
 // backend in the slab.Spec), the copy engine over the L1 pool, the optional storage

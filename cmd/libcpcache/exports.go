@@ -79,7 +79,15 @@ func cpcapi_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	h, err := openHandle(goConfig(cfg))
+	// Variables set since the process started (Python's os.environ, putenv) count.
+	syncEnviron()
+	gc := goConfig(cfg)
+	if cfg.store != nil {
+		if gc.rendezvous, err = newCallbackStore(cfg.store); err != nil {
+			return fail(fmt.Errorf("cpcache_open: %w", err))
+		}
+	}
+	h, err := openHandle(gc)
 	if err != nil {
 		return fail(fmt.Errorf("cpcache_open: %w", err))
 	}
@@ -90,23 +98,32 @@ func cpcapi_open(cfg *C.cpcache_config, out *C.cpcache_t) (status C.int) {
 // configSizeV1 is sizeof(cpcache_config) in an ABI-1 header: the fields before kv_layout.
 const configSizeV1 = C.uint32_t(unsafe.Offsetof(C.cpcache_config{}.kv_layout))
 
+// configSizeV2 is sizeof(cpcache_config) in an ABI-2 header: the fields before store.
+const configSizeV2 = C.uint32_t(unsafe.Offsetof(C.cpcache_config{}.store))
+
 // currentConfig is cfg as this header's cpcache_config: itself when it is one (struct_size
-// and abi_version of this header), or a copy of an ABI-1 caller's config (struct_size
-// configSizeV1, abi_version 1) whose ABI-2 fields take their defaults (zero: opaque pages,
-// the pool of l1_kind, page_first, cache-owned L1 slots). Any other pair is errSize naming both.
+// and abi_version of this header), or a copy of an older caller's config (struct_size
+// configSizeV1 with abi_version 1, or configSizeV2 with 2) whose newer fields take their
+// defaults (zero: opaque pages, the pool of l1_kind, page_first, cache-owned L1 slots; no
+// store callbacks, job id or local world). Any other pair is errSize naming both.
 func currentConfig(cfg *C.cpcache_config) (*C.cpcache_config, error) {
+	older := func(size C.uint32_t) *C.cpcache_config {
+		// Only the old struct's bytes are the caller's: copy them into a zeroed current config.
+		up := new(C.cpcache_config)
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(up)), size), unsafe.Slice((*byte)(unsafe.Pointer(cfg)), size))
+		up.struct_size, up.abi_version = C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION
+		return up
+	}
 	switch {
 	case cfg.struct_size == C.sizeof_cpcache_config && cfg.abi_version == C.CPCACHE_ABI_VERSION:
 		return cfg, nil
 	case cfg.struct_size == configSizeV1 && cfg.abi_version == 1:
-		// Only the ABI-1 bytes are the caller's: copy them into a zeroed current config.
-		up := new(C.cpcache_config)
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(up)), configSizeV1), unsafe.Slice((*byte)(unsafe.Pointer(cfg)), configSizeV1))
-		up.struct_size, up.abi_version = C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION
-		return up, nil
+		return older(configSizeV1), nil
+	case cfg.struct_size == configSizeV2 && cfg.abi_version == 2:
+		return older(configSizeV2), nil
 	}
-	return nil, fmt.Errorf("%w: cpcache_open: config struct_size %d, abi_version %d; this library takes %d with abi_version %d, or an ABI-1 config (%d, 1) (call cpcache_config_init; rebuild against this cpcache.h)",
-		errSize, cfg.struct_size, cfg.abi_version, C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION, configSizeV1)
+	return nil, fmt.Errorf("%w: cpcache_open: config struct_size %d, abi_version %d; this library takes %d with abi_version %d, an ABI-2 config (%d, 2) or an ABI-1 config (%d, 1) (call cpcache_config_init; rebuild against this cpcache.h)",
+		errSize, cfg.struct_size, cfg.abi_version, C.sizeof_cpcache_config, C.CPCACHE_ABI_VERSION, configSizeV2, configSizeV1)
 }
 
 // goConfig copies a C configuration into Go values (checkConfig judges them).
@@ -136,7 +153,8 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		},
 		l1ModeIn:   int(cfg.l1_mode),
 		storageURL: str(cfg.storage_url), model: str(cfg.model),
-		kv: goKVConfig(cfg, str),
+		kv:    goKVConfig(cfg, str),
+		jobID: str(cfg.job_id), localWorld: int(cfg.local_world),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/hostengine"
 	"github.com/cpcache/cpcache/internal/hostmem"
+	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 )
@@ -50,7 +51,14 @@ type openConfig struct {
 	storageURL string
 	model      string
 	kv         kvConfig // ABI 2: KV layout, the engine's L1 buffers, L2 layout
+	// ABI 3: the caller's store callbacks (nil: store), the job id, the ranks on this machine.
+	rendezvous parallel.Store
+	jobID      string
+	localWorld int
 }
+
+// storeArg names the store arguments of the C ABI in the error of a world without a store.
+const storeArg = "cpcache_config.store_url (a URL), cpcache_config.store (callbacks) or CPCACHE_STORE"
 
 // maxTimeoutMs is the largest timeout_ms a time.Duration holds (about 292 years).
 const maxTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -68,6 +76,10 @@ func checkConfig(c *openConfig) error {
 	switch {
 	case c.layout.World < 0:
 		return bad("world %d is negative", c.layout.World)
+	case c.store != "" && c.rendezvous != nil:
+		return bad("both cpcache_config.store_url (%q) and cpcache_config.store: give one", redact.URL(c.store))
+	case c.localWorld < 0 || c.localWorld > 0 && (c.layout.World == 0 || c.localWorld > c.layout.World):
+		return bad("local_world %d (want 0, or 1..world with an explicit world)", c.localWorld)
 	case c.rank < -1:
 		return bad("rank %d (want -1 for the launcher's, or 0..world-1)", c.rank)
 	case c.rank >= 0 && c.layout.World == 0:
@@ -203,7 +215,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 // jobConfig is c as a job.Config: the C ABI's L1 kinds and slab backends in job's terms.
 func jobConfig(c *openConfig) job.Config {
 	jc := job.Config{
-		Store: c.store, Timeout: c.timeout, StepTimeout: c.timeout, Layout: c.layout,
+		Store: c.store, Rendezvous: c.rendezvous, JobID: c.jobID, StoreArg: storeArg, Timeout: c.timeout, StepTimeout: c.timeout, Layout: c.layout,
 		PageTokens: c.pageTokens, PageBytes: c.pageBytes, L1Pages: c.l1Pages, L2Pages: c.l2Pages,
 		Options: c.options, Consensus: c.consensus, L1Base: c.l1Base, Device: c.device,
 		Tag: "libcpcache", SlabLayout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens),
@@ -211,7 +223,7 @@ func jobConfig(c *openConfig) job.Config {
 		KVLayout: c.kv.kvLayout, L1Buffers: c.kv.kvBufs, L2Layout: c.kv.l2Layout,
 	}
 	if c.rank >= 0 {
-		jc.Rank, jc.Size = c.rank, c.layout.World
+		jc.Rank, jc.Size, jc.LocalSize = c.rank, c.layout.World, c.localWorld
 	}
 	switch {
 	case c.kv.device:

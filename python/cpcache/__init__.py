@@ -56,6 +56,7 @@ import signal
 import sys
 from _signal import getsignal as _signal_getsignal  # signal.getsignal without its enum conversion
 import threading
+import time
 import warnings
 import weakref
 from collections import namedtuple
@@ -68,9 +69,10 @@ __all__ = [
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
     "KV_SHARDED", "KV_REPLICATED", "MEM_HOST", "MEM_DEVICE", "L1Buffer", "token_slot_buffer", "block_major_buffers",
+    "StoreAdapter",
 ]
 
-ABI_VERSION = 2  # CPCACHE_ABI_VERSION of the header this module mirrors
+ABI_VERSION = 3  # CPCACHE_ABI_VERSION of the header this module mirrors
 
 SLAB_HOST, SLAB_CUDA_IPC = 0, 1
 L1_ALLOC, L1_HOST, L1_DEVICE = 0, 1, 2
@@ -148,6 +150,24 @@ class _L1Buffer(ctypes.Structure):
                 ("bytes", _i64), ("page_stride", _i64), ("token_stride", _i64)]
 
 
+# cpcache_store's callbacks (include/cpcache.h).
+_STORE_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                              ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
+_STORE_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, _i64, ctypes.c_void_p,
+                              ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t)
+_STORE_ADD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, _i64,
+                              ctypes.POINTER(_i64), ctypes.c_void_p, ctypes.c_size_t)
+_STORE_DEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                              ctypes.c_size_t)
+_STORE_OK, _STORE_ABSENT, _STORE_ERROR = 0, 1, -1
+_ABSENT = b"\0cpcache: absent\0"  # compare_set's sentinel: no value the library writes equals it
+
+
+class _StoreCallbacks(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("set", _STORE_SET), ("get", _STORE_GET), ("add", _STORE_ADD),
+                ("del", _STORE_DEL)]
+
+
 class _Config(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("abi_version", _u32),
                 ("world", _i32), ("tp", _i32), ("dp", _i32), ("attn_cp", _i32), ("ep", _i32),
@@ -162,7 +182,9 @@ class _Config(ctypes.Structure):
                 # ABI 2
                 ("kv_layout", ctypes.c_char_p), ("kv_parts", ctypes.POINTER(_KVPart)), ("kv_num_parts", _i32),
                 ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
-                ("l2_layout", _i32), ("l1_mode", _i32)]
+                ("l2_layout", _i32), ("l1_mode", _i32),
+                # ABI 3
+                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32)]
 
 
 L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner token_bytes slots",
@@ -433,6 +455,8 @@ _PY_TERMS = [
 
 def _python_terms(msg):
     """msg of a cpcache_open error with the C fields named as Cache()'s arguments."""
+    for c_name, py_name in _C_ARGS:
+        msg = msg.replace(c_name, py_name)
     for pattern, repl in _PY_TERMS:
         msg = pattern.sub(repl, msg)
     return msg
@@ -612,6 +636,169 @@ def _bytes(s):
     return s.encode() if isinstance(s, str) else s
 
 
+# Every store adapter made, for the life of the library: a store call the library abandoned
+# at its deadline may still return (into the adapter's callbacks) after the cache closed.
+_STORE_ADAPTERS = []
+
+
+class StoreAdapter:
+    """A rendezvous store object as the library's store callbacks (cpcache_store): any
+    torch.distributed.Store (TCPStore, FileStore, PrefixStore, HashStore) or any object with
+    set(key, value), get(key), add(key, delta) and delete_key(key), and check(keys) and
+    wait(keys, timedelta) when it has them. The library writes only keys under "cpcache/";
+    the store's other keys are never touched.
+
+    A get that may wait polls (a torch store's own wait may leave its TCPStore client out of
+    step once it times out): check([key]) then get when the store has check;
+    compare_set(key, sentinel, sentinel) when it has compare_set (torch < 2.1; it creates
+    nothing); else get, which must return None or raise KeyError for an absent key. One call
+    at a time reaches the store (a lock): it need not be thread-safe. The callbacks run on the library's threads
+    (they take the GIL); an exception in one is the library's error, with its message."""
+
+    def __init__(self, store):
+        self.store = store
+        # Whether it has them (not the bound methods: they would keep the store after detach).
+        self._check = callable(getattr(store, "check", None))
+        self._compare_set = callable(getattr(store, "compare_set", None))
+        self._lock = threading.Lock()  # one call at a time: a store object need not be thread-safe
+        self.callbacks = _StoreCallbacks(None, _STORE_SET(self._set), _STORE_GET(self._get),
+                                         _STORE_ADD(self._add), _STORE_DEL(self._del))
+
+    @staticmethod
+    def _fail(err, err_len, exc):
+        msg = (f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))[:max(err_len - 1, 0)]
+        if err and err_len:
+            ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+        return _STORE_ERROR
+
+    def _set(self, _ctx, key, key_len, value, value_len, err, err_len):
+        try:
+            k, v = ctypes.string_at(key, key_len).decode(), ctypes.string_at(value, value_len)
+            with self._lock:
+                self._store().set(k, v)
+            return _STORE_OK
+        except BaseException as e:  # never into C: a callback's exception is the call's error
+            return self._fail(err, err_len, e)
+
+    def detach(self):
+        """Lets the store go: a call the library abandoned that still comes in fails, naming
+        this, instead of keeping the store (a TCPStore client's socket) alive. The callbacks
+        themselves stay (the library may still call them)."""
+        self.store = None
+
+    def _store(self):
+        st = self.store
+        if st is None:
+            raise RuntimeError("the cache this store was given to is closed")
+        return st
+
+    def _probe(self, k):
+        """k's value, or None when absent, without waiting."""
+        store = self._store()
+        if self._check:
+            return store.get(k) if store.check([k]) else None
+        if self._compare_set:
+            # torch < 2.1 has no check, and its TCPStore client is out of step with the server
+            # after a wait that timed out: compare_set with a sentinel no value equals reads the
+            # value, or answers the sentinel (and creates nothing) when the key is absent.
+            v = store.compare_set(k, _ABSENT, _ABSENT)
+            return None if v == _ABSENT else v
+        try:
+            return store.get(k)
+        except KeyError:
+            return None
+
+    def _lookup(self, k, timeout_ms):
+        """k's value, or None when still absent after timeout_ms (polled: a store's own wait
+        may not survive its timeout)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        pause = 0.001
+        while True:
+            with self._lock:
+                v = self._probe(k)
+            if v is not None or time.monotonic() >= deadline:
+                return v
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(2 * pause, 0.01)
+
+    def _get(self, _ctx, key, key_len, timeout_ms, buf, cap, length, err, err_len):
+        try:
+            v = self._lookup(ctypes.string_at(key, key_len).decode(), timeout_ms)
+            if v is None:
+                return _STORE_ABSENT
+            if isinstance(v, str):
+                v = v.encode()
+            v = bytes(v)
+            length[0] = len(v)
+            if len(v) <= cap:
+                ctypes.memmove(buf, v, len(v))
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+    def _add(self, _ctx, key, key_len, delta, value, err, err_len):
+        try:
+            k = ctypes.string_at(key, key_len).decode()
+            with self._lock:
+                value[0] = int(self._store().add(k, delta))
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+    def _del(self, _ctx, key, key_len, err, err_len):
+        try:
+            k = ctypes.string_at(key, key_len).decode()
+            with self._lock:
+                self._store().delete_key(k)
+            return _STORE_OK
+        except BaseException as e:
+            return self._fail(err, err_len, e)
+
+
+_STORE_METHODS = ("set", "get", "add", "delete_key")
+
+
+def _store_arg(store, timeout_ms):
+    """store= as (store_url bytes, StoreAdapter or None): a URL string (file://, redis://; a
+    tcp://host:port of a torch TCPStore, as an engine's dist_init_method, is connected to as a
+    client), or a store object (see StoreAdapter)."""
+    if store is None or isinstance(store, (str, bytes)):
+        url = store.decode() if isinstance(store, bytes) else store
+        if url is not None and url.startswith("tcp://"):
+            host, _, port = url[len("tcp://"):].rstrip("/").rpartition(":")
+            try:
+                from torch.distributed import TCPStore
+            except ImportError:
+                raise _invalid(f"store {url!r}: a tcp:// store is a torch TCPStore, and torch is not importable here: "
+                               "pass a file:// or redis:// URL, or a store object") from None
+            import datetime
+            if not host or not port.isdigit():
+                raise _invalid(f"store {url!r}: want tcp://host:port")
+            client = TCPStore(host.strip("[]"), int(port), is_master=False,
+                              timeout=datetime.timedelta(milliseconds=max(timeout_ms, 1)))
+            return None, StoreAdapter(client)
+        return _bytes(store), None
+    if isinstance(store, StoreAdapter):
+        return None, store
+    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+    if missing:
+        raise TypeError(f"cpcache: store= takes a URL (file:///dir, redis://host:port, tcp://host:port of a torch "
+                        f"TCPStore) or a store object with set, get, add and delete_key "
+                        f"(torch.distributed.TCPStore, FileStore, PrefixStore); {type(store).__module__}."
+                        f"{type(store).__qualname__} has no {', '.join(missing)} (a process group is not a store: "
+                        f"pass the store it was made with)")
+    return None, StoreAdapter(store)
+
+
+# The C ABI's names of open's arguments, as this binding's keywords (messages of open).
+_C_ARGS = (("cpcache_config.store_url (a URL), cpcache_config.store (callbacks) or CPCACHE_STORE",
+            "store= (a URL or a torch.distributed.Store) or CPCACHE_STORE"),
+           ("cpcache_config.store_url", "store="), ("cpcache_config.store", "store="),
+           ("cpcache_config.job_id", "job_id="))
+
+
+
+
 def _alloc_pool(l1_pages, page_bytes):
     """The L1 pool of an L1_ALLOC cache, as an anonymous private mapping, and its address; None
     when the sizes are not ones the library would accept (it then rejects them, naming them),
@@ -649,13 +836,15 @@ class Cache:
     _pool = None  # the L1 pool this module allocated (L1_ALLOC), an mmap
     _pid = None  # the process that opened it (a forked child must not close it)
     _runner = None  # the helper thread of interruptible collectives (_collective), once used
+    _store_adapter = None  # the StoreAdapter made for store= (detached at close)
 
     def __init__(self, *, l1_pages=None, l2_pages, page_bytes=0, page_tokens=16, world=0, tp=0, dp=0,
                  attn_cp=0, ep=0, dp_attention=True, rank=-1, store=None, consensus=None,
                  timeout_ms=60000, slab_backend=SLAB_HOST, device=0, pin_host=False,
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
-                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None):
+                 kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None,
+                 job_id=None, local_world=0):
         """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
@@ -671,7 +860,17 @@ class Cache:
         without l1_buffers; with them, None takes the smallest slot count among them. Each
         buffer's row (its non-token dimensions × element size, numpy and torch) must be its
         part's bytes per token on this rank, else InvalidError naming both (padded=True of the
-        buffer helpers declares a wider row)."""
+        buffer helpers declares a wider row).
+
+        store: the rendezvous every rank meets through: a URL (file:///dir, redis://host:port,
+        or tcp://host:port of a torch TCPStore such as an engine's dist_init_method), or a
+        store object: any torch.distributed.Store (TCPStore, FileStore, PrefixStore) or object
+        with set/get/add/delete_key (see StoreAdapter); cpcache's keys live under "cpcache/".
+        None: $CPCACHE_STORE. job_id: this job's id, the same on every rank of the job and
+        different from any other job's on the same store (None: $CPCACHE_JOB_ID, else the
+        launcher's). local_world: how many of the job's ranks run on this machine (with world
+        and rank; local_world == world connects them over 127.0.0.1). Variables are read as
+        os.environ is when the Cache opens."""
         lib = library()
         bufs = None
         if l1_buffers:
@@ -695,7 +894,14 @@ class Cache:
             _arg(name, value, types[name])
         cfg.world, cfg.tp, cfg.dp, cfg.attn_cp, cfg.ep = world, tp, dp, attn_cp, ep
         cfg.dp_attention, cfg.rank = int(bool(dp_attention)), rank
-        cfg.store_url, cfg.consensus = _bytes(store), _bytes(consensus)
+        cfg.store_url, adapter = _store_arg(store, timeout_ms)
+        if adapter is not None:
+            _STORE_ADAPTERS.append(adapter)
+            cfg.store = ctypes.pointer(adapter.callbacks)
+            if adapter is not store:
+                self._store_adapter = adapter  # this cache's own: it lets the store go at close
+        _arg("local_world", local_world, _i32)
+        cfg.consensus, cfg.job_id, cfg.local_world = _bytes(consensus), _bytes(job_id), local_world
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
         cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
         self._views = {}  # id → weakref of each memoryview l1_page returned, until close
@@ -768,6 +974,8 @@ class Cache:
             status = lib.cpcache_open(ctypes.byref(cfg), ctypes.byref(h))
         if status != 0 and pool is not None:
             pool.close()
+        if status != 0 and self._store_adapter is not None:
+            self._store_adapter.detach()
         if status != 0:
             if msg is None:
                 msg = lib.cpcache_last_error()
@@ -817,6 +1025,8 @@ class Cache:
         finally:
             self._stop_runner()
             self._release_memory()
+            if self._store_adapter is not None:
+                self._store_adapter.detach()
 
     def _stop_runner(self):
         runner, self._runner = self._runner, None

@@ -58,3 +58,36 @@ def test_binding_declares_the_header():
     # ctypes keeps each function it was asked for (getattr) in the CDLL's __dict__.
     declared = {n for n in vars(lib) if n.startswith("cpcache_")}
     assert declared == header_functions()
+
+
+def test_an_abi2_config_opens_with_the_abi3_fields_defaulted(tmp_path):
+    """A caller built against the ABI-2 header: every field before store, struct_size its
+    size (CPCACHE_CONFIG_SIZE_V2), abi_version 2. It opens; that size with abi_version 3 and
+    the ABI-3 size with abi_version 2 do not (CPCACHE_ERR_SIZE naming the ABI-2 pair)."""
+    import ctypes
+    abi3 = {"store", "job_id", "local_world"}
+
+    class ConfigV2(ctypes.Structure):
+        _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in abi3]
+
+    assert ctypes.sizeof(ConfigV2) == cpcache._Config.store.offset
+    lib = cpcache.library()
+    full = cpcache._Config()
+    assert lib.cpcache_config_init(ctypes.byref(full)) == 0
+    assert full.struct_size == ctypes.sizeof(cpcache._Config) and full.abi_version == 3
+    old = ConfigV2()
+    ctypes.memmove(ctypes.byref(old), ctypes.byref(full), ctypes.sizeof(ConfigV2))
+    old.world, old.rank, old.store_url = 1, 0, f"file://{tmp_path}".encode()
+    old.page_tokens, old.page_bytes, old.l1_pages, old.l2_pages = 4, 64, 8, 16
+    as_cfg = ctypes.cast(ctypes.byref(old), ctypes.POINTER(cpcache._Config))
+    h = ctypes.c_uint64()
+    old.struct_size, old.abi_version = ctypes.sizeof(ConfigV2), 3
+    assert lib.cpcache_open(as_cfg, ctypes.byref(h)) == -2  # CPCACHE_ERR_SIZE
+    assert b"ABI-2 config (%d, 2)" % ctypes.sizeof(ConfigV2) in lib.cpcache_last_error()
+    old.abi_version = 2
+    assert lib.cpcache_open(as_cfg, ctypes.byref(h)) == 0, lib.cpcache_last_error()
+    try:
+        info = cpcache._Info(struct_size=ctypes.sizeof(cpcache._Info))
+        assert lib.cpcache_get_info(h.value, ctypes.byref(info)) == 0 and info.page_bytes == 64
+    finally:
+        assert lib.cpcache_close(h.value) == 0

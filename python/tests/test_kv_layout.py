@@ -20,8 +20,8 @@ def one_rank(tmp_path, **kw):
     return cpcache.Cache(**args)
 
 
-def test_abi_version_is_two():
-    assert cpcache.ABI_VERSION == 2 and cpcache.library().cpcache_abi_version() == 2
+def test_abi_version_is_three():
+    assert cpcache.ABI_VERSION == 3 and cpcache.library().cpcache_abi_version() == 3
 
 
 def test_layout_sizes_and_derived_page_bytes(tmp_path):
@@ -153,7 +153,8 @@ def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
     """A caller built against the ABI-1 header: the old struct (every field before kv_layout),
     struct_size its size, abi_version 1. It opens; the old size with abi_version 2 does not."""
     import ctypes
-    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout", "l1_mode"]
+    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout", "l1_mode",
+                  "store", "job_id", "local_world"]
 
     class OldConfig(ctypes.Structure):
         _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in new_fields]

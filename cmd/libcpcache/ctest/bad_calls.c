@@ -53,6 +53,117 @@ static void base_config(cpcache_config *cfg) {
   cfg->l2_pages = 32;
 }
 
+// Store callbacks that are never called (the configs that use them are refused first).
+static int no_set(void *ctx, const char *k, size_t kl, const void *v, size_t vl, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)v, (void)vl, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_get(void *ctx, const char *k, size_t kl, int64_t ms, void *b, size_t cap, size_t *len, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)ms, (void)b, (void)cap, (void)len, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_add(void *ctx, const char *k, size_t kl, int64_t d, int64_t *out, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)d, (void)out, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+static int no_del(void *ctx, const char *k, size_t kl, char *e, size_t el) {
+  (void)ctx, (void)k, (void)kl, (void)e, (void)el;
+  return CPCACHE_STORE_ERROR;
+}
+
+// An in-memory store of callbacks (cpcache_store), as an engine's own key-value service: a
+// mutex-guarded table of keys; every key any callback saw is counted by prefix.
+#define MEM_KEYS 4096
+static struct {
+  pthread_mutex_t mu;
+  char *key[MEM_KEYS];
+  unsigned char *val[MEM_KEYS];
+  size_t len[MEM_KEYS];
+  int n, calls, foreign; // foreign: calls on a key outside "cpcache/"
+} mem = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int mem_find(const char *k) { // mem.mu held
+  for (int i = 0; i < mem.n; i++)
+    if (mem.key[i] && strcmp(mem.key[i], k) == 0) return i;
+  return -1;
+}
+static void mem_note(const char *k) { // mem.mu held
+  mem.calls++;
+  if (strncmp(k, "cpcache/", 8) != 0) mem.foreign++;
+}
+static int mem_put(const char *k, const void *v, size_t vl) { // mem.mu held
+  int i = mem_find(k);
+  if (i < 0) {
+    if (mem.n == MEM_KEYS) return -1;
+    i = mem.n++;
+    mem.key[i] = strdup(k);
+  } else {
+    free(mem.val[i]);
+  }
+  mem.val[i] = malloc(vl ? vl : 1);
+  memcpy(mem.val[i], v, vl);
+  mem.len[i] = vl;
+  return 0;
+}
+static int mem_set(void *ctx, const char *k, size_t kl, const void *v, size_t vl, char *e, size_t el) {
+  (void)ctx, (void)kl;
+  pthread_mutex_lock(&mem.mu);
+  mem_note(k);
+  int rc = mem_put(k, v, vl);
+  pthread_mutex_unlock(&mem.mu);
+  if (rc) snprintf(e, el, "store full");
+  return rc ? CPCACHE_STORE_ERROR : CPCACHE_STORE_OK;
+}
+static int mem_get(void *ctx, const char *k, size_t kl, int64_t ms, void *b, size_t cap, size_t *len, char *e, size_t el) {
+  (void)ctx, (void)kl, (void)e, (void)el;
+  for (int64_t waited = 0;; waited++) {
+    pthread_mutex_lock(&mem.mu);
+    mem_note(k);
+    int i = mem_find(k);
+    if (i >= 0) {
+      *len = mem.len[i];
+      if (mem.len[i] <= cap) memcpy(b, mem.val[i], mem.len[i]);
+    }
+    pthread_mutex_unlock(&mem.mu);
+    if (i >= 0) return CPCACHE_STORE_OK;
+    if (waited >= ms) return CPCACHE_STORE_ABSENT;
+    usleep(1000);
+  }
+}
+static int mem_add(void *ctx, const char *k, size_t kl, int64_t d, int64_t *out, char *e, size_t el) {
+  (void)ctx, (void)kl;
+  char buf[32];
+  pthread_mutex_lock(&mem.mu);
+  mem_note(k);
+  int i = mem_find(k);
+  long long n = 0;
+  if (i >= 0) {
+    snprintf(buf, sizeof buf, "%.*s", (int)(mem.len[i] < 31 ? mem.len[i] : 31), (const char *)mem.val[i]);
+    n = atoll(buf);
+  }
+  n += d;
+  snprintf(buf, sizeof buf, "%lld", n);
+  int rc = mem_put(k, buf, strlen(buf));
+  pthread_mutex_unlock(&mem.mu);
+  if (rc) snprintf(e, el, "store full");
+  *out = n;
+  return rc ? CPCACHE_STORE_ERROR : CPCACHE_STORE_OK;
+}
+static int mem_del(void *ctx, const char *k, size_t kl, char *e, size_t el) {
+  (void)ctx, (void)kl, (void)e, (void)el;
+  pthread_mutex_lock(&mem.mu);
+  mem_note(k);
+  int i = mem_find(k);
+  if (i >= 0) {
+    free(mem.key[i]);
+    free(mem.val[i]);
+    mem.key[i] = NULL;
+    mem.val[i] = NULL;
+  }
+  pthread_mutex_unlock(&mem.mu);
+  return CPCACHE_STORE_OK;
+}
+
 static void *other_thread(void *arg) {
   (void)arg;
   expect(cpcache_match(0, NULL, 0, NULL, NULL, 0), CPCACHE_ERR_CLOSED);
@@ -441,7 +552,7 @@ int main(void) {
   // ABI 1: a caller built against the ABI-1 header passes a config of the old size (the
   // fields before kv_layout) with abi_version 1; it opens with the ABI-2 fields defaulted.
   {
-    unsigned char old[CPCACHE_CONFIG_SIZE_V1 + 64];
+    unsigned char old[sizeof(cpcache_config) + 64];
     memset(old, 0xAB, sizeof old); // bytes past the old struct are not the caller's: never read
     base_config(&cfg);
     memcpy(old, &cfg, CPCACHE_CONFIG_SIZE_V1);
@@ -467,6 +578,59 @@ int main(void) {
     expect(cpcache_take_freed_l1(c2, NULL, 0, &v1_n), CPCACHE_OK);
     expect_true(v1_n == 0);
     expect(cpcache_close(c2), CPCACHE_OK);
+  }
+
+  // ABI 2: a config of the ABI-2 header (the fields before store) with abi_version 2 opens
+  // with the ABI-3 fields defaulted (no store callbacks, job id or local world).
+  {
+    unsigned char old[sizeof(cpcache_config) + 64];
+    memset(old, 0xAB, sizeof old); // bytes past the old struct are not the caller's: never read
+    base_config(&cfg);
+    memcpy(old, &cfg, CPCACHE_CONFIG_SIZE_V2);
+    cpcache_config *v2 = (cpcache_config *)old;
+    v2->struct_size = CPCACHE_CONFIG_SIZE_V2;
+    v2->abi_version = CPCACHE_ABI_VERSION; // the old size with the new version is neither
+    expect(cpcache_open(v2, &c2), CPCACHE_ERR_SIZE);
+    expect_true(strstr(cpcache_last_error(), "ABI-2") != NULL);
+    v2->abi_version = 2;
+    expect(cpcache_open(v2, &c2), CPCACHE_OK);
+    expect(cpcache_get_info(c2, &info), CPCACHE_OK);
+    expect_true(info.page_bytes == PAGE_BYTES && info.l1_pages == L1_PAGES);
+    expect(cpcache_close(c2), CPCACHE_OK);
+  }
+
+  // A store URL and store callbacks together are CPCACHE_ERR_INVALID naming both; a store
+  // with a NULL callback names it.
+  {
+    cpcache_store cbs;
+    memset(&cbs, 0, sizeof cbs);
+    base_config(&cfg);
+    cfg.store = &cbs;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "callback set, get, add, del is NULL") != NULL);
+    cbs.set = no_set, cbs.get = no_get, cbs.add = no_add, cbs.del = no_del;
+    expect(cpcache_open(&cfg, &c2), CPCACHE_ERR_INVALID);
+    expect_true(strstr(cpcache_last_error(), "both cpcache_config.store_url") != NULL);
+
+    // The engine's own store as callbacks: the rank meets through it (store_url NULL), with
+    // a job id, touching no key outside "cpcache/"; the engine's key stays. Twice in a row.
+    cpcache_store engine = {.ctx = NULL, .set = mem_set, .get = mem_get, .add = mem_add, .del = mem_del};
+    pthread_mutex_lock(&mem.mu);
+    mem_put("engine/own", "v", 1);
+    pthread_mutex_unlock(&mem.mu);
+    for (int i = 0; i < 2; i++) {
+      base_config(&cfg);
+      cfg.store_url = NULL;
+      cfg.store = &engine;
+      cfg.job_id = "c-engine";
+      cfg.local_world = 1;
+      expect(cpcache_open(&cfg, &c2), CPCACHE_OK);
+      expect(cpcache_close(c2), CPCACHE_OK);
+    }
+    pthread_mutex_lock(&mem.mu);
+    int own = mem_find("engine/own");
+    expect_true(mem.calls > 0 && mem.foreign == 0 && own >= 0 && mem.len[own] == 1);
+    pthread_mutex_unlock(&mem.mu);
   }
 
   // KV layouts: a bad one is CPCACHE_ERR_INVALID naming the bad value or part.
