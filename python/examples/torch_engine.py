@@ -46,9 +46,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from collections import namedtuple
@@ -438,8 +436,9 @@ class Scheduler:
     HiRadixCache; every decision is a function of replicated state, so every rank of the CP
     group makes the same calls and the same number of steps."""
 
-    def __init__(self, torch, model, tree, cp, kv, scratch, storage, answer_tokens, breaks):
+    def __init__(self, torch, model, tree, cp, kv, scratch, storage, answer_tokens, breaks, timeout_s):
         self.torch, self.model, self.tree, self.cp = torch, model, tree, cp
+        self.timeout_s = timeout_s
         self.ks, self.vs = kv
         self.scratch = scratch  # per-layer K, V tensors of the cache-off reference
         self.storage, self.answer_tokens, self.breaks = storage, answer_tokens, breaks
@@ -451,13 +450,20 @@ class Scheduler:
         self.tree.check_hicache_events()
         self.counts["steps"] += 1
 
+    def step_while(self, cond, what):
+        """Steps while cond() holds, at most timeout_s seconds."""
+        deadline = time.monotonic() + self.timeout_s
+        while cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} still pending after {self.timeout_s} s of steps")
+            self.step()
+
     def room(self, lo, hi):
         """Room on every CP rank for its pages among [lo, hi); steps until no backup is in
         flight when eviction alone cannot make it (pages being backed up cannot go)."""
         if self.tree.evict_for(lo, hi):
             return
-        while self.tree.cache.pending():
-            self.step()
+        self.step_while(self.tree.cache.pending, "backups")
         if not self.tree.evict_for(lo, hi):
             raise RuntimeError(f"L1 cannot make room for sequence pages [{lo}, {hi}): every page is locked")
 
@@ -494,8 +500,7 @@ class Scheduler:
             # scheduler steps, then matched again.
             pid = tree.cache.prefetch(prompt)
             if pid:
-                while tree.cache.prefetch_pending(pid):
-                    self.step()
+                self.step_while(lambda: tree.cache.prefetch_pending(pid), f"prefetch {pid}")
                 m = tree.match_prefix(prompt)
                 tree.inc_lock_ref(m.last_host_node)
                 locked.append(m.last_host_node)
@@ -532,7 +537,7 @@ class Scheduler:
 
         def before_layer(layer):
             if loading and "skip-layer-wait" not in self.breaks:
-                tree.cache.wait_l1_layer(m.last_device_node, layer)
+                tree.cache.wait_l1_layer(m.last_device_node, layer, timeout_ms=self.timeout_s * 1000)
 
         logits = self.model.forward(prompt, reuse * P, kv, self.cp, before_layer)
         c["computed_tokens"] += len(prompt) - reuse * P
@@ -591,21 +596,20 @@ class Scheduler:
                 self.counts["checked"] += 1
                 self.counts["differing"] += got != want
                 history[ci] += got[0]
-        while self.tree.cache.pending():
-            self.step()
+        self.step_while(self.tree.cache.pending, "transfers")
 
 
 # --- the worker processes ----------------------------------------------------------------------
 
-def worker(rank, a, store_port, cache_store, results):
+def worker(rank, a, store_port, job_id, results):
     """One rank: torch.distributed over the parent's TCPStore, the cache, the scheduler."""
     try:
-        results.put(("done", rank, _worker(rank, a, store_port, cache_store)))
+        results.put(("done", rank, _worker(rank, a, store_port, job_id)))
     except BaseException as e:  # noqa: BLE001 — reported to the parent, which fails the run
         results.put(("error", rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def _worker(rank, a, store_port, cache_store):
+def _worker(rank, a, store_port, job_id):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)  # one thread: the same reduction order every time
@@ -636,10 +640,11 @@ def _worker(rank, a, store_port, cache_store):
     extra = {}
     if a.kv_events:
         extra["kv_events"] = a.kv_events
-    if cache_store is not None:
-        extra["store"] = cache_store
     bufs = [(l, 0, ks[l]) for l in range(LAYERS)] + [(l, 1, vs[l]) for l in range(LAYERS)]
-    cache = cpcache.Cache(world=a.world, rank=rank, dp=dp, attn_cp=cp_size, page_tokens=PAGE_TOKENS,
+    # The cache meets its peers through the engine's own store (the parent's TCPStore: keys
+    # under cpcache/ only), under this run's job id.
+    cache = cpcache.Cache(world=a.world, rank=rank, dp=dp, attn_cp=cp_size, store=store, job_id=job_id,
+                          page_tokens=PAGE_TOKENS,
                           l1_pages=l1_pages, l2_pages=a.l2_pages, l1_mode="engine_owned", kv_layout=KV_SPEC,
                           l1_buffers=bufs, storage_url=a.storage, model=MODEL_NAME if a.storage else None,
                           timeout_ms=a.timeout * 1000, **extra)
@@ -649,7 +654,8 @@ def _worker(rank, a, store_port, cache_store):
         pool = ReqToTokenPool(torch, 4, max_pages * PAGE_TOKENS)
         tree = HiCache(cache, pool, alloc, PAGE_TOKENS, cp_size, cp_rank,
                        break_neighbour="neighbour-slot" in a.break_)
-        sched = Scheduler(torch, model, tree, cp, (ks, vs), scratch, a.storage, a.answer_tokens, a.break_)
+        sched = Scheduler(torch, model, tree, cp, (ks, vs), scratch, a.storage, a.answer_tokens, a.break_,
+                          a.timeout)
         sched.serve(convs)
         st = cache.stats()
         cache.flush()
@@ -695,11 +701,10 @@ def main(argv=None):
     t0 = time.monotonic()
     store = dist.TCPStore("127.0.0.1", 0, a.world + 1, True, datetime.timedelta(seconds=a.timeout),
                           wait_for_workers=False)
-    tmp = tempfile.mkdtemp(prefix="cpcache-torch-engine-")
-    cache_store = f"file://{tmp}"
+    job_id = f"torch-engine-{os.getpid()}-{store.port}"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, a, store.port, cache_store, results), name=f"rank{r}")
+    procs = [ctx.Process(target=worker, args=(r, a, store.port, job_id, results), name=f"rank{r}")
              for r in range(a.world)]
     for p in procs:
         p.start()
@@ -724,7 +729,6 @@ def main(argv=None):
             if p.is_alive():
                 p.terminate()
                 p.join(5)
-        shutil.rmtree(tmp, ignore_errors=True)
     for e in errors:
         print(e, file=sys.stderr)
     if errors:
