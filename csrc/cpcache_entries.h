@@ -67,6 +67,29 @@ CPCACHE_ENTRY(evict_l1_slots,
 CPCACHE_ENTRY(l1_used_by, (cpcache_t c, int32_t cp_rank, int64_t *used), (c, cp_rank, used))
 CPCACHE_ENTRY(take_freed_l1, (cpcache_t c, int32_t *freed, size_t freed_cap, size_t *n_freed),
               (c, freed, freed_cap, n_freed))
+CPCACHE_ENTRY(match_locs,
+              (cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
+               cpcache_match_result *out, int64_t *locs, size_t locs_cap),
+              (c, key, key_len, tokens, n, out, locs, locs_cap))
+CPCACHE_ENTRY(insert_locs,
+              (cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
+               const int64_t *locs, size_t n_locs, cpcache_insert_result *out, int64_t *freed,
+               size_t freed_cap, size_t *n_freed),
+              (c, key, key_len, tokens, n, locs, n_locs, out, freed, freed_cap, n_freed))
+CPCACHE_ENTRY(load_back_locs,
+              (cpcache_t c, cpcache_node_t node, const int64_t *locs, size_t n_locs, int64_t *pages,
+               int64_t *freed, size_t freed_cap, size_t *n_freed),
+              (c, node, locs, n_locs, pages, freed, freed_cap, n_freed))
+CPCACHE_ENTRY(evict_locs,
+              (cpcache_t c, int64_t tokens, int64_t *freed_tokens, int64_t *pending_tokens, int64_t *freed,
+               size_t freed_cap, size_t *n_freed),
+              (c, tokens, freed_tokens, pending_tokens, freed, freed_cap, n_freed))
+CPCACHE_ENTRY(take_freed_locs, (cpcache_t c, int64_t *freed, size_t freed_cap, size_t *n_freed),
+              (c, freed, freed_cap, n_freed))
+CPCACHE_ENTRY(make_room,
+              (cpcache_t c, int64_t start, int64_t end, const int64_t *reserved, int32_t *room,
+               int64_t *freed, size_t freed_cap, size_t *n_freed),
+              (c, start, end, reserved, room, freed, freed_cap, n_freed))
 CPCACHE_ENTRY(evict_l2, (cpcache_t c, int64_t pages, int64_t *freed), (c, pages, freed))
 CPCACHE_ENTRY(step, (cpcache_t c), (c))
 CPCACHE_ENTRY(pending, (cpcache_t c, int64_t *pending), (c, pending))

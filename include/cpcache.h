@@ -579,6 +579,50 @@ int cpcache_l1_used_by(cpcache_t c, int32_t cp_rank, int64_t *used);
  * *n_freed is 0. [L] */
 int cpcache_take_freed_l1(cpcache_t c, int32_t *freed, size_t freed_cap, size_t *n_freed);
 
+/* --- token locations (engine-owned L1 indexed by token: SGLang's out_cache_loc) --- */
+/* The engine-owned calls above with per-token locations instead of page slots: page slot s
+ * holds locations s*page_tokens .. s*page_tokens+page_tokens-1 of this rank's buffers (the
+ * token-slot layout of cpcache_l1_buffer); another CP rank's token is -1 in this rank's
+ * arrays. A page's locations must start at a multiple of page_tokens and be contiguous,
+ * else CPCACHE_ERR_INVALID naming the entry and its value, before any change. Freed-location
+ * buffers: *n_freed is the number of locations freed (whole pages); those of the first
+ * floor(freed_cap / page_tokens) pages go to freed, the rest stay queued for
+ * cpcache_take_freed_locs (nothing is lost; the call succeeds). */
+
+/* cpcache_match_key with the device hit as per-token locations: locs[0 ..
+ * out->device_pages*page_tokens) is each token's L1 location on this rank (-1: another CP
+ * rank's page). locs_cap must hold n rounded down to whole pages (may be NULL with 0 when n
+ * is under a page). [R] */
+int cpcache_match_locs(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens, size_t n,
+                       cpcache_match_result *out, int64_t *locs, size_t locs_cap);
+/* cpcache_insert_slots with the request's per-token locations locs[0..n_locs) (n_locs at
+ * least n rounded down to whole pages; entries of other ranks' pages and past the whole pages
+ * are not read): the cache adopts this rank's whole pages; freed are the locations it does not
+ * keep and those the insert's evictions freed. [R] */
+int cpcache_insert_locs(cpcache_t c, const void *key, size_t key_len, const int32_t *tokens,
+                        size_t n, const int64_t *locs, size_t n_locs, cpcache_insert_result *out,
+                        int64_t *freed, size_t freed_cap, size_t *n_freed);
+/* cpcache_load_back_slots into locations: locs[0..n_locs) are page_tokens locations for
+ * each page cpcache_load_back_plan lists, in order. [R] */
+int cpcache_load_back_locs(cpcache_t c, cpcache_node_t node, const int64_t *locs, size_t n_locs,
+                           int64_t *pages, int64_t *freed, size_t freed_cap, size_t *n_freed);
+/* cpcache_evict_l1_slots in tokens: evicts up to ceil(tokens / page_tokens) pages; *freed_tokens
+ * and *pending_tokens (may be NULL) are the group's pages times page_tokens. [R] */
+int cpcache_evict_locs(cpcache_t c, int64_t tokens, int64_t *freed_tokens, int64_t *pending_tokens,
+                       int64_t *freed, size_t freed_cap, size_t *n_freed);
+/* cpcache_take_freed_l1 in locations. [L] */
+int cpcache_take_freed_locs(cpcache_t c, int64_t *freed, size_t freed_cap, size_t *n_freed);
+/* The agreed cross-rank eviction that makes room for a request: evicts (least recently used
+ * first, as cpcache_evict_l1_slots) until every CP rank r has room for the pages it owns among
+ * the sequence's tokens [start, end) (its pages from start / page_tokens up to
+ * ceil(end / page_tokens)), beside the pages the cache holds on r (cpcache_l1_used_by) and
+ * reserved[r] pages the engine holds outside the cache (reserved: cp_size entries, the same on
+ * every rank, or NULL for none). Decided from replicated counts only, so every rank evicts
+ * alike. *room is 1 when there is room, 0 when nothing more could be evicted (locked or
+ * backing-up pages); freed gets this rank's freed locations either way. [R] */
+int cpcache_make_room(cpcache_t c, int64_t start, int64_t end, const int64_t *reserved, int32_t *room,
+                      int64_t *freed, size_t freed_cap, size_t *n_freed);
+
 /* Frees up to pages L2 pages of nodes held only in L2; *freed may be NULL. [R] */
 int cpcache_evict_l2(cpcache_t c, int64_t pages, int64_t *freed);
 /* The consensus step: exactly once per scheduler step, on every rank, even when nothing is

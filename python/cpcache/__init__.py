@@ -65,7 +65,7 @@ __all__ = [
     "Cache", "Error", "InvalidError", "SizeError", "RangeError", "ClosedError", "AlreadyOpenError",
     "ConfigError", "NodeError", "L1FullError", "BusyError", "DivergedError", "PeerLostError",
     "TimeoutError_", "IOError_", "CacheTimeoutError", "CacheIOError", "NotStartedError", "ForkedError", "InternalError", "MatchResult", "InsertResult", "FillPage",
-    "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted",
+    "Evicted", "SlotsInserted", "SlotsLoaded", "SlotsEvicted", "LocsInserted", "LocsLoaded", "LocsEvicted", "RoomMade",
     "SLAB_HOST", "SLAB_CUDA_IPC", "L1_ALLOC", "L1_HOST", "L1_DEVICE",
     "WRITE_THROUGH", "WRITE_THROUGH_SELECTIVE", "WRITE_BACK", "library", "version", "ABI_VERSION",
     "KV_SHARDED", "KV_REPLICATED", "MEM_HOST", "MEM_DEVICE", "L1Buffer", "token_slot_buffer", "block_major_buffers",
@@ -320,7 +320,14 @@ class _Stats(ctypes.Structure):
     _fields_ = [("struct_size", _u32)] + [(f, _i64) for f in _STATS_FIELDS]
 
 
-MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots")
+MatchResult = namedtuple("MatchResult", "node device_pages host_pages l1_slots device_indices device_tokens host_tokens",
+                         defaults=(None, 0, 0))
+MatchResult.__doc__ = """What match found: node (the deepest matched node's handle), device_pages and
+host_pages (the L1 hit, and the pages beyond it held in L2 only), l1_slots (this rank's slot of
+each device page, -1 for another CP rank's), and the same in tokens: device_indices, an int64
+array (numpy; a torch tensor when asked for) of this rank's L1 location of each device-hit
+token (slot * page_tokens + k; -1 for another CP rank's token), device_tokens
+(device_pages * page_tokens) and host_tokens (SGLang's host_hit_length)."""
 InsertResult = namedtuple("InsertResult", "node pages fill backups")
 FillPage = namedtuple("FillPage", "slot owner index hash owned")
 Evicted = namedtuple("Evicted", "freed pending")
@@ -334,6 +341,19 @@ caller's slots of pages that did not load and those the load's evictions freed."
 SlotsEvicted = namedtuple("SlotsEvicted", "freed pending slots")
 SlotsEvicted.__doc__ = """evict_l1_slots: Evicted's freed and pending pages, and slots: this rank's
 slots freed now (write-back evictions free theirs at a later step: take_freed_l1)."""
+LocsInserted = namedtuple("LocsInserted", "node pages backups freed")
+LocsInserted.__doc__ = """What insert_locs did: the node, pages and backups as InsertResult's, and
+freed: this rank's locations the cache let go (an int64 array: the request's locations of
+pages it did not adopt, and those the insert's evictions freed), for the engine's allocator."""
+LocsLoaded = namedtuple("LocsLoaded", "pages tokens freed")
+LocsLoaded.__doc__ = """What load_back_locs started: pages and tokens loading (the group's), and
+freed: the caller's locations of pages that did not load and those the load's evictions freed."""
+LocsEvicted = namedtuple("LocsEvicted", "freed_tokens pending_tokens freed")
+LocsEvicted.__doc__ = """evict_locs: the group's tokens freed now and pending (write-back), and
+freed: this rank's locations freed now, an int64 array."""
+RoomMade = namedtuple("RoomMade", "room freed")
+RoomMade.__doc__ = """make_room: room (True when every CP rank has room for its pages; False
+when nothing more could be evicted) and freed, this rank's freed locations (int64 array)."""
 Info = namedtuple("Info", [f for f, _ in _Info._fields_ if f != "struct_size"])
 
 
@@ -415,6 +435,20 @@ def library():
                                    ctypes.c_int),
         "cpcache_take_freed_l1": ([_u64, P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_l1_used_by": ([_u64, _i32, P(_i64)], ctypes.c_int),
+        # The token-location calls take their arrays as addresses (c_void_p): numpy's and
+        # torch's data pointers pass without a conversion per element.
+        "cpcache_match_locs": ([_u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                P(_MatchResult), ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
+        "cpcache_insert_locs": ([_u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_size_t, P(_InsertResult), ctypes.c_void_p,
+                                 ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_load_back_locs": ([_u64, _u64, ctypes.c_void_p, ctypes.c_size_t, P(_i64), ctypes.c_void_p,
+                                    ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_evict_locs": ([_u64, _i64, P(_i64), P(_i64), ctypes.c_void_p, ctypes.c_size_t,
+                                P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_take_freed_locs": ([_u64, ctypes.c_void_p, ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
+        "cpcache_make_room": ([_u64, _i64, _i64, ctypes.c_void_p, P(_i32), ctypes.c_void_p, ctypes.c_size_t,
+                               P(ctypes.c_size_t)], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -797,6 +831,93 @@ _C_ARGS = (("cpcache_config.store_url (a URL), cpcache_config.store (callbacks) 
            ("cpcache_config.job_id", "job_id="))
 
 
+# --- arrays of the token API: numpy (imported on first use), torch when asked for ---
+_np = None
+
+
+def _numpy():
+    """numpy, or None where it is not installed (results are then array('q'))."""
+    global _np
+    if _np is None:
+        try:
+            import numpy
+        except ImportError:
+            _np = False
+        else:
+            _np = numpy
+    return _np or None
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _want_torch(out, like=None):
+    """Whether results are torch tensors: out "torch", or out None and like is a tensor."""
+    if out is None:
+        return like is not None and _is_torch(like)
+    if out in ("torch", "numpy"):
+        return out == "torch"
+    raise _invalid(f"out {out!r} (want None, 'numpy' or 'torch')")
+
+
+def _host(t):
+    """A torch tensor's CPU numpy view (a copy from the device)."""
+    if getattr(t, "is_cuda", False):
+        t = t.cpu()
+    return t.numpy()
+
+
+def _int_ptr(values, what, itemsize):
+    """(address, count, keep) of values as a C-contiguous array of native ints of itemsize
+    bytes (4: int32 tokens, 8: int64 locations): a numpy array or torch tensor of that dtype
+    passes by address, another integer dtype is converted (its values checked to fit), a
+    list through array('i'/'q'). keep holds the memory alive for the call."""
+    np = _numpy()
+    if _is_torch(values):
+        values = _host(values)
+    if np is not None and isinstance(values, np.ndarray):
+        want = np.int32 if itemsize == 4 else np.int64
+        if values.ndim != 1:
+            raise _invalid(f"{what}s must be one-dimensional, got shape {values.shape}")
+        if values.dtype != want or not values.flags.c_contiguous:
+            if values.dtype.kind not in "iu":
+                raise _invalid(f"{what}s must be integers, got dtype {values.dtype}")
+            if values.size and itemsize == 4 and values.dtype.itemsize > 4:
+                lo, hi = int(values.min()), int(values.max())
+                if lo < -2**31 or hi >= 2**31:
+                    bad = int(np.nonzero((values < -2**31) | (values >= 2**31))[0][0])
+                    raise _invalid(f"{what} {bad} ({int(values[bad])}) is not an int32")
+            values = np.ascontiguousarray(values, dtype=want)
+        return values.ctypes.data, values.shape[0], values
+    if itemsize == 4:
+        arr, n = _tokens(values, what)
+        return arr, n, arr
+    try:
+        arr = array.array("q", values if isinstance(values, (list, tuple)) else list(values))
+    except (TypeError, OverflowError):
+        for i, t in enumerate(values):
+            try:
+                array.array("q", (t,))
+            except (TypeError, OverflowError):
+                raise _invalid(f"{what} {i} ({t!r}) is not an int64") from None
+        raise
+    return (arr.buffer_info()[0] if len(arr) else None), len(arr), arr
+
+
+def _locs_out(buf, count, torch):
+    """The first count int64 of ctypes buffer buf as an array sharing its memory: numpy (a
+    torch tensor when torch), else array('q')."""
+    np = _numpy()
+    if np is None:
+        out = array.array("q")
+        out.frombytes(memoryview(buf).cast("B")[:count * 8])
+        return out
+    a = np.frombuffer(buf, np.int64, count)
+    if torch:
+        import torch as _torch
+        return _torch.from_numpy(a)
+    return a
 
 
 def _alloc_pool(l1_pages, page_bytes):
@@ -988,6 +1109,7 @@ class Cache:
             info = _Info(struct_size=ctypes.sizeof(_Info))
             _check(lib.cpcache_get_info(self._h, ctypes.byref(info)))
             self.info = Info(**{f: getattr(info, f) for f in Info._fields})
+            self._pt = int(info.page_tokens)
         except BaseException:
             self._closed = True
             lib.cpcache_close(self._h)  # else the process's one cache stays open, unreachable
@@ -1077,18 +1199,30 @@ class Cache:
         self._stop_runner()
         self._release_memory()
 
-    def match(self, tokens, key=None):
+    def match(self, tokens, key=None, out=None):
         """The longest prefix cached under isolation key key (bytes or str, None or empty:
-        the empty key; see insert) [R]. l1_slots are this rank's slots of the device pages: -1
-        for a page it does not own (page i is CP rank i mod cp_size's; each rank's L1 holds
-        only its own pages)."""
-        arr, n = _tokens(tokens)
+        the empty key; see insert) [R]: a MatchResult. l1_slots are this rank's slots of the
+        device pages: -1 for a page it does not own (page i is CP rank i mod cp_size's; each
+        rank's L1 holds only its own pages); device_indices the same per token (location
+        slot * page_tokens + k, -1 for another rank's token), an int64 numpy array, or a torch
+        tensor when out="torch" or tokens is one (out="numpy" forces numpy). tokens: a list,
+        array('i'), or a numpy array / torch tensor of integers (int32 passes without a copy)."""
+        ptr, n, keep = _int_ptr(tokens, "token", 4)
         k = _key(key)
-        cap = n // self.info.page_tokens
-        slots = (_i32 * max(cap, 1))()
+        pt = self._pt
+        whole = n // pt * pt
+        locs = (_i64 * max(whole, 1))()
         res = _MatchResult()
-        _check(self._lib.cpcache_match_key(self._h, k, len(k), arr, n, ctypes.byref(res), slots, cap))
-        return MatchResult(res.node, res.device_pages, res.host_pages, list(slots[:res.device_pages]))
+        _check(self._lib.cpcache_match_locs(self._h, k, len(k), ptr, n, ctypes.byref(res), locs, whole))
+        dp = res.device_pages
+        torch = _want_torch(out, tokens)
+        idx = _locs_out(locs, dp * pt, False)
+        # -1 // page_tokens is -1: another rank's page stays -1.
+        slots = (idx[::pt] // pt).tolist() if _np else [v // pt for v in idx[::pt]]
+        if torch:
+            import torch as _torch
+            idx = _torch.from_numpy(idx)
+        return MatchResult(res.node, dp, res.host_pages, slots, idx, dp * pt, res.host_pages * pt)
 
     def lock(self, node):
         """Pins node's prefix [R]."""
@@ -1244,6 +1378,118 @@ class Cache:
             out += buf[:min(nf.value, cap)]
             if nf.value <= cap:
                 return out
+
+    # --- token locations (l1_mode="engine_owned", SGLang's out_cache_loc; see cpcache.h) ---
+    # Page slot s holds locations s*page_tokens .. s*page_tokens+page_tokens-1 of this rank's
+    # buffers (token_slot_buffer's layout); another CP rank's token is -1 here. Location
+    # arrays in: int64 numpy arrays or torch tensors (by address, no copy), other integer
+    # arrays or lists (converted). Out: int64 numpy arrays, or torch tensors when out="torch"
+    # (or, with out=None, when the input array is a tensor).
+
+    def _take_rest(self, first, n, cap, torch):
+        """first (a freed-locations result of cap entries of n freed) completed with the
+        queued rest (n > cap: more than the call's buffer held)."""
+        if n <= cap:
+            return first
+        rest = self.take_freed_locs(out="torch" if torch else "numpy")
+        np = _numpy()
+        if torch:
+            import torch as _torch
+            return _torch.cat([first, rest])
+        if np is not None:
+            return np.concatenate([first, rest])
+        return first + rest
+
+    def _freed_cap(self, tokens):
+        return max(tokens, 64 * self._pt)
+
+    def insert_locs(self, tokens, locs, key=None, out=None):
+        """insert (under isolation key key) with the request's per-token locations: locs[i]
+        is token i's location on this rank (SGLang's req_to_token row; entries of other ranks'
+        pages, e.g. -1, and of the partial last page are not read). The cache adopts this
+        rank's whole pages, whose locations must be page-aligned and contiguous (else
+        InvalidError naming the entry and its value, before any change). Returns LocsInserted,
+        whose freed (int64 array) are the locations it does not keep: give them back to the
+        allocator [R]."""
+        ptr, n, keep = _int_ptr(tokens, "token", 4)
+        lptr, nl, lkeep = _int_ptr(locs, "location", 8)
+        k = _key(key)
+        res = _InsertResult()
+        cap = self._freed_cap(n // self._pt * self._pt)
+        buf, nf = (_i64 * cap)(), ctypes.c_size_t()
+        _check(self._lib.cpcache_insert_locs(self._h, k, len(k), ptr, n, lptr, nl, ctypes.byref(res), buf, cap,
+                                             ctypes.byref(nf)))
+        torch = _want_torch(out, locs)
+        freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
+        return LocsInserted(res.node, res.pages, res.backups, freed)
+
+    def load_back_tokens(self, node):
+        """How many locations load_back_locs(node, ...) wants: page_tokens for each page of
+        load_back_plan(node) [L; the same plan on every rank]."""
+        return len(self.load_back_plan(node)) * self._pt
+
+    def load_back_locs(self, node, locs, out=None):
+        """load_back into the engine's locations: load_back_tokens(node) of them, page_tokens
+        page-aligned contiguous ones for each page of load_back_plan(node), in order. Returns
+        LocsLoaded; its freed are the locations of pages that did not load and those the
+        load's evictions freed [R]."""
+        lptr, nl, lkeep = _int_ptr(locs, "location", 8)
+        pages = _i64()
+        cap = self._freed_cap(nl)
+        buf, nf = (_i64 * cap)(), ctypes.c_size_t()
+        _check(self._lib.cpcache_load_back_locs(self._h, _arg("node", node, _u64), lptr, nl, ctypes.byref(pages),
+                                                buf, cap, ctypes.byref(nf)))
+        torch = _want_torch(out, locs)
+        freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
+        return LocsLoaded(pages.value, pages.value * self._pt, freed)
+
+    def evict_locs(self, tokens, out=None):
+        """Evicts L1 pages for at least tokens tokens (ceil(tokens / page_tokens) pages, as
+        evict_l1_slots): LocsEvicted(freed_tokens, pending_tokens, freed), freed this rank's
+        locations freed now [R]."""
+        ft, pt_, nf = _i64(), _i64(), ctypes.c_size_t()
+        cap = self._freed_cap(min(int(tokens), int(self.info.l1_pages) * self._pt) if tokens > 0 else 0)
+        buf = (_i64 * cap)()
+        _check(self._lib.cpcache_evict_locs(self._h, _arg("tokens", tokens, _i64), ctypes.byref(ft), ctypes.byref(pt_),
+                                            buf, cap, ctypes.byref(nf)))
+        torch = _want_torch(out)
+        freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
+        return LocsEvicted(ft.value, pt_.value, freed)
+
+    def take_freed_locs(self, out=None):
+        """take_freed_l1 in locations: an int64 array of this rank's locations the cache let
+        go outside a call that returns them; drain after every step and flush [L]."""
+        nf = ctypes.c_size_t()
+        _check(self._lib.cpcache_take_freed_locs(self._h, None, 0, ctypes.byref(nf)))
+        cap = max(nf.value, 1)
+        buf = (_i64 * cap)()
+        _check(self._lib.cpcache_take_freed_locs(self._h, buf, cap, ctypes.byref(nf)))
+        return _locs_out(buf, min(nf.value, cap), _want_torch(out))
+
+    def make_room(self, end, start=0, reserved=None, out=None):
+        """The agreed cross-rank eviction that makes room for a request [R]: evicts (least
+        recently used first) until every CP rank has room for the pages it owns among the
+        sequence's tokens [start, end) — from page start // page_tokens (start: the device
+        hit) to the page holding token end-1 — beside the pages the cache holds on it and
+        reserved[r] pages the engine holds outside the cache on CP rank r (cp_size ints, the
+        same on every rank; None: none). Decided from replicated counts, so every rank evicts
+        alike. Returns RoomMade(room, freed): room False when nothing more can be evicted
+        (locked pages, backups in flight: step and retry); freed, this rank's freed locations
+        (int64 array), for the allocator either way."""
+        res_arr = None
+        if reserved is not None:
+            cp = self.info.cp_size
+            if len(reserved) != cp:
+                raise _invalid(f"reserved has {len(reserved)} entries, want cp_size {cp}")
+            res_arr = (_i64 * cp)(*[_arg(f"reserved[{r}]", int(v), _i64) for r, v in enumerate(reserved)])
+        room, nf = _i32(), ctypes.c_size_t()
+        cap = self._freed_cap(0)
+        buf = (_i64 * cap)()
+        _check(self._lib.cpcache_make_room(self._h, _arg("start", start, _i64), _arg("end", end, _i64), res_arr,
+                                           ctypes.byref(room), buf, cap, ctypes.byref(nf)))
+        torch = _want_torch(out)
+        freed = self._take_rest(_locs_out(buf, min(nf.value, cap), torch), nf.value, cap, torch)
+        return RoomMade(bool(room.value), freed)
 
     def evict_l2(self, pages):
         """Frees up to pages L2 pages of L2-only nodes; returns how many [R]."""
