@@ -53,11 +53,13 @@ from collections import namedtuple
 
 import numpy as np
 
-try:
-    import cpcache  # installed: make install, or the wheel (make wheel)
-except ImportError:  # run from a checkout: the package beside this example
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import cpcache  # noqa: E402
+# From a checkout, the package beside this example (an installed one may be older); else the
+# installed one (make install, or the wheel).
+_CHECKOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if os.path.isfile(os.path.join(_CHECKOUT, "cpcache", "sglang.py")):
+    sys.path.insert(0, _CHECKOUT)
+import cpcache  # noqa: E402
+from cpcache.sglang import HiCache  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF = 512, 64, 4, 4, 2, 16, 128
 PAGE_TOKENS = 4
@@ -232,34 +234,29 @@ class TokenToKVPoolAllocator:
     def available_size(self):
         return len(self.free_slots) * PAGE_TOKENS
 
-    def alloc_slots(self, n):
-        if n > len(self.free_slots):
-            raise RuntimeError(f"{n} L1 slots wanted, {len(self.free_slots)} free (room was made)")
-        got = [self.free_slots.pop() for _ in range(n)]
+    def alloc(self, n):
+        """n tokens' locations, whole pages (SGLang's alloc): an int64 tensor, or None when
+        the pool has too few free pages."""
+        pages = -(-n // PAGE_TOKENS)
+        if pages > len(self.free_slots):
+            return None
+        got = [self.free_slots.pop() for _ in range(pages)]
         self.out.update(got)
         for s in got:
             for t in self.kv:
                 t[s * PAGE_TOKENS:(s + 1) * PAGE_TOKENS] = POISON
-        return got
+        return locations(self.torch, got)[:n]
 
-    def alloc(self, n):
-        """n tokens' locations, whole pages (SGLang's alloc), as an int64 tensor."""
-        slots = self.alloc_slots(-(-n // PAGE_TOKENS))
-        return locations(self.torch, slots)[:n]
-
-    def free_slots_list(self, slots):
-        for s in slots:
-            s = int(s)
+    def free(self, indices):
+        """Frees the pages of indices' page-aligned locations (-1s ignored); a page freed
+        twice or never handed out is counted in bad."""
+        idx = self.torch.as_tensor(indices, dtype=self.torch.int64)
+        for s in (idx[(idx >= 0) & (idx % PAGE_TOKENS == 0)] // PAGE_TOKENS).tolist():
             if s not in self.out:
-                self.bad += 1  # freed twice or never handed out
+                self.bad += 1
                 continue
             self.out.remove(s)
             self.free_slots.append(s)
-
-    def free(self, indices):
-        """Frees the pages of indices' page-aligned locations (-1s ignored)."""
-        idx = indices[(indices >= 0) & (indices % PAGE_TOKENS == 0)]
-        self.free_slots_list((idx // PAGE_TOKENS).tolist())
 
 
 def locations(torch, slots):
@@ -295,133 +292,6 @@ class Req:
         self.last_node = None
 
 
-# --- the SGLang-shaped prefix cache --------------------------------------------------------
-
-MatchResult = namedtuple("MatchResult", "device_indices last_device_node last_host_node host_hit_length")
-
-
-class HiCache:
-    """SGLang's HiRadixCache calls over cpcache.Cache (engine-owned slots), the subset this
-    engine's scheduler makes, with SGLang's names and semantics. Token locations are this
-    rank's (-1 for another CP rank's tokens); replicated calls happen on every rank of the
-    CP group in the same order."""
-
-    def __init__(self, cache, req_to_token_pool, token_to_kv_pool_allocator, page_size, cp_size, cp_rank,
-                 break_neighbour=False):
-        self.cache, self.req_to_token_pool = cache, req_to_token_pool
-        self.allocator, self.page_size = token_to_kv_pool_allocator, page_size
-        self.cp_size, self.cp_rank = cp_size, cp_rank
-        self.torch = token_to_kv_pool_allocator.torch
-        self.break_neighbour = break_neighbour
-        self.neighbour_swaps = 0
-
-    def _own(self, page):
-        return page % self.cp_size == self.cp_rank
-
-    def _indices(self, slots, pages):
-        """Per-token locations of the first `pages` pages from this rank's l1 slots (-1 elsewhere)."""
-        out = self.torch.full((pages * self.page_size,), -1, dtype=self.torch.int64)
-        for i in range(pages):
-            if slots[i] >= 0:
-                out[i * self.page_size:(i + 1) * self.page_size] = locations(self.torch, [slots[i]])
-        return out
-
-    def match_prefix(self, key):
-        m = self.cache.match(key)
-        return MatchResult(self._indices(m.l1_slots, m.device_pages), m.node, m.node,
-                           m.host_pages * self.page_size)
-
-    def inc_lock_ref(self, node):
-        self.cache.lock(node)
-
-    def dec_lock_ref(self, node):
-        self.cache.unlock(node)
-
-    def evict_for(self, lo_page, hi_page):
-        """Makes room on every CP rank for its pages among sequence pages [lo, hi): the agreed
-        cross-rank eviction, decided from l1_used_by (equal on every rank)."""
-        c, cp, size = self.cache, self.cp_size, self.allocator.size
-        while True:
-            deficit = sum(max(0, c.l1_used_by(r) + len(range(lo_page + (r - lo_page) % cp, hi_page, cp)) - size)
-                          for r in range(cp))
-            if deficit == 0:
-                return True
-            ev = c.evict_l1_slots(deficit)
-            self.allocator.free_slots_list(ev.slots)
-            if ev.freed == 0:
-                return False
-
-    def init_load_back(self, node, host_hit_length, device_pages):
-        """Loads the host hit back into slots from the allocator; the copies start at the next
-        step. Returns the pages loading (0: none)."""
-        if host_hit_length <= 0:
-            return 0
-        if not self.evict_for(device_pages, device_pages + host_hit_length // self.page_size):
-            return 0
-        plan = self.cache.load_back_plan(node)
-        dst = self.allocator.alloc_slots(len(plan))
-        res = self.cache.load_back_slots(node, dst)
-        self.allocator.free_slots_list(res.freed)
-        return res.pages
-
-    def _insert(self, req, token_ids):
-        """insert_slots of token_ids' whole pages with this rank's slots from req_to_token;
-        the slots the cache did not adopt go back to the allocator."""
-        P = self.page_size
-        pages = len(token_ids) // P
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        own = [i for i in range(pages) if self._own(i)]
-        slots = [int(row[i * P]) // P for i in own]
-        if self.break_neighbour:
-            # The broken path: the first two of this rank's pages new to the cache swap slots,
-            # so the cache records each page in its neighbour's slot.
-            cached = 0 if req.prefix_indices is None else len(req.prefix_indices) // P
-            new = [j for j, i in enumerate(own) if i >= cached]
-            if len(new) >= 2:
-                a, b = new[0], new[1]
-                slots[a], slots[b] = slots[b], slots[a]
-                self.neighbour_swaps += 1
-        res = self.cache.insert_slots(token_ids[:pages * P], slots, key=req.extra_key)
-        self.allocator.free_slots_list(res.freed)
-        return res
-
-    def cache_unfinished_req(self, req, chunked=False):
-        """Inserts the prompt's whole pages (their K/V are computed), then, as SGLang does,
-        matches again and points the request's locations at the cache's (a page the cache
-        already held keeps the cache's slot; the request's copy went back to the allocator)."""
-        P = self.page_size
-        res = self._insert(req, req.fill_ids)
-        m = self.cache.match(req.fill_ids[:res.pages * P], key=req.extra_key)
-        indices = self._indices(m.l1_slots, m.device_pages)
-        self.req_to_token_pool.req_to_token[req.req_pool_idx][:len(indices)] = indices
-        self.inc_lock_ref(m.node)
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-        req.last_node = m.node
-        req.prefix_indices = indices
-
-    def cache_finished_req(self, req, is_insert=True):
-        """Inserts every token with K/V (all but the last output token), frees the locations
-        the cache does not keep (the partial last page) and the request's pool slot."""
-        tokens = (req.origin_input_ids + req.output_ids)[:-1] if req.output_ids else req.origin_input_ids
-        whole = len(tokens) // self.page_size
-        if is_insert:
-            self._insert(req, tokens)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        self.allocator.free(row[whole * self.page_size:])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-        self.req_to_token_pool.free(req.req_pool_idx)
-
-    def check_hicache_events(self):
-        """The per-step consensus (cpcache step), then the slots the cache let go."""
-        self.cache.step()
-        self.allocator.free_slots_list(self.cache.take_freed_l1())
-
-    def evictable_size(self):
-        return self.cache.stats()["l1_used"] * self.page_size
-
-
 # --- the scheduler ---------------------------------------------------------------------------
 
 def conversations(clients, turns, seed=7):
@@ -432,7 +302,7 @@ def conversations(clients, turns, seed=7):
 
 
 class Scheduler:
-    """One request at a time through the SGLang-shaped cache, as SGLang's scheduler drives
+    """One request at a time through cpcache.sglang.HiCache, as SGLang's scheduler drives
     HiRadixCache; every decision is a function of replicated state, so every rank of the CP
     group makes the same calls and the same number of steps."""
 
@@ -443,121 +313,122 @@ class Scheduler:
         self.scratch = scratch  # per-layer K, V tensors of the cache-off reference
         self.storage, self.answer_tokens, self.breaks = storage, answer_tokens, breaks
         self.counts = dict(requests=0, prompt_tokens=0, l1_tokens=0, l2_tokens=0, storage_tokens=0,
-                           computed_tokens=0, loaded_requests=0, steps=0, checked=0, differing=0)
+                           computed_tokens=0, loaded_requests=0, checked=0, differing=0, neighbour_swaps=0)
         self.rid = 0
-
-    def step(self):
-        self.tree.check_hicache_events()
-        self.counts["steps"] += 1
+        self.pool = tree.req_to_token_pool
+        self.alloc = tree.token_to_kv_pool_allocator
 
     def step_while(self, cond, what):
-        """Steps while cond() holds, at most timeout_s seconds."""
+        """Scheduler steps (check_hicache_events) while cond() holds, at most timeout_s seconds."""
         deadline = time.monotonic() + self.timeout_s
         while cond():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} still pending after {self.timeout_s} s of steps")
-            self.step()
-
-    def room(self, lo, hi):
-        """Room on every CP rank for its pages among [lo, hi); steps until no backup is in
-        flight when eviction alone cannot make it (pages being backed up cannot go)."""
-        if self.tree.evict_for(lo, hi):
-            return
-        self.step_while(self.tree.cache.pending, "backups")
-        if not self.tree.evict_for(lo, hi):
-            raise RuntimeError(f"L1 cannot make room for sequence pages [{lo}, {hi}): every page is locked")
+            self.tree.check_hicache_events()
 
     def own(self, page):
         return page % self.cp.size == self.cp.rank
 
-    def grow(self, req, have_pages, n_tokens):
-        """Locations for this rank's pages among [have_pages, ceil(n_tokens/P)) of req."""
-        want = -(-n_tokens // PAGE_TOKENS)
-        if want <= have_pages:
-            return have_pages
-        self.room(self.inserted_pages, want)
-        row = self.tree.req_to_token_pool.req_to_token[req.req_pool_idx]
-        for i in range(have_pages, want):
+    def grow(self, req, cached, have, n_tokens):
+        """Locations for this rank's pages among [have, ceil(n_tokens/P)) of req, after the
+        agreed room-making for the request's pages beyond the cache's (cached tokens)."""
+        P = PAGE_TOKENS
+        want = -(-n_tokens // P)
+        if want <= have:
+            return have
+        if not self.tree.make_room(want * P, cached):
+            # Pages whose backups are in flight cannot go: step until none is, then again.
+            self.step_while(self.tree.cache.pending, "backups")
+            if not self.tree.make_room(want * P, cached):
+                raise RuntimeError(f"L1 cannot make room for tokens [{cached}, {want * P}): every page is locked")
+        row = self.pool.req_to_token[req.req_pool_idx]
+        for i in range(have, want):
             if self.own(i):
-                loc = self.tree.allocator.alloc(PAGE_TOKENS)
-                row[i * PAGE_TOKENS:(i + 1) * PAGE_TOKENS] = loc
+                loc = self.alloc.alloc(P)
+                if loc is None:
+                    raise RuntimeError(f"no free L1 page for page {i} after make_room")
+                row[i * P:(i + 1) * P] = loc
         return want
 
     def generate(self, prompt):
-        """Serves one request through the cache: (answer, logits hash)."""
-        torch, tree, P = self.torch, self.tree, PAGE_TOKENS
-        c = self.counts
+        """Serves one request through the prefix cache: (answer, logits hash)."""
+        torch, tree, P, c = self.torch, self.tree, PAGE_TOKENS, self.counts
         req = Req(self.rid, prompt)
         self.rid += 1
-        req.req_pool_idx = tree.req_to_token_pool.alloc()
+        req.req_pool_idx = self.pool.alloc()
+        row = self.pool.req_to_token[req.req_pool_idx]
         m = tree.match_prefix(prompt)
-        tree.inc_lock_ref(m.last_host_node)
-        locked = [m.last_host_node]
-        device_pages, host_pages = len(m.device_indices) // P, m.host_hit_length // P
-        storage_pages = 0
-        if self.storage and device_pages + host_pages < len(prompt) // P:
-            # SGLang's prefetch_from_storage: the continuation beyond the tree, waited for in
-            # scheduler steps, then matched again.
+        tree.inc_lock_ref(m.last_device_node)
+        node = m.last_device_node
+        host_before = m.host_hit_length
+        if self.storage and len(m.device_indices) + m.host_hit_length < len(prompt) // P * P:
+            # The continuation beyond the tree from storage (SGLang's prefetch_from_storage):
+            # waited for in scheduler steps, then matched again.
             pid = tree.cache.prefetch(prompt)
             if pid:
                 self.step_while(lambda: tree.cache.prefetch_pending(pid), f"prefetch {pid}")
                 m = tree.match_prefix(prompt)
-                tree.inc_lock_ref(m.last_host_node)
-                locked.append(m.last_host_node)
-                storage_pages = m.host_hit_length // P - host_pages
-                device_pages, host_pages = len(m.device_indices) // P, m.host_hit_length // P
-        node, loading = m.last_host_node, 0
-        if host_pages:
-            self.inserted_pages = device_pages
-            loading = tree.init_load_back(node, m.host_hit_length, device_pages)
-            if loading:
-                c["loaded_requests"] += 1
-                if "skip-layer-wait" not in self.breaks:
-                    self.step()  # the copies start; the forward waits for each layer below
-                m = tree.match_prefix(prompt)  # the device hit now covers the loaded pages
                 tree.inc_lock_ref(m.last_device_node)
-                locked.append(m.last_device_node)
-            else:
-                host_pages = storage_pages = 0
-        hit_pages = len(m.device_indices) // P
+                tree.dec_lock_ref(node)
+                node = m.last_device_node
+        req.last_node = node
+        device = m.device_indices
+        loaded = device[:0]
+        if m.host_hit_length > 0:
+            loaded, _ = tree.init_load_back(node, m.host_hit_length)
+        skip_wait = "skip-layer-wait" in self.breaks and len(loaded) > 0
+        if len(loaded) and not skip_wait:
+            tree.ready_to_load_host_cache()  # a step: the copies start; the forward waits per layer
+        prefix = torch.cat([device, loaded])
         c["requests"] += 1
         c["prompt_tokens"] += len(prompt)
-        c["l1_tokens"] += device_pages * P
-        if loading:
-            c["l2_tokens"] += (host_pages - storage_pages) * P
-            c["storage_tokens"] += storage_pages * P
+        c["l1_tokens"] += len(device)
+        if len(loaded):
+            c["loaded_requests"] += 1
+            from_storage = min(len(loaded), max(0, m.host_hit_length - host_before))
+            c["storage_tokens"] += from_storage
+            c["l2_tokens"] += len(loaded) - from_storage
         # Reuse whole cached pages, leaving at least one prompt token to compute (its logits).
-        reuse = min(hit_pages, (len(prompt) - 1) // P)
-        row = tree.req_to_token_pool.req_to_token[req.req_pool_idx]
-        row[:reuse * P] = m.device_indices[:reuse * P]
-        req.prefix_indices = m.device_indices[:reuse * P]
-        self.inserted_pages = reuse
-        have = self.grow(req, reuse, len(prompt))
+        reuse = min(len(prefix), (len(prompt) - 1) // P * P)
+        row[:reuse] = prefix[:reuse]
+        req.prefix_indices = row[:reuse].clone()
+        have = self.grow(req, reuse, reuse // P, len(prompt))
         kv = SeqKV(self.ks, self.vs, row, torch)
 
         def before_layer(layer):
-            if loading and "skip-layer-wait" not in self.breaks:
-                tree.cache.wait_l1_layer(m.last_device_node, layer, timeout_ms=self.timeout_s * 1000)
+            if len(loaded) and not skip_wait:
+                tree.wait_layer(layer, timeout_ms=self.timeout_s * 1000)
 
-        logits = self.model.forward(prompt, reuse * P, kv, self.cp, before_layer)
-        c["computed_tokens"] += len(prompt) - reuse * P
-        if loading and "skip-layer-wait" in self.breaks:
-            self.step()  # the broken engine read the loaded layers before their copies started
+        logits = self.model.forward(prompt, reuse, kv, self.cp, before_layer)
+        c["computed_tokens"] += len(prompt) - reuse
+        if skip_wait:
+            tree.ready_to_load_host_cache()  # the broken engine read the loaded layers before their copies started
+        if "neighbour-slot" in self.breaks:
+            self.swap_neighbours(row, reuse // P, len(prompt) // P)
         tree.cache_unfinished_req(req)
-        self.inserted_pages = len(req.prefix_indices) // P
-        for n in locked:
-            tree.dec_lock_ref(n)
         tokens = list(prompt)
         for i in range(self.answer_tokens):
             req.output_ids.append(int(torch.argmax(logits)))
             tokens.append(req.output_ids[-1])
             if i + 1 < self.answer_tokens:
-                have = self.grow(req, have, len(tokens))
+                have = self.grow(req, len(prompt) // P * P, have, len(tokens))
                 logits = self.model.forward(tokens, len(tokens) - 1, kv, self.cp)
-            self.step()  # one decode step
+            tree.check_hicache_events()  # one decode step
         digest = hashlib.sha256(logits.numpy().tobytes()).hexdigest()
         tree.cache_finished_req(req)
+        self.pool.free(req.req_pool_idx)
         return list(req.output_ids), digest
+
+    def swap_neighbours(self, row, lo, hi):
+        """The broken path: the first two of this rank's pages in [lo, hi) (computed by this
+        request, not yet cached) swap locations, so the cache records each in the other's slot."""
+        P = PAGE_TOKENS
+        mine = [i for i in range(lo, hi) if self.own(i)]
+        if len(mine) >= 2:
+            a, b = mine[0], mine[1]
+            pa, pb = row[a * P:(a + 1) * P].clone(), row[b * P:(b + 1) * P].clone()
+            row[a * P:(a + 1) * P], row[b * P:(b + 1) * P] = pb, pa
+            self.counts["neighbour_swaps"] += 1
 
     def reference(self, prompt):
         """The same request computed without the cache (every token, scratch K/V, the same CP
@@ -597,6 +468,7 @@ class Scheduler:
                 self.counts["differing"] += got != want
                 history[ci] += got[0]
         self.step_while(self.tree.cache.pending, "transfers")
+        self.tree.reset()  # every location the cache held back to the allocator
 
 
 # --- the worker processes ----------------------------------------------------------------------
@@ -644,6 +516,7 @@ def _worker(rank, a, store_port, job_id):
     # The cache meets its peers through the engine's own store (the parent's TCPStore: keys
     # under cpcache/ only), under this run's job id.
     cache = cpcache.Cache(world=a.world, rank=rank, dp=dp, attn_cp=cp_size, store=store, job_id=job_id,
+                          local_world=a.world,
                           page_tokens=PAGE_TOKENS,
                           l1_pages=l1_pages, l2_pages=a.l2_pages, l1_mode="engine_owned", kv_layout=KV_SPEC,
                           l1_buffers=bufs, storage_url=a.storage, model=MODEL_NAME if a.storage else None,
@@ -652,16 +525,13 @@ def _worker(rank, a, store_port, job_id):
         model = Model(torch)
         alloc = TokenToKVPoolAllocator(torch, l1_pages, ks + vs)
         pool = ReqToTokenPool(torch, 4, max_pages * PAGE_TOKENS)
-        tree = HiCache(cache, pool, alloc, PAGE_TOKENS, cp_size, cp_rank,
-                       break_neighbour="neighbour-slot" in a.break_)
+        tree = HiCache(cache, req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=PAGE_TOKENS)
         sched = Scheduler(torch, model, tree, cp, (ks, vs), scratch, a.storage, a.answer_tokens, a.break_,
                           a.timeout)
         sched.serve(convs)
-        st = cache.stats()
-        cache.flush()
-        alloc.free_slots_list(cache.take_freed_l1())
+        st = cache.stats()  # after the final reset: every location is back with the allocator
         out = dict(sched.counts, rank=rank, dp_rank=dp_rank, cp_rank=cp_rank, slots_out=len(alloc.out),
-                   bad_slots=alloc.bad, neighbour_swaps=tree.neighbour_swaps,
+                   bad_slots=alloc.bad,
                    stats={k: st[k] for k in ("l1_hit_pages", "l2_hit_pages", "loaded_pages", "storage_hit_pages",
                                              "storage_prefetched_pages", "storage_backed_up_pages", "steps",
                                              "digest_mismatches")})
@@ -743,7 +613,7 @@ def main(argv=None):
     slots_out = sum(r["slots_out"] + r["bad_slots"] for r in got.values())
     for r in sorted(got.values(), key=lambda r: r["rank"]):
         print(f"rank {r['rank']} (dp {r['dp_rank']}, cp {r['cp_rank']}/{a.attn_cp}): requests={r['requests']} "
-              f"steps={r['steps']} loaded_requests={r['loaded_requests']} slots_out={r['slots_out']} "
+              f"loaded_requests={r['loaded_requests']} slots_out={r['slots_out']} "
               f"bad_slots={r['bad_slots']} " + " ".join(f"{k}={v}" for k, v in r["stats"].items()))
     print(f"world {a.world}, attn-cp {a.attn_cp}, {dp} replica(s): prompt tokens {tok['prompt_tokens']}, "
           f"computed {tok['computed_tokens']}, {time.monotonic() - t0:.1f} s")
