@@ -18,12 +18,16 @@ allocator gives every slot, the model writes the K/V there, inserts adopt them, 
 L2 land in slots the allocator gives. torch.distributed and cpcache both meet at the parent's
 TCPStore (the engine's dist_init_method).
 
-The scheduler loop drives the SGLang-shaped prefix cache as SGLang's scheduler does, one
-request at a time: match_prefix → inc_lock_ref → (storage prefetch, match again) →
-init_load_back → forward, waiting for each layer of the loaded pages before it reads them
-(wait_l1_layer) → cache_unfinished_req → decode steps (check_hicache_events every step) →
-cache_finished_req → dec_lock_ref. Conversations are multi-turn: each turn's prompt is the
-conversation so far (earlier prompts and answers) plus new user tokens.
+The scheduler loop drives cpcache.sglang.HiCache (SGLang's HiRadixCache interface) as SGLang's
+scheduler does, one request at a time: match_prefix → inc_lock_ref → (with --storage: a
+prefetch, waited for in steps, then match again) → init_load_back → ready_to_load_host_cache
+(the step that starts the copies) → the forward, calling wait_layer(l) before layer l reads
+the loaded K/V → cache_unfinished_req → decode steps (check_hicache_events every step) →
+cache_finished_req. Room for a request's pages is made by the agreed cross-rank eviction
+(make_room) before its locations are allocated. Conversations are multi-turn: each turn's
+prompt is the conversation so far (earlier prompts and answers) plus new user tokens.
+The allocator fills every page it hands out with NaN, as a reused pool page holds another
+sequence's K/V: a read before the page is written or loaded shows in the outputs.
 
 Determinism: every token's K/V, attention and logits are computed one token at a time
 (matrix-vector products whose shapes depend only on the position and the rank), never in a
@@ -32,8 +36,9 @@ recomputed. Every request is computed again without the cache (the same CP split
 K/V) and compared: the greedy answer tokens and the SHA-256 of the final logits' bytes.
 
 Prints `outputs checked N, differing D` and `hits: L1 a L2 b storage c tokens` (the prompt
-tokens served from each tier) and exits 1 when D > 0 (or a rank failed, or a slot was not
-handed back).
+tokens served from each tier) and exits 1 when D > 0 (or a rank failed, or a location was
+not handed back to the allocator). --kv-events ENDPOINT publishes the cache's KV events
+(Cache(kv_events=...); refused while the binding has no such keyword).
 
 Run: /usr/bin/python3 python/examples/torch_engine.py --world 4 --attn-cp 2 --requests 12
      [--storage file:///tmp/l3] [--kv-events tcp://*:5557]
@@ -49,7 +54,6 @@ import queue
 import sys
 import time
 import traceback
-from collections import namedtuple
 
 import numpy as np
 
@@ -184,30 +188,26 @@ class Model:
 
 
 class CPGroup:
-    """This rank's CP group over torch.distributed: all_gather of equal-shaped tensors."""
+    """This rank's CP group over torch.distributed: its size, this rank's index in it, and
+    all_gather of equal-shaped tensors (in CP rank order)."""
 
-    def __init__(self, dist, group, size):
-        self.dist, self.group, self.size = dist, group, size
+    def __init__(self, dist, group, size, rank):
+        self.dist, self.group, self.size, self.rank = dist, group, size, rank
 
     def all_gather(self, t):
         if self.size == 1:
             return [t]
-        out = [self.dist_empty(t) for _ in range(self.size)]
+        out = [t.new_empty(t.shape) for _ in range(self.size)]
         self.dist.all_gather(out, t.contiguous(), group=self.group)
         return out
-
-    @staticmethod
-    def dist_empty(t):
-        return t.new_empty(t.shape)
 
 
 class SeqKV:
     """One sequence's K/V on this rank: per-token locations (rows of the per-layer tensors;
     -1 for another rank's token) as SGLang's req_to_token row."""
 
-    def __init__(self, ks, vs, locs, torch):
-        self.ks, self.vs, self.locs, self.torch = ks, vs, locs, torch
-        self._own = None
+    def __init__(self, ks, vs, locs):
+        self.ks, self.vs, self.locs = ks, vs, locs
 
     def loc(self, pos):
         return int(self.locs[pos])
@@ -393,7 +393,7 @@ class Scheduler:
         row[:reuse] = prefix[:reuse]
         req.prefix_indices = row[:reuse].clone()
         have = self.grow(req, reuse, reuse // P, len(prompt))
-        kv = SeqKV(self.ks, self.vs, row, torch)
+        kv = SeqKV(self.ks, self.vs, row)
 
         def before_layer(layer):
             if len(loaded) and not skip_wait:
@@ -441,7 +441,7 @@ class Scheduler:
             if self.own(i):
                 locs[i * P:(i + 1) * P] = locations(torch, [slot])
                 slot += 1
-        kv = SeqKV(*self.scratch, locs, torch)
+        kv = SeqKV(*self.scratch, locs)
         tokens = list(prompt)
         logits = self.model.forward(tokens, 0, kv, self.cp)
         answer = []
@@ -492,10 +492,10 @@ def _worker(rank, a, store_port, job_id):
     cp_size, dp = a.attn_cp, a.world // a.attn_cp
     dp_rank, cp_rank = rank // cp_size, rank % cp_size
     groups = [dist.new_group(list(range(d * cp_size, (d + 1) * cp_size))) for d in range(dp)]
-    cp = CPGroup(dist, groups[dp_rank], cp_size)
-    cp.rank = cp_rank
+    cp = CPGroup(dist, groups[dp_rank], cp_size, cp_rank)
 
     convs = conversations(a.clients, a.turns)
+    convs[-1] = convs[-1][:a.turns - (a.clients * a.turns - a.requests)]  # --requests in all, exactly
     convs = [cv for ci, cv in enumerate(convs) if ci % dp == dp_rank]
     max_tokens = max([sum(len(t) for t in cv) + len(cv) * a.answer_tokens for cv in convs] + [PAGE_TOKENS])
     max_pages = -(-max_tokens // PAGE_TOKENS)

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("numpy", reason="numpy (Debian python3-numpy) is not installed")
 try:
-    import torch  # noqa: F401
     import torch.distributed as _dist
     _TORCH = None if _dist.is_available() and _dist.is_gloo_available() else "torch.distributed has no gloo backend"
 except Exception as e:  # noqa: BLE001 — any import failure means no torch here
