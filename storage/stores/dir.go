@@ -64,6 +64,8 @@ type dirStore struct {
 	// (RWF_NOWAIT), so Get reads cached pages straight into place (getOne); cleared for
 	// good the first time it refuses the flag.
 	noWait atomic.Bool
+	// inPlace counts the pages Get read straight into place (tests).
+	inPlace atomic.Uint64
 }
 
 // TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
@@ -176,7 +178,7 @@ func openDir(root string, opts options) (*dirStore, error) {
 		if err != nil {
 			return fail(nil, err)
 		}
-		s.opts.auth = storage.NewMAC(key)
+		s.opts.auth = newMAC(key)
 	}
 	return s, nil
 }
@@ -404,6 +406,7 @@ func (s *dirStore) getOne(ctx context.Context, k storage.Key, bind *storage.Bind
 		switch {
 		case rerr == nil && n == len(hdr)+len(dst):
 			closeLater(fd)
+			s.inPlace.Add(1)
 			f := pageFile{mode: unix.S_IFREG, size: st.Size, n: len(hdr)}
 			return s.loadPage(k, bind, rel, f, hdr[:], dst, true)
 		case rerr == unix.EOPNOTSUPP || rerr == unix.EINVAL || rerr == unix.ENOSYS:
