@@ -27,7 +27,7 @@ import (
 //
 //   - file-get: a Get of a batch of pages (default workers) against reads of the very
 //     files the store wrote, one file after the other (open, one pread into a reused
-//     buffer, close): through the page cache, warm for both (x-raw-read, cpu-x-raw-read:
+//     buffer, close: system calls, no os.File): through the page cache, warm for both (x-raw-read, cpu-x-raw-read:
 //     the raw read's MB/s and CPU time over the store's), and with O_DIRECT, which reads
 //     the disk (ratio:file_get_<size>_vs_odirect_read: the store's MB/s over O_DIRECT's;
 //     ratio:file_get_cold_<size>_vs_odirect_read: the same with the store's files evicted
@@ -112,14 +112,14 @@ func benchFileGet(b *testing.B, sz dataPathSize) {
 	raw := make([]byte, valueLen)
 	rawRead := func() {
 		for _, name := range names {
-			f, err := os.Open(name)
+			fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if n, err := f.ReadAt(raw, 0); n != len(raw) {
+			if n, err := unix.Pread(fd, raw, 0); n != len(raw) {
 				b.Fatalf("raw read of %s: %d bytes, %v", name, n, err)
 			}
-			f.Close()
+			unix.Close(fd)
 		}
 	}
 	// O_DIRECT: a buffer aligned to the page size, the length rounded up to it (the read
