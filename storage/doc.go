@@ -111,9 +111,9 @@
 // # The page cache, not O_DIRECT
 //
 // A file store reads and writes through the page cache. Measured (BenchmarkDataPath, make
-// bench-storage: the ratios are in README.md), a Get of cached pages is 1.5–2.3× the speed
+// bench-storage: the ratios are in README.md), a Get of cached pages is 1.2–2.3× the speed
 // of reading the same files with O_DIRECT, and a Get of pages evicted from the cache
-// 0.75–0.83× of it (a disk read, then the kernel's copy and the MAC): the kernel's copy that
+// 0.64–0.83× of it (a disk read, then the kernel's copy and the MAC): the kernel's copy that
 // O_DIRECT saves costs less than the MAC, and an O_DIRECT read could not go straight into the caller's buffer anyway (the
 // header before the payload leaves it unaligned in the file) nor serve the next read of a
 // hot page from memory. Pages a job reads back are mostly the ones it, or the job before
