@@ -290,7 +290,11 @@ func (s *dirStore) reserve(ctx context.Context, n int64) error {
 	}
 	wait := c.max > 0 && u.used > c.max || u.lastScan == 0
 	if derr := s.detach(ctx, "evict", func() { err = s.evict(ctx, wait, n) }, nil); derr != nil {
+		c.freed.Add(n) // the batch is not written: its reservation goes back with the next one
 		return derr
+	}
+	if err != nil {
+		c.freed.Add(n)
 	}
 	return err
 }

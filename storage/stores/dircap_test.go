@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -570,5 +571,69 @@ func TestDirCapSecondRunHitRate(t *testing.T) {
 	}
 	if st.Evicted == 0 || dirBytes(t, dir) > max {
 		t.Errorf("%d evicted, directory %d bytes of a capacity of %d", st.Evicted, dirBytes(t, dir), max)
+	}
+}
+
+// TestDirCapFrozenAndLocked: the capacity's accounting never hangs a Put. On a frozen file
+// system a capped store's Put returns at its deadline; while another store holds the
+// eviction lock and never lets it go (a scan stuck in the kernel), a Put past the high
+// watermark but within the capacity goes on without waiting, and one past the capacity
+// waits only until its deadline; once the holder dies (its flock goes with its descriptor)
+// the next Put evicts and succeeds.
+func TestDirCapFrozenAndLocked(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "capfrozen")
+	max := 20 * capStored
+	url := fmt.Sprintf("file://%s?max_bytes=%d", dir, max)
+	st := openURL(t, url, storage.Options{Namespace: ns})
+	defer st.Close()
+	ctx := testCtx(t)
+	put := func(ctx context.Context, s storage.Storage, first, n int) error {
+		ids := make([]uint64, n)
+		for i := range ids {
+			ids[i] = uint64(first + i)
+		}
+		keys, binds := chainPages(ns, 0, ids)
+		return s.PutBound(ctx, keys, binds, capPages(n, byte(first)))
+	}
+	if err := put(ctx, st, 0, 18); err != nil { // 18 pages: under the high watermark (19)
+		t.Fatal(err)
+	}
+
+	frozen := stores.WithFaults(st, stores.Faults{Freeze: true})
+	returnsWithin(t, "put with a capacity", 50*time.Millisecond, func(ctx context.Context) error { return put(ctx, frozen, 100, 1) })
+	frozen.Close() // thaw (and close st)
+	waitUnstuck(t, st)
+
+	st = openURL(t, url, storage.Options{Namespace: ns})
+	defer st.Close()
+	holder, err := os.OpenFile(filepath.Join(dir, ".cpcache-evict"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := stores.DirUsage(st); used > 19*capStored {
+		t.Fatalf("usage %d before the test's Puts: more than 19 pages", used)
+	}
+	// 19.x pages reserved: past the high watermark, within the capacity: no wait.
+	if err := put(ctx, st, 200, 1); err != nil {
+		t.Fatalf("put past the high watermark while another store holds the eviction lock: %v", err)
+	}
+	start := time.Now()
+	returnsWithin(t, "put past the capacity while the eviction lock is held", 100*time.Millisecond,
+		func(ctx context.Context) error { return put(ctx, st, 300, 4) })
+	t.Logf("the Put past the capacity returned after %v", time.Since(start))
+	holder.Close() // the holder dies
+	if err := put(ctx, st, 400, 4); err != nil {
+		t.Fatalf("put after the lock's holder died: %v", err)
+	}
+	if got := dirBytes(t, dir); got > max {
+		t.Fatalf("directory holds %d bytes after the eviction, past the capacity %d", got, max)
+	}
+	if st.Stats().Evicted == 0 {
+		t.Fatal("nothing evicted")
 	}
 }
