@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -448,18 +449,26 @@ func (s *dirStore) scan(ctx context.Context, pending int64) (*capScanResult, err
 			}
 			di := int32(len(dirs))
 			dirs = append(dirs, rel)
-			err = readNames(fd, s.fs.abs(rel), func(name string, typ uint32) (bool, error) {
+			// The directory is listed through its own descriptor (not readNames' fresh one):
+			// one open per fan-out directory and scan, the most of a scan's system calls
+			// when there are few pages per directory.
+			dirFile := os.NewFile(uintptr(fd), s.fs.abs(rel))
+			names, err := dirFile.Readdirnames(-1)
+			for _, name := range names {
+				if err = cut(); err != nil {
+					break
+				}
 				page := isHex(name, 2*(storage.KeySize-storage.NamespaceSize))
-				if !page && !strings.HasPrefix(name, ".tmp-") || typ != unix.S_IFREG && typ != 0 {
-					return true, nil
+				if !page && !strings.HasPrefix(name, ".tmp-") {
+					continue
 				}
 				var st unix.Stat_t
 				if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-					return true, cut()
+					continue
 				}
 				if !page {
 					res.TempBytes += st.Size
-					return true, cut()
+					continue
 				}
 				var k storage.Key
 				copy(k[:], nsID)
@@ -468,12 +477,11 @@ func (s *dirStore) scan(ctx context.Context, pending int64) (*capScanResult, err
 				ents = append(ents, capEntry{key: k, name: name, dir: di, parent: -1, depth: -1, size: st.Size, used: lastUse(&st)})
 				res.Pages++
 				res.Bytes += st.Size
-				return true, cut()
-			})
+			}
 			if err == nil {
 				err = s.readParents(ctx, fd, di, ents)
 			}
-			unix.Close(fd)
+			dirFile.Close()
 			if err != nil {
 				return nil, err
 			}
