@@ -72,7 +72,7 @@ const (
 	// highWater and lowWater are the eviction's watermarks, in thousandths of the capacity:
 	// a Put that takes the usage past highWater evicts down to lowWater.
 	highWater = 950
-	lowWater  = 900
+	lowWater  = 850
 	// maxShardGuess bounds the tensor-parallel shards the scan tries to find a page's parent
 	// key (storage.PageKeyIn) beyond those it has already matched.
 	maxShardGuess = 16
@@ -281,6 +281,9 @@ func (s *dirStore) reserve(ctx context.Context, n int64) error {
 	var u usage
 	var err error
 	if derr := s.detach(ctx, "put", func() { u, err = c.update(ctx, n, nil) }, nil); derr != nil {
+		// Abandoned, the reservation may still be made when the kernel returns: it is
+		// not given back (an over-count, which the next scan corrects; an under-count
+		// would let the directory grow past its capacity).
 		return derr
 	}
 	if err != nil {

@@ -125,7 +125,7 @@ func TestDirCapLaterPagesFirst(t *testing.T) {
 		t.Run(fmt.Sprint("shard", shard), func(t *testing.T) {
 			dir := t.TempDir()
 			ns := mustNamespace(t, "capchain")
-			max := 20 * capStored // high watermark: 19 pages, low: 18
+			max := 20 * capStored // high watermark: 19 pages, low: 17
 			s := openURL(t, fmt.Sprintf("file://%s?max_bytes=%d", dir, max), storage.Options{Namespace: ns, Workers: 1})
 			defer s.Close()
 			ctx := testCtx(t)
@@ -149,8 +149,8 @@ func TestDirCapLaterPagesFirst(t *testing.T) {
 			if n < 0 || slices.Contains(present[n:], true) {
 				t.Fatalf("chain a after eviction: present %v, want a prefix with its later pages evicted", present)
 			}
-			if n > 8 {
-				t.Fatalf("chain a after eviction: %d of its pages present, want at most 8 (20 pages past the high watermark, evicted to the low)", n)
+			if n > 7 {
+				t.Fatalf("chain a after eviction: %d of its pages present, want at most 7 (20 pages past the high watermark, evicted to the low, 17)", n)
 			}
 			if k, _ := s.Exists(ctx, b, nil); k != len(b) {
 				t.Fatalf("chain b, the more recent: %d of %d pages present", k, len(b))
@@ -515,7 +515,7 @@ func modelHitRate(first, second [][]uint64, capPages int) float64 {
 // (each request reads its chain's stored prefix and writes the rest, as the cache's prefetch
 // and backup do); the second run's hit rate is what an LRU of that capacity gives on the
 // same sequence (the model evicts one page at a time at the capacity; the store evicts from
-// 95% of it down to 90%, so its rate lies between the model's at 90% and at 100%). The
+// 95% of it down to 85%, so its rate lies between the model's at 85% and at 100%). The
 // second run serves the requests in reverse order, starting where the first ended, so that
 // its hits are what the eviction kept: in trace order an LRU smaller than the working set
 // keeps nothing the next run reads first (its hit rate is then the trace's own reuse).
@@ -563,11 +563,11 @@ func TestDirCapSecondRunHitRate(t *testing.T) {
 	hi := modelHitRate(trace, second, capN)
 	unlimited := modelHitRate(trace, second, len(unique))
 	st := s.Stats()
-	t.Logf("%d requests, %d pages, %d unique, capacity %d pages: second-run hit rate %.4f; LRU model %.4f at 90%%, %.4f at 100%% of the capacity, %.4f unlimited; %d evicted; directory %d of %d bytes",
+	t.Logf("%d requests, %d pages, %d unique, capacity %d pages: second-run hit rate %.4f; LRU model %.4f at 85%%, %.4f at 100%% of the capacity, %.4f unlimited; %d evicted; directory %d of %d bytes",
 		len(trace), pages, len(unique), capN, got, lo, hi, unlimited, st.Evicted, dirBytes(t, dir), max)
 	const slack = 0.01
 	if got < lo-slack || got > hi+slack {
-		t.Errorf("second-run hit rate %.4f, want within [%.4f, %.4f] (the LRU model at 90%% and 100%% of the capacity, ±%.2f)", got, lo, hi, slack)
+		t.Errorf("second-run hit rate %.4f, want within [%.4f, %.4f] (the LRU model at 85%% and 100%% of the capacity, ±%.2f)", got, lo, hi, slack)
 	}
 	if st.Evicted == 0 || dirBytes(t, dir) > max {
 		t.Errorf("%d evicted, directory %d bytes of a capacity of %d", st.Evicted, dirBytes(t, dir), max)
@@ -599,14 +599,6 @@ func TestDirCapFrozenAndLocked(t *testing.T) {
 	if err := put(ctx, st, 0, 18); err != nil { // 18 pages: under the high watermark (19)
 		t.Fatal(err)
 	}
-
-	frozen := stores.WithFaults(st, stores.Faults{Freeze: true})
-	returnsWithin(t, "put with a capacity", 50*time.Millisecond, func(ctx context.Context) error { return put(ctx, frozen, 100, 1) })
-	frozen.Close() // thaw (and close st)
-	waitUnstuck(t, st)
-
-	st = openURL(t, url, storage.Options{Namespace: ns})
-	defer st.Close()
 	holder, err := os.OpenFile(filepath.Join(dir, ".cpcache-evict"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -615,11 +607,8 @@ func TestDirCapFrozenAndLocked(t *testing.T) {
 	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	if used, _ := stores.DirUsage(st); used > 19*capStored {
-		t.Fatalf("usage %d before the test's Puts: more than 19 pages", used)
-	}
-	// 19.x pages reserved: past the high watermark, within the capacity: no wait.
-	if err := put(ctx, st, 200, 1); err != nil {
+	// 20 pages reserved: past the high watermark, within the capacity: no wait.
+	if err := put(ctx, st, 200, 2); err != nil {
 		t.Fatalf("put past the high watermark while another store holds the eviction lock: %v", err)
 	}
 	start := time.Now()
@@ -636,6 +625,11 @@ func TestDirCapFrozenAndLocked(t *testing.T) {
 	if st.Stats().Evicted == 0 {
 		t.Fatal("nothing evicted")
 	}
+
+	frozen := stores.WithFaults(st, stores.Faults{Freeze: true})
+	returnsWithin(t, "put with a capacity", 50*time.Millisecond, func(ctx context.Context) error { return put(ctx, frozen, 500, 1) })
+	frozen.Close() // thaw (and close st)
+	waitUnstuck(t, st)
 }
 
 // BenchmarkDirCapPut is the cost of the capacity's accounting: Puts of new 64 KiB pages in
@@ -646,8 +640,23 @@ func TestDirCapFrozenAndLocked(t *testing.T) {
 // each batch's Put followed by a Delete of the batch written 2048 pages before (the removal
 // an eviction cannot avoid). Then Gets of stored pages, without and with a capacity (one futimens
 // per hit).
+//
+// Metrics beside ns/page: cpu-ns/page, the process's CPU time (user and system) per page,
+// less sensitive than the wall time to a loaded machine. $CPCACHE_BENCH_DIR, if set, is where
+// the stores go (a tmpfs such as /dev/shm takes the disk out of the comparison).
 func BenchmarkDirCapPut(b *testing.B) {
 	const page, batch = 64 << 10, 8
+	benchDir := func(b *testing.B) string {
+		if d := os.Getenv("CPCACHE_BENCH_DIR"); d != "" {
+			d, err := os.MkdirTemp(d, "capbench-")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { os.RemoveAll(d) })
+			return d
+		}
+		return b.TempDir()
+	}
 	stored := int64(storage.StoredLen(page))
 	for _, c := range []struct{ name, query string }{
 		{"none", ""},
@@ -657,7 +666,7 @@ func BenchmarkDirCapPut(b *testing.B) {
 	} {
 		b.Run("put/"+c.name, func(b *testing.B) {
 			ns := mustNamespace(b, "capbench")
-			s := openURL(b, "file://"+b.TempDir()+c.query, storage.Options{Namespace: ns, Workers: 1})
+			s := openURL(b, "file://"+benchDir(b)+c.query, storage.Options{Namespace: ns, Workers: 1})
 			defer s.Close()
 			src := make([][]byte, batch)
 			for i := range src {
@@ -666,6 +675,7 @@ func BenchmarkDirCapPut(b *testing.B) {
 			ctx := context.Background()
 			b.SetBytes(batch * page)
 			next := uint64(0)
+			cpu0 := cpuTime()
 			for b.Loop() {
 				ids := make([]uint64, batch)
 				for j := range ids {
@@ -687,13 +697,14 @@ func BenchmarkDirCapPut(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/page")
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N*batch), "cpu-ns/page")
 			b.ReportMetric(float64(s.Stats().Evicted)/float64(b.N*batch), "evicted/page")
 		})
 	}
 	for _, c := range []struct{ name, query string }{{"none", ""}, {"capped", "?max_bytes=1TiB"}} {
 		b.Run("get/"+c.name, func(b *testing.B) {
 			ns := mustNamespace(b, "capbench")
-			s := openURL(b, "file://"+b.TempDir()+c.query, storage.Options{Namespace: ns, Workers: 1})
+			s := openURL(b, "file://"+benchDir(b)+c.query, storage.Options{Namespace: ns, Workers: 1})
 			defer s.Close()
 			ids := make([]uint64, batch)
 			for j := range ids {
@@ -709,12 +720,21 @@ func BenchmarkDirCapPut(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.SetBytes(batch * page)
+			cpu0 := cpuTime()
 			for b.Loop() {
 				if n, err := s.GetBound(ctx, keys, binds, src, nil); n != batch || err != nil {
 					b.Fatal(n, err)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/page")
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N*batch), "cpu-ns/page")
 		})
 	}
+}
+
+// cpuTime is the process's CPU time so far (user and system), in ns.
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
