@@ -565,7 +565,7 @@ func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []sto
 		return s.err("put", storage.ErrClosed, nil)
 	}
 	defer s.fs.release()
-	if s.cap != nil {
+	if s.cap != nil && len(keys) > 0 {
 		// Room for the batch before it is written (dircap.go).
 		var n int64
 		for _, p := range src {

@@ -91,7 +91,7 @@ type dirCap struct {
 	freed atomic.Int64
 
 	mu      sync.Mutex                    // protects parents and shards
-	parents map[storage.Key][32]byte      // parent ids read from headers or given to Put
+	parents map[storage.Key]*parentInfo   // what the scans know of each page's parent
 	shards  []uint32                      // shards whose keys matched a parent, most recent first
 	now     func() time.Time              // the clock (tests)
 	scanned atomic.Pointer[capScanResult] // the last scan (tests)
@@ -147,7 +147,7 @@ func openCap(s *dirStore) (*dirCap, error) {
 		return nil, nil
 	}
 	c := &dirCap{max: o.MaxBytes, ttl: max(o.TTL, 0), usageFD: -1, evictFD: -1,
-		parents: map[storage.Key][32]byte{}, now: time.Now}
+		parents: map[storage.Key]*parentInfo{}, now: time.Now}
 	c.watermarks()
 	var err error
 	for _, f := range []struct {
@@ -390,7 +390,9 @@ func (c *dirCap) remember(k storage.Key, bind *storage.Binding) {
 		return
 	}
 	c.mu.Lock()
-	c.parents[k] = bind.Parent
+	if c.parents[k] == nil {
+		c.parents[k] = &parentInfo{id: bind.Parent, bound: true}
+	}
 	c.mu.Unlock()
 }
 
@@ -541,6 +543,13 @@ func (s *dirStore) scan(ctx context.Context, pending int64) (*capScanResult, err
 	for _, i := range victims {
 		delete(c.parents, ents[i].key)
 	}
+	if len(c.parents) > 2*len(ents)+1024 { // pages removed by others: forget them
+		for k := range c.parents {
+			if _, ok := index[k]; !ok {
+				delete(c.parents, k)
+			}
+		}
+	}
 	c.mu.Unlock()
 	if ctx.Err() != nil {
 		return nil, errScanCut
@@ -571,31 +580,54 @@ func (s *dirStore) readParents(ctx context.Context, fd int, di int32, ents []cap
 		}
 		n, _ := preadFull(pfd, hdr[:])
 		unix.Close(pfd)
-		if parent, ok := storage.PeekParent(hdr[:n]); ok {
-			c.mu.Lock()
-			c.parents[e.key] = parent
-			c.mu.Unlock()
-		}
+		parent, ok := storage.PeekParent(hdr[:n])
+		c.mu.Lock()
+		c.parents[e.key] = &parentInfo{id: parent, bound: ok}
+		c.mu.Unlock()
 	}
 	return nil
 }
 
+// parentInfo is what the scans know of a page's parent.
+type parentInfo struct {
+	id     [32]byte    // the parent's id, from the page's header binding
+	bound  bool        // the header binds a parent (false: Put without a binding, another format)
+	key    storage.Key // the parent's key, once a scan found it
+	found  bool
+	misses uint8 // scans that looked for the parent's key in vain
+}
+
+// maxParentMisses is how many scans look for a page's parent before it is taken for a
+// chain's first page (its parent is its isolation key's root, never stored): a few, so that
+// a page listed before its parent was written is linked by a later scan.
+const maxParentMisses = 3
+
 // resolveParents links each page to its stored parent page: the key of the page whose id is
 // its header's parent id, in the same namespace and tensor-parallel shard. The shard is not
-// stored; the shards seen before are tried first, then 0..maxShardGuess-1.
+// stored; the shards seen before are tried first, then 0..maxShardGuess-1. A parent key
+// found once is kept (it never changes: the page is its id's).
 func (c *dirCap) resolveParents(ents []capEntry, index map[storage.Key]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range ents {
 		e := &ents[i]
-		pid, ok := c.parents[e.key]
-		if !ok {
+		info := c.parents[e.key]
+		switch {
+		case info == nil || !info.bound:
+			continue
+		case info.found:
+			if j, ok := index[info.key]; ok && j != int32(i) {
+				e.parent = j
+			}
+			continue
+		case info.misses >= maxParentMisses:
 			continue
 		}
 		ns := [storage.NamespaceSize]byte(e.key[:storage.NamespaceSize])
 		try := func(shard uint32) bool {
-			if j, ok := index[storage.PageKeyIn(ns, pid, shard)]; ok && j != int32(i) {
-				e.parent = j
+			k := storage.PageKeyIn(ns, info.id, shard)
+			if j, ok := index[k]; ok && j != int32(i) {
+				e.parent, info.key, info.found = j, k, true
 				return true
 			}
 			return false
@@ -616,6 +648,9 @@ func (c *dirCap) resolveParents(ents []capEntry, index map[storage.Key]int32) {
 				found = true
 				c.shards = slices.Insert(c.shards, 0, sh)
 			}
+		}
+		if !found {
+			info.misses++
 		}
 	}
 }
