@@ -934,9 +934,11 @@ func (s *dirStore) Close() error {
 
 // kindOf classifies an error of a file operation: the context ending is ErrUnavailable
 // (the call did not finish in time), as is a call refused because too many file system
-// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
+// operations are stuck (ErrStuck) or a Put past the capacity whose eviction scan did not
+// finish in time (dircap.go); anything else (permissions, a full disk) has no kind.
 func kindOf(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, storage.ErrStuck) {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) ||
+		errors.Is(err, storage.ErrStuck) || errors.Is(err, errScanCut) {
 		return storage.ErrUnavailable
 	}
 	return nil

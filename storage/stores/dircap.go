@@ -65,6 +65,11 @@ import (
 //
 // TTL: a page whose last use is older than the TTL is a miss (Get, Exists) and is removed by
 // the next scan; a Put runs a scan when none ran for sweepEvery(TTL).
+//
+// A scan has half of its Put's remaining time. A Put within the capacity whose scan is cut
+// goes on and writes (the next Put scans again, with the headers this one read); one past
+// the capacity fails (ErrUnavailable). A store opened on a directory that holds no counter
+// yet (a new one, or one filled without a capacity) scans at its first Put.
 
 const (
 	usageFileName = ".cpcache-usage"
@@ -292,7 +297,7 @@ func (s *dirStore) reserve(ctx context.Context, n int64) error {
 	if !c.due(u) {
 		return nil
 	}
-	wait := c.max > 0 && u.used > c.max || u.lastScan == 0
+	wait := c.max > 0 && u.used > c.max
 	if derr := s.detach(ctx, "evict", func() { err = s.evict(ctx, wait, n) }, nil); derr != nil {
 		c.freed.Add(n) // the batch is not written: its reservation goes back with the next one
 		return derr
@@ -327,7 +332,18 @@ func (s *dirStore) evict(ctx context.Context, wait bool, pending int64) error {
 	if !c.due(before) {
 		return nil // the scan that held the lock made room
 	}
-	res, err := s.scan(ctx, pending)
+	// The scan has half of the call's time left: a Put that need not wait for room still
+	// has time to write when its scan is cut (the next Put scans again; each scan reads
+	// only the headers the earlier ones did not).
+	scanCtx, cancel := ctx, context.CancelFunc(func() {})
+	if d, ok := ctx.Deadline(); ok {
+		scanCtx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
+	}
+	res, err := s.scan(scanCtx, pending)
+	cancel()
+	if err == errScanCut && !wait {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -396,7 +412,9 @@ func (c *dirCap) remember(k storage.Key, bind *storage.Binding) {
 	c.mu.Unlock()
 }
 
-var errScanCut = errors.New("eviction scan cut by the call's deadline")
+// errScanCut: a scan ran out of its time (half of its call's); a Put that needed the room
+// fails with it (ErrUnavailable, kindOf) rather than write past the capacity.
+var errScanCut = errors.New("the eviction scan did not finish within half of the call's time")
 
 // scan lists every page file under the root, ranks them and removes them in rank order while
 // the bytes used, with pending bytes about to be written, are above the low watermark or the
