@@ -369,6 +369,7 @@ type capEntry struct {
 	depth  int32  // pages before it in its chain that are stored; -1: not computed yet
 	size   int64
 	used   int64 // last use (Unix ns)
+	seen   int64 // last use as the scan last saw it (after its own header read, if any)
 	rank   int64 // latest use of it and of the pages after it in its chain
 }
 
@@ -497,7 +498,7 @@ func (s *dirStore) scan(ctx context.Context, pending int64) (*capScanResult, err
 				copy(k[:], nsID)
 				hex.Decode(k[storage.NamespaceSize:], []byte(name))
 				index[k] = int32(len(ents))
-				ents = append(ents, capEntry{key: k, name: name, dir: di, parent: -1, depth: -1, size: st.Size, used: lastUse(&st)})
+				ents = append(ents, capEntry{key: k, name: name, dir: di, parent: -1, depth: -1, size: st.Size, used: lastUse(&st), seen: lastUse(&st)})
 				res.Pages++
 				res.Bytes += st.Size
 			}
@@ -540,7 +541,7 @@ func (s *dirStore) scan(ctx context.Context, pending int64) (*capScanResult, err
 				e := &ents[i]
 				// A page used since the scan listed it stays (another store read it).
 				var st unix.Stat_t
-				if unix.Fstatat(fd, e.name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || lastUse(&st) != e.used ||
+				if unix.Fstatat(fd, e.name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || lastUse(&st) != e.seen ||
 					unix.Unlinkat(fd, e.name, 0) != nil {
 					continue
 				}
@@ -592,11 +593,21 @@ func (s *dirStore) readParents(ctx context.Context, fd int, di int32, ents []cap
 		if ctx.Err() != nil {
 			return errScanCut
 		}
-		pfd, err := openat(fd, e.name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		// O_NOATIME: reading the header is no use of the page (the kernel refuses it on a
+		// file of another user: the time the read leaves is then what the unlink checks).
+		const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+		pfd, err := openat(fd, e.name, flags|unix.O_NOATIME, 0)
+		if err == unix.EPERM {
+			pfd, err = openat(fd, e.name, flags, 0)
+		}
 		if err != nil {
 			continue
 		}
 		n, _ := preadFull(pfd, hdr[:])
+		var st unix.Stat_t
+		if fstat(pfd, &st) == nil {
+			e.seen = lastUse(&st)
+		}
 		unix.Close(pfd)
 		parent, ok := storage.PeekParent(hdr[:n])
 		c.mu.Lock()

@@ -739,3 +739,109 @@ func cpuTime() int64 {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
+
+// BenchmarkDirCapFirstScan is the first Put of a store opened with a capacity on a
+// directory filled without one ($CPCACHE_BENCH_PAGES pages of 1 KiB, default 20000, in
+// $CPCACHE_BENCH_DIR or a temporary directory): the scan lists every page and reads every
+// header once. capacity-above: nothing to evict; capacity-half: half of the pages go.
+func BenchmarkDirCapFirstScan(b *testing.B) {
+	n := 20000
+	if v, err := strconv.Atoi(os.Getenv("CPCACHE_BENCH_PAGES")); err == nil && v > 0 {
+		n = v
+	}
+	for _, c := range []struct {
+		name string
+		max  int64
+	}{{"capacity-above", 2 * int64(n) * capStored}, {"capacity-half", int64(n) / 2 * capStored}} {
+		b.Run(c.name, func(b *testing.B) {
+			ns := mustNamespace(b, "capscan")
+			for b.Loop() {
+				b.StopTimer()
+				dir := b.TempDir()
+				if d := os.Getenv("CPCACHE_BENCH_DIR"); d != "" {
+					var err error
+					if dir, err = os.MkdirTemp(d, "capscan-"); err != nil {
+						b.Fatal(err)
+					}
+				}
+				fill := openURL(b, "file://"+dir, storage.Options{Namespace: ns})
+				ctx := context.Background()
+				for i := 0; i < n; i += 64 {
+					ids := make([]uint64, 64)
+					for j := range ids {
+						ids[j] = uint64(i + j)
+					}
+					keys, binds := chainPages(ns, 0, ids)
+					if err := fill.PutBound(ctx, keys, binds, capPages(64, 1)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				fill.Close()
+				s := openURL(b, fmt.Sprintf("file://%s?max_bytes=%d", dir, c.max), storage.Options{Namespace: ns, Timeout: time.Minute})
+				keys, binds := chainPages(ns, 0, []uint64{1 << 40})
+				b.StartTimer()
+				start := time.Now()
+				if err := s.PutBound(ctx, keys, binds, capPages(1, 2)); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(n), "ns/page-scanned")
+				b.StopTimer()
+				if c.name == "capacity-half" && dirBytes(b, dir) > c.max {
+					b.Fatalf("directory %d bytes after the first Put, past %d", dirBytes(b, dir), c.max)
+				}
+				s.Close()
+				os.RemoveAll(dir)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// TestDirCapFilledWithoutCapacity: a store opened with a capacity on a directory that stores
+// without one filled past it (as the 1.27 GB a run leaves) brings it within the capacity at
+// its first Put, and the chains lose their later pages, never their first: the parents come
+// from the pages' headers (read without touching the pages' atime, which would make every
+// page look just used).
+func TestDirCapFilledWithoutCapacity(t *testing.T) {
+	dir := t.TempDir()
+	ns := mustNamespace(t, "capfilled")
+	fill := openURL(t, "file://"+dir, storage.Options{Namespace: ns})
+	ctx := testCtx(t)
+	var chains [][]storage.Key
+	for c := range 4 {
+		ids := make([]uint64, 30)
+		for i := range ids {
+			ids[i] = uint64(c*1000 + i)
+		}
+		keys, binds := chainPages(ns, 2, ids)
+		for i := range keys { // page by page: the earlier pages are the older files
+			if err := fill.PutBound(ctx, keys[i:i+1], binds[i:i+1], capPages(1, byte(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		chains = append(chains, keys)
+	}
+	fill.Close()
+	max := 60 * capStored
+	s := openURL(t, fmt.Sprintf("file://%s?max_bytes=%d", dir, max), storage.Options{Namespace: ns})
+	defer s.Close()
+	keys, binds := chainPages(ns, 2, []uint64{1 << 40})
+	if err := s.PutBound(ctx, keys, binds, capPages(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := dirBytes(t, dir); got > stores.DirLowWater(max)+capStored {
+		t.Fatalf("directory holds %d bytes after the first Put, past the low watermark %d (capacity %d)", got, stores.DirLowWater(max), max)
+	}
+	for c, keys := range chains {
+		present := make([]bool, len(keys))
+		if _, err := s.Exists(ctx, keys, present); err != nil {
+			t.Fatal(err)
+		}
+		if n := slices.Index(present, false); n >= 0 && slices.Contains(present[n:], true) {
+			t.Errorf("chain %d: present %v, want a prefix", c, present)
+		}
+	}
+	if st := s.Stats(); st.Evicted < 120-60 {
+		t.Fatalf("%d evicted, want at least 60 of the 120 pages", st.Evicted)
+	}
+}
