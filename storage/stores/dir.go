@@ -640,7 +640,6 @@ func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Bind
 	}
 	if s.cap != nil {
 		s.cap.touch(fd) // a use, to the clock's precision (a write's mtime is the kernel's coarse time)
-		s.cap.replaced(dir, file)
 		s.cap.remember(k, bind)
 	}
 	if err = f.Close(); err != nil {

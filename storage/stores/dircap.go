@@ -32,8 +32,10 @@ import (
 // Shared accounting: every store that opens the root with a capacity, in any process, keeps
 // one counter in <root>/.cpcache-usage (the bytes used, and when the last eviction scan
 // ended), read and written under an exclusive flock of that file. A Put reserves its batch's
-// bytes there before it writes (a replaced page or a Delete gives its bytes back at the
-// store's next reservation). A reservation that takes the counter past the high watermark
+// bytes there before it writes; a Delete gives its bytes back at the store's next
+// reservation. A Put over a stored page counts its bytes again (no stat of the old file per
+// Put: the cache's backups skip pages already stored), an over-count that the next scan
+// corrects. A reservation that takes the counter past the high watermark
 // (highWater of the capacity) makes that Put evict: it takes the eviction lock (flock of
 // <root>/.cpcache-evict, so one store of all scans at a time), re-reads the counter, scans
 // the root, removes pages down to the low watermark (lowWater of the capacity) and sets the
@@ -91,7 +93,7 @@ type dirCap struct {
 	ttl            time.Duration // 0: none
 	usageFD        int           // <root>/.cpcache-usage
 	evictFD        int           // <root>/.cpcache-evict
-	// freed: bytes this store removed or replaced (Delete, a Put over a page) since its
+	// freed: bytes this store removed (Delete) or did not write (a failed Put) since its
 	// last reservation, given back with the next one.
 	freed atomic.Int64
 
@@ -391,8 +393,8 @@ func (c *dirCap) touch(fd int) {
 	unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
 }
 
-// replaced gives back to the counter the bytes of the page file name in dir that a Put is
-// about to replace or a Delete to remove.
+// replaced gives back to the counter the bytes of the page file name in dir that a Delete is
+// about to remove.
 func (c *dirCap) replaced(dir int, name string) {
 	var st unix.Stat_t
 	if unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {

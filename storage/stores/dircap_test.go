@@ -635,7 +635,7 @@ func TestDirCapFrozenAndLocked(t *testing.T) {
 
 // BenchmarkDirCapPut is the cost of the capacity's accounting: Puts of new 64 KiB pages in
 // batches of 8, one worker (CPU per page, what a rank's backup pays), without a capacity,
-// with one never reached (the reservation under flock, a stat and a futimens per page), with
+// with one never reached (the reservation under flock, a futimens per page), with
 // one 2048 pages wide that the Puts keep crossing (a scan every 102 pages in the steady
 // state, which removes as many pages as were written) and, its baseline, no capacity and
 // each batch's Put followed by a Delete of the batch written 2048 pages before (the removal
