@@ -331,8 +331,8 @@ func (s *dirStore) evict(ctx context.Context, wait bool, pending int64) error {
 	if err != nil {
 		return &fs.PathError{Op: "update", Path: s.fs.abs(usageFileName), Err: err}
 	}
-	if !c.due(before) {
-		return nil // the scan that held the lock made room
+	if !c.due(before) || wait && before.used <= c.max && before.lastScan != 0 {
+		return nil // the scan that held the lock made room (for this Put, if not to the low watermark)
 	}
 	// The scan has half of the call's time left: a Put that need not wait for room still
 	// has time to write when its scan is cut (the next Put scans again; each scan reads
