@@ -216,5 +216,18 @@ func oldFormat(v uint16) string {
 	return "unknown version"
 }
 
+// PeekParent returns the parent id a header of the current format binds its value to
+// (Binding.Parent), without verifying anything: what the directory backend's eviction reads
+// to order a chain's pages (a forged header can only reorder evictions, which whoever can
+// write the store can do anyway). ok is false for a header of another format or version,
+// or one bound to no parent (Put).
+func PeekParent(hdr []byte) (parent [DigestSize]byte, ok bool) {
+	if len(hdr) < HeaderSize || string(hdr[0:4]) != formatMagic || binary.LittleEndian.Uint16(hdr[4:6]) != formatVersion {
+		return parent, false
+	}
+	parent = [DigestSize]byte(hdr[offBinding+DigestSize:])
+	return parent, parent != [DigestSize]byte{}
+}
+
 // StoredLen returns the total stored size of a payload of n bytes.
 func StoredLen(n int) int { return HeaderSize + n }

@@ -52,7 +52,9 @@ the first one backed up. Stored pages are authenticated with a MAC key: a file s
 its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
 CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
 tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
-rejected (and deleted) or forged. A divergence of the replicas' cache metadata quarantines
+rejected (and deleted) or forged. file:///dir?max_bytes=64GiB bounds the store (least
+recently used pages go, a chain's later ones first; shared by every job that opens it so),
+&ttl=1h drops pages unused for an hour; the report counts the evictions. A divergence of the replicas' cache metadata quarantines
 the cache and recovers at the first idle step (the report counts divergences, recoveries
 and quarantined steps); --strict fails the run instead.
 

@@ -57,6 +57,8 @@ type dirStore struct {
 	reaped [256]atomic.Bool
 	// warned counts warnings given about links (at most maxLinkWarnings are reported).
 	warned atomic.Int64
+	// cap is the capacity and TTL (dircap.go); nil without either.
+	cap *dirCap
 }
 
 // TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
@@ -169,6 +171,12 @@ func openDir(root string, opts options) (*dirStore, error) {
 			return fail(nil, err)
 		}
 		s.opts.auth = storage.NewMAC(key)
+	}
+	if s.cap, err = openCap(s); err != nil {
+		return fail(capErrKind(err), err)
+	}
+	if s.cap != nil {
+		s.fs.onClose = s.cap.close
 	}
 	return s, nil
 }
@@ -402,6 +410,9 @@ func (s *dirStore) existsOne(k storage.Key) (bool, error) {
 		}
 		return false, nil
 	}
+	if s.cap != nil && s.cap.expired(&st) {
+		return false, nil // past the TTL: absent, removed by the next sweep
+	}
 	var hdr [storage.HeaderSize]byte
 	if n, err := preadFull(fd, hdr[:]); err != nil {
 		return false, &fs.PathError{Op: "read", Path: name, Err: err}
@@ -465,11 +476,17 @@ func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
 	if f.mode != unix.S_IFREG {
 		return f, nil
 	}
+	if s.cap != nil && s.cap.expired(&st) {
+		return pageFile{missing: true}, nil // past the TTL: a miss, removed by the next sweep
+	}
 	if f.size < int64(len(buf)) {
 		buf = buf[:min(storage.HeaderSize, len(buf))]
 	}
 	if f.n, err = preadFull(fd, buf); err != nil {
 		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
+	}
+	if s.cap != nil {
+		s.cap.touch(fd) // a use, for the eviction's order
 	}
 	return f, nil
 }
@@ -548,6 +565,16 @@ func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []sto
 		return s.err("put", storage.ErrClosed, nil)
 	}
 	defer s.fs.release()
+	if s.cap != nil && len(keys) > 0 {
+		// Room for the batch before it is written (dircap.go).
+		var n int64
+		for _, p := range src {
+			n += int64(storage.StoredLen(len(p)))
+		}
+		if err := s.reserve(ctx, n); err != nil {
+			return s.err("put", kindOf(ctx, err), err)
+		}
+	}
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
 		// The file is written from a copy (see detach): an abandoned write never reads
 		// src[i], which the caller reuses once Put returned.
@@ -610,6 +637,10 @@ func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Bind
 		if err = f.Sync(); err != nil {
 			return err
 		}
+	}
+	if s.cap != nil {
+		s.cap.touch(fd) // a use, to the clock's precision (a write's mtime is the kernel's coarse time)
+		s.cap.remember(k, bind)
 	}
 	if err = f.Close(); err != nil {
 		return err
@@ -782,6 +813,9 @@ func (s *dirStore) deleteOne(k storage.Key) error {
 		return &fs.PathError{Op: "open", Path: s.fs.abs(rel[:dirLen]), Err: err}
 	}
 	defer unix.Close(dir)
+	if s.cap != nil {
+		s.cap.replaced(dir, rel[dirLen+1:])
+	}
 	err = unix.Unlinkat(dir, rel[dirLen+1:], 0)
 	if err == unix.EISDIR || err == unix.EPERM { // a directory under a page's name, as os.Remove
 		err = unix.Unlinkat(dir, rel[dirLen+1:], unix.AT_REMOVEDIR)
@@ -899,9 +933,11 @@ func (s *dirStore) Close() error {
 
 // kindOf classifies an error of a file operation: the context ending is ErrUnavailable
 // (the call did not finish in time), as is a call refused because too many file system
-// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
+// operations are stuck (ErrStuck) or a Put past the capacity whose eviction scan did not
+// finish in time (dircap.go); anything else (permissions, a full disk) has no kind.
 func kindOf(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, storage.ErrStuck) {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) ||
+		errors.Is(err, storage.ErrStuck) || errors.Is(err, errScanCut) {
 		return storage.ErrUnavailable
 	}
 	return nil

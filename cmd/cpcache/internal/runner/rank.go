@@ -60,6 +60,8 @@ type rankResult struct {
 	StorageForged    int64                 `json:"storage_forged"`               // of them, failing authentication
 	CircuitOpenSecs  float64               `json:"storage_circuit_open_seconds"` // this rank's breaker
 	StorageAbandoned int64                 `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
+	StorageEvicted   int64                 `json:"storage_evicted"`              // values this rank's file store removed for its capacity
+	StorageExpired   int64                 `json:"storage_expired"`              // values this rank's file store removed past its TTL
 	Divergences      int64                 `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64                 `json:"recoveries"`
 	QuarantinedSteps int64                 `json:"quarantined_steps"`
@@ -239,6 +241,7 @@ func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *mem
 		sst := st.Stats()
 		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
 		res.StorageAbandoned = int64(sst.Abandoned)
+		res.StorageEvicted, res.StorageExpired = int64(sst.Evicted), int64(sst.Expired)
 	}
 	if res.Leader {
 		res.Timing = s.Timing()
@@ -299,6 +302,8 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 		r.StorageForged += x.StorageForged
 		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
 		r.StorageAbandoned += x.StorageAbandoned
+		r.StorageEvicted += x.StorageEvicted
+		r.StorageExpired += x.StorageExpired
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}
