@@ -15,6 +15,7 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvevents"
 	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
@@ -155,6 +156,9 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		storageURL: str(cfg.storage_url), model: str(cfg.model),
 		kv:    goKVConfig(cfg, str),
 		jobID: str(cfg.job_id), localWorld: int(cfg.local_world),
+		kvEvents: kvevents.Config{Endpoint: str(cfg.kv_events_endpoint), ReplayEndpoint: str(cfg.kv_events_replay_endpoint),
+			Topic: str(cfg.kv_events_topic)},
+		metricsAddr: str(cfg.metrics_addr),
 	}
 }
 
@@ -698,6 +702,28 @@ func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 		}
 		// An older caller's struct ends earlier: it gets the fields it has.
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), size), unsafe.Slice((*byte)(unsafe.Pointer(&full)), size))
+		return nil
+	})
+}
+
+//export cpcapi_metrics_text
+func cpcapi_metrics_text(c C.cpcache_t, buf *C.char, capacity C.size_t, n *C.size_t) (status C.int) {
+	defer guard(&status)
+	if n == nil || buf == nil && capacity > 0 {
+		return fail(fmt.Errorf("%w: cpcache_metrics_text: len (%p) must not be NULL, nor buf (%p) with cap %d", errInvalid, n, buf, capacity))
+	}
+	return sessionCall(c, "cpcache_metrics_text", func(s *session) error {
+		text, err := s.metricsText()
+		if err != nil {
+			return err
+		}
+		*n = C.size_t(len(text))
+		if uint64(capacity) < uint64(len(text))+1 {
+			return fmt.Errorf("%w: buf of %d bytes, the text takes %d and its NUL", errSize, capacity, len(text))
+		}
+		out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(text)+1)
+		copy(out, text)
+		out[len(text)] = 0
 		return nil
 	})
 }
