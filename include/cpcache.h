@@ -54,7 +54,7 @@
  *   when it finishes:      cpcache_unlock [R]
  *   once per step:         cpcache_step [R] — always, even when nothing is pending
  *   when idle:             cpcache_flush [C]
- *   any time:              cpcache_get_stats [L], cpcache_get_info [L]
+ *   any time:              cpcache_get_stats [L], cpcache_get_info [L], cpcache_metrics_text [L]
  */
 #ifndef CPCACHE_H
 #define CPCACHE_H
@@ -325,7 +325,8 @@ typedef struct cpcache_config {
    * every message's first frame (NULL: ""). Every rank gives the same. A malformed endpoint,
    * one that cannot be bound or numbered for the last replica, or a replay endpoint without an
    * endpoint is CPCACHE_ERR_INVALID naming the field and value, before any rank talks to
-   * another; libzmq (Debian's libzmq5) is loaded only with an endpoint. */
+   * another; libzmq (Debian's libzmq5) is loaded only with an endpoint (CPCACHE_ERR_CONFIG
+   * without it). */
   const char *kv_events_endpoint;
   const char *kv_events_replay_endpoint;
   const char *kv_events_topic;

@@ -21,6 +21,7 @@ import (
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/zmq"
 )
 
 // The Go names of the header's kinds must equal its macros: a difference makes one of these
@@ -771,7 +772,9 @@ func statusOf(err error) C.int {
 		errors.Is(err, gloo.ErrStoreInUse), // the job's store (and job id) are another job's too
 		// No CUDA driver (or one too old) for a configuration that needs it (a device L1 or
 		// l1_buffers, CUDA IPC or pinned slabs): this machine cannot serve the configuration.
-		errors.Is(err, cuda.ErrLibraryNotFound), errors.Is(err, cuda.ErrMissingSymbol):
+		errors.Is(err, cuda.ErrLibraryNotFound), errors.Is(err, cuda.ErrMissingSymbol),
+		// No loadable libzmq (Debian's libzmq5) for kv_events_endpoint.
+		errors.Is(err, zmq.ErrLibraryNotFound), errors.Is(err, zmq.ErrMissingSymbol):
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):
 		return C.CPCACHE_ERR_PEER_LOST

@@ -216,3 +216,21 @@ def test_metrics_text_of_one_rank(tmp_path):
         assert series(text, "cpcache_inserted_pages_total", 0) == st["inserted_pages"] == 4
         assert series(text, "cpcache_steps_total", 0) == st["steps"] >= 1
         assert "cpcache_run_kv_event" not in text
+
+
+def test_missing_libzmq_is_a_config_error(tmp_path):
+    """kv_events on a machine without libzmq: ConfigError naming the library and Debian's
+    package (in a fresh process: the library is loaded once per process)."""
+    import subprocess
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import cpcache\n"
+              "try:\n"
+              "    cpcache.Cache(world=1, rank=0, store=sys.argv[2], page_bytes=64, l1_pages=4, l2_pages=8,\n"
+              "                  kv_events='ipc://' + sys.argv[3])\n"
+              "except cpcache.Error as e:\n"
+              "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, CPCACHE_ZMQ_LIBRARY="/nonexistent/libzmq.so.5")
+    out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "python"), f"file://{tmp_path}",
+                          str(tmp_path / "kv")], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("ConfigError "), out.stdout + out.stderr
+    assert "libzmq.so.5" in out.stdout and "libzmq5" in out.stdout, out.stdout
