@@ -54,7 +54,7 @@
  *   when it finishes:      cpcache_unlock [R]
  *   once per step:         cpcache_step [R] — always, even when nothing is pending
  *   when idle:             cpcache_flush [C]
- *   any time:              cpcache_get_stats [L], cpcache_get_info [L]
+ *   any time:              cpcache_get_stats [L], cpcache_get_info [L], cpcache_metrics_text [L]
  */
 #ifndef CPCACHE_H
 #define CPCACHE_H
@@ -73,7 +73,8 @@ extern "C" {
  * config (struct_size CPCACHE_CONFIG_SIZE_V1, abi_version 1) or an ABI-2 one (struct_size
  * CPCACHE_CONFIG_SIZE_V2, abi_version 2). Its fields are read as they were; the newer ones
  * take their defaults: ABI 2's (KV layout, L1 buffers, L2 layout, L1 mode) opaque pages, the
- * pool of l1_kind, page_first, cache-owned slots; ABI 3's (store, job_id, local_world) none.
+ * pool of l1_kind, page_first, cache-owned slots; ABI 3's (store, job_id, local_world, KV
+ * events, metrics_addr) none.
  * Any other pair is CPCACHE_ERR_SIZE. */
 #define CPCACHE_CONFIG_SIZE_V1 offsetof(cpcache_config, kv_layout)
 #define CPCACHE_CONFIG_SIZE_V2 offsetof(cpcache_config, store)
@@ -315,6 +316,25 @@ typedef struct cpcache_config {
    * unknown). local_world == world: every rank is on this machine, and the ranks connect over
    * 127.0.0.1. */
   int32_t local_world;
+  /* KV events, published as `cpcache run --kv-events` publishes them (vLLM's ZMQ format:
+   * BlockStored, BlockRemoved, AllBlocksCleared; see README "KV events"): the first rank of
+   * each replica group publishes its replica's on kv_events_endpoint (NULL: none): bound when
+   * its host is a wildcard (* or [::]) or it is ipc:// or inproc://, else connected to a
+   * subscriber that binds (tcp://host:5557); replica d on the tcp port plus d. kv_events_replay_endpoint (bound;
+   * NULL: none) answers replay requests from a bounded history (64 MiB); kv_events_topic is
+   * every message's first frame (NULL: ""). Every rank gives the same. A malformed endpoint,
+   * one that cannot be bound or numbered for the last replica, or a replay endpoint without an
+   * endpoint is CPCACHE_ERR_INVALID naming the field and value, before any rank talks to
+   * another; libzmq (Debian's libzmq5) is loaded only with an endpoint (CPCACHE_ERR_CONFIG
+   * without it). */
+  const char *kv_events_endpoint;
+  const char *kv_events_replay_endpoint;
+  const char *kv_events_topic;
+  /* A TCP address (host:port; port 0 picks one) where this rank serves its metrics on
+   * /metrics over HTTP (Prometheus text: cpcache_metrics_text's, plus this process's Go and
+   * process collectors) until cpcache_close; NULL: none. A bad or busy address is
+   * CPCACHE_ERR_INVALID naming it, before any rank talks to another. */
+  const char *metrics_addr;
 } cpcache_config;
 
 /* Static facts about an open cache (cpcache_get_info). */
@@ -667,6 +687,13 @@ int cpcache_prefetch_revoke(cpcache_t c, uint64_t id);                    /* [R]
 
 /* The host address and size of L1 slot `slot` (host L1 only). [L] */
 int cpcache_l1_page(cpcache_t c, int32_t slot, void **page, size_t *len);
+/* This rank's metrics in Prometheus' text exposition format (cpcache_* series: the counters
+ * of cpcache_get_stats and more, labelled rank, replica and slab_group; on a replica's
+ * publishing rank the KV event publisher's cpcache_run_kv_event_*), NUL-terminated, into
+ * buf[cap] [L]. *len is set to the text's length (without the NUL) on CPCACHE_OK and on
+ * CPCACHE_ERR_SIZE (cap < *len + 1: nothing written; retry with a buffer of *len + 1 bytes,
+ * or ask with buf NULL and cap 0). */
+int cpcache_metrics_text(cpcache_t c, char *buf, size_t cap, size_t *len);
 /* Counters; stats->struct_size must be sizeof(cpcache_stats), or the size of an older
  * header's struct (without no_step_warnings), which gets the fields it has. [L] */
 int cpcache_get_stats(cpcache_t c, cpcache_stats *stats);

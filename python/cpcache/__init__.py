@@ -184,7 +184,9 @@ class _Config(ctypes.Structure):
                 ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
                 ("l2_layout", _i32), ("l1_mode", _i32),
                 # ABI 3
-                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32)]
+                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32),
+                ("kv_events_endpoint", ctypes.c_char_p), ("kv_events_replay_endpoint", ctypes.c_char_p),
+                ("kv_events_topic", ctypes.c_char_p), ("metrics_addr", ctypes.c_char_p)]
 
 
 L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner token_bytes slots",
@@ -426,6 +428,7 @@ def library():
         "cpcache_prefetch_revoke": ([_u64, _u64], ctypes.c_int),
         "cpcache_l1_page": ([_u64, _i32, P(ctypes.c_void_p), P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_get_stats": ([_u64, P(_Stats)], ctypes.c_int),
+        "cpcache_metrics_text": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_insert_slots": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_i32),
                                   ctypes.c_size_t, P(_InsertResult), P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)],
                                  ctypes.c_int),
@@ -476,6 +479,8 @@ _PY_TERMS = [
     (re.compile(r"\bcpcache_open\b"), "cpcache.Cache()"),
     (re.compile(r"\bcpcache_config\b"), "Cache()'s arguments"),
     (re.compile(r"\bstore_url\b"), "store"),
+    (re.compile(r"\bkv_events_endpoint\b"), "kv_events"),
+    (re.compile(r"\bkv_events_replay_endpoint\b"), "kv_events_replay"),
     (re.compile(r"\bkv_parts\b"), "kv_layout"),
     (re.compile(r"\bkv_num_layers\b"), "kv_layers"),
     (re.compile(r"\bkv_num_parts\b"), "len(kv_layout)"),
@@ -1001,7 +1006,8 @@ class Cache:
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
                  kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None,
-                 job_id=None, local_world=0):
+                 job_id=None, local_world=0, kv_events=None, kv_events_replay=None, kv_events_topic=None,
+                 metrics_addr=None):
         """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
@@ -1027,7 +1033,16 @@ class Cache:
         different from any other job's on the same store (None: $CPCACHE_JOB_ID, else the
         launcher's). local_world: how many of the job's ranks run on this machine (with world
         and rank; local_world == world connects them over 127.0.0.1). Variables are read as
-        os.environ is when the Cache opens."""
+        os.environ is when the Cache opens.
+
+        kv_events: an endpoint on which the first rank of each replica group publishes the
+        replica's KV events as `cpcache run --kv-events` does (vLLM's ZMQ format; bound when
+        its host is * or [::] or it is ipc:// or inproc://, else connected to a subscriber that
+        binds; replica d on the tcp port plus d); kv_events_replay: the replay endpoint
+        (bound); kv_events_topic: every message's first frame (default ""). Every rank gives
+        the same. metrics_addr: "host:port" where this rank serves metrics_text() (plus the
+        process's Go collectors) on /metrics over HTTP until close. A bad endpoint or address
+        raises InvalidError naming it before any rank talks to another."""
         lib = library()
         bufs = None
         if l1_buffers:
@@ -1059,6 +1074,8 @@ class Cache:
                 self._store_adapter = adapter  # this cache's own: it lets the store go at close
         _arg("local_world", local_world, _i32)
         cfg.consensus, cfg.job_id, cfg.local_world = _bytes(consensus), _bytes(job_id), local_world
+        cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint = _bytes(kv_events), _bytes(kv_events_replay)
+        cfg.kv_events_topic, cfg.metrics_addr = _bytes(kv_events_topic), _bytes(metrics_addr)
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
         cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
         self._views = {}  # id → weakref of each memoryview l1_page returned, until close
@@ -1644,6 +1661,21 @@ class Cache:
             views[key] = weakref.ref(view, lambda _, views=views, key=key: views.pop(key, None))
         return view
 
+
+    def metrics_text(self):
+        """This rank's metrics in Prometheus' text exposition format, a str [L]: the cpcache_*
+        series (stats()'s counters and more, labelled rank, replica and slab_group; on a
+        replica's publishing rank the KV event publisher's cpcache_run_kv_event_*)."""
+        n = ctypes.c_size_t()
+        cap = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            status = self._lib.cpcache_metrics_text(self._h, buf, cap, ctypes.byref(n))
+            if status == -2 and n.value + 1 > cap:  # CPCACHE_ERR_SIZE: the text grew past cap
+                cap = n.value + 1 + 4096
+                continue
+            _check(status)
+            return buf.raw[:n.value].decode()
 
     def stats(self):
         """The counters, as a dict [L]."""

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvevents"
+	"github.com/cpcache/cpcache/hicache/metrics"
 )
 
 // quietSource is an event source that publishes nothing.
@@ -31,7 +32,7 @@ func TestKVEventMetrics(t *testing.T) {
 	require.NoError(t, err)
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister((&kvPublisher{pub: pub}).collectors(prometheus.Labels{"rank": "0"})...)
+	reg.MustRegister(metrics.PublisherCollectors(pub, prometheus.Labels{"rank": "0"})...)
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)

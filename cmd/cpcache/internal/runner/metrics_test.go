@@ -56,7 +56,7 @@ func rankRegistryOfTestCache(t *testing.T) *prometheus.Registry {
 		require.NoError(t, errs[rank])
 		t.Cleanup(func() { c.Close() })
 	}
-	return rankRegistry(&live{}, caches[0], st, metrics.RankLabels(layout, 0))
+	return rankRegistry(&live{}, metrics.NewRankRegistry(caches[0], metrics.RankLabels(layout, 0), st, nil), metrics.RankLabels(layout, 0))
 }
 
 // TestRankMetricsLint: what a rank exports passes the Prometheus linter.

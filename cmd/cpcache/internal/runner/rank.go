@@ -117,16 +117,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, rk.Close()) }()
-	world, rank, cache, counted, st := rk.World, rk.Rank(), rk.Cache, rk.Counted, rk.Storage
+	world, rank, cache, counted := rk.World, rk.Rank(), rk.Cache, rk.Counted
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
-	var pub *kvPublisher
-	if cfg.KVEvents != "" && leader {
-		if pub, err = startKVEvents(cache, cfg, coord.DP, rank); err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, pub.close(cache)) }()
-	}
+	pub := rk.Events // the replica's KV event publisher on its leader (nil elsewhere); rk.Close closes it
 	lv := &live{}
 	sched := newScheduler(cache, cfg, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), lv)
 	if kv := mem.deviceKV(); kv != nil {
@@ -147,7 +141,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Faults = faults
 	}
 	if pub != nil && faults != nil {
-		faults.afterFlush = func() error { return pub.flushed(cache) }
+		faults.afterFlush = pub.Flushed
 	}
 	if leader {
 		sched.Misses = newMissTracker(cfg)
@@ -155,10 +149,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
-	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
-	if pub != nil {
-		reg.MustRegister(pub.collectors(metrics.RankLabels(p.Layout, rank).Labels())...)
-	}
+	reg := rankRegistry(lv, rk.Metrics, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
 	if err != nil {
 		return nil, err
