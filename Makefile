@@ -193,9 +193,12 @@ install:
 install-test:
 	PYTHON=$(TEST_PYTHON) test/install.sh
 
-# readme-test: every shell command README shows, run as written after make install (test/readme.py
-# says how; what needs two machines or a GPU is skipped with its reason).
+# readme-test: docs/reference.md's sections generated from include/cpcache.h and python/cpcache
+# are the code's (test/reference.py; the Go-generated ones are go tests); then every link of
+# README.md and docs/*.md leads somewhere and every shell command they show runs as written
+# (test/readme.py says how; what needs two machines or a GPU is skipped with its reason).
 readme-test:
+	$(TEST_PYTHON) test/reference.py
 	$(TEST_PYTHON) test/readme.py
 
 # wheel: dist/cpcache-$(VERSION)-py3-none-<platform>.whl (manylinux_2_35_x86_64 on bookworm:
