@@ -7,6 +7,10 @@ other than Go's (cmd/cpcache's TestReferenceRunFlags writes the flag table):
 - "python-exceptions": every exception class of python/cpcache, its status, what it also is
   (a builtin it derives from) and its other names.
 
+It also checks docs/troubleshooting.md: every entry is headed by a piece of an error message
+(`### \`...\``), which must occur in the source (Go outside tests, C, the Python binding) on
+one line, its parts around " ... " in order.
+
 A section sits between `<!-- generated: NAME ... -->` and `<!-- end generated: NAME -->`.
 Exit status 1, naming the section, when the file differs from what the code gives, or when the
 header and the binding disagree (a status without an exception, or the other way round).
@@ -91,8 +95,44 @@ def sections():
     return {"c-statuses": c_statuses(errors), "python-exceptions": python_exceptions(errors)}, []
 
 
+TROUBLE = os.path.join(ROOT, "docs", "troubleshooting.md")
+
+
+def source_lines():
+    """The lines of the code that writes messages: Go (not tests), C and the Python binding."""
+    for top in ("cmd", "csrc", "gloo", "hicache", "include", "internal", "job", "nccl", "cuda", "parallel",
+                "slab", "storage", "sim", "workload", "zmq", os.path.join("python", "cpcache")):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(("_test.go", "_fake.c")) or not f.endswith((".go", ".c", ".h", ".py")):
+                    continue
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    yield from fh
+
+
+def missing_messages():
+    """The troubleshooting entries whose message the source no longer writes."""
+    wanted = re.findall(r"^### `(.+)`$", open(TROUBLE).read(), flags=re.M)
+    if not wanted:
+        return ["docs/troubleshooting.md has no entries (### `message`)"]
+    patterns = {w: re.compile(".*?".join(re.escape(p) for p in w.split(" ... "))) for w in wanted}
+    left = set(wanted)
+    for line in source_lines():
+        for w in list(left):
+            if patterns[w].search(line):
+                left.discard(w)
+        if not left:
+            break
+    return ["docs/troubleshooting.md's entry %r: no such message in the source" % w for w in sorted(left)]
+
+
 def main(argv):
     update = argv[:1] == ["--update"]
+    gone = missing_messages()
+    for p in gone:
+        print("reference: " + p)
+    if gone:
+        return 1
     want, problems = sections()
     for p in problems:
         print("reference: " + p)
