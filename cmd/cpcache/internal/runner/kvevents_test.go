@@ -2,6 +2,7 @@ package runner
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -41,8 +42,13 @@ func TestKVEventMetrics(t *testing.T) {
 	doc, err := os.ReadFile("../../../../docs/reference.md")
 	require.NoError(t, err)
 	assert.Len(t, fams, 6)
+	exported := map[string]bool{}
 	for _, f := range fams {
+		exported[f.GetName()] = true
 		assert.True(t, strings.Contains(string(doc), "| `"+f.GetName()), "docs/reference.md's metrics table lacks %s", f.GetName())
+	}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(cpcache_run_kv_event_[a-z0-9_]+)").FindAllStringSubmatch(string(doc), -1) {
+		assert.True(t, exported[m[1]], "docs/reference.md's metrics table lists %s, which the publisher does not export", m[1])
 	}
 }
 
