@@ -1,55 +1,55 @@
 package report
 
 import (
-	"os"
-	"reflect"
-	"regexp"
+	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cpcache/cpcache/workload"
 )
 
-// TestReferenceListsReportFields: docs/reference.md's table of report fields lists every key
-// of the JSON report (Report's top-level fields) and no key the report does not have, each
-// named in a row's first cell.
-func TestReferenceListsReportFields(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/reference.md")
-	if err != nil {
-		t.Fatal(err)
+// referenceTrace: three requests sharing only their first hash id.
+const referenceTrace = `{"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [0, 1]}
+{"timestamp": 1, "input_length": 1024, "output_length": 64, "hash_ids": [0, 2]}
+{"timestamp": 2, "input_length": 1536, "output_length": 64, "hash_ids": [0, 3, 4]}
+`
+
+// TestReferenceAtTraceScale: for a trace read at 1/8 the LRU reference runs over the trace's
+// own 64-token blocks, with the capacity counted in them: the requests after the first hit
+// the shared block (an LRU of 512-token blocks would hit nothing), and the text and JSON
+// reports say 64-token blocks. Unscaled, the text says 512-token blocks and the JSON has no
+// block size, as before the size was recorded.
+func TestReferenceAtTraceScale(t *testing.T) {
+	reference := func(scale int, capacityTokens int64) Reference {
+		reqs, err := workload.ReadTrace(strings.NewReader(referenceTrace), workload.TraceOptions{Scale: scale})
+		require.NoError(t, err)
+		return ReferenceOf([][]workload.Request{reqs}, 16, workload.BlockTokens/scale, capacityTokens)
 	}
-	text := string(doc)
-	i := strings.Index(text, "\n## Report fields\n")
-	if i < 0 {
-		t.Fatal("docs/reference.md has no \"## Report fields\" section")
+	texts := func(ref Reference) (string, string) {
+		r := &Report{Reference: ref}
+		var text strings.Builder
+		r.writeTimeText(&text)
+		js, err := json.Marshal(ref)
+		require.NoError(t, err)
+		return text.String(), string(js)
 	}
-	section := text[i+1:]
-	if j := strings.Index(section[3:], "\n## "); j >= 0 {
-		section = section[:j+3]
-	}
-	listed := map[string]bool{}
-	key := regexp.MustCompile("`([a-z0-9_]+)`")
-	for _, line := range strings.Split(section, "\n") {
-		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.TrimSpace(cells[0]) == "" {
-			for _, m := range key.FindAllStringSubmatch(cells[1], -1) {
-				listed[m[1]] = true
-			}
-		}
-	}
-	keys := map[string]bool{}
-	rt := reflect.TypeOf(Report{})
-	for i := range rt.NumField() {
-		name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
-		if name != "" && name != "-" {
-			keys[name] = true
-		}
-	}
-	for k := range keys {
-		if !listed[k] {
-			t.Errorf("docs/reference.md's report fields lack %s", k)
-		}
-	}
-	for k := range listed {
-		if !keys[k] {
-			t.Errorf("docs/reference.md's report fields list %s, which the report does not have", k)
-		}
-	}
+
+	scaled := reference(8, 4096)
+	assert.Equal(t, int64(2*64), scaled.LRUBlockTokens, "the shared 64-token block, for the second and third request")
+	assert.Equal(t, scaled.ReuseBoundTokens, scaled.LRUBlockTokens, "nothing but the first block is shared")
+	assert.Equal(t, 64, scaled.BlockSize())
+	text, js := texts(scaled)
+	assert.Contains(t, text, "LRU of 64-token blocks (4096 tokens)")
+	assert.Contains(t, js, `"lru_block_size":64`)
+	assert.Zero(t, reference(8, 64).LRUBlockTokens, "a capacity of 64 tokens is one block of 64")
+
+	unscaled := reference(1, 4096*8)
+	assert.Equal(t, int64(2*512), unscaled.LRUBlockTokens)
+	assert.Equal(t, workload.BlockTokens, unscaled.BlockSize())
+	text, js = texts(unscaled)
+	assert.Contains(t, text, "LRU of 512-token blocks (32768 tokens)")
+	assert.NotContains(t, js, "lru_block_size")
 }
