@@ -603,18 +603,14 @@ func cpcapi_prefetch_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 
 func prefetchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) C.int {
 	return sessionCall(c, fn, func(s *session) error {
-		k, err := keyString(key, uint64(keyLen))
-		if err != nil {
-			return err
-		}
-		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+		req, err := requestArg(key, keyLen, tokens, n)
 		if err != nil {
 			return err
 		}
 		if id == nil {
 			return fmt.Errorf("%w: id is NULL", errInvalid)
 		}
-		res, err := s.cache.Prefetch(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k})
+		res, err := s.cache.Prefetch(hicache.Request{Tokens: append([]int32(nil), req.Tokens...), Key: req.Key})
 		if err == nil {
 			*id = C.uint64_t(res.ID)
 		}
