@@ -32,8 +32,12 @@
  * attention-DP block: attn_cp × attn_tp ranks) hold identical cache metadata because they
  * run the same scheduler:
  *   [R] replicated: every rank of the replica group makes the call, in the same order, with
- *       the same arguments. Results (node handles, page counts, L1 slots) are equal on every
- *       rank. Skipping one on one rank is a divergence the next step detects.
+ *       the same arguments. Results (node handles, page counts, a fill page's slot and owner)
+ *       are equal on every rank, except what names this rank's own L1: each CP rank's pool
+ *       holds only the pages it owns (page i of a sequence is CP rank i mod cp_size's), so
+ *       cpcache_match's l1_slots (and the locations of cpcache_match_locs) are this rank's,
+ *       -1 for the pages another CP rank owns, and a fill page is `owned` on its owner only.
+ *       Skipping one on one rank is a divergence the next step detects.
  *   [L] local: this rank only; never waits on another rank.
  *   [C] collective: like [R], and it also waits for every rank of the job (open) or group.
  *
@@ -265,7 +269,9 @@ typedef struct cpcache_config {
   int32_t policy;           /* CPCACHE_POLICY_* */
   int32_t write_threshold;  /* write_through_selective: insertions before a backup (default 2) */
   int32_t min_load_pages;   /* load back host hits of at least this many pages (default 1) */
-  int32_t load_quota_pages; /* pages loading at once (default l1_pages/2) */
+  int32_t load_quota_pages; /* pages loading at once, over the CP group (default: half of the
+                             * group's L1, cp_size × l1_pages / 2: each CP rank's pool holds the
+                             * pages it owns; see cpcache_load_back) */
 
   /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
    * model names the KV content (with the page geometry and TP size it scopes the keys).
@@ -317,7 +323,7 @@ typedef struct cpcache_config {
    * 127.0.0.1. */
   int32_t local_world;
   /* KV events, published as `cpcache run --kv-events` publishes them (vLLM's ZMQ format:
-   * BlockStored, BlockRemoved, AllBlocksCleared; see README "KV events"): the first rank of
+   * BlockStored, BlockRemoved, AllBlocksCleared; see docs/operating.md, "KV events"): the first rank of
    * each replica group publishes its replica's on kv_events_endpoint (NULL: none): bound when
    * its host is a wildcard (* or [::]) or it is ipc:// or inproc://, else connected to a
    * subscriber that binds (tcp://host:5557); replica d on the tcp port plus d. kv_events_replay_endpoint (bound;
@@ -473,10 +479,11 @@ int cpcache_unlock(cpcache_t c, cpcache_node_t node);
  * prefix ends where the hit does: a match that ends inside a node held only in L2 splits it
  * there) and starts loading them; *pages (may be NULL) is the number of pages that will
  * load: the leading host_pages of the match, at most the load quota left (load_quota_pages,
- * default l1_pages / 2, minus the pages loading) and the L1 pages free once unlocked pages
- * off the prefix were evicted for them. When that cuts the hit inside a node, the node is
- * split and its head loads; call again (after the loads are over) for the rest. Example:
- * l1_pages 32, a 20-page host hit, nothing loading: 16 pages load, then 4. Nothing loads
+ * default half of the CP group's L1, cp_size × l1_pages / 2, minus the pages loading) and
+ * the L1 pages free once unlocked pages off the prefix were evicted for them. When that cuts
+ * the hit inside a node, the node is split and its head loads; call again (after the loads
+ * are over) for the rest. Example: l1_pages 32, nothing loading: at CP1 a 20-page host hit
+ * loads 16 pages, then 4; at CP4 (quota 64) an 80-page host hit loads 64, then 16. Nothing loads
  * (*pages 0) below min_load_pages; CPCACHE_ERR_L1_FULL when L1 cannot make room for
  * min_load_pages. This rank's copies start at the next cpcache_step (after the group
  * checked the state they were chosen from). [R] */

@@ -139,6 +139,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	o := &runOpts{cfg: def, fs: fs}
 	cfg := &o.cfg
 	o.layout = layoutFlags(fs, def.Layout)
+	// run's EP 0 is the world (runner.Config.Layout), not layout's and collective-bench's 1.
+	fs.Lookup("ep").Usage = "expert-parallel size (0: the world)"
 	fs.IntVar(&cfg.PageSize, "page-size", def.PageSize, "tokens per page")
 	fs.IntVar(&cfg.L1Pages, "l1-pages", def.L1Pages, "L1 (device KV pool) pages of each rank")
 	fs.IntVar(&cfg.L2Pages, "l2-pages", def.L2Pages, "L2 pages of each slab (one slab per CP rank)")
