@@ -132,7 +132,12 @@ capi-test: build/engine build/bad_calls build/reopen build/fork build/libcuda_fa
 	done; echo "capi-test: the example engine refuses bad flags, naming them"
 	store=$$(mktemp -d) && trap 'rm -rf $$store' EXIT && \
 	  timeout 300 $(MPIRUN) -np 4 -x CPCACHE_STORE=file://$$store build/engine --attn-cp 4
-	timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2
+	@echo "capi-test: the example's default run at CP4·DP2 (8 ranks) loads prefixes back from L2 and each replica says what it showed"
+	out=$$(timeout 300 bin/cpcache launch -n 8 -- build/engine --attn-cp 4 --dp 2 2>&1); rc=$$?; \
+	  if [ $$rc != 0 ] || [ $$(grep -c 'tokens_hit_l2=[1-9]' <<<"$$out") != 8 ] || \
+	     [ $$(grep -cE 'engine: replica [01] \(CP4\): .* [1-9][0-9]* loaded back from the group.s shared L2 .*wrong: 0\)' <<<"$$out") != 2 ]; then \
+	    echo "$$out"; echo "capi-test: the example's default run: want status 0, L2 hits on 8 ranks and each replica's summary"; exit 1; fi; \
+	  grep -h 'engine: replica' <<<"$$out"
 	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --layer-first
 	timeout 300 bin/cpcache launch -n 4 -- build/engine --attn-cp 4 --opaque
 	@echo "capi-test: the engine-owned flow at CP4 (its own slot allocator; a small L1, so pages are evicted and loaded back into its slots)"
@@ -193,9 +198,12 @@ install:
 install-test:
 	PYTHON=$(TEST_PYTHON) test/install.sh
 
-# readme-test: every shell command README shows, run as written after make install (test/readme.py
-# says how; what needs two machines or a GPU is skipped with its reason).
+# readme-test: docs/reference.md's sections generated from include/cpcache.h and python/cpcache
+# are the code's (test/reference.py; the Go-generated ones are go tests); then every link of
+# README.md and docs/*.md leads somewhere and every shell command they show runs as written
+# (test/readme.py says how; what needs two machines or a GPU is skipped with its reason).
 readme-test:
+	$(TEST_PYTHON) test/reference.py
 	$(TEST_PYTHON) test/readme.py
 
 # wheel: dist/cpcache-$(VERSION)-py3-none-<platform>.whl (manylinux_2_35_x86_64 on bookworm:

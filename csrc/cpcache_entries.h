@@ -103,6 +103,7 @@ CPCACHE_ENTRY(prefetch_pending, (cpcache_t c, uint64_t id, int32_t *pending), (c
 CPCACHE_ENTRY(prefetch_revoke, (cpcache_t c, uint64_t id), (c, id))
 CPCACHE_ENTRY(l1_page, (cpcache_t c, int32_t slot, void **page, size_t *len), (c, slot, page, len))
 CPCACHE_ENTRY(get_stats, (cpcache_t c, cpcache_stats *stats), (c, stats))
+CPCACHE_ENTRY(metrics_text, (cpcache_t c, char *buf, size_t cap, size_t *len), (c, buf, cap, len))
 #ifdef CPCACHE_ENTRY_PIDCHECK_DEFAULTED
 #undef CPCACHE_ENTRY_PIDCHECK
 #undef CPCACHE_ENTRY_PIDCHECK_DEFAULTED

@@ -317,7 +317,7 @@ func TestNewRejectsNegativeDriverConfig(t *testing.T) {
 // A scope error on one rank only (its slab set is not the layout's slab group, while its
 // consensus group is right) travels through New's first collective like a build error: every
 // rank returns the same StartError at once instead of waiting for that rank until the
-// deadline (README: "a rank cannot build its cache (engine, storage or scope check)").
+// deadline (docs/operating.md: "a rank cannot build its cache (engine, storage or scope check)").
 func TestNewScopeFailureOnOneRankIsAgreed(t *testing.T) {
 	const n, bad = 4, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds the test should a rank wait for the failed one

@@ -32,8 +32,12 @@
  * attention-DP block: attn_cp × attn_tp ranks) hold identical cache metadata because they
  * run the same scheduler:
  *   [R] replicated: every rank of the replica group makes the call, in the same order, with
- *       the same arguments. Results (node handles, page counts, L1 slots) are equal on every
- *       rank. Skipping one on one rank is a divergence the next step detects.
+ *       the same arguments. Results (node handles, page counts, a fill page's slot and owner)
+ *       are equal on every rank, except what names this rank's own L1: each CP rank's pool
+ *       holds only the pages it owns (page i of a sequence is CP rank i mod cp_size's), so
+ *       cpcache_match's l1_slots (and the locations of cpcache_match_locs) are this rank's,
+ *       -1 for the pages another CP rank owns, and a fill page is `owned` on its owner only.
+ *       Skipping one on one rank is a divergence the next step detects.
  *   [L] local: this rank only; never waits on another rank.
  *   [C] collective: like [R], and it also waits for every rank of the job (open) or group.
  *
@@ -54,7 +58,7 @@
  *   when it finishes:      cpcache_unlock [R]
  *   once per step:         cpcache_step [R] — always, even when nothing is pending
  *   when idle:             cpcache_flush [C]
- *   any time:              cpcache_get_stats [L], cpcache_get_info [L]
+ *   any time:              cpcache_get_stats [L], cpcache_get_info [L], cpcache_metrics_text [L]
  */
 #ifndef CPCACHE_H
 #define CPCACHE_H
@@ -73,7 +77,8 @@ extern "C" {
  * config (struct_size CPCACHE_CONFIG_SIZE_V1, abi_version 1) or an ABI-2 one (struct_size
  * CPCACHE_CONFIG_SIZE_V2, abi_version 2). Its fields are read as they were; the newer ones
  * take their defaults: ABI 2's (KV layout, L1 buffers, L2 layout, L1 mode) opaque pages, the
- * pool of l1_kind, page_first, cache-owned slots; ABI 3's (store, job_id, local_world) none.
+ * pool of l1_kind, page_first, cache-owned slots; ABI 3's (store, job_id, local_world, KV
+ * events, metrics_addr) none.
  * Any other pair is CPCACHE_ERR_SIZE. */
 #define CPCACHE_CONFIG_SIZE_V1 offsetof(cpcache_config, kv_layout)
 #define CPCACHE_CONFIG_SIZE_V2 offsetof(cpcache_config, store)
@@ -264,7 +269,9 @@ typedef struct cpcache_config {
   int32_t policy;           /* CPCACHE_POLICY_* */
   int32_t write_threshold;  /* write_through_selective: insertions before a backup (default 2) */
   int32_t min_load_pages;   /* load back host hits of at least this many pages (default 1) */
-  int32_t load_quota_pages; /* pages loading at once (default l1_pages/2) */
+  int32_t load_quota_pages; /* pages loading at once, over the CP group (default: half of the
+                             * group's L1, cp_size × l1_pages / 2: each CP rank's pool holds the
+                             * pages it owns; see cpcache_load_back) */
 
   /* Optional L3 storage below L2 (NULL: none): file:///dir or redis://host:port/prefix.
    * model names the KV content (with the page geometry and TP size it scopes the keys).
@@ -315,6 +322,25 @@ typedef struct cpcache_config {
    * unknown). local_world == world: every rank is on this machine, and the ranks connect over
    * 127.0.0.1. */
   int32_t local_world;
+  /* KV events, published as `cpcache run --kv-events` publishes them (vLLM's ZMQ format:
+   * BlockStored, BlockRemoved, AllBlocksCleared; see docs/operating.md, "KV events"): the first rank of
+   * each replica group publishes its replica's on kv_events_endpoint (NULL: none): bound when
+   * its host is a wildcard (* or [::]) or it is ipc:// or inproc://, else connected to a
+   * subscriber that binds (tcp://host:5557); replica d on the tcp port plus d. kv_events_replay_endpoint (bound;
+   * NULL: none) answers replay requests from a bounded history (64 MiB); kv_events_topic is
+   * every message's first frame (NULL: ""). Every rank gives the same. A malformed endpoint,
+   * one that cannot be bound or numbered for the last replica, or a replay endpoint without an
+   * endpoint is CPCACHE_ERR_INVALID naming the field and value, before any rank talks to
+   * another; libzmq (Debian's libzmq5) is loaded only with an endpoint (CPCACHE_ERR_CONFIG
+   * without it). */
+  const char *kv_events_endpoint;
+  const char *kv_events_replay_endpoint;
+  const char *kv_events_topic;
+  /* A TCP address (host:port; port 0 picks one) where this rank serves its metrics on
+   * /metrics over HTTP (Prometheus text: cpcache_metrics_text's, plus this process's Go and
+   * process collectors) until cpcache_close; NULL: none. A bad or busy address is
+   * CPCACHE_ERR_INVALID naming it, before any rank talks to another. */
+  const char *metrics_addr;
 } cpcache_config;
 
 /* Static facts about an open cache (cpcache_get_info). */
@@ -453,10 +479,11 @@ int cpcache_unlock(cpcache_t c, cpcache_node_t node);
  * prefix ends where the hit does: a match that ends inside a node held only in L2 splits it
  * there) and starts loading them; *pages (may be NULL) is the number of pages that will
  * load: the leading host_pages of the match, at most the load quota left (load_quota_pages,
- * default l1_pages / 2, minus the pages loading) and the L1 pages free once unlocked pages
- * off the prefix were evicted for them. When that cuts the hit inside a node, the node is
- * split and its head loads; call again (after the loads are over) for the rest. Example:
- * l1_pages 32, a 20-page host hit, nothing loading: 16 pages load, then 4. Nothing loads
+ * default half of the CP group's L1, cp_size × l1_pages / 2, minus the pages loading) and
+ * the L1 pages free once unlocked pages off the prefix were evicted for them. When that cuts
+ * the hit inside a node, the node is split and its head loads; call again (after the loads
+ * are over) for the rest. Example: l1_pages 32, nothing loading: at CP1 a 20-page host hit
+ * loads 16 pages, then 4; at CP4 (quota 64) an 80-page host hit loads 64, then 16. Nothing loads
  * (*pages 0) below min_load_pages; CPCACHE_ERR_L1_FULL when L1 cannot make room for
  * min_load_pages. This rank's copies start at the next cpcache_step (after the group
  * checked the state they were chosen from). [R] */
@@ -667,6 +694,13 @@ int cpcache_prefetch_revoke(cpcache_t c, uint64_t id);                    /* [R]
 
 /* The host address and size of L1 slot `slot` (host L1 only). [L] */
 int cpcache_l1_page(cpcache_t c, int32_t slot, void **page, size_t *len);
+/* This rank's metrics in Prometheus' text exposition format (cpcache_* series: the counters
+ * of cpcache_get_stats and more, labelled rank, replica and slab_group; on a replica's
+ * publishing rank the KV event publisher's cpcache_run_kv_event_*), NUL-terminated, into
+ * buf[cap] [L]. *len is set to the text's length (without the NUL) on CPCACHE_OK and on
+ * CPCACHE_ERR_SIZE (cap < *len + 1: nothing written; retry with a buffer of *len + 1 bytes,
+ * or ask with buf NULL and cap 0). */
+int cpcache_metrics_text(cpcache_t c, char *buf, size_t cap, size_t *len);
 /* Counters; stats->struct_size must be sizeof(cpcache_stats), or the size of an older
  * header's struct (without no_step_warnings), which gets the fields it has. [L] */
 int cpcache_get_stats(cpcache_t c, cpcache_stats *stats);

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvevents"
 	"github.com/cpcache/cpcache/hicache/kvlayout"
 	"github.com/cpcache/cpcache/hicache/kvmem"
 	"github.com/cpcache/cpcache/parallel"
@@ -160,7 +161,23 @@ type Config struct {
 	ClearStorage func(ctx context.Context, st storage.Storage) error
 	L3           hicache.L3Options
 
-	Events         hicache.EventOptions
+	// Events are the cache's event options (hicache.Config.Events); zero with a KVEvents
+	// endpoint takes KVEvents.EventOptions().
+	Events hicache.EventOptions
+	// KVEvents publishes each replica's KV events in vLLM's format (hicache/kvevents): its
+	// leader (the first rank of its replica group) runs a kvevents.ReplicaPublisher on the
+	// endpoints numbered for its replica (Rank.Events). Every rank gives the same; Endpoint ""
+	// publishes nothing. Its endpoints are checked before any collective (ErrBadValue naming
+	// them; the last replica's numbering once the layout is known) and the publisher's start
+	// is agreed by every rank.
+	KVEvents kvevents.Config
+	// KVEventsLog receives the publisher's background errors (nil: standard error, naming the
+	// rank).
+	KVEventsLog func(error)
+	// MetricsAddr, if set, is a TCP address (host:port) where this rank serves Rank.Metrics
+	// and this process's Go and process collectors on /metrics over HTTP until Close. It is
+	// listened on before any collective (a bad or busy address is ErrBadValue naming it).
+	MetricsAddr    string
 	Faults         *hicache.Faults
 	LatencySamples int
 }
@@ -218,6 +235,12 @@ func (c *Config) check() error {
 		return bad("a storage clear without a storage")
 	case c.Timeout < 0 || c.StepTimeout < 0 || c.StorageTimeout < 0:
 		return bad("negative timeout (%v, step %v, storage %v)", c.Timeout, c.StepTimeout, c.StorageTimeout)
+	}
+	var ce *kvevents.ConfigError
+	if err := c.KVEvents.Check(1); errors.As(err, &ce) {
+		return bad("KV events %s %q: %v", ce.Field, ce.Value, ce.Err)
+	} else if err != nil {
+		return bad("KV events: %v", err)
 	}
 	switch {
 	case len(c.L1Buffers) > 0 && c.KVLayout == nil:

@@ -11,5 +11,9 @@
 // rank and its cause instead of waiting for a peer that left. Values no rank could use are
 // refused, naming them, before any collective.
 //
+// With Config.KVEvents the replica's leader then publishes its KV events (Rank.Events, the
+// start agreed by every rank); every rank gets its metrics registry (Rank.Metrics,
+// MetricsText), served on Config.MetricsAddr when set.
+//
 // (*Rank).Close releases everything in the reverse order of creation.
 package job

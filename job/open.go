@@ -9,9 +9,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
@@ -19,7 +23,9 @@ import (
 	"github.com/cpcache/cpcache/hicache/cudaengine"
 	"github.com/cpcache/cpcache/hicache/engine"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/hicache/kvevents"
 	"github.com/cpcache/cpcache/hicache/kvmem"
+	"github.com/cpcache/cpcache/hicache/metrics"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/parallel/shm"
 	"github.com/cpcache/cpcache/slab"
@@ -55,8 +61,18 @@ type Rank struct {
 	L2Layout  kvmem.L2Layout
 	Storage   storage.Storage
 	Namespace storage.Namespace
+	// Events publishes the replica's KV events (Config.KVEvents) on its leader; nil on the
+	// other ranks and without an endpoint. Closed by Close before the cache.
+	Events *kvevents.ReplicaPublisher
+	// Metrics is this rank's registry (metrics.NewRankRegistry: the cache's collector, the
+	// storage's counters, the publisher's on the replica's leader); callers may register
+	// more. Served on Config.MetricsAddr; MetricsText renders it.
+	Metrics *prometheus.Registry
+	// MetricsAddr is the address Config.MetricsAddr is served on ("" without one).
+	MetricsAddr string
 
-	cudaSlabs *cudaslab.Backend // CUDA IPC and pinned slabs' backends (nil without CUDA)
+	metrics   atomic.Pointer[prometheus.Registry] // Metrics once built, for the server started before it
+	cudaSlabs *cudaslab.Backend                   // CUDA IPC and pinned slabs' backends (nil without CUDA)
 	closers   []func() error
 	closed    bool
 }
@@ -98,6 +114,15 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 			err = errors.Join(err, r.Close())
 		}
 	}()
+	if cfg.Events == (hicache.EventOptions{}) {
+		cfg.Events = cfg.KVEvents.EventOptions()
+	}
+	if cfg.MetricsAddr != "" {
+		// Before any collective: a bad or busy address stops this rank before it joins.
+		if err := r.serveMetrics(cfg.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
 	if err := r.openWorld(ctx, &cfg); err != nil {
 		return nil, err
 	}
@@ -137,7 +162,75 @@ func Open(ctx context.Context, cfg Config) (_ *Rank, err error) {
 		return nil, err
 	}
 	r.onClose(r.Cache.Close)
+	if err := r.startEvents(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	r.Metrics = metrics.NewRankRegistry(r.Cache, metrics.RankLabels(r.Layout, r.Rank()), r.Storage, r.publisher())
+	r.metrics.Store(r.Metrics)
 	return r, nil
+}
+
+// MetricsText is this rank's metrics (Metrics) in Prometheus' text exposition format.
+func (r *Rank) MetricsText() ([]byte, error) { return metrics.Text(r.Metrics) }
+
+// publisher is the replica's publisher, nil when this rank has none.
+func (r *Rank) publisher() *kvevents.Publisher {
+	if r.Events == nil {
+		return nil
+	}
+	return r.Events.Publisher
+}
+
+// serveMetrics serves, on addr's /metrics, this process's Go and process collectors and the
+// rank's registry once it is built (nothing of the rank before).
+func (r *Rank) serveMetrics(addr string) error {
+	rank := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		if reg := r.metrics.Load(); reg != nil {
+			return reg.Gather()
+		}
+		return nil, nil
+	})
+	srv, err := metrics.Serve(addr, prometheus.Gatherers{metrics.ServingRegistry(), rank})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrBadValue, err)
+	}
+	r.onClose(srv.Close)
+	r.MetricsAddr = srv.Addr()
+	return nil
+}
+
+// startEvents starts the replica's KV event publisher on its leader (Config.KVEvents), once
+// the layout numbers the last replica's endpoints, agreed by every rank: a leader that could
+// not start it (libzmq missing, an endpoint in use) stops every rank with its cause.
+func (r *Rank) startEvents(ctx context.Context, cfg *Config) error {
+	if cfg.KVEvents.Endpoint == "" {
+		return nil
+	}
+	rank := r.Rank()
+	var ce *kvevents.ConfigError
+	if err := cfg.KVEvents.Check(r.Layout.AttnDP); errors.As(err, &ce) {
+		// Every rank has the same layout and configuration: every rank returns this.
+		return fmt.Errorf("%w: KV events %s %q: %v", ErrBadValue, ce.Field, ce.Value, ce.Err)
+	} else if err != nil {
+		return fmt.Errorf("%w: KV events: %w", ErrBadValue, err)
+	}
+	var local error
+	if r.Layout.ReplicaGroup(rank)[0] == rank {
+		log := cfg.KVEventsLog
+		if log == nil {
+			log = func(err error) { fmt.Fprintf(os.Stderr, "cpcache: rank %d: %v\n", rank, err) }
+		}
+		dp := r.Layout.Coord(rank).DP
+		pub, err := kvevents.StartReplica(r.Cache, cfg.KVEvents, dp, log)
+		if err != nil {
+			local = fmt.Errorf("job: rank %d (replica %d): %w", rank, dp, err)
+		} else {
+			r.Events = pub
+			r.onClose(pub.Close) // before the cache's: the final dump reads it
+		}
+	}
+	_, err := hicache.AgreeStart(ctx, r.World, "starting the KV event publisher", local, "")
+	return err
 }
 
 // openWorld makes the world (or takes the in-process one) and the layout.

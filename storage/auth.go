@@ -187,9 +187,13 @@ func (m *MAC) sumCopy(out []byte, domain, a, b, dst []byte) {
 const copyBlock = 32 << 10
 
 // gmac writes AES-GMAC(nonce; payload) to out (16 bytes): the GCM tag of an empty
-// plaintext with payload as additional data.
+// plaintext with payload as additional data. The tag is sealed into a pooled state's
+// buffer: a caller's array passed through the cipher.AEAD interface would escape to the
+// heap, one allocation per page.
 func (m *MAC) gmac(out *[macSize]byte, nonce, payload []byte) {
-	m.gcm.Seal(out[:0], nonce, nil, payload)
+	st := m.state()
+	copy(out[:], m.gcm.Seal(st.out[:0], nonce, nil, payload))
+	m.release(st)
 }
 
 // Alg is the payload MAC that m writes.

@@ -246,7 +246,7 @@ func (m *MAC) CheckHeader(hdr []byte, key Key, bind *Binding, wantLen int) error
 	if bind == nil {
 		return nil
 	}
-	want := *bind
+	want := bind // not a copy: its digests in an error message would move a copy to the heap
 	if [DigestSize]byte(hdr[offBinding:]) != want.Tokens {
 		return KindCause(ErrMismatch, fmt.Errorf("value stored for other tokens (token digest %x, want %x)", hdr[offBinding:offBinding+8], want.Tokens[:8]))
 	}
@@ -324,6 +324,21 @@ func oldFormat(v uint16) string {
 		return "version 3 values are keyed by a 64-bit page hash that tenants can collide, and bind no tokens"
 	}
 	return "unknown version"
+}
+
+// PeekParent returns the parent id a header of a format read today (versions 4 and 5,
+// which keep the binding at the same offset) binds its value to (Binding.Parent), without
+// verifying anything: what the directory backend's eviction reads to order a chain's pages
+// (a forged header can only reorder evictions, which whoever can write the store can do
+// anyway). ok is false for a header of another format or version, or one bound to no
+// parent (Put).
+func PeekParent(hdr []byte) (parent [DigestSize]byte, ok bool) {
+	l, known := layoutOf(hdr)
+	if !known || len(hdr) < l.size || string(hdr[0:4]) != formatMagic {
+		return parent, false
+	}
+	parent = [DigestSize]byte(hdr[offBinding+DigestSize:])
+	return parent, parent != [DigestSize]byte{}
 }
 
 // StoredLen returns the total stored size of a payload of n bytes.

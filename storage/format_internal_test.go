@@ -120,6 +120,13 @@ func TestFormatVersions(t *testing.T) {
 		if got, want := HeaderLen(hdr), map[bool]int{true: 144, false: 160}[name == "v4"]; got != want {
 			t.Errorf("%s: HeaderLen %d, want %d", name, got, want)
 		}
+		// The eviction's order reads the parent id of a header of either version.
+		if p, ok := PeekParent(hdr); !ok || p != bind.Parent {
+			t.Errorf("%s: PeekParent %x %v, want %x", name, p, ok, bind.Parent)
+		}
+		if _, ok := PeekParent(hdr[:HeaderLen(hdr)-1]); ok {
+			t.Errorf("%s: PeekParent read a header cut short", name)
+		}
 		for _, m := range readers {
 			if err := check(m, hdr, payload, &bind); err != nil {
 				t.Errorf("%s read by a %v writer: %v", name, m.Alg(), err)
@@ -178,6 +185,9 @@ func TestFormatVersions(t *testing.T) {
 			err := check(readers[1], h, payload, &bind)
 			if err == nil || (v < 4) != errors.Is(err, ErrOldFormat) {
 				t.Errorf("%s as version %d: %v", name, v, err)
+			}
+			if _, ok := PeekParent(h); ok {
+				t.Errorf("%s as version %d: PeekParent read it", name, v)
 			}
 			if HeaderLen(h) != HeaderSize {
 				t.Errorf("%s as version %d: HeaderLen %d", name, v, HeaderLen(h))

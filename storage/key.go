@@ -94,15 +94,20 @@ func NewKeyBytes(ns Namespace, chained []byte) Key {
 // bytes for one prefix). Its domain tag differs from NewKey's and NewKeyBytes', so no key
 // they derive (those of pages stored under 64-bit page hashes, format version 3) is ever a
 // PageKey.
-func PageKey(ns Namespace, id [32]byte, shard uint32) Key {
+func PageKey(ns Namespace, id [32]byte, shard uint32) Key { return PageKeyIn(ns.id, id, shard) }
+
+// PageKeyIn is PageKey for the namespace whose ID is ns (Namespace.ID): what a store that
+// holds only keys (the directory backend's eviction, which finds a page's parent from the
+// parent id its value is bound to) computes.
+func PageKeyIn(ns [NamespaceSize]byte, id [32]byte, shard uint32) Key {
 	var b [len(pageTag) + NamespaceSize + 32 + 4]byte
 	n := copy(b[:], pageTag)
-	n += copy(b[n:], ns.id[:])
+	n += copy(b[n:], ns[:])
 	n += copy(b[n:], id[:])
 	binary.BigEndian.PutUint32(b[n:], shard)
 	sum := sha256.Sum256(b[:])
 	var k Key
-	copy(k[:NamespaceSize], ns.id[:])
+	copy(k[:NamespaceSize], ns[:])
 	copy(k[NamespaceSize:], sum[:])
 	return k
 }

@@ -20,4 +20,10 @@ type Stats struct {
 	// the kernel now (a gauge). See ErrStuck and Options.MaxStuck.
 	Abandoned uint64
 	Stuck     uint64
+	// Evicted: values this storage removed to keep its directory within its capacity
+	// (file store's max_bytes), least recently used first and a chain's later pages before
+	// its earlier ones; Expired: values it removed because they were not used for longer
+	// than its TTL (file store's ttl). Each is a later miss, never a bad page.
+	Evicted uint64
+	Expired uint64
 }

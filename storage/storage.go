@@ -87,8 +87,15 @@ type Options struct {
 	// "pool_size=" or "pool=").
 	PoolSize int
 	// TTL, if positive, makes Redis expire each page this long after it was written (URL
-	// "ttl=1h"); shared Redis instances then evict old pages by themselves.
+	// "ttl=1h"); shared Redis instances then evict old pages by themselves. On the
+	// directory backend a page not used (written or read by a hit) for longer than TTL is a
+	// miss and is removed by the next eviction sweep (stores/dircap.go).
 	TTL time.Duration
+	// MaxBytes, if positive, is the capacity of the directory backend (URL "max_bytes=2GiB"):
+	// the bytes of page files under its root, shared by every store that opens the root with
+	// a capacity, in this process or others. Past it, least recently used pages are removed,
+	// a chain's later pages before its earlier ones (stores/dircap.go).
+	MaxBytes int64
 	// OnCorrupt, if set, is called for each value that failed verification (during Get, and
 	// during Exists on the directory backend), with an error wrapping ErrCorrupt (and
 	// ErrForged for a forged or replayed value) that names the key and the reason. The

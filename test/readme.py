@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""`make readme-test`: runs every shell command README.md shows, as written, after `make install`.
+"""`make readme-test`: runs every shell command README.md and docs/*.md show, as written, and checks
+their links.
 
-Each ```sh block of README is read as a user reads it: lines joined at a trailing backslash, a
+The files are read in order (README.md, then docs/ by name), each as a user reads it. A code
+block preceded by the line `<!-- file: NAME -->` is a file the text asks the reader to save:
+it is written as NAME in the repository root (where every command runs) before the commands
+after it, and removed at the end. Each ```sh block is read as a user reads it: lines joined at a trailing backslash, a
 "$ " prompt marks a command whose output follows (compared exactly), a comment `# exit N` is the
 status the command must end with (0 otherwise), a comment `# hit rate X%, N prefill tokens` is a
 figure the output must show. Commands ending in `&` run in the background for the rest of their
@@ -19,8 +23,16 @@ with CPCACHE_CUDA_LIBRARY), elided flags (`...`), placeholders (`./my-rank-binar
 Redis, and `make test` itself (which runs this test).
 
 What the commands write at the repository's top that was not there before is removed at the end.
-Exit status 0 when every command ran as written; each failure prints its command, status and
-output tail.
+Every relative link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`) must name a
+file or directory that exists, and an anchor a heading of the target Markdown file (GitHub's
+anchors: lower case, punctuation dropped, spaces to hyphens); a broken one fails the test
+before any command runs.
+
+`test/readme.py FILE...` runs only those files (their links are checked all the same);
+`test/readme.py --links` checks the links alone.
+
+Exit status 0 when every command ran as written and no link is broken; each failure prints its
+command, status and output tail.
 """
 import os
 import re
@@ -42,11 +54,13 @@ ENGINE_DEVICE = re.compile(r"--device \d")
 # A command for two machines; a block holding one line "# on host ..." is a two-machine setup.
 TWO_MACHINES = re.compile(r"-H a:|--hostfile|redis://a:|@a:|/opt/cpcache/bin")
 SKIPS = [
-    (re.compile(r"^make (test|demo)\b"), "make test runs this test; make demo runs the next block's second command"),
+    (re.compile(r"^make (test|demo)\b"),
+     "make test runs this test; make demo runs `cpcache run --clients 64 --rounds 12 --turn-gap 4s`, which docs/operating.md shows"),
     (re.compile(r"(^|\s)\.\.\.(\s|$)"), "flags elided with ..."),
     (re.compile(r"my-rank-binary"), "a placeholder for the user's own program"),
     (re.compile(r"rediss://"), "the user's own TLS Redis server"),
-    (re.compile(r"pkg-config --cflags --libs cpcache"), "test/install.sh builds the example with the installed pkg-config file"),
+    (re.compile(r"^(?!.*PKG_CONFIG_PATH).*pkg-config --cflags --libs cpcache"),
+     "test/install.sh builds the example with the installed pkg-config file"),
 ]
 FIGURES = [
     (re.compile(r"hit rate (\d+\.\d)%"), lambda v: re.compile(r"hit rate\s+" + re.escape(v) + "%")),
@@ -54,19 +68,82 @@ FIGURES = [
 ]
 
 
+FILE_MARK = re.compile(r"^<!-- file: ([A-Za-z0-9_.-]+) -->$")
+
+
 def blocks(text):
-    """Yields (line number, lines) of every ```sh block."""
+    """Yields (line number, lines, file name or None) of every ```sh block (file None) and of
+    every block a `<!-- file: NAME -->` line names (its NAME)."""
     lines = text.split("\n")
     i = 0
     while i < len(lines):
-        if lines[i].strip() == "```sh":
+        mark = FILE_MARK.match(lines[i - 1].strip()) if i > 0 else None
+        if lines[i].startswith("```") and (lines[i].strip() == "```sh" or mark):
             start, body = i + 1, []
             i += 1
             while i < len(lines) and lines[i].strip() != "```":
                 body.append(lines[i])
                 i += 1
-            yield start + 1, body
+            yield start + 1, body, mark.group(1) if mark else None
+        elif lines[i].startswith("```"):  # another block: skip it whole (a "```sh" inside is text)
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                i += 1
         i += 1
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchor(heading):
+    """GitHub's anchor of a heading's text."""
+    h = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", h).replace(" ", "-")
+
+
+def anchors(path):
+    """The anchors of a Markdown file's headings (outside code blocks), with GitHub's -1, -2
+    for repeated ones."""
+    seen, out, fence = {}, set(), False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("```"):
+                fence = not fence
+            m = None if fence else re.match(r"^#{1,6} (.*)", line)
+            if m:
+                a = anchor(m.group(1))
+                n = seen.get(a, 0)
+                seen[a] = n + 1
+                out.add(a if n == 0 else "%s-%d" % (a, n))
+    return out
+
+
+def broken_links(path):
+    """(line number, link, why) of every relative link of a Markdown file that leads nowhere."""
+    out, fence = [], False
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for n, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            fence = not fence
+        if fence:
+            continue
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, file:
+                continue
+            file, _, frag = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if not os.path.exists(dest):
+                out.append((n, target, "no such file: %s" % os.path.relpath(dest, ROOT)))
+            elif frag and dest.endswith(".md") and frag not in anchors(dest):
+                out.append((n, target, "no heading with anchor #%s in %s" % (frag, os.path.relpath(dest, ROOT))))
+    return out
+
+
+def documents():
+    """README.md, then docs/*.md by name."""
+    docs = os.path.join(ROOT, "docs")
+    return ["README.md"] + sorted("docs/" + f for f in os.listdir(docs) if f.endswith(".md"))
 
 
 def commands(start, body):
@@ -118,6 +195,7 @@ def listening(port):
 class Runner:
     def __init__(self, tmp):
         self.tmp = tmp
+        self.doc = "README.md"
         self.home = os.path.join(tmp, "home")
         self.stage = os.path.join(tmp, "stage")
         os.makedirs(self.home)
@@ -177,7 +255,14 @@ class Runner:
                 return reason
         return None
 
-    def run_block(self, start, body):
+    def save(self, where, name, body):
+        """Writes a file the text asks the reader to save (a `<!-- file: NAME -->` block)."""
+        with open(os.path.join(ROOT, name), "w") as f:
+            f.write("\n".join(body) + "\n")
+        print("FILE  %s  %s  (saved, as the text asks)" % (where, name), flush=True)
+
+    def run_block(self, doc, start, body):
+        self.doc = doc
         cmds = list(commands(start, body))
         if any(comment.startswith("on host") for _, _, comment, _ in cmds):
             for n, c, _, _ in cmds:
@@ -229,11 +314,11 @@ class Runner:
                     problems.append("README states %r; the output does not show it" % pattern.pattern.replace(r"(\d+\.\d)", v).replace(r"(\d+)", v))
         if problems:
             self.failed.append(n)
-            print("FAIL  README:%d  %s  (%.0f s)\n      %s\n      output tail:\n%s" % (
-                n, cmd, took, "\n      ".join(problems), indent(out[-3000:])), flush=True)
+            print("FAIL  %s:%d  %s  (%.0f s)\n      %s\n      output tail:\n%s" % (
+                self.doc, n, cmd, took, "\n      ".join(problems), indent(out[-3000:])), flush=True)
         else:
             self.passed.append(n)
-            print("PASS  README:%d  %s  (%.0f s)" % (n, cmd, took), flush=True)
+            print("PASS  %s:%d  %s  (%.0f s)" % (self.doc, n, cmd, took), flush=True)
 
     def stop(self, n, cmd, p, log):
         """Interrupts a background command (Ctrl-C) and checks it ended on it."""
@@ -246,35 +331,58 @@ class Runner:
             p.wait()
             self.failed.append(n)
             log.seek(0)
-            print("FAIL  README:%d  %s\n      still running 60 s after SIGINT\n%s" % (n, cmd, indent(log.read()[-3000:])), flush=True)
+            print("FAIL  %s:%d  %s\n      still running 60 s after SIGINT\n%s" % (self.doc, n, cmd, indent(log.read()[-3000:])), flush=True)
             return
         self.passed.append(n)
-        print("PASS  README:%d  %s  (in the background; ended by SIGINT with status %d)" % (n, cmd, p.returncode), flush=True)
+        print("PASS  %s:%d  %s  (in the background; ended by SIGINT with status %d)" % (self.doc, n, cmd, p.returncode), flush=True)
 
     def skip(self, n, cmd, reason):
         self.skipped.append(n)
-        print("SKIP  README:%d  %s\n      (%s)" % (n, cmd, reason), flush=True)
+        print("SKIP  %s:%d  %s\n      (%s)" % (self.doc, n, cmd, reason), flush=True)
 
 
 def indent(s):
     return "\n".join("        " + line for line in s.rstrip().split("\n"))
 
 
-def main():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
+def main(argv):
+    docs = documents()
+    broken = [(d, n, link, why) for d in docs for n, link, why in broken_links(os.path.join(ROOT, d))]
+    for d, n, link, why in broken:
+        print("FAIL  %s:%d  link %s: %s" % (d, n, link, why), flush=True)
+    if broken:
+        print("readme-test: %d broken links" % len(broken))
+        return 1
+    print("readme-test: the links of %s lead somewhere" % ", ".join(docs), flush=True)
+    if argv[:1] == ["--links"]:
+        return 0
+    if argv:
+        unknown = [a for a in argv if a not in docs]
+        if unknown:
+            print("readme-test: not a document it runs: %s (these are: %s)" % (", ".join(unknown), ", ".join(docs)))
+            return 2
+        docs = argv
+    shutil.rmtree("/tmp/cpc-l3", ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix="cpcache-readme-")
     runner = Runner(tmp)
     before = set(os.listdir(ROOT))
     try:
-        for start, body in blocks(text):
-            runner.run_block(start, body)
+        for doc in docs:
+            with open(os.path.join(ROOT, doc)) as f:
+                text = f.read()
+            for start, body, name in blocks(text):
+                if name:
+                    runner.save("%s:%d" % (doc, start), name, body)
+                else:
+                    runner.run_block(doc, start, body)
     finally:
         runner.close()
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree("/tmp/cpc-store", ignore_errors=True)
-        # What the commands wrote at the repository's top (README's `-o engine`, `--json
-        # report.json`, make's bin/ and dist/) goes, so that the test leaves the tree as it was.
+        shutil.rmtree("/tmp/cpc-l3", ignore_errors=True)  # docs/python.md's store, filled then read
+        # What the commands wrote at the repository's top (the files the text asks to save,
+        # `-o engine`, `--json report.json`, make's bin/ and dist/) goes, so that the test
+        # leaves the tree as it was.
         for name in sorted(set(os.listdir(ROOT)) - before):
             path = os.path.join(ROOT, name)
             print("readme-test: removing %s, which the commands made" % name)
@@ -288,4 +396,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

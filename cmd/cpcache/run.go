@@ -52,7 +52,9 @@ the first one backed up. Stored pages are authenticated with a MAC key: a file s
 its own (DIR/.cpcache-storage-key), a redis:// storage needs --storage-key-file (or
 CPCACHE_STORAGE_KEY_FILE), the same on every rank, or --storage-insecure. The report adds
 tokens hit in storage, pages prefetched and backed up, storage errors, and stored pages
-rejected (and deleted) or forged. A divergence of the replicas' cache metadata quarantines
+rejected (and deleted) or forged. file:///dir?max_bytes=64GiB bounds the store (least
+recently used pages go, a chain's later ones first; shared by every job that opens it so),
+&ttl=1h drops pages unused for an hour; the report counts the evictions. A divergence of the replicas' cache metadata quarantines
 the cache and recovers at the first idle step (the report counts divergences, recoveries
 and quarantined steps); --strict fails the run instead.
 
@@ -137,6 +139,8 @@ func runFlags(fs *flag.FlagSet) *runOpts {
 	o := &runOpts{cfg: def, fs: fs}
 	cfg := &o.cfg
 	o.layout = layoutFlags(fs, def.Layout)
+	// run's EP 0 is the world (runner.Config.Layout), not layout's and collective-bench's 1.
+	fs.Lookup("ep").Usage = "expert-parallel size (0: the world)"
 	fs.IntVar(&cfg.PageSize, "page-size", def.PageSize, "tokens per page")
 	fs.IntVar(&cfg.L1Pages, "l1-pages", def.L1Pages, "L1 (device KV pool) pages of each rank")
 	fs.IntVar(&cfg.L2Pages, "l2-pages", def.L2Pages, "L2 pages of each slab (one slab per CP rank)")

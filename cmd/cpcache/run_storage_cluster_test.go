@@ -17,7 +17,7 @@ import (
 // prefetches the first run's pages from the cluster, the victim's slots included.
 func TestRunRedisClusterMasterKilled(t *testing.T) {
 	c := redistest.StartCluster(t) // skips, saying why, without redis-server or redis-cli
-	url := c.URL("killed") + "?timeout=300ms"
+	url := c.URL("killed") + "?timeout=1s"
 	args := append([]string{"--storage", url, "--storage-insecure"}, storageArgs...)
 	wait := startBinary(t, nil, append([]string{"--storage-clear"}, args...)...)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {

@@ -17,7 +17,7 @@ import (
 // failing) once the run has backed pages up: the ranks' calls time out, the circuit
 // opens on every rank, and the run serves every request from L1 and L2, healthy, instead of
 // stalling. The wall times of the same run without storage and with the stopped server are
-// logged as a ratio (the README and the note quote it; no timing is asserted).
+// logged as a ratio (docs/operating.md and the note quote it; no timing is asserted).
 func TestRunRedisStoppedMidRun(t *testing.T) {
 	srv := redistest.Start(t) // skips, saying why, without redis-server
 	args := storageArgs

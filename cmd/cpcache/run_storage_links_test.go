@@ -60,7 +60,7 @@ func namespaceDir(t *testing.T, dir string) string {
 }
 
 // TestRunStorageClearFollowsNoLinks runs the binary against a file store whose writer (the
-// README's adversary) planted symbolic links: the namespace directory, a trash entry's ns
+// docs/operating.md's adversary) planted symbolic links: the namespace directory, a trash entry's ns
 // and a trash entry itself pointing at directories outside the store, then every fan-out
 // directory pointing at a directory holding (damaged) copies of the run's page files. The
 // runs stay healthy; `--storage-clear` removes the links, not what they point to; backups

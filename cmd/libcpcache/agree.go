@@ -107,6 +107,10 @@ func comparedFields(c *openConfig, worldSize int) []configField {
 		num("policy", int64(c.options.Policy), scopeReplica), num("write_threshold", int64(c.options.WriteThreshold), scopeReplica),
 		num("min_load_pages", int64(c.options.MinLoadPages), scopeReplica), num("load_quota_pages", int64(c.options.LoadQuotaPages), scopeReplica),
 		num("l1_mode", int64(c.l1ModeIn), scopeReplica),
+		// Every rank takes part in the publisher's start (job.Config.KVEvents): alike on all.
+		str("kv_events_endpoint", c.kvEvents.Endpoint, scopeJob),
+		str("kv_events_replay_endpoint", c.kvEvents.ReplayEndpoint, scopeJob),
+		str("kv_events_topic", c.kvEvents.Topic, scopeJob),
 	}
 }
 

@@ -58,6 +58,9 @@ func TestAgreeConfigNamesTheField(t *testing.T) {
 		{"l1 pages", func(c *openConfig) { c.l1Pages = 9 }, "l1_pages: rank 0 has 8, rank 1 has 9"},
 		{"page tokens", func(c *openConfig) { c.pageTokens = 32 }, "page_tokens: rank 0 has 16, rank 1 has 32"},
 		{"policy", func(c *openConfig) { c.options.Policy = hicache.WriteBack }, "policy: rank 0 has 0, rank 1 has 2"},
+		{"kv events", func(c *openConfig) { c.kvEvents.Endpoint = "tcp://*:5557" }, `kv_events_endpoint: rank 0 has "", rank 1 has "tcp://*:5557"`},
+		{"kv events replay", func(c *openConfig) { c.kvEvents.ReplayEndpoint = "tcp://*:5558" }, `kv_events_replay_endpoint: rank 0 has "", rank 1 has "tcp://*:5558"`},
+		{"kv events topic", func(c *openConfig) { c.kvEvents.Topic = "t" }, `kv_events_topic: rank 0 has "", rank 1 has "t"`},
 		// A KV layout that differs in one part's size (and so in page_bytes too) names the
 		// part, not page_bytes; one rank without a layout is named as such.
 		{"kv layout", func(c *openConfig) {

@@ -97,5 +97,5 @@
 // # Usage
 //
 // See the header, examples/c/engine.c (C), python/examples/hicache_controller.py (Python,
-// mapped onto an SGLang-style HiCache controller) and README.md, "Linking into an engine".
+// mapped onto an SGLang-style HiCache controller) and docs/c.md and docs/python.md.
 package main

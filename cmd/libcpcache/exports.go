@@ -15,11 +15,13 @@ import (
 	"github.com/cpcache/cpcache/cuda"
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
+	"github.com/cpcache/cpcache/hicache/kvevents"
 	"github.com/cpcache/cpcache/internal/version"
 	"github.com/cpcache/cpcache/job"
 	"github.com/cpcache/cpcache/parallel"
 	"github.com/cpcache/cpcache/slab"
 	"github.com/cpcache/cpcache/storage"
+	"github.com/cpcache/cpcache/zmq"
 )
 
 // The Go names of the header's kinds must equal its macros: a difference makes one of these
@@ -155,6 +157,9 @@ func goConfig(cfg *C.cpcache_config) *openConfig {
 		storageURL: str(cfg.storage_url), model: str(cfg.model),
 		kv:    goKVConfig(cfg, str),
 		jobID: str(cfg.job_id), localWorld: int(cfg.local_world),
+		kvEvents: kvevents.Config{Endpoint: str(cfg.kv_events_endpoint), ReplayEndpoint: str(cfg.kv_events_replay_endpoint),
+			Topic: str(cfg.kv_events_topic)},
+		metricsAddr: str(cfg.metrics_addr),
 	}
 }
 
@@ -598,18 +603,14 @@ func cpcapi_prefetch_key(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 
 func prefetchKey(fn string, c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t, id *C.uint64_t) C.int {
 	return sessionCall(c, fn, func(s *session) error {
-		k, err := keyString(key, uint64(keyLen))
-		if err != nil {
-			return err
-		}
-		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+		req, err := requestArg(key, keyLen, tokens, n)
 		if err != nil {
 			return err
 		}
 		if id == nil {
 			return fmt.Errorf("%w: id is NULL", errInvalid)
 		}
-		res, err := s.cache.Prefetch(hicache.Request{Tokens: append([]int32(nil), toks...), Key: k})
+		res, err := s.cache.Prefetch(hicache.Request{Tokens: append([]int32(nil), req.Tokens...), Key: req.Key})
 		if err == nil {
 			*id = C.uint64_t(res.ID)
 		}
@@ -702,6 +703,28 @@ func cpcapi_get_stats(c C.cpcache_t, out *C.cpcache_stats) (status C.int) {
 	})
 }
 
+//export cpcapi_metrics_text
+func cpcapi_metrics_text(c C.cpcache_t, buf *C.char, capacity C.size_t, n *C.size_t) (status C.int) {
+	defer guard(&status)
+	if n == nil || buf == nil && capacity > 0 {
+		return fail(fmt.Errorf("%w: cpcache_metrics_text: len (%p) must not be NULL, nor buf (%p) with cap %d", errInvalid, n, buf, capacity))
+	}
+	return sessionCall(c, "cpcache_metrics_text", func(s *session) error {
+		text, err := s.metricsText()
+		if err != nil {
+			return err
+		}
+		*n = C.size_t(len(text))
+		if uint64(capacity) < uint64(len(text))+1 {
+			return fmt.Errorf("%w: buf of %d bytes, the text takes %d and its NUL", errSize, capacity, len(text))
+		}
+		out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(text)+1)
+		copy(out, text)
+		out[len(text)] = 0
+		return nil
+	})
+}
+
 // statusOf maps an error to its CPCACHE_ERR_* code: the ABI's own sentinels first, then the
 // packages' typed errors. A start failure on the rank that failed is its own error's (the
 // others get CPCACHE_ERR_PEER_LOST, from hicache.ErrPeerFailed).
@@ -745,7 +768,9 @@ func statusOf(err error) C.int {
 		errors.Is(err, gloo.ErrStoreInUse), // the job's store (and job id) are another job's too
 		// No CUDA driver (or one too old) for a configuration that needs it (a device L1 or
 		// l1_buffers, CUDA IPC or pinned slabs): this machine cannot serve the configuration.
-		errors.Is(err, cuda.ErrLibraryNotFound), errors.Is(err, cuda.ErrMissingSymbol):
+		errors.Is(err, cuda.ErrLibraryNotFound), errors.Is(err, cuda.ErrMissingSymbol),
+		// No loadable libzmq (Debian's libzmq5) for kv_events_endpoint.
+		errors.Is(err, zmq.ErrLibraryNotFound), errors.Is(err, zmq.ErrMissingSymbol):
 		return C.CPCACHE_ERR_CONFIG
 	case errors.Is(err, hicache.ErrPeerFailed):
 		return C.CPCACHE_ERR_PEER_LOST

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/hostengine"
+	"github.com/cpcache/cpcache/hicache/kvevents"
 	"github.com/cpcache/cpcache/internal/hostmem"
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/job"
@@ -55,6 +57,9 @@ type openConfig struct {
 	rendezvous parallel.Store
 	jobID      string
 	localWorld int
+	// ABI 3: KV events and the metrics address.
+	kvEvents    kvevents.Config
+	metricsAddr string
 }
 
 // storeArg names the store arguments of the C ABI in the error of a world without a store.
@@ -72,6 +77,9 @@ func checkConfig(c *openConfig) error {
 		if err := resolveKV(c); err != nil {
 			return err
 		}
+	}
+	if err := checkEvents(c); err != nil {
+		return err
 	}
 	switch {
 	case c.layout.World < 0:
@@ -125,6 +133,36 @@ func checkConfig(c *openConfig) error {
 	return nil
 }
 
+// kvEventsFields name kvevents.Config's fields as cpcache_config does.
+var kvEventsFields = map[string]string{
+	kvevents.FieldEndpoint:       "kv_events_endpoint",
+	kvevents.FieldReplayEndpoint: "kv_events_replay_endpoint",
+}
+
+// checkEvents rejects KV event endpoints no replica could publish on (kvevents.Config.Check,
+// the last replica's numbering when the world is explicit) and a metrics_addr that is not
+// host:port, naming the field and its value.
+func checkEvents(c *openConfig) error {
+	replicas := 1
+	if c.layout.World > 0 {
+		if layout, err := parallel.NewLayout(c.layout); err == nil {
+			replicas = layout.AttnDP
+		}
+	}
+	var ce *kvevents.ConfigError
+	if err := c.kvEvents.Check(replicas); errors.As(err, &ce) {
+		return fmt.Errorf("%w: %s %q: %v", errInvalid, kvEventsFields[ce.Field], ce.Value, ce.Err)
+	} else if err != nil {
+		return fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	if c.metricsAddr != "" {
+		if _, port, err := net.SplitHostPort(c.metricsAddr); err != nil || port == "" {
+			return fmt.Errorf("%w: metrics_addr %q is not host:port (127.0.0.1:9400, :0)", errInvalid, c.metricsAddr)
+		}
+	}
+	return nil
+}
+
 // session is the process's open cache and everything it owns, closed in reverse order.
 type session struct {
 	handle uint64     // set once before the session is published
@@ -144,6 +182,8 @@ type session struct {
 	// collectives counts the collectives in flight (collectiveCall), which cpcache_abort
 	// lets see the cancellation before it closes the session.
 	collectives atomic.Int32
+	// metricsText renders the rank's metrics (job.Rank.MetricsText).
+	metricsText func() ([]byte, error)
 	// freed are engine-owned L1 slots a call freed that did not fit the caller's buffer:
 	// cpcache_take_freed_l1 hands them out before the cache's own drain.
 	freed []int32
@@ -198,6 +238,7 @@ func openSession(ctx context.Context, c *openConfig, lastGen uint64) (_ *session
 	}
 	s.closers = append(s.closers, rk.Close)
 	s.cache, s.engine, s.l1Base = rk.Cache, rk.HostEngine, rk.L1Host
+	s.metricsText = rk.MetricsText
 	s.l1Buffers = len(c.kv.kvBufs) > 0
 	rank, layout := rk.Rank(), rk.Layout
 	coord := layout.Coord(rank)
@@ -221,6 +262,7 @@ func jobConfig(c *openConfig) job.Config {
 		Tag: "libcpcache", SlabLayout: fmt.Sprintf("%d B/page, %d tokens/page", c.pageBytes, c.pageTokens),
 		StorageURL: c.storageURL, StorageModel: c.model,
 		KVLayout: c.kv.kvLayout, L1Buffers: c.kv.kvBufs, L2Layout: c.kv.l2Layout,
+		KVEvents: c.kvEvents, MetricsAddr: c.metricsAddr,
 	}
 	if c.rank >= 0 {
 		jc.Rank, jc.Size, jc.LocalSize = c.rank, c.layout.World, c.localWorld

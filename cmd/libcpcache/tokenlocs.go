@@ -102,11 +102,7 @@ func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, token
 	slots *C.int32_t, slotsCap C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_match_locs", func(s *session) error {
-		k, err := keyString(key, uint64(keyLen))
-		if err != nil {
-			return err
-		}
-		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+		req, err := requestArg(key, keyLen, tokens, n)
 		if err != nil {
 			return err
 		}
@@ -114,14 +110,14 @@ func cpcapi_match_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, token
 			return fmt.Errorf("%w: out is NULL", errInvalid)
 		}
 		pt := s.info.pageTokens
-		whole := len(toks) / pt * pt
+		whole := len(req.Tokens) / pt * pt
 		if err := needCap(unsafe.Pointer(locs), uint64(locsCap), whole, "locs", whole == 0); err != nil {
 			return err
 		}
 		if err := needCap(unsafe.Pointer(slots), uint64(slotsCap), whole/pt, "l1_slots", true); err != nil {
 			return err
 		}
-		m, err := s.cache.Match(hicache.Request{Tokens: toks, Key: k})
+		m, err := s.cache.Match(req)
 		if err != nil {
 			return err
 		}
@@ -159,11 +155,7 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 	out *C.cpcache_insert_result, freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t, kept *C.int64_t, keptCap C.size_t, nKept *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_insert_locs", func(s *session) error {
-		k, err := keyString(key, uint64(keyLen))
-		if err != nil {
-			return err
-		}
-		toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+		req, err := requestArg(key, keyLen, tokens, n)
 		if err != nil {
 			return err
 		}
@@ -178,7 +170,7 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 			return err
 		}
 		pt := s.info.pageTokens
-		whole := len(toks) / pt * pt
+		whole := len(req.Tokens) / pt * pt
 		if kept != nil {
 			if err := needCap(unsafe.Pointer(kept), uint64(keptCap), whole, "kept", false); err != nil {
 				return err
@@ -187,13 +179,12 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 				return fmt.Errorf("%w: n_kept is NULL with kept", errInvalid)
 			}
 		}
-		own, err := s.ownSlots(ls, len(toks), "locs")
+		own, err := s.ownSlots(ls, len(req.Tokens), "locs")
 		if err != nil {
 			return err
 		}
 		// The C memory is read in place: the core copies the tokens of the nodes it creates
-		// (Core.insertKey) and keeps neither toks nor own.
-		req := hicache.Request{Tokens: toks, Key: k}
+		// (Core.insertKey) and keeps neither req.Tokens nor own.
 		res, err := s.cache.InsertSlots(req, own)
 		if err != nil {
 			return err
@@ -364,4 +355,18 @@ func cpcapi_make_room(c C.cpcache_t, start, end C.int64_t, reserved *C.int64_t, 
 		s.handBackLocs(slots, freed, freedCap, nFreed)
 		return nil
 	})
+}
+
+// requestArg is the request of a call's isolation key (key, keyLen) and tokens (tokens, n),
+// each checked as keyString and tokenSlice check them. Its tokens are the caller's memory.
+func requestArg(key unsafe.Pointer, keyLen C.size_t, tokens *C.int32_t, n C.size_t) (hicache.Request, error) {
+	k, err := keyString(key, uint64(keyLen))
+	if err != nil {
+		return hicache.Request{}, err
+	}
+	toks, err := tokenSlice(unsafe.Pointer(tokens), uint64(n), "tokens")
+	if err != nil {
+		return hicache.Request{}, err
+	}
+	return hicache.Request{Tokens: toks, Key: k}, nil
 }

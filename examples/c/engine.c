@@ -10,7 +10,7 @@
 // their token prefix, page index and TP shard, so every page read back is checked.
 //
 // Usage: engine [--attn-cp N] [--dp N] [--dp-attention=false] [--clients N] [--rounds N]
-//               [--l1-pages N] [--l2-pages N] [--exit-rank R --exit-step S]
+//               [--l1-pages N (16)] [--l2-pages N (512)] [--exit-rank R --exit-step S]
 //               [--opaque | --layer-first] [--engine-slots] [--device N [--cuda-ipc]]
 // DP attention is on by default (cpcache_config_init, as the cpcache commands); --dp-attention is
 // accepted and changes nothing, --dp-attention=false turns it off.
@@ -621,7 +621,10 @@ int main(int argc, char **argv) {
   if (flag(argc, argv, "--dp-attention=false")) cfg.dp_attention = 0;
   cfg.page_tokens = PAGE_TOKENS;
   cfg.page_bytes = PAGE_BYTES;
-  cfg.l1_pages = arg(argc, argv, "--l1-pages", 96, 1, INT32_MAX);
+  // A small L1 by default (16 pages per rank: the workload's later turns outgrow it), so that
+  // the run shows both tiers: prefixes still in L1, and prefixes evicted from L1 and loaded
+  // back from the CP group's shared L2, every loaded page checked.
+  cfg.l1_pages = arg(argc, argv, "--l1-pages", 16, 1, INT32_MAX);
   cfg.l2_pages = arg(argc, argv, "--l2-pages", 512, 1, INT32_MAX);
   int clients = (int)arg(argc, argv, "--clients", 16, 1, 1 << 16), rounds = (int)arg(argc, argv, "--rounds", 4, 1, 1 << 10);
   opaque = flag(argc, argv, "--opaque");
@@ -748,6 +751,12 @@ int main(int argc, char **argv) {
     printf(" l1=device%d slabs=%s layer_waits=%" PRId64 " layer_waits_on=%" PRId64, device, cuda_ipc ? "cuda-ipc" : "pinned-host",
            cnt.layer_waits, cnt.layer_waits_on);
   printf("\n");
+  if (info.cp_rank == 0 && info.tp_rank == 0) // what the run showed, once per replica
+    printf("engine: replica %d (CP%d): %" PRId64 " requests, %" PRId64 " prompt tokens: %" PRId64 " found in L1, %" PRId64
+           " loaded back from the group's shared L2 (this rank's pages checked: %" PRId64 ", wrong: %" PRId64 "), %" PRId64
+           " computed; %.3f consensus steps per scheduler step\n",
+           info.dp_rank, info.cp_size, cnt.requests, cnt.input_tokens, cnt.hit_l1, cnt.hit_l2, cnt.verified, cnt.bad,
+           cnt.missed, cnt.steps ? (double)st.steps / (double)cnt.steps : 0);
   check(cpcache_close(cache));
   if (device >= 0) { // after the close: the cache's copies are over
     for (int l = 0; l < KV_LAYERS; l++)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# redis-stopped.sh [CPCACHE-RUN-FLAGS...]: the circuit breaker's figure of README's failure
+# redis-stopped.sh [CPCACHE-RUN-FLAGS...]: the circuit breaker's figure of docs/operating.md's failure
 # model. A CP4 `cpcache run` against a private Redis (port $PORT, default 6399) that is
 # stopped by SIGSTOP once it holds 200 keys, as a hung server would be; prints the run's wall
 # time and its storage lines. $URL_OPTIONS is appended to the redis:// URL (e.g.

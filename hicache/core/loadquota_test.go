@@ -261,3 +261,30 @@ func TestMatchSplitsAHostNodeWithAStorageBackupInFlight(t *testing.T) {
 		t.Fatalf("%d device and %d host pages, want 2 and 2", m.DevicePages, m.HostPages)
 	}
 }
+
+// TestDefaultLoadQuotaIsHalfTheGroupsL1: without LoadQuotaPages the quota is half of the CP
+// group's L1 (C × L1Pages / 2: each CP rank's pool holds the pages it owns), the figure
+// include/cpcache.h, the Python docstrings and docs/ give: with L1Pages 32 a 20-page host hit
+// loads 16, then 4, at CP1, and an 80-page one loads 64, then 16, at CP4.
+func TestDefaultLoadQuotaIsHalfTheGroupsL1(t *testing.T) {
+	for _, tc := range []struct{ cp, pages, first int }{{1, 20, 16}, {4, 80, 64}} {
+		t.Run(fmt.Sprintf("CP%d", tc.cp), func(t *testing.T) {
+			r := newCoreRig(t, tc.cp, Options{PageSize: 4, L1Pages: 32}, 32, 1)
+			if got := r.cores[0].Config().LoadQuotaPages; got != tc.first {
+				t.Fatalf("default load quota %d, want %d", got, tc.first)
+			}
+			tokens := seqTokens(tc.pages, tc.pages, 0)
+			r.hostOnly(tokens)
+			for _, want := range []int{tc.first, tc.pages - tc.first} {
+				_, res, err := r.loadBack(tokens)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Pages != want {
+					t.Fatalf("load-back of the %d-page host hit loads %d pages, want %d", tc.pages, res.Pages, want)
+				}
+				r.settle()
+			}
+		})
+	}
+}

@@ -76,7 +76,9 @@
 // OffsetEndpoint say what is wrong with one before anything starts.
 //
 // The package is kept apart from the cache (the core and the hicache driver depend on no
-// ZMQ or msgpack code): the runner (cpcache run --kv-events) or an engine wires it in.
+// ZMQ or msgpack code). Config and StartReplica are the one way it is wired in: by job.Open
+// (job.Config.KVEvents), and through it by `cpcache run --kv-events` and libcpcache
+// (cpcache_config.kv_events_endpoint, Python's Cache(kv_events=...)).
 package kvevents
 
 import (

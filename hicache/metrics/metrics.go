@@ -239,6 +239,10 @@ var metricDefs = []metricDef{
 		}, true},
 	{"storage_purged_values_total", "Values this rank's storage deleted because they failed verification.", prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *hicache.Stats, st *storage.Stats, _ int) float64 { return float64(st.Purged) }, true},
+	{"storage_evicted_values_total", "Values this rank's file store removed, by cause (capacity: to keep its directory within max_bytes, least recently used first; ttl: not used for longer than its ttl). Each is a later miss, never a bad page.",
+		prometheus.CounterValue, "cause", []string{"capacity", "ttl"}, func(_ *Collector, _ *hicache.Stats, st *storage.Stats, i int) float64 {
+			return float64([]uint64{st.Evicted, st.Expired}[i])
+		}, true},
 	{"storage_abandoned_operations_total", "Storage operations this rank's store stopped waiting for at their deadline, the kernel not having returned (a frozen or hung file system).",
 		prometheus.CounterValue, "", nil,
 		func(_ *Collector, _ *hicache.Stats, st *storage.Stats, _ int) float64 { return float64(st.Abandoned) }, true},

@@ -435,3 +435,28 @@ func TestCollectorStorageAbandoned(t *testing.T) {
 		t.Fatalf("lint: %v %+v", err, problems)
 	}
 }
+
+// TestCollectorStorageEvicted: the values a file store evicted for its capacity and for its
+// TTL are exported, by cause.
+func TestCollectorStorageEvicted(t *testing.T) {
+	r := newRig(t, rigConfig{layout: parallel.LayoutConfig{World: 1}, opts: hicache.Options{PageSize: 4, L1Pages: 8}, pagesPerSlab: 8, pageBytes: 64})
+	col := NewCollector(r.caches[0], RankLabels(r.layout, 0), statsStore{st: storage.Stats{Evicted: 11, Expired: 5}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for cause, want := range map[string]float64{"capacity": 11, "ttl": 5} {
+		if got := metricValue(t, fams, "cpcache_storage_evicted_values_total", map[string]string{"cause": cause}); got != want {
+			t.Errorf("cpcache_storage_evicted_values_total{cause=%q} = %v, want %v", cause, got, want)
+		}
+	}
+	if got := metricValue(t, fams, "cpcache_storage_stuck_operations", nil); got != 0 {
+		t.Errorf("cpcache_storage_stuck_operations = %v, want 2", got)
+	}
+	problems, err := testutil.CollectAndLint(col)
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %+v", err, problems)
+	}
+}

@@ -184,7 +184,9 @@ class _Config(ctypes.Structure):
                 ("kv_num_layers", _i32), ("l1_buffers", ctypes.POINTER(_L1Buffer)), ("l1_num_buffers", _i32),
                 ("l2_layout", _i32), ("l1_mode", _i32),
                 # ABI 3
-                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32)]
+                ("store", ctypes.POINTER(_StoreCallbacks)), ("job_id", ctypes.c_char_p), ("local_world", _i32),
+                ("kv_events_endpoint", ctypes.c_char_p), ("kv_events_replay_endpoint", ctypes.c_char_p),
+                ("kv_events_topic", ctypes.c_char_p), ("metrics_addr", ctypes.c_char_p)]
 
 
 L1Buffer = namedtuple("L1Buffer", "layer part kind base bytes page_stride token_stride owner token_bytes slots",
@@ -426,6 +428,7 @@ def library():
         "cpcache_prefetch_revoke": ([_u64, _u64], ctypes.c_int),
         "cpcache_l1_page": ([_u64, _i32, P(ctypes.c_void_p), P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_get_stats": ([_u64, P(_Stats)], ctypes.c_int),
+        "cpcache_metrics_text": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(ctypes.c_size_t)], ctypes.c_int),
         "cpcache_insert_slots": ([_u64, ctypes.c_char_p, ctypes.c_size_t, P(_i32), ctypes.c_size_t, P(_i32),
                                   ctypes.c_size_t, P(_InsertResult), P(_i32), ctypes.c_size_t, P(ctypes.c_size_t)],
                                  ctypes.c_int),
@@ -476,6 +479,8 @@ _PY_TERMS = [
     (re.compile(r"\bcpcache_open\b"), "cpcache.Cache()"),
     (re.compile(r"\bcpcache_config\b"), "Cache()'s arguments"),
     (re.compile(r"\bstore_url\b"), "store"),
+    (re.compile(r"\bkv_events_endpoint\b"), "kv_events"),
+    (re.compile(r"\bkv_events_replay_endpoint\b"), "kv_events_replay"),
     (re.compile(r"\bkv_parts\b"), "kv_layout"),
     (re.compile(r"\bkv_num_layers\b"), "kv_layers"),
     (re.compile(r"\bkv_num_parts\b"), "len(kv_layout)"),
@@ -1001,8 +1006,50 @@ class Cache:
                  l1_kind=L1_ALLOC, l1_base=None, policy=WRITE_THROUGH, write_threshold=0,
                  min_load_pages=0, load_quota_pages=0, storage_url=None, model=None,
                  kv_layout=None, kv_layers=0, l1_buffers=None, l2_layout=None, l1_mode=None,
-                 job_id=None, local_world=0):
-        """kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
+                 job_id=None, local_world=0, kv_events=None, kv_events_replay=None, kv_events_topic=None,
+                 metrics_addr=None):
+        """Opens this rank's cache (cpcache_open) [C: it waits for every rank of the job]. Every
+        argument is keyword-only; all but l2_pages (and l1_pages, without l1_buffers) have
+        defaults. The ranks of a job compare their configuration before anything is built and
+        refuse a difference with ConfigError naming the argument and two ranks' values.
+
+        The job and this rank's place in it (SGLang's rules; `cpcache layout` prints the groups):
+        world: the number of ranks (0: the launcher's, from the environment); rank: this
+        process's rank (-1: the launcher's: torchrun's RANK, OpenMPI's, Slurm's, or what
+        `cpcache launch` sets); tp, dp, attn_cp, ep: tensor-, data-, attention-context- and
+        expert-parallel sizes (tp 0: world; dp, attn_cp, ep 0: 1); dp_attention: each DP
+        replica runs attention on its own ranks (needed for dp > 1). The CP group (attn_cp
+        ranks) shares L2; the replica group (attn_cp × attn_tp ranks) makes the same calls.
+        A rank started alone (world 1) needs no store.
+
+        Where the ranks meet: store (below), job_id, local_world; consensus: the backend of the
+        per-step collective, None or "auto" (shared memory when a replica is on one host, else
+        Gloo), "shm" or "gloo" (None also reads $CPCACHE_CONSENSUS_BACKEND); timeout_ms: the
+        deadline of the rendezvous, of each collective and each wait on the store (default
+        60000).
+
+        Pages: page_tokens (tokens per page, default 16); page_bytes: this rank's bytes of a
+        page (its KV shard; 0 with a kv_layout: the layout's). L1: l1_pages slots of this
+        rank's pool, which holds only the pages this rank owns (page i of a sequence is CP rank
+        i mod attn_cp's); l1_kind: L1_ALLOC (the binding allocates host memory: l1_page gives
+        its pages), L1_HOST or L1_DEVICE (l1_base is the engine's host memory or CUDA device
+        pointer on `device`). L2: l2_pages pages in each slab (one slab per CP rank);
+        slab_backend: SLAB_HOST (host shared memory) or SLAB_CUDA_IPC (device memory on
+        `device`, one process per rank); pin_host: register host slabs with CUDA as pinned
+        (needed with a device L1); device: the CUDA device ordinal.
+
+        Policy: policy WRITE_THROUGH (default: every inserted page is backed up to L2 at the
+        next step), WRITE_THROUGH_SELECTIVE (after write_threshold insertions, default 2) or
+        WRITE_BACK (at L1 eviction); min_load_pages: load back host hits of at least this many
+        pages (default 1); load_quota_pages: pages loading at once over the CP group (default:
+        half of the group's L1, attn_cp × l1_pages / 2; see load_back).
+
+        Storage (L3, optional): storage_url, file:///dir or redis://host:port/prefix (None:
+        none); model names the KV content (with the page geometry and TP size it scopes the
+        stored pages); the MAC key comes from $CPCACHE_STORAGE_KEY_FILE (a file store keeps
+        its own beside its pages). Every rank gives the same.
+
+        kv_layout: a preset name ("llama-3-8b", ...) or a spec ("layers=2;k=256:sharded;
         v=256:sharded"), or a list of (name, bytes_per_token, KV_SHARDED|KV_REPLICATED) parts
         with kv_layers; page_bytes 0 then takes the layout's. l1_buffers: the engine's L1 per
         (layer, part): L1Buffer values (token_slot_buffer, block_major_buffers) or
@@ -1027,7 +1074,16 @@ class Cache:
         different from any other job's on the same store (None: $CPCACHE_JOB_ID, else the
         launcher's). local_world: how many of the job's ranks run on this machine (with world
         and rank; local_world == world connects them over 127.0.0.1). Variables are read as
-        os.environ is when the Cache opens."""
+        os.environ is when the Cache opens.
+
+        kv_events: an endpoint on which the first rank of each replica group publishes the
+        replica's KV events as `cpcache run --kv-events` does (vLLM's ZMQ format; bound when
+        its host is * or [::] or it is ipc:// or inproc://, else connected to a subscriber that
+        binds; replica d on the tcp port plus d); kv_events_replay: the replay endpoint
+        (bound); kv_events_topic: every message's first frame (default ""). Every rank gives
+        the same. metrics_addr: "host:port" where this rank serves metrics_text() (plus the
+        process's Go collectors) on /metrics over HTTP until close. A bad endpoint or address
+        raises InvalidError naming it before any rank talks to another."""
         lib = library()
         bufs = None
         if l1_buffers:
@@ -1059,6 +1115,8 @@ class Cache:
                 self._store_adapter = adapter  # this cache's own: it lets the store go at close
         _arg("local_world", local_world, _i32)
         cfg.consensus, cfg.job_id, cfg.local_world = _bytes(consensus), _bytes(job_id), local_world
+        cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint = _bytes(kv_events), _bytes(kv_events_replay)
+        cfg.kv_events_topic, cfg.metrics_addr = _bytes(kv_events_topic), _bytes(metrics_addr)
         cfg.timeout_ms, cfg.page_tokens, cfg.page_bytes = timeout_ms, page_tokens, page_bytes
         cfg.slab_backend, cfg.device, cfg.pin_host, cfg.l2_pages = slab_backend, device, int(pin_host), l2_pages
         self._views = {}  # id → weakref of each memoryview l1_page returned, until close
@@ -1275,7 +1333,12 @@ class Cache:
 
     def load_back(self, node):
         """Allocates L1 slots for node's L2-only pages; their copies start at the next step.
-        Returns the pages that will load [R]."""
+        Returns the pages that will load [R]: the leading host pages of the match, at most the
+        load quota left (load_quota_pages; by default half of the CP group's L1, attn_cp ×
+        l1_pages / 2, minus the pages loading) and what L1 can free; 0 below min_load_pages,
+        L1FullError when L1 cannot make room for min_load_pages. With l1_pages 32: at CP1 a
+        20-page host hit loads 16, then 4 at the next call; at CP4 an 80-page one loads 64,
+        then 16."""
         pages = _i64()
         _check(self._lib.cpcache_load_back(self._h, _arg("node", node, _u64), ctypes.byref(pages)))
         return pages.value
@@ -1622,6 +1685,14 @@ class Cache:
         _check(self._lib.cpcache_prefetch_pending(self._h, _arg("pid", pid, _u64), ctypes.byref(p)))
         return bool(p.value)
 
+    def prefetch_revoke(self, pid):
+        """Stops waiting for prefetch pid (cpcache_prefetch_revoke) [R]: under the best-effort
+        and timeout prefetch policies the next step inserts the prefix every rank has read of
+        its own pages (none when revoked before its query was answered), and
+        prefetch_pending(pid) turns false once the group agreed the reads stopped. A pid that
+        is over, or 0, changes nothing."""
+        _check(self._lib.cpcache_prefetch_revoke(self._h, _arg("pid", pid, _u64)))
+
     def l1_page(self, slot):
         """A writable memoryview of L1 slot's bytes (host L1 only) [L]. close() releases it:
         using it afterwards raises ValueError (see the module's "Memory views")."""
@@ -1644,6 +1715,21 @@ class Cache:
             views[key] = weakref.ref(view, lambda _, views=views, key=key: views.pop(key, None))
         return view
 
+
+    def metrics_text(self):
+        """This rank's metrics in Prometheus' text exposition format, a str [L]: the cpcache_*
+        series (stats()'s counters and more, labelled rank, replica and slab_group; on a
+        replica's publishing rank the KV event publisher's cpcache_run_kv_event_*)."""
+        n = ctypes.c_size_t()
+        cap = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            status = self._lib.cpcache_metrics_text(self._h, buf, cap, ctypes.byref(n))
+            if status == -2 and n.value + 1 > cap:  # CPCACHE_ERR_SIZE: the text grew past cap
+                cap = n.value + 1 + 4096
+                continue
+            _check(status)
+            return buf.raw[:n.value].decode()
 
     def stats(self):
         """The counters, as a dict [L]."""

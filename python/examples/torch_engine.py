@@ -37,16 +37,16 @@ K/V) and compared: the greedy answer tokens and the SHA-256 of the final logits'
 
 Prints `outputs checked N, differing D` and `hits: L1 a L2 b storage c tokens` (the prompt
 tokens served from each tier) and exits 1 when D > 0 (or a rank failed, or a location was
-not handed back to the allocator). --kv-events ENDPOINT publishes the cache's KV events
-(Cache(kv_events=...); refused while the binding has no such keyword).
+not handed back to the allocator). --kv-events ENDPOINT publishes the cache's KV events in
+vLLM's format (Cache(kv_events=...): the first rank of each CP group publishes its replica's),
+and --kv-events-replay ENDPOINT answers a router's replay requests.
 
 Run: /usr/bin/python3 python/examples/torch_engine.py --world 4 --attn-cp 2 --requests 12
-     [--storage file:///tmp/l3] [--kv-events tcp://*:5557]
+     [--storage file:///tmp/l3] [--kv-events tcp://*:5557 [--kv-events-replay tcp://*:5558]]
 """
 import argparse
 import datetime
 import hashlib
-import inspect
 import math
 import multiprocessing as mp
 import os
@@ -71,11 +71,6 @@ KV_SPEC = f"layers={LAYERS};k={KV_HEADS * HEAD_DIM * 4}:sharded;v={KV_HEADS * HE
 MODEL_NAME = "cpcache-torch-engine-refmodel-seed1"
 BREAKS = ("skip-layer-wait", "neighbour-slot")
 POISON = float("nan")  # what a slot holds when the allocator hands it out (until written or loaded)
-
-
-def kv_events_supported():
-    """Whether this binding's Cache takes kv_events= (KV events from a linked engine)."""
-    return "kv_events" in inspect.signature(cpcache.Cache.__init__).parameters
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -512,6 +507,8 @@ def _worker(rank, a, store_port, job_id):
     extra = {}
     if a.kv_events:
         extra["kv_events"] = a.kv_events
+    if a.kv_events_replay:
+        extra["kv_events_replay"] = a.kv_events_replay
     bufs = [(l, 0, ks[l]) for l in range(LAYERS)] + [(l, 1, vs[l]) for l in range(LAYERS)]
     # The cache meets its peers through the engine's own store (the parent's TCPStore: keys
     # under cpcache/ only), under this run's job id.
@@ -555,6 +552,8 @@ def main(argv=None):
     ap.add_argument("--l2-pages", type=int, default=256)
     ap.add_argument("--storage", default=None, metavar="URL", help="L3 storage (file:///dir, redis://...)")
     ap.add_argument("--kv-events", default=None, metavar="ENDPOINT", help="publish KV events (vLLM's format)")
+    ap.add_argument("--kv-events-replay", default=None, metavar="ENDPOINT",
+                    help="answer replay requests of KV-event batches (with --kv-events)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds any rank waits for its peers")
     ap.add_argument("--break", dest="break_", action="append", default=[], choices=BREAKS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -563,8 +562,8 @@ def main(argv=None):
         ap.error(f"--world {a.world} is not a multiple of --attn-cp {a.attn_cp}")
     if a.requests < 1 or a.turns < 1:
         ap.error(f"--requests {a.requests} and --turns {a.turns} must be positive")
-    if a.kv_events and not kv_events_supported():
-        ap.error(f"--kv-events {a.kv_events}: not supported by this binding yet (cpcache.Cache has no kv_events keyword)")
+    if a.kv_events_replay and not a.kv_events:
+        ap.error(f"--kv-events-replay {a.kv_events_replay} needs --kv-events")
     a.clients = -(-a.requests // a.turns)
 
     import torch.distributed as dist

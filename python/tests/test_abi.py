@@ -65,7 +65,8 @@ def test_an_abi2_config_opens_with_the_abi3_fields_defaulted(tmp_path):
     size (CPCACHE_CONFIG_SIZE_V2), abi_version 2. It opens; that size with abi_version 3 and
     the ABI-3 size with abi_version 2 do not (CPCACHE_ERR_SIZE naming the ABI-2 pair)."""
     import ctypes
-    abi3 = {"store", "job_id", "local_world"}
+    abi3 = {"store", "job_id", "local_world", "kv_events_endpoint", "kv_events_replay_endpoint", "kv_events_topic",
+            "metrics_addr"}
 
     class ConfigV2(ctypes.Structure):
         _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in abi3]

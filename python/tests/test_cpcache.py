@@ -315,6 +315,50 @@ def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
         c.close()
 
 
+def test_prefetch_revoke_stops_a_prefetch(tmp_path):
+    """prefetch_revoke (C: cpcache_prefetch_revoke) was missing from the binding. A prefetch
+    revoked before its query is answered brings nothing (best-effort: the prefix every rank
+    read, none), and prefetch_pending turns false; the same prefetch not revoked brings the 4
+    stored pages. Revoking a finished prefetch or 0 changes nothing."""
+    store, l3 = tmp_path / "store", tmp_path / "l3"
+    store.mkdir()
+    c = one_rank(tmp_path, store=f"file://{store}", storage_url=f"file://{l3}", model="test-model")
+    try:
+        tokens = list(range(600, 616))
+        res = c.insert(tokens)
+        for p in res.fill:
+            c.l1_page(p.slot)[:] = bytes([0x30 + p.index]) * 64
+        deadline = time.time() + 10
+        while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
+            c.step()
+            time.sleep(0.001)
+        while c.pending():
+            c.step()
+        c.flush()
+
+        def settle(pid):
+            deadline = time.time() + 10
+            while c.prefetch_pending(pid) and time.time() < deadline:
+                c.step()
+                time.sleep(0.001)
+            assert not c.prefetch_pending(pid)
+
+        pid = c.prefetch(tokens)
+        assert pid != 0
+        c.prefetch_revoke(pid)
+        settle(pid)
+        assert c.match(tokens).host_pages == 0
+        assert c.stats()["storage_prefetched_pages"] == 0
+        pid = c.prefetch(tokens)
+        settle(pid)
+        c.prefetch_revoke(pid)
+        c.prefetch_revoke(0)
+        assert c.match(tokens).host_pages == 4
+        assert c.stats()["storage_prefetched_pages"] == 4
+    finally:
+        c.close()
+
+
 def test_a_cache_dropped_without_close_is_closed(tmp_path):
     """A Cache the program drops without close() must not stay open for the life of the
     process (its slabs, groups and L1 pool leaked, and every later Cache failing with

@@ -1,7 +1,7 @@
 """The test an engine team would write: the engine's parent holds a torch.distributed.TCPStore
 (as its dist_init_method), spawns its scheduler processes with multiprocessing (spawn), and
-each opens its cache through that store with store= and job_id=. The example is README's
-section "In an engine's processes", read from README.md by its marker and run as written.
+each opens its cache through that store with store= and job_id=. The example is docs/python.md's
+section "An engine's processes", read from docs/python.md by its marker and run as written.
 
 Needs torch (Debian's python3-torch, make deps); skipped where `import torch` fails.
 """
@@ -26,11 +26,14 @@ dist = pytest.importorskip("torch.distributed", reason="torch is not importable 
 MARKER = "<!-- engine-processes-example -->"
 
 
-def readme_example():
-    """The ```python block that follows MARKER in README.md."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+DOC = os.path.join("docs", "python.md")
+
+
+def doc_example():
+    """The ```python block that follows MARKER in docs/python.md."""
+    with open(os.path.join(ROOT, DOC)) as f:
         text = f.read()
-    assert MARKER in text, "README.md lost its engine-processes example marker"
+    assert MARKER in text, DOC + " lost its engine-processes example marker"
     m = re.search(r"```python\n(.*?)\n```", text.split(MARKER, 1)[1], flags=re.S)
     assert m, "no ```python block after the marker"
     return m.group(1) + "\n"
@@ -38,8 +41,8 @@ def readme_example():
 
 @pytest.fixture
 def example(tmp_path, monkeypatch):
-    """README's example as a module (engine_example) that spawned children import too."""
-    (tmp_path / "engine_example.py").write_text(readme_example())
+    """docs/python.md's example as a module (engine_example) that spawned children import too."""
+    (tmp_path / "engine_example.py").write_text(doc_example())
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("engine_example", None)
     import engine_example
@@ -58,9 +61,9 @@ def child_env():
     return env
 
 
-def test_readme_example_runs_as_written(tmp_path):
+def test_doc_example_runs_as_written(tmp_path):
     script = tmp_path / "engine_example.py"
-    script.write_text(readme_example())
+    script.write_text(doc_example())
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
                        timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -69,7 +72,7 @@ def test_readme_example_runs_as_written(tmp_path):
 
 
 def serve_recorded(tp_rank, world, init, job_id, outdir):
-    """README's serve, with every key this process's TCPStore clients are asked about
+    """docs/python.md's serve, with every key this process's TCPStore clients are asked about
     recorded (to show that cpcache touches only keys under cpcache/)."""
     import torch.distributed as tdist
     import engine_example

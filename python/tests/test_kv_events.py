@@ -51,7 +51,8 @@ def free_port_pairs(n):
 class Replica:
     """What a router knows of one replica: its pages per tier, from decoded batches."""
 
-    def __init__(self):
+    def __init__(self, block_size=16):
+        self.block_size = block_size  # tokens per page of the publishing cache
         self.tiers = {"device": set(), "host": set(), "storage": set()}
         self.next_seq = 0
         self.counts = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
@@ -66,7 +67,7 @@ class Replica:
             self.counts[kind] += 1
             if kind == "BlockStored":
                 hashes, parent, token_ids, block_size, lora_id, medium = ev[1:7]
-                assert lora_id is None and block_size == 16 and len(token_ids) == block_size * len(hashes)
+                assert lora_id is None and block_size == self.block_size and len(token_ids) == block_size * len(hashes)
                 # Page ids: 32-byte SHA-256 chained hashes (msgpack bin), as vLLM's own.
                 assert parent is None or (isinstance(parent, bytes) and len(parent) == 32)
                 assert all(isinstance(h, bytes) and len(h) == 32 for h in hashes)

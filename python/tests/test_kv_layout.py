@@ -153,11 +153,11 @@ def test_an_abi1_config_opens_with_the_new_fields_defaulted(tmp_path):
     """A caller built against the ABI-1 header: the old struct (every field before kv_layout),
     struct_size its size, abi_version 1. It opens; the old size with abi_version 2 does not."""
     import ctypes
-    new_fields = ["kv_layout", "kv_parts", "kv_num_parts", "kv_num_layers", "l1_buffers", "l1_num_buffers", "l2_layout", "l1_mode",
-                  "store", "job_id", "local_world"]
+    names = [f[0] for f in cpcache._Config._fields_]
+    abi1_fields = cpcache._Config._fields_[:names.index("kv_layout")]  # ABI 2 added kv_layout on
 
     class OldConfig(ctypes.Structure):
-        _fields_ = [f for f in cpcache._Config._fields_ if f[0] not in new_fields]
+        _fields_ = abi1_fields
 
     lib = cpcache.library()
     full = cpcache._Config()

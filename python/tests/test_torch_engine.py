@@ -76,14 +76,69 @@ def test_a_broken_engine_differs(broken):
     assert rc == 1, out
 
 
-def test_kv_events_option():
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    import cpcache
-    import inspect
-    if "kv_events" in inspect.signature(cpcache.Cache.__init__).parameters:
-        # TODO(issue 39, helper E's kv_events=): a subscriber in another process rebuilding
-        # the replica's pages from the engine's events.
-        pytest.skip("kv_events= exists: the subscriber check comes with it")
-    p = subprocess.run([sys.executable, ENGINE, "--kv-events", "tcp://127.0.0.1:1"], capture_output=True, text=True,
-                       timeout=60)
-    assert p.returncode == 2 and "not supported by this binding yet" in p.stderr, p.stdout + p.stderr
+def test_kv_events_rebuild_the_replica(tmp_path):
+    """--kv-events: a router in another process (this one) subscribes to the engine's KV events
+    (vLLM's msgpack batches, tcp: the router binds, the publisher connects), asks the replay
+    socket for any batch its subscription missed, and rebuilds the replica's pages per tier
+    with `cpcache run --kv-events`'s checker: they must be the pages the cache holds when its
+    publisher closes (the library's CPCACHE_KV_EVENTS_DUMP), at every sequence number."""
+    import json
+    import time
+    msgpack = pytest.importorskip("msgpack", reason="msgpack (Debian python3-msgpack) is not installed")
+    zmq = pytest.importorskip("zmq", reason="pyzmq (Debian python3-zmq) is not installed")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_kv_events import Replica, free_port_pairs, replay  # noqa: E402  (the runner's checker)
+    del msgpack
+    kv_port, replay_port = free_port_pairs(2)
+    kv, replay_ep = f"tcp://127.0.0.1:{kv_port}", f"tcp://127.0.0.1:{replay_port}"
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.bind(kv)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    env = dict(os.environ, CPCACHE_KV_EVENTS_DUMP=str(dump))
+    cmd = [sys.executable, ENGINE, "--requests", str(REQUESTS), "--timeout", "60", "--world", "2",
+           "--storage", f"file://{tmp_path}/l3", "--kv-events", kv, "--kv-events-replay", replay_ep]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    batches, replayed = {}, False
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if not poller.poll(100):
+                continue
+            frames = sub.recv_multipart()
+            seq, payload = int.from_bytes(frames[-2], "big"), frames[-1]
+            batches[seq] = payload
+            if not replayed and seq > 0 and 0 not in batches:
+                # The subscription missed the first batches: the replay socket has them
+                # while the engine runs.
+                for rseq, rpayload in replay(ctx, replay_ep, 0):
+                    batches.setdefault(rseq, rpayload)
+                replayed = True
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    while poller.poll(200):
+        frames = sub.recv_multipart()
+        batches[int.from_bytes(frames[-2], "big")] = frames[-1]
+    sub.close()
+    ctx.term()
+    assert proc.returncode == 0, out
+    assert re.search(r"^outputs checked 12, differing 0$", out, re.M), out
+    held = json.loads((dump / "replica-0.json").read_text())
+    assert sorted(batches) == list(range(held["next_seq"])), (sorted(batches)[:5], held["next_seq"])
+    r = Replica(block_size=4)  # the engine's pages are 4 tokens
+    for seq in range(held["next_seq"]):
+        r.apply(seq, batches[seq])
+    for tier in ("device", "host", "storage"):
+        assert r.tiers[tier] == set(held[tier] or []), (tier, len(r.tiers[tier]), len(held[tier] or []))
+    # The engine stored pages in every tier, evicted some, and its final reset() cleared L1
+    # and L2 (storage keeps what was backed up).
+    assert r.counts["BlockStored"] > 0 and r.counts["BlockRemoved"] > 0, r.counts
+    assert r.counts["AllBlocksCleared"] >= 1 and r.tiers["storage"], r.counts

@@ -94,6 +94,10 @@ type Report struct {
 	// its deadline because the kernel did not return (a frozen or hung file system under a
 	// file:// store): the call failed, the job went on.
 	StorageAbandoned int64 `json:"storage_abandoned"`
+	// StorageEvicted, StorageExpired: values (summed over ranks) that a file:// store removed
+	// to stay within its max_bytes, and because they were unused past its ttl.
+	StorageEvicted int64 `json:"storage_evicted"`
+	StorageExpired int64 `json:"storage_expired"`
 
 	// Device is the memory and copy bandwidth of a --device cuda run (nil for host runs).
 	Device *DeviceReport `json:"device,omitempty"`
@@ -190,6 +194,9 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  refused by cause     no L2 room %d, quota %d, tree changed %d, duplicate %d, lost before prefill %d, storage not asked %d\n",
 			b.NoRoom, b.Quota, b.TreeChanged, b.Duplicate, b.Lost, b.NotAsked)
 		fmt.Fprintf(w, "  storage circuit      open %.1f s, %d operations abandoned in the kernel\n", r.StorageCircuitOpenSeconds, r.StorageAbandoned)
+		if r.StorageEvicted+r.StorageExpired > 0 {
+			fmt.Fprintf(w, "  storage evictions    %d for the capacity, %d past the TTL\n", r.StorageEvicted, r.StorageExpired)
+		}
 	}
 	fmt.Fprintf(w, "  scheduler steps      %d (%.2f consensus collectives per step)\n", r.SchedulerSteps, r.CollectivesPerStep)
 	if r.PrefetchSteps > 0 {

@@ -66,6 +66,8 @@ type dirStore struct {
 	noWait atomic.Bool
 	// inPlace counts the pages Get read straight into place (tests).
 	inPlace atomic.Uint64
+	// cap is the capacity and TTL (dircap.go); nil without either.
+	cap *dirCap
 }
 
 // TempMaxAge is the age after which a temporary file of a Put is a dead writer's, and
@@ -179,6 +181,12 @@ func openDir(root string, opts options) (*dirStore, error) {
 			return fail(nil, err)
 		}
 		s.opts.auth = newMAC(key)
+	}
+	if s.cap, err = openCap(s); err != nil {
+		return fail(capErrKind(err), err)
+	}
+	if s.cap != nil {
+		s.fs.onClose = s.cap.close
 	}
 	return s, nil
 }
@@ -400,12 +408,17 @@ func (s *dirStore) getOne(ctx context.Context, k storage.Key, bind *storage.Bind
 	}); derr != nil {
 		return false, derr
 	}
-	if err == nil && link == "" && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(storage.StoredLen(len(dst))) && s.noWait.Load() {
+	expired := err == nil && s.cap != nil && s.cap.expired(&st) // past the TTL: readOpened's miss
+	if err == nil && link == "" && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(storage.StoredLen(len(dst))) && !expired && s.noWait.Load() {
 		var hdr [storage.HeaderSize]byte
 		n, rerr := preadNoWait(fd, hdr[:], dst)
 		switch {
 		case rerr == nil && n == len(hdr)+len(dst):
-			closeLater(fd)
+			var touch func(int)
+			if s.cap != nil {
+				touch = s.cap.touch // a use, for the eviction's order
+			}
+			closeLater(fd, touch)
 			s.inPlace.Add(1)
 			f := pageFile{mode: unix.S_IFREG, size: st.Size, n: len(hdr)}
 			return s.loadPage(k, bind, rel, f, hdr[:], dst, true)
@@ -449,27 +462,42 @@ func preadNoWait(fd int, hdr, payload []byte) (int, error) {
 	}
 }
 
-// closeLater closes fd, a page file opened for reading, on the closer goroutine: a close
-// can block in the kernel too (FUSE sends a flush), and Get does not wait for it. When the
-// closer is behind (a file system that stopped answering), the close runs on a goroutine
-// of its own.
-func closeLater(fd int) {
+// closeLater closes fd, a page file opened for reading, on the closer goroutine, after
+// calling before(fd) there when before is not nil: a close can block in the kernel too
+// (FUSE sends a flush), as can the time update of a use (dirCap.touch), and Get waits for
+// neither. When the closer is behind (a file system that stopped answering), the work runs
+// on a goroutine of its own.
+func closeLater(fd int, before func(int)) {
 	closerOnce.Do(func() {
 		go func() {
-			for fd := range closing {
-				unix.Close(fd)
+			for c := range closing {
+				c.run()
 			}
 		}()
 	})
+	c := pendingClose{fd, before}
 	select {
-	case closing <- fd:
+	case closing <- c:
 	default:
-		go unix.Close(fd)
+		go c.run()
 	}
 }
 
+// pendingClose is a page file closeLater closes, and what it does first.
+type pendingClose struct {
+	fd     int
+	before func(int)
+}
+
+func (c pendingClose) run() {
+	if c.before != nil {
+		c.before(c.fd)
+	}
+	unix.Close(c.fd)
+}
+
 var (
-	closing    = make(chan int, 1024)
+	closing    = make(chan pendingClose, 1024)
 	closerOnce sync.Once
 )
 
@@ -497,6 +525,9 @@ func (s *dirStore) existsOne(k storage.Key) (bool, error) {
 			s.corruptIn("exists", k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(st.Mode)))
 		}
 		return false, nil
+	}
+	if s.cap != nil && s.cap.expired(&st) {
+		return false, nil // past the TTL: absent, removed by the next sweep
 	}
 	var hdr [storage.HeaderSize]byte
 	n, err := preadFull(fd, hdr[:])
@@ -564,11 +595,17 @@ func (s *dirStore) readOpened(rel string, fd int, st unix.Stat_t, link string, e
 	if f.mode != unix.S_IFREG {
 		return f, nil
 	}
+	if s.cap != nil && s.cap.expired(&st) {
+		return pageFile{missing: true}, nil // past the TTL: a miss, removed by the next sweep
+	}
 	if f.size < int64(len(buf)) {
 		buf = buf[:f.size]
 	}
 	if f.n, err = preadFull(fd, buf); err != nil {
 		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
+	}
+	if s.cap != nil {
+		s.cap.touch(fd) // a use, for the eviction's order
 	}
 	return f, nil
 }
@@ -656,6 +693,16 @@ func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []sto
 		return s.err("put", storage.ErrClosed, nil)
 	}
 	defer s.fs.release()
+	if s.cap != nil && len(keys) > 0 {
+		// Room for the batch before it is written (dircap.go).
+		var n int64
+		for _, p := range src {
+			n += int64(storage.StoredLen(len(p)))
+		}
+		if err := s.reserve(ctx, n); err != nil {
+			return s.err("put", kindOf(ctx, err), err)
+		}
+	}
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
 		// The value is encoded here, on as many cores as there are workers: the payload
 		// copied into a buffer of the write's own block by block, each block checksummed
@@ -720,6 +767,10 @@ func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Bind
 		if err = f.Sync(); err != nil {
 			return err
 		}
+	}
+	if s.cap != nil {
+		s.cap.touch(fd) // a use, to the clock's precision (a write's mtime is the kernel's coarse time)
+		s.cap.remember(k, bind)
 	}
 	if err = f.Close(); err != nil {
 		return err
@@ -892,6 +943,9 @@ func (s *dirStore) deleteOne(k storage.Key) error {
 		return &fs.PathError{Op: "open", Path: s.fs.abs(rel[:dirLen]), Err: err}
 	}
 	defer unix.Close(dir)
+	if s.cap != nil {
+		s.cap.replaced(dir, rel[dirLen+1:])
+	}
 	err = unix.Unlinkat(dir, rel[dirLen+1:], 0)
 	if err == unix.EISDIR || err == unix.EPERM { // a directory under a page's name, as os.Remove
 		err = unix.Unlinkat(dir, rel[dirLen+1:], unix.AT_REMOVEDIR)
@@ -1009,9 +1063,11 @@ func (s *dirStore) Close() error {
 
 // kindOf classifies an error of a file operation: the context ending is ErrUnavailable
 // (the call did not finish in time), as is a call refused because too many file system
-// operations are stuck (ErrStuck); anything else (permissions, a full disk) has no kind.
+// operations are stuck (ErrStuck) or a Put past the capacity whose eviction scan did not
+// finish in time (dircap.go); anything else (permissions, a full disk) has no kind.
 func kindOf(ctx context.Context, err error) error {
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) || errors.Is(err, storage.ErrStuck) {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) ||
+		errors.Is(err, storage.ErrStuck) || errors.Is(err, errScanCut) {
 		return storage.ErrUnavailable
 	}
 	return nil

@@ -37,6 +37,16 @@ type dirFS struct {
 	mu     sync.Mutex // protects refs and closed
 	refs   int
 	closed bool
+	// onClose, if set, runs when the root is closed (the capacity's files, dircap.go).
+	onClose func()
+}
+
+// closeRoot closes the root and what goes with it, once.
+func (d *dirFS) closeRoot() {
+	d.root.Close()
+	if d.onClose != nil {
+		d.onClose()
+	}
 }
 
 // forceWalk makes openDirFS choose the component walk (tests of the fallback).
@@ -87,7 +97,7 @@ func (d *dirFS) release() {
 	last := d.closed && d.refs == 0
 	d.mu.Unlock()
 	if last {
-		d.root.Close()
+		d.closeRoot()
 	}
 }
 
@@ -98,7 +108,7 @@ func (d *dirFS) close() {
 	d.closed = true
 	d.mu.Unlock()
 	if last {
-		d.root.Close()
+		d.closeRoot()
 	}
 }
 

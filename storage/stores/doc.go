@@ -7,9 +7,13 @@
 //
 // # Backends
 //
-//	file:///dir[?fsync=true]          one file per page under dir/<ns>/<xx>/<hash>, written to
+//	file:///dir[?fsync=true&max_bytes=N&ttl=D]
+//	                                  one file per page under dir/<ns>/<xx>/<hash>, written to
 //	                                  a temporary file in the same directory and renamed (and
-//	                                  fsynced, file and directory, with fsync=true)
+//	                                  fsynced, file and directory, with fsync=true); max_bytes
+//	                                  bounds the directory, shared by every store that opens
+//	                                  it, evicting least recently used pages, a chain's later
+//	                                  ones first; ttl drops pages unused for longer (dircap.go)
 //	redis://[[user]:pass@]host:port/prefix
 //	rediss://...                      a Redis server through go-redis (rediss: TLS); keys
 //	                                  "<prefix>:<ns>:<hash>", pipelined UNLINK / EXISTS /

@@ -2,6 +2,7 @@ package stores
 
 import (
 	"sync"
+	"time"
 
 	"github.com/cpcache/cpcache/storage"
 )
@@ -75,3 +76,23 @@ func DirInPlaceReads(s storage.Storage) (uint64, bool) {
 
 // DirNoWait sets whether directory storage s tries to read pages straight into place.
 func DirNoWait(s storage.Storage, on bool) { s.(*purging).backend.(*dirStore).noWait.Store(on) }
+
+// SetDirClock makes directory storage s (opened with a capacity or a TTL) read its clock
+// from now: the times it records as uses and judges the TTL by.
+func SetDirClock(s storage.Storage, now func() time.Time) {
+	s.(*purging).backend.(*dirStore).cap.now = now
+}
+
+// DirUsage reads the shared usage counter of directory storage s: the bytes it says are
+// used, and whether a scan ever set it.
+func DirUsage(s storage.Storage) (used int64, scanned bool) {
+	u, err := s.(*purging).backend.(*dirStore).cap.readUsage()
+	if err != nil {
+		panic(err)
+	}
+	return u.used, u.lastScan != 0
+}
+
+// DirLowWater and DirHighWater are the eviction's watermarks for a capacity of max bytes.
+func DirLowWater(max int64) int64  { return (&dirCap{max: max}).watermarks().low }
+func DirHighWater(max int64) int64 { return (&dirCap{max: max}).watermarks().high }

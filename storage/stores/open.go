@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/cpcache/cpcache/internal/redact"
 	"github.com/cpcache/cpcache/storage"
@@ -13,7 +14,10 @@ import (
 
 // Open opens the storage named by rawURL for opts.Namespace:
 //
-//	file:///abs/dir[?fsync=true]             a directory on a local or shared filesystem
+//	file:///abs/dir[?fsync=true&max_bytes=2GiB&ttl=1h]
+//	                                         a directory on a local or shared filesystem;
+//	                                         max_bytes bounds it (dircap.go), ttl drops
+//	                                         pages unused for longer
 //	redis://[[user]:pass@]host[:port][/prefix][?ttl=1h&pool_size=8&timeout=5s&db=0]
 //	rediss://...[&tls_ca=ca.pem&tls_cert=c.pem&tls_key=k.pem]
 //	                                         a Redis server (rediss: over TLS); keys are
@@ -80,8 +84,20 @@ func openBackend(ctx context.Context, rawURL string, opts options) (backend, err
 					return nil, bad("fsync=%q is not a boolean", vals[0])
 				}
 				opts.Fsync = b
+			case "max_bytes":
+				n, err := parseBytes(vals[0])
+				if err != nil {
+					return nil, bad("max_bytes=%q: %v", vals[0], err)
+				}
+				opts.MaxBytes = n
+			case "ttl":
+				d, err := time.ParseDuration(vals[0])
+				if err != nil || d <= 0 {
+					return nil, bad("ttl=%q is not a positive duration (like 30m or 2h)", vals[0])
+				}
+				opts.TTL = d
 			default:
-				return nil, bad("unknown file URL parameter %q (known: fsync)", name)
+				return nil, bad("unknown file URL parameter %q (known: fsync, max_bytes, ttl)", name)
 			}
 		}
 		if opts.auth, err = explicitKey(opts); err != nil {

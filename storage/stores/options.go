@@ -73,6 +73,7 @@ func checkKeys(backend, where, op string, ns [storage.NamespaceSize]byte, keys [
 // counters is the live, atomically updated form of Stats.
 type counters struct {
 	hits, misses, corrupt, forged, mismatched, oldFormat, purged, puts, deletes, bytesRead, bytesWritten, errors, links atomic.Uint64
+	evicted, expired                                                                                                    atomic.Uint64 // directory store: pages removed for its capacity, past its TTL (dircap.go)
 }
 
 func (c *counters) snapshot() storage.Stats {
@@ -93,6 +94,8 @@ func (c *counters) snapshot() storage.Stats {
 		BytesWritten: c.bytesWritten.Load(),
 		Errors:       c.errors.Load(),
 		Links:        c.links.Load(),
+		Evicted:      c.evicted.Load(),
+		Expired:      c.expired.Load(),
 	}
 }
 

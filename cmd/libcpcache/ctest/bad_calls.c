@@ -248,6 +248,27 @@ int main(void) {
   cfg.consensus = "carrier-pigeon";
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
   expect_true(strstr(cpcache_last_error(), "carrier-pigeon") != NULL);
+  // KV event endpoints and the metrics address: refused naming the field and the value.
+  {
+    const struct {
+      const char *endpoint, *replay, *metrics, *want;
+    } bad_events[] = {
+        {"tcp://*:99999", NULL, NULL, "kv_events_endpoint \"tcp://*:99999\""},
+        {"bogus://x", NULL, NULL, "kv_events_endpoint \"bogus://x\""},
+        {"tcp://127.0.0.1:5557", "tcp://host:5558", NULL, "kv_events_replay_endpoint \"tcp://host:5558\""},
+        {NULL, "tcp://*:5558", NULL, "kv_events_replay_endpoint \"tcp://*:5558\""},
+        {NULL, NULL, "nowhere", "metrics_addr \"nowhere\""},
+    };
+    for (size_t i = 0; i < sizeof bad_events / sizeof bad_events[0]; i++) {
+      base_config(&cfg);
+      cfg.kv_events_endpoint = bad_events[i].endpoint;
+      cfg.kv_events_replay_endpoint = bad_events[i].replay;
+      cfg.metrics_addr = bad_events[i].metrics;
+      expect(cpcache_open(&cfg, &c), CPCACHE_ERR_INVALID);
+      expect_true(strstr(cpcache_last_error(), bad_events[i].want) != NULL);
+      expect_true(c == 0);
+    }
+  }
   base_config(&cfg);
   cfg.attn_cp = 2; // does not divide a world of 1
   expect(cpcache_open(&cfg, &c), CPCACHE_ERR_CONFIG);
@@ -278,6 +299,25 @@ int main(void) {
   cpcache_stats short_stats = {.struct_size = sizeof short_stats + 8};
   expect(cpcache_get_stats(c, &short_stats), CPCACHE_ERR_SIZE);
   expect(cpcache_get_stats(c, NULL), CPCACHE_ERR_INVALID);
+
+  // cpcache_metrics_text: the length asked with no buffer, a short buffer refused with the
+  // full length, then the text (NUL-terminated) with the cache's series.
+  {
+    size_t need = 0, len = 0;
+    expect(cpcache_metrics_text(c, NULL, 0, NULL), CPCACHE_ERR_INVALID);
+    expect(cpcache_metrics_text(c, NULL, 16, &need), CPCACHE_ERR_INVALID);
+    expect(cpcache_metrics_text(c, NULL, 0, &need), CPCACHE_ERR_SIZE);
+    expect_true(need > 100);
+    char *text = malloc(need + 1);
+    expect_true(text != NULL);
+    memset(text, 'x', need + 1);
+    expect(cpcache_metrics_text(c, text, need, &len), CPCACHE_ERR_SIZE); // no room for the NUL
+    expect_true(len == need && text[0] == 'x');
+    expect(cpcache_metrics_text(c, text, need + 1, &len), CPCACHE_OK);
+    expect_true(len == need && text[len] == 0 && strlen(text) == len);
+    expect_true(strstr(text, "cpcache_steps_total{") != NULL && strstr(text, "cpcache_l1_capacity_pages{") != NULL);
+    free(text);
+  }
 
   // match and insert: NULL pointers, short buffers — nothing changes.
   int32_t tokens[4 * PAGE_TOKENS];

@@ -20,7 +20,7 @@ import (
 	"github.com/cpcache/cpcache/storage/stores"
 )
 
-// FaultHelp documents the --fault grammar (cpcache run --help and the README).
+// FaultHelp documents the --fault grammar (cpcache run --help and docs/operating.md).
 const FaultHelp = `--fault SPEC injects failures, to rehearse a deployment's failure handling. SPEC is one
 or more faults separated by ';', each KIND[:PARAM=VALUE,...]:
   copy-fail:rank=R,step=S          rank R reports its first copy finished at step S or later

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/kvevents"
+	"github.com/cpcache/cpcache/hicache/metrics"
 )
 
 // quietSource is an event source that publishes nothing.
@@ -24,24 +26,29 @@ func (quietSource) EventsSince(uint64) ([]hicache.EventBatch, error) { return ni
 func (quietSource) NextEventSeq() (uint64, error)                    { return 0, nil }
 
 // TestKVEventMetrics: the publishing rank's kv-event families pass the Prometheus linter and
-// README's metrics table lists them.
+// docs/reference.md's metrics table lists them.
 func TestKVEventMetrics(t *testing.T) {
 	pub, err := kvevents.Start(quietSource{make(chan hicache.EventBatch)}, kvevents.Options{
 		Endpoint: "inproc://runner-kv-metrics", ReplayEndpoint: "inproc://runner-kv-metrics-replay", Linger: -1})
 	require.NoError(t, err)
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister((&kvPublisher{pub: pub}).collectors(prometheus.Labels{"rank": "0"})...)
+	reg.MustRegister(metrics.PublisherCollectors(pub, prometheus.Labels{"rank": "0"})...)
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 	fams, err := reg.Gather()
 	require.NoError(t, err)
-	readme, err := os.ReadFile("../../../../README.md")
+	doc, err := os.ReadFile("../../../../docs/reference.md")
 	require.NoError(t, err)
 	assert.Len(t, fams, 6)
+	exported := map[string]bool{}
 	for _, f := range fams {
-		assert.True(t, strings.Contains(string(readme), "| `"+f.GetName()), "README's metrics table lacks %s", f.GetName())
+		exported[f.GetName()] = true
+		assert.True(t, strings.Contains(string(doc), "| `"+f.GetName()), "docs/reference.md's metrics table lacks %s", f.GetName())
+	}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(cpcache_run_kv_event_[a-z0-9_]+)").FindAllStringSubmatch(string(doc), -1) {
+		assert.True(t, exported[m[1]], "docs/reference.md's metrics table lists %s, which the publisher does not export", m[1])
 	}
 }
 

@@ -7,23 +7,16 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/cpcache/cpcache/hicache"
 	"github.com/cpcache/cpcache/hicache/metrics"
-	"github.com/cpcache/cpcache/storage"
 )
 
 // Metrics: every rank builds a registry of its cache's metrics.Collector and the runner's
@@ -34,10 +27,10 @@ import (
 
 const metricsFilePrefix = "metrics-"
 
-// rankRegistry is what one rank exports.
-func rankRegistry(l *live, cache *hicache.Cache, st storage.Storage, labels metrics.Labels) *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.NewCollector(cache, labels, st))
+// rankRegistry is what one rank exports: the rank's registry (job.Rank.Metrics:
+// metrics.NewRankRegistry, the cache, its storage, the replica's KV event publisher) with the
+// runner's counters added.
+func rankRegistry(l *live, reg *prometheus.Registry, labels metrics.Labels) *prometheus.Registry {
 	reg.MustRegister(liveCollectors(l, labels.Labels())...)
 	return reg
 }
@@ -62,28 +55,20 @@ func liveCollectors(l *live, labels prometheus.Labels) []prometheus.Collector {
 }
 
 // servingRegistry holds the Go and process collectors of the process that serves /metrics.
-func servingRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
-}
+func servingRegistry() *prometheus.Registry { return metrics.ServingRegistry() }
 
-// serveMetrics serves what g gathers on addr's /metrics until ctx ends. The listener is
-// opened before it returns, so a bad or busy address is reported at once.
+// serveMetrics serves what g gathers on addr's /metrics until ctx ends (metrics.Serve). The
+// listener is opened before it returns, so a bad or busy address is reported at once.
 func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer) (string, error) {
-	ln, err := net.Listen("tcp", addr)
+	srv, err := metrics.Serve(addr, g)
 	if err != nil {
-		return "", fmt.Errorf("runner: metrics address %q: %w", addr, err)
+		return "", fmt.Errorf("runner: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	return ln.Addr().String(), nil
+	return srv.Addr(), nil
 }
 
 var protoDelim = expfmt.NewFormat(expfmt.TypeProtoDelim)

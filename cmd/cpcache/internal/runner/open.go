@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/cpcache/cpcache/gloo"
 	"github.com/cpcache/cpcache/hicache"
@@ -43,7 +44,9 @@ func (p *Plan) jobConfig(rank int) job.Config {
 		}
 	}
 	if cfg.KVEvents != "" {
-		jc.Events = cfg.kvEventOptions()
+		// The replica's leader publishes (job.Rank.Events); every rank's cache records events.
+		jc.KVEvents = cfg.kvEventsConfig()
+		jc.KVEventsLog = func(err error) { fmt.Fprintf(os.Stderr, "cpcache: rank %d: %v\n", rank, err) }
 	}
 	return jc
 }

@@ -60,6 +60,8 @@ type rankResult struct {
 	StorageForged    int64                 `json:"storage_forged"`               // of them, failing authentication
 	CircuitOpenSecs  float64               `json:"storage_circuit_open_seconds"` // this rank's breaker
 	StorageAbandoned int64                 `json:"storage_abandoned"`            // this rank's storage operations abandoned in the kernel at their deadline
+	StorageEvicted   int64                 `json:"storage_evicted"`              // values this rank's file store removed for its capacity
+	StorageExpired   int64                 `json:"storage_expired"`              // values this rank's file store removed past its TTL
 	Divergences      int64                 `json:"divergences"`                  // agreed in the replica
 	Recoveries       int64                 `json:"recoveries"`
 	QuarantinedSteps int64                 `json:"quarantined_steps"`
@@ -115,16 +117,10 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, rk.Close()) }()
-	world, rank, cache, counted, st := rk.World, rk.Rank(), rk.Cache, rk.Counted, rk.Storage
+	world, rank, cache, counted := rk.World, rk.Rank(), rk.Cache, rk.Counted
 	coord := p.Layout.Coord(rank)
 	leader := p.Layout.ReplicaGroup(rank)[0] == rank
-	var pub *kvPublisher
-	if cfg.KVEvents != "" && leader {
-		if pub, err = startKVEvents(cache, cfg, coord.DP, rank); err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, pub.close(cache)) }()
-	}
+	pub := rk.Events // the replica's KV event publisher on its leader (nil elsewhere); rk.Close closes it
 	lv := &live{}
 	sched := newScheduler(cache, cfg, p.KVShard(coord.TP), p.ReplicaRequests(coord.DP), lv)
 	if kv := mem.deviceKV(); kv != nil {
@@ -145,7 +141,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 		sched.Faults = faults
 	}
 	if pub != nil && faults != nil {
-		faults.afterFlush = func() error { return pub.flushed(cache) }
+		faults.afterFlush = pub.Flushed
 	}
 	if leader {
 		sched.Misses = newMissTracker(cfg)
@@ -153,10 +149,7 @@ func RunRank(ctx context.Context, p *Plan, out Output) (rep *report.Report, err 
 	if v := os.Getenv(EnvCorruptRank); v != "" && v == fmt.Sprint(rank) {
 		sched.Corrupt = mem.corrupter(p, rk.Set, cache.CPRank())
 	}
-	reg := rankRegistry(lv, cache, st, metrics.RankLabels(p.Layout, rank))
-	if pub != nil {
-		reg.MustRegister(pub.collectors(metrics.RankLabels(p.Layout, rank).Labels())...)
-	}
+	reg := rankRegistry(lv, rk.Metrics, metrics.RankLabels(p.Layout, rank))
 	stop, err := startReporting(ctx, rank, leader, lv, cache, reg, out)
 	if err != nil {
 		return nil, err
@@ -239,6 +232,7 @@ func newRankResult(rk *job.Rank, s *sched.Scheduler, collectives int64, mem *mem
 		sst := st.Stats()
 		res.StorageRejected, res.StorageForged = int64(sst.Corrupt), int64(sst.Forged)
 		res.StorageAbandoned = int64(sst.Abandoned)
+		res.StorageEvicted, res.StorageExpired = int64(sst.Evicted), int64(sst.Expired)
 	}
 	if res.Leader {
 		res.Timing = s.Timing()
@@ -299,6 +293,8 @@ func buildReport(p *Plan, results []rankResult) *report.Report {
 		r.StorageForged += x.StorageForged
 		r.StorageCircuitOpenSeconds = max(r.StorageCircuitOpenSeconds, x.CircuitOpenSecs)
 		r.StorageAbandoned += x.StorageAbandoned
+		r.StorageEvicted += x.StorageEvicted
+		r.StorageExpired += x.StorageExpired
 		for _, ns := range x.LatencyNs {
 			lat = append(lat, time.Duration(ns))
 		}
