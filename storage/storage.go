@@ -109,8 +109,8 @@ type Options struct {
 	// from several goroutines at once.
 	OnWarning func(error)
 
-	// MACKey authenticates every stored value (keyed BLAKE3 over the value's key, length
-	// and payload; see format.go): a value written without it is never loaded. At least 16
+	// MACKey authenticates every stored value (a keyed BLAKE3 MAC over the header, and an
+	// AES-GMAC or keyed BLAKE3 MAC over the payload; see format.go and doc.go): a value written without it is never loaded. At least 16
 	// bytes; every user of one store needs the same key. If empty, Open reads the key from
 	// MACKeyFile, else from the file named by $CPCACHE_STORAGE_KEY_FILE (stores.ReadKeyFile), else
 	// a file store uses its own key file, <dir>/.cpcache-storage-key, created on first use

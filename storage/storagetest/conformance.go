@@ -41,6 +41,7 @@ func Conformance(t *testing.T, b Backend) {
 	t.Run("Forgery", func(t *testing.T) { testForgery(t, b) })
 	t.Run("Binding", func(t *testing.T) { testBinding(t, b) })
 	t.Run("OldFormat", func(t *testing.T) { testOldFormat(t, b) })
+	t.Run("FormatVersions", func(t *testing.T) { testFormatVersions(t, b) })
 	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, b) })
 	t.Run("LargeBatch", func(t *testing.T) { testLargeBatch(t, b) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, b) })

@@ -15,7 +15,7 @@ import (
 // fields and what they cover.
 const (
 	offPayloadCRC = 40
-	offHeaderCRC  = 140
+	offHeaderCRC  = storage.HeaderSize - 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

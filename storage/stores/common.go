@@ -95,10 +95,6 @@ func (b *base) corruptIn(op string, key storage.Key, reason error) {
 
 // The value format of every backend, authenticated with the storage's MAC key.
 
-func (b *base) encodeHeader(hdr *[storage.HeaderSize]byte, key storage.Key, bind *storage.Binding, payload []byte) {
-	b.opts.auth.EncodeHeader(hdr, key, bind, payload)
-}
-
 func (b *base) checkHeader(hdr []byte, key storage.Key, bind *storage.Binding, wantLen int) error {
 	return b.opts.auth.CheckHeader(hdr, key, bind, wantLen)
 }
@@ -139,16 +135,18 @@ func (b *base) encodeValue(v []byte, key storage.Key, bind *storage.Binding, pay
 }
 
 // decodeValue verifies v, a whole stored value read for key (with binding bind, nil: not
-// checked), and copies its payload into dst (the page size). It returns why v is not genuine, or nil; dst's contents are then
+// checked), and copies its payload into dst (the page size). v's header is of any format
+// version read (storage.HeaderLen). It returns why v is not genuine, or nil; dst's contents are then
 // unspecified.
 func (b *base) decodeValue(v []byte, key storage.Key, bind *storage.Binding, dst []byte) error {
-	if len(v) != storage.StoredLen(len(dst)) {
+	hs := storage.HeaderLen(v)
+	if len(v) != hs+len(dst) {
 		return errLength(len(v), storage.StoredLen(len(dst)))
 	}
-	if err := b.checkHeader(v[:storage.HeaderSize], key, bind, len(dst)); err != nil {
+	if err := b.checkHeader(v[:hs], key, bind, len(dst)); err != nil {
 		return err
 	}
-	return b.opts.auth.CheckPayloadCopy(v[:storage.HeaderSize], v[storage.HeaderSize:], dst)
+	return b.opts.auth.CheckPayloadCopy(v[:hs], v[hs:], dst)
 }
 
 func (b *base) Stats() storage.Stats {

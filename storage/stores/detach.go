@@ -16,11 +16,13 @@ import (
 // done; past that the operation is abandoned: the call returns its deadline error at once,
 // and the goroutine finishes whenever the kernel lets it, its result dropped.
 //
-// An abandoned operation owns only memory of its own: a Get reads into a private buffer,
-// copied into the caller's buffer in the caller's goroutine once the read is delivered,
-// and a Put writes a private copy of the caller's page. So no byte of a caller's buffer is
-// read or written after its call returned (the L3 driver frees and reuses slab pages as
-// soon as their job is over), at the cost of one copy of each page read or written.
+// An abandoned operation owns only memory of its own: a Get that must wait for the disk
+// reads into a private buffer, copied into the caller's buffer in the caller's goroutine
+// once the read is delivered (a cached page is read straight into the caller's buffer by
+// the call itself, with a read that cannot wait: dirStore.getOne), and a Put writes a
+// private copy of the caller's page, made in the same pass as its checksum. So no byte of
+// a caller's buffer is read or written after its call returned (the L3 driver frees and
+// reuses slab pages as soon as their job is over).
 //
 // Abandoned operations still stuck are counted (Stats.Abandoned, Stats.Stuck) and bounded:
 // with Options.MaxStuck of them still running, a call fails at once (ErrStuck with

@@ -9,10 +9,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -57,6 +60,12 @@ type dirStore struct {
 	reaped [256]atomic.Bool
 	// warned counts warnings given about links (at most maxLinkWarnings are reported).
 	warned atomic.Int64
+	// noWait: the file system serves reads from the page cache without waiting
+	// (RWF_NOWAIT), so Get reads cached pages straight into place (getOne); cleared for
+	// good the first time it refuses the flag.
+	noWait atomic.Bool
+	// inPlace counts the pages Get read straight into place (tests).
+	inPlace atomic.Uint64
 	// cap is the capacity and TTL (dircap.go); nil without either.
 	cap *dirCap
 }
@@ -130,6 +139,7 @@ func openDir(root string, opts options) (*dirStore, error) {
 	root = filepath.Clean(root)
 	s := &dirStore{base: base{backend: "file", where: root, ns: opts.Namespace.ID(), opts: opts}}
 	s.nsName = opts.Namespace.String()
+	s.noWait.Store(true)
 	s.nsDir = filepath.Join(root, s.nsName)
 	fail := func(kind, err error) (*dirStore, error) {
 		if s.fs != nil {
@@ -170,7 +180,7 @@ func openDir(root string, opts options) (*dirStore, error) {
 		if err != nil {
 			return fail(nil, err)
 		}
-		s.opts.auth = storage.NewMAC(key)
+		s.opts.auth = newMAC(key)
 	}
 	if s.cap, err = openCap(s); err != nil {
 		return fail(capErrKind(err), err)
@@ -355,23 +365,7 @@ func (s *dirStore) GetBound(ctx context.Context, keys []storage.Key, binds []sto
 	}
 	defer s.fs.release()
 	err = forEach(ctx, len(keys), s.opts.Workers, found == nil, func(i int) (bool, error) {
-		// The file is read into a buffer of the read's own (see detach): an abandoned read
-		// never writes into dst[i], which the caller reuses once Get returned. The detached
-		// operation only makes the system calls; the value is verified here, its payload
-		// copied into dst[i] in the same pass as its MAC (storage.MAC.CheckPayloadCopy), on
-		// as many cores as there are workers.
-		rel, _ := s.rel(keys[i])
-		buf := getBuffer(storage.StoredLen(len(dst[i])))
-		var f pageFile
-		var err error
-		if derr := s.detach(ctx, "get", func() { f, err = s.readPage(rel, *buf) }, func() { putBuffer(buf) }); derr != nil {
-			return false, derr
-		}
-		ok := false
-		if err == nil {
-			ok, err = s.loadPage(keys[i], bindAt(binds, i), rel, f, (*buf)[:f.n], dst[i])
-		}
-		putBuffer(buf)
+		ok, err := s.getOne(ctx, keys[i], bindAt(binds, i), dst[i])
 		if ok {
 			s.stats.hits.Add(1)
 			s.stats.bytesRead.Add(uint64(len(dst[i])))
@@ -384,6 +378,128 @@ func (s *dirStore) GetBound(ctx context.Context, keys []storage.Key, binds []sto
 	}
 	return leading(flags), nil
 }
+
+// getOne reads k's page into dst and verifies it, on as many cores as Get has workers.
+//
+// The open (and its fstat) is detached, as every file system operation that can block in
+// the kernel (detach.go). The read then goes straight into place: one preadv2 of the
+// header into a small buffer and of the payload into dst, with RWF_NOWAIT, which the
+// kernel serves only from the page cache and refuses (EAGAIN) rather than wait for the
+// disk or a lock; made by this call, it cannot outlive it. The payload is verified there,
+// in dst, while the kernel's copy is still in cache: each byte is touched once after the
+// read. A page that is not cached (or a file system without RWF_NOWAIT, or a file of
+// another size: an older format's, a torn one) is read as before: by a detached pread into
+// a private buffer, verified there and copied into dst in the same pass, so that a read
+// abandoned at the deadline never writes into dst (its caller reuses it once Get returned).
+// Either way a value that fails verification is a miss; dst's contents are then
+// unspecified (the Storage contract: the cache publishes only pages found).
+func (s *dirStore) getOne(ctx context.Context, k storage.Key, bind *storage.Binding, dst []byte) (bool, error) {
+	rel, _ := s.rel(k)
+	var (
+		fd   = -1
+		st   unix.Stat_t
+		link string
+		err  error
+	)
+	if derr := s.detach(ctx, "get", func() { fd, st, link, err = s.openPage(rel) }, func() {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}); derr != nil {
+		return false, derr
+	}
+	expired := err == nil && s.cap != nil && s.cap.expired(&st) // past the TTL: readOpened's miss
+	if err == nil && link == "" && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(storage.StoredLen(len(dst))) && !expired && s.noWait.Load() {
+		var hdr [storage.HeaderSize]byte
+		n, rerr := preadNoWait(fd, hdr[:], dst)
+		switch {
+		case rerr == nil && n == len(hdr)+len(dst):
+			var touch func(int)
+			if s.cap != nil {
+				touch = s.cap.touch // a use, for the eviction's order
+			}
+			closeLater(fd, touch)
+			s.inPlace.Add(1)
+			f := pageFile{mode: unix.S_IFREG, size: st.Size, n: len(hdr)}
+			return s.loadPage(k, bind, rel, f, hdr[:], dst, true)
+		case rerr == unix.EOPNOTSUPP || rerr == unix.EINVAL || rerr == unix.ENOSYS:
+			s.noWait.Store(false) // the file system reads no page without waiting: never again
+		}
+		// Not all cached (EAGAIN, a short read): read it the other way, from the start.
+	}
+	buf := getBuffer(storage.StoredLen(len(dst)))
+	var f pageFile
+	if derr := s.detach(ctx, "get", func() { f, err = s.readOpened(rel, fd, st, link, err, *buf) }, func() { putBuffer(buf) }); derr != nil {
+		return false, derr
+	}
+	ok := false
+	if err == nil {
+		ok, err = s.loadPage(k, bind, rel, f, (*buf)[:f.n], dst, false)
+	}
+	putBuffer(buf)
+	return ok, err
+}
+
+// preadNoWait reads the file fd from offset 0 into hdr then payload with one preadv2
+// that takes only what the page cache holds (RWF_NOWAIT). It makes the system call
+// without the race detector's annotations of unix.Preadv2 (which reports the kernel's
+// writes as the caller's: correct, and here the caller's own goroutine).
+func preadNoWait(fd int, hdr, payload []byte) (int, error) {
+	iov := [2]unix.Iovec{{Base: &hdr[0]}, {Base: unsafe.SliceData(payload)}}
+	iov[0].SetLen(len(hdr))
+	iov[1].SetLen(len(payload))
+	for {
+		n, _, errno := unix.Syscall6(unix.SYS_PREADV2, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)), 0, 0, unix.RWF_NOWAIT)
+		runtime.KeepAlive(hdr)
+		runtime.KeepAlive(payload)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(n), nil
+	}
+}
+
+// closeLater closes fd, a page file opened for reading, on the closer goroutine, after
+// calling before(fd) there when before is not nil: a close can block in the kernel too
+// (FUSE sends a flush), as can the time update of a use (dirCap.touch), and Get waits for
+// neither. When the closer is behind (a file system that stopped answering), the work runs
+// on a goroutine of its own.
+func closeLater(fd int, before func(int)) {
+	closerOnce.Do(func() {
+		go func() {
+			for c := range closing {
+				c.run()
+			}
+		}()
+	})
+	c := pendingClose{fd, before}
+	select {
+	case closing <- c:
+	default:
+		go c.run()
+	}
+}
+
+// pendingClose is a page file closeLater closes, and what it does first.
+type pendingClose struct {
+	fd     int
+	before func(int)
+}
+
+func (c pendingClose) run() {
+	if c.before != nil {
+		c.before(c.fd)
+	}
+	unix.Close(c.fd)
+}
+
+var (
+	closing    = make(chan pendingClose, 1024)
+	closerOnce sync.Once
+)
 
 // existsOne reports whether k holds a value whose header is genuine (its MAC verifies for
 // this key) and whose length matches the file's size, reading the header only (see
@@ -414,13 +530,16 @@ func (s *dirStore) existsOne(k storage.Key) (bool, error) {
 		return false, nil // past the TTL: absent, removed by the next sweep
 	}
 	var hdr [storage.HeaderSize]byte
-	if n, err := preadFull(fd, hdr[:]); err != nil {
+	n, err := preadFull(fd, hdr[:])
+	if err != nil {
 		return false, &fs.PathError{Op: "read", Path: name, Err: err}
-	} else if n < storage.HeaderSize {
+	}
+	hs := storage.HeaderLen(hdr[:n]) // a header of any format version read
+	if n < 6 {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: truncated header", name))
 		return false, nil
 	}
-	if err := s.checkHeader(hdr[:], k, nil, int(st.Size-storage.HeaderSize)); err != nil {
+	if err := s.checkHeader(hdr[:min(hs, n)], k, nil, int(st.Size-int64(hs))); err != nil {
 		s.corruptIn("exists", k, fmt.Errorf("file %s: %w", name, err))
 		return false, nil
 	}
@@ -456,12 +575,12 @@ type pageFile struct {
 	n       int    // bytes read into the buffer, from the start of the file
 }
 
-// readPage reads the page file rel into buf (header and payload, storage.StoredLen bytes):
-// one pread, as a plain read of the file. It reads nothing when the file is not a regular one,
-// and only the header when the file is shorter than buf. It makes system calls only (it is
-// the detached part of a Get): loadPage judges what it found.
-func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
-	fd, st, link, err := s.openPage(rel)
+// readOpened reads the page file rel, which openPage opened (fd, st, link, err: what it
+// returned), into buf (header and payload: storage.StoredLen bytes, room for a value of
+// any format read): one pread, as a plain read of the file, of at most buf's length, and
+// closes it. It reads nothing when the file is not a regular one. It makes system calls
+// only (it is the detached part of a Get): loadPage judges what it found.
+func (s *dirStore) readOpened(rel string, fd int, st unix.Stat_t, link string, err error, buf []byte) (f pageFile, _ error) {
 	if err != nil {
 		if isMissing(err) {
 			return pageFile{missing: true}, nil
@@ -480,7 +599,7 @@ func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
 		return pageFile{missing: true}, nil // past the TTL: a miss, removed by the next sweep
 	}
 	if f.size < int64(len(buf)) {
-		buf = buf[:min(storage.HeaderSize, len(buf))]
+		buf = buf[:f.size]
 	}
 	if f.n, err = preadFull(fd, buf); err != nil {
 		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
@@ -491,10 +610,12 @@ func (s *dirStore) readPage(rel string, buf []byte) (f pageFile, err error) {
 	return f, nil
 }
 
-// loadPage verifies what readPage found for key k (rel; bind: see GetBound) and read into v (f.n bytes), and
-// copies its payload into dst. A missing, foreign, torn or corrupt file is (false, nil),
-// counted; a hit is counted by Get.
-func (s *dirStore) loadPage(k storage.Key, bind *storage.Binding, rel string, f pageFile, v, dst []byte) (bool, error) {
+// loadPage verifies what getOne found for key k (rel; bind: see GetBound) and read into v
+// (f.n bytes: the whole value, or with inPlace its header only, its payload read into dst
+// already), and copies its payload into dst. A missing, foreign, torn or corrupt file is (false, nil),
+// counted; a hit is counted by Get. The value's header may be of any format version read
+// (storage.HeaderLen).
+func (s *dirStore) loadPage(k storage.Key, bind *storage.Binding, rel string, f pageFile, v, dst []byte, inPlace bool) (bool, error) {
 	name := s.fs.abs(rel)
 	switch {
 	case f.missing:
@@ -511,19 +632,26 @@ func (s *dirStore) loadPage(k storage.Key, bind *storage.Binding, rel string, f 
 		s.corrupt(k, fmt.Errorf("file %s: not a regular file (%v)", name, fileType(f.mode)))
 		return false, nil
 	}
-	want := storage.StoredLen(len(dst))
+	hs := storage.HeaderLen(v)
+	want := hs + len(dst)
 	var reason error
 	switch {
-	case len(v) < storage.HeaderSize:
+	case len(v) < 6:
 		reason = fmt.Errorf("file %s: truncated header", name)
 	default:
-		if err := s.checkHeader(v[:storage.HeaderSize], k, bind, len(dst)); err != nil {
+		// A header shorter than its version's is refused by checkHeader, after its
+		// version: an older format's short file is old, not torn.
+		if err := s.checkHeader(v[:min(hs, len(v))], k, bind, len(dst)); err != nil {
 			reason = fmt.Errorf("file %s: %w", name, err)
-		} else if len(v) < want {
+		} else if f.size < int64(want) || !inPlace && len(v) < want {
 			reason = fmt.Errorf("file %s: truncated payload", name)
 		} else if f.size > int64(want) {
 			reason = fmt.Errorf("file %s: longer than header+payload", name)
-		} else if err := s.opts.auth.CheckPayloadCopy(v[:storage.HeaderSize], v[storage.HeaderSize:want], dst); err != nil {
+		} else if inPlace {
+			if err := s.opts.auth.CheckPayload(v[:hs], dst); err != nil {
+				reason = fmt.Errorf("file %s: %w", name, err)
+			}
+		} else if err := s.opts.auth.CheckPayloadCopy(v[:hs], v[hs:want], dst); err != nil {
 			reason = fmt.Errorf("file %s: %w", name, err)
 		}
 	}
@@ -576,12 +704,18 @@ func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []sto
 		}
 	}
 	err = forEach(ctx, len(keys), s.opts.Workers, false, func(i int) (bool, error) {
-		// The file is written from a copy (see detach): an abandoned write never reads
-		// src[i], which the caller reuses once Put returned.
-		buf := getBuffer(len(src[i]))
-		copy(*buf, src[i])
+		// The value is encoded here, on as many cores as there are workers: the payload
+		// copied into a buffer of the write's own block by block, each block checksummed
+		// while in cache, then MAC'd (encodeValue). The file is written from that copy, in
+		// one write (detached, see detach): an abandoned write never reads src[i], which
+		// the caller reuses once Put returned. The copy is the price of that promise, a
+		// few percent of a Put's CPU (a memcpy from cache, against the MAC and the
+		// kernel's copy into the page cache: BenchmarkDataPath).
+		buf := getBuffer(storage.StoredLen(len(src[i])))
+		bind := bindAt(binds, i)
+		s.encodeValue(*buf, keys[i], bind, src[i])
 		var err error
-		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], bindAt(binds, i), *buf) }, func() { putBuffer(buf) }); derr != nil {
+		if derr := s.detach(ctx, "put", func() { err = s.putOne(ctx, keys[i], bind, *buf) }, func() { putBuffer(buf) }); derr != nil {
 			return false, derr
 		}
 		putBuffer(buf)
@@ -593,11 +727,12 @@ func (s *dirStore) PutBound(ctx context.Context, keys []storage.Key, binds []sto
 	return nil
 }
 
-// putOne writes one page. A Clear of the namespace that runs meanwhile (another instance's
+// putOne writes one page's value (header and payload, encoded: encodeValue). A Clear of the namespace that runs meanwhile (another instance's
 // flush) may move the fan-out directory aside, the temporary file with it, or remove it,
 // before the file is created or renamed: the page was then put concurrently with the Clear,
 // and is cleared by it (as if written just before it), not an error.
-func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Binding, payload []byte) (err error) {
+func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Binding, value []byte) (err error) {
+	payload := value[storage.HeaderSize:]
 	rel, dirLen := s.rel(k)
 	dirRel, file := rel[:dirLen], rel[dirLen+1:]
 	dir, err := s.fanOut(dirRel)
@@ -625,12 +760,7 @@ func (s *dirStore) putOne(ctx context.Context, k storage.Key, bind *storage.Bind
 			unix.Unlinkat(dir, tmp, 0)
 		}
 	}()
-	var hdr [storage.HeaderSize]byte
-	s.encodeHeader(&hdr, k, bind, payload)
-	if _, err = f.Write(hdr[:]); err != nil {
-		return err
-	}
-	if _, err = f.Write(payload); err != nil {
+	if _, err = f.Write(value); err != nil {
 		return err
 	}
 	if s.opts.Fsync {

@@ -59,6 +59,24 @@ func FreezeOpen() (thaw func()) {
 	return func() { once.Do(func() { openDirGate.Store(nil); close(ch) }) }
 }
 
+// SetMACAlg makes stores opened from now on write payload MACs of alg; the returned
+// function undoes it.
+func SetMACAlg(alg storage.MACAlg) func() {
+	old := newMAC
+	newMAC = func(key []byte) *storage.MAC { return storage.NewMACAlg(key, alg) }
+	return func() { newMAC = old }
+}
+
+// DirInPlaceReads is how many pages directory storage s read straight into place
+// (RWF_NOWAIT from the page cache), and whether its file system takes that flag.
+func DirInPlaceReads(s storage.Storage) (uint64, bool) {
+	d := s.(*purging).backend.(*dirStore)
+	return d.inPlace.Load(), d.noWait.Load()
+}
+
+// DirNoWait sets whether directory storage s tries to read pages straight into place.
+func DirNoWait(s storage.Storage, on bool) { s.(*purging).backend.(*dirStore).noWait.Store(on) }
+
 // SetDirClock makes directory storage s (opened with a capacity or a TTL) read its clock
 // from now: the times it records as uses and judges the TTL by.
 func SetDirClock(s storage.Storage, now func() time.Time) {

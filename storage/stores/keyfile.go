@@ -127,6 +127,10 @@ func unwrapPath(err error) error {
 	return err
 }
 
+// newMAC makes the MAC of every store opened (storage.NewMAC: the payload MAC this CPU
+// computes fastest); tests replace it to run a backend under each algorithm (SetMACAlg).
+var newMAC = storage.NewMAC
+
 // explicitKey returns the authenticator of the key that opts name (MACKey, MACKeyFile or
 // $CPCACHE_STORAGE_KEY_FILE), or nil if they name none.
 func explicitKey(opts options) (*storage.MAC, error) {
@@ -136,7 +140,7 @@ func explicitKey(opts options) (*storage.MAC, error) {
 			return nil, &storage.OpError{Backend: "key", Op: "open", Kind: storage.ErrBadArgument,
 				Err: fmt.Errorf("MAC key of %d bytes is too short (want at least %d)", len(opts.MACKey), minKeySize)}
 		}
-		return storage.NewMAC(opts.MACKey), nil
+		return newMAC(opts.MACKey), nil
 	case opts.MACKeyFile != "":
 		return readKeyAuthenticator(opts.MACKeyFile)
 	case os.Getenv(EnvKeyFile) != "":
@@ -150,7 +154,7 @@ func readKeyAuthenticator(path string) (*storage.MAC, error) {
 	if err != nil {
 		return nil, err
 	}
-	return storage.NewMAC(key), nil
+	return newMAC(key), nil
 }
 
 // errNoKey is the refusal to open the Redis store at addr without a MAC key.

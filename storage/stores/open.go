@@ -120,7 +120,7 @@ func openBackend(ctx context.Context, rawURL string, opts options) (backend, err
 			if !cfg.opts.Insecure {
 				return nil, errNoKey(cfg.where())
 			}
-			cfg.opts.auth = storage.NewMAC(nil)
+			cfg.opts.auth = newMAC(nil)
 		}
 		return openRedis(ctx, cfg)
 	case "mem":
