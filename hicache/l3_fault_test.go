@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,6 +166,57 @@ func TestL3RedisDown(t *testing.T) {
 		t.Fatal("nothing prefetched once the server was back")
 	}
 	r.checkCollectives()
+}
+
+// TestL3PageEvictedBeforeReadIsAMiss: pages the group agreed were stored but that are gone
+// when read (a store's capacity, a TTL or Redis's maxmemory evicted them after the query)
+// end the prefetch short: a miss, counted by the store, not a storage error, and no value
+// counted corrupt.
+func TestL3PageEvictedBeforeReadIsAMiss(t *testing.T) {
+	ns := testNamespace(t)
+	dir := t.TempDir()
+	var vanish atomic.Bool
+	evict := func(int) func(context.Context, core.StorageKind, uint64, int) error {
+		return func(ctx context.Context, kind core.StorageKind, _ uint64, chunk int) error {
+			if kind == core.StorageRead && chunk == 1 && vanish.Load() {
+				// Every page file goes between the query and this chunk's read.
+				filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+					if err == nil && d.Type().IsRegular() && !strings.HasPrefix(d.Name(), ".") {
+						os.Remove(p)
+					}
+					return nil
+				})
+			}
+			return ctx.Err()
+		}
+	}
+	rc := l3RigConfig(l3Layout, openStores(t, "file://"+dir, ns), ns, L3Options{PrefetchPolicy: PrefetchWaitComplete, ReadChunkPages: 1})
+	rc.l3Hook = evict
+	r := newRig(t, rc)
+	seqs := kvtest.RandomSequences(rand.New(rand.NewPCG(17, 17)), 6, 8)
+	r.insertAll(seqs)
+	backed := r.sameStats().L3BackedUpPages
+	r.evictAll()
+	vanish.Store(true)
+	for _, s := range seqs {
+		r.prefetch(s, -1)
+		if _, err := r.matchLoad(s, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := r.sameStats()
+	var misses, corrupt uint64
+	for _, c := range r.caches {
+		ss := c.l3.st.Stats()
+		misses, corrupt = misses+ss.Misses, corrupt+ss.Corrupt
+	}
+	t.Logf("%d pages backed up, %d prefetched; store: %d misses, %d corrupt; %d storage errors", backed, st.L3PrefetchedPages, misses, corrupt, r.storageErrors())
+	if st.L3PrefetchedPages >= backed || misses == 0 {
+		t.Fatalf("the pages never vanished: %d of %d prefetched, %d misses", st.L3PrefetchedPages, backed, misses)
+	}
+	if r.storageErrors() != 0 || corrupt != 0 {
+		t.Fatalf("pages evicted before their read: %d storage errors, %d corrupt values; want misses only", r.storageErrors(), corrupt)
+	}
 }
 
 // TestL3TornFileIsMiss tears, damages and replaces page files of the directory backend: a

@@ -348,6 +348,7 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			}
 			found := make([]bool, hi-lo)
 			var n int
+			before := d.st.Stats()
 			began := time.Now()
 			err := d.call(ctx, func(ctx context.Context) (err error) {
 				n, err = d.st.GetBound(ctx, keys[lo:hi], want[lo:hi], dst, found)
@@ -376,10 +377,20 @@ func (d *l3Driver) run(r *l3Run) (int, error) {
 			}
 			if n < hi-lo {
 				// The group agreed these pages were stored: one vanished or failed
-				// verification (torn, foreign, checksum). A miss, and an error. Deleting
-				// the value lets a later backup of the page replace it.
+				// verification (torn, foreign, checksum). A page that vanished was
+				// evicted or expired since the group's query (a store's capacity or TTL,
+				// Redis's maxmemory, another job's flush): a miss, counted by the store
+				// (Stats.Misses), not an error. The store tells them apart: it counts
+				// every value that failed verification before GetBound returns. (Another
+				// read of this store failing verification meanwhile makes a vanished
+				// page an error too: the conservative side.)
+				if d.st.Stats().Corrupt == before.Corrupt {
+					return done, nil
+				}
+				// A miss, and an error. Deleting the value lets a later backup of the
+				// page replace it.
 				bad := keys[lo+n]
-				err := fmt.Errorf("page %d of %d (key %s) missing or corrupt: %w", lo+n, len(keys), bad, storage.ErrCorrupt)
+				err := fmt.Errorf("page %d of %d (key %s) failed verification: %w", lo+n, len(keys), bad, storage.ErrCorrupt)
 				if derr := d.call(ctx, func(ctx context.Context) error { return d.st.Delete(ctx, []storage.Key{bad}) }); derr != nil {
 					err = fmt.Errorf("%w; deleting it: %v", err, derr)
 				}
