@@ -269,6 +269,31 @@ def test_ctrl_c_closes_and_exits_130(tmp_path):
     assert "goroutine " not in err and "Traceback" not in err and "panic" not in err, err
 
 
+def back_up_and_flush(c, tokens, fill):
+    """Inserts tokens (4 pages), fills page i with bytes fill + i, waits until the pages are
+    backed up to storage, and flushes L1 and L2: only storage holds them then."""
+    res = c.insert(tokens)
+    for p in res.fill:
+        c.l1_page(p.slot)[:] = bytes([fill + p.index]) * 64
+    deadline = time.time() + 10
+    while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
+        c.step()
+        time.sleep(0.001)
+    assert c.stats()["storage_backed_up_pages"] == 4
+    while c.pending():
+        c.step()
+    c.flush()
+
+
+def settle_prefetch(c, pid):
+    """Steps until prefetch pid is over (10 s at most)."""
+    deadline = time.time() + 10
+    while c.prefetch_pending(pid) and time.time() < deadline:
+        c.step()
+        time.sleep(0.001)
+    assert not c.prefetch_pending(pid)
+
+
 def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
     """The L3 path through the C ABI: pages backed up to a file:// storage survive a flush
     and come back by prefetch, then load-back, with their bytes."""
@@ -277,25 +302,11 @@ def test_storage_backs_up_and_prefetches_after_flush(tmp_path):
     c = one_rank(tmp_path, store=f"file://{store}", storage_url=f"file://{l3}", model="test-model")
     try:
         tokens = list(range(500, 516))
-        res = c.insert(tokens)
-        for p in res.fill:
-            c.l1_page(p.slot)[:] = bytes([0x70 + p.index]) * 64
-        deadline = time.time() + 10
-        while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
-            c.step()
-            time.sleep(0.001)
-        assert c.stats()["storage_backed_up_pages"] == 4
-        while c.pending():
-            c.step()
-        c.flush()
+        back_up_and_flush(c, tokens, 0x70)
         assert c.match(tokens).host_pages == 0  # L1 and L2 are empty
         pid = c.prefetch(tokens)
         assert pid != 0
-        deadline = time.time() + 10
-        while c.prefetch_pending(pid) and time.time() < deadline:
-            c.step()
-            time.sleep(0.001)
-        assert not c.prefetch_pending(pid)
+        settle_prefetch(c, pid)
         m = c.match(tokens)
         assert m.host_pages == 4, m
         c.lock(m.node)
@@ -325,32 +336,15 @@ def test_prefetch_revoke_stops_a_prefetch(tmp_path):
     c = one_rank(tmp_path, store=f"file://{store}", storage_url=f"file://{l3}", model="test-model")
     try:
         tokens = list(range(600, 616))
-        res = c.insert(tokens)
-        for p in res.fill:
-            c.l1_page(p.slot)[:] = bytes([0x30 + p.index]) * 64
-        deadline = time.time() + 10
-        while c.stats()["storage_backed_up_pages"] < 4 and time.time() < deadline:
-            c.step()
-            time.sleep(0.001)
-        while c.pending():
-            c.step()
-        c.flush()
-
-        def settle(pid):
-            deadline = time.time() + 10
-            while c.prefetch_pending(pid) and time.time() < deadline:
-                c.step()
-                time.sleep(0.001)
-            assert not c.prefetch_pending(pid)
-
+        back_up_and_flush(c, tokens, 0x30)
         pid = c.prefetch(tokens)
         assert pid != 0
         c.prefetch_revoke(pid)
-        settle(pid)
+        settle_prefetch(c, pid)
         assert c.match(tokens).host_pages == 0
         assert c.stats()["storage_prefetched_pages"] == 0
         pid = c.prefetch(tokens)
-        settle(pid)
+        settle_prefetch(c, pid)
         c.prefetch_revoke(pid)
         c.prefetch_revoke(0)
         assert c.match(tokens).host_pages == 4
