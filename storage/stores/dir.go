@@ -414,11 +414,16 @@ func (s *dirStore) getOne(ctx context.Context, k storage.Key, bind *storage.Bind
 		n, rerr := preadNoWait(fd, hdr[:], dst)
 		switch {
 		case rerr == nil && n == len(hdr)+len(dst):
-			var touch func(int)
-			if s.cap != nil {
-				touch = s.cap.touch // a use, for the eviction's order
+			if s.cap == nil {
+				closeLater(fd)
+			} else if derr := s.detach(ctx, "get", func() { s.cap.touch(fd) }, func() { unix.Close(fd) }); derr == nil {
+				// The use is recorded (for the eviction's order and the TTL) before Get
+				// returns, so whatever comes next sees it; detached, since a time update
+				// can block where the read above could not (a frozen file system). An
+				// abandoned one closes the file when it returns; the page was read all
+				// the same.
+				closeLater(fd)
 			}
-			closeLater(fd, touch)
 			s.inPlace.Add(1)
 			f := pageFile{mode: unix.S_IFREG, size: st.Size, n: len(hdr)}
 			return s.loadPage(k, bind, rel, f, hdr[:], dst, true)
@@ -462,42 +467,27 @@ func preadNoWait(fd int, hdr, payload []byte) (int, error) {
 	}
 }
 
-// closeLater closes fd, a page file opened for reading, on the closer goroutine, after
-// calling before(fd) there when before is not nil: a close can block in the kernel too
-// (FUSE sends a flush), as can the time update of a use (dirCap.touch), and Get waits for
-// neither. When the closer is behind (a file system that stopped answering), the work runs
-// on a goroutine of its own.
-func closeLater(fd int, before func(int)) {
+// closeLater closes fd, a page file opened for reading, on the closer goroutine: a close
+// can block in the kernel too (FUSE sends a flush), and Get does not wait for it. When the
+// closer is behind (a file system that stopped answering), the close runs on a goroutine
+// of its own.
+func closeLater(fd int) {
 	closerOnce.Do(func() {
 		go func() {
-			for c := range closing {
-				c.run()
+			for fd := range closing {
+				unix.Close(fd)
 			}
 		}()
 	})
-	c := pendingClose{fd, before}
 	select {
-	case closing <- c:
+	case closing <- fd:
 	default:
-		go c.run()
+		go unix.Close(fd)
 	}
-}
-
-// pendingClose is a page file closeLater closes, and what it does first.
-type pendingClose struct {
-	fd     int
-	before func(int)
-}
-
-func (c pendingClose) run() {
-	if c.before != nil {
-		c.before(c.fd)
-	}
-	unix.Close(c.fd)
 }
 
 var (
-	closing    = make(chan pendingClose, 1024)
+	closing    = make(chan int, 1024)
 	closerOnce sync.Once
 )
 
