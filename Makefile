@@ -234,7 +234,7 @@ wheel-test: wheel
 
 # wheel-root-test: the wheel on a stock machine: a minimal Debian bookworm root (debootstrap
 # --variant=minbase with python3, python3-numpy, python3-pip; built once, 3 to 8 minutes,
-# cached in build/debroot) gets it with pip --no-index, then under chroot imports cpcache and
+# cached in build/_debroot) gets it with pip --no-index, then under chroot imports cpcache and
 # runs the Python example on 2 ranks under the wheel's cpcache launch. Needs root.
 wheel-root-test: wheel
 	test/wheel_root.sh

@@ -6,7 +6,10 @@
 # `cpcache launch`, with the shared-memory consensus and with Gloo's. Run from the repository
 # root, as root (debootstrap, chroot, mount).
 #
-# The root is built once and cached in $CPCACHE_DEBROOT (build/debroot/bookworm-minbase); each
+# The root is built once and cached in $CPCACHE_DEBROOT (build/_debroot/bookworm-minbase: a
+# directory whose name starts with _, which Go's ./... patterns skip, so that vet, staticcheck
+# and go test, running while make test builds it, do not walk the root, nor its /proc while
+# debootstrap has it mounted; a root of your own must be outside them too); each
 # run works on an overlay of it (a copy where overlayfs is missing), so the cache stays clean.
 # debootstrap (8 minutes on a loaded 2-core machine) is bounded by $DEBOOTSTRAP_TIMEOUT seconds
 # (900): a mirror that does not answer
@@ -49,7 +52,7 @@ include=python3,python3-numpy,python3-pip
 # The mirror this machine's apt uses for bookworm, else deb.debian.org.
 apt_mirror=$(apt-cache policy 2>/dev/null | awk -v s="$suite/main" '$3 == s && $2 ~ /^https?:\/\// {print $2; exit}' || true)
 mirror=${DEBIAN_MIRROR:-${apt_mirror:-http://deb.debian.org/debian}}
-cache=$(realpath -m "${CPCACHE_DEBROOT:-build/debroot/$suite-minbase}")
+cache=$(realpath -m "${CPCACHE_DEBROOT:-build/_debroot/$suite-minbase}")
 want="$suite minbase $include"
 
 # unmount_under DIR: every mount at or below DIR, deepest first (lazily if busy).
