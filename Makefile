@@ -21,7 +21,7 @@ TEST_TIMEOUT ?= 40m
 VERSION := $(shell cat VERSION)
 VERSION_LDFLAGS := -X github.com/cpcache/cpcache/internal/version.version=$(VERSION)
 
-.PHONY: install install-test readme-test wheel wheel-test wheel-root-test all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi bench-python
+.PHONY: install install-test readme-test wheel wheel-test wheel-root-test debroot-start all deps build test vet fmt-check staticcheck pure unit demo bench bench-storage bench-summary gpu-check clean capi capi-test cmake-test bench-capi bench-python
 
 all: build
 
@@ -68,7 +68,17 @@ unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) -skip '^TestEngineModelOracle' $(PKGS)
 	$(GO) test -timeout $(TEST_TIMEOUT) -run '^TestEngineModelOracle' ./cmd/cpcache/internal/runner/
 
-test: deps fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test wheel-root-test readme-test
+test: deps debroot-start fmt-check vet staticcheck pure unit capi-test cmake-test install-test wheel-test wheel-root-test readme-test
+
+# debroot-start: wheel-root-test's minimal Debian root (debootstrap, 1 to 6 minutes, mostly
+# waiting on the mirror) is built in the background while the checks and the Go tests run,
+# where root (or passwordless sudo) allows; test/wheel_root.sh waits for that build (a lock)
+# when its turn comes, and builds the root itself if the background build failed.
+debroot-start:
+	@if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
+	  mkdir -p build && { setsid test/wheel_root.sh --root-only >build/debroot-start.log 2>&1 </dev/null & } && \
+	  echo "debroot-start: building wheel-root-test's Debian root in the background (log: build/debroot-start.log)"; \
+	fi
 
 # --- libcpcache: the C ABI (include/cpcache.h), its C example and the Python binding ------
 # The libraries are built without NVML (tag cpcache_nonvml): go-nvml would leave undefined
@@ -224,7 +234,7 @@ wheel-test: wheel
 
 # wheel-root-test: the wheel on a stock machine: a minimal Debian bookworm root (debootstrap
 # --variant=minbase with python3, python3-numpy, python3-pip; built once, 3 to 8 minutes,
-# cached in build/debroot) gets it with pip --no-index, then under chroot imports cpcache and
+# cached in build/_debroot) gets it with pip --no-index, then under chroot imports cpcache and
 # runs the Python example on 2 ranks under the wheel's cpcache launch. Needs root.
 wheel-root-test: wheel
 	test/wheel_root.sh

@@ -20,7 +20,11 @@ What cannot run on one machine without a GPU is skipped, and each skip prints it
 machines (`-H a:8,b:8`, a hostfile, a server named `a`), a GPU (`--device cuda`, unless
 /dev/nvidia0 exists; the example engine's `--device N`, unless the command names the fake driver
 with CPCACHE_CUDA_LIBRARY), elided flags (`...`), placeholders (`./my-rank-binary`), a user's own TLS
-Redis, and `make test` itself (which runs this test).
+Redis, and `make test` itself (which runs this test). A command that another target of `make
+test` runs (the Python suite, run by capi-test; `make install`, by install-test; `make wheel`,
+by wheel-test; the CMake build, by cmake-test; the torch engine's run without storage, by
+capi-test) is skipped naming that target (RUN_BY); each rule names the line that
+target runs it from, and the test fails when that line is gone.
 
 What the commands write at the repository's top that was not there before is removed at the end.
 Every relative link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`) must name a
@@ -62,6 +66,29 @@ SKIPS = [
     (re.compile(r"^(?!.*PKG_CONFIG_PATH).*pkg-config --cflags --libs cpcache"),
      "test/install.sh builds the example with the installed pkg-config file"),
 ]
+# A command that another target of `make test` already runs (the same command, or the same
+# steps on a temporary prefix or store) is skipped here, naming that target: running it twice
+# shows nothing more and costs minutes of CI. Each rule names where that target runs it (a file
+# and a pattern in it); when the pattern is no longer there the rule no longer holds, and the
+# test fails, so that the command runs here again or the rule is mended.
+RUN_BY = [
+    (re.compile(r"^/usr/bin/python3 -m pytest python/tests$"), "capi-test",
+     "Makefile", r"\$\(TEST_PYTHON\) -m pytest -q -p no:cacheprovider python/tests$",
+     "the Python suite, the same tests"),
+    (re.compile(r"^make install$"), "install-test",
+     "test/install.sh", r'^make -s install DESTDIR="\$tmp/stage" PREFIX=/usr/local ',
+     "make install into a DESTDIR, then the installed binary, C example and Python package used from another directory"),
+    (re.compile(r"^make wheel$"), "wheel-test",
+     "Makefile", r"^wheel-test: wheel$",
+     "its prerequisite, then the wheel installed and run"),
+    (re.compile(r"^cmake -S \. -B build/cmake -DCMAKE_INSTALL_PREFIX=\S+ && cmake --build build/cmake && cmake --install build/cmake$"),
+     "cmake-test", "Makefile", r"^\tcmake -S \. -B build/cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=",
+     "configure, build and install to a temporary prefix, then find_package(cpcache) from an outside project"),
+    (re.compile(r"^/usr/bin/python3 python/examples/torch_engine\.py --world 4 --attn-cp 2 --requests 12$"), "capi-test",
+     "python/tests/test_torch_engine.py", r'^REQUESTS = 12$(?s:.*)^    rc, got, out = run_engine\("--world", "4", "--attn-cp", "2"\)$',
+     "the Python suite's test_two_replicas_of_cp_2: every output checked, none differing, L1 hits"),
+]
+
 FIGURES = [
     (re.compile(r"hit rate (\d+\.\d)%"), lambda v: re.compile(r"hit rate\s+" + re.escape(v) + "%")),
     (re.compile(r"(\d+) prefill tokens"), lambda v: re.compile(r"\b" + re.escape(v) + r"\b")),
@@ -137,6 +164,17 @@ def broken_links(path):
                 out.append((n, target, "no such file: %s" % os.path.relpath(dest, ROOT)))
             elif frag and dest.endswith(".md") and frag not in anchors(dest):
                 out.append((n, target, "no heading with anchor #%s in %s" % (frag, os.path.relpath(dest, ROOT))))
+    return out
+
+
+def stale_run_by():
+    """(target, file, pattern) of every RUN_BY rule whose target no longer runs the command: the
+    pattern is not in the file any more."""
+    out = []
+    for _, target, where, evidence, _ in RUN_BY:
+        with open(os.path.join(ROOT, where)) as f:
+            if not re.search(evidence, f.read(), re.M):
+                out.append((target, where, evidence))
     return out
 
 
@@ -253,6 +291,9 @@ class Runner:
         for pattern, reason in SKIPS:
             if pattern.search(cmd):
                 return reason
+        for pattern, target, where, evidence, what in RUN_BY:
+            if pattern.search(cmd):
+                return "run by make %s (part of make test: %s; %s)" % (target, what, where)
         return None
 
     def save(self, where, name, body):
@@ -354,6 +395,12 @@ def main(argv):
         print("readme-test: %d broken links" % len(broken))
         return 1
     print("readme-test: the links of %s lead somewhere" % ", ".join(docs), flush=True)
+    stale = stale_run_by()
+    for target, where, evidence in stale:
+        print("FAIL  a command is skipped as run by make %s, but %s no longer matches %r: run it here again "
+              "(drop the rule from RUN_BY) or mend the rule" % (target, where, evidence), flush=True)
+    if stale:
+        return 1
     if argv[:1] == ["--links"]:
         return 0
     if argv:

@@ -6,14 +6,23 @@
 # `cpcache launch`, with the shared-memory consensus and with Gloo's. Run from the repository
 # root, as root (debootstrap, chroot, mount).
 #
-# The root is built once and cached in $CPCACHE_DEBROOT (build/debroot/bookworm-minbase); each
+# The root is built once and cached in $CPCACHE_DEBROOT (build/_debroot/bookworm-minbase: a
+# directory whose name starts with _, which Go's ./... patterns skip, so that vet, staticcheck
+# and go test, running while make test builds it, do not walk the root, nor its /proc while
+# debootstrap has it mounted; a root of your own must be outside them too); each
 # run works on an overlay of it (a copy where overlayfs is missing), so the cache stays clean.
 # debootstrap (8 minutes on a loaded 2-core machine) is bounded by $DEBOOTSTRAP_TIMEOUT seconds
 # (900): a mirror that does not answer
 # is a failure naming it, not a hang. The mirror is $DEBIAN_MIRROR, else the one apt uses here
 # for bookworm, else deb.debian.org.
 #
+# `make test` builds that root early, in the background, while the Go tests run (--root-only,
+# started by the Makefile's debroot-start): the build holds a lock ($cache.lock), so this
+# script, run later, waits for it and then finds the cache; a background build that failed
+# left nothing, and the build here runs again and reports.
+#
 # Usage: test/wheel_root.sh [WHEEL]   (default: dist/cpcache-$VERSION-*.whl)
+#        test/wheel_root.sh --root-only   (build the cached root, if missing, and stop)
 set -euo pipefail
 root=$PWD
 version=$(cat VERSION)
@@ -23,23 +32,27 @@ if [ "$(id -u)" != 0 ]; then
   if sudo -n true 2>/dev/null; then exec sudo -n --preserve-env=DEBIAN_MIRROR,DEBOOTSTRAP_TIMEOUT,CPCACHE_DEBROOT "$0" "$@"; fi
   fail "needs root (debootstrap, chroot and mount): run it as root, or with passwordless sudo"
 fi
-for t in debootstrap chroot mount umount findmnt; do
+for t in debootstrap chroot mount umount findmnt flock; do
   command -v $t >/dev/null || fail "$t not found (Debian: apt-get install debootstrap util-linux mount)"
 done
 
-if [ $# -ge 1 ]; then wheel=$1; else
+root_only=false
+if [ "${1:-}" = --root-only ]; then root_only=true
+elif [ $# -ge 1 ]; then wheel=$1; else
   wheel=$(ls dist/cpcache-"$version"-*.whl 2>/dev/null) || fail "no dist/cpcache-$version-*.whl: run make wheel"
   [ "$(wc -l <<<"$wheel")" = 1 ] || fail "more than one wheel in dist/: $wheel"
 fi
-[ -f "$wheel" ] || fail "$wheel: no such wheel"
-wheel=$(realpath "$wheel")
+if ! $root_only; then
+  [ -f "$wheel" ] || fail "$wheel: no such wheel"
+  wheel=$(realpath "$wheel")
+fi
 
 suite=bookworm
 include=python3,python3-numpy,python3-pip
 # The mirror this machine's apt uses for bookworm, else deb.debian.org.
 apt_mirror=$(apt-cache policy 2>/dev/null | awk -v s="$suite/main" '$3 == s && $2 ~ /^https?:\/\// {print $2; exit}' || true)
 mirror=${DEBIAN_MIRROR:-${apt_mirror:-http://deb.debian.org/debian}}
-cache=$(realpath -m "${CPCACHE_DEBROOT:-build/debroot/$suite-minbase}")
+cache=$(realpath -m "${CPCACHE_DEBROOT:-build/_debroot/$suite-minbase}")
 want="$suite minbase $include"
 
 # unmount_under DIR: every mount at or below DIR, deepest first (lazily if busy).
@@ -50,6 +63,13 @@ unmount_under() {
   done
 }
 
+# One build at a time: a build running (make test's, in the background) is waited for.
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+if ! flock -n 9; then
+  echo "wheel-root-test: waiting for the $suite root being built (log: $cache.log)"
+  flock 9
+fi
 if [ ! -f "$cache/.cpcache-root" ] || [ "$(cat "$cache/.cpcache-root")" != "$want" ]; then
   part=$cache.part
   unmount_under "$part"
@@ -75,6 +95,8 @@ if [ ! -f "$cache/.cpcache-root" ] || [ "$(cat "$cache/.cpcache-root")" != "$wan
   mv "$part" "$cache"
   echo "wheel-root-test: debootstrap took $took s ($(du -sh "$cache" | cut -f1))"
 fi
+exec 9>&-
+$root_only && exit 0
 
 tmp=$(mktemp -d /tmp/cpcache-wheel-root.XXXXXX)
 cleanup() {
