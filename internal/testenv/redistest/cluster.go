@@ -63,12 +63,13 @@ func startCluster(t testing.TB, files *TLSFiles, extra []string) *Cluster {
 		c.pass = extra[i+1]
 	}
 	for range 6 {
-		conf := filepath.Join(t.TempDir(), "nodes.conf")
-		flags := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", conf,
-			"--cluster-port", strconv.Itoa(freePort(t)), "--cluster-node-timeout", clusterNodeTimeout,
-			// A replica takes over however long it was cut off from its master.
-			"--cluster-replica-validity-factor", "0"}, extra...)
-		c.Nodes = append(c.Nodes, start(t, files, flags))
+		c.Nodes = append(c.Nodes, startWith(t, files, func() []string {
+			conf := filepath.Join(t.TempDir(), "nodes.conf")
+			return append([]string{"--cluster-enabled", "yes", "--cluster-config-file", conf,
+				"--cluster-port", strconv.Itoa(freePort(t)), "--cluster-node-timeout", clusterNodeTimeout,
+				// A replica takes over however long it was cut off from its master.
+				"--cluster-replica-validity-factor", "0"}, extra...)
+		}))
 	}
 	args := []string{"--cluster", "create"}
 	for _, n := range c.Nodes {

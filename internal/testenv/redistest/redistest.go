@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -49,23 +51,38 @@ func StartTLS(t testing.TB, files *TLSFiles, extra ...string) *Server {
 
 func start(t testing.TB, files *TLSFiles, extra []string) *Server {
 	t.Helper()
+	return startWith(t, files, func() []string { return extra })
+}
+
+// startAttempts is how many ports a new server tries: a port found free can be taken
+// before redis-server binds it (by another test's server, or an outgoing connection's
+// ephemeral port), and the server then exits at start.
+const startAttempts = 5
+
+// startWith starts a server with the flags extra returns, again on fresh ports (and fresh
+// flags: a cluster's bus port) while it exits at start.
+func startWith(t testing.TB, files *TLSFiles, extra func() []string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skipf("redis-server is not installed (Debian package redis-server, `make deps`): %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		flags := extra()
+		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), extra: flags, tls: files}
+		if i := slices.Index(flags, "--requirepass"); i >= 0 && i+1 < len(flags) {
+			s.pass = flags[i+1]
+		}
+		err := s.start()
+		if err == nil {
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		if !errors.Is(err, errExited) || attempt == startAttempts {
+			t.Fatal(err)
+		}
+		t.Logf("%v; again on another port", err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), port: port, extra: extra, tls: files}
-	if i := slices.Index(extra, "--requirepass"); i >= 0 && i+1 < len(extra) {
-		s.pass = extra[i+1]
-	}
-	s.Start()
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // Addr is the server's host:port.
@@ -105,6 +122,16 @@ func (s *Server) String() string { return fmt.Sprintf("redis-server :%d", s.port
 // answers; it fails the test if it exits or does not answer within 15 seconds.
 func (s *Server) Start() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// errExited: the server exited before it answered (its port taken, a bad flag).
+var errExited = errors.New("exited at start")
+
+// start is Start, returning why the server did not come up; its output is in the error.
+func (s *Server) start() error {
 	args := []string{"--port", strconv.Itoa(s.port)}
 	if s.tls != nil {
 		args = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port), "--tls-cert-file", s.tls.ServerCert,
@@ -113,8 +140,10 @@ func (s *Server) Start() {
 	args = append(append(args, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"), s.extra...)
 	cmd := exec.Command(s.bin, args...)
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("redistest: start redis-server on port %d: %v", s.port, err)
+		return fmt.Errorf("redistest: start redis-server on port %d: %w", s.port, err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
@@ -125,19 +154,41 @@ func (s *Server) Start() {
 	for {
 		err := s.ping()
 		if err == nil {
-			return
+			return nil
 		}
 		select {
 		case <-done:
-			s.t.Fatalf("redistest: redis-server on port %d exited at start", s.port)
+			return fmt.Errorf("redistest: redis-server on port %d %w: %s", s.port, errExited, bytes.TrimSpace(out.Bytes()))
 		default:
 		}
 		if time.Now().After(deadline) {
 			s.Kill()
-			s.t.Fatalf("redistest: redis-server on port %d did not answer: %v", s.port, err)
+			return fmt.Errorf("redistest: redis-server on port %d did not answer: %v", s.port, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// lockedBuffer is a redis-server's output: written by exec's copying goroutine, read by
+// start.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil // enough to say why it stopped
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
 }
 
 // ping sends an inline PING and reads one reply line (+PONG, or an error such as NOAUTH).
