@@ -23,13 +23,32 @@ func slotList(p *C.int32_t, n C.size_t) ([]int32, error) {
 	return tokenSlice(unsafe.Pointer(p), uint64(n), "slots")
 }
 
-// freedBuf checks a freed-slot buffer and its count pointer before a call changes anything.
-func freedBuf(freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) error {
+// freedOut is a caller's buffer for the L1 pages a call frees: slot numbers (int32), or
+// with locs every page's per-token locations (int64, slot·page_tokens + k), as the token
+// location calls give them; cap is in entries and *n is set to the entries of all freed
+// pages.
+type freedOut struct {
+	buf  unsafe.Pointer
+	cap  uint64
+	n    *C.size_t
+	locs bool
+}
+
+func freedSlots(freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) freedOut {
+	return freedOut{unsafe.Pointer(freed), uint64(freedCap), nFreed, false}
+}
+
+func freedLocations(freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t) freedOut {
+	return freedOut{unsafe.Pointer(freed), uint64(freedCap), nFreed, true}
+}
+
+// check checks the buffer and its count pointer before a call changes anything.
+func (o freedOut) check() error {
 	switch {
-	case nFreed == nil:
+	case o.n == nil:
 		return fmt.Errorf("%w: n_freed is NULL", errInvalid)
-	case freed == nil && freedCap != 0:
-		return fmt.Errorf("%w: freed is NULL with freed_cap %d", errInvalid, freedCap)
+	case o.buf == nil && o.cap != 0:
+		return fmt.Errorf("%w: freed is NULL with freed_cap %d", errInvalid, o.cap)
 	}
 	return nil
 }
@@ -41,15 +60,49 @@ func splitFreed(slots []int32, capacity uint64) (give, keep []int32) {
 	return slots[:k], slots[k:]
 }
 
-// handBack writes slots to the caller's buffer (freed, freedCap), sets *nFreed to their
-// count and queues those past freedCap on the session.
-func (s *session) handBack(slots []int32, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) {
-	*nFreed = C.size_t(len(slots))
-	give, keep := splitFreed(slots, uint64(freedCap))
+// handBack writes slots to the caller's buffer o (whole pages only, as many as it holds),
+// sets its count to the entries of all of them, and queues the slots that did not fit on the
+// session, for cpcache_take_freed_l1 or cpcache_take_freed_locs.
+func (s *session) handBack(slots []int32, o freedOut) {
+	per := 1
+	if o.locs {
+		per = s.info.pageTokens
+	}
+	*o.n = C.size_t(len(slots) * per)
+	give, keep := splitFreed(slots, o.cap/uint64(per))
 	if len(give) > 0 {
-		copy(unsafe.Slice((*int32)(unsafe.Pointer(freed)), len(give)), give)
+		if o.locs {
+			dst := unsafe.Slice((*int64)(o.buf), len(give)*per)
+			for j, sl := range give {
+				base := int64(sl) * int64(per)
+				for k := range per {
+					dst[j*per+k] = base + int64(k)
+				}
+			}
+		} else {
+			copy(unsafe.Slice((*int32)(o.buf), len(give)), give)
+		}
 	}
 	s.freed = append(s.freed, keep...)
+}
+
+// evictInto evicts pages from L1 (Cache.EvictL1Slots) and hands the freed slots back
+// through o; it returns the pages freed and those pending.
+func (s *session) evictInto(pages int, o freedOut) (freed, pending int, err error) {
+	freed, pending, slots, err := s.cache.EvictL1Slots(pages)
+	if err != nil {
+		return 0, 0, err
+	}
+	s.handBack(slots, o)
+	return freed, pending, nil
+}
+
+// takeFreed hands back through o every freed slot queued: the session's, then the cache's
+// (Cache.FreedL1).
+func (s *session) takeFreed(o freedOut) {
+	queued := append(s.freed, s.cache.FreedL1()...)
+	s.freed = nil
+	s.handBack(queued, o)
 }
 
 //export cpcapi_insert_slots
@@ -72,7 +125,8 @@ func cpcapi_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 		if out == nil {
 			return fmt.Errorf("%w: out is NULL", errInvalid)
 		}
-		if err := freedBuf(freed, freedCap, nFreed); err != nil {
+		fo := freedSlots(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		// The tree keeps the tokens of new nodes (Go memory); the core does not keep own.
@@ -81,7 +135,7 @@ func cpcapi_insert_slots(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, tok
 			return err
 		}
 		*out = C.cpcache_insert_result{node: C.cpcache_node_t(res.Last), pages: C.int64_t(res.Pages), backups: C.int64_t(res.Backups)}
-		s.handBack(res.Freed, freed, freedCap, nFreed)
+		s.handBack(res.Freed, fo)
 		return nil
 	})
 }
@@ -123,7 +177,8 @@ func cpcapi_load_back_slots(c C.cpcache_t, node C.cpcache_node_t, slots *C.int32
 		if err != nil {
 			return err
 		}
-		if err := freedBuf(freed, freedCap, nFreed); err != nil {
+		fo := freedSlots(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		res, err := s.cache.LoadBackSlots(h, own)
@@ -133,7 +188,7 @@ func cpcapi_load_back_slots(c C.cpcache_t, node C.cpcache_node_t, slots *C.int32
 		if pages != nil {
 			*pages = C.int64_t(res.Pages)
 		}
-		s.handBack(res.Freed, freed, freedCap, nFreed)
+		s.handBack(res.Freed, fo)
 		return nil
 	})
 }
@@ -145,10 +200,11 @@ func cpcapi_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending *
 		if err := nonNegative(pages, "pages"); err != nil {
 			return err
 		}
-		if err := freedBuf(freed, freedCap, nFreed); err != nil {
+		fo := freedSlots(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
-		f, p, slots, err := s.cache.EvictL1Slots(int(pages))
+		f, p, err := s.evictInto(int(pages), fo)
 		if err != nil {
 			return err
 		}
@@ -158,7 +214,6 @@ func cpcapi_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending *
 		if pending != nil {
 			*pending = C.int64_t(p)
 		}
-		s.handBack(slots, freed, freedCap, nFreed)
 		return nil
 	})
 }
@@ -167,12 +222,11 @@ func cpcapi_evict_l1_slots(c C.cpcache_t, pages C.int64_t, freedPages, pending *
 func cpcapi_take_freed_l1(c C.cpcache_t, freed *C.int32_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_take_freed_l1", func(s *session) error {
-		if err := freedBuf(freed, freedCap, nFreed); err != nil {
+		fo := freedSlots(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
-		queued := append(s.freed, s.cache.FreedL1()...)
-		s.freed = nil
-		s.handBack(queued, freed, freedCap, nFreed)
+		s.takeFreed(fo)
 		return nil
 	})
 }

@@ -47,36 +47,6 @@ func pageSlot(locs []int64, at, pt int, what string) (int32, error) {
 	return int32(first / int64(pt)), nil
 }
 
-// freedLocs checks a freed-location buffer and its count pointer before a call changes anything.
-func freedLocs(freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t) error {
-	switch {
-	case nFreed == nil:
-		return fmt.Errorf("%w: n_freed is NULL", errInvalid)
-	case freed == nil && freedCap != 0:
-		return fmt.Errorf("%w: freed is NULL with freed_cap %d", errInvalid, freedCap)
-	}
-	return nil
-}
-
-// handBackLocs writes the locations of slots to the caller's buffer (whole pages only, as
-// many as freed_cap holds), sets *nFreed to the locations of all of them, and queues the
-// slots that did not fit for cpcache_take_freed_locs (or cpcache_take_freed_l1).
-func (s *session) handBackLocs(slots []int32, freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t) {
-	pt := s.info.pageTokens
-	*nFreed = C.size_t(len(slots) * pt)
-	give, keep := splitFreed(slots, uint64(freedCap)/uint64(pt))
-	if len(give) > 0 {
-		dst := unsafe.Slice((*int64)(unsafe.Pointer(freed)), len(give)*pt)
-		for j, sl := range give {
-			base := int64(sl) * int64(pt)
-			for k := 0; k < pt; k++ {
-				dst[j*pt+k] = base + int64(k)
-			}
-		}
-	}
-	s.freed = append(s.freed, keep...)
-}
-
 // ownSlots is the slot of every whole page of n tokens this rank owns, in order, from the
 // caller's per-token locations (entries of other ranks' pages and past the whole pages are
 // not read).
@@ -166,7 +136,8 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 		if out == nil {
 			return fmt.Errorf("%w: out is NULL", errInvalid)
 		}
-		if err := freedLocs(freed, freedCap, nFreed); err != nil {
+		fo := freedLocations(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		pt := s.info.pageTokens
@@ -190,7 +161,7 @@ func cpcapi_insert_locs(c C.cpcache_t, key unsafe.Pointer, keyLen C.size_t, toke
 			return err
 		}
 		*out = C.cpcache_insert_result{node: C.cpcache_node_t(res.Last), pages: C.int64_t(res.Pages), backups: C.int64_t(res.Backups)}
-		s.handBackLocs(res.Freed, freed, freedCap, nFreed)
+		s.handBack(res.Freed, fo)
 		if kept != nil {
 			// The cache's locations of the sequence after the insert, as a match gives them
 			// (the same match on every rank: replicated).
@@ -215,7 +186,8 @@ func cpcapi_load_back_locs(c C.cpcache_t, node C.cpcache_node_t, locs *C.int64_t
 		if err != nil {
 			return err
 		}
-		if err := freedLocs(freed, freedCap, nFreed); err != nil {
+		fo := freedLocations(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		pt := s.info.pageTokens
@@ -235,7 +207,7 @@ func cpcapi_load_back_locs(c C.cpcache_t, node C.cpcache_node_t, locs *C.int64_t
 		if pages != nil {
 			*pages = C.int64_t(res.Pages)
 		}
-		s.handBackLocs(res.Freed, freed, freedCap, nFreed)
+		s.handBack(res.Freed, fo)
 		return nil
 	})
 }
@@ -247,11 +219,12 @@ func cpcapi_evict_locs(c C.cpcache_t, tokens C.int64_t, freedTokens, pendingToke
 		if err := nonNegative(tokens, "tokens"); err != nil {
 			return err
 		}
-		if err := freedLocs(freed, freedCap, nFreed); err != nil {
+		fo := freedLocations(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		pt := int64(s.info.pageTokens)
-		f, p, slots, err := s.cache.EvictL1Slots(int((int64(tokens) + pt - 1) / pt))
+		f, p, err := s.evictInto(int((int64(tokens)+pt-1)/pt), fo)
 		if err != nil {
 			return err
 		}
@@ -261,7 +234,6 @@ func cpcapi_evict_locs(c C.cpcache_t, tokens C.int64_t, freedTokens, pendingToke
 		if pendingTokens != nil {
 			*pendingTokens = C.int64_t(int64(p) * pt)
 		}
-		s.handBackLocs(slots, freed, freedCap, nFreed)
 		return nil
 	})
 }
@@ -270,12 +242,11 @@ func cpcapi_evict_locs(c C.cpcache_t, tokens C.int64_t, freedTokens, pendingToke
 func cpcapi_take_freed_locs(c C.cpcache_t, freed *C.int64_t, freedCap C.size_t, nFreed *C.size_t) (status C.int) {
 	defer guard(&status)
 	return sessionCall(c, "cpcache_take_freed_locs", func(s *session) error {
-		if err := freedLocs(freed, freedCap, nFreed); err != nil {
+		fo := freedLocations(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
-		queued := append(s.freed, s.cache.FreedL1()...)
-		s.freed = nil
-		s.handBackLocs(queued, freed, freedCap, nFreed)
+		s.takeFreed(fo)
 		return nil
 	})
 }
@@ -317,7 +288,8 @@ func cpcapi_make_room(c C.cpcache_t, start, end C.int64_t, reserved *C.int64_t, 
 		if room == nil {
 			return fmt.Errorf("%w: room is NULL", errInvalid)
 		}
-		if err := freedLocs(freed, freedCap, nFreed); err != nil {
+		fo := freedLocations(freed, freedCap, nFreed)
+		if err := fo.check(); err != nil {
 			return err
 		}
 		var res []int64
@@ -352,7 +324,7 @@ func cpcapi_make_room(c C.cpcache_t, start, end C.int64_t, reserved *C.int64_t, 
 				break
 			}
 		}
-		s.handBackLocs(slots, freed, freedCap, nFreed)
+		s.handBack(slots, fo)
 		return nil
 	})
 }
