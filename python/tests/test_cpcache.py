@@ -406,37 +406,17 @@ def test_cuda_start_is_agreed_by_every_rank(tmp_path):
     assert len(failing) == 2 and failing[0] == failing[1], lines
 
 
-_CONFIG_RANK = """
-import json, os, sys
-sys.path.insert(0, {python!r})
-import cpcache
-kw = dict(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000)
-kw.update(json.loads(os.environ["CPCACHE_TEST_RANK" + os.environ["RANK"]]))
-try:
-    cpcache.Cache(**kw).close()
-    print("opened", flush=True)
-except cpcache.Error as e:
-    print(type(e).__name__ + ": " + str(e), flush=True)
-"""
-
-
 def test_open_compares_the_configuration_of_every_rank(tmp_path):
     """cpcache.h promises that open compares every rank's configuration, storage_url and model
     included; ranks with two storage URLs or two models must not open, each serving the other's
     misses from another store or namespace. Every rank fails alike with ConfigError naming
     the field and both values, a URL's password masked."""
-    import json
-    script = tmp_path / "rank.py"
-    script.write_text(_CONFIG_RANK.format(python=os.path.join(ROOT, "python")))
+    from open_ranks import open_two_ranks
     l3 = f"file://{tmp_path}/l3"
 
     def launch(rank0, rank1):
-        env = dict(os.environ, CPCACHE_TEST_RANK0=json.dumps(rank0), CPCACHE_TEST_RANK1=json.dumps(rank1))
-        out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--", sys.executable, str(script)],
-                             capture_output=True, text=True, timeout=120, env=env)
-        lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
-        assert len(lines) == 2, out.stdout + out.stderr
-        return lines, out.stdout + out.stderr
+        return open_two_ranks(CPCACHE_BIN, dict(page_bytes=64, l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000),
+                              rank0, rank1)
 
     lines, _ = launch(dict(storage_url=l3, model="m"), dict(storage_url=l3, model="m"))
     assert lines == ["[0] opened", "[1] opened"], lines

@@ -2,9 +2,7 @@
 ConfigError naming the first differing part (before: IOError_ or a page_bytes difference);
 TimeoutError_ and IOError_ are builtin TimeoutError and OSError (str(e) the message, code the
 status); open()'s errors name Cache()'s arguments, not cpcache_config's fields."""
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import cpcache  # noqa: E402
+from open_ranks import open_two_ranks  # noqa: E402
 
 CPCACHE_BIN = os.environ.get("CPCACHE_BIN") or os.path.join(ROOT, "bin", "cpcache")
 
@@ -54,20 +53,6 @@ def test_open_errors_name_the_python_arguments(tmp_path):
         cpcache.Cache(l1_kind=cpcache.L1_HOST, page_bytes=64, **kw)
 
 
-_LAYOUT_RANK = """
-import json, os, sys
-sys.path.insert(0, {python!r})
-import cpcache
-kw = dict(l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000)
-kw.update(json.loads(os.environ["CPCACHE_TEST_RANK" + os.environ["RANK"]]))
-try:
-    cpcache.Cache(**kw).close()
-    print("opened", flush=True)
-except cpcache.Error as e:
-    print(type(e).__name__ + ": " + str(e), flush=True)
-"""
-
-
 @pytest.mark.parametrize("rank1, want", [
     # k of 32 bytes on rank 1 (so its page_bytes differ too): the part, not page_bytes.
     (dict(kv_layout="layers=2;k=32:sharded;v=16:sharded"), "part 0 (k): bytes per token 16 vs 32"),
@@ -75,14 +60,8 @@ except cpcache.Error as e:
     (dict(page_bytes=256), 'rank 1 has none (opaque pages)'),
 ])
 def test_a_kv_layout_mismatch_is_a_config_error_naming_the_part(tmp_path, rank1, want):
-    script = tmp_path / "rank.py"
-    script.write_text(_LAYOUT_RANK.format(python=os.path.join(ROOT, "python")))
-    env = dict(os.environ, CPCACHE_TEST_RANK0=json.dumps(dict(kv_layout="layers=2;k=16:sharded;v=16:sharded")),
-               CPCACHE_TEST_RANK1=json.dumps(rank1))
-    out = subprocess.run([CPCACHE_BIN, "launch", "-n", "2", "--store", f"file://{tmp_path}/store", "--",
-                          sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("["))
-    assert len(lines) == 2, out.stdout + out.stderr
+    lines, _ = open_two_ranks(CPCACHE_BIN, dict(l1_pages=8, l2_pages=16, page_tokens=4, attn_cp=2, timeout_ms=20000),
+                              dict(kv_layout="layers=2;k=16:sharded;v=16:sharded"), rank1, store=f"file://{tmp_path}/store")
     for line in lines:
         assert "ConfigError" in line and "ranks disagree on the KV layout" in line and want in line, line
         assert "page_bytes" not in line, line
