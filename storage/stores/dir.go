@@ -396,34 +396,34 @@ func (s *dirStore) GetBound(ctx context.Context, keys []storage.Key, binds []sto
 func (s *dirStore) getOne(ctx context.Context, k storage.Key, bind *storage.Binding, dst []byte) (bool, error) {
 	rel, _ := s.rel(k)
 	var (
-		fd   = -1
-		st   unix.Stat_t
-		link string
-		err  error
+		fd      = -1
+		st      unix.Stat_t
+		link    string
+		err     error
+		expired bool // past the TTL: a miss (readOpened's)
 	)
-	if derr := s.detach(ctx, "get", func() { fd, st, link, err = s.openPage(rel) }, func() {
+	if derr := s.detach(ctx, "get", func() {
+		fd, st, link, err = s.openPage(rel)
+		if err == nil && link == "" && s.cap != nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			if expired = s.cap.expired(&st); !expired {
+				// A use, for the eviction's order and the TTL, recorded with the open so
+				// that whatever comes after this Get sees it (st keeps the time before it).
+				s.cap.touch(fd)
+			}
+		}
+	}, func() {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}); derr != nil {
 		return false, derr
 	}
-	expired := err == nil && s.cap != nil && s.cap.expired(&st) // past the TTL: readOpened's miss
 	if err == nil && link == "" && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(storage.StoredLen(len(dst))) && !expired && s.noWait.Load() {
 		var hdr [storage.HeaderSize]byte
 		n, rerr := preadNoWait(fd, hdr[:], dst)
 		switch {
 		case rerr == nil && n == len(hdr)+len(dst):
-			if s.cap == nil {
-				closeLater(fd)
-			} else if derr := s.detach(ctx, "get", func() { s.cap.touch(fd) }, func() { unix.Close(fd) }); derr == nil {
-				// The use is recorded (for the eviction's order and the TTL) before Get
-				// returns, so whatever comes next sees it; detached, since a time update
-				// can block where the read above could not (a frozen file system). An
-				// abandoned one closes the file when it returns; the page was read all
-				// the same.
-				closeLater(fd)
-			}
+			closeLater(fd)
 			s.inPlace.Add(1)
 			f := pageFile{mode: unix.S_IFREG, size: st.Size, n: len(hdr)}
 			return s.loadPage(k, bind, rel, f, hdr[:], dst, true)
@@ -593,9 +593,6 @@ func (s *dirStore) readOpened(rel string, fd int, st unix.Stat_t, link string, e
 	}
 	if f.n, err = preadFull(fd, buf); err != nil {
 		return f, &fs.PathError{Op: "read", Path: s.fs.abs(rel), Err: err}
-	}
-	if s.cap != nil {
-		s.cap.touch(fd) // a use, for the eviction's order
 	}
 	return f, nil
 }
